@@ -1,0 +1,90 @@
+package clusters
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ServiceKey names a Service inside one member cluster.
+type ServiceKey = types.NamespacedName
+
+// Service is one member's view of a Kubernetes Service and its endpoints,
+// with Kubernetes types already resolved away. Values handed to a Sink are
+// never modified afterwards.
+type Service struct {
+	Namespace string
+	Name      string
+	Ports     []ServicePort
+	// Endpoints holds one entry per (address, service port).
+	Endpoints []Endpoint
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name        string
+	Port        int32
+	Protocol    string // TCP, UDP or SCTP
+	AppProtocol string // the Service port's appProtocol, if any
+}
+
+// Health is the health of one endpoint as derived from EndpointSlice conditions.
+type Health int
+
+const (
+	// Healthy endpoints are ready.
+	Healthy Health = iota
+	// Draining endpoints are serving but terminating.
+	Draining
+)
+
+// Endpoint is one address serving one port of a Service.
+type Endpoint struct {
+	Address     string
+	Port        int32 // the target port on Address
+	ServicePort int32 // the Service port this endpoint serves
+	Health      Health
+	Region      string
+	Zone        string
+}
+
+// State is the lifecycle state of a member cluster (DESIGN.md §3.3).
+type State string
+
+// Member states.
+const (
+	StatePending     State = "Pending"
+	StateSyncing     State = "Syncing"
+	StateReady       State = "Ready"
+	StateStale       State = "Stale"
+	StateUnreachable State = "Unreachable"
+	StateTimedOut    State = "TimedOut"
+	StateInvalid     State = "Invalid"
+	StateConflict    State = "Conflict"
+)
+
+// Status is what the hub reports about one member cluster. It never contains
+// credentials.
+type Status struct {
+	ID           string
+	Secret       string // namespace/name of the remote Secret; empty for the home cluster
+	State        State
+	Message      string
+	Server       string // API server URL
+	Services     int
+	Endpoints    int
+	LastSyncTime time.Time
+}
+
+// Sink receives every member's service view. The hub's federated index
+// implements it; calls for one member never overlap.
+type Sink interface {
+	// ReplaceCluster sets the complete service view of a member, replacing
+	// whatever it had before (used on first sync and on credential rotation,
+	// so that served endpoints never go through an empty state).
+	ReplaceCluster(cluster string, services []*Service)
+	// UpdateService sets one service of a member; svc nil removes it.
+	UpdateService(cluster string, key ServiceKey, svc *Service)
+	// RemoveCluster drops every service of a member.
+	RemoveCluster(cluster string)
+}

@@ -1,0 +1,147 @@
+// Command hub federates a service mesh across Kubernetes clusters.
+//
+//	hub [serve] [flags]   run the hub (default)
+//	hub demo [flags]      start local clusters with sample workloads and run the hub on them
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// config is every flag of `hub serve` (DESIGN.md §3.1).
+type config struct {
+	kubeconfig           string
+	clusterID            string
+	namespace            string
+	trustDomain          string
+	domainSuffix         string
+	xdsAddr              string
+	xdsTLSAddr           string
+	adminAddr            string
+	bundleAddr           string
+	bundleProfile        string
+	bundleCert           string
+	bundleKey            string
+	remoteClusterTimeout time.Duration
+	debounceAfter        time.Duration
+	debounceMax          time.Duration
+	apiTokenFile         string
+	logLevel             string
+}
+
+func (c *config) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig of the home cluster (default: in-cluster, else $KUBECONFIG)")
+	fs.StringVar(&c.clusterID, "cluster-id", "primary", "the home cluster's own cluster ID")
+	fs.StringVar(&c.namespace, "namespace", "istio-system", "namespace of remote secrets and hub state")
+	fs.StringVar(&c.trustDomain, "trust-domain", "cluster.local", "our SPIFFE trust domain")
+	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")
+	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "plaintext ADS address")
+	fs.StringVar(&c.xdsTLSAddr, "xds-tls-addr", ":15012", "mTLS ADS/SDS address")
+	fs.StringVar(&c.adminAddr, "admin-addr", ":8080", "dashboard, REST API, /metrics, /healthz, /readyz address")
+	fs.StringVar(&c.bundleAddr, "bundle-addr", ":8443", "SPIFFE bundle endpoint address (empty disables)")
+	fs.StringVar(&c.bundleProfile, "bundle-profile", "https_spiffe", "bundle endpoint profile: https_spiffe or https_web")
+	fs.StringVar(&c.bundleCert, "bundle-cert", "", "serving certificate for the https_web bundle profile")
+	fs.StringVar(&c.bundleKey, "bundle-key", "", "serving key for the https_web bundle profile")
+	fs.DurationVar(&c.remoteClusterTimeout, "remote-cluster-timeout", 30*time.Second, "after this a member that has not synced stops blocking readiness")
+	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
+	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
+	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+}
+
+func (c *config) validate() error {
+	if c.bundleProfile != "https_spiffe" && c.bundleProfile != "https_web" {
+		return fmt.Errorf("--bundle-profile must be https_spiffe or https_web, not %q", c.bundleProfile)
+	}
+	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
+		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	if c.remoteClusterTimeout <= 0 {
+		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)
+	}
+	return nil
+}
+
+// parseFlags parses args, then fills every flag not given on the command line
+// from HUB_<NAME> (upper case, dashes as underscores).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "HUB_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && !given[f.Name] {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func main() {
+	args := os.Args[1:]
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var cfg config
+	fs := flag.NewFlagSet("hub "+cmd, flag.ContinueOnError)
+	cfg.register(fs)
+	var run func(context.Context, config, *slog.Logger) error
+	switch cmd {
+	case "serve":
+		run = serve
+	case "demo":
+		run = demo
+		// The demo is for a laptop: keep its listeners on loopback.
+		for name, def := range map[string]string{
+			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
+			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
+		} {
+			f := fs.Lookup(name)
+			_ = f.Value.Set(def)
+			f.DefValue = def
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "hub: unknown command %q (want serve or demo)\n", cmd)
+		os.Exit(2)
+	}
+	if err := parseFlags(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "hub %s: %v\n", cmd, err)
+		os.Exit(2)
+	}
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "hub %s: %v\n", cmd, err)
+		os.Exit(2)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "hub %s: --log-level: %v\n", cmd, err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("hub stopped", "error", err)
+		os.Exit(1)
+	}
+}

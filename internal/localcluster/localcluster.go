@@ -1,0 +1,422 @@
+// Package localcluster runs real Kubernetes API servers on loopback for tests
+// and for `hub demo`: one etcd and one kube-apiserver per cluster, each cluster
+// under its own etcd prefix. Binaries are built from the Go module proxy by the
+// k8sbin tool module and cached outside the repository.
+package localcluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// BinDirEnv names the environment variable that points at a directory holding
+// etcd, kube-apiserver and kubectl. When unset, BinDir builds them.
+const BinDirEnv = "HUB_K8S_BIN_DIR"
+
+// BinDir returns the directory with the etcd, kube-apiserver and kubectl
+// binaries, building them with k8sbin/build.sh when the cache is cold.
+func BinDir(ctx context.Context) (string, error) {
+	if dir := os.Getenv(BinDirEnv); dir != "" {
+		if err := checkBinaries(dir); err != nil {
+			return "", fmt.Errorf("%s=%s: %w", BinDirEnv, dir, err)
+		}
+		return dir, nil
+	}
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the k8sbin tool module: set " + BinDirEnv)
+	}
+	script := filepath.Join(filepath.Dir(self), "k8sbin", "build.sh")
+	if _, err := os.Stat(script); err != nil {
+		return "", fmt.Errorf("k8sbin build script not found (set %s to prebuilt binaries): %w", BinDirEnv, err)
+	}
+	cmd := exec.CommandContext(ctx, "bash", script)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("building Kubernetes binaries with %s: %w", script, err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	dir := lines[len(lines)-1]
+	if err := checkBinaries(dir); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+func checkBinaries(dir string) error {
+	for _, name := range []string{"etcd", "kube-apiserver", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("missing %s binary: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Options configures Start.
+type Options struct {
+	// Names of the clusters to start, e.g. "primary", "west", "east".
+	Names []string
+	// BinDir holds etcd and kube-apiserver; empty means BinDir(ctx).
+	BinDir string
+	// Dir is the working directory for data, certificates and logs; empty
+	// means a new temporary directory that Stop removes.
+	Dir string
+}
+
+// Env is one etcd and the API servers that share it.
+type Env struct {
+	dir      string
+	ownsDir  bool
+	binDir   string
+	pki      *pki
+	etcd     *process
+	etcdURL  string
+	clusters []*Cluster
+}
+
+// Start starts etcd and one API server per name and waits until every API
+// server is ready. On error everything already started is stopped.
+func Start(ctx context.Context, opts Options) (_ *Env, err error) {
+	if len(opts.Names) == 0 {
+		return nil, errors.New("localcluster: no cluster names given")
+	}
+	e := &Env{dir: opts.Dir, binDir: opts.BinDir}
+	if e.binDir == "" {
+		if e.binDir, err = BinDir(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if e.dir == "" {
+		if e.dir, err = os.MkdirTemp("", "hub-localcluster-"); err != nil {
+			return nil, fmt.Errorf("creating work dir: %w", err)
+		}
+		e.ownsDir = true
+	}
+	defer func() {
+		if err != nil {
+			e.Stop()
+		}
+	}()
+	if e.pki, err = newPKI(e.dir); err != nil {
+		return nil, err
+	}
+	if err := e.startEtcd(ctx); err != nil {
+		return nil, err
+	}
+	for _, name := range opts.Names {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		c := &Cluster{Name: name, env: e, port: port}
+		e.clusters = append(e.clusters, c)
+		if err := c.StartAPIServer(); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range e.clusters {
+		if err := c.WaitReady(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// Clusters returns the clusters in the order their names were given.
+func (e *Env) Clusters() []*Cluster { return e.clusters }
+
+// Cluster returns the cluster with that name, or nil.
+func (e *Env) Cluster(name string) *Cluster {
+	for _, c := range e.clusters {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Dir is the environment's working directory (logs are kept there).
+func (e *Env) Dir() string { return e.dir }
+
+// Stop stops every API server and etcd and removes the working directory if
+// Start created it. It is safe to call more than once.
+func (e *Env) Stop() {
+	for _, c := range e.clusters {
+		c.StopAPIServer()
+	}
+	if e.etcd != nil {
+		e.etcd.stop()
+	}
+	if e.ownsDir {
+		_ = os.RemoveAll(e.dir)
+	}
+}
+
+func (e *Env) startEtcd(ctx context.Context) error {
+	clientPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	peerPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	e.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	e.etcd, err = startProcess(filepath.Join(e.binDir, "etcd"), filepath.Join(e.dir, "etcd.log"),
+		"--name=hub", "--data-dir="+filepath.Join(e.dir, "etcd-data"),
+		"--listen-client-urls="+e.etcdURL, "--advertise-client-urls="+e.etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=hub="+peerURL, "--log-level=warn", "--unsafe-no-fsync")
+	if err != nil {
+		return err
+	}
+	return waitHTTP(ctx, http.DefaultClient, e.etcdURL+"/health", e.etcd, 60*time.Second)
+}
+
+// Cluster is one API server of an Env.
+type Cluster struct {
+	// Name is the cluster's name; its etcd prefix is /cluster-<Name>.
+	Name string
+
+	env  *Env
+	port int
+
+	mu   sync.Mutex
+	proc *process
+}
+
+// Server is the API server's URL.
+func (c *Cluster) Server() string { return fmt.Sprintf("https://127.0.0.1:%d", c.port) }
+
+// RESTConfig returns an admin rest.Config for the cluster.
+func (c *Cluster) RESTConfig() *rest.Config {
+	return &rest.Config{
+		Host: c.Server(),
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:   c.env.pki.caPEM,
+			CertData: c.env.pki.adminCertPEM,
+			KeyData:  c.env.pki.adminKeyPEM,
+		},
+		QPS:   200,
+		Burst: 400,
+	}
+}
+
+// Kubeconfig returns a self-contained admin kubeconfig (certificates inline),
+// as stored in a remote Secret.
+func (c *Cluster) Kubeconfig() []byte {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: c.Server(), CertificateAuthorityData: c.env.pki.caPEM}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.env.pki.adminCertPEM, ClientKeyData: c.env.pki.adminKeyPEM}
+	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: "admin"}
+	cfg.CurrentContext = c.Name
+	out, err := clientcmd.Write(*cfg)
+	if err != nil {
+		panic(fmt.Sprintf("serialising a kubeconfig built in memory: %v", err))
+	}
+	return out
+}
+
+// TokenKubeconfig returns a kubeconfig that authenticates with a bearer token
+// instead of a client certificate.
+func (c *Cluster) TokenKubeconfig(token string) []byte {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: c.Server(), CertificateAuthorityData: c.env.pki.caPEM}
+	cfg.AuthInfos["token"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: "token"}
+	cfg.CurrentContext = c.Name
+	out, err := clientcmd.Write(*cfg)
+	if err != nil {
+		panic(fmt.Sprintf("serialising a kubeconfig built in memory: %v", err))
+	}
+	return out
+}
+
+// AdminToken is a static bearer token with cluster-admin rights.
+func (c *Cluster) AdminToken() string { return adminToken }
+
+// StartAPIServer starts the cluster's API server (again) on its port. It does
+// not wait for readiness; see WaitReady.
+func (c *Cluster) StartAPIServer() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc != nil && c.proc.alive() {
+		return nil
+	}
+	p := c.env.pki
+	proc, err := startProcess(filepath.Join(c.env.binDir, "kube-apiserver"),
+		filepath.Join(c.env.dir, "apiserver-"+c.Name+".log"),
+		"--etcd-servers="+c.env.etcdURL, "--etcd-prefix=/cluster-"+c.Name,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.port),
+		"--tls-cert-file="+p.serverCertFile, "--tls-private-key-file="+p.serverKeyFile,
+		"--client-ca-file="+p.caFile, "--token-auth-file="+p.tokenFile,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+p.saPubFile, "--service-account-signing-key-file="+p.saKeyFile,
+		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none", "--profiling=false")
+	if err != nil {
+		return fmt.Errorf("starting API server %s: %w", c.Name, err)
+	}
+	c.proc = proc
+	return nil
+}
+
+// StopAPIServer stops the cluster's API server; etcd keeps its data, so
+// StartAPIServer brings the same cluster back.
+func (c *Cluster) StopAPIServer() {
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
+	if proc != nil {
+		proc.stop()
+	}
+}
+
+// WaitReady waits until the API server answers /readyz.
+func (c *Cluster) WaitReady(ctx context.Context) error {
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.env.pki.caPEM)
+	cert, err := tls.X509KeyPair(c.env.pki.adminCertPEM, c.env.pki.adminKeyPEM)
+	if err != nil {
+		return fmt.Errorf("loading admin certificate: %w", err)
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}},
+	}}
+	defer client.CloseIdleConnections()
+	if err := waitHTTP(ctx, client, c.Server()+"/readyz", proc, 120*time.Second); err != nil {
+		return fmt.Errorf("API server %s: %w", c.Name, err)
+	}
+	return nil
+}
+
+// process is a child process that dies with us (Pdeathsig) and is stopped
+// with SIGTERM, then SIGKILL.
+type process struct {
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	once    sync.Once
+}
+
+func startProcess(bin, logPath string, args ...string) (*process, error) {
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening log %s: %w", logPath, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s: %w", filepath.Base(bin), err)
+	}
+	p := &process{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) alive() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *process) stop() {
+	p.once.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
+}
+
+// tail returns the last lines of the process log, for error messages.
+func (p *process) tail() string {
+	data, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return ""
+	}
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func waitHTTP(ctx context.Context, client *http.Client, url string, proc *process, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if proc != nil && !proc.alive() {
+			return fmt.Errorf("process exited before %s was ready; log tail:\n%s", url, proc.tail())
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not ready: %w", url, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

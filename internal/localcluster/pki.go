@@ -1,0 +1,128 @@
+package localcluster
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// pki is the certificate material shared by every API server of one Env:
+// one CA that signs the serving certificate and the admin client certificate,
+// and one key pair that signs and verifies service-account tokens.
+type pki struct {
+	caPEM, serverCertPEM, serverKeyPEM []byte
+	adminCertPEM, adminKeyPEM         []byte
+	saKeyPEM, saPubPEM                []byte
+
+	// Paths of the same material on disk, for kube-apiserver flags.
+	caFile, serverCertFile, serverKeyFile, saKeyFile, saPubFile, tokenFile string
+}
+
+// adminToken is a static bearer token accepted by every local API server.
+const adminToken = "hub-local-admin-token"
+
+func newPKI(dir string) (*pki, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating CA key: %w", err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "hub-local-ca"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, fmt.Errorf("self-signing CA: %w", err)
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, fmt.Errorf("parsing CA: %w", err)
+	}
+	p := &pki{caPEM: pemBlock("CERTIFICATE", caDER)}
+
+	leaf := func(serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return nil, nil, err
+		}
+		tmpl.SerialNumber = big.NewInt(serial)
+		tmpl.NotBefore = now.Add(-time.Hour)
+		tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			return nil, nil, err
+		}
+		keyDER, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			return nil, nil, err
+		}
+		return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
+	}
+	p.serverCertPEM, p.serverKeyPEM, err = leaf(2, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+	}
+	p.adminCertPEM, p.adminKeyPEM, err = leaf(3, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "hub-admin", Organization: []string{"system:masters"}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issuing admin certificate: %w", err)
+	}
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return nil, fmt.Errorf("generating service-account key: %w", err)
+	}
+	p.saKeyPEM = pemBlock("RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey))
+	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling service-account public key: %w", err)
+	}
+	p.saPubPEM = pemBlock("PUBLIC KEY", pubDER)
+
+	files := []struct {
+		path *string
+		name string
+		data []byte
+	}{
+		{&p.caFile, "ca.crt", p.caPEM},
+		{&p.serverCertFile, "apiserver.crt", p.serverCertPEM},
+		{&p.serverKeyFile, "apiserver.key", p.serverKeyPEM},
+		{&p.saKeyFile, "sa.key", p.saKeyPEM},
+		{&p.saPubFile, "sa.pub", p.saPubPEM},
+		{&p.tokenFile, "tokens.csv", []byte(adminToken + ",hub-admin,hub-admin,system:masters\n")},
+	}
+	for _, f := range files {
+		*f.path = filepath.Join(dir, f.name)
+		if err := os.WriteFile(*f.path, f.data, 0o600); err != nil {
+			return nil, fmt.Errorf("writing %s: %w", f.name, err)
+		}
+	}
+	return p, nil
+}
+
+func pemBlock(typ string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
