@@ -55,7 +55,7 @@ type Registry struct {
 	secretsSynced cache.InformerSynced
 
 	mu      sync.Mutex
-	members map[string]*member            // by cluster ID: the Secret that owns the ID
+	members map[string]*member           // by cluster ID: the Secret that owns the ID
 	extra   map[string]map[string]Status // by Secret: keys that run no cluster (invalid, conflicting, ignored)
 }
 
@@ -359,4 +359,3 @@ func (r *Registry) Ready() (bool, string) {
 	}
 	return true, ""
 }
-

@@ -21,8 +21,8 @@ import (
 // and one key pair that signs and verifies service-account tokens.
 type pki struct {
 	caPEM, serverCertPEM, serverKeyPEM []byte
-	adminCertPEM, adminKeyPEM         []byte
-	saKeyPEM, saPubPEM                []byte
+	adminCertPEM, adminKeyPEM          []byte
+	saKeyPEM, saPubPEM                 []byte
 
 	// Paths of the same material on disk, for kube-apiserver flags.
 	caFile, serverCertFile, serverKeyFile, saKeyFile, saPubFile, tokenFile string
