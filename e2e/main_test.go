@@ -1,0 +1,219 @@
+// Package e2e holds end-to-end tests that run the real hub binary against
+// real local clusters with real xDS clients.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+var (
+	env     *localcluster.Env
+	hubBin  string
+	binsDir string
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(clientRoleEnv) != "" {
+		runXDSClient() // child process: never returns
+	}
+	var err error
+	binsDir, err = os.MkdirTemp("", "hub-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	hubBin = filepath.Join(binsDir, "hub")
+	build := exec.Command("go", "build", "-o", hubBin, "github.com/hubmesh/hub/cmd/hub")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: building the hub binary: %v\n", err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(binsDir)
+	localcluster.RunTests(m, &env, "primary", "west", "east")
+}
+
+// hubProcess is a running hub binary.
+type hubProcess struct {
+	cmd       *exec.Cmd
+	adminURL  string
+	xdsAddr   string
+	logPath   string
+	done      chan struct{}
+	stopOnce  sync.Once
+	exitError error
+}
+
+// startHub runs the hub binary against the home cluster with free loopback
+// ports and waits until /readyz answers 200.
+func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hubProcess {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "home.kubeconfig")
+	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := &hubProcess{
+		adminURL: "http://" + freeAddr(t),
+		xdsAddr:  freeAddr(t),
+		logPath:  filepath.Join(dir, "hub.log"),
+		done:     make(chan struct{}),
+	}
+	logFile, err := os.Create(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve",
+		"--kubeconfig", kubeconfig, "--cluster-id", home.Name,
+		"--xds-addr", h.xdsAddr, "--admin-addr", strings.TrimPrefix(h.adminURL, "http://"),
+		"--xds-tls-addr", "", "--bundle-addr", "",
+		"--remote-cluster-timeout", "20s", "--log-level", "debug",
+	}, extraArgs...)
+	h.cmd = exec.Command(hubBin, args...)
+	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := h.cmd.Start(); err != nil {
+		t.Fatalf("starting hub: %v", err)
+	}
+	go func() {
+		h.exitError = h.cmd.Wait()
+		logFile.Close()
+		close(h.done)
+	}()
+	t.Cleanup(func() {
+		h.stop(t)
+		if t.Failed() {
+			data, _ := os.ReadFile(h.logPath)
+			t.Logf("hub log:\n%s", tail(string(data), 60))
+		}
+	})
+	eventually(t, 60*time.Second, func() error {
+		select {
+		case <-h.done:
+			return fmt.Errorf("hub exited early: %v", h.exitError)
+		default:
+		}
+		resp, err := http.Get(h.adminURL + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz: %s", resp.Status)
+		}
+		return nil
+	})
+	return h
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (h *hubProcess) stop(t *testing.T) {
+	h.stopOnce.Do(func() {
+		_ = h.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-h.done:
+			if h.exitError != nil {
+				t.Errorf("hub did not exit cleanly on SIGTERM: %v", h.exitError)
+			}
+		case <-time.After(20 * time.Second):
+			_ = h.cmd.Process.Kill()
+			<-h.done
+			t.Errorf("hub did not stop within 20s of SIGTERM")
+		}
+	})
+}
+
+func (h *hubProcess) clusters(t *testing.T) map[string]api.Cluster {
+	t.Helper()
+	var list api.List[api.Cluster]
+	h.getJSON(t, "/api/v1/clusters", &list)
+	out := map[string]api.Cluster{}
+	for _, c := range list.Items {
+		out[c.ID] = c
+	}
+	return out
+}
+
+func (h *hubProcess) getJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	resp, err := http.Get(h.adminURL + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", path, resp.Status, buf.String())
+	}
+	if err := json.Unmarshal(buf.Bytes(), v); err != nil {
+		t.Fatalf("GET %s: decoding %q: %v", path, buf.String(), err)
+	}
+}
+
+// eventually polls cond every 50ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func client(t *testing.T, c *localcluster.Cluster) kubernetes.Interface {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

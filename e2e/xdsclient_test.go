@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	_ "google.golang.org/grpc/xds" // registers the xds:/// resolver and balancers
+)
+
+// The grpc-go xDS client runs as a child process (this test binary, re-run
+// with clientRoleEnv set) because grpc-go reads GRPC_XDS_BOOTSTRAP_CONFIG
+// once per process.
+const (
+	clientRoleEnv   = "HUB_E2E_ROLE"
+	clientTargetEnv = "HUB_E2E_TARGET"
+)
+
+// runXDSClient calls the target's TestService in a loop and prints one line
+// per call: "ok <server id>" or "err <message>". It exits when stdin closes.
+func runXDSClient() {
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+	conn, err := grpc.NewClient(os.Getenv(clientTargetEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Printf("fatal %v\n", err)
+		os.Exit(1)
+	}
+	c := testgrpc.NewTestServiceClient(conn)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{FillServerId: true})
+		cancel()
+		if err != nil {
+			fmt.Printf("err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		fmt.Printf("ok %s\n", resp.GetServerId())
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// xdsClient is the parent's handle on a running child client.
+type xdsClient struct {
+	lines chan clientLine
+	stdin io.WriteCloser
+	cmd   *exec.Cmd
+}
+
+type clientLine struct {
+	at   time.Time
+	text string
+}
+
+// startXDSClient starts a grpc-go xDS client child for target against the hub.
+func startXDSClient(t *testing.T, xdsAddr, target, clusterID, namespace string) *xdsClient {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],
+"node":{"id":"sidecar~198.18.0.1~client.%s~%s.svc.cluster.local","metadata":{"CLUSTER_ID":%q,"NAMESPACE":%q}}}`,
+		xdsAddr, namespace, namespace, clusterID, namespace)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), clientRoleEnv+"=xdsclient", clientTargetEnv+"="+target, "GRPC_XDS_BOOTSTRAP_CONFIG="+bootstrap)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting xDS client: %v", err)
+	}
+	c := &xdsClient{lines: make(chan clientLine, 4096), stdin: stdin, cmd: cmd}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(c.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case c.lines <- clientLine{time.Now(), sc.Text()}:
+			default: // the test is not reading right now; drop
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+		wg.Wait()
+	})
+	return c
+}
+
+// waitFor reads client lines until match returns true for one, and returns
+// that line. Lines before it are passed to match too.
+func (c *xdsClient) waitFor(t *testing.T, timeout time.Duration, what string, match func(clientLine) bool) clientLine {
+	t.Helper()
+	deadline := time.After(timeout)
+	var last string
+	for {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				t.Fatalf("xDS client exited while waiting for %s (last line %q)", what, last)
+			}
+			last = l.text
+			if match(l) {
+				return l
+			}
+		case <-deadline:
+			t.Fatalf("xDS client: no %s within %s (last line %q)", what, timeout, last)
+		}
+	}
+}
+
+// drain discards buffered lines, so that later reads see only new calls.
+func (c *xdsClient) drain() {
+	for {
+		select {
+		case <-c.lines:
+		default:
+			return
+		}
+	}
+}
+
+// backend is a real gRPC TestService server that answers with its name.
+type backend struct {
+	testgrpc.UnimplementedTestServiceServer
+	name string
+	addr *net.TCPAddr
+}
+
+func (b *backend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	return &testgrpc.SimpleResponse{ServerId: b.name, Hostname: b.name}, nil
+}
+
+// startBackend serves a backend on ip with a free port until the test ends.
+func startBackend(t *testing.T, ip, name string) *backend {
+	t.Helper()
+	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("listening on %s: %v", ip, err)
+	}
+	b := &backend{name: name, addr: lis.Addr().(*net.TCPAddr)}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, b)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return b
+}
+
+// dataPlaneIP returns a non-loopback address of this machine that backends
+// can bind to and EndpointSlices accept (DESIGN.md §5): HUB_TEST_DATAPLANE_IP,
+// set by `make test` inside its network namespace.
+func dataPlaneIP(t *testing.T) string {
+	t.Helper()
+	ip := os.Getenv("HUB_TEST_DATAPLANE_IP")
+	if ip == "" {
+		ip = "198.18.0.1"
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err == nil {
+		l.Close()
+		return ip
+	}
+	msg := fmt.Sprintf("data-plane address %s is not on this machine (%v); run through `make test`, which creates a network namespace with it", ip, err)
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg + " (skipping outside CI; in CI this fails)")
+	return ""
+}
