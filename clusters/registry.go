@@ -184,8 +184,6 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 			freed = append(freed, id)
 		}
 	}
-	extras := map[string]Status{}
-	r.extra[key] = extras
 	r.mu.Unlock()
 	for i, c := range removed {
 		c.stop()
@@ -198,6 +196,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
+	extras := map[string]Status{}
 	for _, id := range ids {
 		if st, ok := r.apply(ctx, key, id, data[id]); !ok {
 			extras[id] = st
@@ -206,6 +205,8 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	r.mu.Lock()
 	if len(extras) == 0 {
 		delete(r.extra, key)
+	} else {
+		r.extra[key] = extras
 	}
 	r.mu.Unlock()
 	// A freed ID may let a conflicting Secret take over.

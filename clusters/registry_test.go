@@ -1,0 +1,274 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+var env *localcluster.Env
+
+func TestMain(m *testing.M) {
+	localcluster.RunTests(m, &env, "home", "member1", "member2")
+}
+
+// recordingSink is a clusters.Sink that keeps the latest view per member.
+type recordingSink struct {
+	mu       sync.Mutex
+	services map[string]map[ServiceKey]*Service
+	removed  map[string]int
+}
+
+func newRecordingSink() *recordingSink {
+	return &recordingSink{services: map[string]map[ServiceKey]*Service{}, removed: map[string]int{}}
+}
+
+func (s *recordingSink) ReplaceCluster(cluster string, services []*Service) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := map[ServiceKey]*Service{}
+	for _, svc := range services {
+		m[ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = svc
+	}
+	s.services[cluster] = m
+}
+
+func (s *recordingSink) UpdateService(cluster string, key ServiceKey, svc *Service) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.services[cluster] == nil {
+		s.services[cluster] = map[ServiceKey]*Service{}
+	}
+	if svc == nil {
+		delete(s.services[cluster], key)
+	} else {
+		s.services[cluster][key] = svc
+	}
+}
+
+func (s *recordingSink) RemoveCluster(cluster string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.services, cluster)
+	s.removed[cluster]++
+}
+
+func (s *recordingSink) service(cluster string, key ServiceKey) *Service {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.services[cluster][key]
+}
+
+// startRegistry runs a Registry whose namespace is fresh for this test.
+func startRegistry(t *testing.T, timeout time.Duration) (*Registry, *recordingSink, string) {
+	t.Helper()
+	e := localcluster.Require(t, env)
+	ns := "hub-" + rand.String(6)
+	if err := localcluster.EnsureNamespace(context.Background(), kube(t, e.Cluster("home")), ns); err != nil {
+		t.Fatal(err)
+	}
+	sink := newRecordingSink()
+	r, err := NewRegistry(Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: timeout, Sink: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	})
+	return r, sink, ns
+}
+
+func kube(t *testing.T, c *localcluster.Cluster) kubernetes.Interface {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func statusOf(r *Registry, id, secret string) (Status, bool) {
+	for _, st := range r.Clusters() {
+		if st.ID == id && st.Secret == secret {
+			return st, true
+		}
+	}
+	return Status{}, false
+}
+
+func wantState(r *Registry, id, secret string, state State, msg string) func() error {
+	return func() error {
+		st, ok := statusOf(r, id, secret)
+		if !ok {
+			return fmt.Errorf("%s from %q not listed; have %+v", id, secret, r.Clusters())
+		}
+		if st.State != state || !strings.Contains(st.Message, msg) {
+			return fmt.Errorf("%s from %q is %s %q; want %s containing %q", id, secret, st.State, st.Message, state, msg)
+		}
+		return nil
+	}
+}
+
+func TestRegistryMembership(t *testing.T) {
+	r, sink, ns := startRegistry(t, 30*time.Second)
+	ctx := context.Background()
+	e := env
+	home := kube(t, e.Cluster("home"))
+	secrets := home.CoreV1().Secrets(ns)
+
+	// Each member has a service in a namespace of its own.
+	appNS := "app-" + rand.String(6)
+	for i, name := range []string{"member1", "member2"} {
+		c := kube(t, e.Cluster(name))
+		if err := localcluster.EnsureNamespace(ctx, c, appNS); err != nil {
+			t.Fatal(err)
+		}
+		ip := fmt.Sprintf("198.18.9.%d", i+1)
+		if err := localcluster.ApplyService(ctx, c, appNS, "svc-"+name, "http", 80, []localcluster.Backend{{IP: ip, Port: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	s1 := localcluster.RemoteSecret(ns, "s1", map[string][]byte{
+		"m1":      e.Cluster("member1").Kubeconfig(),
+		"home":    e.Cluster("member2").Kubeconfig(),
+		"-bad": e.Cluster("member2").Kubeconfig(),
+	})
+	if _, err := secrets.Create(ctx, s1, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s1Ref := ns + "/s1"
+	eventually(t, 30*time.Second, wantState(r, "m1", s1Ref, StateReady, ""))
+	eventually(t, 5*time.Second, wantState(r, "home", s1Ref, StateInvalid, "home cluster's own ID"))
+	eventually(t, 5*time.Second, wantState(r, "-bad", s1Ref, StateInvalid, "must match"))
+	key1 := ServiceKey{Namespace: appNS, Name: "svc-member1"}
+	eventually(t, 10*time.Second, func() error {
+		if svc := sink.service("m1", key1); svc == nil || len(svc.Endpoints) != 1 || svc.Endpoints[0].Address != "198.18.9.1" {
+			return fmt.Errorf("sink has %+v for m1", svc)
+		}
+		return nil
+	})
+	if st, _ := r.Cluster("m1"); st.Server != e.Cluster("member1").Server() || st.Services < 2 || st.Endpoints != 1 {
+		t.Errorf("m1 status = %+v", st)
+	}
+
+	// A second Secret claiming m1 is a Conflict that names the owner.
+	s2 := localcluster.RemoteSecret(ns, "s2", map[string][]byte{"m1": e.Cluster("member2").Kubeconfig()})
+	if _, err := secrets.Create(ctx, s2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s2Ref := ns + "/s2"
+	eventually(t, 10*time.Second, wantState(r, "m1", s2Ref, StateConflict, "already registered by secret "+s1Ref))
+
+	// Re-applying s1 with the same kubeconfig is a no-op: the same client keeps running.
+	r.mu.Lock()
+	before := r.members["m1"].cluster
+	r.mu.Unlock()
+	cur, err := secrets.Get(ctx, "s1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Labels["touched"] = "yes"
+	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		got, err := r.secrets.Secrets(ns).Get("s1")
+		if err != nil || got.Labels["touched"] != "yes" {
+			return fmt.Errorf("update not seen yet")
+		}
+		if r.queue.Len() > 0 {
+			return fmt.Errorf("queue not drained")
+		}
+		return nil
+	})
+	r.mu.Lock()
+	after := r.members["m1"].cluster
+	r.mu.Unlock()
+	if before != after {
+		t.Errorf("an unchanged kubeconfig restarted the member")
+	}
+
+	// Deleting the owner removes its member and lets s2 take over m1.
+	if err := secrets.Delete(ctx, "s1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, wantState(r, "m1", s2Ref, StateReady, ""))
+	key2 := ServiceKey{Namespace: appNS, Name: "svc-member2"}
+	eventually(t, 10*time.Second, func() error {
+		if sink.service("m1", key1) != nil || sink.service("m1", key2) == nil {
+			return fmt.Errorf("m1 should now serve member2's services only")
+		}
+		return nil
+	})
+	if _, ok := statusOf(r, "home", s1Ref); ok {
+		t.Errorf("keys of a deleted secret are still listed")
+	}
+
+	// Deleting the last Secret removes the member entirely.
+	if err := secrets.Delete(ctx, "s2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		if _, ok := r.Cluster("m1"); ok {
+			return fmt.Errorf("m1 still listed")
+		}
+		if sink.service("m1", key2) != nil {
+			return fmt.Errorf("m1's services still in the sink")
+		}
+		return nil
+	})
+}
+
+func TestRegistryUnreachableMemberTimesOut(t *testing.T) {
+	r, _, ns := startRegistry(t, 2*time.Second)
+	ctx := context.Background()
+	home := kube(t, env.Cluster("home"))
+	// A kubeconfig whose server is a port nothing listens on.
+	kc := strings.Replace(string(env.Cluster("member1").Kubeconfig()), env.Cluster("member1").Server(), "https://127.0.0.1:1", 1)
+	s := localcluster.RemoteSecret(ns, "gone", map[string][]byte{"gone": []byte(kc)})
+	if _, err := home.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, wantState(r, "gone", ns+"/gone", StateSyncing, ""))
+	if ok, reason := r.Ready(); ok || !strings.Contains(reason, "gone") {
+		t.Errorf("Ready() = %v, %q while a member is syncing", ok, reason)
+	}
+	eventually(t, 20*time.Second, wantState(r, "gone", ns+"/gone", StateTimedOut, "not synced within 2s"))
+	eventually(t, 5*time.Second, func() error {
+		if ok, reason := r.Ready(); !ok {
+			return fmt.Errorf("not ready: %s", reason)
+		}
+		return nil
+	})
+}
