@@ -160,8 +160,8 @@ func TestRegistryMembership(t *testing.T) {
 	}
 
 	s1 := localcluster.RemoteSecret(ns, "s1", map[string][]byte{
-		"m1":      e.Cluster("member1").Kubeconfig(),
-		"home":    e.Cluster("member2").Kubeconfig(),
+		"m1":   e.Cluster("member1").Kubeconfig(),
+		"home": e.Cluster("member2").Kubeconfig(),
 		"-bad": e.Cluster("member2").Kubeconfig(),
 	})
 	if _, err := secrets.Create(ctx, s1, metav1.CreateOptions{}); err != nil {
