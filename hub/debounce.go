@@ -1,0 +1,70 @@
+package hub
+
+import (
+	"context"
+	"time"
+)
+
+// debouncer batches change notifications without delaying the first change
+// after a quiet period: a change arriving when nothing happened for `after`
+// is pushed at once (leading edge); later changes are collected until `after`
+// passes without another one, but never longer than `max` (DESIGN.md §4).
+type debouncer struct {
+	after, max time.Duration
+	push       func(hostnames map[string]struct{})
+	in         chan []string
+}
+
+func newDebouncer(after, max time.Duration, push func(map[string]struct{})) *debouncer {
+	return &debouncer{after: after, max: max, push: push, in: make(chan []string, 1024)}
+}
+
+// add records changed hostnames; it never blocks the caller for long.
+func (d *debouncer) add(hostnames []string) { d.in <- hostnames }
+
+// run owns the debounce state until ctx is done.
+func (d *debouncer) run(ctx context.Context) {
+	var (
+		pending   = map[string]struct{}{}
+		first     time.Time // when the oldest pending change arrived
+		lastEvent time.Time
+		timer     = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	flush := func() {
+		if len(pending) == 0 {
+			return
+		}
+		batch := pending
+		pending = map[string]struct{}{}
+		d.push(batch)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case hosts := <-d.in:
+			now := time.Now()
+			quiet := len(pending) == 0 && now.Sub(lastEvent) >= d.after
+			lastEvent = now
+			if len(pending) == 0 {
+				first = now
+			}
+			for _, h := range hosts {
+				pending[h] = struct{}{}
+			}
+			if quiet {
+				flush()
+				continue
+			}
+			deadline := now.Add(d.after)
+			if limit := first.Add(d.max); deadline.After(limit) {
+				deadline = limit
+			}
+			timer.Reset(time.Until(deadline))
+		case <-timer.C:
+			flush()
+		}
+	}
+}

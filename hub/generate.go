@@ -1,0 +1,368 @@
+package hub
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// MetadataNamespace is the filter-metadata namespace of every LbEndpoint; its
+// "cluster" field is the member cluster ID (DESIGN.md §3.4: hub.cluster).
+const MetadataNamespace = "hub"
+
+// resource is one generated, marshalled xDS resource. It is immutable and
+// shared by every stream that receives it (marshal once, send many).
+type resource struct {
+	name    string
+	version string
+	any     *anypb.Any
+}
+
+// generator builds CDS/EDS/LDS/RDS resources from the Index and memoises
+// them per hostname until that hostname changes.
+type generator struct {
+	index *Index
+
+	mu    sync.Mutex
+	cache map[string]map[string]*resource // hostname → typeURL+name → resource (nil: does not exist)
+}
+
+func newGenerator(index *Index) *generator {
+	return &generator{index: index, cache: map[string]map[string]*resource{}}
+}
+
+// invalidate forgets what was generated for these hostnames.
+func (g *generator) invalidate(hostnames map[string]struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for h := range hostnames {
+		delete(g.cache, h)
+	}
+}
+
+// resources returns the named resources of one type that exist, sorted by
+// name; wildcard returns every resource of the type.
+func (g *generator) resources(typeURL string, names []string, wildcard bool) ([]*resource, error) {
+	if wildcard {
+		names = g.allNames(typeURL)
+	}
+	out := make([]*resource, 0, len(names))
+	for _, name := range names {
+		r, err := g.resource(typeURL, name)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out, nil
+}
+
+// allNames lists every resource name of a type, for wildcard subscriptions.
+func (g *generator) allNames(typeURL string) []string {
+	var names []string
+	for _, host := range g.index.Hostnames() {
+		for _, port := range federatedPorts(g.index.Service(host)) {
+			switch typeURL {
+			case resourcev3.ClusterType, resourcev3.EndpointType:
+				names = append(names, clusterName(host, port.Port))
+			case resourcev3.ListenerType, resourcev3.RouteType:
+				names = append(names, listenerName(host, port.Port))
+			}
+		}
+	}
+	return names
+}
+
+func (g *generator) resource(typeURL, name string) (*resource, error) {
+	host, port, ok := parseName(typeURL, name)
+	if !ok {
+		return nil, nil
+	}
+	key := typeURL + "/" + name
+	g.mu.Lock()
+	if r, ok := g.cache[host][key]; ok {
+		g.mu.Unlock()
+		return r, nil
+	}
+	g.mu.Unlock()
+
+	members := g.index.Service(host)
+	var msg proto.Message
+	if sp, ok := findPort(federatedPorts(members), port); ok {
+		switch typeURL {
+		case resourcev3.ClusterType:
+			msg = buildCluster(name, sp)
+		case resourcev3.EndpointType:
+			msg = buildLoadAssignment(name, port, members)
+		case resourcev3.ListenerType:
+			msg = buildListener(name)
+		case resourcev3.RouteType:
+			msg = buildRoute(name, host, port)
+		}
+	}
+	var r *resource
+	if msg != nil {
+		var err error
+		if r, err = marshalResource(name, typeURL, msg); err != nil {
+			return nil, err
+		}
+	}
+	g.mu.Lock()
+	if g.cache[host] == nil {
+		g.cache[host] = map[string]*resource{}
+	}
+	g.cache[host][key] = r
+	g.mu.Unlock()
+	return r, nil
+}
+
+func marshalResource(name, typeURL string, msg proto.Message) (*resource, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling %s %s: %w", typeURL, name, err)
+	}
+	sum := sha256.Sum256(b)
+	return &resource{name: name, version: hex.EncodeToString(sum[:8]), any: &anypb.Any{TypeUrl: typeURL, Value: b}}, nil
+}
+
+// clusterName is the CDS/EDS name of a service port: outbound|<port>||<hostname>.
+func clusterName(host string, port int32) string {
+	return "outbound|" + strconv.Itoa(int(port)) + "||" + host
+}
+
+// listenerName is the LDS/RDS name of a service port: <hostname>:<port>.
+func listenerName(host string, port int32) string {
+	return host + ":" + strconv.Itoa(int(port))
+}
+
+// parseName maps a resource name of a type back to its hostname and port.
+func parseName(typeURL, name string) (string, int32, bool) {
+	var host, portStr string
+	switch typeURL {
+	case resourcev3.ClusterType, resourcev3.EndpointType:
+		parts := strings.Split(name, "|")
+		if len(parts) != 4 || parts[0] != "outbound" || parts[2] != "" {
+			return "", 0, false
+		}
+		portStr, host = parts[1], parts[3]
+	case resourcev3.ListenerType, resourcev3.RouteType:
+		i := strings.LastIndexByte(name, ':')
+		if i < 0 {
+			return "", 0, false
+		}
+		host, portStr = name[:i], name[i+1:]
+	default:
+		return "", 0, false
+	}
+	port, err := strconv.ParseInt(portStr, 10, 32)
+	if err != nil || port <= 0 || port > 65535 || host == "" {
+		return "", 0, false
+	}
+	return host, int32(port), true
+}
+
+// federatedPorts is the union of the TCP ports of every member's view of a
+// service, by port number; on disagreement the alphabetically first member wins.
+func federatedPorts(members map[string]*clusters.Service) []clusters.ServicePort {
+	ids := make([]string, 0, len(members))
+	for id := range members {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	seen := map[int32]bool{}
+	var out []clusters.ServicePort
+	for _, id := range ids {
+		for _, p := range members[id].Ports {
+			if p.Protocol != "" && p.Protocol != "TCP" || seen[p.Port] {
+				continue
+			}
+			seen[p.Port] = true
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Port < out[j].Port })
+	return out
+}
+
+func findPort(ports []clusters.ServicePort, port int32) (clusters.ServicePort, bool) {
+	for _, p := range ports {
+		if p.Port == port {
+			return p, true
+		}
+	}
+	return clusters.ServicePort{}, false
+}
+
+var adsSource = &corev3.ConfigSource{
+	ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+	ResourceApiVersion:    corev3.ApiVersion_V3,
+}
+
+// speaksHTTP2 reports whether a port carries gRPC or HTTP/2, by appProtocol
+// or by Istio's port-name prefix convention.
+func speaksHTTP2(p clusters.ServicePort) bool {
+	switch strings.ToLower(p.AppProtocol) {
+	case "grpc", "http2", "kubernetes.io/h2c":
+		return true
+	}
+	name := strings.ToLower(p.Name)
+	return name == "grpc" || name == "http2" || strings.HasPrefix(name, "grpc-") || strings.HasPrefix(name, "http2-")
+}
+
+func buildCluster(name string, port clusters.ServicePort) *clusterv3.Cluster {
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource, ServiceName: name},
+		ConnectTimeout:       durationpb.New(10 * time.Second),
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+	}
+	if speaksHTTP2(port) {
+		opts := &upstreamhttpv3.HttpProtocolOptions{
+			UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+				ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+						Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+					},
+				},
+			},
+		}
+		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(opts),
+		}
+	}
+	return c
+}
+
+// buildLoadAssignment groups a service port's endpoints into one locality per
+// (member, region, zone). The member ID goes into the locality's sub_zone so
+// that localities of different members never collide (grpc-go rejects
+// duplicate localities) and locality-aware load balancing prefers the
+// proxy's own member. Locality weights are the endpoint counts, so never 0.
+func buildLoadAssignment(name string, port int32, members map[string]*clusters.Service) *endpointv3.ClusterLoadAssignment {
+	type locality struct{ cluster, region, zone string }
+	groups := map[locality][]*endpointv3.LbEndpoint{}
+	for id, svc := range members {
+		meta := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			MetadataNamespace: {Fields: map[string]*structpb.Value{"cluster": structpb.NewStringValue(id)}},
+		}}
+		for _, ep := range svc.Endpoints {
+			if ep.ServicePort != port {
+				continue
+			}
+			health := corev3.HealthStatus_HEALTHY
+			if ep.Health == clusters.Draining {
+				health = corev3.HealthStatus_DRAINING
+			}
+			loc := locality{id, ep.Region, ep.Zone}
+			groups[loc] = append(groups[loc], &endpointv3.LbEndpoint{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+						Address:       ep.Address,
+						PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.Port)},
+					}}},
+				}},
+				HealthStatus:        health,
+				Metadata:            meta,
+				LoadBalancingWeight: wrapperspb.UInt32(1),
+			})
+		}
+	}
+	locs := make([]locality, 0, len(groups))
+	for l := range groups {
+		locs = append(locs, l)
+	}
+	sort.Slice(locs, func(i, j int) bool {
+		a, b := locs[i], locs[j]
+		if a.cluster != b.cluster {
+			return a.cluster < b.cluster
+		}
+		if a.region != b.region {
+			return a.region < b.region
+		}
+		return a.zone < b.zone
+	})
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	for _, l := range locs {
+		eps := groups[l]
+		sort.Slice(eps, func(i, j int) bool {
+			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
+			if a.GetAddress() != b.GetAddress() {
+				return a.GetAddress() < b.GetAddress()
+			}
+			return a.GetPortValue() < b.GetPortValue()
+		})
+		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
+			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
+			LbEndpoints:         eps,
+			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(eps))),
+		})
+	}
+	return cla
+}
+
+// buildListener is a proxyless-gRPC api_listener whose HCM fetches the
+// route configuration of the same name over ADS.
+func buildListener(name string) *listenerv3.Listener {
+	hcm := &hcmv3.HttpConnectionManager{
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		StatPrefix: name,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSource, RouteConfigName: name,
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{
+			Name:       "envoy.filters.http.router",
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
+		}},
+	}
+	return &listenerv3.Listener{Name: name, ApiListener: &listenerv3.ApiListener{ApiListener: mustAny(hcm)}}
+}
+
+func buildRoute(name, host string, port int32) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{
+		Name: name,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    name,
+			Domains: []string{host, listenerName(host, port)},
+			Routes: []*routev3.Route{{
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName(host, port)},
+				}},
+			}},
+		}},
+	}
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(fmt.Sprintf("packing %T: %v", m, err))
+	}
+	return a
+}

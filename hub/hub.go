@@ -1,0 +1,102 @@
+// Package hub is the federation core: the federated index of every member's
+// services, the push debounce, xDS generation and the ADS gRPC server built
+// on go-control-plane.
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// Options configures a Hub.
+type Options struct {
+	// DomainSuffix makes service hostnames: <name>.<namespace>.svc.<suffix>.
+	DomainSuffix string
+	// DebounceAfter and DebounceMax bound push batching (DESIGN.md §4).
+	DebounceAfter, DebounceMax time.Duration
+	// Log is the logger; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Hub federates every member's services and serves them over ADS.
+type Hub struct {
+	log      *slog.Logger
+	index    *Index
+	gen      *generator
+	watcher  *watcher
+	debounce *debouncer
+}
+
+// New creates a Hub. Run must be running for changes to reach proxies.
+func New(opts Options) *Hub {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	h := &Hub{log: opts.Log}
+	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
+	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
+	h.gen = newGenerator(h.index)
+	h.watcher = newWatcher(h.gen, opts.Log)
+	return h
+}
+
+// Sink is where member clusters deliver their services.
+func (h *Hub) Sink() clusters.Sink { return h.index }
+
+// Index is the federated index, for read models.
+func (h *Hub) Index() *Index { return h.index }
+
+// Run processes changes until ctx is done.
+func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }
+
+func (h *Hub) push(hostnames map[string]struct{}) {
+	h.gen.invalidate(hostnames)
+	h.watcher.push()
+}
+
+// ServeADS serves ADS (and the per-type discovery services) on lis until ctx
+// is done. This listener is plaintext: it never serves secrets.
+func (h *Hub) ServeADS(ctx context.Context, lis net.Listener) error {
+	srv := grpc.NewServer(
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{})
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
+	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)
+	listenerservice.RegisterListenerDiscoveryServiceServer(srv, xds)
+	routeservice.RegisterRouteDiscoveryServiceServer(srv, xds)
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go func() {
+		select {
+		case <-stopped:
+			return
+		case <-ctx.Done():
+		}
+		// Open ADS streams end with ctx; give in-flight sends a moment.
+		timer := time.AfterFunc(5*time.Second, srv.Stop)
+		defer timer.Stop()
+		srv.GracefulStop()
+	}()
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving ADS on %s: %w", lis.Addr(), err)
+	}
+	return nil
+}

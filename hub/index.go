@@ -1,0 +1,141 @@
+package hub
+
+import (
+	"reflect"
+	"sort"
+	"sync"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// Index is the federated index: every member's services, grouped by service
+// hostname. It implements clusters.Sink and reports the hostnames whose
+// federated view changed. It is independent of xDS so that other generators
+// (e.g. MCP-over-XDS, DESIGN.md §9) can read it too.
+type Index struct {
+	domainSuffix string
+	onChange     func(hostnames []string)
+
+	mu        sync.RWMutex
+	byHost    map[string]map[string]*clusters.Service // hostname → member → view
+	byCluster map[string]map[clusters.ServiceKey]*clusters.Service
+}
+
+// NewIndex creates an empty index. onChange is called, outside the index's
+// lock, with the hostnames whose view changed.
+func NewIndex(domainSuffix string, onChange func(hostnames []string)) *Index {
+	return &Index{
+		domainSuffix: domainSuffix,
+		onChange:     onChange,
+		byHost:       map[string]map[string]*clusters.Service{},
+		byCluster:    map[string]map[clusters.ServiceKey]*clusters.Service{},
+	}
+}
+
+// Hostname is a Service's federated hostname: <name>.<namespace>.svc.<suffix>.
+func (x *Index) Hostname(namespace, name string) string {
+	return name + "." + namespace + ".svc." + x.domainSuffix
+}
+
+var _ clusters.Sink = (*Index)(nil)
+
+// ReplaceCluster implements clusters.Sink.
+func (x *Index) ReplaceCluster(cluster string, services []*clusters.Service) {
+	next := make(map[clusters.ServiceKey]*clusters.Service, len(services))
+	for _, s := range services {
+		next[clusters.ServiceKey{Namespace: s.Namespace, Name: s.Name}] = s
+	}
+	x.mu.Lock()
+	var changed []string
+	for key := range x.byCluster[cluster] {
+		if _, ok := next[key]; !ok {
+			changed = x.setLocked(cluster, key, nil, changed)
+		}
+	}
+	for key, s := range next {
+		changed = x.setLocked(cluster, key, s, changed)
+	}
+	x.mu.Unlock()
+	x.notify(changed)
+}
+
+// UpdateService implements clusters.Sink.
+func (x *Index) UpdateService(cluster string, key clusters.ServiceKey, svc *clusters.Service) {
+	x.mu.Lock()
+	changed := x.setLocked(cluster, key, svc, nil)
+	x.mu.Unlock()
+	x.notify(changed)
+}
+
+// RemoveCluster implements clusters.Sink.
+func (x *Index) RemoveCluster(cluster string) {
+	x.mu.Lock()
+	var changed []string
+	for key := range x.byCluster[cluster] {
+		changed = x.setLocked(cluster, key, nil, changed)
+	}
+	delete(x.byCluster, cluster)
+	x.mu.Unlock()
+	x.notify(changed)
+}
+
+// setLocked stores one member's view of one service and appends its hostname
+// to changed if the view differs from what was stored.
+func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters.Service, changed []string) []string {
+	old := x.byCluster[cluster][key]
+	if svc == nil && old == nil || svc != nil && old != nil && reflect.DeepEqual(svc, old) {
+		return changed
+	}
+	host := x.Hostname(key.Namespace, key.Name)
+	if svc == nil {
+		delete(x.byCluster[cluster], key)
+		delete(x.byHost[host], cluster)
+		if len(x.byHost[host]) == 0 {
+			delete(x.byHost, host)
+		}
+	} else {
+		if x.byCluster[cluster] == nil {
+			x.byCluster[cluster] = map[clusters.ServiceKey]*clusters.Service{}
+		}
+		if x.byHost[host] == nil {
+			x.byHost[host] = map[string]*clusters.Service{}
+		}
+		x.byCluster[cluster][key] = svc
+		x.byHost[host][cluster] = svc
+	}
+	return append(changed, host)
+}
+
+func (x *Index) notify(changed []string) {
+	if len(changed) > 0 && x.onChange != nil {
+		x.onChange(changed)
+	}
+}
+
+// Service returns every member's view of one hostname, by member ID. The
+// views are shared and must not be modified.
+func (x *Index) Service(hostname string) map[string]*clusters.Service {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	members := x.byHost[hostname]
+	if members == nil {
+		return nil
+	}
+	out := make(map[string]*clusters.Service, len(members))
+	for id, s := range members {
+		out[id] = s
+	}
+	return out
+}
+
+// Hostnames returns every federated hostname, sorted.
+func (x *Index) Hostnames() []string {
+	x.mu.RLock()
+	out := make([]string, 0, len(x.byHost))
+	for h := range x.byHost {
+		out = append(out, h)
+	}
+	x.mu.RUnlock()
+	sort.Strings(out)
+	return out
+}

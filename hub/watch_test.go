@@ -1,0 +1,158 @@
+package hub
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// startHub serves a Hub's ADS on a loopback port and returns an ADS stream to it.
+func startHub(t *testing.T) (*Hub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
+	t.Helper()
+	h := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { h.Run(ctx); done <- struct{}{} }()
+	go func() {
+		if err := h.ServeADS(ctx, lis); err != nil {
+			t.Errorf("ServeADS: %v", err)
+		}
+		done <- struct{}{}
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamCtx, streamCancel := context.WithCancel(context.Background())
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(streamCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		streamCancel()
+		conn.Close()
+		cancel()
+		<-done
+		<-done
+	})
+	return h, stream
+}
+
+func echoService(ip string) *clusters.Service {
+	return &clusters.Service{
+		Namespace: "demo", Name: "echo",
+		Ports:     []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}},
+		Endpoints: []clusters.Endpoint{{Address: ip, Port: 8080, ServicePort: 7070}},
+	}
+}
+
+// receiver reads responses in the background so tests can assert that none arrive.
+func receiver(t *testing.T, stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) <-chan *discoveryv3.DiscoveryResponse {
+	ch := make(chan *discoveryv3.DiscoveryResponse, 100)
+	go func() {
+		defer close(ch)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- resp
+		}
+	}()
+	return ch
+}
+
+func expectResponse(t *testing.T, ch <-chan *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
+	t.Helper()
+	select {
+	case r, ok := <-ch:
+		if !ok {
+			t.Fatal("stream closed")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response within 10s")
+		return nil
+	}
+}
+
+// expectSilence asserts that no response arrives for a while. A negative
+// can only be observed over a window; one second is long against the 10ms
+// debounce and against go-control-plane caches, which resend a NACKed
+// version thousands of times per second.
+func expectSilence(t *testing.T, ch <-chan *discoveryv3.DiscoveryResponse, what string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s: got response version %s; want none", what, r.VersionInfo)
+	case <-time.After(time.Second):
+	}
+}
+
+func TestNACKedVersionIsNotResent(t *testing.T) {
+	h, stream := startHub(t)
+	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
+	h.Sink().ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	ch := receiver(t, stream)
+	node := &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}
+	name := "outbound|7070||echo.demo.svc.cluster.local"
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	first := expectResponse(t, ch)
+	if len(first.Resources) != 1 {
+		t.Fatalf("first response has %d resources", len(first.Resources))
+	}
+
+	// The client rejects it.
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{
+		TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: first.Nonce,
+		ErrorDetail: &statuspb.Status{Code: 3, Message: "endpoint rejected by test"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	expectSilence(t, ch, "after a NACK")
+
+	// A change to another service pushes, but this stream's resources are
+	// unchanged: still nothing.
+	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
+	expectSilence(t, ch, "after an unrelated change")
+
+	// An input change produces a new version.
+	h.Sink().UpdateService("west", key, echoService("10.0.0.2"))
+	second := expectResponse(t, ch)
+	if second.VersionInfo == first.VersionInfo {
+		t.Fatalf("new response has the NACKed version %s", second.VersionInfo)
+	}
+
+	// ACK it: nothing more until the next change.
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: second.Nonce, VersionInfo: second.VersionInfo}); err != nil {
+		t.Fatal(err)
+	}
+	expectSilence(t, ch, "after an ACK")
+}
+
+func TestFirstRequestIsAnsweredEvenWhenEmpty(t *testing.T) {
+	_, stream := startHub(t)
+	ch := receiver(t, stream)
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	if r := expectResponse(t, ch); len(r.Resources) != 0 {
+		t.Fatalf("wildcard CDS on an empty mesh returned %d resources", len(r.Resources))
+	}
+}
