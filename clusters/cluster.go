@@ -2,8 +2,11 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -21,9 +24,15 @@ import (
 	"k8s.io/client-go/util/workqueue"
 )
 
-// Cluster is one member cluster: a client, its informers, and the endpoint
-// controller that turns Services, EndpointSlices and Nodes into Service views
-// for the Sink. Create it with newCluster, start it with start, stop it with stop.
+// Cluster is one member cluster: a client, its informers, the endpoint
+// controller that turns Services, EndpointSlices and Nodes into Service
+// views for the Sink, and the lifecycle state machine
+//
+//	Pending → Syncing → Ready ⇄ Stale
+//	            ↓ ↑
+//	        Unreachable → TimedOut → Ready
+//
+// Create it with newCluster, start it with start, stop it with stop.
 type Cluster struct {
 	id      string
 	secret  string
@@ -32,37 +41,68 @@ type Cluster struct {
 	sink    Sink
 	log     *slog.Logger
 	timeout time.Duration
+	// beforePublish runs once, after the first full sync and before the
+	// first write to the Sink: the registry uses it to stop the member's
+	// previous client (make-before-break). If it returns false the cluster
+	// was superseded and publishes nothing.
+	beforePublish func() bool
 
-	factory  informers.SharedInformerFactory
-	services corelisters.ServiceLister
-	slices   discoverylisters.EndpointSliceLister
-	nodes    corelisters.NodeLister
-	synced   []cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[ServiceKey]
+	client    kubernetes.Interface
+	conns     *connTracker
+	factory   informers.SharedInformerFactory
+	informers map[string]cache.SharedIndexInformer // by kind, for object counts
+	services  corelisters.ServiceLister
+	slices    discoverylisters.EndpointSliceLister
+	nodes     corelisters.NodeLister
+	synced    []cache.InformerSynced
+	queue     workqueue.TypedRateLimitingInterface[ServiceKey]
 
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu        sync.Mutex
-	state     State
-	message   string
-	lastSync  time.Time
-	endpoints map[ServiceKey]int
+	mu sync.Mutex
+	// observe is told about every state change, outside the lock.
+	observe      func(st Status, from State)
+	state        State
+	message      string
+	lastSync     time.Time
+	syncDuration time.Duration
+	everSynced   bool
+	endpoints    map[ServiceKey]int
 }
 
-func newCluster(id, secret string, cfg *rest.Config, server string, hash [32]byte, sink Sink, timeout time.Duration, log *slog.Logger) (*Cluster, error) {
-	cfg = rest.CopyConfig(cfg)
+// clusterDeps are what every Cluster of a registry shares.
+type clusterDeps struct {
+	sink    Sink
+	timeout time.Duration
+	log     *slog.Logger
+}
+
+func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, error) {
+	cfg := rest.CopyConfig(kc.Config)
 	cfg.UserAgent = "hub/" + id
 	if cfg.QPS == 0 {
 		cfg.QPS, cfg.Burst = 50, 100
 	}
-	client, err := kubernetes.NewForConfig(cfg)
+	cfg.Timeout = 0 // watches are long; per-request timeouts come from contexts
+	// A Dial of our own keeps client-go from sharing its cached transport
+	// with other clients, and lets stop close this member's connections.
+	conns := newConnTracker()
+	cfg.Dial = conns.DialContext
+	c := &Cluster{}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observingTransport{next: rt, c: c} })
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building HTTP client for cluster %s: %w", id, err)
+	}
+	client, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {
 		return nil, fmt.Errorf("building client for cluster %s: %w", id, err)
 	}
-	c := &Cluster{
-		id: id, secret: secret, server: server, hash: hash, sink: sink, timeout: timeout,
-		log:       log.With("cluster", id),
+	*c = Cluster{
+		id: id, secret: secret, server: kc.Server, hash: kc.SHA256,
+		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
+		client: client, conns: conns,
 		factory:   informers.NewSharedInformerFactory(client, 0),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]()),
 		done:      make(chan struct{}),
@@ -72,9 +112,15 @@ func newCluster(id, secret string, cfg *rest.Config, server string, hash [32]byt
 	svcInf := c.factory.Core().V1().Services()
 	sliceInf := c.factory.Discovery().V1().EndpointSlices()
 	nodeInf := c.factory.Core().V1().Nodes()
-	for _, inf := range []cache.SharedIndexInformer{svcInf.Informer(), sliceInf.Informer(), nodeInf.Informer()} {
+	c.informers = map[string]cache.SharedIndexInformer{
+		"Service": svcInf.Informer(), "EndpointSlice": sliceInf.Informer(), "Node": nodeInf.Informer(),
+	}
+	for _, inf := range c.informers {
 		if err := inf.SetTransform(stripObject); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { c.requestFailed(err) }); err != nil {
+			return nil, fmt.Errorf("setting watch error handler: %w", err)
 		}
 	}
 	c.services, c.slices, c.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
@@ -119,41 +165,140 @@ func (c *Cluster) start(ctx context.Context) {
 	go c.run(ctx)
 }
 
-// stop stops every goroutine and informer of the cluster and waits for them.
-// It does not touch the Sink: the caller decides whether the member's
-// services go (RemoveCluster) or are replaced by a successor.
+// stop stops every goroutine and informer of the cluster, waits for them and
+// closes its connections. It does not touch the Sink: the caller decides
+// whether the member's services go (RemoveCluster) or stay for a successor.
 func (c *Cluster) stop() {
 	c.cancel()
 	c.queue.ShutDown()
 	<-c.done
 	c.factory.Shutdown()
+	c.conns.closeAll()
 }
 
 func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
-	c.setState(StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync")
+	c.transition(func() { c.state, c.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync" })
 	started := time.Now()
-	timer := time.AfterFunc(c.timeout, func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.state == StateSyncing {
-			c.state = StateTimedOut
-			c.message = fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness)", c.timeout)
-			c.log.Warn("cluster sync timed out", "timeout", c.timeout)
-		}
-	})
+	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
 	defer timer.Stop()
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return
 	}
+	timer.Stop()
+	if c.beforePublish != nil && !c.beforePublish() {
+		return
+	}
 	c.publishAll()
-	c.mu.Lock()
-	c.state, c.message, c.lastSync = StateReady, "", time.Now()
-	c.mu.Unlock()
-	c.log.Info("cluster synced", "duration", time.Since(started).Round(time.Millisecond).String())
+	took := time.Since(started)
+	c.transition(func() {
+		c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
+	})
+	c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
 	for c.processNext() {
 	}
+}
+
+// transition applies a change to the cluster's state under its lock and
+// tells the observer if the state changed.
+func (c *Cluster) transition(change func()) {
+	c.mu.Lock()
+	from := c.state
+	change()
+	to := c.state
+	observe := c.observe
+	c.mu.Unlock()
+	if from != to && observe != nil {
+		observe(c.status(), from)
+	}
+}
+
+// setObserver replaces the state-change hook.
+func (c *Cluster) setObserver(fn func(Status, State)) {
+	c.mu.Lock()
+	c.observe = fn
+	c.mu.Unlock()
+}
+
+func (c *Cluster) syncTimedOut() {
+	c.transition(func() {
+		if c.state == StateSyncing || c.state == StateUnreachable {
+			last := ""
+			if c.state == StateUnreachable {
+				last = ": " + c.message
+			}
+			c.state = StateTimedOut
+			c.message = fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness)%s", c.timeout, last)
+		}
+	})
+}
+
+// requestFailed is called when a request to the member's API server fails
+// or a reflector reports a list/watch error. A member that was synced goes
+// Stale and keeps serving what it had; one that never synced is Unreachable.
+// The next successful request brings it back.
+func (c *Cluster) requestFailed(err error) {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return // a normal watch restart
+	}
+	c.transition(func() {
+		switch c.state {
+		case StateReady, StateStale:
+			c.state = StateStale
+			c.message = "API server unreachable or watch failing; serving the last known endpoints: " + err.Error()
+		case StatePending, StateSyncing, StateUnreachable:
+			c.state = StateUnreachable
+			c.message = "cannot list or watch: " + err.Error()
+		case StateTimedOut:
+			c.message = fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness): %s", c.timeout, err)
+		}
+	})
+}
+
+// observingTransport reports the outcome of every request a member's client
+// makes, so that the state follows what the informers actually experience:
+// client-go's reflectors retry refused connections forever without calling
+// their watch error handler, so that handler alone never sees an outage.
+type observingTransport struct {
+	next http.RoundTripper
+	c    *Cluster
+}
+
+func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	switch {
+	case req.Context().Err() != nil:
+		// Cancelled by us (stopping, or a watch ending): says nothing about the server.
+	case err != nil:
+		t.c.requestFailed(fmt.Errorf("%s %s: %w", req.Method, req.URL.Host, err))
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		t.c.requestFailed(fmt.Errorf("%s %s%s: %s", req.Method, req.URL.Host, req.URL.Path, resp.Status))
+	case resp.StatusCode < 300:
+		t.c.requestSucceeded()
+	}
+	return resp, err
+}
+
+func (t *observingTransport) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+// requestSucceeded brings a Stale member back to Ready (and an Unreachable
+// one back to Syncing) once its API server answers again.
+func (c *Cluster) requestSucceeded() {
+	c.mu.Lock()
+	healthy := c.state != StateStale && c.state != StateUnreachable
+	c.mu.Unlock()
+	if healthy {
+		return
+	}
+	c.transition(func() {
+		switch c.state {
+		case StateStale:
+			c.state, c.message = StateReady, ""
+		case StateUnreachable:
+			c.state, c.message = StateSyncing, "API server reachable again; waiting for informers to sync"
+		}
+	})
 }
 
 // publishAll hands the member's complete view to the Sink in one call.
@@ -219,19 +364,13 @@ func (c *Cluster) enqueueAll() {
 	}
 }
 
-func (c *Cluster) setState(s State, msg string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.state, c.message = s, msg
-}
-
 // status reports the cluster's current status.
 func (c *Cluster) status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{
 		ID: c.id, Secret: c.secret, State: c.state, Message: c.message, Server: c.server,
-		Services: len(c.endpoints), LastSyncTime: c.lastSync,
+		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
 	}
 	for _, n := range c.endpoints {
 		st.Endpoints += n
@@ -239,15 +378,32 @@ func (c *Cluster) status() Status {
 	return st
 }
 
+// objectCounts reports how many objects each informer holds.
+func (c *Cluster) objectCounts() map[string]int {
+	out := make(map[string]int, len(c.informers))
+	for kind, inf := range c.informers {
+		out[kind] = len(inf.GetStore().ListKeys())
+	}
+	return out
+}
+
 // stripObject drops what the hub never reads from informer objects, to keep
-// memory per member small: managed fields and annotations everywhere, and all
-// of a Node but its name and labels.
+// memory per member small: managed fields, annotations and status
+// everywhere, and all of a Node but its name and labels.
 func stripObject(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 			Name: o.Name, Labels: o.Labels, ResourceVersion: o.ResourceVersion, UID: o.UID,
 		}}, nil
+	case *corev1.Service:
+		o.ManagedFields, o.Annotations, o.Status = nil, nil, corev1.ServiceStatus{}
+		o.Spec.Selector = nil
+	case *discoveryv1.EndpointSlice:
+		o.ManagedFields, o.Annotations = nil, nil
+		for i := range o.Endpoints {
+			o.Endpoints[i].TargetRef, o.Endpoints[i].Hints, o.Endpoints[i].DeprecatedTopology = nil, nil, nil
+		}
 	case metav1.Object:
 		o.SetManagedFields(nil)
 		o.SetAnnotations(nil)

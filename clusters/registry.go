@@ -13,13 +13,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 )
 
@@ -38,31 +43,43 @@ type Config struct {
 	// SyncTimeout is how long a member may take to sync before it stops
 	// blocking readiness.
 	SyncTimeout time.Duration
+	// Policy says what remote kubeconfigs may contain beyond inline credentials.
+	Policy KubeconfigPolicy
 	// Sink receives every member's services.
 	Sink Sink
+	// Metrics, if set, gets the membership metrics.
+	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
 }
 
 // Registry is the set of member clusters, driven by remote Secrets.
 type Registry struct {
-	cfg   Config
-	log   *slog.Logger
-	home  *Cluster
-	queue workqueue.TypedRateLimitingInterface[string] // namespace/name of remote Secrets
+	cfg         Config
+	log         *slog.Logger
+	deps        clusterDeps
+	homeClient  kubernetes.Interface
+	home        *Cluster
+	queue       workqueue.TypedRateLimitingInterface[string] // namespace/name of remote Secrets
+	recorder    record.EventRecorder
+	transitions *prometheus.CounterVec
 
 	secrets       corelisters.SecretLister
 	secretsSynced cache.InformerSynced
 
 	mu      sync.Mutex
-	members map[string]*member           // by cluster ID: the Secret that owns the ID
+	members map[string]*member           // by cluster ID: the Secret key that owns the ID
 	extra   map[string]map[string]Status // by Secret: keys that run no cluster (invalid, conflicting, ignored)
 }
 
-// member is a cluster ID owned by one Secret.
+// member is a cluster ID owned by one Secret key.
 type member struct {
-	secret  string
-	cluster *Cluster
+	secret string
+	ref    *corev1.ObjectReference // the Secret, for Events
+	active *Cluster                // serves the member's services
+	// next is the client for a changed kubeconfig; it replaces active once
+	// it has synced (make-before-break).
+	next *Cluster
 	// rejected is set when the Secret's current kubeconfig for this ID was
 	// rejected while the previous, valid one keeps serving.
 	rejected string
@@ -76,28 +93,51 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err := ValidateClusterID(cfg.HomeID); err != nil {
 		return nil, fmt.Errorf("home cluster: %w", err)
 	}
-	home, err := newCluster(cfg.HomeID, "", cfg.Home, cfg.Home.Host, [32]byte{}, cfg.Sink, cfg.SyncTimeout, cfg.Log)
+	homeClient, err := kubernetes.NewForConfig(cfg.Home)
+	if err != nil {
+		return nil, fmt.Errorf("building home cluster client: %w", err)
+	}
+	r := &Registry{
+		cfg:        cfg,
+		log:        cfg.Log,
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log},
+		homeClient: homeClient,
+		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		members:    map[string]*member{},
+		extra:      map[string]map[string]Status{},
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_cluster_state_transitions_total",
+			Help: "Member state changes, by member and new state.",
+		}, []string{"cluster", "to"}),
+	}
+	home, err := newCluster(cfg.HomeID, "", &Kubeconfig{Config: cfg.Home, Server: cfg.Home.Host}, r.deps)
 	if err != nil {
 		return nil, err
 	}
-	return &Registry{
-		cfg:     cfg,
-		log:     cfg.Log,
-		home:    home,
-		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		members: map[string]*member{},
-		extra:   map[string]map[string]Status{},
-	}, nil
+	home.setObserver(r.observer(nil, ""))
+	r.home = home
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(r.transitions); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+		if err := cfg.Metrics.Register(registryCollector{r}); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+	}
+	return r, nil
 }
 
 // Run watches remote Secrets and runs the members until ctx is done, then
 // stops every member and returns.
 func (r *Registry) Run(ctx context.Context) error {
-	client, err := kubernetes.NewForConfig(r.cfg.Home)
-	if err != nil {
-		return fmt.Errorf("building home cluster client: %w", err)
-	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.homeClient.CoreV1().Events(r.cfg.Namespace)})
+	defer broadcaster.Shutdown()
+	r.mu.Lock()
+	r.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "hub"})
+	r.mu.Unlock()
+
+	factory := informers.NewSharedInformerFactoryWithOptions(r.homeClient, 0,
 		informers.WithNamespace(r.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = MultiClusterLabel + "=true" }))
 	inf := factory.Core().V1().Secrets()
@@ -113,7 +153,9 @@ func (r *Registry) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watching remote secrets: %w", err)
 	}
+	r.mu.Lock()
 	r.secretsSynced = reg.HasSynced
+	r.mu.Unlock()
 
 	r.home.start(ctx)
 	factory.Start(ctx.Done())
@@ -134,11 +176,16 @@ func (r *Registry) Run(ctx context.Context) error {
 	r.members = map[string]*member{}
 	r.mu.Unlock()
 	for _, m := range members {
-		if m.cluster != nil {
-			m.cluster.stop()
-		}
+		m.stop()
 	}
 	return nil
+}
+
+func (m *member) stop() {
+	if m.next != nil {
+		m.next.stop()
+	}
+	m.active.stop()
 }
 
 func (r *Registry) processNext(ctx context.Context) bool {
@@ -163,6 +210,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		return err
 	}
 	var data map[string][]byte
+	var ref *corev1.ObjectReference
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -170,25 +218,29 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		return fmt.Errorf("reading secret: %w", err)
 	default:
 		data = secret.Data
+		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
 	// Work out the changes under the lock, stop clusters outside it.
-	var removed []*Cluster
+	var removed []*member
 	var freed []string
 	r.mu.Lock()
 	for id, m := range r.members {
 		if _, ok := data[id]; m.secret == key && !ok {
 			delete(r.members, id)
-			removed = append(removed, m.cluster)
+			removed = append(removed, m)
 			freed = append(freed, id)
 		}
 	}
+	previous := r.extra[key]
 	r.mu.Unlock()
-	for i, c := range removed {
-		c.stop()
+	for i, m := range removed {
+		m.stop()
 		r.cfg.Sink.RemoveCluster(freed[i])
+		r.transitions.DeletePartialMatch(prometheus.Labels{"cluster": freed[i]})
 		r.log.Info("cluster removed", "cluster", freed[i], "secret", key)
+		r.event(ref, corev1.EventTypeNormal, "ClusterRemoved", "cluster %s removed", freed[i])
 	}
 
 	ids := make([]string, 0, len(data))
@@ -198,8 +250,13 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		if st, ok := r.apply(ctx, key, id, data[id]); !ok {
-			extras[id] = st
+		st, ok := r.apply(ctx, key, ref, id, data[id])
+		if ok {
+			continue
+		}
+		extras[id] = st
+		if prev, seen := previous[id]; !seen || prev.State != st.State || prev.Message != st.Message {
+			r.event(ref, corev1.EventTypeWarning, "Cluster"+string(st.State), "cluster %s: %s", id, st.Message)
 		}
 	}
 	r.mu.Lock()
@@ -218,7 +275,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 
 // apply starts, keeps or replaces the member for one data key. It returns
 // ok=false with a status when the key runs no cluster of its own.
-func (r *Registry) apply(ctx context.Context, secret, id string, kubeconfig []byte) (Status, bool) {
+func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, id string, kubeconfig []byte) (Status, bool) {
 	st := Status{ID: id, Secret: secret}
 	if id == r.cfg.HomeID {
 		st.State, st.Message = StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", id)
@@ -238,42 +295,109 @@ func (r *Registry) apply(ctx context.Context, secret, id string, kubeconfig []by
 		r.log.Warn("duplicate cluster ID", "cluster", id, "secret", secret, "owner", existing.secret)
 		return st, false
 	}
-	kc, err := ParseKubeconfig(kubeconfig)
+	kc, err := r.cfg.Policy.ParseKubeconfig(kubeconfig)
 	if err != nil {
 		r.log.Warn("rejected kubeconfig", "cluster", id, "secret", secret, "error", err)
-		if existing != nil {
-			r.mu.Lock()
-			existing.rejected = err.Error()
-			r.mu.Unlock()
-			return st, true
+		if existing == nil {
+			st.State, st.Message = StateInvalid, err.Error()
+			return st, false
 		}
-		st.State, st.Message = StateInvalid, err.Error()
-		return st, false
-	}
-	if existing != nil && existing.cluster.hash == kc.SHA256 {
 		r.mu.Lock()
-		existing.rejected = ""
+		changed := existing.rejected != err.Error()
+		existing.rejected = err.Error()
 		r.mu.Unlock()
+		if changed {
+			r.event(ref, corev1.EventTypeWarning, "KubeconfigRejected", "cluster %s: new kubeconfig rejected, still using the previous one: %s", id, err)
+		}
 		return st, true
 	}
-	c, err := newCluster(id, secret, kc.Config, kc.Server, kc.SHA256, r.cfg.Sink, r.cfg.SyncTimeout, r.log)
+
+	r.mu.Lock()
+	var discard *Cluster
+	if existing != nil {
+		existing.rejected = ""
+		existing.ref = ref
+		if existing.active.hash == kc.SHA256 || existing.next != nil && existing.next.hash == kc.SHA256 {
+			if existing.active.hash == kc.SHA256 {
+				discard, existing.next = existing.next, nil // rotated back before the candidate synced
+			}
+			r.mu.Unlock()
+			if discard != nil {
+				discard.stop()
+			}
+			return st, true // unchanged kubeconfig: no-op
+		}
+	}
+	r.mu.Unlock()
+
+	c, err := newCluster(id, secret, kc, r.deps)
 	if err != nil {
 		st.State, st.Message = StateInvalid, err.Error()
 		return st, false
 	}
-	if existing != nil {
-		// The old client keeps its services in the Sink until the new one's
-		// first full sync replaces them, so endpoints never go empty.
-		existing.cluster.stop()
-		r.log.Info("cluster kubeconfig changed; restarting its client", "cluster", id, "secret", secret)
-	} else {
-		r.log.Info("cluster added", "cluster", id, "secret", secret, "server", kc.Server)
-	}
 	r.mu.Lock()
-	r.members[id] = &member{secret: secret, cluster: c}
+	if existing == nil {
+		c.setObserver(r.observer(ref, ""))
+		r.members[id] = &member{secret: secret, ref: ref, active: c}
+		r.log.Info("cluster added", "cluster", id, "secret", secret, "server", kc.Server)
+	} else {
+		// Make-before-break: the old client keeps serving until the new one
+		// has fully synced; then promote swaps them before the first publish.
+		c.setObserver(r.observer(ref, "new kubeconfig: "))
+		c.beforePublish = func() bool { return r.promote(id, c) }
+		discard, existing.next = existing.next, c
+		r.log.Info("cluster kubeconfig changed; syncing the new client before switching", "cluster", id, "secret", secret, "server", kc.Server)
+	}
 	r.mu.Unlock()
+	if discard != nil {
+		discard.stop()
+	}
 	c.start(ctx)
 	return st, true
+}
+
+// promote makes a synced candidate the member's active client and stops the
+// previous one. It reports false if the candidate was superseded meanwhile.
+func (r *Registry) promote(id string, candidate *Cluster) bool {
+	r.mu.Lock()
+	m := r.members[id]
+	if m == nil || m.next != candidate {
+		r.mu.Unlock()
+		return false
+	}
+	old := m.active
+	m.active, m.next = candidate, nil
+	candidate.setObserver(r.observer(m.ref, ""))
+	r.mu.Unlock()
+	old.stop()
+	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
+	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)
+	return true
+}
+
+// observer returns the state-change hook of one member's client: a metric,
+// a log line and an Event on the owning Secret.
+func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Status, State) {
+	return func(st Status, from State) {
+		r.transitions.WithLabelValues(st.ID, string(st.State)).Inc()
+		level, typ := slog.LevelInfo, corev1.EventTypeNormal
+		switch st.State {
+		case StateStale, StateUnreachable, StateTimedOut:
+			level, typ = slog.LevelWarn, corev1.EventTypeWarning
+		}
+		r.log.Log(context.Background(), level, prefix+"cluster state changed", "cluster", st.ID, "from", from, "to", st.State, "message", st.Message)
+		r.event(ref, typ, "Cluster"+string(st.State), "%scluster %s: %s → %s %s", prefix, st.ID, from, st.State, st.Message)
+	}
+}
+
+// event records an Event on a remote Secret (nothing for the home cluster).
+func (r *Registry) event(ref *corev1.ObjectReference, typ, reason, format string, args ...any) {
+	r.mu.Lock()
+	rec := r.recorder
+	r.mu.Unlock()
+	if ref != nil && rec != nil {
+		rec.Eventf(ref, typ, reason, format, args...)
+	}
 }
 
 func (r *Registry) requeueConflicts(except string) {
@@ -293,14 +417,14 @@ func (r *Registry) requeueConflicts(except string) {
 // by ID (and Secret, for IDs that appear more than once).
 func (r *Registry) Clusters() []Status {
 	type running struct {
-		c        *Cluster
-		rejected string
+		active, next *Cluster
+		rejected     string
 	}
 	r.mu.Lock()
 	out := make([]Status, 0, len(r.members)+1)
 	members := make([]running, 0, len(r.members))
 	for _, m := range r.members {
-		members = append(members, running{m.cluster, m.rejected})
+		members = append(members, running{m.active, m.next, m.rejected})
 	}
 	for _, extras := range r.extra {
 		for _, st := range extras {
@@ -309,7 +433,11 @@ func (r *Registry) Clusters() []Status {
 	}
 	r.mu.Unlock()
 	for _, m := range members {
-		st := m.c.status()
+		st := m.active.status()
+		if m.next != nil {
+			next := m.next.status()
+			st.Message = strings.TrimSpace(st.Message + fmt.Sprintf(" (new kubeconfig %s: %s; the previous one keeps serving until it is Ready)", next.State, next.Message))
+		}
 		if m.rejected != "" {
 			st.State = StateInvalid
 			st.Message = "new kubeconfig rejected, still using the previous one: " + m.rejected
@@ -328,14 +456,17 @@ func (r *Registry) Clusters() []Status {
 // Cluster returns the status of one cluster by ID: the running member if
 // there is one, else the first Secret key that claims the ID.
 func (r *Registry) Cluster(id string) (Status, bool) {
-	r.mu.Lock()
-	m := r.members[id]
-	r.mu.Unlock()
 	if id == r.cfg.HomeID {
 		return r.home.status(), true
 	}
+	r.mu.Lock()
+	owner := ""
+	if m := r.members[id]; m != nil {
+		owner = m.secret
+	}
+	r.mu.Unlock()
 	for _, st := range r.Clusters() {
-		if st.ID == id && (m == nil || st.Secret == m.secret) {
+		if st.ID == id && (owner == "" || st.Secret == owner) {
 			return st, true
 		}
 	}
@@ -343,15 +474,19 @@ func (r *Registry) Cluster(id string) (Status, bool) {
 }
 
 // Ready reports whether the hub has a complete picture: remote Secrets are
-// listed, the home cluster is synced and every member is synced or timed out.
-// The reason says what is still missing.
+// listed, the home cluster is synced and every member is synced, stale or
+// timed out. The reason says what is still missing.
 func (r *Registry) Ready() (bool, string) {
-	if r.secretsSynced == nil || !r.secretsSynced() {
+	r.mu.Lock()
+	synced := r.secretsSynced
+	r.mu.Unlock()
+	if synced == nil || !synced() {
 		return false, "remote secrets not listed yet"
 	}
 	var waiting []string
 	for _, st := range r.Clusters() {
-		if st.State == StatePending || st.State == StateSyncing {
+		switch st.State {
+		case StatePending, StateSyncing, StateUnreachable:
 			waiting = append(waiting, st.ID)
 		}
 	}
@@ -359,4 +494,15 @@ func (r *Registry) Ready() (bool, string) {
 		return false, "waiting for clusters to sync: " + strings.Join(waiting, ", ")
 	}
 	return true, ""
+}
+
+// activeClusters returns the home cluster and every member's active client.
+func (r *Registry) activeClusters() []*Cluster {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := []*Cluster{r.home}
+	for _, m := range r.members {
+		out = append(out, m.active)
+	}
+	return out
 }

@@ -74,6 +74,8 @@ type Status struct {
 	Services     int
 	Endpoints    int
 	LastSyncTime time.Time
+	// SyncDuration is how long the first full sync of the current client took.
+	SyncDuration time.Duration
 }
 
 // Sink receives every member's service view. The hub's federated index

@@ -35,6 +35,7 @@ type config struct {
 	debounceAfter        time.Duration
 	debounceMax          time.Duration
 	apiTokenFile         string
+	kubeconfigAllow      string
 	logLevel             string
 }
 
@@ -55,6 +56,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
 	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
+	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 }
 

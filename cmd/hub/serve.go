@@ -32,19 +32,25 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		DebounceMax:   cfg.debounceMax,
 		Log:           log,
 	})
+	policy, err := clusters.ParsePolicy(cfg.kubeconfigAllow)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig-allow: %w", err)
+	}
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registry, err := clusters.NewRegistry(clusters.Config{
 		Home:        home,
 		HomeID:      cfg.clusterID,
 		Namespace:   cfg.namespace,
 		SyncTimeout: cfg.remoteClusterTimeout,
+		Policy:      policy,
 		Sink:        h.Sink(),
+		Metrics:     metrics,
 		Log:         log,
 	})
 	if err != nil {
 		return err
 	}
-	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	admin := &http.Server{
 		Handler:           api.NewHandler(api.Config{Membership: registry, Metrics: metrics, Log: log}),
 		ReadHeaderTimeout: 10 * time.Second,

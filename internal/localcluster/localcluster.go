@@ -86,6 +86,7 @@ type Options struct {
 
 // Env is one etcd and the API servers that share it.
 type Env struct {
+	mu       sync.Mutex // guards pki's serial
 	dir      string
 	ownsDir  bool
 	binDir   string
@@ -239,6 +240,23 @@ func (c *Cluster) Kubeconfig() []byte {
 	return out
 }
 
+// NewCertKubeconfig returns a kubeconfig with a freshly issued client
+// certificate for a cluster admin: new credentials for rotation tests.
+func (c *Cluster) NewCertKubeconfig() ([]byte, error) {
+	c.env.mu.Lock()
+	certPEM, keyPEM, err := c.env.pki.clientCert("hub-admin-rotated", "system:masters")
+	c.env.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: c.Server(), CertificateAuthorityData: c.env.pki.caPEM}
+	cfg.AuthInfos["rotated"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: "rotated"}
+	cfg.CurrentContext = c.Name
+	return clientcmd.Write(*cfg)
+}
+
 // TokenKubeconfig returns a kubeconfig that authenticates with a bearer token
 // instead of a client certificate.
 func (c *Cluster) TokenKubeconfig(token string) []byte {
@@ -265,11 +283,20 @@ func (c *Cluster) StartAPIServer() error {
 	if c.proc != nil && c.proc.alive() {
 		return nil
 	}
+	proc, err := c.startAPIServer(c.port, "apiserver-"+c.Name+".log")
+	if err != nil {
+		return err
+	}
+	c.proc = proc
+	return nil
+}
+
+func (c *Cluster) startAPIServer(port int, logName string) (*process, error) {
 	p := c.env.pki
 	proc, err := startProcess(filepath.Join(c.env.binDir, "kube-apiserver"),
-		filepath.Join(c.env.dir, "apiserver-"+c.Name+".log"),
+		filepath.Join(c.env.dir, logName),
 		"--etcd-servers="+c.env.etcdURL, "--etcd-prefix=/cluster-"+c.Name,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.port),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
 		"--tls-cert-file="+p.serverCertFile, "--tls-private-key-file="+p.serverKeyFile,
 		"--client-ca-file="+p.caFile, "--token-auth-file="+p.tokenFile,
 		"--authorization-mode=RBAC",
@@ -277,10 +304,31 @@ func (c *Cluster) StartAPIServer() error {
 		"--service-account-key-file="+p.saPubFile, "--service-account-signing-key-file="+p.saKeyFile,
 		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none", "--profiling=false")
 	if err != nil {
-		return fmt.Errorf("starting API server %s: %w", c.Name, err)
+		return nil, fmt.Errorf("starting API server %s: %w", c.Name, err)
 	}
-	c.proc = proc
-	return nil
+	return proc, nil
+}
+
+// StartSpareAPIServer starts a second API server for the same cluster (same
+// etcd prefix) on another port, as in an HA control plane, and waits until
+// it is ready. Tests use it to change a cluster while the hub's API server
+// is down. The returned stop function stops the spare.
+func (c *Cluster) StartSpareAPIServer(ctx context.Context) (*rest.Config, func(), error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, nil, err
+	}
+	proc, err := c.startAPIServer(port, fmt.Sprintf("apiserver-%s-spare-%d.log", c.Name, port))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := c.RESTConfig()
+	cfg.Host = fmt.Sprintf("https://127.0.0.1:%d", port)
+	if err := c.waitReady(ctx, cfg.Host, proc); err != nil {
+		proc.stop()
+		return nil, nil, err
+	}
+	return cfg, proc.stop, nil
 }
 
 // StopAPIServer stops the cluster's API server; etcd keeps its data, so
@@ -299,6 +347,10 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	c.mu.Lock()
 	proc := c.proc
 	c.mu.Unlock()
+	return c.waitReady(ctx, c.Server(), proc)
+}
+
+func (c *Cluster) waitReady(ctx context.Context, server string, proc *process) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.env.pki.caPEM)
 	cert, err := tls.X509KeyPair(c.env.pki.adminCertPEM, c.env.pki.adminKeyPEM)
@@ -309,7 +361,7 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}},
 	}}
 	defer client.CloseIdleConnections()
-	if err := waitHTTP(ctx, client, c.Server()+"/readyz", proc, 120*time.Second); err != nil {
+	if err := waitHTTP(ctx, client, server+"/readyz", proc, 120*time.Second); err != nil {
 		return fmt.Errorf("API server %s: %w", c.Name, err)
 	}
 	return nil

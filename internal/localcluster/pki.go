@@ -24,6 +24,10 @@ type pki struct {
 	adminCertPEM, adminKeyPEM          []byte
 	saKeyPEM, saPubPEM                 []byte
 
+	caCert *x509.Certificate
+	caKey  *ecdsa.PrivateKey
+	serial int64
+
 	// Paths of the same material on disk, for kube-apiserver flags.
 	caFile, serverCertFile, serverKeyFile, saKeyFile, saPubFile, tokenFile string
 }
@@ -54,7 +58,7 @@ func newPKI(dir string) (*pki, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing CA: %w", err)
 	}
-	p := &pki{caPEM: pemBlock("CERTIFICATE", caDER)}
+	p := &pki{caPEM: pemBlock("CERTIFICATE", caDER), caCert: caCert, caKey: caKey, serial: 10}
 
 	leaf := func(serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -121,6 +125,33 @@ func newPKI(dir string) (*pki, error) {
 		}
 	}
 	return p, nil
+}
+
+// clientCert issues a fresh client certificate for a user in groups.
+func (p *pki) clientCert(user string, groups ...string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.serial++
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(p.serial),
+		Subject:      pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issuing client certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
 }
 
 func pemBlock(typ string, der []byte) []byte {
