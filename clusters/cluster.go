@@ -2,9 +2,7 @@ package clusters
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -68,6 +66,7 @@ type Cluster struct {
 	lastSync     time.Time
 	syncDuration time.Duration
 	everSynced   bool
+	lastErr      string
 	endpoints    map[ServiceKey]int
 }
 
@@ -118,9 +117,6 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	for _, inf := range c.informers {
 		if err := inf.SetTransform(stripObject); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
-		}
-		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) { c.requestFailed(err) }); err != nil {
-			return nil, fmt.Errorf("setting watch error handler: %w", err)
 		}
 	}
 	c.services, c.slices, c.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
@@ -224,34 +220,35 @@ func (c *Cluster) setObserver(fn func(Status, State)) {
 func (c *Cluster) syncTimedOut() {
 	c.transition(func() {
 		if c.state == StateSyncing || c.state == StateUnreachable {
-			last := ""
-			if c.state == StateUnreachable {
-				last = ": " + c.message
-			}
-			c.state = StateTimedOut
-			c.message = fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness)%s", c.timeout, last)
+			c.state, c.message = StateTimedOut, c.timedOutMessage()
 		}
 	})
 }
 
-// requestFailed is called when a request to the member's API server fails
-// or a reflector reports a list/watch error. A member that was synced goes
-// Stale and keeps serving what it had; one that never synced is Unreachable.
-// The next successful request brings it back.
-func (c *Cluster) requestFailed(err error) {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-		return // a normal watch restart
+func (c *Cluster) timedOutMessage() string {
+	msg := fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness)", c.timeout)
+	if c.lastErr != "" {
+		msg += ": cannot list or watch: " + c.lastErr
 	}
+	return msg
+}
+
+// requestFailed is called when a request to the member's API server fails.
+// A member that was synced goes Stale and keeps serving what it had; one
+// that never synced is Unreachable. The next successful request brings it
+// back.
+func (c *Cluster) requestFailed(err error) {
 	c.transition(func() {
+		c.lastErr = err.Error()
 		switch c.state {
 		case StateReady, StateStale:
 			c.state = StateStale
-			c.message = "API server unreachable or watch failing; serving the last known endpoints: " + err.Error()
+			c.message = "API server unreachable or watch failing; serving the last known endpoints: " + c.lastErr
 		case StatePending, StateSyncing, StateUnreachable:
 			c.state = StateUnreachable
-			c.message = "cannot list or watch: " + err.Error()
+			c.message = "cannot list or watch: " + c.lastErr
 		case StateTimedOut:
-			c.message = fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness): %s", c.timeout, err)
+			c.message = c.timedOutMessage()
 		}
 	})
 }
@@ -294,7 +291,7 @@ func (c *Cluster) requestSucceeded() {
 	c.transition(func() {
 		switch c.state {
 		case StateStale:
-			c.state, c.message = StateReady, ""
+			c.state, c.message, c.lastErr = StateReady, "", ""
 		case StateUnreachable:
 			c.state, c.message = StateSyncing, "API server reachable again; waiting for informers to sync"
 		}

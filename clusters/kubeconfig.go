@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 
@@ -101,6 +102,9 @@ func (p KubeconfigPolicy) ParseKubeconfig(data []byte) (*Kubeconfig, error) {
 	}
 	if cluster.Server == "" {
 		return nil, fmt.Errorf("kubeconfig cluster %q has an empty server", ctx.Cluster)
+	}
+	if u, err := url.Parse(cluster.Server); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("kubeconfig cluster %q: server must be an https:// URL with a host and no user info", ctx.Cluster)
 	}
 	if cluster.CertificateAuthority != "" && !p.Files {
 		return nil, fmt.Errorf("kubeconfig cluster %q: certificate-authority file references are not allowed (use certificate-authority-data)", ctx.Cluster)
