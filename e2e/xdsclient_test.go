@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -60,6 +61,8 @@ type xdsClient struct {
 	lines chan clientLine
 	stdin io.WriteCloser
 	cmd   *exec.Cmd
+	// Every call's outcome is counted, whether or not the test reads lines.
+	oks, errs atomic.Int64
 }
 
 type clientLine struct {
@@ -96,6 +99,11 @@ func startXDSClient(t *testing.T, xdsAddr, target, clusterID, namespace string) 
 		defer close(c.lines)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "ok ") {
+				c.oks.Add(1)
+			} else {
+				c.errs.Add(1)
+			}
 			select {
 			case c.lines <- clientLine{time.Now(), sc.Text()}:
 			default: // the test is not reading right now; drop
