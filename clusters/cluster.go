@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,6 +48,7 @@ type Cluster struct {
 
 	client    kubernetes.Interface
 	conns     *connTracker
+	secrets   *secretController
 	factory   informers.SharedInformerFactory
 	informers map[string]cache.SharedIndexInformer // by kind, for object counts
 	services  corelisters.ServiceLister
@@ -75,6 +77,8 @@ type clusterDeps struct {
 	sink    Sink
 	timeout time.Duration
 	log     *slog.Logger
+	// onSecret is told when a member's Secret changes (may be nil).
+	onSecret func(cluster string, key ServiceKey)
 }
 
 func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, error) {
@@ -107,6 +111,13 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		done:      make(chan struct{}),
 		state:     StatePending,
 		endpoints: map[ServiceKey]int{},
+	}
+	var onSecret func(ServiceKey)
+	if deps.onSecret != nil {
+		onSecret = func(key ServiceKey) { deps.onSecret(id, key) }
+	}
+	if c.secrets, err = newSecretController(client, onSecret); err != nil {
+		return nil, err
 	}
 	svcInf := c.factory.Core().V1().Services()
 	sliceInf := c.factory.Discovery().V1().EndpointSlices()
@@ -169,12 +180,14 @@ func (c *Cluster) stop() {
 	c.queue.ShutDown()
 	<-c.done
 	c.factory.Shutdown()
+	c.secrets.factory.Shutdown()
 	c.conns.closeAll()
 }
 
 func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
+	c.secrets.factory.Start(ctx.Done())
 	c.transition(func() { c.state, c.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync" })
 	started := time.Now()
 	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
@@ -265,6 +278,9 @@ type observingTransport struct {
 func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	switch {
+	case strings.HasSuffix(req.URL.Path, "/secrets"):
+		// The secret controller is optional for a member (its credentials may
+		// not read Secrets); its failures do not make the member Stale.
 	case req.Context().Err() != nil:
 		// Cancelled by us (stopping, or a watch ending): says nothing about the server.
 	case err != nil:
@@ -377,10 +393,11 @@ func (c *Cluster) status() Status {
 
 // objectCounts reports how many objects each informer holds.
 func (c *Cluster) objectCounts() map[string]int {
-	out := make(map[string]int, len(c.informers))
+	out := make(map[string]int, len(c.informers)+1)
 	for kind, inf := range c.informers {
 		out[kind] = len(inf.GetStore().ListKeys())
 	}
+	out["Secret"] = len(c.secrets.inf.GetStore().ListKeys())
 	return out
 }
 

@@ -47,6 +47,9 @@ type Config struct {
 	Policy KubeconfigPolicy
 	// Sink receives every member's services.
 	Sink Sink
+	// OnSecretChange, if set, is told when a Secret of a member changes
+	// (SDS uses it to push TLS material again).
+	OnSecretChange func(cluster string, key ServiceKey)
 	// Metrics, if set, gets the membership metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -100,7 +103,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	r := &Registry{
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log},
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, onSecret: cfg.OnSecretChange},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},
@@ -494,6 +497,25 @@ func (r *Registry) Ready() (bool, string) {
 		return false, "waiting for clusters to sync: " + strings.Join(waiting, ", ")
 	}
 	return true, ""
+}
+
+// TLSSecret returns the TLS material of a Secret in a member cluster, from
+// the member's active client. It never falls back to another member.
+func (r *Registry) TLSSecret(cluster string, key ServiceKey) (*TLSSecret, error) {
+	var c *Cluster
+	if cluster == r.cfg.HomeID {
+		c = r.home
+	} else {
+		r.mu.Lock()
+		if m := r.members[cluster]; m != nil {
+			c = m.active
+		}
+		r.mu.Unlock()
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownCluster, cluster)
+	}
+	return c.secrets.get(key)
 }
 
 // activeClusters returns the home cluster and every member's active client.

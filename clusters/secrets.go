@@ -1,0 +1,129 @@
+package clusters
+
+import (
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// TLS material keys a Secret may carry (Kubernetes TLS secrets, and Istio's
+// generic form for credentialName).
+var tlsKeys = []string{"tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert"}
+
+// Secret types that never hold credentialName material; not even their
+// metadata is cached (the same exclusions istiod makes).
+var ignoredSecretTypes = []corev1.SecretType{
+	corev1.SecretTypeServiceAccountToken, corev1.SecretTypeDockercfg, corev1.SecretTypeDockerConfigJson,
+	corev1.SecretTypeBootstrapToken, "helm.sh/release.v1",
+}
+
+// TLSSecret is the TLS material of one Secret in a member cluster, as PEM.
+// Any field may be empty. It must never be logged or rendered.
+type TLSSecret struct {
+	// Cert and Key are tls.crt/tls.key, or cert/key for generic secrets.
+	Cert, Key []byte
+	// CA is ca.crt, or cacert for generic secrets.
+	CA []byte
+}
+
+// Errors of TLSSecret.
+var (
+	ErrUnknownCluster   = errors.New("unknown cluster")
+	ErrSecretNotFound   = errors.New("secret not found")
+	ErrSecretsNotSynced = errors.New("secrets of this cluster are not synced yet")
+)
+
+// secretController caches the TLS material of a member's Secrets for SDS.
+// One informer watches every Secret except the types above, and its
+// transform keeps only the TLS keys, so memory stays small and no other
+// secret data is held. It is deliberately separate from the endpoint
+// controller's informers: a member whose credentials may not read Secrets
+// still federates its endpoints.
+type secretController struct {
+	factory informers.SharedInformerFactory
+	lister  corelisters.SecretLister
+	synced  cache.InformerSynced
+	inf     cache.SharedIndexInformer
+}
+
+func newSecretController(client kubernetes.Interface, onChange func(ServiceKey)) (*secretController, error) {
+	var selectors []fields.Selector
+	for _, t := range ignoredSecretTypes {
+		selectors = append(selectors, fields.OneTermNotEqualSelector("type", string(t)))
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.AndSelectors(selectors...).String()
+	}))
+	inf := factory.Core().V1().Secrets().Informer()
+	if err := inf.SetTransform(stripSecret); err != nil {
+		return nil, fmt.Errorf("setting secret transform: %w", err)
+	}
+	s := &secretController{factory: factory, lister: factory.Core().V1().Secrets().Lister(), inf: inf}
+	notify := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if sec, ok := obj.(*corev1.Secret); ok && onChange != nil {
+			onChange(ServiceKey{Namespace: sec.Namespace, Name: sec.Name})
+		}
+	}
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: notify, UpdateFunc: func(_, o any) { notify(o) }, DeleteFunc: notify,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watching secrets: %w", err)
+	}
+	s.synced = reg.HasSynced
+	return s, nil
+}
+
+func (s *secretController) get(key ServiceKey) (*TLSSecret, error) {
+	if !s.synced() {
+		return nil, ErrSecretsNotSynced
+	}
+	sec, err := s.lister.Secrets(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: %s", ErrSecretNotFound, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading secret %s: %w", key, err)
+	}
+	pick := func(keys ...string) []byte {
+		for _, k := range keys {
+			if v := sec.Data[k]; len(v) > 0 {
+				return v
+			}
+		}
+		return nil
+	}
+	return &TLSSecret{Cert: pick("tls.crt", "cert"), Key: pick("tls.key", "key"), CA: pick("ca.crt", "cacert")}, nil
+}
+
+// stripSecret keeps only a Secret's identity and its TLS keys.
+func stripSecret(obj any) (any, error) {
+	sec, ok := obj.(*corev1.Secret)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: sec.Name, Namespace: sec.Namespace, ResourceVersion: sec.ResourceVersion, UID: sec.UID},
+		Type:       sec.Type,
+	}
+	for _, k := range tlsKeys {
+		if v, ok := sec.Data[k]; ok {
+			if out.Data == nil {
+				out.Data = map[string][]byte{}
+			}
+			out.Data[k] = v
+		}
+	}
+	return out, nil
+}
