@@ -120,7 +120,7 @@ func startRegistry(t *testing.T, timeout time.Duration) (*Registry, *recordingSi
 	return r, sink, ns
 }
 
-func kube(t *testing.T, c *localcluster.Cluster) kubernetes.Interface {
+func kube(t testing.TB, c *localcluster.Cluster) kubernetes.Interface {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(c.RESTConfig())
 	if err != nil {

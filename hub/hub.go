@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/hubmesh/hub/clusters"
 )
 
@@ -29,6 +31,8 @@ type Options struct {
 	DomainSuffix string
 	// DebounceAfter and DebounceMax bound push batching (DESIGN.md §4).
 	DebounceAfter, DebounceMax time.Duration
+	// Metrics, if set, gets the xDS metrics.
+	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
 }
@@ -40,19 +44,60 @@ type Hub struct {
 	gen      *generator
 	watcher  *watcher
 	debounce *debouncer
+	proxies  *proxyTracker
 }
 
 // New creates a Hub. Run must be running for changes to reach proxies.
-func New(opts Options) *Hub {
+func New(opts Options) (*Hub, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	h := &Hub{log: opts.Log}
+	h := &Hub{log: opts.Log, proxies: newProxyTracker()}
+	if opts.Metrics != nil {
+		for _, c := range h.proxies.collectors() {
+			if err := opts.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("registering xDS metrics: %w", err)
+			}
+		}
+	}
 	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, opts.Log)
-	return h
+	return h, nil
+}
+
+// Proxies lists every connected ADS stream with its per-type ACK/NACK state.
+func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
+
+// ProxyConfig returns what a proxy (its newest stream) currently holds.
+func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) { return h.proxies.config(id) }
+
+// PushesLastMinute counts xDS responses sent in the last 60 seconds.
+func (h *Hub) PushesLastMinute() int { return h.proxies.pushesLastMinute() }
+
+// ServiceSummary is one federated service with its endpoints per member.
+type ServiceSummary struct {
+	Hostname  string
+	Namespace string
+	Name      string
+	Ports     []clusters.ServicePort
+	Endpoints map[string]int // member ID → endpoints (address, port)
+}
+
+// Services summarises every federated service, sorted by hostname.
+func (h *Hub) Services() []ServiceSummary {
+	var out []ServiceSummary
+	for _, host := range h.index.Hostnames() {
+		members := h.index.Service(host)
+		s := ServiceSummary{Hostname: host, Ports: federatedPorts(members), Endpoints: map[string]int{}}
+		for id, svc := range members {
+			s.Namespace, s.Name = svc.Namespace, svc.Name
+			s.Endpoints[id] = len(svc.Endpoints)
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // Sink is where member clusters deliver their services.
@@ -76,7 +121,12 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener) error {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
-	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{})
+	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{
+		StreamOpenFunc:     h.proxies.onStreamOpen,
+		StreamClosedFunc:   h.proxies.onStreamClosed,
+		StreamRequestFunc:  h.proxies.onStreamRequest,
+		StreamResponseFunc: h.proxies.onStreamResponse,
+	})
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)

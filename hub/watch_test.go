@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -19,7 +20,10 @@ import (
 // startHub serves a Hub's ADS on a loopback port and returns an ADS stream to it.
 func startHub(t *testing.T) (*Hub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
 	t.Helper()
-	h := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second})
+	h, err := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -126,6 +130,12 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectSilence(t, ch, "after a NACK")
+	waitProxy(t, h, func(ts TypeStatus) error {
+		if ts.NackError != "endpoint rejected by test" || ts.NackedVersion != first.VersionInfo || ts.Sends != 1 || ts.Nacks != 1 {
+			return fmt.Errorf("EDS status after NACK = %+v", ts)
+		}
+		return nil
+	})
 
 	// A change to another service pushes, but this stream's resources are
 	// unchanged: still nothing.
@@ -144,6 +154,41 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectSilence(t, ch, "after an ACK")
+	waitProxy(t, h, func(ts TypeStatus) error {
+		if ts.AckedVersion != second.VersionInfo || ts.SentVersion != second.VersionInfo || ts.Sends != 2 {
+			return fmt.Errorf("EDS status after ACK = %+v", ts)
+		}
+		return nil
+	})
+	cfg, ok := h.ProxyConfig("sidecar~10.0.0.9~client.demo~demo.svc.cluster.local")
+	if !ok || len(cfg.Resources[resourcev3.EndpointType]) != 1 {
+		t.Errorf("proxy config = %+v, %v", cfg, ok)
+	}
+}
+
+// waitProxy polls the hub's view of the single connected proxy's EDS state.
+func waitProxy(t *testing.T, h *Hub, check func(TypeStatus) error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		ps := h.Proxies()
+		switch {
+		case len(ps) != 1:
+			err = fmt.Errorf("%d proxies connected", len(ps))
+		case len(ps[0].Types) != 1:
+			err = fmt.Errorf("types = %+v", ps[0].Types)
+		default:
+			err = check(ps[0].Types[0])
+		}
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func TestFirstRequestIsAnsweredEvenWhenEmpty(t *testing.T) {

@@ -26,18 +26,22 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := hub.New(hub.Options{
-		DomainSuffix:  cfg.domainSuffix,
-		DebounceAfter: cfg.debounceAfter,
-		DebounceMax:   cfg.debounceMax,
-		Log:           log,
-	})
 	policy, err := clusters.ParsePolicy(cfg.kubeconfigAllow)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig-allow: %w", err)
 	}
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	h, err := hub.New(hub.Options{
+		DomainSuffix:  cfg.domainSuffix,
+		DebounceAfter: cfg.debounceAfter,
+		DebounceMax:   cfg.debounceMax,
+		Metrics:       metrics,
+		Log:           log,
+	})
+	if err != nil {
+		return err
+	}
 	registry, err := clusters.NewRegistry(clusters.Config{
 		Home:        home,
 		HomeID:      cfg.clusterID,

@@ -33,13 +33,16 @@ type Backend struct {
 	NotReady bool
 }
 
-// ApplyService creates or replaces a Service with one named port and the
-// EndpointSlice <name>-hub holding the given backends.
+// ApplyService creates or replaces a headless Service with one named port
+// and the EndpointSlice <name>-hub holding the given backends. Headless, so
+// that thousands of them fit the local clusters' /24 service range; the hub
+// never uses cluster IPs.
 func ApplyService(ctx context.Context, c kubernetes.Interface, namespace, name, portName string, port int32, backends []Backend) error {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.ServiceSpec{
-			Ports: []corev1.ServicePort{{Name: portName, Port: port, Protocol: corev1.ProtocolTCP}},
+			ClusterIP: corev1.ClusterIPNone,
+			Ports:     []corev1.ServicePort{{Name: portName, Port: port, Protocol: corev1.ProtocolTCP}},
 		},
 	}
 	if _, err := c.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
