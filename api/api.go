@@ -1,12 +1,18 @@
 // Package api is the hub's REST API (DESIGN.md §3.3) on chi, plus the health,
-// readiness and metrics endpoints. It only reads the hub's read models; its
-// writes (in later versions) go to Kubernetes, never around it.
+// readiness and metrics endpoints. It reads the hub's read models; its only
+// writes are remote Secrets in the home cluster, through clusters.Registrar.
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -15,55 +21,57 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub"
 )
 
 // Membership is the read model of member clusters.
 type Membership interface {
 	Clusters() []clusters.Status
 	Cluster(id string) (clusters.Status, bool)
+	History(id string) []clusters.Transition
 	Ready() (bool, string)
+}
+
+// Registrar writes member registrations (remote Secrets).
+type Registrar interface {
+	Register(ctx context.Context, id string, kubeconfig []byte) (secret string, created bool, err error)
+	Remove(ctx context.Context, id string) error
+}
+
+// Federation is the read model of federated services and connected proxies.
+type Federation interface {
+	Services() []hub.ServiceSummary
+	Proxies() []hub.ProxyStatus
+	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
 // Config holds the API's dependencies.
 type Config struct {
 	Membership Membership
+	Registrar  Registrar
+	Federation Federation
+	Auth       Authenticator
 	// Metrics is the registry served at /metrics.
 	Metrics *prometheus.Registry
 	Log     *slog.Logger
 }
 
-// Cluster is the JSON form of a member cluster (DESIGN.md §3.3).
-type Cluster struct {
-	ID           string     `json:"id"`
-	Secret       string     `json:"secret"`
-	State        string     `json:"state"`
-	Message      string     `json:"message"`
-	Server       string     `json:"server"`
-	Services     int        `json:"services"`
-	Endpoints    int        `json:"endpoints"`
-	LastSyncTime *time.Time `json:"lastSyncTime"`
-}
-
-// List is the envelope of every list response.
-type List[T any] struct {
-	Items []T `json:"items"`
-}
-
-// Problem is an RFC 9457 problem document.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-}
+// maxBody bounds request bodies.
+const maxBody = 1 << 20
 
 // NewHandler returns the admin HTTP handler: /healthz, /readyz, /metrics and /api/v1.
 func NewHandler(cfg Config) http.Handler {
+	r := chi.NewRouter()
+	Mount(r, cfg)
+	return r
+}
+
+// Mount adds the API's routes to r, so that the dashboard can share a router.
+func Mount(r chi.Router, cfg Config) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	s := &server{cfg: cfg}
-	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok") })
 	r.Get("/readyz", s.readyz)
@@ -71,19 +79,69 @@ func NewHandler(cfg Config) http.Handler {
 		r.Handle("/metrics", promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{}))
 	}
 	r.Route("/api/v1", func(r chi.Router) {
-		r.Get("/clusters", s.listClusters)
-		r.Get("/clusters/{id}", s.getCluster)
+		r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+			WriteProblem(w, http.StatusNotFound, "no route for "+r.URL.Path)
+		})
+		r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+			WriteProblem(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path)
+		})
+		r.Group(func(r chi.Router) {
+			r.Use(s.require(Read))
+			r.Get("/clusters", s.listClusters)
+			r.Get("/clusters/{id}", s.getCluster)
+			r.Get("/services", s.listServices)
+			r.Get("/proxies", s.listProxies)
+			r.Get("/proxies/{id}/config", s.proxyConfig)
+			r.Get("/openapi.json", serveOpenAPI)
+		})
+		r.Group(func(r chi.Router) {
+			r.Use(s.require(Write))
+			r.Post("/clusters", s.registerCluster)
+			r.Delete("/clusters/{id}", s.removeCluster)
+		})
 	})
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, http.StatusNotFound, "no route for "+r.URL.Path)
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path)
-	})
-	return r
 }
 
 type server struct{ cfg Config }
+
+// require authenticates the bearer token and checks the access level.
+func (s *server) require(a Access) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || token == "" {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="hub"`)
+				WriteProblem(w, http.StatusUnauthorized, "a bearer token is required")
+				return
+			}
+			if s.cfg.Auth == nil {
+				WriteProblem(w, http.StatusServiceUnavailable, "API authentication is not configured")
+				return
+			}
+			user, err := s.cfg.Auth.Authenticate(r.Context(), token)
+			switch {
+			case errors.Is(err, ErrUnauthenticated):
+				w.Header().Set("WWW-Authenticate", `Bearer realm="hub", error="invalid_token"`)
+				WriteProblem(w, http.StatusUnauthorized, "the bearer token is not valid")
+				return
+			case err != nil:
+				s.cfg.Log.Error("authenticating API request", "error", err)
+				WriteProblem(w, http.StatusServiceUnavailable, "cannot verify the token right now")
+				return
+			}
+			if err := s.cfg.Auth.Authorize(r.Context(), user, a); err != nil {
+				if errors.Is(err, ErrForbidden) {
+					WriteProblem(w, http.StatusForbidden, err.Error())
+					return
+				}
+				s.cfg.Log.Error("authorizing API request", "error", err)
+				WriteProblem(w, http.StatusServiceUnavailable, "cannot check permissions right now")
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
 
 func (s *server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if ok, reason := s.cfg.Membership.Ready(); !ok {
@@ -97,7 +155,7 @@ func (s *server) listClusters(w http.ResponseWriter, _ *http.Request) {
 	sts := s.cfg.Membership.Clusters()
 	out := List[Cluster]{Items: make([]Cluster, 0, len(sts))}
 	for _, st := range sts {
-		out.Items = append(out.Items, toCluster(st))
+		out.Items = append(out.Items, ToCluster(st))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -106,26 +164,147 @@ func (s *server) getCluster(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	st, ok := s.cfg.Membership.Cluster(id)
 	if !ok {
-		writeProblem(w, http.StatusNotFound, "cluster "+id+" is not registered")
+		WriteProblem(w, http.StatusNotFound, "cluster "+id+" is not registered")
 		return
 	}
-	writeJSON(w, http.StatusOK, toCluster(st))
+	writeJSON(w, http.StatusOK, ToCluster(st))
 }
 
-func toCluster(st clusters.Status) Cluster {
-	c := Cluster{
-		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
-		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints,
+// RegisterRequest is the body of POST /api/v1/clusters.
+type RegisterRequest struct {
+	ID         string `json:"id"`
+	Kubeconfig string `json:"kubeconfig"`
+}
+
+func (s *server) registerCluster(w http.ResponseWriter, r *http.Request) {
+	var req RegisterRequest
+	if status, err := decodeStrict(w, r, &req); err != nil {
+		WriteProblem(w, status, err.Error())
+		return
 	}
-	if !st.LastSyncTime.IsZero() {
-		t := st.LastSyncTime.UTC()
-		c.LastSyncTime = &t
+	if req.ID == "" || req.Kubeconfig == "" {
+		WriteProblem(w, http.StatusUnprocessableEntity, `both "id" and "kubeconfig" are required`)
+		return
 	}
-	return c
+	st, created, err := RegisterCluster(r.Context(), s.cfg.Registrar, s.cfg.Membership, req.ID, []byte(req.Kubeconfig))
+	if err != nil {
+		s.writeError(w, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/api/v1/clusters/"+url.PathEscape(req.ID))
+	}
+	writeJSON(w, status, ToCluster(st))
+}
+
+// RegisterCluster writes a registration and returns the cluster's status:
+// the registry's if it already knows the cluster, else Pending. The
+// dashboard's form uses it too.
+func RegisterCluster(ctx context.Context, reg Registrar, m Membership, id string, kubeconfig []byte) (clusters.Status, bool, error) {
+	secret, created, err := reg.Register(ctx, id, kubeconfig)
+	if err != nil {
+		return clusters.Status{}, false, err
+	}
+	st, ok := m.Cluster(id)
+	if !ok || st.Secret != secret {
+		st = clusters.Status{ID: id, Secret: secret, State: clusters.StatePending, Message: "registered; waiting for the hub to pick up the secret"}
+	}
+	return st, created, nil
+}
+
+func (s *server) removeCluster(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Registrar.Remove(r.Context(), chi.URLParam(r, "id")); err != nil {
+		s.writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) writeError(w http.ResponseWriter, err error) {
+	var inv *clusters.InvalidError
+	if errors.As(err, &inv) {
+		WriteProblem(w, http.StatusUnprocessableEntity, inv.Error())
+		return
+	}
+	s.cfg.Log.Error("API request failed", "error", err)
+	WriteProblem(w, http.StatusBadGateway, "the home cluster rejected the change: "+err.Error())
+}
+
+func (s *server) listServices(w http.ResponseWriter, _ *http.Request) {
+	svcs := s.cfg.Federation.Services()
+	out := List[Service]{Items: make([]Service, 0, len(svcs))}
+	for _, sv := range svcs {
+		out.Items = append(out.Items, ToService(sv))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) listProxies(w http.ResponseWriter, _ *http.Request) {
+	ps := s.cfg.Federation.Proxies()
+	out := List[Proxy]{Items: make([]Proxy, 0, len(ps))}
+	for _, p := range ps {
+		out.Items = append(out.Items, ToProxy(p))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) proxyConfig(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	if unescaped, err := url.PathUnescape(id); err == nil {
+		id = unescaped
+	}
+	cfg, ok := s.cfg.Federation.ProxyConfig(id)
+	if !ok {
+		WriteProblem(w, http.StatusNotFound, "proxy "+id+" is not connected")
+		return
+	}
+	out, err := ToProxyConfig(cfg)
+	if err != nil {
+		WriteProblem(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// decodeStrict decodes one JSON object, rejecting unknown fields, trailing
+// data and bodies over maxBody. It returns the HTTP status for an error.
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return http.StatusUnsupportedMediaType, fmt.Errorf("Content-Type must be application/json, not %q", ct)
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &tooBig):
+			return http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds %d bytes", maxBody)
+		case errors.Is(err, io.EOF):
+			return http.StatusBadRequest, errors.New("request body is empty")
+		case errors.As(err, &syntax):
+			return http.StatusBadRequest, fmt.Errorf("request body is not valid JSON (at byte %d)", syntax.Offset)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return http.StatusBadRequest, errors.New("request body is not valid JSON (it ends too early)")
+		case errors.As(err, &typ):
+			return http.StatusBadRequest, fmt.Errorf("field %q must be a %s", typ.Field, typ.Type)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return http.StatusBadRequest, fmt.Errorf("unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		}
+		return http.StatusBadRequest, fmt.Errorf("request body: %v", err)
+	}
+	if dec.More() {
+		return http.StatusBadRequest, errors.New("request body must hold exactly one JSON object")
+	}
+	return 0, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
@@ -136,8 +315,19 @@ func writeText(w http.ResponseWriter, status int, msg string) {
 	_, _ = w.Write([]byte(msg + "\n"))
 }
 
-func writeProblem(w http.ResponseWriter, status int, detail string) {
+// WriteProblem writes an RFC 9457 problem document.
+func WriteProblem(w http.ResponseWriter, status int, detail string) {
 	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(Problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail})
+}
+
+// timePtr renders zero times as JSON null.
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }

@@ -71,6 +71,7 @@ type Registry struct {
 	secretsSynced cache.InformerSynced
 
 	mu      sync.Mutex
+	history map[string][]Transition      // by cluster ID, newest last, at most maxHistory
 	members map[string]*member           // by cluster ID: the Secret key that owns the ID
 	extra   map[string]map[string]Status // by Secret: keys that run no cluster (invalid, conflicting, ignored)
 }
@@ -108,6 +109,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},
 		extra:      map[string]map[string]Status{},
+		history:    map[string][]Transition{},
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_cluster_state_transitions_total",
 			Help: "Member state changes, by member and new state.",
@@ -259,6 +261,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		}
 		extras[id] = st
 		if prev, seen := previous[id]; !seen || prev.State != st.State || prev.Message != st.Message {
+			r.record(id, Transition{At: time.Now(), From: prev.State, To: st.State, Message: st.Message})
 			r.event(ref, corev1.EventTypeWarning, "Cluster"+string(st.State), "cluster %s: %s", id, st.Message)
 		}
 	}
@@ -383,6 +386,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Status, State) {
 	return func(st Status, from State) {
 		r.transitions.WithLabelValues(st.ID, string(st.State)).Inc()
+		r.record(st.ID, Transition{At: time.Now(), From: from, To: st.State, Message: prefix + st.Message})
 		level, typ := slog.LevelInfo, corev1.EventTypeNormal
 		switch st.State {
 		case StateStale, StateUnreachable, StateTimedOut:
@@ -391,6 +395,32 @@ func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Sta
 		r.log.Log(context.Background(), level, prefix+"cluster state changed", "cluster", st.ID, "from", from, "to", st.State, "message", st.Message)
 		r.event(ref, typ, "Cluster"+string(st.State), "%scluster %s: %s → %s %s", prefix, st.ID, from, st.State, st.Message)
 	}
+}
+
+// Transition is one state change of a member, for its history.
+type Transition struct {
+	At       time.Time
+	From, To State
+	Message  string
+}
+
+const maxHistory = 20
+
+func (r *Registry) record(id string, t Transition) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := append(r.history[id], t)
+	if len(h) > maxHistory {
+		h = h[len(h)-maxHistory:]
+	}
+	r.history[id] = h
+}
+
+// History returns a cluster ID's recent state changes, oldest first.
+func (r *Registry) History(id string) []Transition {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Transition(nil), r.history[id]...)
 }
 
 // event records an Event on a remote Secret (nothing for the home cluster).

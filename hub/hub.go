@@ -73,8 +73,9 @@ func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
 func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) { return h.proxies.config(id) }
 
-// PushesLastMinute counts xDS responses sent in the last 60 seconds.
-func (h *Hub) PushesLastMinute() int { return h.proxies.pushesLastMinute() }
+// PushesPerSecond returns the xDS responses sent in each of the last 60
+// seconds, oldest first.
+func (h *Hub) PushesPerSecond() []int { return h.proxies.pushesPerSecond() }
 
 // ServiceSummary is one federated service with its endpoints per member.
 type ServiceSummary struct {

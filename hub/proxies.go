@@ -236,16 +236,18 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	return ProxyConfig{Proxy: found.snapshot(), Resources: res}, true
 }
 
-// pushesLastMinute counts responses sent in the last 60 seconds.
-func (p *proxyTracker) pushesLastMinute() int {
+// pushesPerSecond returns the responses sent in each of the last 60
+// seconds, oldest first.
+func (p *proxyTracker) pushesPerSecond() []int {
 	now := time.Now().Unix()
+	out := make([]int, 60)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
-	for i := range p.pushes {
-		if now-p.pushAt[i] < 60 {
-			n += int(p.pushes[i])
+	for i := range out {
+		sec := now - 59 + int64(i)
+		if p.pushAt[sec%60] == sec {
+			out[i] = int(p.pushes[sec%60])
 		}
 	}
-	return n
+	return out
 }

@@ -72,14 +72,14 @@ func demo(ctx context.Context, cfg config, log *slog.Logger) error {
 	cfg.kubeconfig = kubeconfig
 	fmt.Printf(`
 hub demo is running (Ctrl-C stops everything)
-  dashboard / admin API: http://%s/api/v1/clusters
-  readiness:             http://%s/readyz
-  ADS (plaintext):       %s   e.g. xds:///echo.demo.svc.%s:8080 from a grpc-go client
-  home cluster:          kubectl --kubeconfig %s get secrets -n %s
-  member kubeconfigs:    %s/{west,east}.kubeconfig
-  the admin API has no authentication yet: keep --admin-addr on loopback
+  dashboard:          http://%s/
+  admin token:        %s   (sign in with it; also: curl -H "Authorization: Bearer <token>" http://%s/api/v1/clusters)
+  readiness:          http://%s/readyz
+  ADS (plaintext):    %s   e.g. xds:///echo.demo.svc.%s:8080 from a grpc-go client
+  home cluster:       kubectl --kubeconfig %s get secrets -n %s
+  member kubeconfigs: %s/{west,east}.kubeconfig
 
-`, displayAddr(cfg.adminAddr), displayAddr(cfg.adminAddr), cfg.xdsAddr, cfg.domainSuffix, kubeconfig, cfg.namespace, env.Dir())
+`, displayAddr(cfg.adminAddr), home.AdminToken(), displayAddr(cfg.adminAddr), displayAddr(cfg.adminAddr), cfg.xdsAddr, cfg.domainSuffix, kubeconfig, cfg.namespace, env.Dir())
 	return serve(ctx, cfg, log)
 }
 

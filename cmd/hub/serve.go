@@ -11,12 +11,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/web"
 )
 
 // serve runs the hub until ctx is done: membership from the home cluster,
@@ -55,8 +57,26 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	homeClient, err := kubernetes.NewForConfig(home)
+	if err != nil {
+		return fmt.Errorf("building home cluster client: %w", err)
+	}
+	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.namespace)
+	if cfg.apiTokenFile != "" {
+		if auth, err = api.LoadStaticTokens(cfg.apiTokenFile); err != nil {
+			return err
+		}
+	}
+	apiCfg := api.Config{
+		Membership: registry,
+		Registrar:  clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy),
+		Federation: h,
+		Auth:       auth,
+		Metrics:    metrics,
+		Log:        log,
+	}
 	admin := &http.Server{
-		Handler:           api.NewHandler(api.Config{Membership: registry, Metrics: metrics, Log: log}),
+		Handler:           web.NewHandler(web.Config{API: apiCfg, Secure: false}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 

@@ -1,0 +1,191 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2/expirable"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// User is an authenticated API caller.
+type User struct {
+	Name   string
+	Groups []string
+	UID    string
+	Extra  map[string]authenticationv1.ExtraValue
+}
+
+// Access is what a request needs: reading the hub's state or changing it.
+type Access int
+
+// Access levels.
+const (
+	Read Access = iota
+	Write
+)
+
+// Errors of Authenticator.
+var (
+	ErrUnauthenticated = errors.New("unauthenticated")
+	ErrForbidden       = errors.New("forbidden")
+)
+
+// Authenticator checks bearer tokens and what their holders may do.
+type Authenticator interface {
+	// Authenticate maps a bearer token to a user (ErrUnauthenticated if invalid).
+	Authenticate(ctx context.Context, token string) (User, error)
+	// Authorize reports whether the user has the access (ErrForbidden if not).
+	Authorize(ctx context.Context, u User, a Access) error
+}
+
+// StaticTokens authenticates with a file of lines "token,user,role" where
+// role is "read" or "write" (blank lines and # comments are ignored).
+type StaticTokens struct {
+	users map[[32]byte]staticUser
+}
+
+type staticUser struct {
+	name  string
+	write bool
+}
+
+// LoadStaticTokens reads a static token file.
+func LoadStaticTokens(path string) (*StaticTokens, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading API token file: %w", err)
+	}
+	st := &StaticTokens{users: map[[32]byte]staticUser{}}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Split(line, ",")
+		if len(f) != 3 || f[0] == "" || f[1] == "" || (f[2] != "read" && f[2] != "write") {
+			return nil, fmt.Errorf("API token file line %d: want token,user,read|write", n)
+		}
+		st.users[sha256.Sum256([]byte(f[0]))] = staticUser{name: f[1], write: f[2] == "write"}
+	}
+	if len(st.users) == 0 {
+		return nil, errors.New("API token file has no tokens")
+	}
+	return st, nil
+}
+
+// Authenticate implements Authenticator in constant time per token.
+func (s *StaticTokens) Authenticate(_ context.Context, token string) (User, error) {
+	sum := sha256.Sum256([]byte(token))
+	for k, u := range s.users {
+		if subtle.ConstantTimeCompare(k[:], sum[:]) == 1 {
+			group := "hub:read"
+			if u.write {
+				group = "hub:write"
+			}
+			return User{Name: u.name, Groups: []string{group}}, nil
+		}
+	}
+	return User{}, ErrUnauthenticated
+}
+
+// Authorize implements Authenticator.
+func (s *StaticTokens) Authorize(_ context.Context, u User, a Access) error {
+	if a == Read || len(u.Groups) == 1 && u.Groups[0] == "hub:write" {
+		return nil
+	}
+	return fmt.Errorf("%w: %s may only read", ErrForbidden, u.Name)
+}
+
+// KubeAuth authenticates with TokenReview and authorises with
+// SubjectAccessReview against the home cluster: reading needs "get secrets"
+// in the hub's namespace, writing "create", "update" and "delete" secrets
+// there. Decisions are cached briefly so that the dashboard's polling does
+// not hammer the API server.
+type KubeAuth struct {
+	client    kubernetes.Interface
+	namespace string
+	tokens    *lru.LRU[[32]byte, User]
+	decisions *lru.LRU[string, bool]
+}
+
+// NewKubeAuth creates a KubeAuth for the home cluster.
+func NewKubeAuth(client kubernetes.Interface, namespace string) *KubeAuth {
+	return &KubeAuth{
+		client: client, namespace: namespace,
+		tokens:    lru.NewLRU[[32]byte, User](4096, nil, time.Minute),
+		decisions: lru.NewLRU[string, bool](4096, nil, time.Minute),
+	}
+}
+
+// Authenticate implements Authenticator.
+func (k *KubeAuth) Authenticate(ctx context.Context, token string) (User, error) {
+	key := sha256.Sum256([]byte(token))
+	if u, ok := k.tokens.Get(key); ok {
+		return u, nil
+	}
+	tr, err := k.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return User{}, fmt.Errorf("token review: %w", err)
+	}
+	if !tr.Status.Authenticated {
+		return User{}, ErrUnauthenticated
+	}
+	u := User{Name: tr.Status.User.Username, Groups: tr.Status.User.Groups, UID: tr.Status.User.UID, Extra: tr.Status.User.Extra}
+	k.tokens.Add(key, u)
+	return u, nil
+}
+
+// Authorize implements Authenticator.
+func (k *KubeAuth) Authorize(ctx context.Context, u User, a Access) error {
+	verbs := []string{"get"}
+	if a == Write {
+		verbs = []string{"create", "update", "delete"}
+	}
+	for _, verb := range verbs {
+		key := u.Name + "\x00" + strings.Join(u.Groups, ",") + "\x00" + verb
+		allowed, ok := k.decisions.Get(key)
+		if !ok {
+			sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{
+					User: u.Name, Groups: u.Groups, UID: u.UID, Extra: extraValues(u.Extra),
+					ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: k.namespace, Verb: verb, Resource: "secrets"},
+				},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				return fmt.Errorf("subject access review: %w", err)
+			}
+			allowed = sar.Status.Allowed
+			k.decisions.Add(key, allowed)
+		}
+		if !allowed {
+			return fmt.Errorf("%w: %s may not %s secrets in namespace %s", ErrForbidden, u.Name, verb, k.namespace)
+		}
+	}
+	return nil
+}
+
+func extraValues(in map[string]authenticationv1.ExtraValue) map[string]authorizationv1.ExtraValue {
+	if in == nil {
+		return nil
+	}
+	out := make(map[string]authorizationv1.ExtraValue, len(in))
+	for k, v := range in {
+		out[k] = authorizationv1.ExtraValue(v)
+	}
+	return out
+}

@@ -1,0 +1,111 @@
+package api
+
+import (
+	"net/http"
+)
+
+type obj = map[string]any
+
+func ref(name string) obj { return obj{"$ref": "#/components/schemas/" + name} }
+
+func jsonContent(schema obj) obj {
+	return obj{"application/json": obj{"schema": schema}}
+}
+
+func listOf(name string) obj {
+	return obj{"type": "object", "required": []string{"items"}, "properties": obj{"items": obj{"type": "array", "items": ref(name)}}}
+}
+
+var problemResponse = obj{"description": "error", "content": obj{"application/problem+json": obj{"schema": ref("Problem")}}}
+
+func op(summary string, ok obj, params ...obj) obj {
+	o := obj{
+		"summary":   summary,
+		"security":  []obj{{"bearer": []string{}}},
+		"responses": obj{"401": problemResponse, "403": problemResponse, "default": problemResponse},
+	}
+	for code, r := range ok {
+		o["responses"].(obj)[code] = r
+	}
+	if len(params) > 0 {
+		o["parameters"] = params
+	}
+	return o
+}
+
+func pathParam(name, desc string) obj {
+	return obj{"name": name, "in": "path", "required": true, "description": desc, "schema": obj{"type": "string"}}
+}
+
+func str() obj     { return obj{"type": "string"} }
+func integer() obj { return obj{"type": "integer"} }
+func timeStr() obj { return obj{"type": "string", "format": "date-time", "nullable": true} }
+
+// openAPI documents every /api/v1 route; a test checks it against the router.
+var openAPI = obj{
+	"openapi": "3.0.3",
+	"info":    obj{"title": "hub API", "version": "v1", "description": "Federation hub: member clusters, federated services and connected proxies."},
+	"paths": obj{
+		"/api/v1/clusters": obj{
+			"get": op("List member clusters", obj{"200": obj{"description": "members", "content": jsonContent(listOf("Cluster"))}}),
+			"post": func() obj {
+				o := op("Register or update a member (writes its remote Secret)", obj{
+					"200": obj{"description": "updated", "content": jsonContent(ref("Cluster"))},
+					"201": obj{"description": "created", "content": jsonContent(ref("Cluster"))},
+				})
+				o["requestBody"] = obj{"required": true, "content": jsonContent(ref("RegisterRequest"))}
+				return o
+			}(),
+		},
+		"/api/v1/clusters/{id}": obj{
+			"get":    op("Get one member cluster", obj{"200": obj{"description": "member", "content": jsonContent(ref("Cluster"))}}, pathParam("id", "cluster ID")),
+			"delete": op("Remove a member (its key or its Secret); idempotent", obj{"204": obj{"description": "removed or already gone"}}, pathParam("id", "cluster ID")),
+		},
+		"/api/v1/services": obj{
+			"get": op("List federated services", obj{"200": obj{"description": "services", "content": jsonContent(listOf("Service"))}}),
+		},
+		"/api/v1/proxies": obj{
+			"get": op("List connected xDS streams with per-type ACK/NACK state", obj{"200": obj{"description": "proxies", "content": jsonContent(listOf("Proxy"))}}),
+		},
+		"/api/v1/proxies/{id}/config": obj{
+			"get": op("What a proxy currently holds (secrets redacted)", obj{"200": obj{"description": "config", "content": jsonContent(ref("ProxyConfig"))}}, pathParam("id", "node ID, URL-escaped")),
+		},
+		"/api/v1/openapi.json": obj{
+			"get": op("This document", obj{"200": obj{"description": "OpenAPI 3 document", "content": jsonContent(obj{"type": "object"})}}),
+		},
+	},
+	"components": obj{
+		"securitySchemes": obj{"bearer": obj{"type": "http", "scheme": "bearer", "description": "Kubernetes token (TokenReview + SubjectAccessReview on secrets in the hub namespace) or a static token from --api-token-file"}},
+		"schemas": obj{
+			"Problem": obj{"type": "object", "properties": obj{"type": str(), "title": str(), "status": integer(), "detail": str()}},
+			"Cluster": obj{"type": "object", "required": []string{"id", "secret", "state", "message", "server", "services", "endpoints", "lastSyncTime"}, "properties": obj{
+				"id": str(), "secret": obj{"type": "string", "description": "namespace/name of the remote Secret; empty for the home cluster"},
+				"state":   obj{"type": "string", "enum": []string{"Pending", "Syncing", "Ready", "Stale", "Unreachable", "TimedOut", "Invalid", "Conflict"}},
+				"message": str(), "server": str(), "services": integer(), "endpoints": integer(), "lastSyncTime": timeStr(),
+			}},
+			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
+				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},
+			}},
+			"Port": obj{"type": "object", "properties": obj{"name": str(), "port": integer(), "protocol": str(), "appProtocol": str()}},
+			"Service": obj{"type": "object", "properties": obj{
+				"hostname": str(), "namespace": str(), "name": str(),
+				"ports":     obj{"type": "array", "items": ref("Port")},
+				"endpoints": obj{"type": "object", "additionalProperties": integer(), "description": "member cluster ID → endpoints"},
+			}},
+			"TypeStatus": obj{"type": "object", "properties": obj{
+				"type": str(), "typeUrl": str(), "sentVersion": str(), "sentNonce": str(), "sentAt": timeStr(), "resources": integer(), "sends": integer(),
+				"ackedVersion": str(), "ackedAt": timeStr(), "nackedVersion": str(), "nackError": str(), "nackedAt": timeStr(), "nacks": integer(),
+			}},
+			"Proxy": obj{"type": "object", "properties": obj{
+				"id": str(), "stream": integer(), "cluster": str(), "namespace": str(), "address": str(), "connectedAt": timeStr(),
+				"types": obj{"type": "array", "items": ref("TypeStatus")},
+			}},
+			"ProxyConfig": obj{"type": "object", "properties": obj{
+				"proxy":     ref("Proxy"),
+				"resources": obj{"type": "object", "additionalProperties": obj{"type": "array", "items": obj{"type": "object"}}},
+			}},
+		},
+	},
+}
+
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, openAPI) }

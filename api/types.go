@@ -1,0 +1,160 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub"
+)
+
+// List is the envelope of every list response.
+type List[T any] struct {
+	Items []T `json:"items"`
+}
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Cluster is the JSON form of a member cluster (DESIGN.md §3.3).
+type Cluster struct {
+	ID           string     `json:"id"`
+	Secret       string     `json:"secret"`
+	State        string     `json:"state"`
+	Message      string     `json:"message"`
+	Server       string     `json:"server"`
+	Services     int        `json:"services"`
+	Endpoints    int        `json:"endpoints"`
+	LastSyncTime *time.Time `json:"lastSyncTime"`
+}
+
+// ToCluster converts a member status.
+func ToCluster(st clusters.Status) Cluster {
+	return Cluster{
+		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
+		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
+	}
+}
+
+// Port is a service port.
+type Port struct {
+	Name        string `json:"name"`
+	Port        int32  `json:"port"`
+	Protocol    string `json:"protocol"`
+	AppProtocol string `json:"appProtocol,omitempty"`
+}
+
+// Service is a federated service with its endpoint count per member.
+type Service struct {
+	Hostname  string         `json:"hostname"`
+	Namespace string         `json:"namespace"`
+	Name      string         `json:"name"`
+	Ports     []Port         `json:"ports"`
+	Endpoints map[string]int `json:"endpoints"`
+}
+
+// ToService converts a service summary.
+func ToService(s hub.ServiceSummary) Service {
+	out := Service{Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, Ports: []Port{}, Endpoints: s.Endpoints}
+	for _, p := range s.Ports {
+		out.Ports = append(out.Ports, Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol, AppProtocol: p.AppProtocol})
+	}
+	return out
+}
+
+// TypeStatus is the xDS protocol state of one resource type on a stream.
+type TypeStatus struct {
+	Type          string     `json:"type"`
+	TypeURL       string     `json:"typeUrl"`
+	SentVersion   string     `json:"sentVersion"`
+	SentNonce     string     `json:"sentNonce"`
+	SentAt        *time.Time `json:"sentAt"`
+	Resources     int        `json:"resources"`
+	Sends         int        `json:"sends"`
+	AckedVersion  string     `json:"ackedVersion"`
+	AckedAt       *time.Time `json:"ackedAt"`
+	NackedVersion string     `json:"nackedVersion"`
+	NackError     string     `json:"nackError"`
+	NackedAt      *time.Time `json:"nackedAt"`
+	Nacks         int        `json:"nacks"`
+}
+
+// Proxy is a connected xDS client (one ADS stream).
+type Proxy struct {
+	ID          string       `json:"id"`
+	Stream      int64        `json:"stream"`
+	Cluster     string       `json:"cluster"`
+	Namespace   string       `json:"namespace"`
+	Address     string       `json:"address"`
+	ConnectedAt *time.Time   `json:"connectedAt"`
+	Types       []TypeStatus `json:"types"`
+}
+
+// ToProxy converts a proxy status.
+func ToProxy(p hub.ProxyStatus) Proxy {
+	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
+		ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
+	for _, t := range p.Types {
+		out.Types = append(out.Types, TypeStatus{
+			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,
+			SentVersion: t.SentVersion, SentNonce: t.SentNonce, SentAt: timePtr(t.SentAt), Resources: t.Resources, Sends: t.Sends,
+			AckedVersion: t.AckedVersion, AckedAt: timePtr(t.AckedAt),
+			NackedVersion: t.NackedVersion, NackError: t.NackError, NackedAt: timePtr(t.NackedAt), Nacks: t.Nacks,
+		})
+	}
+	return out
+}
+
+// ShortType names an xDS type URL the way people do.
+func ShortType(typeURL string) string {
+	switch typeURL {
+	case resourcev3.ListenerType:
+		return "LDS"
+	case resourcev3.RouteType:
+		return "RDS"
+	case resourcev3.ClusterType:
+		return "CDS"
+	case resourcev3.EndpointType:
+		return "EDS"
+	case resourcev3.SecretType:
+		return "SDS"
+	}
+	return typeURL
+}
+
+// ProxyConfig is what a proxy currently holds: the resources of the last
+// response of each type, as Envoy JSON. Secrets are redacted.
+type ProxyConfig struct {
+	Proxy     Proxy                        `json:"proxy"`
+	Resources map[string][]json.RawMessage `json:"resources"`
+}
+
+// ToProxyConfig renders a proxy's resources.
+func ToProxyConfig(c hub.ProxyConfig) (ProxyConfig, error) {
+	out := ProxyConfig{Proxy: ToProxy(c.Proxy), Resources: map[string][]json.RawMessage{}}
+	for typeURL, anys := range c.Resources {
+		list := []json.RawMessage{}
+		for _, a := range anys {
+			if typeURL == resourcev3.SecretType {
+				list = append(list, json.RawMessage(`{"redacted":true}`))
+				continue
+			}
+			b, err := protojson.Marshal(a)
+			if err != nil {
+				return ProxyConfig{}, fmt.Errorf("rendering %s: %w", typeURL, err)
+			}
+			list = append(list, b)
+		}
+		out.Resources[ShortType(typeURL)] = list
+	}
+	return out, nil
+}

@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// browser starts headless Chromium for the test (DESIGN.md §6).
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		msg := "chromium not found on PATH (apt-get install -y chromium)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg + " (skipping outside CI; in CI this fails)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 800))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	if err := chromedp.Do(ctx); err != nil { // start the browser without a timeout
+		t.Fatalf("starting chromium: %v", err)
+	}
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	return ctx
+}
+
+// artifacts is where screenshots go: HUB_ARTIFACTS_DIR or the test's temp dir.
+func artifacts(t *testing.T) string {
+	dir := os.Getenv("HUB_ARTIFACTS_DIR")
+	if dir == "" {
+		return t.TempDir()
+	}
+	dir = filepath.Join(dir, t.Name())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx, steps...); err != nil {
+		loc, _ := chromedp.Run(ctx, chromedp.Location())
+		body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 2000) : ""`))
+		t.Fatalf("%s: %v\nat %s:\n%s", what, err, loc, body)
+	}
+}
+
+func screenshot(t *testing.T, ctx context.Context, dir, name string) {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitText waits until the element's text contains want, without reloading.
+func waitText(t *testing.T, ctx context.Context, sel, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		text, err := chromedp.Run(tctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q)||{}).textContent||""`, sel)))
+		cancel()
+		if err == nil && strings.Contains(text, want) {
+			return
+		}
+		last = text
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s never contained %q (last %q)", sel, want, strings.TrimSpace(last))
+}
+
+func pageHTML(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	html, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return html
+}
+
+// hubNamespace creates a fresh namespace in the home cluster for one hub.
+func hubNamespace(t *testing.T, home *localcluster.Cluster) string {
+	t.Helper()
+	ns := "hub-" + rand.String(6)
+	if err := localcluster.EnsureNamespace(testContext(t), client(t, home), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func TestDashboard(t *testing.T) {
+	e := localcluster.Require(t, env)
+	ctx := browser(t)
+	dir := artifacts(t)
+	kctx := testContext(t)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	ns := hubNamespace(t, home)
+	h := startHub(t, home, "--namespace", ns)
+
+	// Sign in.
+	run(t, ctx, "open the dashboard", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	screenshot(t, ctx, dir, "01-signin")
+	run(t, ctx, "sign in",
+		chromedp.SetValue(chromedp.ID("token"), home.AdminToken()),
+		chromedp.Submit(chromedp.ID("token")),
+		chromedp.WaitVisible(chromedp.CSS("#members-total")))
+	waitText(t, ctx, "#live-status", "Live", 10*time.Second)
+	screenshot(t, ctx, dir, "02-overview")
+
+	// A member applied with kubectl appears live on the clusters page.
+	run(t, ctx, "open clusters", chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="primary"]`)))
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload = 1`)); err != nil {
+		t.Fatal(err)
+	}
+	secrets := client(t, home).CoreV1().Secrets(ns)
+	if _, err := secrets.Create(kctx, localcluster.RemoteSecret(ns, "west", map[string][]byte{"west": west.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitText(t, ctx, `tr[data-cluster="west"]`, "Ready", 30*time.Second)
+	requireNoReload(t, ctx)
+	screenshot(t, ctx, dir, "03-clusters-live")
+
+	// A bad registration through the form shows the sanitiser's message.
+	run(t, ctx, "register a bad member",
+		chromedp.SetValue(chromedp.ID("reg-id"), "evil"),
+		chromedp.SetValue(chromedp.ID("reg-kc"), "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://1.2.3.4'}}]\nusers: [{name: u, user: {exec: {command: /bin/sh}}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"),
+		chromedp.Click(chromedp.CSS(`form.register button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("form-error")))
+	waitText(t, ctx, "#form-error", "exec credential plugins are not allowed", 5*time.Second)
+	screenshot(t, ctx, dir, "04-register-rejected")
+
+	// Register east through the form.
+	run(t, ctx, "register east",
+		chromedp.SetValue(chromedp.ID("reg-id"), "east"),
+		chromedp.SetValue(chromedp.ID("reg-kc"), string(east.Kubeconfig())),
+		chromedp.Click(chromedp.CSS(`form.register button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("cluster-state")))
+	waitText(t, ctx, "#cluster-state", "Ready", 30*time.Second)
+	if _, err := secrets.Get(kctx, "istio-remote-secret-east", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the form did not write the remote secret: %v", err)
+	}
+	screenshot(t, ctx, dir, "05-cluster-east")
+
+	// Kill east's API server: the page turns Stale without a reload.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload = 1`)); err != nil {
+		t.Fatal(err)
+	}
+	east.StopAPIServer()
+	t.Cleanup(func() {
+		_ = east.StartAPIServer()
+		_ = east.WaitReady(context.Background())
+	})
+	waitText(t, ctx, "#cluster-state", "Stale", 60*time.Second)
+	requireNoReload(t, ctx)
+	screenshot(t, ctx, dir, "06-cluster-east-stale")
+	if err := east.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A proxy that NACKs shows up with its error.
+	nackingProxy(t, h.xdsAddr, "nack-proxy", "cluster rejected by test proxy")
+	run(t, ctx, "open proxies", chromedp.Navigate(h.adminURL+"/proxies"), chromedp.WaitVisible(chromedp.CSS("table")))
+	waitText(t, ctx, "main", "cluster rejected by test proxy", 30*time.Second)
+	waitText(t, ctx, "main", "NACK", 5*time.Second)
+	screenshot(t, ctx, dir, "07-proxies-nack")
+	run(t, ctx, "open the proxy", chromedp.Navigate(h.adminURL+"/proxies/nack-proxy"), chromedp.WaitVisible(chromedp.CSS("pre.config")))
+	screenshot(t, ctx, dir, "08-proxy")
+
+	run(t, ctx, "open services", chromedp.Navigate(h.adminURL+"/services"), chromedp.WaitVisible(chromedp.CSS("table")))
+	screenshot(t, ctx, dir, "09-services")
+	run(t, ctx, "open overview", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.CSS("#members-total")))
+	screenshot(t, ctx, dir, "10-overview-after")
+
+	// Phone width.
+	run(t, ctx, "phone", chromedp.EmulateViewport(390, 844), chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS("table")))
+	screenshot(t, ctx, dir, "11-clusters-phone")
+
+	// No page ever shows credentials.
+	for _, path := range []string{"/", "/clusters", "/clusters/east", "/clusters/west", "/services", "/proxies", "/proxies/nack-proxy"} {
+		run(t, ctx, "open "+path, chromedp.Navigate(h.adminURL+path), chromedp.WaitVisible(chromedp.CSS("h1")))
+		requireNoSecrets(t, path, pageHTML(t, ctx), home, west, east)
+	}
+
+	// Sign out ends the session.
+	run(t, ctx, "sign out", chromedp.Click(chromedp.CSS(".signout button")), chromedp.WaitVisible(chromedp.ID("token")))
+	t.Logf("screenshots in %s", dir)
+}
+
+func requireNoReload(t *testing.T, ctx context.Context) {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload || 0`))
+	if err != nil || v != 1 {
+		t.Fatalf("the page was reloaded (marker %d, %v); updates must arrive live", v, err)
+	}
+}
+
+// requireNoSecrets fails if body contains any credential of the clusters.
+func requireNoSecrets(t *testing.T, where, body string, cs ...*localcluster.Cluster) {
+	t.Helper()
+	markers := []string{"PRIVATE KEY", "client-key-data", "client-certificate-data", "BEGIN CERTIFICATE", "token:"}
+	for _, c := range cs {
+		markers = append(markers, c.AdminToken())
+		// Any 40-character run of a kubeconfig's base64 key material.
+		kc := string(c.Kubeconfig())
+		if i := strings.Index(kc, "client-key-data: "); i >= 0 {
+			markers = append(markers, kc[i+17:i+57])
+		}
+	}
+	for _, m := range markers {
+		if strings.Contains(body, m) {
+			t.Errorf("%s contains credential material %q", where, m)
+		}
+	}
+}
+
+// nackingProxy connects a raw ADS client that NACKs every CDS response.
+func nackingProxy(t *testing.T, xdsAddr, id, reason string) {
+	t.Helper()
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: resourcev3.ClusterType}
+		for {
+			if err := stream.Send(req); err != nil {
+				return
+			}
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			req = &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.Nonce,
+				ErrorDetail: &statuspb.Status{Code: 3, Message: reason}}
+		}
+	}()
+	t.Cleanup(func() { cancel(); conn.Close(); <-done })
+}

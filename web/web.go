@@ -1,0 +1,465 @@
+// Package web is the hub's dashboard: server-rendered HTML (html/template,
+// go:embed), a little vanilla JavaScript and Server-Sent Events for live
+// updates. It shares the router with the REST API and reads the same read
+// models; its forms call the same registration logic as the API.
+package web
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	lru "github.com/hashicorp/golang-lru/v2/expirable"
+
+	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/clusters"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Pushes is the optional push-rate source for the overview chart.
+type Pushes interface {
+	PushesPerSecond() []int
+}
+
+// Config holds the dashboard's dependencies.
+type Config struct {
+	// API is the REST API's configuration; the dashboard reads the same models.
+	API api.Config
+	// Secure marks the session cookie Secure (set when served over TLS).
+	Secure bool
+	// Refresh is how often live pages check for changes (default 1s).
+	Refresh time.Duration
+}
+
+const sessionCookie = "hub_session"
+
+type session struct {
+	user  api.User
+	csrf  string
+	token string // kept to re-check write access with the authoriser
+}
+
+// NewHandler returns the admin handler: the REST API, health, metrics and
+// the dashboard.
+func NewHandler(cfg Config) http.Handler {
+	if cfg.Refresh == 0 {
+		cfg.Refresh = time.Second
+	}
+	if cfg.API.Log == nil {
+		cfg.API.Log = slog.Default()
+	}
+	d := &dashboard{
+		cfg:      cfg,
+		sessions: lru.NewLRU[string, *session](10000, nil, 12*time.Hour),
+		tmpl:     template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")),
+	}
+	r := chi.NewRouter()
+	api.Mount(r, cfg.API)
+	static, _ := fs.Sub(staticFS, "static")
+	r.Handle("/static/*", http.StripPrefix("/static/", http.FileServer(http.FS(static))))
+	r.Get("/signin", d.signinPage)
+	r.Post("/signin", d.signin)
+	r.Group(func(r chi.Router) {
+		r.Use(d.requireSession)
+		r.Post("/signout", d.signout)
+		r.Get("/", d.page("overview"))
+		r.Get("/clusters", d.page("clusters"))
+		r.Post("/clusters", d.registerCluster)
+		r.Get("/clusters/{id}", d.page("cluster"))
+		r.Post("/clusters/{id}/remove", d.removeCluster)
+		r.Get("/services", d.page("services"))
+		r.Get("/proxies", d.page("proxies"))
+		r.Get("/proxies/{id}", d.page("proxy"))
+		r.Get("/events", d.events)
+	})
+	return securityHeaders(r)
+}
+
+type dashboard struct {
+	cfg      Config
+	sessions *lru.LRU[string, *session]
+	tmpl     *template.Template
+}
+
+// securityHeaders sets a strict CSP (no inline script, no third parties).
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/api/") {
+			w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.Header().Set("Referrer-Policy", "no-referrer")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+type ctxKey struct{}
+
+func (d *dashboard) requireSession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := r.Cookie(sessionCookie)
+		var s *session
+		if err == nil {
+			s, _ = d.sessions.Get(c.Value)
+		}
+		if s == nil {
+			if r.Method == http.MethodGet && r.URL.Path != "/events" {
+				http.Redirect(w, r, "/signin?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
+				return
+			}
+			http.Error(w, "sign in first", http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodPost {
+			if got := r.PostFormValue("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
+				http.Error(w, "invalid or missing CSRF token; reload the page", http.StatusForbidden)
+				return
+			}
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s)))
+	})
+}
+
+func sessionOf(r *http.Request) *session { s, _ := r.Context().Value(ctxKey{}).(*session); return s }
+
+func (d *dashboard) signinPage(w http.ResponseWriter, r *http.Request) {
+	d.render(w, http.StatusOK, "signin", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
+}
+
+// safeNext keeps redirects on this site.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.Contains(next, `\`) {
+		return "/"
+	}
+	return next
+}
+
+func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	next := safeNext(r.PostFormValue("next"))
+	fail := func(status int, msg string) {
+		d.render(w, status, "signin", map[string]any{"Next": next, "Error": msg})
+	}
+	if token == "" || d.cfg.API.Auth == nil {
+		fail(http.StatusUnauthorized, "Enter an API token.")
+		return
+	}
+	user, err := d.cfg.API.Auth.Authenticate(r.Context(), token)
+	if err != nil {
+		fail(http.StatusUnauthorized, "That token is not valid.")
+		return
+	}
+	if err := d.cfg.API.Auth.Authorize(r.Context(), user, api.Read); err != nil {
+		fail(http.StatusForbidden, "That token may not read the hub's state.")
+		return
+	}
+	id := randomToken()
+	d.sessions.Add(id, &session{user: user, csrf: randomToken(), token: token})
+	http.SetCookie(w, &http.Cookie{
+		Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: d.cfg.Secure,
+		SameSite: http.SameSiteStrictMode, MaxAge: int((12 * time.Hour).Seconds()),
+	})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (d *dashboard) signout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		d.sessions.Remove(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/signin", http.StatusSeeOther)
+}
+
+// page renders one of the live pages.
+func (d *dashboard) page(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		data, status := d.data(r, name, chi.URLParam(r, "id"))
+		d.render(w, status, name, data)
+	}
+}
+
+func (d *dashboard) render(w http.ResponseWriter, status int, name string, data map[string]any) {
+	var buf bytes.Buffer
+	if err := d.tmpl.ExecuteTemplate(&buf, name, data); err != nil {
+		d.cfg.API.Log.Error("rendering dashboard page", "page", name, "error", err)
+		http.Error(w, "rendering failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// data gathers what a page shows. It never includes credentials: clusters
+// are shown through api.Cluster, which has only the server URL.
+func (d *dashboard) data(r *http.Request, page, id string) (map[string]any, int) {
+	s := sessionOf(r)
+	if unescaped, err := url.PathUnescape(id); err == nil {
+		id = unescaped
+	}
+	m := map[string]any{"Page": page, "User": s.user.Name, "CSRF": s.csrf, "ID": id}
+	a := d.cfg.API
+	status := http.StatusOK
+	switch page {
+	case "overview":
+		sts := a.Membership.Clusters()
+		byState := map[string]int{}
+		for _, st := range sts {
+			byState[string(st.State)]++
+		}
+		ready, reason := a.Membership.Ready()
+		svcs := a.Federation.Services()
+		endpoints := 0
+		for _, sv := range svcs {
+			for _, n := range sv.Endpoints {
+				endpoints += n
+			}
+		}
+		m["Members"] = len(sts)
+		m["ByState"] = sortedCounts(byState)
+		m["Ready"], m["ReadyReason"] = ready, reason
+		m["Services"], m["Endpoints"] = len(svcs), endpoints
+		m["Proxies"] = len(a.Federation.Proxies())
+		if p, ok := a.Federation.(Pushes); ok {
+			per := p.PushesPerSecond()
+			total := 0
+			for _, n := range per {
+				total += n
+			}
+			m["PushesPerMinute"], m["Chart"] = total, chart(per)
+		}
+	case "clusters":
+		m["Clusters"] = toClusters(a.Membership.Clusters())
+	case "cluster":
+		st, ok := a.Membership.Cluster(id)
+		if !ok {
+			status = http.StatusNotFound
+		}
+		m["Found"], m["Cluster"], m["History"] = ok, api.ToCluster(st), a.Membership.History(id)
+	case "services":
+		var out []api.Service
+		for _, sv := range a.Federation.Services() {
+			out = append(out, api.ToService(sv))
+		}
+		m["Services"] = out
+	case "proxies":
+		var out []api.Proxy
+		for _, p := range a.Federation.Proxies() {
+			out = append(out, api.ToProxy(p))
+		}
+		m["Proxies"] = out
+	case "proxy":
+		cfg, ok := a.Federation.ProxyConfig(id)
+		if !ok {
+			status = http.StatusNotFound
+			m["Found"] = false
+			break
+		}
+		pc, err := api.ToProxyConfig(cfg)
+		if err != nil {
+			m["Error"] = err.Error()
+		}
+		pretty, _ := json.MarshalIndent(pc.Resources, "", "  ")
+		m["Found"], m["Proxy"], m["Config"] = true, pc.Proxy, string(pretty)
+	}
+	return m, status
+}
+
+func toClusters(sts []clusters.Status) []api.Cluster {
+	out := make([]api.Cluster, 0, len(sts))
+	for _, st := range sts {
+		out = append(out, api.ToCluster(st))
+	}
+	return out
+}
+
+type count struct {
+	Key string
+	N   int
+}
+
+func sortedCounts(m map[string]int) []count {
+	out := make([]count, 0, len(m))
+	for k, n := range m {
+		out = append(out, count{k, n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// bar is one column of the push chart.
+type bar struct {
+	X, Y, H int
+	N       int
+	Ago     int
+}
+
+// chart lays out 60 one-second bars in a 300×60 SVG.
+func chart(per []int) []bar {
+	peak := 1
+	for _, n := range per {
+		peak = max(peak, n)
+	}
+	out := make([]bar, len(per))
+	for i, n := range per {
+		h := n * 56 / peak
+		if n > 0 && h == 0 {
+			h = 1
+		}
+		out[i] = bar{X: i * 5, Y: 60 - h, H: h, N: n, Ago: len(per) - 1 - i}
+	}
+	return out
+}
+
+func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
+	s := sessionOf(r)
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+	id := strings.TrimSpace(r.PostFormValue("id"))
+	kubeconfig := r.PostFormValue("kubeconfig")
+	fail := func(status int, msg string) {
+		data, _ := d.data(r, "clusters", "")
+		data["FormError"], data["FormID"] = msg, id
+		d.render(w, status, "clusters", data)
+	}
+	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); err != nil {
+		fail(http.StatusForbidden, "Your token may not register clusters: "+err.Error())
+		return
+	}
+	if id == "" || strings.TrimSpace(kubeconfig) == "" {
+		fail(http.StatusUnprocessableEntity, "Both a cluster ID and a kubeconfig are required.")
+		return
+	}
+	if _, _, err := api.RegisterCluster(r.Context(), d.cfg.API.Registrar, d.cfg.API.Membership, id, []byte(kubeconfig)); err != nil {
+		var inv *clusters.InvalidError
+		if errors.As(err, &inv) {
+			fail(http.StatusUnprocessableEntity, inv.Error())
+			return
+		}
+		fail(http.StatusBadGateway, "The home cluster rejected the change: "+err.Error())
+		return
+	}
+	http.Redirect(w, r, "/clusters/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+func (d *dashboard) removeCluster(w http.ResponseWriter, r *http.Request) {
+	s := sessionOf(r)
+	id := chi.URLParam(r, "id")
+	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); err != nil {
+		http.Error(w, "your token may not remove clusters: "+err.Error(), http.StatusForbidden)
+		return
+	}
+	if err := d.cfg.API.Registrar.Remove(r.Context(), id); err != nil {
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+		return
+	}
+	http.Redirect(w, r, "/clusters", http.StatusSeeOther)
+}
+
+// events streams a page's content as Server-Sent Events whenever it changes.
+func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	path := r.URL.Query().Get("page")
+	name, id := "", ""
+	switch {
+	case path == "/":
+		name = "overview"
+	case path == "/clusters" || path == "/services" || path == "/proxies":
+		name = strings.TrimPrefix(path, "/")
+	case strings.HasPrefix(path, "/clusters/"):
+		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")
+	case strings.HasPrefix(path, "/proxies/"):
+		name, id = "proxy", strings.TrimPrefix(path, "/proxies/")
+	default:
+		http.Error(w, "unknown page", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	var last string
+	tick := time.NewTicker(d.cfg.Refresh)
+	defer tick.Stop()
+	for {
+		data, _ := d.data(r, name, id)
+		var buf bytes.Buffer
+		if err := d.tmpl.ExecuteTemplate(&buf, name+"-content", data); err != nil {
+			return
+		}
+		if html := buf.String(); html != last {
+			last = html
+			fmt.Fprint(w, "event: update\n")
+			for _, line := range strings.Split(html, "\n") {
+				fmt.Fprintf(w, "data: %s\n", line)
+			}
+			fmt.Fprint(w, "\n")
+			flusher.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+var funcs = template.FuncMap{
+	"ago": func(t *time.Time) string {
+		if t == nil {
+			return "never"
+		}
+		d := time.Since(*t).Round(time.Second)
+		if d < time.Second {
+			return "just now"
+		}
+		return d.String() + " ago"
+	},
+	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"short": func(s string) string {
+		if len(s) > 12 {
+			return s[:12] + "…"
+		}
+		return s
+	},
+	"lower":  strings.ToLower,
+	"escape": url.PathEscape,
+	"sum": func(m map[string]int) int {
+		n := 0
+		for _, v := range m {
+			n += v
+		}
+		return n
+	},
+}
