@@ -1,5 +1,5 @@
-// Package web is the hub's dashboard: server-rendered HTML (html/template,
-// go:embed), a little vanilla JavaScript and Server-Sent Events for live
+// Package web is the hub's dashboard: server-rendered HTML from embedded
+// templates, a little vanilla JavaScript and Server-Sent Events for live
 // updates. It shares the router with the REST API and reads the same read
 // models; its forms call the same registration logic as the API.
 package web
