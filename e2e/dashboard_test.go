@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -215,10 +216,32 @@ func TestDashboard(t *testing.T) {
 		requireNoSecrets(t, path, pageHTML(t, ctx), home, west, east)
 	}
 
+	// Forms without the session's CSRF token are refused.
+	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](`fetch("/clusters", {method: "POST", body: new URLSearchParams({id: "forged", kubeconfig: "x"})}).then(r => r.status)`, awaitPromise))
+	if err != nil || status != 403 {
+		t.Errorf("POST without CSRF token: %d, %v; want 403", status, err)
+	}
+
+	// Remove west through its page.
+	run(t, ctx, "remove west", chromedp.Navigate(h.adminURL+"/clusters/west"), chromedp.WaitVisible(chromedp.CSS("button.danger")),
+		chromedp.Click(chromedp.CSS("button.danger")), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="primary"]`)))
+	eventually(t, 30*time.Second, func() error {
+		if _, err := secrets.Get(kctx, "west", metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("west's secret still exists")
+		}
+		return nil
+	})
+	run(t, ctx, "west gone", chromedp.WaitNotPresent(chromedp.CSS(`tr[data-cluster="west"]`)))
+
 	// Sign out ends the session.
 	run(t, ctx, "sign out", chromedp.Click(chromedp.CSS(".signout button")), chromedp.WaitVisible(chromedp.ID("token")))
 	t.Logf("screenshots in %s", dir)
 }
+
+// awaitPromise makes Evaluate wait for a promise's value.
+func awaitPromise(p *runtime.EvaluateParams) { p.AwaitPromise = ptrTrue() }
+
+func ptrTrue() *bool { v := true; return &v }
 
 func requireNoReload(t *testing.T, ctx context.Context) {
 	t.Helper()

@@ -57,6 +57,7 @@ type hubProcess struct {
 	adminURL  string
 	xdsAddr   string
 	logPath   string
+	token     string // an admin bearer token for the API
 	done      chan struct{}
 	stopOnce  sync.Once
 	exitError error
@@ -75,6 +76,7 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 		adminURL: "http://" + freeAddr(t),
 		xdsAddr:  freeAddr(t),
 		logPath:  filepath.Join(dir, "hub.log"),
+		token:    home.AdminToken(),
 		done:     make(chan struct{}),
 	}
 	logFile, err := os.Create(h.logPath)
@@ -154,7 +156,12 @@ func (h *hubProcess) clusters(t *testing.T) map[string]api.Cluster {
 
 func (h *hubProcess) getJSON(t *testing.T, path string, v any) {
 	t.Helper()
-	resp, err := http.Get(h.adminURL + path)
+	req, err := http.NewRequest(http.MethodGet, h.adminURL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}
