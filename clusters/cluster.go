@@ -196,8 +196,8 @@ func (c *Cluster) run(ctx context.Context) {
 		return
 	}
 	timer.Stop()
-	if c.beforePublish != nil && !c.beforePublish() {
-		return
+	if c.beforePublish != nil && !c.beforePublish() || ctx.Err() != nil {
+		return // superseded, or stopped while swapping: publish nothing
 	}
 	c.publishAll()
 	took := time.Since(started)

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 
+	// oidc is the one auth provider remote kubeconfigs may use.
+	_ "k8s.io/client-go/plugin/pkg/client/auth/oidc"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )

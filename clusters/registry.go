@@ -311,7 +311,12 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		r.mu.Lock()
 		changed := existing.rejected != err.Error()
 		existing.rejected = err.Error()
+		discard := existing.next // a pending candidate is no longer what the Secret says
+		existing.next = nil
 		r.mu.Unlock()
+		if discard != nil {
+			discard.stop()
+		}
 		if changed {
 			r.event(ref, corev1.EventTypeWarning, "KubeconfigRejected", "cluster %s: new kubeconfig rejected, still using the previous one: %s", id, err)
 		}

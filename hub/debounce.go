@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -12,15 +13,36 @@ import (
 type debouncer struct {
 	after, max time.Duration
 	push       func(hostnames map[string]struct{})
-	in         chan []string
+
+	mu       sync.Mutex
+	incoming map[string]struct{} // changes not yet seen by run
+	signal   chan struct{}       // one slot: "incoming is not empty"
 }
 
 func newDebouncer(after, max time.Duration, push func(map[string]struct{})) *debouncer {
-	return &debouncer{after: after, max: max, push: push, in: make(chan []string, 1024)}
+	return &debouncer{after: after, max: max, push: push, incoming: map[string]struct{}{}, signal: make(chan struct{}, 1)}
 }
 
-// add records changed hostnames; it never blocks the caller for long.
-func (d *debouncer) add(hostnames []string) { d.in <- hostnames }
+// add records changed hostnames. It never blocks, even after run stopped.
+func (d *debouncer) add(hostnames []string) {
+	d.mu.Lock()
+	for _, h := range hostnames {
+		d.incoming[h] = struct{}{}
+	}
+	d.mu.Unlock()
+	select {
+	case d.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (d *debouncer) take() map[string]struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.incoming
+	d.incoming = map[string]struct{}{}
+	return in
+}
 
 // run owns the debounce state until ctx is done.
 func (d *debouncer) run(ctx context.Context) {
@@ -44,14 +66,18 @@ func (d *debouncer) run(ctx context.Context) {
 		case <-ctx.Done():
 			timer.Stop()
 			return
-		case hosts := <-d.in:
+		case <-d.signal:
+			hosts := d.take()
+			if len(hosts) == 0 {
+				continue
+			}
 			now := time.Now()
 			quiet := len(pending) == 0 && now.Sub(lastEvent) >= d.after
 			lastEvent = now
 			if len(pending) == 0 {
 				first = now
 			}
-			for _, h := range hosts {
+			for h := range hosts {
 				pending[h] = struct{}{}
 			}
 			if quiet {

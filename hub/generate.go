@@ -47,10 +47,13 @@ type generator struct {
 
 	mu    sync.Mutex
 	cache map[string]map[string]*resource // hostname → typeURL+name → resource (nil: does not exist)
+	// gens counts invalidations per hostname, so that a resource built from
+	// the index before an invalidation is never stored after it.
+	gens map[string]uint64
 }
 
 func newGenerator(index *Index) *generator {
-	return &generator{index: index, cache: map[string]map[string]*resource{}}
+	return &generator{index: index, cache: map[string]map[string]*resource{}, gens: map[string]uint64{}}
 }
 
 // invalidate forgets what was generated for these hostnames.
@@ -59,6 +62,7 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 	defer g.mu.Unlock()
 	for h := range hostnames {
 		delete(g.cache, h)
+		g.gens[h]++
 	}
 }
 
@@ -109,6 +113,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 		g.mu.Unlock()
 		return r, nil
 	}
+	gen := g.gens[host]
 	g.mu.Unlock()
 
 	members := g.index.Service(host)
@@ -133,10 +138,12 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 		}
 	}
 	g.mu.Lock()
-	if g.cache[host] == nil {
-		g.cache[host] = map[string]*resource{}
+	if g.gens[host] == gen { // else the index changed while we built: do not cache
+		if g.cache[host] == nil {
+			g.cache[host] = map[string]*resource{}
+		}
+		g.cache[host][key] = r
 	}
-	g.cache[host][key] = r
 	g.mu.Unlock()
 	return r, nil
 }

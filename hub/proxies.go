@@ -11,6 +11,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -100,6 +101,11 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
 	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("clusterid"); len(v) > 0 {
+			st.status.Cluster = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
+		}
+	}
 	p.mu.Lock()
 	p.streams[id] = st
 	p.mu.Unlock()
@@ -123,7 +129,9 @@ func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryReque
 	}
 	if n := req.GetNode(); n != nil && st.status.ID == "" {
 		st.status.ID = n.GetId()
-		st.status.Cluster = n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
+		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
+			st.status.Cluster = c
+		}
 		st.status.Namespace = n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 	}
 	nonce := req.GetResponseNonce()

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"maps"
 	"sort"
 	"sync"
 
@@ -25,14 +26,30 @@ type watcher struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
+	epoch   uint64 // incremented by every push
 	watches map[*watch]struct{}
 }
 
-// watch is a parked SotW request waiting for a change.
+// watch is a SotW request with copies of its stream's subscription state:
+// the server's Subscription shares maps with the stream goroutine, which may
+// change them as soon as the watch is cancelled, while a push may still be
+// evaluating it.
 type watch struct {
-	req *cachev3.Request
-	sub cachev3.Subscription
-	out chan cachev3.Response
+	req      *cachev3.Request
+	names    []string
+	wildcard bool
+	returned map[string]string // what the stream last received
+	out      chan cachev3.Response
+}
+
+func newWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) *watch {
+	wt := &watch{req: req, wildcard: sub.IsWildcard(), returned: maps.Clone(sub.ReturnedResources()), out: out}
+	if !wt.wildcard {
+		for name := range sub.SubscribedResources() {
+			wt.names = append(wt.names, name)
+		}
+	}
+	return wt
 }
 
 var _ cachev3.Cache = (*watcher)(nil)
@@ -43,23 +60,31 @@ func newWatcher(gen *generator, log *slog.Logger) *watcher {
 
 // CreateWatch implements cache.ConfigWatcher.
 func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
-	resp, err := w.respond(req, sub)
-	if err != nil {
-		return nil, err
-	}
-	if resp != nil {
-		out <- resp // buffered by the server: one slot per type, one watch per type
-		return func() {}, nil
-	}
-	wt := &watch{req: req, sub: sub, out: out}
-	w.mu.Lock()
-	w.watches[wt] = struct{}{}
-	w.mu.Unlock()
-	return func() {
+	wt := newWatch(req, sub, out)
+	for {
 		w.mu.Lock()
-		delete(w.watches, wt)
+		epoch := w.epoch
 		w.mu.Unlock()
-	}, nil
+		resp, err := w.respond(wt)
+		if err != nil {
+			return nil, err
+		}
+		if resp != nil {
+			out <- resp // buffered by the server: one slot per type, one watch per type
+			return func() {}, nil
+		}
+		w.mu.Lock()
+		if w.epoch == epoch {
+			w.watches[wt] = struct{}{}
+			w.mu.Unlock()
+			return func() {
+				w.mu.Lock()
+				delete(w.watches, wt)
+				w.mu.Unlock()
+			}, nil
+		}
+		w.mu.Unlock() // a push ran while we evaluated: evaluate again
+	}
 }
 
 // CreateDeltaWatch implements cache.ConfigWatcher. Delta xDS is not served
@@ -77,13 +102,14 @@ func (w *watcher) Fetch(context.Context, *cachev3.Request) (cachev3.Response, er
 // those whose resources differ from what their stream last received.
 func (w *watcher) push() {
 	w.mu.Lock()
+	w.epoch++
 	parked := make([]*watch, 0, len(w.watches))
 	for wt := range w.watches {
 		parked = append(parked, wt)
 	}
 	w.mu.Unlock()
 	for _, wt := range parked {
-		resp, err := w.respond(wt.req, wt.sub)
+		resp, err := w.respond(wt)
 		if err != nil {
 			w.log.Error("generating xDS response", "node", wt.req.GetNode().GetId(), "type", wt.req.GetTypeUrl(), "error", err)
 			continue
@@ -106,18 +132,11 @@ func (w *watcher) push() {
 	}
 }
 
-// respond builds the response for a request, or returns nil when the stream
+// respond builds the response for a watch, or returns nil when the stream
 // already holds exactly these resources (the first request of a type on a
 // stream is always answered, possibly with no resources).
-func (w *watcher) respond(req *cachev3.Request, sub cachev3.Subscription) (cachev3.Response, error) {
-	var names []string
-	wildcard := sub.IsWildcard()
-	if !wildcard {
-		for name := range sub.SubscribedResources() {
-			names = append(names, name)
-		}
-	}
-	res, err := w.gen.resources(req.GetTypeUrl(), names, wildcard)
+func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
+	res, err := w.gen.resources(wt.req.GetTypeUrl(), wt.names, wt.wildcard)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +144,7 @@ func (w *watcher) respond(req *cachev3.Request, sub cachev3.Subscription) (cache
 	for _, r := range res {
 		returned[r.name] = r.version
 	}
-	if req.GetResponseNonce() != "" && sameVersions(returned, sub.ReturnedResources()) {
+	if wt.req.GetResponseNonce() != "" && sameVersions(returned, wt.returned) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, len(res))
@@ -133,11 +152,11 @@ func (w *watcher) respond(req *cachev3.Request, sub cachev3.Subscription) (cache
 		anys[i] = r.any
 	}
 	return &cachev3.PassthroughResponse{
-		Request: req,
+		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
 			VersionInfo: responseVersion(res),
 			Resources:   anys,
-			TypeUrl:     req.GetTypeUrl(),
+			TypeUrl:     wt.req.GetTypeUrl(),
 		},
 		ReturnedResources: returned,
 	}, nil

@@ -128,6 +128,13 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 		if err == nil {
 			s, _ = d.sessions.Get(c.Value)
 		}
+		if s != nil {
+			// Re-check the token (cached for a minute): revoking it ends the session.
+			if _, err := d.cfg.API.Auth.Authenticate(r.Context(), s.token); err != nil {
+				d.sessions.Remove(c.Value)
+				s = nil
+			}
+		}
 		if s == nil {
 			if r.Method == http.MethodGet && r.URL.Path != "/events" {
 				http.Redirect(w, r, "/signin?next="+url.QueryEscape(r.URL.Path), http.StatusSeeOther)
@@ -137,6 +144,7 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 			return
 		}
 		if r.Method == http.MethodPost {
+			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 			if got := r.PostFormValue("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
 				http.Error(w, "invalid or missing CSRF token; reload the page", http.StatusForbidden)
 				return
@@ -152,9 +160,19 @@ func (d *dashboard) signinPage(w http.ResponseWriter, r *http.Request) {
 	d.render(w, http.StatusOK, "signin", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
 }
 
-// safeNext keeps redirects on this site.
+// safeNext keeps redirects on this site: a path, no scheme or host, no
+// control characters (browsers drop tabs and newlines, turning "/\t/x" into
+// "//x"), no backslashes.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.Contains(next, `\`) {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\") {
+		return "/"
+	}
+	for _, c := range []byte(next) {
+		if c < 0x20 || c == 0x7f {
+			return "/"
+		}
+	}
+	if u, err := url.Parse(next); err != nil || u.Scheme != "" || u.Host != "" {
 		return "/"
 	}
 	return next
@@ -341,7 +359,6 @@ func chart(per []int) []bar {
 
 func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 	s := sessionOf(r)
-	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 	id := strings.TrimSpace(r.PostFormValue("id"))
 	kubeconfig := r.PostFormValue("kubeconfig")
 	fail := func(status int, msg string) {

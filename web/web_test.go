@@ -1,0 +1,157 @@
+package web
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub"
+)
+
+// Pure-logic fakes; the dashboard is tested in real Chromium against a real
+// hub in e2e/dashboard_test.go.
+type fakeAuth struct {
+	mu      sync.Mutex
+	revoked bool
+}
+
+func (f *fakeAuth) Authenticate(_ context.Context, token string) (api.User, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if token != "good" || f.revoked {
+		return api.User{}, api.ErrUnauthenticated
+	}
+	return api.User{Name: "ann"}, nil
+}
+func (f *fakeAuth) Authorize(context.Context, api.User, api.Access) error { return nil }
+
+type fakeModels struct{}
+
+func (fakeModels) Clusters() []clusters.Status {
+	return []clusters.Status{{ID: "primary", State: clusters.StateReady}}
+}
+func (fakeModels) Cluster(string) (clusters.Status, bool)     { return clusters.Status{}, false }
+func (fakeModels) History(string) []clusters.Transition       { return nil }
+func (fakeModels) Ready() (bool, string)                      { return true, "" }
+func (fakeModels) Services() []hub.ServiceSummary             { return nil }
+func (fakeModels) Proxies() []hub.ProxyStatus                 { return nil }
+func (fakeModels) ProxyConfig(string) (hub.ProxyConfig, bool) { return hub.ProxyConfig{}, false }
+func (fakeModels) Register(context.Context, string, []byte) (string, bool, error) {
+	return "", false, nil
+}
+func (fakeModels) Remove(context.Context, string) error { return nil }
+
+func TestSafeNext(t *testing.T) {
+	for in, want := range map[string]string{
+		"/clusters":        "/clusters",
+		"/clusters/a?x=1":  "/clusters/a?x=1",
+		"":                 "/",
+		"https://evil.com": "/",
+		"//evil.com":       "/",
+		"/\t/evil.com":     "/",
+		"/\n/evil.com":     "/",
+		`/\evil.com`:       "/",
+		"evil.com":         "/",
+	} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q; want %q", in, got, want)
+		}
+	}
+}
+
+func TestSessions(t *testing.T) {
+	auth := &fakeAuth{}
+	m := fakeModels{}
+	h := NewHandler(Config{API: api.Config{Membership: m, Registrar: m, Federation: m, Auth: auth}})
+
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/clusters", nil))
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/signin?next=%2Fclusters" {
+		t.Fatalf("unauthenticated page: %d %s", rec.Code, rec.Header().Get("Location"))
+	}
+
+	form := url.Values{"token": {"bad"}}
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/signin", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || len(rec.Result().Cookies()) != 0 {
+		t.Fatalf("bad token: %d, cookies %v", rec.Code, rec.Result().Cookies())
+	}
+
+	form = url.Values{"token": {"good"}, "next": {"/\t/evil.com"}}
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest("POST", "/signin", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	h.ServeHTTP(rec, req)
+	cookies := rec.Result().Cookies()
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/" || len(cookies) != 1 {
+		t.Fatalf("sign in: %d %q %v", rec.Code, rec.Header().Get("Location"), cookies)
+	}
+	c := cookies[0]
+	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || strings.Contains(c.Value, "good") {
+		t.Fatalf("session cookie %+v must be HttpOnly, SameSite=Strict and not carry the token", c)
+	}
+	get := func(path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", path, nil)
+		req.AddCookie(c)
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := get("/clusters"); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "primary") {
+		t.Fatalf("signed-in page: %d", rec.Code)
+	}
+
+	// POSTs need the CSRF token; oversized bodies are refused before parsing.
+	post := func(body string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/clusters", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(c)
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := post("id=x&kubeconfig=y"); code != http.StatusForbidden {
+		t.Errorf("POST without CSRF: %d", code)
+	}
+	if code := post("id=" + strings.Repeat("x", 2<<20)); code != http.StatusForbidden {
+		t.Errorf("oversized POST: %d", code)
+	}
+
+	// Revoking the token ends the session.
+	auth.mu.Lock()
+	auth.revoked = true
+	auth.mu.Unlock()
+	if rec := get("/clusters"); rec.Code != http.StatusSeeOther {
+		t.Errorf("revoked token still signed in: %d", rec.Code)
+	}
+}
+
+// TestTemplatesRender renders every page with empty and full data, so that
+// template errors show up without a browser.
+func TestTemplatesRender(t *testing.T) {
+	m := fakeModels{}
+	h := NewHandler(Config{API: api.Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}}})
+	form := url.Values{"token": {"good"}}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/signin", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	h.ServeHTTP(rec, req)
+	c := rec.Result().Cookies()[0]
+	for _, path := range []string{"/", "/clusters", "/clusters/nope", "/services", "/proxies", "/proxies/nope", "/signin"} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", path, nil)
+		req.AddCookie(c)
+		h.ServeHTTP(rec, req)
+		if rec.Code >= 500 || !strings.Contains(rec.Body.String(), "</html>") {
+			t.Errorf("%s: %d %s", path, rec.Code, rec.Body.String())
+		}
+	}
+}
