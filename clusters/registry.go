@@ -297,9 +297,21 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	existing := r.members[id]
 	r.mu.Unlock()
 	if existing != nil && existing.secret != secret {
-		st.State, st.Message = StateConflict, fmt.Sprintf("cluster ID %q is already registered by secret %s", id, existing.secret)
-		r.log.Warn("duplicate cluster ID", "cluster", id, "secret", secret, "owner", existing.secret)
-		return st, false
+		if !r.olderSecret(secret, existing.secret) {
+			st.State, st.Message = StateConflict, fmt.Sprintf("cluster ID %q is already registered by secret %s", id, existing.secret)
+			r.log.Warn("duplicate cluster ID", "cluster", id, "secret", secret, "owner", existing.secret)
+			return st, false
+		}
+		// The older Secret owns the ID, whatever order the hub saw them in
+		// (after a restart the newer one may have been reconciled first).
+		// Take over with make-before-break; the displaced Secret is
+		// reconciled again and reports the conflict.
+		r.log.Warn("duplicate cluster ID: the older secret takes over", "cluster", id, "secret", secret, "displaced", existing.secret)
+		r.mu.Lock()
+		displaced := existing.secret
+		existing.secret, existing.ref = secret, ref
+		r.mu.Unlock()
+		r.queue.Add(displaced)
 	}
 	kc, err := r.cfg.Policy.ParseKubeconfig(kubeconfig)
 	if err != nil {
@@ -365,6 +377,28 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	}
 	c.start(ctx)
 	return st, true
+}
+
+// olderSecret reports whether Secret a (namespace/name) was created before
+// b, ties broken by name, so that ownership of a contested ID is stable.
+func (r *Registry) olderSecret(a, b string) bool {
+	get := func(key string) (time.Time, bool) {
+		ns, name, _ := cache.SplitMetaNamespaceKey(key)
+		s, err := r.secrets.Secrets(ns).Get(name)
+		if err != nil {
+			return time.Time{}, false
+		}
+		return s.CreationTimestamp.Time, true
+	}
+	ta, okA := get(a)
+	tb, okB := get(b)
+	switch {
+	case !okA || !okB:
+		return okA && !okB // a Secret that is gone owns nothing
+	case !ta.Equal(tb):
+		return ta.Before(tb)
+	}
+	return a < b
 }
 
 // promote makes a synced candidate the member's active client and stops the
@@ -457,12 +491,13 @@ func (r *Registry) Clusters() []Status {
 	type running struct {
 		active, next *Cluster
 		rejected     string
+		secret       string
 	}
 	r.mu.Lock()
 	out := make([]Status, 0, len(r.members)+1)
 	members := make([]running, 0, len(r.members))
 	for _, m := range r.members {
-		members = append(members, running{m.active, m.next, m.rejected})
+		members = append(members, running{m.active, m.next, m.rejected, m.secret})
 	}
 	for _, extras := range r.extra {
 		for _, st := range extras {
@@ -472,6 +507,7 @@ func (r *Registry) Clusters() []Status {
 	r.mu.Unlock()
 	for _, m := range members {
 		st := m.active.status()
+		st.Secret = m.secret // the owner, also while a takeover's candidate syncs
 		if m.next != nil {
 			next := m.next.status()
 			st.Message = strings.TrimSpace(st.Message + fmt.Sprintf(" (new kubeconfig %s: %s; the previous one keeps serving until it is Ready)", next.State, next.Message))

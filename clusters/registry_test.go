@@ -307,3 +307,43 @@ func sha(b []byte) [32]byte {
 	}
 	return kc.SHA256
 }
+
+// TestOlderSecretOwnsContestedID starts fresh registries over two Secrets
+// that claim the same ID: whatever order they are reconciled in, the older
+// one owns it and the newer one reports the conflict.
+func TestOlderSecretOwnsContestedID(t *testing.T) {
+	e := localcluster.Require(t, env)
+	ctx := context.Background()
+	ns := "hub-" + rand.String(6)
+	home := kube(t, e.Cluster("home"))
+	if err := localcluster.EnsureNamespace(ctx, home, ns); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := home.CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "zz-old", map[string][]byte{"dup": e.Cluster("member1").Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
+	if _, err := home.CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "aa-young", map[string][]byte{"dup": e.Cluster("member2").Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		sink := newRecordingSink()
+		r, err := NewRegistry(Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: 30 * time.Second, Sink: sink})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error)
+		go func() { done <- r.Run(runCtx) }()
+		eventually(t, 30*time.Second, wantState(r, "dup", ns+"/zz-old", StateReady, ""))
+		eventually(t, 10*time.Second, wantState(r, "dup", ns+"/aa-young", StateConflict, "already registered by secret "+ns+"/zz-old"))
+		eventually(t, 30*time.Second, func() error {
+			if st, _ := r.Cluster("dup"); st.Server != e.Cluster("member1").Server() || st.State != StateReady {
+				return fmt.Errorf("dup is %s from %s; want Ready from the older secret's member1", st.State, st.Server)
+			}
+			return nil
+		})
+		cancel()
+		<-done
+	}
+}
