@@ -50,7 +50,9 @@ type Config struct {
 	Membership Membership
 	Registrar  Registrar
 	Federation Federation
-	Auth       Authenticator
+	// Trust is SPIFFE federation; nil answers its routes with 404.
+	Trust Trust
+	Auth  Authenticator
 	// Metrics is the registry served at /metrics.
 	Metrics *prometheus.Registry
 	Log     *slog.Logger
@@ -92,12 +94,18 @@ func Mount(r chi.Router, cfg Config) {
 			r.Get("/services", s.listServices)
 			r.Get("/proxies", s.listProxies)
 			r.Get("/proxies/{id}/config", s.proxyConfig)
+			r.Get("/trustdomains", s.listTrustDomains)
+			r.Get("/trustdomains/{td}", s.getTrustDomain)
+			r.Get("/trustdomains/{td}/bundle", s.trustDomainBundle)
 			r.Get("/openapi.json", serveOpenAPI)
 		})
 		r.Group(func(r chi.Router) {
 			r.Use(s.require(Write))
 			r.Post("/clusters", s.registerCluster)
 			r.Delete("/clusters/{id}", s.removeCluster)
+			r.Put("/trustdomains/{td}", s.putTrustDomain)
+			r.Delete("/trustdomains/{td}", s.deleteTrustDomain)
+			r.Post("/trustdomains/{td}/refresh", s.refreshTrustDomain)
 		})
 	})
 }

@@ -70,6 +70,27 @@ var openAPI = obj{
 		"/api/v1/proxies/{id}/config": obj{
 			"get": op("What a proxy currently holds (secrets redacted)", obj{"200": obj{"description": "config", "content": jsonContent(ref("ProxyConfig"))}}, pathParam("id", "node ID, URL-escaped")),
 		},
+		"/api/v1/trustdomains": obj{
+			"get": op("List our trust domain and every federated one, with bundle status", obj{"200": obj{"description": "trust domains", "content": jsonContent(listOf("TrustDomain"))}}),
+		},
+		"/api/v1/trustdomains/{td}": obj{
+			"get": op("One trust domain", obj{"200": obj{"description": "trust domain", "content": jsonContent(ref("TrustDomain"))}}, pathParam("td", "trust domain name")),
+			"put": func() obj {
+				o := op("Create or update a federation relationship (writes its ConfigMap)", obj{
+					"200": obj{"description": "updated", "content": jsonContent(ref("TrustDomain"))},
+					"201": obj{"description": "created", "content": jsonContent(ref("TrustDomain"))},
+				}, pathParam("td", "trust domain name"))
+				o["requestBody"] = obj{"required": true, "content": jsonContent(ref("PeerRequest"))}
+				return o
+			}(),
+			"delete": op("Remove a federation relationship; idempotent", obj{"204": obj{"description": "removed or already gone"}}, pathParam("td", "trust domain name")),
+		},
+		"/api/v1/trustdomains/{td}/refresh": obj{
+			"post": op("Fetch the peer's bundle now", obj{"200": obj{"description": "trust domain", "content": jsonContent(ref("TrustDomain"))}}, pathParam("td", "trust domain name")),
+		},
+		"/api/v1/trustdomains/{td}/bundle": obj{
+			"get": op("The trust domain's SPIFFE bundle document (ours, or a peer's last accepted one)", obj{"200": obj{"description": "SPIFFE bundle (JWKS)", "content": jsonContent(obj{"type": "object"})}}, pathParam("td", "trust domain name")),
+		},
 		"/api/v1/openapi.json": obj{
 			"get": op("This document", obj{"200": obj{"description": "OpenAPI 3 document", "content": jsonContent(obj{"type": "object"})}}),
 		},
@@ -85,6 +106,20 @@ var openAPI = obj{
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
 				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},
+			}},
+			"TrustDomain": obj{"type": "object", "properties": obj{
+				"trustDomain": str(), "local": obj{"type": "boolean"}, "bundleEndpointURL": str(),
+				"profile": obj{"type": "string", "enum": []string{"https_web", "https_spiffe", ""}}, "endpointSPIFFEID": str(),
+				"state":   obj{"type": "string", "enum": []string{"Pending", "Ready", "Stale", "Error"}},
+				"message": str(), "lastRefresh": timeStr(), "nextRefresh": timeStr(),
+				"sequence": obj{"type": "integer", "nullable": true}, "refreshHint": obj{"type": "integer", "nullable": true, "description": "seconds"},
+				"x509Authorities": obj{"type": "array", "items": obj{"type": "object", "properties": obj{"subject": str(), "notAfter": timeStr(), "sha256": str()}}},
+				"jwtAuthorities":  obj{"type": "array", "items": obj{"type": "object", "properties": obj{"keyID": str()}}},
+			}},
+			"PeerRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"bundleEndpointURL", "profile"}, "properties": obj{
+				"bundleEndpointURL": str(), "profile": obj{"type": "string", "enum": []string{"https_web", "https_spiffe"}},
+				"endpointSPIFFEID": str(), "bundle": obj{"type": "string", "description": "https_spiffe bootstrap: the peer's SPIFFE bundle JSON"},
+				"caBundle": obj{"type": "string", "description": "PEM roots for an https_web endpoint not served from a public root"},
 			}},
 			"Port": obj{"type": "object", "properties": obj{"name": str(), "port": integer(), "protocol": str(), "appProtocol": str()}},
 			"Service": obj{"type": "object", "properties": obj{

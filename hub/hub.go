@@ -5,6 +5,7 @@ package hub
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -116,12 +118,17 @@ func (h *Hub) push(hostnames map[string]struct{}) {
 }
 
 // ServeADS serves ADS (and the per-type discovery services) on lis until ctx
-// is done. This listener is plaintext: it never serves secrets.
-func (h *Hub) ServeADS(ctx context.Context, lis net.Listener) error {
-	srv := grpc.NewServer(
+// is done: plaintext when tlsCfg is nil (never serving secrets), else mTLS
+// with tlsCfg deciding which client certificates are accepted.
+func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
+	opts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if tlsCfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	srv := grpc.NewServer(opts...)
 	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{
 		StreamOpenFunc:     h.proxies.onStreamOpen,
 		StreamClosedFunc:   h.proxies.onStreamClosed,

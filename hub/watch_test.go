@@ -32,7 +32,7 @@ func startHub(t *testing.T) (*Hub, discoveryv3.AggregatedDiscoveryService_Stream
 	done := make(chan struct{}, 2)
 	go func() { h.Run(ctx); done <- struct{}{} }()
 	go func() {
-		if err := h.ServeADS(ctx, lis); err != nil {
+		if err := h.ServeADS(ctx, lis, nil); err != nil {
 			t.Errorf("ServeADS: %v", err)
 		}
 		done <- struct{}{}

@@ -90,6 +90,7 @@ func NewHandler(cfg Config) http.Handler {
 		r.Get("/services", d.page("services"))
 		r.Get("/proxies", d.page("proxies"))
 		r.Get("/proxies/{id}", d.page("proxy"))
+		r.Get("/trust", d.page("trust"))
 		r.Get("/events", d.events)
 	})
 	return securityHeaders(r)
@@ -294,6 +295,14 @@ func (d *dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 			out = append(out, api.ToProxy(p))
 		}
 		m["Proxies"] = out
+	case "trust":
+		var out []api.TrustDomain
+		if a.Trust != nil {
+			for _, st := range a.Trust.TrustDomains() {
+				out = append(out, api.ToTrustDomain(st))
+			}
+		}
+		m["TrustDomains"] = out
 	case "proxy":
 		cfg, ok := a.Federation.ProxyConfig(id)
 		if !ok {
@@ -412,7 +421,7 @@ func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case path == "/":
 		name = "overview"
-	case path == "/clusters" || path == "/services" || path == "/proxies":
+	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust":
 		name = strings.TrimPrefix(path, "/")
 	case strings.HasPrefix(path, "/clusters/"):
 		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")

@@ -145,7 +145,7 @@ func TestTemplatesRender(t *testing.T) {
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	h.ServeHTTP(rec, req)
 	c := rec.Result().Cookies()[0]
-	for _, path := range []string{"/", "/clusters", "/clusters/nope", "/services", "/proxies", "/proxies/nope", "/signin"} {
+	for _, path := range []string{"/", "/clusters", "/clusters/nope", "/services", "/proxies", "/proxies/nope", "/trust", "/signin"} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", path, nil)
 		req.AddCookie(c)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -18,6 +20,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/trust"
 	"github.com/hubmesh/hub/web"
 )
 
@@ -67,10 +70,27 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			return err
 		}
 	}
+	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
+	if err != nil {
+		return fmt.Errorf("--trust-domain: %w", err)
+	}
+	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log})
+	if err := startTrust(ctx, fed, log); err != nil {
+		return err
+	}
+	var webCert *tls.Certificate
+	if cfg.bundleAddr != "" && cfg.bundleProfile == string(trust.ProfileHTTPSWeb) {
+		cert, err := tls.LoadX509KeyPair(cfg.bundleCert, cfg.bundleKey)
+		if err != nil {
+			return fmt.Errorf("--bundle-profile=https_web needs --bundle-cert and --bundle-key: %w", err)
+		}
+		webCert = &cert
+	}
 	apiCfg := api.Config{
 		Membership: registry,
 		Registrar:  clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy),
 		Federation: h,
+		Trust:      fed,
 		Auth:       auth,
 		Metrics:    metrics,
 		Log:        log,
@@ -80,26 +100,36 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 
-	xdsLis, err := listen(cfg.xdsAddr, "xds")
-	if err != nil {
-		return err
-	}
-	adminLis, err := listen(cfg.adminAddr, "admin")
-	if err != nil {
-		xdsLis.Close()
-		return err
-	}
-	log.Info("hub listening", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "cluster", cfg.clusterID, "namespace", cfg.namespace)
-	for flagName, addr := range map[string]string{"xds-tls-addr": cfg.xdsTLSAddr, "bundle-addr": cfg.bundleAddr} {
-		if addr != "" {
-			log.Warn("listener disabled: not built yet", "flag", flagName, "addr", addr)
+	listeners := map[string]net.Listener{}
+	for name, addr := range map[string]string{"xds": cfg.xdsAddr, "admin": cfg.adminAddr, "xds-tls": cfg.xdsTLSAddr, "bundle": cfg.bundleAddr} {
+		if addr == "" {
+			log.Info("listener disabled", "listener", name)
+			continue
 		}
+		lis, err := listen(addr, name)
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			return err
+		}
+		listeners[name] = lis
 	}
+	if listeners["xds"] == nil || listeners["admin"] == nil {
+		return errors.New("--xds-addr and --admin-addr must not be empty")
+	}
+	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name()}
+	for name, l := range listeners {
+		addrs = append(addrs, name, l.Addr().String())
+	}
+	log.Info("hub listening", addrs...)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, 4)
+	errs := make(chan error, 8)
+	parts := 0
 	run := func(name string, fn func() error) {
+		parts++
 		go func() {
 			err := fn()
 			if err != nil {
@@ -111,7 +141,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	run("index", func() error { h.Run(ctx); return nil })
 	run("registry", func() error { return registry.Run(ctx) })
-	run("xds", func() error { return h.ServeADS(ctx, xdsLis) })
+	run("trust", func() error { return fed.Run(ctx) })
+	run("xds", func() error { return h.ServeADS(ctx, listeners["xds"], nil) })
+	if l := listeners["xds-tls"]; l != nil {
+		run("xds-tls", func() error { return h.ServeADS(ctx, l, fed.ServerTLSConfig()) })
+	}
+	if l := listeners["bundle"]; l != nil {
+		run("bundle", func() error { return fed.ServeBundleEndpoint(ctx, l, webCert) })
+	}
 	run("admin", func() error {
 		go func() {
 			<-ctx.Done()
@@ -119,13 +156,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			defer done()
 			_ = admin.Shutdown(shutdownCtx)
 		}()
-		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
+		if err := admin.Serve(listeners["admin"]); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
 	})
 	var first error
-	for range 4 {
+	for range parts {
 		if err := <-errs; err != nil && first == nil {
 			first = err
 		}
@@ -139,6 +176,26 @@ func listen(addr, what string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening for %s on %q: %w", what, addr, err)
 	}
 	return lis, nil
+}
+
+// startTrust loads our CA from the home cluster, retrying for a minute so
+// that a hub starting alongside its API server does not crash-loop.
+func startTrust(ctx context.Context, fed *trust.Federation, log *slog.Logger) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := fed.Start(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("loading our CA: %w", err)
+		}
+		log.Warn("loading our CA; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 // homeConfig loads the home cluster's client configuration: --kubeconfig if

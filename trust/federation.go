@@ -1,0 +1,531 @@
+package trust
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/federation"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// PeerLabel marks a ConfigMap in the hub's namespace that declares a
+// federation relationship (one per peer trust domain). `kubectl apply` of
+// such a ConfigMap and PUT /api/v1/trustdomains/{td} are equivalent.
+const PeerLabel = "hub.federation/peer"
+
+// Keys of a peer ConfigMap. The accepted-* keys are written by the hub.
+const (
+	keyTrustDomain = "trustDomain"
+	keyURL         = "bundleEndpointURL"
+	keyProfile     = "profile"
+	keyEndpointID  = "endpointSPIFFEID"
+	keyBootstrap   = "bundle"
+	keyCABundle    = "caBundle"
+	keyAccepted    = "accepted-bundle"
+)
+
+// Refresh bounds (DESIGN.md / issue: honour the peer's hint within 10 s–1 h).
+const (
+	MinRefresh = 10 * time.Second
+	MaxRefresh = time.Hour
+	// OurRefreshHint is the hint our own bundle endpoint publishes.
+	OurRefreshHint = MinRefresh
+)
+
+// PeerSpec is a federation relationship.
+type PeerSpec struct {
+	TrustDomain       string
+	BundleEndpointURL string
+	Profile           Profile
+	EndpointSPIFFEID  string
+	Bundle            string // https_spiffe bootstrap bundle (SPIFFE bundle JSON)
+	CABundle          string // https_web roots (PEM), optional
+}
+
+// State of a trust domain.
+type State string
+
+// Trust domain states (DESIGN.md §3.3).
+const (
+	StatePending State = "Pending"
+	StateReady   State = "Ready"
+	StateStale   State = "Stale"
+	StateError   State = "Error"
+)
+
+// Status is what the hub reports about one trust domain.
+type Status struct {
+	Spec        PeerSpec
+	Local       bool
+	State       State
+	Message     string
+	LastFetch   time.Time
+	LastSuccess time.Time
+	NextRefresh time.Time
+	Bundle      *spiffebundle.Bundle // nil until one is known
+}
+
+// Config holds the Federation's dependencies.
+type Config struct {
+	Client      kubernetes.Interface // the home cluster
+	Namespace   string
+	TrustDomain spiffeid.TrustDomain
+	Log         *slog.Logger
+	// OnChange is called when any trust domain's roots change (may be nil).
+	OnChange func()
+}
+
+// Federation is our trust domain and every peer we federate with.
+type Federation struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.RWMutex
+	local *caState
+	peers map[string]*peer // by trust domain name
+}
+
+type peer struct {
+	spec   PeerSpec
+	cancel context.CancelFunc
+	done   chan struct{}
+	wake   chan struct{} // refresh now
+	status Status
+}
+
+// New creates a Federation; Run loads the CA and starts federating.
+func New(cfg Config) *Federation {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}}
+}
+
+// Start loads (or creates and persists) our CA. It must succeed before the
+// bundle endpoint or the mTLS listener can serve.
+func (f *Federation) Start(ctx context.Context) error {
+	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.TrustDomain, time.Now())
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.local = st
+	f.mu.Unlock()
+	return nil
+}
+
+// Run watches the CA Secrets and the peer ConfigMaps until ctx is done.
+func (f *Federation) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(f.cfg.Client, 0, informers.WithNamespace(f.cfg.Namespace))
+	cms := factory.Core().V1().ConfigMaps()
+	secrets := factory.Core().V1().Secrets()
+	reconcilePeers := func(any) { f.reconcilePeers(ctx, cms.Lister().ConfigMaps(f.cfg.Namespace).List) }
+	if _, err := cms.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: reconcilePeers, UpdateFunc: func(_, o any) { reconcilePeers(o) }, DeleteFunc: reconcilePeers}); err != nil {
+		return err
+	}
+	reloadCA := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if s, ok := obj.(*corev1.Secret); ok && s.Name == PluggedCASecret {
+			if err := f.Start(ctx); err != nil {
+				f.log.Error("reloading our CA", "trustDomain", f.cfg.TrustDomain.Name(), "error", err)
+				return
+			}
+			f.log.Info("CA reloaded", "trustDomain", f.cfg.TrustDomain.Name())
+			f.changed()
+		}
+	}
+	if _, err := secrets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: reloadCA, UpdateFunc: func(_, o any) { reloadCA(o) }, DeleteFunc: reloadCA}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
+	f.mu.Lock()
+	peers := f.peers
+	f.peers = map[string]*peer{}
+	f.mu.Unlock()
+	for _, p := range peers {
+		p.cancel()
+		<-p.done
+	}
+	return nil
+}
+
+func (f *Federation) changed() {
+	if f.cfg.OnChange != nil {
+		f.cfg.OnChange()
+	}
+}
+
+func specFrom(cm *corev1.ConfigMap) PeerSpec {
+	return PeerSpec{
+		TrustDomain: cm.Data[keyTrustDomain], BundleEndpointURL: cm.Data[keyURL], Profile: Profile(cm.Data[keyProfile]),
+		EndpointSPIFFEID: cm.Data[keyEndpointID], Bundle: cm.Data[keyBootstrap], CABundle: cm.Data[keyCABundle],
+	}
+}
+
+// reconcilePeers starts, restarts or stops peer loops to match the ConfigMaps.
+func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Selector) ([]*corev1.ConfigMap, error)) {
+	cms, err := list(labels.SelectorFromSet(labels.Set{PeerLabel: "true"}))
+	if err != nil {
+		return
+	}
+	want := map[string]*corev1.ConfigMap{}
+	for _, cm := range cms {
+		if cm.Labels[PeerLabel] == "true" {
+			want[cm.Data[keyTrustDomain]] = cm
+		}
+	}
+	f.mu.Lock()
+	var stop []*peer
+	for td, p := range f.peers {
+		if cm, ok := want[td]; !ok || specFrom(cm) != p.spec {
+			stop = append(stop, p)
+			delete(f.peers, td)
+		}
+	}
+	var start []*peer
+	for td, cm := range want {
+		if _, ok := f.peers[td]; ok {
+			continue
+		}
+		pctx, cancel := context.WithCancel(ctx)
+		p := &peer{spec: specFrom(cm), cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
+			status: Status{Spec: specFrom(cm), State: StatePending}}
+		f.peers[td] = p
+		start = append(start, p)
+		go f.runPeer(pctx, p, cm.Name, cm.Data[keyAccepted])
+	}
+	f.mu.Unlock()
+	for _, p := range stop {
+		p.cancel()
+		<-p.done
+	}
+	if len(stop) > 0 || len(start) > 0 {
+		f.changed()
+	}
+}
+
+// runPeer fetches one peer's bundle, honouring its refresh hint within
+// [MinRefresh, MaxRefresh], with jittered exponential backoff on errors.
+// The last accepted bundle is kept across peer outages and persisted in the
+// peer's ConfigMap so that it survives restarts.
+func (f *Federation) runPeer(ctx context.Context, p *peer, cmName, persisted string) {
+	defer close(p.done)
+	log := f.log.With("trustDomain", p.spec.TrustDomain)
+	td, err := spiffeid.TrustDomainFromString(p.spec.TrustDomain)
+	if err != nil {
+		f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid trust domain: "+err.Error() })
+		return
+	}
+	ep := Endpoint{TrustDomain: td, URL: p.spec.BundleEndpointURL, Profile: p.spec.Profile}
+	var auth, last *spiffebundle.Bundle
+	if p.spec.Profile == ProfileHTTPSSPIFFE {
+		if ep.EndpointID, err = spiffeid.FromString(p.spec.EndpointSPIFFEID); err != nil {
+			f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid endpointSPIFFEID: "+err.Error() })
+			return
+		}
+		if p.spec.Bundle != "" {
+			if auth, err = spiffebundle.Parse(td, []byte(p.spec.Bundle)); err != nil {
+				f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid bootstrap bundle: "+err.Error() })
+				return
+			}
+			f.setStatus(p, func(s *Status) { s.Bundle = auth })
+		}
+	}
+	if p.spec.CABundle != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(p.spec.CABundle)) {
+			f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "caBundle holds no PEM certificates" })
+			return
+		}
+		ep.Roots = pool
+	}
+	if persisted != "" {
+		if b, err := Validate(td, []byte(persisted), nil); err == nil {
+			last, auth = b, b
+			f.setStatus(p, func(s *Status) {
+				s.Bundle, s.State, s.Message = b, StateStale, "using the last accepted bundle until the peer answers"
+			})
+			f.changed()
+		}
+	}
+	backoff := time.Second
+	for {
+		b, err := Fetch(ctx, ep, auth, last)
+		now := time.Now()
+		var wait time.Duration
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait = backoff/2 + rand.N(backoff/2+1)
+			backoff = min(backoff*2, 5*time.Minute)
+			log.Warn("peer bundle rejected", "error", err, "retry", wait.Round(time.Second).String())
+			stale := last != nil
+			f.setStatus(p, func(s *Status) {
+				s.LastFetch, s.NextRefresh, s.Message = now, now.Add(wait), err.Error()
+				if stale {
+					s.State = StateStale // keep serving the last accepted bundle
+				} else {
+					s.State = StateError
+				}
+			})
+		} else {
+			backoff = time.Second
+			wait = MaxRefresh
+			if hint, ok := b.RefreshHint(); ok {
+				wait = min(max(hint, MinRefresh), MaxRefresh)
+			}
+			changed := last == nil || !last.Equal(b)
+			last, auth = b, b // bootstrap roots are replaced by what the peer serves
+			for _, w := range Warnings(b, now) {
+				log.Warn("peer bundle accepted with a warning", "warning", w)
+			}
+			f.setStatus(p, func(s *Status) {
+				s.Bundle, s.State, s.Message = b, StateReady, ""
+				s.LastFetch, s.LastSuccess, s.NextRefresh = now, now, now.Add(wait)
+			})
+			if changed {
+				f.persist(ctx, cmName, b)
+				f.changed()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (f *Federation) setStatus(p *peer, change func(*Status)) {
+	f.mu.Lock()
+	change(&p.status)
+	f.mu.Unlock()
+}
+
+func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) {
+	data, err := b.Marshal()
+	if err != nil {
+		return
+	}
+	cms := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace)
+	cm, err := cms.Get(ctx, cmName, metav1.GetOptions{})
+	if err != nil {
+		return
+	}
+	cm.Data[keyAccepted] = string(data)
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+		f.log.Warn("persisting accepted peer bundle", "trustDomain", cm.Data[keyTrustDomain], "error", err)
+	}
+}
+
+// Refresh asks a peer's loop to fetch now.
+func (f *Federation) Refresh(td string) bool {
+	f.mu.RLock()
+	p := f.peers[td]
+	f.mu.RUnlock()
+	if p == nil {
+		return false
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// LocalBundle is our trust domain's bundle: every trusted root, sequence
+// and refresh hint.
+func (f *Federation) LocalBundle() (*spiffebundle.Bundle, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if f.local == nil {
+		return nil, errors.New("our CA is not loaded yet")
+	}
+	b := spiffebundle.FromX509Authorities(f.cfg.TrustDomain, f.local.roots)
+	b.SetSequenceNumber(f.local.sequence)
+	b.SetRefreshHint(OurRefreshHint)
+	return b, nil
+}
+
+// GetBundleForTrustDomain implements spiffebundle.Source: ours, or a peer's
+// last accepted (or bootstrap) bundle.
+func (f *Federation) GetBundleForTrustDomain(td spiffeid.TrustDomain) (*spiffebundle.Bundle, error) {
+	if td == f.cfg.TrustDomain {
+		return f.LocalBundle()
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if p := f.peers[td.Name()]; p != nil && p.status.Bundle != nil {
+		return p.status.Bundle, nil
+	}
+	return nil, fmt.Errorf("no bundle for trust domain %q", td)
+}
+
+// GetX509BundleForTrustDomain implements x509bundle.Source, for verifying
+// client certificates of any federated trust domain.
+func (f *Federation) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+	b, err := f.GetBundleForTrustDomain(td)
+	if err != nil {
+		return nil, err
+	}
+	return b.X509Bundle(), nil
+}
+
+// TrustDomains lists ours first, then every peer by name.
+func (f *Federation) TrustDomains() []Status {
+	local := Status{Spec: PeerSpec{TrustDomain: f.cfg.TrustDomain.Name()}, Local: true, State: StatePending}
+	if b, err := f.LocalBundle(); err == nil {
+		local.State, local.Bundle = StateReady, b
+	}
+	f.mu.RLock()
+	out := []Status{local}
+	for _, p := range f.peers {
+		out = append(out, p.status)
+	}
+	f.mu.RUnlock()
+	sort.Slice(out[1:], func(i, j int) bool { return out[i+1].Spec.TrustDomain < out[j+1].Spec.TrustDomain })
+	return out
+}
+
+// IssueSVID signs an SVID with our CA.
+func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error) {
+	f.mu.RLock()
+	st := f.local
+	f.mu.RUnlock()
+	if st == nil {
+		return nil, errors.New("our CA is not loaded yet")
+	}
+	return st.ca.IssueSVID(id, ttl)
+}
+
+// ServingCertificate returns a GetCertificate callback that serves an SVID
+// for spiffe://<td>/hub, reissued when half of its lifetime has passed.
+func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	var mu sync.Mutex
+	var cur *tls.Certificate
+	var renewAt time.Time
+	id := spiffeid.RequireFromPath(f.cfg.TrustDomain, "/hub")
+	return func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if cur != nil && time.Now().Before(renewAt) {
+			return cur, nil
+		}
+		svid, err := f.IssueSVID(id, 24*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		cert := &tls.Certificate{PrivateKey: svid.PrivateKey, Leaf: svid.Certificates[0]}
+		for _, c := range svid.Certificates {
+			cert.Certificate = append(cert.Certificate, c.Raw)
+		}
+		lifetime := svid.Certificates[0].NotAfter.Sub(svid.Certificates[0].NotBefore)
+		cur, renewAt = cert, svid.Certificates[0].NotBefore.Add(lifetime/2)
+		return cur, nil
+	}
+}
+
+// ServeBundleEndpoint serves our bundle on lis until ctx is done, with the
+// https_spiffe profile (an SVID for spiffe://<td>/hub) or, if webCert is
+// set, https_web.
+func (f *Federation) ServeBundleEndpoint(ctx context.Context, lis net.Listener, webCert *tls.Certificate) error {
+	h, err := federation.NewHandler(f.cfg.TrustDomain, f)
+	if err != nil {
+		return err
+	}
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: f.ServingCertificate()}
+	if webCert != nil {
+		tlsCfg.GetCertificate = nil
+		tlsCfg.Certificates = []tls.Certificate{*webCert}
+	}
+	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.ServeTLS(lis, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving the bundle endpoint on %s: %w", lis.Addr(), err)
+	}
+	return nil
+}
+
+// ServerTLSConfig is the TLS configuration of the mTLS xDS listener: it
+// serves an SVID for spiffe://<td>/hub and, like istiod's PeerCertVerifier,
+// accepts a client certificate only if it chains to the bundle of the trust
+// domain in its own SPIFFE ID (ours or a federated peer's), unexpired.
+// Clients without a certificate may connect; they get no verified identity.
+func (f *Federation) ServerTLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: f.ServingCertificate(),
+		ClientAuth:     tls.RequestClientCert,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return nil
+			}
+			certs := make([]*x509.Certificate, 0, len(raw))
+			for _, der := range raw {
+				c, err := x509.ParseCertificate(der)
+				if err != nil {
+					return fmt.Errorf("client certificate does not parse: %w", err)
+				}
+				certs = append(certs, c)
+			}
+			id, _, err := x509svid.Verify(certs, f)
+			if err != nil {
+				f.log.Warn("xDS client certificate rejected", "subject", certs[0].Subject.String(), "error", err)
+				return fmt.Errorf("client certificate rejected: %w", err)
+			}
+			f.log.Debug("xDS client certificate accepted", "spiffeID", id.String())
+			return nil
+		},
+	}
+}
+
+// CertSHA256 is the lowercase hex SHA-256 of a certificate's DER bytes.
+func CertSHA256(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// SequenceString formats a bundle's sequence number for status.
+func SequenceString(b *spiffebundle.Bundle) string {
+	if b == nil {
+		return ""
+	}
+	if s, ok := b.SequenceNumber(); ok {
+		return strconv.FormatUint(s, 10)
+	}
+	return ""
+}
