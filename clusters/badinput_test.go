@@ -93,6 +93,9 @@ current-context: x
 	if len(cases) < 20 {
 		t.Fatalf("only %d cases", len(cases))
 	}
+	// The contested ID below must be owned by the older Secret; creation
+	// timestamps have one-second resolution (ties go to the lower name).
+	time.Sleep(1100 * time.Millisecond)
 	data := map[string][]byte{}
 	for _, c := range cases {
 		data[c.id] = c.data
