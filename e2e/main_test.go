@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -57,7 +56,8 @@ type hubProcess struct {
 	adminURL  string
 	xdsAddr   string
 	logPath   string
-	token     string // an admin bearer token for the API
+	token     string            // an admin bearer token for the API
+	addrs     map[string]string // listener name → address, from the hub's log
 	done      chan struct{}
 	stopOnce  sync.Once
 	exitError error
@@ -73,19 +73,19 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 		t.Fatal(err)
 	}
 	h := &hubProcess{
-		adminURL: "http://" + freeAddr(t),
-		xdsAddr:  freeAddr(t),
-		logPath:  filepath.Join(dir, "hub.log"),
-		token:    home.AdminToken(),
-		done:     make(chan struct{}),
+		logPath: filepath.Join(dir, "hub.log"),
+		token:   home.AdminToken(),
+		done:    make(chan struct{}),
 	}
 	logFile, err := os.Create(h.logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every listener binds port 0; the hub logs the addresses it got, so no
+	// port is ever picked here and then lost to another process.
 	args := append([]string{"serve",
 		"--kubeconfig", kubeconfig, "--cluster-id", home.Name,
-		"--xds-addr", h.xdsAddr, "--admin-addr", strings.TrimPrefix(h.adminURL, "http://"),
+		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--xds-tls-addr", "", "--bundle-addr", "",
 		"--remote-cluster-timeout", "20s", "--log-level", "debug",
 	}, extraArgs...)
@@ -113,6 +113,12 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 			return fmt.Errorf("hub exited early: %v", h.exitError)
 		default:
 		}
+		if h.addrs == nil {
+			if h.addrs = listening(h.logPath); h.addrs == nil {
+				return fmt.Errorf("hub has not logged its listeners yet")
+			}
+			h.adminURL, h.xdsAddr = "http://"+h.addrs["admin"], h.addrs["xds"]
+		}
 		resp, err := http.Get(h.adminURL + "/readyz")
 		if err != nil {
 			return err
@@ -124,6 +130,28 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 		return nil
 	})
 	return h
+}
+
+// listening returns the addresses of the hub's "hub listening" log line.
+func listening(logPath string) map[string]string {
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var entry map[string]any
+		if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "hub listening" {
+			continue
+		}
+		out := map[string]string{}
+		for _, k := range []string{"xds", "admin", "xds-tls", "bundle"} {
+			if v, ok := entry[k].(string); ok {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	return nil
 }
 
 // stop sends SIGTERM and waits for a clean exit.
@@ -190,16 +218,6 @@ func eventually(t *testing.T, timeout time.Duration, cond func() error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func client(t *testing.T, c *localcluster.Cluster) kubernetes.Interface {

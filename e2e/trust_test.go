@@ -143,11 +143,11 @@ func TestTrustFederation(t *testing.T) {
 	homeA, homeB := e.Cluster("primary"), e.Cluster("west")
 	nsA, nsB := hubNamespace(t, homeA), hubNamespace(t, homeB)
 	tdA, tdB := spiffeid.RequireTrustDomainFromString("a.test"), spiffeid.RequireTrustDomainFromString("b.test")
-	bundleA, bundleB, tlsA := freeAddr(t), freeAddr(t), freeAddr(t)
 	certFile, keyFile, webCA := webServingCert(t)
-	a := startHub(t, homeA, "--namespace", nsA, "--trust-domain", tdA.Name(), "--bundle-addr", bundleA, "--xds-tls-addr", tlsA)
-	b := startHub(t, homeB, "--namespace", nsB, "--trust-domain", tdB.Name(), "--bundle-addr", bundleB, "--bundle-profile", "https_web",
+	a := startHub(t, homeA, "--namespace", nsA, "--trust-domain", tdA.Name(), "--bundle-addr", "127.0.0.1:0", "--xds-tls-addr", "127.0.0.1:0")
+	b := startHub(t, homeB, "--namespace", nsB, "--trust-domain", tdB.Name(), "--bundle-addr", "127.0.0.1:0", "--bundle-profile", "https_web",
 		"--bundle-cert", certFile, "--bundle-key", keyFile, "--xds-tls-addr", "")
+	bundleA, bundleB, tlsA := a.addrs["bundle"], b.addrs["bundle"], a.addrs["xds-tls"]
 
 	// Bootstrap: B needs A's bundle to authenticate A's https_spiffe endpoint.
 	code, aBundle := a.do(t, "GET", "/api/v1/trustdomains/a.test/bundle", "")
@@ -277,4 +277,23 @@ func TestTrustFederation(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Refresh on demand, then end the relationship (idempotently).
+	if code, resp := a2.do(t, "POST", "/api/v1/trustdomains/b.test/refresh", ""); code != 200 || !strings.Contains(resp, `"trustDomain":"b.test"`) {
+		t.Errorf("refresh: %d %s", code, resp)
+	}
+	for range 2 {
+		if code, resp := a2.do(t, "DELETE", "/api/v1/trustdomains/b.test", ""); code != 204 {
+			t.Errorf("delete: %d %s", code, resp)
+		}
+	}
+	eventually(t, 10*time.Second, func() error {
+		if code, _ := a2.do(t, "GET", "/api/v1/trustdomains/b.test", ""); code != 404 {
+			return fmt.Errorf("b.test still federated: %d", code)
+		}
+		return nil
+	})
+	if code, resp := a2.do(t, "DELETE", "/api/v1/trustdomains/a.test", ""); code != 422 {
+		t.Errorf("deleting our own trust domain: %d %s", code, resp)
+	}
 }

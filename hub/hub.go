@@ -134,6 +134,11 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		StreamClosedFunc:   h.proxies.onStreamClosed,
 		StreamRequestFunc:  h.proxies.onStreamRequest,
 		StreamResponseFunc: h.proxies.onStreamResponse,
+		// Delta streams are tracked the same way.
+		DeltaStreamOpenFunc:     h.proxies.onStreamOpen,
+		DeltaStreamClosedFunc:   h.proxies.onStreamClosed,
+		StreamDeltaRequestFunc:  h.proxies.onDeltaRequest,
+		StreamDeltaResponseFunc: h.proxies.onDeltaResponse,
 	})
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,8 +66,8 @@ type proxyTracker struct {
 type streamState struct {
 	status ProxyStatus
 	types  map[string]*TypeStatus
-	nonces map[string]string       // nonce → version, per stream (nonces are unique per stream)
-	last   map[string][]*anypb.Any // type URL → resources of the last response
+	nonces map[string]string                // nonce → version, per stream (nonces are unique per stream)
+	held   map[string]map[string]*anypb.Any // type URL → name → resource the stream holds
 }
 
 func newProxyTracker() *proxyTracker {
@@ -96,7 +97,7 @@ func shortType(typeURL string) string {
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()},
-		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, last: map[string][]*anypb.Any{},
+		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{},
 	}
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
@@ -121,42 +122,80 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 }
 
 func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	return nil
+}
+
+func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	return nil
+}
+
+// request records a request: the node on first sight, and whether it ACKs
+// or NACKs the response its nonce names. Delta ACKs carry no version; the
+// version sent with that nonce is recorded instead.
+func (p *proxyTracker) request(id int64, node *corev3.Node, typeURL, nonce, version, nackMsg string, nack bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.streams[id]
 	if st == nil {
-		return nil
+		return
 	}
-	if n := req.GetNode(); n != nil && st.status.ID == "" {
+	if n := node; n != nil && st.status.ID == "" {
 		st.status.ID = n.GetId()
 		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
 			st.status.Cluster = c
 		}
 		st.status.Namespace = n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 	}
-	nonce := req.GetResponseNonce()
 	if nonce == "" {
-		return nil
+		return
 	}
-	version, ok := st.nonces[nonce]
+	sent, ok := st.nonces[nonce]
 	if !ok {
-		return nil
+		return
 	}
 	delete(st.nonces, nonce)
-	ts := st.typeStatus(req.GetTypeUrl())
-	if req.GetErrorDetail() != nil {
-		ts.NackedVersion, ts.NackError, ts.NackedAt = version, req.GetErrorDetail().GetMessage(), time.Now()
+	ts := st.typeStatus(typeURL)
+	if nack {
+		ts.NackedVersion, ts.NackError, ts.NackedAt = sent, nackMsg, time.Now()
 		ts.Nacks++
-		p.nacks.WithLabelValues(shortType(req.GetTypeUrl())).Inc()
-	} else {
-		ts.AckedVersion, ts.AckedAt = req.GetVersionInfo(), time.Now()
+		p.nacks.WithLabelValues(shortType(typeURL)).Inc()
+		return
 	}
-	return nil
+	if version == "" {
+		version = sent
+	}
+	ts.AckedVersion, ts.AckedAt = version, time.Now()
 }
 
-func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+	held := make(map[string]*anypb.Any, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
+		held[strconv.Itoa(i)] = a // SotW: the response is the whole state; order kept by index
+	}
+	p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), func(m map[string]*anypb.Any) map[string]*anypb.Any { return held })
+}
+
+func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+	p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), func(m map[string]*anypb.Any) map[string]*anypb.Any {
+		if m == nil {
+			m = map[string]*anypb.Any{}
+		}
+		for _, r := range resp.GetResources() {
+			m[r.GetName()] = r.GetResource()
+		}
+		for _, name := range resp.GetRemovedResources() {
+			delete(m, name)
+		}
+		return m
+	})
+}
+
+// response records a sent response; apply updates what the stream holds.
+func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resources int, apply func(map[string]*anypb.Any) map[string]*anypb.Any) {
 	now := time.Now()
-	p.responses.WithLabelValues(shortType(resp.GetTypeUrl())).Inc()
+	p.responses.WithLabelValues(shortType(typeURL)).Inc()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sec := now.Unix()
@@ -168,15 +207,25 @@ func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, req *discov
 	if st == nil {
 		return
 	}
-	ts := st.typeStatus(resp.GetTypeUrl())
-	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = resp.GetVersionInfo(), resp.GetNonce(), now, len(resp.GetResources())
+	ts := st.typeStatus(typeURL)
+	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
 	ts.Sends++
-	st.nonces[resp.GetNonce()] = resp.GetVersionInfo()
+	st.nonces[nonce] = version
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
 		clear(st.nonces)
-		st.nonces[resp.GetNonce()] = resp.GetVersionInfo()
+		st.nonces[nonce] = version
 	}
-	st.last[resp.GetTypeUrl()] = resp.GetResources()
+	st.held[typeURL] = apply(st.held[typeURL])
+}
+
+// lessName orders SotW index keys numerically and Delta names lexically.
+func lessName(a, b string) bool {
+	ia, errA := strconv.Atoi(a)
+	ib, errB := strconv.Atoi(b)
+	if errA == nil && errB == nil {
+		return ia < ib
+	}
+	return a < b
 }
 
 func (s *streamState) typeStatus(typeURL string) *TypeStatus {
@@ -237,9 +286,16 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	if found == nil {
 		return ProxyConfig{}, false
 	}
-	res := make(map[string][]*anypb.Any, len(found.last))
-	for k, v := range found.last {
-		res[k] = v
+	res := make(map[string][]*anypb.Any, len(found.held))
+	for typeURL, held := range found.held {
+		names := make([]string, 0, len(held))
+		for name := range held {
+			names = append(names, name)
+		}
+		sort.Slice(names, func(i, j int) bool { return lessName(names[i], names[j]) })
+		for _, name := range names {
+			res[typeURL] = append(res[typeURL], held[name])
+		}
 	}
 	return ProxyConfig{Proxy: found.snapshot(), Resources: res}, true
 }

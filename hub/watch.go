@@ -35,15 +35,21 @@ type watcher struct {
 // change them as soon as the watch is cancelled, while a push may still be
 // evaluating it.
 type watch struct {
-	req      *cachev3.Request
+	typeURL  string
+	nodeID   string
 	names    []string
 	wildcard bool
-	returned map[string]string // what the stream last received
-	out      chan cachev3.Response
+	returned map[string]string // what the stream last received (and, for Delta, still holds)
+
+	req *cachev3.Request // SotW
+	out chan cachev3.Response
+
+	deltaReq *cachev3.DeltaRequest // Delta
+	deltaOut chan cachev3.DeltaResponse
 }
 
-func newWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) *watch {
-	wt := &watch{req: req, wildcard: sub.IsWildcard(), returned: maps.Clone(sub.ReturnedResources()), out: out}
+func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
+	wt := &watch{typeURL: typeURL, nodeID: nodeID, wildcard: sub.IsWildcard(), returned: maps.Clone(sub.ReturnedResources())}
 	if !wt.wildcard {
 		for name := range sub.SubscribedResources() {
 			wt.names = append(wt.names, name)
@@ -58,19 +64,35 @@ func newWatcher(gen *generator, log *slog.Logger) *watcher {
 	return &watcher{gen: gen, log: log, watches: map[*watch]struct{}{}}
 }
 
-// CreateWatch implements cache.ConfigWatcher.
+// CreateWatch implements cache.ConfigWatcher for State-of-the-World streams.
 func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
-	wt := newWatch(req, sub, out)
+	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
+	wt.req, wt.out = req, out
+	return w.watch(wt)
+}
+
+// CreateDeltaWatch implements cache.ConfigWatcher for Delta (incremental)
+// streams: only resources whose version differs from what the stream holds
+// are sent, and resources that disappeared are named as removed.
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
+	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
+	wt.deltaReq, wt.deltaOut = req, out
+	return w.watch(wt)
+}
+
+// watch answers wt at once if its stream lacks something, else parks it
+// until a push. A push that runs while wt is being evaluated makes it
+// evaluate again, so no change is missed.
+func (w *watcher) watch(wt *watch) (func(), error) {
 	for {
 		w.mu.Lock()
 		epoch := w.epoch
 		w.mu.Unlock()
-		resp, err := w.respond(wt)
+		sent, err := w.answer(wt)
 		if err != nil {
 			return nil, err
 		}
-		if resp != nil {
-			out <- resp // buffered by the server: one slot per type, one watch per type
+		if sent {
 			return func() {}, nil
 		}
 		w.mu.Lock()
@@ -87,10 +109,24 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	}
 }
 
-// CreateDeltaWatch implements cache.ConfigWatcher. Delta xDS is not served
-// yet; the stream ends with this error and clients fall back to SotW.
-func (w *watcher) CreateDeltaWatch(*cachev3.DeltaRequest, cachev3.Subscription, chan cachev3.DeltaResponse) (func(), error) {
-	return nil, errors.New("delta (incremental) xDS is not supported by this hub yet; use state-of-the-world ADS")
+// answer sends wt's response if there is one; the server buffers one
+// response per type and holds at most one watch per type, so sends never
+// block.
+func (w *watcher) answer(wt *watch) (bool, error) {
+	if wt.deltaOut != nil {
+		resp, err := w.respondDelta(wt)
+		if err != nil || resp == nil {
+			return false, err
+		}
+		wt.deltaOut <- resp
+		return true, nil
+	}
+	resp, err := w.respond(wt)
+	if err != nil || resp == nil {
+		return false, err
+	}
+	wt.out <- resp
+	return true, nil
 }
 
 // Fetch implements cache.ConfigFetcher; REST xDS is not served.
@@ -109,27 +145,73 @@ func (w *watcher) push() {
 	}
 	w.mu.Unlock()
 	for _, wt := range parked {
-		resp, err := w.respond(wt)
-		if err != nil {
-			w.log.Error("generating xDS response", "node", wt.req.GetNode().GetId(), "type", wt.req.GetTypeUrl(), "error", err)
-			continue
-		}
-		if resp == nil {
-			continue
+		var send func()
+		if wt.deltaOut != nil {
+			resp, err := w.respondDelta(wt)
+			if err != nil || resp == nil {
+				w.logError(wt, err)
+				continue
+			}
+			send = func() { wt.deltaOut <- resp }
+		} else {
+			resp, err := w.respond(wt)
+			if err != nil || resp == nil {
+				w.logError(wt, err)
+				continue
+			}
+			send = func() { wt.out <- resp }
 		}
 		w.mu.Lock()
 		_, open := w.watches[wt]
 		delete(w.watches, wt)
 		w.mu.Unlock()
-		if !open {
-			continue // cancelled meanwhile: the stream has a newer request
-		}
-		select {
-		case wt.out <- resp:
-		default:
-			w.log.Error("xDS response channel full; dropping response", "node", wt.req.GetNode().GetId(), "type", wt.req.GetTypeUrl())
+		if open { // else cancelled meanwhile: the stream has a newer request
+			send()
 		}
 	}
+}
+
+func (w *watcher) logError(wt *watch, err error) {
+	if err != nil {
+		w.log.Error("generating xDS response", "node", wt.nodeID, "type", wt.typeURL, "error", err)
+	}
+}
+
+// respondDelta builds a Delta response with the resources whose version
+// differs from what the stream holds and the names that are gone, or nil.
+func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
+	res, err := w.gen.resources(wt.typeURL, wt.names, wt.wildcard)
+	if err != nil {
+		return nil, err
+	}
+	next := make(map[string]string, len(res))
+	var changed []*discoveryv3.Resource
+	for _, r := range res {
+		next[r.name] = r.version
+		if wt.returned[r.name] != r.version {
+			changed = append(changed, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
+		}
+	}
+	var removed []string
+	for name := range wt.returned {
+		if _, ok := next[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	if len(changed) == 0 && len(removed) == 0 {
+		return nil, nil
+	}
+	sort.Strings(removed)
+	return &cachev3.DeltaPassthroughResponse{
+		DeltaRequest:   wt.deltaReq,
+		NextVersionMap: next,
+		DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
+			SystemVersionInfo: responseVersion(res),
+			Resources:         changed,
+			RemovedResources:  removed,
+			TypeUrl:           wt.typeURL,
+		},
+	}, nil
 }
 
 // respond builds the response for a watch, or returns nil when the stream
@@ -144,7 +226,7 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 	for _, r := range res {
 		returned[r.name] = r.version
 	}
-	if wt.req.GetResponseNonce() != "" && sameVersions(returned, wt.returned) {
+	if wt.req.GetResponseNonce() != "" && maps.Equal(returned, wt.returned) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, len(res))
@@ -160,18 +242,6 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 		},
 		ReturnedResources: returned,
 	}, nil
-}
-
-func sameVersions(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
 }
 
 // responseVersion identifies a set of resources by their names and versions.

@@ -18,7 +18,7 @@ import (
 )
 
 // startHub serves a Hub's ADS on a loopback port and returns an ADS stream to it.
-func startHub(t *testing.T) (*Hub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
+func startHub(t *testing.T) (*testHub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
 	t.Helper()
 	h, err := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second})
 	if err != nil {
@@ -53,7 +53,13 @@ func startHub(t *testing.T) (*Hub, discoveryv3.AggregatedDiscoveryService_Stream
 		<-done
 		<-done
 	})
-	return h, stream
+	return &testHub{Hub: h, addrForTest: lis.Addr().String()}, stream
+}
+
+// testHub is a Hub serving ADS on a loopback address.
+type testHub struct {
+	*Hub
+	addrForTest string
 }
 
 func echoService(ip string) *clusters.Service {
@@ -167,7 +173,7 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 }
 
 // waitProxy polls the hub's view of the single connected proxy's EDS state.
-func waitProxy(t *testing.T, h *Hub, check func(TypeStatus) error) {
+func waitProxy(t *testing.T, h *testHub, check func(TypeStatus) error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -199,5 +205,86 @@ func TestFirstRequestIsAnsweredEvenWhenEmpty(t *testing.T) {
 	}
 	if r := expectResponse(t, ch); len(r.Resources) != 0 {
 		t.Fatalf("wildcard CDS on an empty mesh returned %d resources", len(r.Resources))
+	}
+}
+
+func TestDeltaADS(t *testing.T) {
+	h, _ := startHub(t)
+	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
+	h.Sink().ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	conn, err := grpc.NewClient(h.addrForTest, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan *discoveryv3.DeltaDiscoveryResponse, 100)
+	go func() {
+		defer close(ch)
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			ch <- r
+		}
+	}()
+	next := func() *discoveryv3.DeltaDiscoveryResponse {
+		t.Helper()
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				t.Fatal("stream closed")
+			}
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no delta response within 10s")
+			return nil
+		}
+	}
+	silence := func(what string) {
+		t.Helper()
+		select {
+		case r := <-ch:
+			t.Fatalf("%s: got %v; want nothing", what, r)
+		case <-time.After(time.Second):
+		}
+	}
+	name := "outbound|7070||echo.demo.svc.cluster.local"
+	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "delta-client"}, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	first := next()
+	if len(first.Resources) != 1 || first.Resources[0].Name != name || first.Resources[0].Version == "" {
+		t.Fatalf("first delta response: %v", first)
+	}
+	_ = stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})
+	silence("after an ACK")
+
+	// An unrelated service changes: nothing; this one changes: only it is sent.
+	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
+	silence("after an unrelated change")
+	h.Sink().UpdateService("west", key, echoService("10.0.0.2"))
+	second := next()
+	if len(second.Resources) != 1 || second.Resources[0].Version == first.Resources[0].Version {
+		t.Fatalf("second delta response: %v", second)
+	}
+	// A NACK is not answered with the same version again.
+	_ = stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce, ErrorDetail: &statuspb.Status{Code: 3, Message: "no"}})
+	silence("after a NACK")
+	// The service goes away: the name is removed.
+	h.Sink().UpdateService("west", key, nil)
+	third := next()
+	if len(third.Resources) != 0 || len(third.RemovedResources) != 1 || third.RemovedResources[0] != name {
+		t.Fatalf("removal: %v", third)
+	}
+	ps := h.Proxies()
+	if len(ps) != 1 || ps[0].ID != "delta-client" || ps[0].Types[0].Nacks != 1 {
+		t.Errorf("proxy tracking of the delta stream: %+v", ps)
 	}
 }

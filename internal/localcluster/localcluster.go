@@ -122,8 +122,16 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if e.pki, err = newPKI(e.dir); err != nil {
 		return nil, err
 	}
-	if err := e.startEtcd(ctx); err != nil {
-		return nil, err
+	for attempt := 1; ; attempt++ {
+		err := e.startEtcd(ctx)
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
+			return nil, err
+		}
+		e.etcd.stop()
+		_ = os.RemoveAll(filepath.Join(e.dir, "etcd-data"))
 	}
 	for _, name := range opts.Names {
 		port, err := freePort()
@@ -137,8 +145,26 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}
 	for _, c := range e.clusters {
-		if err := c.WaitReady(ctx); err != nil {
-			return nil, err
+		for attempt := 1; ; attempt++ {
+			err := c.WaitReady(ctx)
+			if err == nil {
+				break
+			}
+			// Another process may have taken the port between freePort and
+			// the bind (test binaries run in parallel): pick another one.
+			if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
+				return nil, err
+			}
+			c.StopAPIServer()
+			if c.port, err = freePort(); err != nil {
+				return nil, err
+			}
+			c.mu.Lock()
+			c.proc = nil
+			c.mu.Unlock()
+			if err := c.StartAPIServer(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return e, nil
