@@ -130,7 +130,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 		if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
 			return nil, err
 		}
-		e.etcd.stop()
+		if e.etcd != nil {
+			e.etcd.stop()
+		}
 		_ = os.RemoveAll(filepath.Join(e.dir, "etcd-data"))
 	}
 	for _, name := range opts.Names {
@@ -193,7 +195,9 @@ func (e *Env) Stop() {
 		c.StopAPIServer()
 	}
 	if e.etcd != nil {
-		e.etcd.stop()
+		if e.etcd != nil {
+			e.etcd.stop()
+		}
 	}
 	if e.ownsDir {
 		_ = os.RemoveAll(e.dir)
