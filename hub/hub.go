@@ -12,6 +12,7 @@ import (
 	"net"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -33,6 +34,9 @@ type Options struct {
 	DomainSuffix string
 	// DebounceAfter and DebounceMax bound push batching (DESIGN.md §4).
 	DebounceAfter, DebounceMax time.Duration
+	// Secrets and Roots feed SDS; without them no secrets are served.
+	Secrets SecretSource
+	Roots   RootSource
 	// Metrics, if set, gets the xDS metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -66,8 +70,26 @@ func New(opts Options) (*Hub, error) {
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, opts.Log)
+	h.watcher.secrets, h.watcher.roots = opts.Secrets, opts.Roots
+	h.proxies.identify = func(old, new *corev3.Node, id identity) {
+		if old != nil {
+			h.watcher.identities.Delete(old)
+		}
+		if new != nil {
+			h.watcher.identities.Store(new, id)
+		}
+	}
 	return h, nil
 }
+
+// sdsKey is the change key that makes every parked SDS watch re-evaluate.
+const sdsKey = "\x00sds"
+
+// SecretChanged tells the hub that a member's Secret changed (SDS pushes).
+func (h *Hub) SecretChanged(string, clusters.ServiceKey) { h.debounce.add([]string{sdsKey}) }
+
+// RootsChanged tells the hub that a trust domain's roots changed.
+func (h *Hub) RootsChanged() { h.debounce.add([]string{sdsKey}) }
 
 // Proxies lists every connected ADS stream with its per-type ACK/NACK state.
 func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
@@ -114,7 +136,8 @@ func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }
 
 func (h *Hub) push(hostnames map[string]struct{}) {
 	h.gen.invalidate(hostnames)
-	h.watcher.push()
+	_, secrets := hostnames[sdsKey]
+	h.watcher.push(secrets, len(hostnames) > 1 || !secrets)
 }
 
 // ServeADS serves ADS (and the per-type discovery services) on lis until ctx

@@ -40,6 +40,7 @@ type ProxyStatus struct {
 	Cluster     string // member cluster from node metadata CLUSTER_ID
 	Namespace   string // node metadata NAMESPACE
 	Address     string // peer address
+	Identity    string // SPIFFE ID of a verified client certificate, if any
 	ConnectedAt time.Time
 	Types       []TypeStatus // by type URL
 }
@@ -58,12 +59,18 @@ type proxyTracker struct {
 	pushes  [60]uint32 // responses per second, ring indexed by unix second
 	pushAt  [60]int64
 
+	// identify tells the watcher which verified identity a stream's node
+	// pointer stands for (replacing old; new nil forgets old).
+	identify func(old, new *corev3.Node, id identity)
+
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
 	nacks     *prometheus.CounterVec
 }
 
 type streamState struct {
+	ident  identity
+	node   *corev3.Node
 	status ProxyStatus
 	types  map[string]*TypeStatus
 	nonces map[string]string                // nonce → version, per stream (nonces are unique per stream)
@@ -101,10 +108,13 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	}
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
+		st.ident.spiffeID, st.ident.namespace = peerIdentity(pr)
+		st.status.Identity = st.ident.spiffeID.String()
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("clusterid"); len(v) > 0 {
 			st.status.Cluster = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
+			st.ident.cluster = v[0]
 		}
 	}
 	p.mu.Lock()
@@ -116,6 +126,9 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 
 func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 	p.mu.Lock()
+	if st := p.streams[id]; st != nil && p.identify != nil {
+		p.identify(st.node, nil, identity{})
+	}
 	delete(p.streams, id)
 	p.mu.Unlock()
 	p.connected.Dec()
@@ -144,9 +157,15 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, typeURL, nonce, vers
 	if n := node; n != nil && st.status.ID == "" {
 		st.status.ID = n.GetId()
 		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
-			st.status.Cluster = c
+			st.status.Cluster, st.ident.cluster = c, c
 		}
 		st.status.Namespace = n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
+	}
+	// The server stamps every request of a stream with the stream's node
+	// pointer, so it identifies the stream in CreateWatch.
+	if node != nil && node != st.node && p.identify != nil {
+		p.identify(st.node, node, st.ident)
+		st.node = node
 	}
 	if nonce == "" {
 		return

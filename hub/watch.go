@@ -12,6 +12,7 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -22,8 +23,14 @@ import (
 // comparison is against what was sent (not what was acknowledged), a NACKed
 // version is never resent until an input changes.
 type watcher struct {
-	gen *generator
-	log *slog.Logger
+	gen     *generator
+	secrets SecretSource // may be nil: no SDS
+	roots   RootSource   // may be nil: no SDS
+	log     *slog.Logger
+	// identities carries each stream's verified identity from the server's
+	// callbacks (which know the stream) to CreateWatch (which knows only the
+	// request, stamped with the stream's node pointer).
+	identities sync.Map // *corev3.Node → identity
 
 	mu      sync.Mutex
 	epoch   uint64 // incremented by every push
@@ -37,6 +44,7 @@ type watcher struct {
 type watch struct {
 	typeURL  string
 	nodeID   string
+	ident    identity
 	names    []string
 	wildcard bool
 	returned map[string]string // what the stream last received (and, for Delta, still holds)
@@ -68,6 +76,9 @@ func newWatcher(gen *generator, log *slog.Logger) *watcher {
 func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
 	wt.req, wt.out = req, out
+	if id, ok := w.identities.Load(req.GetNode()); ok {
+		wt.ident = id.(identity)
+	}
 	return w.watch(wt)
 }
 
@@ -77,6 +88,9 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
 	wt.deltaReq, wt.deltaOut = req, out
+	if id, ok := w.identities.Load(req.GetNode()); ok {
+		wt.ident = id.(identity)
+	}
 	return w.watch(wt)
 }
 
@@ -134,14 +148,17 @@ func (w *watcher) Fetch(context.Context, *cachev3.Request) (cachev3.Response, er
 	return nil, errors.New("REST xDS is not supported; use ADS over gRPC")
 }
 
-// push re-evaluates every parked watch after the index changed and answers
+// push re-evaluates the parked watches of what changed (SDS watches when
+// secrets or roots changed, the others when services changed) and answers
 // those whose resources differ from what their stream last received.
-func (w *watcher) push() {
+func (w *watcher) push(secrets, services bool) {
 	w.mu.Lock()
 	w.epoch++
 	parked := make([]*watch, 0, len(w.watches))
 	for wt := range w.watches {
-		parked = append(parked, wt)
+		if sds := wt.typeURL == resourcev3.SecretType; sds && secrets || !sds && services {
+			parked = append(parked, wt)
+		}
 	}
 	w.mu.Unlock()
 	for _, wt := range parked {
@@ -177,10 +194,19 @@ func (w *watcher) logError(wt *watch, err error) {
 	}
 }
 
+// resources are what a watch subscribes to: per-proxy secrets for SDS,
+// shared generated resources for everything else.
+func (w *watcher) resources(wt *watch) ([]*resource, error) {
+	if wt.typeURL == resourcev3.SecretType {
+		return w.secretResources(wt)
+	}
+	return w.gen.resources(wt.typeURL, wt.names, wt.wildcard)
+}
+
 // respondDelta builds a Delta response with the resources whose version
 // differs from what the stream holds and the names that are gone, or nil.
 func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
-	res, err := w.gen.resources(wt.typeURL, wt.names, wt.wildcard)
+	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +244,7 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 // already holds exactly these resources (the first request of a type on a
 // stream is always answered, possibly with no resources).
 func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
-	res, err := w.gen.resources(wt.req.GetTypeUrl(), wt.names, wt.wildcard)
+	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
 	}

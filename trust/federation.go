@@ -400,6 +400,23 @@ func (f *Federation) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509
 	return b.X509Bundle(), nil
 }
 
+// LocalTrustDomain is our trust domain's name.
+func (f *Federation) LocalTrustDomain() string { return f.cfg.TrustDomain.Name() }
+
+// RootsPEM returns a trust domain's X.509 roots as PEM (for SDS ROOTCA and
+// spiffe://<td> validation contexts).
+func (f *Federation) RootsPEM(td string) ([]byte, bool) {
+	id, err := spiffeid.TrustDomainFromString(td)
+	if err != nil {
+		return nil, false
+	}
+	b, err := f.GetBundleForTrustDomain(id)
+	if err != nil || len(b.X509Authorities()) == 0 {
+		return nil, false
+	}
+	return encodeCerts(b.X509Authorities()), true
+}
+
 // TrustDomains lists ours first, then every peer by name.
 func (f *Federation) TrustDomains() []Status {
 	local := Status{Spec: PeerSpec{TrustDomain: f.cfg.TrustDomain.Name()}, Local: true, State: StatePending}

@@ -37,32 +37,45 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	h, err := hub.New(hub.Options{
-		DomainSuffix:  cfg.domainSuffix,
-		DebounceAfter: cfg.debounceAfter,
-		DebounceMax:   cfg.debounceMax,
-		Metrics:       metrics,
-		Log:           log,
-	})
-	if err != nil {
-		return err
-	}
-	registry, err := clusters.NewRegistry(clusters.Config{
-		Home:        home,
-		HomeID:      cfg.clusterID,
-		Namespace:   cfg.namespace,
-		SyncTimeout: cfg.remoteClusterTimeout,
-		Policy:      policy,
-		Sink:        h.Sink(),
-		Metrics:     metrics,
-		Log:         log,
-	})
-	if err != nil {
-		return err
-	}
 	homeClient, err := kubernetes.NewForConfig(home)
 	if err != nil {
 		return fmt.Errorf("building home cluster client: %w", err)
+	}
+	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
+	if err != nil {
+		return fmt.Errorf("--trust-domain: %w", err)
+	}
+	var h *hub.Hub
+	var registry *clusters.Registry
+	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
+		OnChange: func() { h.RootsChanged() }})
+	h, err = hub.New(hub.Options{
+		DomainSuffix:  cfg.domainSuffix,
+		DebounceAfter: cfg.debounceAfter,
+		DebounceMax:   cfg.debounceMax,
+		Secrets: hub.SecretSourceFunc(func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
+			return registry.TLSSecret(cluster, key)
+		}),
+		Roots:   fed,
+		Metrics: metrics,
+		Log:     log,
+	})
+	if err != nil {
+		return err
+	}
+	registry, err = clusters.NewRegistry(clusters.Config{
+		Home:           home,
+		HomeID:         cfg.clusterID,
+		Namespace:      cfg.namespace,
+		SyncTimeout:    cfg.remoteClusterTimeout,
+		Policy:         policy,
+		Sink:           h.Sink(),
+		OnSecretChange: h.SecretChanged,
+		Metrics:        metrics,
+		Log:            log,
+	})
+	if err != nil {
+		return err
 	}
 	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.namespace)
 	if cfg.apiTokenFile != "" {
@@ -70,11 +83,6 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			return err
 		}
 	}
-	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
-	if err != nil {
-		return fmt.Errorf("--trust-domain: %w", err)
-	}
-	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log})
 	if err := startTrust(ctx, fed, log); err != nil {
 		return err
 	}

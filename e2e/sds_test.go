@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// sdsFetch asks the hub for SDS resources and returns the secrets by name.
+func sdsFetch(t *testing.T, addr string, creds credentials.TransportCredentials, cluster string, names ...string) map[string]*tlsv3.Secret {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sds-" + rand.String(4), Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("SDS: %v", err)
+	}
+	out := map[string]*tlsv3.Secret{}
+	for _, a := range resp.Resources {
+		var s tlsv3.Secret
+		if err := a.UnmarshalTo(&s); err != nil {
+			t.Fatal(err)
+		}
+		out[s.Name] = &s
+	}
+	return out
+}
+
+// TestSDSEndToEnd serves TLS material from real member Secrets over the
+// hub's mTLS port, only to a verified identity of the secret's namespace
+// and member, never over plaintext.
+func TestSDSEndToEnd(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	ns := hubNamespace(t, home)
+	app := "app-" + rand.String(5)
+	ctx := testContext(t)
+	for c, cert := range map[*localcluster.Cluster]string{west: "WEST", east: "EAST"} {
+		cs := client(t, c)
+		if err := localcluster.EnsureNamespace(ctx, cs, app); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.CoreV1().Secrets(app).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "gw-cert"}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{"tls.crt": []byte(cert + "-CERT"), "tls.key": []byte(cert + "-KEY"), "ca.crt": []byte(cert + "-CA")}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client(t, home).CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "members", map[string][]byte{
+		"west": west.Kubeconfig(), "east": east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("sds.test")
+	h := startHub(t, home, "--namespace", ns, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0")
+	eventually(t, 30*time.Second, func() error {
+		cl := h.clusters(t)
+		if cl["west"].State != "Ready" || cl["east"].State != "Ready" {
+			return fmt.Errorf("members: %+v", cl)
+		}
+		return nil
+	})
+	ca := hubCA(t, home, ns, td)
+	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/sds.test/bundle", "")
+	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := func(ns string) credentials.TransportCredentials {
+		svid, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(tlsconfig.MTLSClientConfig(svid, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
+	}
+	names := []string{"kubernetes://gw-cert", "gw-cert-cacert", "ROOTCA", "kubernetes://other/gw-cert"}
+	tlsAddr := h.addrs["xds-tls"]
+
+	eventually(t, 30*time.Second, func() error { // the secret informers sync shortly after the members
+		got := sdsFetch(t, tlsAddr, creds(app), "west", names...)
+		if c := got["kubernetes://gw-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes(); string(c) != "WEST-CERT" {
+			return fmt.Errorf("west gateway got %v", keys(got))
+		}
+		if string(got["gw-cert-cacert"].GetValidationContext().GetTrustedCa().GetInlineBytes()) != "WEST-CA" || got["ROOTCA"] == nil {
+			return fmt.Errorf("west gateway got %v", keys(got))
+		}
+		if got["kubernetes://other/gw-cert"] != nil {
+			t.Fatal("a proxy in namespace " + app + " got a secret of namespace other")
+		}
+		return nil
+	})
+	if got := sdsFetch(t, tlsAddr, creds(app), "east", "kubernetes://gw-cert"); string(got["kubernetes://gw-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
+		t.Errorf("an east proxy must get east's secret: %v", keys(got))
+	}
+	if got := sdsFetch(t, tlsAddr, creds("intruder"), "west", names...); len(got) != 1 || got["ROOTCA"] == nil {
+		t.Errorf("a proxy of another namespace got %v; want only ROOTCA", keys(got))
+	}
+	if got := sdsFetch(t, h.xdsAddr, insecure.NewCredentials(), "west", names...); len(got) != 0 {
+		t.Errorf("a plaintext client got secrets: %v", keys(got))
+	}
+}
+
+func keys(m map[string]*tlsv3.Secret) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// SecretSource gives SDS the TLS material of a member's Secrets
+// (clusters.Registry implements it).
+type SecretSource interface {
+	TLSSecret(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error)
+}
+
+// SecretSourceFunc adapts a function to SecretSource.
+type SecretSourceFunc func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error)
+
+// TLSSecret implements SecretSource.
+func (f SecretSourceFunc) TLSSecret(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
+	return f(cluster, key)
+}
+
+// RootSource gives SDS the roots of our trust domain and of federated ones.
+type RootSource interface {
+	// LocalTrustDomain is our trust domain's name.
+	LocalTrustDomain() string
+	// RootsPEM returns a trust domain's X.509 roots as PEM.
+	RootsPEM(trustDomain string) ([]byte, bool)
+}
+
+// identity is what the hub has verified about a proxy: its workload from
+// the mTLS client certificate, and its member cluster.
+type identity struct {
+	spiffeID  spiffeid.ID // zero when not verified (plaintext, no certificate)
+	namespace string
+	cluster   string
+}
+
+// verified reports whether the proxy proved a workload identity of ours.
+func (id identity) verified(local string) bool {
+	return !id.spiffeID.IsZero() && id.spiffeID.TrustDomain().Name() == local && id.namespace != ""
+}
+
+// peerIdentity reads the SPIFFE ID of a verified client certificate. The
+// mTLS listener's verifier has already checked the chain.
+func peerIdentity(p *peer.Peer) (spiffeid.ID, string) {
+	if p == nil {
+		return spiffeid.ID{}, ""
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 || !info.State.HandshakeComplete {
+		return spiffeid.ID{}, ""
+	}
+	id, err := x509svid.IDFromCert(info.State.PeerCertificates[0])
+	if err != nil {
+		return spiffeid.ID{}, ""
+	}
+	return id, namespaceOf(id)
+}
+
+// namespaceOf extracts <ns> from spiffe://<td>/ns/<ns>/sa/<sa>.
+func namespaceOf(id spiffeid.ID) string {
+	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	if len(parts) == 4 && parts[0] == "ns" && parts[2] == "sa" {
+		return parts[1]
+	}
+	return ""
+}
+
+var errDenied = errors.New("not authorised")
+
+// secretResources builds the SDS resources a watch asked for, as istiod
+// does: only to a verified identity of our trust domain, only Secrets of
+// the proxy's own namespace and own member cluster. Names it may not have
+// are left out (and logged), never an error for the stream.
+func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
+	var out []*resource
+	for _, name := range wt.names {
+		msg, err := w.secret(wt.ident, name)
+		if err != nil {
+			w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err)
+			continue
+		}
+		r, err := marshalResource(name, resourcev3.SecretType, msg)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (w *watcher) secret(id identity, name string) (proto.Message, error) {
+	if w.roots == nil || w.secrets == nil {
+		return nil, errors.New("SDS is not configured on this hub")
+	}
+	local := w.roots.LocalTrustDomain()
+	if !id.verified(local) {
+		return nil, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
+	}
+	validation := func(pem []byte) *tlsv3.Secret {
+		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: pem}},
+		}}}
+	}
+	switch {
+	case name == "ROOTCA":
+		pem, ok := w.roots.RootsPEM(local)
+		if !ok {
+			return nil, errors.New("our roots are not loaded yet")
+		}
+		return validation(pem), nil
+	case strings.HasPrefix(name, "spiffe://"):
+		td, err := spiffeid.TrustDomainFromString(name)
+		if err != nil {
+			return nil, fmt.Errorf("bad trust domain resource: %w", err)
+		}
+		pem, ok := w.roots.RootsPEM(td.Name())
+		if !ok {
+			return nil, fmt.Errorf("no bundle for trust domain %s", td.Name())
+		}
+		return validation(pem), nil
+	}
+	ref := strings.TrimPrefix(name, "kubernetes://")
+	ns, secretName := id.namespace, ref
+	if i := strings.IndexByte(ref, '/'); i >= 0 {
+		ns, secretName = ref[:i], ref[i+1:]
+	}
+	if ns != id.namespace {
+		return nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+	}
+	caOnly := strings.HasSuffix(secretName, "-cacert")
+	key := clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secretName, "-cacert")}
+	s, err := w.secrets.TLSSecret(id.cluster, key)
+	if err != nil {
+		return nil, err
+	}
+	if caOnly {
+		if len(s.CA) == 0 {
+			return nil, fmt.Errorf("secret %s has no ca.crt or cacert", key)
+		}
+		return validation(s.CA), nil
+	}
+	if len(s.Cert) == 0 || len(s.Key) == 0 {
+		return nil, fmt.Errorf("secret %s has no certificate and key", key)
+	}
+	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Cert}},
+		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Key}},
+	}}}, nil
+}

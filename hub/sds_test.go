@@ -1,0 +1,206 @@
+package hub
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/trust"
+)
+
+// fakeSecrets is a SecretSource keyed by member cluster (the registry's own
+// TLSSecret is tested on real API servers in clusters/).
+type fakeSecrets struct {
+	mu   sync.Mutex
+	data map[string]map[clusters.ServiceKey]*clusters.TLSSecret
+}
+
+func (f *fakeSecrets) TLSSecret(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s := f.data[cluster][key]; s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("%w: %s", clusters.ErrSecretNotFound, key)
+}
+
+type fakeRoots struct{ pem []byte }
+
+func (fakeRoots) LocalTrustDomain() string { return "example.org" }
+func (f fakeRoots) RootsPEM(td string) ([]byte, bool) {
+	return f.pem, td == "example.org"
+}
+
+func TestSDSAuthorisation(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	ca, err := trust.NewSelfSignedCA(td, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	gw := clusters.ServiceKey{Namespace: "a", Name: "gw"}
+	secrets := &fakeSecrets{data: map[string]map[clusters.ServiceKey]*clusters.TLSSecret{
+		"west": {gw: {Cert: []byte("WEST-CERT"), Key: []byte("WEST-KEY"), CA: []byte("WEST-CA")}, {Namespace: "b", Name: "gw"}: {Cert: []byte("B-CERT"), Key: []byte("B-KEY")}},
+		"east": {gw: {Cert: []byte("EAST-CERT"), Key: []byte("EAST-KEY")}},
+	}}
+	h, err := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second, Secrets: secrets, Roots: fakeRoots{rootPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverSVID, _ := ca.IssueSVID(spiffeid.RequireFromPath(td, "/hub"), time.Hour)
+	bundle := x509bundle.FromX509Authorities(td, []*x509.Certificate{ca.Cert})
+	serverCert, _ := tlsconfig.GetCertificate(serverSVID)(nil)
+	serverTLS := &tls.Config{
+		Certificates: []tls.Certificate{*serverCert},
+		ClientAuth:   tls.RequestClientCert,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 {
+				return nil
+			}
+			c, err := x509.ParseCertificate(raw[0])
+			if err != nil {
+				return err
+			}
+			_, _, err = x509svid.Verify([]*x509.Certificate{c}, bundle)
+			return err
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	plain, _ := net.Listen("tcp", "127.0.0.1:0")
+	secure, _ := net.Listen("tcp", "127.0.0.1:0")
+	wg.Go(func() { h.Run(ctx) })
+	wg.Go(func() { _ = h.ServeADS(ctx, plain, nil) })
+	wg.Go(func() { _ = h.ServeADS(ctx, secure, serverTLS) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	// sds opens an ADS stream, asks for names and returns the secrets it got.
+	type stream struct {
+		s  discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+		ch chan *discoveryv3.DiscoveryResponse
+	}
+	open := func(addr string, creds credentials.TransportCredentials, cluster string, names ...string) *stream {
+		t.Helper()
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, scancel := context.WithCancel(context.Background())
+		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := &stream{s: s, ch: make(chan *discoveryv3.DiscoveryResponse, 10)}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				r, err := s.Recv()
+				if err != nil {
+					return
+				}
+				st.ch <- r
+			}
+		}()
+		t.Cleanup(func() { scancel(); conn.Close(); <-done })
+		meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
+		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "proxy-" + cluster, Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	recv := func(st *stream) map[string]*tlsv3.Secret {
+		t.Helper()
+		select {
+		case r := <-st.ch:
+			out := map[string]*tlsv3.Secret{}
+			for _, a := range r.Resources {
+				var s tlsv3.Secret
+				if err := a.UnmarshalTo(&s); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.ValidateAll(); err != nil {
+					t.Errorf("secret %s fails Envoy validation: %v", s.Name, err)
+				}
+				out[s.Name] = &s
+			}
+			_ = st.s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names(out, r), ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+			return out
+		case <-time.After(10 * time.Second):
+			t.Fatal("no SDS response")
+			return nil
+		}
+	}
+	mtls := func(ns string) credentials.TransportCredentials {
+		svid, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(tlsconfig.MTLSClientConfig(svid, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
+	}
+	all := []string{"kubernetes://gw", "kubernetes://b/gw", "gw-cacert", "ROOTCA", "spiffe://other.org"}
+
+	// Plaintext: no verified identity, no secrets.
+	if got := recv(open(plain.Addr().String(), insecure.NewCredentials(), "west", all...)); len(got) != 0 {
+		t.Errorf("plaintext client got secrets: %v", keys(got))
+	}
+	// mTLS, namespace a, member west: its own namespace only.
+	west := open(secure.Addr().String(), mtls("a"), "west", all...)
+	got := recv(west)
+	if want := []string{"ROOTCA", "gw-cacert", "kubernetes://gw"}; fmt.Sprint(keys(got)) != fmt.Sprint(want) {
+		t.Fatalf("namespace a in west got %v; want %v", keys(got), want)
+	}
+	if c := string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()); c != "WEST-CERT" {
+		t.Errorf("west got certificate %q", c)
+	}
+	if ca := got["ROOTCA"].GetValidationContext().GetTrustedCa().GetInlineBytes(); string(ca) != string(rootPEM) {
+		t.Errorf("ROOTCA is not our root")
+	}
+	// The same namespace in member east gets east's secret, never west's.
+	if got := recv(open(secure.Addr().String(), mtls("a"), "east", "kubernetes://gw")); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
+		t.Errorf("east proxy got %v", got)
+	}
+	// A rotated secret is pushed.
+	secrets.mu.Lock()
+	secrets.data["west"][gw] = &clusters.TLSSecret{Cert: []byte("WEST-CERT-2"), Key: []byte("WEST-KEY-2"), CA: []byte("WEST-CA")}
+	secrets.mu.Unlock()
+	h.SecretChanged("west", gw)
+	if got := recv(west); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "WEST-CERT-2" {
+		t.Errorf("after rotation west got %v", got)
+	}
+}
+
+func keys(m map[string]*tlsv3.Secret) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// names keeps the subscription as it was (SotW requests repeat it).
+func names(_ map[string]*tlsv3.Secret, r *discoveryv3.DiscoveryResponse) []string {
+	return []string{"kubernetes://gw", "kubernetes://b/gw", "gw-cacert", "ROOTCA", "spiffe://other.org"}
+}
