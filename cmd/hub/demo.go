@@ -76,10 +76,11 @@ hub demo is running (Ctrl-C stops everything)
   admin token:        %s   (sign in with it; also: curl -H "Authorization: Bearer <token>" http://%s/api/v1/clusters)
   readiness:          http://%s/readyz
   ADS (plaintext):    %s   e.g. xds:///echo.demo.svc.%s:8080 from a grpc-go client
+  ADS/SDS (mTLS):     %s   SPIFFE bundle endpoint: https://%s (trust domain %s)
   home cluster:       kubectl --kubeconfig %s get secrets -n %s
   member kubeconfigs: %s/{west,east}.kubeconfig
 
-`, displayAddr(cfg.adminAddr), home.AdminToken(), displayAddr(cfg.adminAddr), displayAddr(cfg.adminAddr), cfg.xdsAddr, cfg.domainSuffix, kubeconfig, cfg.namespace, env.Dir())
+`, displayAddr(cfg.adminAddr), home.AdminToken(), displayAddr(cfg.adminAddr), displayAddr(cfg.adminAddr), cfg.xdsAddr, cfg.domainSuffix, cfg.xdsTLSAddr, cfg.bundleAddr, cfg.trustDomain, kubeconfig, cfg.namespace, env.Dir())
 	return serve(ctx, cfg, log)
 }
 
