@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 var env *localcluster.Env
@@ -129,19 +130,10 @@ func kube(t testing.TB, c *localcluster.Cluster) kubernetes.Interface {
 	return cs
 }
 
+// eventually waits for cond (see internal/wait).
 func eventually(t *testing.T, timeout time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.Until(t, timeout, cond)
 }
 
 func statusOf(r *Registry, id, secret string) (Status, bool) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 var (
@@ -204,20 +205,10 @@ func (h *hubProcess) getJSON(t *testing.T, path string, v any) {
 	}
 }
 
-// eventually polls cond every 50ms until it returns nil or timeout passes.
+// eventually waits for cond (see internal/wait).
 func eventually(t *testing.T, timeout time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.Until(t, timeout, cond)
 }
 
 func client(t *testing.T, c *localcluster.Cluster) kubernetes.Interface {
