@@ -46,6 +46,10 @@ type Cluster struct {
 	// was superseded and publishes nothing.
 	beforePublish func() bool
 
+	// secretsSynced, if set, is called once the secret cache has synced, so
+	// that SDS answers withheld while it was syncing go out.
+	secretsSynced func()
+
 	client    kubernetes.Interface
 	conns     *connTracker
 	secrets   *secretController
@@ -115,6 +119,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	var onSecret func(ServiceKey)
 	if deps.onSecret != nil {
 		onSecret = func(key ServiceKey) { deps.onSecret(id, key) }
+		c.secretsSynced = func() { deps.onSecret(id, ServiceKey{}) }
 	}
 	if c.secrets, err = newSecretController(client, onSecret); err != nil {
 		return nil, err
@@ -188,6 +193,15 @@ func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
 	c.secrets.factory.Start(ctx.Done())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if c.secretsSynced != nil {
+		wg.Go(func() {
+			if cache.WaitForCacheSync(ctx.Done(), c.secrets.synced) {
+				c.secretsSynced()
+			}
+		})
+	}
 	c.transition(func() { c.state, c.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync" })
 	started := time.Now()
 	timer := time.AfterFunc(c.timeout, c.syncTimedOut)

@@ -38,6 +38,10 @@ type resource struct {
 	name    string
 	version string
 	any     *anypb.Any
+	// kept marks a resource the hub could not build right now for a
+	// transient reason: the stream keeps the version it has (nothing is
+	// sent, nothing is removed) until the hub can build it again.
+	kept bool
 }
 
 // generator builds CDS/EDS/LDS/RDS resources from the Index and memoises
@@ -46,7 +50,7 @@ type generator struct {
 	index *Index
 
 	mu    sync.Mutex
-	cache map[string]map[string]*resource // hostname → typeURL+name → resource (nil: does not exist)
+	cache map[string]map[string]*resource // hostname → typeURL+name → resource (only existing ones)
 	// gens counts invalidations per hostname, so that a resource built from
 	// the index before an invalidation is never stored after it.
 	gens map[string]uint64
@@ -136,6 +140,9 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 		if r, err = marshalResource(name, typeURL, msg); err != nil {
 			return nil, err
 		}
+	}
+	if r == nil {
+		return nil, nil // absent names are not cached: clients choose them freely
 	}
 	g.mu.Lock()
 	if g.gens[host] == gen { // else the index changed while we built: do not cache

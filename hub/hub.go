@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -51,6 +52,7 @@ type Hub struct {
 	watcher  *watcher
 	debounce *debouncer
 	proxies  *proxyTracker
+	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
 // New creates a Hub. Run must be running for changes to reach proxies.
@@ -152,16 +154,31 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	srv := grpc.NewServer(opts...)
+	// go-control-plane numbers streams per server and per protocol from 1:
+	// make the tracker's keys unique across our listeners and SotW/Delta,
+	// so that one stream can never be mistaken for (or take the identity
+	// of) another.
+	seq := h.servers.Add(1)
+	sotw := func(id int64) int64 { return seq<<40 | id }
+	delta := func(id int64) int64 { return seq<<40 | 1<<39 | id }
+	p := h.proxies
 	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{
-		StreamOpenFunc:     h.proxies.onStreamOpen,
-		StreamClosedFunc:   h.proxies.onStreamClosed,
-		StreamRequestFunc:  h.proxies.onStreamRequest,
-		StreamResponseFunc: h.proxies.onStreamResponse,
-		// Delta streams are tracked the same way.
-		DeltaStreamOpenFunc:     h.proxies.onStreamOpen,
-		DeltaStreamClosedFunc:   h.proxies.onStreamClosed,
-		StreamDeltaRequestFunc:  h.proxies.onDeltaRequest,
-		StreamDeltaResponseFunc: h.proxies.onDeltaResponse,
+		StreamOpenFunc:   func(ctx context.Context, id int64, typ string) error { return p.onStreamOpen(ctx, sotw(id), typ) },
+		StreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(sotw(id), n) },
+		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
+			return p.onStreamRequest(sotw(id), req)
+		},
+		StreamResponseFunc: func(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+			p.onStreamResponse(ctx, sotw(id), req, resp)
+		},
+		DeltaStreamOpenFunc:   func(ctx context.Context, id int64, typ string) error { return p.onStreamOpen(ctx, delta(id), typ) },
+		DeltaStreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(delta(id), n) },
+		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+			return p.onDeltaRequest(delta(id), req)
+		},
+		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+			p.onDeltaResponse(delta(id), req, resp)
+		},
 	})
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)

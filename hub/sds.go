@@ -80,6 +80,12 @@ func namespaceOf(id spiffeid.ID) string {
 
 var errDenied = errors.New("not authorised")
 
+// transient reports whether a withheld secret may come back by itself (the
+// member is syncing or being rebuilt), as opposed to gone or denied.
+func transient(err error) bool {
+	return !errors.Is(err, errDenied) && !errors.Is(err, clusters.ErrSecretNotFound)
+}
+
 // secretResources builds the SDS resources a watch asked for, as istiod
 // does: only to a verified identity of our trust domain, only Secrets of
 // the proxy's own namespace and own member cluster. Names it may not have
@@ -90,6 +96,9 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		msg, err := w.secret(wt.ident, name)
 		if err != nil {
 			w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err)
+			if v, ok := wt.returned[name]; ok && transient(err) {
+				out = append(out, &resource{name: name, version: v, kept: true})
+			}
 			continue
 		}
 		r, err := marshalResource(name, resourcev3.SecretType, msg)

@@ -214,7 +214,7 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	var changed []*discoveryv3.Resource
 	for _, r := range res {
 		next[r.name] = r.version
-		if wt.returned[r.name] != r.version {
+		if !r.kept && wt.returned[r.name] != r.version {
 			changed = append(changed, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
 		}
 	}
@@ -255,9 +255,11 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 	if wt.req.GetResponseNonce() != "" && maps.Equal(returned, wt.returned) {
 		return nil, nil
 	}
-	anys := make([]*anypb.Any, len(res))
-	for i, r := range res {
-		anys[i] = r.any
+	anys := make([]*anypb.Any, 0, len(res))
+	for _, r := range res {
+		if !r.kept {
+			anys = append(anys, r.any)
+		}
 	}
 	return &cachev3.PassthroughResponse{
 		Request: wt.req,

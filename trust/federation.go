@@ -183,8 +183,12 @@ func (f *Federation) changed() {
 }
 
 func specFrom(cm *corev1.ConfigMap) PeerSpec {
+	td := cm.Data[keyTrustDomain]
+	if id, err := spiffeid.TrustDomainFromString(td); err == nil {
+		td = id.Name()
+	}
 	return PeerSpec{
-		TrustDomain: cm.Data[keyTrustDomain], BundleEndpointURL: cm.Data[keyURL], Profile: Profile(cm.Data[keyProfile]),
+		TrustDomain: td, BundleEndpointURL: cm.Data[keyURL], Profile: Profile(cm.Data[keyProfile]),
 		EndpointSPIFFEID: cm.Data[keyEndpointID], Bundle: cm.Data[keyBootstrap], CABundle: cm.Data[keyCABundle],
 	}
 }
@@ -195,18 +199,36 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 	if err != nil {
 		return
 	}
+	// One relationship per trust domain, keyed by its parsed name; invalid
+	// ones and our own domain are skipped; of two ConfigMaps for one trust
+	// domain the lower name wins, so the choice is stable.
 	want := map[string]*corev1.ConfigMap{}
 	for _, cm := range cms {
-		if cm.Labels[PeerLabel] == "true" {
-			want[cm.Data[keyTrustDomain]] = cm
+		td, err := spiffeid.TrustDomainFromString(cm.Data[keyTrustDomain])
+		switch {
+		case err != nil:
+			f.log.Warn("ignoring federation config with an invalid trust domain", "configMap", cm.Name, "error", err)
+			continue
+		case td == f.cfg.TrustDomain:
+			f.log.Warn("ignoring federation config for our own trust domain", "configMap", cm.Name)
+			continue
 		}
+		if prev, ok := want[td.Name()]; ok && prev.Name < cm.Name {
+			f.log.Warn("two federation configs for one trust domain; using the first by name", "trustDomain", td.Name(), "using", prev.Name, "ignoring", cm.Name)
+			continue
+		}
+		want[td.Name()] = cm
 	}
 	f.mu.Lock()
 	var stop []*peer
+	carried := map[string]*spiffebundle.Bundle{} // a changed spec keeps serving the roots it had
 	for td, p := range f.peers {
 		if cm, ok := want[td]; !ok || specFrom(cm) != p.spec {
 			stop = append(stop, p)
 			delete(f.peers, td)
+			if ok && p.status.Bundle != nil {
+				carried[td] = p.status.Bundle
+			}
 		}
 	}
 	var start []*peer
@@ -216,7 +238,7 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 		}
 		pctx, cancel := context.WithCancel(ctx)
 		p := &peer{spec: specFrom(cm), cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
-			status: Status{Spec: specFrom(cm), State: StatePending}}
+			status: Status{Spec: specFrom(cm), State: StatePending, Bundle: carried[td]}}
 		f.peers[td] = p
 		start = append(start, p)
 		go f.runPeer(pctx, p, cm.Name, cm.Data[keyAccepted])
@@ -507,17 +529,12 @@ func (f *Federation) ServerTLSConfig() *tls.Config {
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: f.ServingCertificate(),
 		ClientAuth:     tls.RequestClientCert,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			if len(raw) == 0 {
+		// VerifyConnection, unlike VerifyPeerCertificate, also runs on
+		// resumed sessions, so a removed peer's clients cannot resume.
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			certs := cs.PeerCertificates
+			if len(certs) == 0 {
 				return nil
-			}
-			certs := make([]*x509.Certificate, 0, len(raw))
-			for _, der := range raw {
-				c, err := x509.ParseCertificate(der)
-				if err != nil {
-					return fmt.Errorf("client certificate does not parse: %w", err)
-				}
-				certs = append(certs, c)
 			}
 			id, _, err := x509svid.Verify(certs, f)
 			if err != nil {

@@ -124,6 +124,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		listeners[name] = lis
 	}
 	if listeners["xds"] == nil || listeners["admin"] == nil {
+		for _, l := range listeners {
+			l.Close()
+		}
 		return errors.New("--xds-addr and --admin-addr must not be empty")
 	}
 	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name()}
