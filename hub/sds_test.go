@@ -162,7 +162,8 @@ func TestSDSAuthorisation(t *testing.T) {
 	all := []string{"kubernetes://gw", "kubernetes://b/gw", "gw-cacert", "ROOTCA", "spiffe://other.org"}
 
 	// Plaintext: no verified identity, no secrets.
-	if got := recv(open(plain.Addr().String(), insecure.NewCredentials(), "west", all...)); len(got) != 0 {
+	plainStream := open(plain.Addr().String(), insecure.NewCredentials(), "west", all...)
+	if got := recv(plainStream); len(got) != 0 {
 		t.Errorf("plaintext client got secrets: %v", keys(got))
 	}
 	// mTLS, namespace a, member west: its own namespace only.
@@ -177,6 +178,20 @@ func TestSDSAuthorisation(t *testing.T) {
 	if ca := got["ROOTCA"].GetValidationContext().GetTrustedCa().GetInlineBytes(); string(ca) != string(rootPEM) {
 		t.Errorf("ROOTCA is not our root")
 	}
+	// The plaintext stream has the same stream number on its server as the
+	// mTLS one: a new request with a new node must still get nothing.
+	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "west"})
+	if err := plainStream.s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sneaky", Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: []string{"kubernetes://gw"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-plainStream.ch:
+		if len(r.Resources) != 0 {
+			t.Fatalf("a plaintext stream got %d secrets after an mTLS stream with the same number opened", len(r.Resources))
+		}
+	case <-time.After(2 * time.Second): // nothing sent is fine too
+	}
+
 	// The same namespace in member east gets east's secret, never west's.
 	if got := recv(open(secure.Addr().String(), mtls("a"), "east", "kubernetes://gw")); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
 		t.Errorf("east proxy got %v", got)
