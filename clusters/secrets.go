@@ -1,9 +1,11 @@
 package clusters
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -126,4 +128,36 @@ func stripSecret(obj any) (any, error) {
 		}
 	}
 	return out, nil
+}
+
+// CanListSecrets asks a member's API server (SubjectAccessReview) whether a
+// service account may list Secrets in a namespace, as istiod does before
+// serving a Secret of another namespace over SDS.
+func (r *Registry) CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error) {
+	var c *Cluster
+	if cluster == r.cfg.HomeID {
+		c = r.home
+	} else {
+		r.mu.Lock()
+		if m := r.members[cluster]; m != nil {
+			c = m.active
+		}
+		r.mu.Unlock()
+	}
+	if c == nil {
+		return false, fmt.Errorf("%w %q", ErrUnknownCluster, cluster)
+	}
+	sar, err := c.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + saNamespace + ":" + saName,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: namespace, Verb: "list", Resource: "secrets",
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, fmt.Errorf("subject access review in cluster %s: %w", cluster, err)
+	}
+	return sar.Status.Allowed, nil
 }

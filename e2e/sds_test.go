@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
@@ -126,6 +127,26 @@ func TestSDSEndToEnd(t *testing.T) {
 	}
 	if got := sdsFetch(t, h.xdsAddr, insecure.NewCredentials(), "west", names...); len(got) != 0 {
 		t.Errorf("a plaintext client got secrets: %v", keys(got))
+	}
+
+	// Another namespace's secret is served once the proxy's service account
+	// may list Secrets there (SubjectAccessReview in the proxy's member).
+	westClient := client(t, west)
+	if _, err := westClient.RbacV1().Roles(app).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "gw-reader"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := westClient.RbacV1().RoleBindings(app).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gw-reader"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "gw-reader"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "gateway", Namespace: "intruder"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cross := "kubernetes://" + app + "/gw-cert"
+	if got := sdsFetch(t, tlsAddr, creds("intruder"), "west", cross); string(got[cross].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "WEST-CERT" {
+		t.Errorf("a service account allowed to list %s's secrets in west got %v", app, keys(got))
+	}
+	if got := sdsFetch(t, tlsAddr, creds("intruder"), "east", cross); len(got) != 0 {
+		t.Errorf("the grant in west must not open east: got %v", keys(got))
 	}
 }
 

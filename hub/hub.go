@@ -38,6 +38,9 @@ type Options struct {
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
 	Roots   RootSource
+	// Authorizer, if set, lets a proxy read another namespace's Secrets
+	// when its service account may list them there.
+	Authorizer SecretAuthorizer
 	// Metrics, if set, gets the xDS metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -72,7 +75,7 @@ func New(opts Options) (*Hub, error) {
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, opts.Log)
-	h.watcher.secrets, h.watcher.roots = opts.Secrets, opts.Roots
+	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
 	h.proxies.identify = func(old, new *corev3.Node, id identity) {
 		if old != nil {
 			h.watcher.identities.Delete(old)

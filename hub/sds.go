@@ -1,13 +1,16 @@
 package hub
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc/credentials"
@@ -21,6 +24,61 @@ import (
 // (clusters.Registry implements it).
 type SecretSource interface {
 	TLSSecret(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error)
+}
+
+// SecretAuthorizer answers whether a service account may list Secrets of a
+// namespace in a member cluster (clusters.Registry implements it).
+type SecretAuthorizer interface {
+	CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
+}
+
+// sarCache remembers SubjectAccessReview answers as istiod does: an allow
+// for 5 minutes, a deny for 1 minute.
+type sarCache struct {
+	authz SecretAuthorizer
+	allow *expirable.LRU[string, struct{}]
+	deny  *expirable.LRU[string, struct{}]
+}
+
+func newSARCache(a SecretAuthorizer) *sarCache {
+	if a == nil {
+		return nil
+	}
+	return &sarCache{
+		authz: a,
+		allow: expirable.NewLRU[string, struct{}](10000, nil, 5*time.Minute),
+		deny:  expirable.NewLRU[string, struct{}](10000, nil, time.Minute),
+	}
+}
+
+func (c *sarCache) allowed(cluster, saNS, sa, ns string) (bool, error) {
+	key := cluster + "\x00" + saNS + "\x00" + sa + "\x00" + ns
+	if _, ok := c.allow.Get(key); ok {
+		return true, nil
+	}
+	if _, ok := c.deny.Get(key); ok {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ok, err := c.authz.CanListSecrets(ctx, cluster, saNS, sa, ns)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		c.allow.Add(key, struct{}{})
+	} else {
+		c.deny.Add(key, struct{}{})
+	}
+	return ok, nil
+}
+
+// AuthorizerFunc adapts a function to SecretAuthorizer.
+type AuthorizerFunc func(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
+
+// CanListSecrets implements SecretAuthorizer.
+func (f AuthorizerFunc) CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error) {
+	return f(ctx, cluster, saNamespace, saName, namespace)
 }
 
 // SecretSourceFunc adapts a function to SecretSource.
@@ -67,6 +125,15 @@ func peerIdentity(p *peer.Peer) (spiffeid.ID, string) {
 		return spiffeid.ID{}, ""
 	}
 	return id, namespaceOf(id)
+}
+
+// serviceAccountOf extracts <sa> from spiffe://<td>/ns/<ns>/sa/<sa>.
+func serviceAccountOf(id spiffeid.ID) string {
+	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
+	if len(parts) == 4 {
+		return parts[3]
+	}
+	return ""
 }
 
 // namespaceOf extracts <ns> from spiffe://<td>/ns/<ns>/sa/<sa>.
@@ -147,7 +214,18 @@ func (w *watcher) secret(id identity, name string) (proto.Message, error) {
 		ns, secretName = ref[:i], ref[i+1:]
 	}
 	if ns != id.namespace {
-		return nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+		// As istiod: another namespace only if the proxy's service account
+		// may list Secrets there (SubjectAccessReview in its own member).
+		if w.sar == nil {
+			return nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+		}
+		ok, err := w.sar.allowed(id.cluster, id.namespace, serviceAccountOf(id.spiffeID), ns)
+		if err != nil {
+			return nil, err // transient: the stream keeps what it has
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, ns, id.cluster)
+		}
 	}
 	caOnly := strings.HasSuffix(secretName, "-cacert")
 	key := clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secretName, "-cacert")}

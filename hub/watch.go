@@ -26,6 +26,7 @@ type watcher struct {
 	gen     *generator
 	secrets SecretSource // may be nil: no SDS
 	roots   RootSource   // may be nil: no SDS
+	sar     *sarCache    // may be nil: other namespaces are always denied
 	log     *slog.Logger
 	// identities carries each stream's verified identity from the server's
 	// callbacks (which know the stream) to CreateWatch (which knows only the

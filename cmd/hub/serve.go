@@ -56,6 +56,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Secrets: hub.SecretSourceFunc(func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
 			return registry.TLSSecret(cluster, key)
 		}),
+		Authorizer: hub.AuthorizerFunc(func(ctx context.Context, cluster, saNS, sa, ns string) (bool, error) {
+			return registry.CanListSecrets(ctx, cluster, saNS, sa, ns)
+		}),
 		Roots:   fed,
 		Metrics: metrics,
 		Log:     log,
