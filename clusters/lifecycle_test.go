@@ -204,6 +204,7 @@ func TestEventsAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, wantState(r, "m1", ns+"/s", StateReady, ""))
+	eventually(t, 30*time.Second, wantState(r, "home", "", StateReady, "")) // the home cluster syncs on its own
 
 	eventually(t, 30*time.Second, func() error {
 		evs, err := home.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("involvedObject.name", "s").String()})
