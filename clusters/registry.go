@@ -573,20 +573,24 @@ func (r *Registry) Ready() (bool, string) {
 // TLSSecret returns the TLS material of a Secret in a member cluster, from
 // the member's active client. It never falls back to another member.
 func (r *Registry) TLSSecret(cluster string, key ServiceKey) (*TLSSecret, error) {
-	var c *Cluster
-	if cluster == r.cfg.HomeID {
-		c = r.home
-	} else {
-		r.mu.Lock()
-		if m := r.members[cluster]; m != nil {
-			c = m.active
-		}
-		r.mu.Unlock()
-	}
-	if c == nil {
-		return nil, fmt.Errorf("%w %q", ErrUnknownCluster, cluster)
+	c, err := r.activeCluster(cluster)
+	if err != nil {
+		return nil, err
 	}
 	return c.secrets.get(key)
+}
+
+// activeCluster is the home cluster or a member's active client, by ID.
+func (r *Registry) activeCluster(id string) (*Cluster, error) {
+	if id == r.cfg.HomeID {
+		return r.home, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m := r.members[id]; m != nil {
+		return m.active, nil
+	}
+	return nil, fmt.Errorf("%w %q", ErrUnknownCluster, id)
 }
 
 // activeClusters returns the home cluster and every member's active client.

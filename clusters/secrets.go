@@ -134,18 +134,9 @@ func stripSecret(obj any) (any, error) {
 // service account may list Secrets in a namespace, as istiod does before
 // serving a Secret of another namespace over SDS.
 func (r *Registry) CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error) {
-	var c *Cluster
-	if cluster == r.cfg.HomeID {
-		c = r.home
-	} else {
-		r.mu.Lock()
-		if m := r.members[cluster]; m != nil {
-			c = m.active
-		}
-		r.mu.Unlock()
-	}
-	if c == nil {
-		return false, fmt.Errorf("%w %q", ErrUnknownCluster, cluster)
+	c, err := r.activeCluster(cluster)
+	if err != nil {
+		return false, err
 	}
 	sar, err := c.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 		Spec: authorizationv1.SubjectAccessReviewSpec{
