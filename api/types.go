@@ -95,6 +95,7 @@ type Proxy struct {
 	Cluster     string       `json:"cluster"`
 	Namespace   string       `json:"namespace"`
 	Address     string       `json:"address"`
+	Identity    string       `json:"identity,omitempty"` // verified SPIFFE ID (client certificate or service-account token)
 	ConnectedAt *time.Time   `json:"connectedAt"`
 	Types       []TypeStatus `json:"types"`
 }
@@ -102,7 +103,7 @@ type Proxy struct {
 // ToProxy converts a proxy status.
 func ToProxy(p hub.ProxyStatus) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
-		ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
+		Identity: p.Identity, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
 	for _, t := range p.Types {
 		out.Types = append(out.Types, TypeStatus{
 			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,

@@ -54,6 +54,9 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
+	// IsLeader says whether this replica records Events (one replica
+	// does, so that N replicas do not write N copies); nil means always.
+	IsLeader func() bool
 }
 
 // Registry is the set of member clusters, driven by remote Secrets.
@@ -467,7 +470,7 @@ func (r *Registry) event(ref *corev1.ObjectReference, typ, reason, format string
 	r.mu.Lock()
 	rec := r.recorder
 	r.mu.Unlock()
-	if ref != nil && rec != nil {
+	if ref != nil && rec != nil && (r.cfg.IsLeader == nil || r.cfg.IsLeader()) {
 		rec.Eventf(ref, typ, reason, format, args...)
 	}
 }

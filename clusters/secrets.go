@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -152,3 +154,40 @@ func (r *Registry) CanListSecrets(ctx context.Context, cluster, saNamespace, saN
 	}
 	return sar.Status.Allowed, nil
 }
+
+// TokenAudience is the audience a proxy's service-account token must carry,
+// as istiod requires (istio-agent requests its token with it).
+const TokenAudience = "istio-ca"
+
+// ReviewToken checks a proxy's service-account token with a TokenReview in
+// the member cluster the proxy says it runs in, and returns the service
+// account it authenticates. A token of one member never authenticates in
+// another (bound tokens name a service account UID that only exists in the
+// cluster that issued them).
+func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (namespace, serviceAccount string, err error) {
+	c, err := r.activeCluster(cluster)
+	if err != nil {
+		return "", "", err
+	}
+	tr, err := c.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{TokenAudience}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", "", fmt.Errorf("token review in cluster %s: %w", cluster, err)
+	}
+	if !tr.Status.Authenticated {
+		reason := tr.Status.Error
+		if reason == "" {
+			reason = "not authenticated"
+		}
+		return "", "", fmt.Errorf("%w: cluster %s: %s", ErrTokenRejected, cluster, reason)
+	}
+	parts := strings.Split(tr.Status.User.Username, ":")
+	if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" || parts[2] == "" || parts[3] == "" {
+		return "", "", fmt.Errorf("%w: cluster %s: %q is not a service account", ErrTokenRejected, cluster, tr.Status.User.Username)
+	}
+	return parts[2], parts[3], nil
+}
+
+// ErrTokenRejected means a member cluster did not authenticate a token.
+var ErrTokenRejected = errors.New("token rejected")

@@ -70,14 +70,23 @@ type clientLine struct {
 	text string
 }
 
-// startXDSClient starts a grpc-go xDS client child for target against the hub.
+// startXDSClient starts a grpc-go xDS client child for target against the
+// hub's plaintext port.
 func startXDSClient(t *testing.T, xdsAddr, target, clusterID, namespace string) *xdsClient {
 	t.Helper()
-	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],
+	return startXDSClientWith(t, xdsAddr, `[{"type":"insecure"}]`, nil, target, clusterID, namespace)
+}
+
+// startXDSClientWith starts a grpc-go xDS client child whose bootstrap
+// connects to xdsAddr with channelCreds (JSON), with extra environment.
+func startXDSClientWith(t *testing.T, xdsAddr, channelCreds string, env []string, target, clusterID, namespace string) *xdsClient {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":%s,"server_features":["xds_v3"]}],
 "node":{"id":"sidecar~198.18.0.1~client.%s~%s.svc.cluster.local","metadata":{"CLUSTER_ID":%q,"NAMESPACE":%q}}}`,
-		xdsAddr, namespace, namespace, clusterID, namespace)
+		xdsAddr, channelCreds, namespace, namespace, clusterID, namespace)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), clientRoleEnv+"=xdsclient", clientTargetEnv+"="+target, "GRPC_XDS_BOOTSTRAP_CONFIG="+bootstrap)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

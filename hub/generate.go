@@ -19,6 +19,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -44,20 +45,29 @@ type resource struct {
 	kept bool
 }
 
+// generatedHostnames bounds the generator's cache: the resources of this
+// many most recently used hostnames stay marshalled.
+const generatedHostnames = 20000
+
 // generator builds CDS/EDS/LDS/RDS resources from the Index and memoises
-// them per hostname until that hostname changes.
+// them per hostname, in an LRU, until that hostname changes. Versions are
+// content hashes, so a resource rebuilt after eviction is not resent.
 type generator struct {
 	index *Index
 
 	mu    sync.Mutex
-	cache map[string]map[string]*resource // hostname → typeURL+name → resource (only existing ones)
+	cache *simplelru.LRU[string, map[string]*resource] // hostname → typeURL+name → resource (only existing ones)
 	// gens counts invalidations per hostname, so that a resource built from
 	// the index before an invalidation is never stored after it.
 	gens map[string]uint64
 }
 
 func newGenerator(index *Index) *generator {
-	return &generator{index: index, cache: map[string]map[string]*resource{}, gens: map[string]uint64{}}
+	cache, err := simplelru.NewLRU[string, map[string]*resource](generatedHostnames, nil)
+	if err != nil {
+		panic(err) // only for a size ≤ 0
+	}
+	return &generator{index: index, cache: cache, gens: map[string]uint64{}}
 }
 
 // invalidate forgets what was generated for these hostnames.
@@ -65,7 +75,7 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for h := range hostnames {
-		delete(g.cache, h)
+		g.cache.Remove(h)
 		g.gens[h]++
 	}
 }
@@ -113,9 +123,11 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	}
 	key := typeURL + "/" + name
 	g.mu.Lock()
-	if r, ok := g.cache[host][key]; ok {
-		g.mu.Unlock()
-		return r, nil
+	if byName, ok := g.cache.Get(host); ok {
+		if r, ok := byName[key]; ok {
+			g.mu.Unlock()
+			return r, nil
+		}
 	}
 	gen := g.gens[host]
 	g.mu.Unlock()
@@ -146,10 +158,12 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	}
 	g.mu.Lock()
 	if g.gens[host] == gen { // else the index changed while we built: do not cache
-		if g.cache[host] == nil {
-			g.cache[host] = map[string]*resource{}
+		byName, ok := g.cache.Get(host)
+		if !ok {
+			byName = map[string]*resource{}
+			g.cache.Add(host, byName)
 		}
-		g.cache[host][key] = r
+		byName[key] = r
 	}
 	g.mu.Unlock()
 	return r, nil

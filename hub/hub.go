@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -20,9 +21,12 @@ import (
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -41,6 +45,21 @@ type Options struct {
 	// Authorizer, if set, lets a proxy read another namespace's Secrets
 	// when its service account may list them there.
 	Authorizer SecretAuthorizer
+	// Tokens, if set, authenticates proxies on the mTLS listener that
+	// present a Kubernetes service-account token instead of a certificate.
+	Tokens TokenReviewer
+	// NewStreamsPerSecond bounds how fast new ADS streams are admitted (a
+	// token bucket with a burst of twice the rate); streams beyond it wait.
+	// Zero means DefaultNewStreamsPerSecond.
+	NewStreamsPerSecond float64
+	// PushConcurrency bounds how many watches a push evaluates in
+	// parallel; zero means GOMAXPROCS.
+	PushConcurrency int
+	// DrainGrace bounds a listener's shutdown: when ServeADS's context
+	// ends, new streams are refused and open ones are closed one by one over
+	// the first half of it; whatever is left at its end is cut. Zero means
+	// DefaultDrainGrace.
+	DrainGrace time.Duration
 	// Metrics, if set, gets the xDS metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -50,6 +69,8 @@ type Options struct {
 // Hub federates every member's services and serves them over ADS.
 type Hub struct {
 	log      *slog.Logger
+	grace    time.Duration
+	admit    *rate.Limiter // new streams
 	index    *Index
 	gen      *generator
 	watcher  *watcher
@@ -63,7 +84,21 @@ func New(opts Options) (*Hub, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
-	h := &Hub{log: opts.Log, proxies: newProxyTracker()}
+	if opts.NewStreamsPerSecond <= 0 {
+		opts.NewStreamsPerSecond = DefaultNewStreamsPerSecond
+	}
+	if opts.PushConcurrency <= 0 {
+		opts.PushConcurrency = runtime.GOMAXPROCS(0)
+	}
+	if opts.DrainGrace <= 0 {
+		opts.DrainGrace = DefaultDrainGrace
+	}
+	h := &Hub{
+		log:     opts.Log,
+		grace:   opts.DrainGrace,
+		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
+		proxies: newProxyTracker(opts.Log),
+	}
 	if opts.Metrics != nil {
 		for _, c := range h.proxies.collectors() {
 			if err := opts.Metrics.Register(c); err != nil {
@@ -74,8 +109,11 @@ func New(opts Options) (*Hub, error) {
 	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
-	h.watcher = newWatcher(h.gen, opts.Log)
+	h.watcher = newWatcher(h.gen, opts.PushConcurrency, opts.Log)
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
+	if opts.Tokens != nil && opts.Roots != nil {
+		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
+	}
 	h.proxies.identify = func(old, new *corev3.Node, id identity) {
 		if old != nil {
 			h.watcher.identities.Delete(old)
@@ -86,6 +124,15 @@ func New(opts Options) (*Hub, error) {
 	}
 	return h, nil
 }
+
+// DefaultNewStreamsPerSecond is how many new ADS streams a hub admits per
+// second unless told otherwise: a restarted hub's fleet reconnects within
+// seconds without starving the streams already served.
+const DefaultNewStreamsPerSecond = 200
+
+// DefaultDrainGrace is how long a listener drains its streams on shutdown
+// unless told otherwise.
+const DefaultDrainGrace = 10 * time.Second
 
 // sdsKey is the change key that makes every parked SDS watch re-evaluate.
 const sdsKey = "\x00sds"
@@ -141,43 +188,65 @@ func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }
 
 func (h *Hub) push(hostnames map[string]struct{}) {
 	h.gen.invalidate(hostnames)
-	_, secrets := hostnames[sdsKey]
-	h.watcher.push(secrets, len(hostnames) > 1 || !secrets)
+	h.watcher.push(hostnames)
 }
 
-// ServeADS serves ADS (and the per-type discovery services) on lis until ctx
-// is done: plaintext when tlsCfg is nil (never serving secrets), else mTLS
-// with tlsCfg deciding which client certificates are accepted.
+// admitStream waits for the new-stream rate limit; a stream whose client
+// gives up first is refused with ResourceExhausted (the client retries).
+func (h *Hub) admitStream(ctx context.Context) error {
+	if err := h.admit.Wait(ctx); err != nil {
+		return status.Errorf(codes.ResourceExhausted, "hub is admitting new xDS streams at its limit; retry: %v", err)
+	}
+	return nil
+}
+
+// ServeADS serves ADS (and the per-type discovery services) on lis:
+// plaintext when tlsCfg is nil (never serving secrets), else mTLS with
+// tlsCfg deciding which client certificates are accepted. When ctx ends it
+// drains (see Options.DrainGrace) and returns once every stream is gone;
+// pushes keep flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
+	streams := newStreamSet()
 	opts := []grpc.ServerOption{
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.StreamInterceptor(streams.interceptor),
 	}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	srv := grpc.NewServer(opts...)
-	// go-control-plane numbers streams per server and per protocol from 1:
-	// make the tracker's keys unique across our listeners and SotW/Delta,
-	// so that one stream can never be mistaken for (or take the identity
-	// of) another.
+	// go-control-plane ends every stream when its context ends: it gets one
+	// that outlives ctx until the drain is over.
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
 	seq := h.servers.Add(1)
 	sotw := func(id int64) int64 { return seq<<40 | id }
 	delta := func(id int64) int64 { return seq<<40 | 1<<39 | id }
 	p := h.proxies
-	xds := serverv3.NewServer(ctx, h.watcher, serverv3.CallbackFuncs{
-		StreamOpenFunc:   func(ctx context.Context, id int64, typ string) error { return p.onStreamOpen(ctx, sotw(id), typ) },
+	xds := serverv3.NewServer(serveCtx, h.watcher, serverv3.CallbackFuncs{
+		StreamOpenFunc: func(sctx context.Context, id int64, typ string) error {
+			if err := h.admitStream(sctx); err != nil {
+				return err
+			}
+			return p.onStreamOpen(sctx, sotw(id), typ)
+		},
 		StreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(sotw(id), n) },
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			return p.onStreamRequest(sotw(id), req)
+			return p.onStreamRequest(ctx, sotw(id), req)
 		},
 		StreamResponseFunc: func(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 			p.onStreamResponse(ctx, sotw(id), req, resp)
 		},
-		DeltaStreamOpenFunc:   func(ctx context.Context, id int64, typ string) error { return p.onStreamOpen(ctx, delta(id), typ) },
+		DeltaStreamOpenFunc: func(sctx context.Context, id int64, typ string) error {
+			if err := h.admitStream(sctx); err != nil {
+				return err
+			}
+			return p.onStreamOpen(sctx, delta(id), typ)
+		},
 		DeltaStreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(delta(id), n) },
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			return p.onDeltaRequest(delta(id), req)
+			return p.onDeltaRequest(ctx, delta(id), req)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
 			p.onDeltaResponse(delta(id), req, resp)
@@ -188,21 +257,41 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)
 	listenerservice.RegisterListenerDiscoveryServiceServer(srv, xds)
 	routeservice.RegisterRouteDiscoveryServiceServer(srv, xds)
-	stopped := make(chan struct{})
-	defer close(stopped)
+	served := make(chan struct{})
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		select {
-		case <-stopped:
+		case <-served:
 			return
 		case <-ctx.Done():
 		}
-		// Open ADS streams end with ctx; give in-flight sends a moment.
-		timer := time.AfterFunc(5*time.Second, srv.Stop)
-		defer timer.Stop()
-		srv.GracefulStop()
+		h.drain(srv, streams, lis.Addr())
+		stopServing()
 	}()
-	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	err := srv.Serve(lis)
+	close(served)
+	<-drained
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serving ADS on %s: %w", lis.Addr(), err)
 	}
 	return nil
+}
+
+// drain stops accepting connections, closes the open streams one by one
+// over half the grace period and cuts what is left when it ends.
+func (h *Hub) drain(srv *grpc.Server, streams *streamSet, addr net.Addr) {
+	start := time.Now()
+	deadline, cancel := context.WithTimeout(context.Background(), h.grace)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }() // GOAWAY: no new streams; waits for open ones
+	n := streams.drain(deadline, h.grace/2)
+	select {
+	case <-stopped:
+	case <-deadline.Done():
+		srv.Stop()
+		<-stopped
+	}
+	h.log.Info("xDS listener drained", "address", addr.String(), "streams", n, "took", time.Since(start).Round(time.Millisecond).String())
 }

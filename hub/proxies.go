@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,8 +13,11 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -54,6 +58,7 @@ type ProxyConfig struct {
 // proxyTracker follows every ADS stream through go-control-plane's server
 // callbacks: who is connected, what was sent, what was ACKed or NACKed.
 type proxyTracker struct {
+	log     *slog.Logger
 	mu      sync.Mutex
 	streams map[int64]*streamState
 	pushes  [60]uint32 // responses per second, ring indexed by unix second
@@ -62,6 +67,9 @@ type proxyTracker struct {
 	// identify tells the watcher which verified identity a stream's node
 	// pointer stands for (replacing old; new nil forgets old).
 	identify func(old, new *corev3.Node, id identity)
+	// tokens authenticates service-account tokens on mTLS streams that
+	// carry no client certificate; nil rejects them.
+	tokens *tokenAuth
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -70,6 +78,7 @@ type proxyTracker struct {
 
 type streamState struct {
 	ident  identity
+	token  string // a bearer token still to be reviewed (mTLS streams without a certificate)
 	node   *corev3.Node
 	status ProxyStatus
 	types  map[string]*TypeStatus
@@ -77,8 +86,9 @@ type streamState struct {
 	held   map[string]map[string]*anypb.Any // type URL → name → resource the stream holds
 }
 
-func newProxyTracker() *proxyTracker {
+func newProxyTracker(log *slog.Logger) *proxyTracker {
 	return &proxyTracker{
+		log:     log,
 		streams: map[int64]*streamState{},
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
@@ -106,15 +116,24 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()},
 		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{},
 	}
+	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
+		_, secure = pr.AuthInfo.(credentials.TLSInfo)
 		st.ident.spiffeID, st.ident.namespace = peerIdentity(pr)
-		st.status.Identity = st.ident.spiffeID.String()
+		if !st.ident.spiffeID.IsZero() {
+			st.status.Identity = st.ident.spiffeID.String()
+		}
 	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("clusterid"); len(v) > 0 {
 			st.status.Cluster = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
 			st.ident.cluster = v[0]
+		}
+		// A token is only worth reviewing where secrets can be served: on
+		// the mTLS listener, from a client without a certificate.
+		if secure && st.ident.spiffeID.IsZero() {
+			st.token = bearerToken(md)
 		}
 	}
 	p.mu.Lock()
@@ -134,13 +153,53 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 	p.connected.Dec()
 }
 
-func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+func (p *proxyTracker) onStreamRequest(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest) error {
+	if err := p.authenticate(ctx, id, req.GetNode()); err != nil {
+		return err
+	}
 	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	return nil
 }
 
-func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+func (p *proxyTracker) onDeltaRequest(ctx context.Context, id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	if err := p.authenticate(ctx, id, req.GetNode()); err != nil {
+		return err
+	}
 	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	return nil
+}
+
+// authenticate reviews a stream's bearer token once, on its first request,
+// in the member cluster the proxy names (node metadata CLUSTER_ID, else the
+// ClusterID header). A rejected token ends the stream with Unauthenticated,
+// as istiod does; the identity it proves is pinned to that cluster.
+func (p *proxyTracker) authenticate(ctx context.Context, id int64, node *corev3.Node) error {
+	p.mu.Lock()
+	st := p.streams[id]
+	if st == nil || st.token == "" {
+		p.mu.Unlock()
+		return nil
+	}
+	token, cluster := st.token, st.ident.cluster
+	st.token = ""
+	p.mu.Unlock()
+	if c := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
+		cluster = c
+	}
+	if cluster == "" {
+		return status.Error(codes.Unauthenticated, "a service-account token is checked in the proxy's own member cluster: set node metadata CLUSTER_ID or the ClusterID header")
+	}
+	ident, err := p.tokens.authenticate(ctx, cluster, token)
+	if err != nil {
+		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", cluster, "error", err)
+		return status.Errorf(codes.Unauthenticated, "service-account token not accepted by cluster %s: %v", cluster, err)
+	}
+	p.mu.Lock()
+	if st := p.streams[id]; st != nil {
+		st.ident = ident
+		st.status.Identity, st.status.Cluster = ident.spiffeID.String(), cluster
+	}
+	p.mu.Unlock()
 	return nil
 }
 
@@ -156,7 +215,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, typeURL, nonce, vers
 	}
 	if n := node; n != nil && st.status.ID == "" {
 		st.status.ID = n.GetId()
-		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
+		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" && !st.ident.fromToken {
 			st.status.Cluster, st.ident.cluster = c, c
 		}
 		st.status.Namespace = n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()

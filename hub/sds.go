@@ -103,6 +103,7 @@ type identity struct {
 	spiffeID  spiffeid.ID // zero when not verified (plaintext, no certificate)
 	namespace string
 	cluster   string
+	fromToken bool // proven by a service-account token reviewed in cluster
 }
 
 // verified reports whether the proxy proved a workload identity of ours.

@@ -28,6 +28,8 @@ type watcher struct {
 	roots   RootSource   // may be nil: no SDS
 	sar     *sarCache    // may be nil: other namespaces are always denied
 	log     *slog.Logger
+	// workers bounds how many watches a push evaluates at once.
+	workers int
 	// identities carries each stream's verified identity from the server's
 	// callbacks (which know the stream) to CreateWatch (which knows only the
 	// request, stamped with the stream's node pointer).
@@ -48,7 +50,8 @@ type watch struct {
 	ident    identity
 	names    []string
 	wildcard bool
-	returned map[string]string // what the stream last received (and, for Delta, still holds)
+	hosts    map[string]struct{} // hostnames the names belong to (not for SDS or wildcard)
+	returned map[string]string   // what the stream last received (and, for Delta, still holds)
 
 	req *cachev3.Request // SotW
 	out chan cachev3.Response
@@ -60,17 +63,43 @@ type watch struct {
 func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
 	wt := &watch{typeURL: typeURL, nodeID: nodeID, wildcard: sub.IsWildcard(), returned: maps.Clone(sub.ReturnedResources())}
 	if !wt.wildcard {
+		if typeURL != resourcev3.SecretType {
+			wt.hosts = map[string]struct{}{}
+		}
 		for name := range sub.SubscribedResources() {
 			wt.names = append(wt.names, name)
+			if host, _, ok := parseName(typeURL, name); ok && wt.hosts != nil {
+				wt.hosts[host] = struct{}{}
+			}
 		}
 	}
 	return wt
 }
 
+// affectedBy reports whether a push of these changed hostnames (sdsKey for
+// secrets and roots) can change what wt subscribes to: SDS watches follow
+// secrets, wildcard ones any service, named ones only their own hostnames.
+func (wt *watch) affectedBy(changed map[string]struct{}) bool {
+	if wt.typeURL == resourcev3.SecretType {
+		_, ok := changed[sdsKey]
+		return ok
+	}
+	if wt.wildcard {
+		_, sds := changed[sdsKey]
+		return len(changed) > 1 || !sds
+	}
+	for host := range changed {
+		if _, ok := wt.hosts[host]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 var _ cachev3.Cache = (*watcher)(nil)
 
-func newWatcher(gen *generator, log *slog.Logger) *watcher {
-	return &watcher{gen: gen, log: log, watches: map[*watch]struct{}{}}
+func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
+	return &watcher{gen: gen, workers: max(workers, 1), log: log, watches: map[*watch]struct{}{}}
 }
 
 // CreateWatch implements cache.ConfigWatcher for State-of-the-World streams.
@@ -149,43 +178,60 @@ func (w *watcher) Fetch(context.Context, *cachev3.Request) (cachev3.Response, er
 	return nil, errors.New("REST xDS is not supported; use ADS over gRPC")
 }
 
-// push re-evaluates the parked watches of what changed (SDS watches when
-// secrets or roots changed, the others when services changed) and answers
-// those whose resources differ from what their stream last received.
-func (w *watcher) push(secrets, services bool) {
+// push re-evaluates the parked watches that the changed hostnames (sdsKey
+// for secrets and roots) can affect and answers those whose resources
+// differ from what their stream last received. At most w.workers watches are
+// evaluated at once; sends never block (see answer).
+func (w *watcher) push(changed map[string]struct{}) {
 	w.mu.Lock()
 	w.epoch++
 	parked := make([]*watch, 0, len(w.watches))
 	for wt := range w.watches {
-		if sds := wt.typeURL == resourcev3.SecretType; sds && secrets || !sds && services {
+		if wt.affectedBy(changed) {
 			parked = append(parked, wt)
 		}
 	}
 	w.mu.Unlock()
+	work := make(chan *watch)
+	var wg sync.WaitGroup
+	for range min(w.workers, len(parked)) {
+		wg.Go(func() {
+			for wt := range work {
+				w.pushTo(wt)
+			}
+		})
+	}
 	for _, wt := range parked {
-		var send func()
-		if wt.deltaOut != nil {
-			resp, err := w.respondDelta(wt)
-			if err != nil || resp == nil {
-				w.logError(wt, err)
-				continue
-			}
-			send = func() { wt.deltaOut <- resp }
-		} else {
-			resp, err := w.respond(wt)
-			if err != nil || resp == nil {
-				w.logError(wt, err)
-				continue
-			}
-			send = func() { wt.out <- resp }
+		work <- wt
+	}
+	close(work)
+	wg.Wait()
+}
+
+// pushTo answers one parked watch if its stream lacks something.
+func (w *watcher) pushTo(wt *watch) {
+	var send func()
+	if wt.deltaOut != nil {
+		resp, err := w.respondDelta(wt)
+		if err != nil || resp == nil {
+			w.logError(wt, err)
+			return
 		}
-		w.mu.Lock()
-		_, open := w.watches[wt]
-		delete(w.watches, wt)
-		w.mu.Unlock()
-		if open { // else cancelled meanwhile: the stream has a newer request
-			send()
+		send = func() { wt.deltaOut <- resp }
+	} else {
+		resp, err := w.respond(wt)
+		if err != nil || resp == nil {
+			w.logError(wt, err)
+			return
 		}
+		send = func() { wt.out <- resp }
+	}
+	w.mu.Lock()
+	_, open := w.watches[wt]
+	delete(w.watches, wt)
+	w.mu.Unlock()
+	if open { // else cancelled meanwhile: the stream has a newer request
+		send()
 	}
 }
 

@@ -96,6 +96,10 @@ type Config struct {
 	Log         *slog.Logger
 	// OnChange is called when any trust domain's roots change (may be nil).
 	OnChange func()
+	// IsLeader says whether this replica does the singleton writes
+	// (persisting accepted peer bundles, our root's sequence); nil means
+	// always.
+	IsLeader func() bool
 }
 
 // Federation is our trust domain and every peer we federate with.
@@ -127,7 +131,7 @@ func New(cfg Config) *Federation {
 // Start loads (or creates and persists) our CA. It must succeed before the
 // bundle endpoint or the mTLS listener can serve.
 func (f *Federation) Start(ctx context.Context) error {
-	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.TrustDomain, time.Now())
+	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.TrustDomain, time.Now(), f.leader())
 	if err != nil {
 		return err
 	}
@@ -150,7 +154,9 @@ func (f *Federation) Run(ctx context.Context) error {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = t.Obj
 		}
-		if s, ok := obj.(*corev1.Secret); ok && s.Name == PluggedCASecret {
+		// cacerts is the operator's CA; the state Secret changes when the
+		// leader (possibly another replica) persisted a rotation.
+		if s, ok := obj.(*corev1.Secret); ok && (s.Name == PluggedCASecret || s.Name == StateSecret) {
 			if err := f.Start(ctx); err != nil {
 				f.log.Error("reloading our CA", "trustDomain", f.cfg.TrustDomain.Name(), "error", err)
 				return
@@ -174,6 +180,16 @@ func (f *Federation) Run(ctx context.Context) error {
 		<-p.done
 	}
 	return nil
+}
+
+func (f *Federation) leader() bool { return f.cfg.IsLeader == nil || f.cfg.IsLeader() }
+
+// LeadershipGained persists what only the leader writes: our roots and
+// sequence if a follower's view of them was ahead of the stored state.
+func (f *Federation) LeadershipGained(ctx context.Context) {
+	if err := f.Start(ctx); err != nil {
+		f.log.Error("persisting our CA state as the new leader", "trustDomain", f.cfg.TrustDomain.Name(), "error", err)
+	}
 }
 
 func (f *Federation) changed() {
@@ -354,6 +370,9 @@ func (f *Federation) setStatus(p *peer, change func(*Status)) {
 }
 
 func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) {
+	if !f.leader() {
+		return // the leader fetches the same bundle and persists it
+	}
 	data, err := b.Marshal()
 	if err != nil {
 		return

@@ -93,8 +93,11 @@ func encodeKey(k crypto.Signer) ([]byte, error) {
 // self-signed root of StateSecret, creating it on first start (every replica
 // converges on the first one written). Roots that were trusted before and
 // have not expired stay in the bundle; the sequence increases whenever the
-// set of roots changes.
-func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffeid.TrustDomain, now time.Time) (*caState, error) {
+// set of roots changes. Only a leader (leader true) updates an existing
+// StateSecret; the others use what they computed until the leader's write
+// reaches them, which is the same unless the leader saw a newer cacerts.
+// Creating it is always safe: the first create wins and the rest re-read.
+func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffeid.TrustDomain, now time.Time, leader bool) (*caState, error) {
 	state, err := secrets.Get(ctx, StateSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		state = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: StateSecret, Labels: map[string]string{"app.kubernetes.io/managed-by": "hub"}}, Data: map[string][]byte{}}
@@ -153,13 +156,14 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffei
 	if encoded := encodeCerts(roots); string(encoded) != string(state.Data["roots.pem"]) || seq == 0 {
 		seq++
 		state.Data["roots.pem"], state.Data["sequence"] = encoded, []byte(strconv.FormatUint(seq, 10))
-		if state.ResourceVersion == "" {
+		switch {
+		case state.ResourceVersion == "":
 			_, err = secrets.Create(ctx, state, metav1.CreateOptions{})
-		} else {
+		case leader:
 			_, err = secrets.Update(ctx, state, metav1.UpdateOptions{})
 		}
 		if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-			return loadCA(ctx, secrets, td, now) // another replica wrote first: use its state
+			return loadCA(ctx, secrets, td, now, leader) // another replica wrote first: use its state
 		}
 		if err != nil {
 			return nil, fmt.Errorf("persisting %s: %w", StateSecret, err)

@@ -37,6 +37,8 @@ type config struct {
 	apiTokenFile         string
 	kubeconfigAllow      string
 	logLevel             string
+	newStreamsPerSecond  float64
+	shutdownGrace        time.Duration
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -58,6 +60,8 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
 	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.Float64Var(&c.newStreamsPerSecond, "new-streams-per-second", 200, "new xDS streams admitted per second (burst: twice that); more wait")
+	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
 
 func (c *config) validate() error {
@@ -66,6 +70,12 @@ func (c *config) validate() error {
 	}
 	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
 		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	if c.newStreamsPerSecond <= 0 {
+		return fmt.Errorf("--new-streams-per-second must be positive, not %v", c.newStreamsPerSecond)
+	}
+	if c.shutdownGrace <= 0 {
+		return fmt.Errorf("--shutdown-grace must be positive, not %s", c.shutdownGrace)
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)

@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +23,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/internal/leader"
 	"github.com/hubmesh/hub/trust"
 	"github.com/hubmesh/hub/web"
 )
@@ -45,10 +49,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--trust-domain: %w", err)
 	}
+	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
+	metrics.MustRegister(elector.Collector())
 	var h *hub.Hub
 	var registry *clusters.Registry
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: func() { h.RootsChanged() }})
+		OnChange: func() { h.RootsChanged() }, IsLeader: elector.IsLeader})
+	elector.OnStartedLeading(fed.LeadershipGained)
 	h, err = hub.New(hub.Options{
 		DomainSuffix:  cfg.domainSuffix,
 		DebounceAfter: cfg.debounceAfter,
@@ -59,9 +66,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Authorizer: hub.AuthorizerFunc(func(ctx context.Context, cluster, saNS, sa, ns string) (bool, error) {
 			return registry.CanListSecrets(ctx, cluster, saNS, sa, ns)
 		}),
-		Roots:   fed,
-		Metrics: metrics,
-		Log:     log,
+		Tokens: hub.TokenReviewerFunc(func(ctx context.Context, cluster, token string) (string, string, error) {
+			return registry.ReviewToken(ctx, cluster, token)
+		}),
+		Roots:               fed,
+		NewStreamsPerSecond: cfg.newStreamsPerSecond,
+		DrainGrace:          cfg.shutdownGrace,
+		Metrics:             metrics,
+		Log:                 log,
 	})
 	if err != nil {
 		return err
@@ -76,6 +88,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		OnSecretChange: h.SecretChanged,
 		Metrics:        metrics,
 		Log:            log,
+		IsLeader:       elector.IsLeader,
 	})
 	if err != nil {
 		return err
@@ -97,8 +110,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		webCert = &cert
 	}
+	var draining atomic.Bool
 	apiCfg := api.Config{
-		Membership: registry,
+		Membership: readiness{registry, &draining},
 		Registrar:  clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy),
 		Federation: h,
 		Trust:      fed,
@@ -138,34 +152,40 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	log.Info("hub listening", addrs...)
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, 8)
-	parts := 0
-	run := func(name string, fn func() error) {
-		parts++
-		go func() {
-			err := fn()
-			if err != nil {
-				err = fmt.Errorf("%s: %w", name, err)
+	// Shutdown (SIGTERM, or any part failing): readiness fails first, the
+	// xDS listeners drain their streams while everything else keeps running
+	// (so the streams not yet closed still get pushes), then the rest stops.
+	xdsCtx, stopXDS := context.WithCancel(ctx)
+	defer stopXDS()
+	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCore()
+	var errs []error
+	var errMu sync.Mutex
+	var xdsParts, coreParts sync.WaitGroup
+	run := func(group *sync.WaitGroup, name string, fn func() error) {
+		group.Go(func() {
+			if err := fn(); err != nil {
+				errMu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				errMu.Unlock()
 			}
-			errs <- err
-			cancel() // one part stopping stops the hub
-		}()
+			stopXDS() // one part stopping stops the hub
+		})
 	}
-	run("index", func() error { h.Run(ctx); return nil })
-	run("registry", func() error { return registry.Run(ctx) })
-	run("trust", func() error { return fed.Run(ctx) })
-	run("xds", func() error { return h.ServeADS(ctx, listeners["xds"], nil) })
+	run(&coreParts, "index", func() error { h.Run(coreCtx); return nil })
+	run(&coreParts, "registry", func() error { return registry.Run(coreCtx) })
+	run(&coreParts, "trust", func() error { return fed.Run(coreCtx) })
+	run(&coreParts, "leader election", func() error { return elector.Run(coreCtx) })
+	run(&xdsParts, "xds", func() error { return h.ServeADS(xdsCtx, listeners["xds"], nil) })
 	if l := listeners["xds-tls"]; l != nil {
-		run("xds-tls", func() error { return h.ServeADS(ctx, l, fed.ServerTLSConfig()) })
+		run(&xdsParts, "xds-tls", func() error { return h.ServeADS(xdsCtx, l, fed.ServerTLSConfig()) })
 	}
 	if l := listeners["bundle"]; l != nil {
-		run("bundle", func() error { return fed.ServeBundleEndpoint(ctx, l, webCert) })
+		run(&coreParts, "bundle", func() error { return fed.ServeBundleEndpoint(coreCtx, l, webCert) })
 	}
-	run("admin", func() error {
+	run(&coreParts, "admin", func() error {
 		go func() {
-			<-ctx.Done()
+			<-coreCtx.Done()
 			shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
 			defer done()
 			_ = admin.Shutdown(shutdownCtx)
@@ -175,13 +195,38 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return nil
 	})
-	var first error
-	for range parts {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
+	<-xdsCtx.Done()
+	draining.Store(true)
+	log.Info("shutting down: readiness is failing, draining xDS streams", "grace", cfg.shutdownGrace.String())
+	xdsParts.Wait()
+	stopCore()
+	coreParts.Wait()
+	log.Info("hub stopped")
+	return errors.Join(errs...)
+}
+
+// readiness fails /readyz as soon as the hub starts shutting down, so that
+// load balancers stop sending new proxies before streams are drained.
+type readiness struct {
+	api.Membership
+	draining *atomic.Bool
+}
+
+func (r readiness) Ready() (bool, string) {
+	if r.draining.Load() {
+		return false, "shutting down"
 	}
-	return first
+	return r.Membership.Ready()
+}
+
+// replicaName names this replica in the leader election: the pod name in
+// Kubernetes (POD_NAME from the downward API), else host and process ID.
+func replicaName() string {
+	if name := os.Getenv("POD_NAME"); name != "" {
+		return name
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
 func listen(addr, what string) (net.Listener, error) {

@@ -1,0 +1,98 @@
+package hub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// streamSet tracks the open gRPC streams of one listener so that a shutdown
+// can close them one at a time: each client reconnects (to another replica
+// behind the Service) while the rest are still served, instead of the whole
+// fleet reconnecting in the same second.
+type streamSet struct {
+	mu      sync.Mutex
+	next    uint64
+	cancels map[uint64]context.CancelFunc
+}
+
+func newStreamSet() *streamSet { return &streamSet{cancels: map[uint64]context.CancelFunc{}} }
+
+// interceptor gives every stream a context the set can cancel. A stream
+// closed by a drain ends with Unavailable, which every xDS client retries.
+func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	s.mu.Lock()
+	id := s.next
+	s.next++
+	s.cancels[id] = cancel
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.cancels, id)
+		s.mu.Unlock()
+	}()
+	err := handler(srv, &drainableStream{ServerStream: ss, ctx: ctx})
+	if ctx.Err() != nil && ss.Context().Err() == nil {
+		return status.Error(codes.Unavailable, "hub replica is shutting down; reconnect")
+	}
+	return err
+}
+
+// drain closes every open stream, spread evenly over spread, and returns
+// when all have been told to close; when ctx ends first the rest are closed
+// at once.
+func (s *streamSet) drain(ctx context.Context, spread time.Duration) int {
+	s.mu.Lock()
+	cancels := make([]context.CancelFunc, 0, len(s.cancels))
+	for _, c := range s.cancels {
+		cancels = append(cancels, c)
+	}
+	s.mu.Unlock()
+	if len(cancels) == 0 {
+		return 0
+	}
+	step := spread / time.Duration(len(cancels))
+	ticker := time.NewTicker(max(step, time.Microsecond))
+	defer ticker.Stop()
+	for i, cancel := range cancels {
+		cancel()
+		if i == len(cancels)-1 {
+			break
+		}
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			for _, c := range cancels[i+1:] {
+				c()
+			}
+			return len(cancels)
+		}
+	}
+	return len(cancels)
+}
+
+// drainableStream is a server stream whose Context and RecvMsg end when
+// the stream set cancels it, even while a receive is blocked.
+type drainableStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (d *drainableStream) Context() context.Context { return d.ctx }
+
+func (d *drainableStream) RecvMsg(m any) error {
+	errc := make(chan error, 1)
+	go func() { errc <- d.ServerStream.RecvMsg(m) }() // ends with the RPC at the latest
+	select {
+	case err := <-errc:
+		return err
+	case <-d.ctx.Done():
+		return status.Error(codes.Unavailable, "stream closed by the hub")
+	}
+}

@@ -1,0 +1,121 @@
+package hub
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// serveHub runs a Hub with opts on a loopback port; stop ends ServeADS and
+// returns its error once it has returned.
+func serveHub(t *testing.T, opts Options) (addr string, stop func() error) {
+	t.Helper()
+	opts.DomainSuffix, opts.DebounceAfter, opts.DebounceMax = "cluster.local", 10*time.Millisecond, time.Second
+	h, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	ran, served := make(chan struct{}), make(chan error, 1)
+	go func() { h.Run(runCtx); close(ran) }()
+	go func() { served <- h.ServeADS(serveCtx, lis, nil) }()
+	var result error
+	stopped := false
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			stopServe()
+			result = <-served
+			stopRun()
+			<-ran
+		}
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	return lis.Addr().String(), stop
+}
+
+// openCDS opens an ADS stream that asks for every cluster and returns it
+// once the first response (or the stream's error) arrives.
+func openCDS(t *testing.T, ctx context.Context, addr string) (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil {
+		return nil, err
+	}
+	_, err = stream.Recv()
+	return stream, err
+}
+
+func TestNewStreamsAreRateLimited(t *testing.T) {
+	// 0.01 streams per second: a burst of one, then one every 100 s.
+	addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01})
+	if _, err := openCDS(t, context.Background(), addr); err != nil {
+		t.Fatalf("first stream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := openCDS(t, ctx, addr)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second stream within the limit's wait: %v; want ResourceExhausted", err)
+	}
+}
+
+func TestShutdownDrainsStreamsWithUnavailable(t *testing.T) {
+	addr, stop := serveHub(t, Options{DrainGrace: 4 * time.Second})
+	var streams []discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	for range 5 {
+		s, err := openCDS(t, context.Background(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	ended := make(chan error, len(streams))
+	for _, s := range streams {
+		go func() {
+			for {
+				if _, err := s.Recv(); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("ServeADS: %v", err)
+	}
+	// ServeADS returned, so every stream has been closed by then.
+	for range streams {
+		if err := <-ended; status.Code(err) != codes.Unavailable {
+			t.Errorf("stream ended with %v; want Unavailable (clients retry it)", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := openCDS(t, ctx, addr); err == nil {
+		t.Error("a drained listener accepted a new stream")
+	}
+}
