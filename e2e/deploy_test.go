@@ -1,0 +1,377 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+const (
+	deployNS      = "istio-system" // the kustomization's namespace
+	deployManager = "hub-deploy-e2e"
+	// The identity remote-member-rbac.yaml binds (istioctl's remote secrets).
+	memberSA = "istio-reader-service-account"
+)
+
+// TestDeploy applies deploy/ with the real kubectl to a real API server, then
+// runs the real hub with nothing but the ServiceAccount token that base
+// creates: it must become ready, federate the home cluster and a member
+// registered through its API (with a token limited to remote-member-rbac.yaml),
+// write its Secrets, ConfigMaps and Events, and never be forbidden anything;
+// SubjectAccessReviews pin down what it must not be able to do.
+func TestDeploy(t *testing.T) {
+	e := localcluster.Require(t, env)
+	ctx := testContext(t)
+	home, west := e.Cluster("primary"), e.Cluster("west")
+	homeClient, westClient := client(t, home), client(t, west)
+	binDir, err := localcluster.BinDir(ctx)
+	if err != nil {
+		t.Fatalf("kubectl is needed: %v", err)
+	}
+	deployDir, err := filepath.Abs(filepath.Join("..", "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	homeKubectl := kubectlFor(t, filepath.Join(binDir, "kubectl"), writeTemp(t, dir, "primary.kubeconfig", home.Kubeconfig()))
+	westKubectl := kubectlFor(t, filepath.Join(binDir, "kubectl"), writeTemp(t, dir, "west.kubeconfig", west.Kubeconfig()))
+
+	// 1. The base applies for real (server-side, strict field validation) and
+	// every object it lists is there.
+	requireListedManifests(t, deployDir)
+	want := []string{
+		"namespace/" + deployNS,
+		"serviceaccount/hub",
+		"role.rbac.authorization.k8s.io/hub",
+		"clusterrole.rbac.authorization.k8s.io/hub",
+		"rolebinding.rbac.authorization.k8s.io/hub",
+		"clusterrolebinding.rbac.authorization.k8s.io/hub",
+		"service/hub",
+		"service/hub-bundle",
+		"deployment.apps/hub",
+		"poddisruptionbudget.policy/hub",
+		"networkpolicy.networking.k8s.io/hub",
+	}
+	t.Cleanup(func() {
+		// Everything but the namespace: other tests use istio-system, and
+		// without a controller-manager a deleted namespace never goes away.
+		var names []string
+		for _, n := range want {
+			if !strings.HasPrefix(n, "namespace/") {
+				names = append(names, n)
+			}
+		}
+		homeKubectl(context.Background(), append([]string{"delete", "-n", deployNS, "--ignore-not-found", "--wait=false"}, names...)...)
+	})
+	homeKubectl(ctx, "apply", "-k", deployDir, "--server-side", "--field-manager="+deployManager)
+	got := strings.Fields(homeKubectl(ctx, "get", "-k", deployDir, "-o", "name"))
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("objects of the kustomization read back:\n  %v\nwant\n  %v", got, want)
+	}
+	dep, err := homeClient.AppsV1().Deployments(deployNS).Get(ctx, "hub", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireRestrictedPodSecurity(t, ctx, homeClient, dep.Spec.Template)
+
+	// The member-side RBAC is valid for a member's API server.
+	memberRBAC := filepath.Join(deployDir, "remote-member-rbac.yaml")
+	westKubectl(ctx, "apply", "--dry-run=server", "-f", memberRBAC)
+
+	// 2. The real hub with the ServiceAccount's token, and the Deployment's
+	// own arguments (so the binary must accept them), addresses and log level
+	// overridden for the test.
+	exp := int64(3600)
+	tok, err := homeClient.CoreV1().ServiceAccounts(deployNS).CreateToken(ctx, "hub",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := dep.Spec.Template.Spec.Containers[0].Args
+	for _, flag := range []string{"--xds-addr=:15010", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443"} {
+		if !slices.Contains(args, flag) {
+			t.Errorf("Deployment args %q lack %s (DESIGN.md §3.1)", args, flag)
+		}
+	}
+	args = append(slices.Clone(args),
+		"--kubeconfig", writeTemp(t, dir, "hub-sa.kubeconfig", home.TokenKubeconfig(tok.Status.Token)),
+		"--namespace", deployNS, "--cluster-id", home.Name,
+		"--xds-addr", "127.0.0.1:0", "--xds-tls-addr", "127.0.0.1:0",
+		"--admin-addr", "127.0.0.1:0", "--bundle-addr", "127.0.0.1:0", "--log-level", "debug")
+	podName := "hub-deploy-e2e-" + rand.String(5)
+	t.Setenv("POD_NAME", podName)   // the leader-election identity, from the downward API in the Deployment
+	h := startHub(t, home, args...) // waits for /readyz 200
+	eventually(t, 30*time.Second, func() error {
+		if c := h.clusters(t)[home.Name]; c.State != "Ready" {
+			return fmt.Errorf("home cluster %s is %q (%s), want Ready", home.Name, c.State, c.Message)
+		}
+		return nil
+	})
+	// It leads (another test's hub may have left the Lease held: wait for it
+	// to expire).
+	eventually(t, 40*time.Second, func() error {
+		if holder := leaseHolder(ctx, homeClient); holder != podName {
+			return fmt.Errorf("Lease %s/hub-leader is held by %q, want %q", deployNS, holder, podName)
+		}
+		return nil
+	})
+
+	// A member registered through the API (remote Secret created in
+	// istio-system), whose credentials have only remote-member-rbac.yaml.
+	westKubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", memberRBAC)
+	if err := localcluster.EnsureNamespace(ctx, westClient, deployNS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := westClient.CoreV1().ServiceAccounts(deployNS).Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	memberTok, err := westClient.CoreV1().ServiceAccounts(deployNS).CreateToken(ctx, memberSA,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const remoteSecret = "istio-remote-secret-west" // the Registrar's name for "west"
+	t.Cleanup(func() {
+		_ = homeClient.CoreV1().Secrets(deployNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
+	})
+	body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(west.TokenKubeconfig(memberTok.Status.Token))})
+	if code, resp := h.do(t, http.MethodPost, "/api/v1/clusters", string(body)); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("POST /api/v1/clusters: %d %s", code, resp)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if c := h.clusters(t)[west.Name]; c.State != "Ready" {
+			return fmt.Errorf("member %s is %q (%s), want Ready", west.Name, c.State, c.Message)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, func() error { // Events on the remote Secret
+		evs, err := homeClient.CoreV1().Events(deployNS).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": remoteSecret, "reason": "ClusterReady"}.AsSelector().String()})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.Source.Component == "hub" {
+				return nil
+			}
+		}
+		return fmt.Errorf("no ClusterReady Event from the hub on %s/%s yet", deployNS, remoteSecret)
+	})
+	if code, resp := h.do(t, http.MethodDelete, "/api/v1/clusters/"+west.Name, ""); code != http.StatusNoContent {
+		t.Fatalf("DELETE /api/v1/clusters/%s: %d %s", west.Name, code, resp)
+	}
+	if _, err := homeClient.CoreV1().Secrets(deployNS).Get(ctx, remoteSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("remote Secret after DELETE: %v, want NotFound", err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		if _, ok := h.clusters(t)[west.Name]; ok {
+			return fmt.Errorf("member %s still listed after DELETE", west.Name)
+		}
+		return nil
+	})
+
+	// A federation relationship: its ConfigMap is written and deleted. The
+	// bundle endpoint is a closed port on this machine; the fetch just fails.
+	const peerTD = "deploy-peer.example"
+	peer := `{"bundleEndpointURL":"https://127.0.0.1:1/bundle","profile":"https_web"}`
+	if code, resp := h.do(t, http.MethodPut, "/api/v1/trustdomains/"+peerTD, peer); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("PUT /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
+	}
+	if _, err := homeClient.CoreV1().ConfigMaps(deployNS).Get(ctx, "hub-peer-"+peerTD, metav1.GetOptions{}); err != nil {
+		t.Fatalf("federation ConfigMap: %v", err)
+	}
+	if code, resp := h.do(t, http.MethodDelete, "/api/v1/trustdomains/"+peerTD, ""); code != http.StatusNoContent {
+		t.Fatalf("DELETE /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
+	}
+
+	// Nothing the hub did was forbidden (client-go logs refused list/watch
+	// and Event writes; the hub logs failed reads and writes).
+	h.stop(t)
+	if holder := leaseHolder(ctx, homeClient); holder == podName {
+		t.Errorf("Lease %s/hub-leader still held by the stopped hub %q, want it released", deployNS, holder)
+	}
+	logData, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forbidden := regexp.MustCompile(`(?i)forbidden`)
+	for _, line := range strings.Split(string(logData), "\n") {
+		if forbidden.MatchString(line) {
+			t.Errorf("hub was forbidden something with the deploy/ RBAC: %s", line)
+		}
+	}
+
+	// 3. ... and it may do no more than it needs.
+	requireAccess(t, ctx, homeClient, "system:serviceaccount:"+deployNS+":hub", deployNS, []access{
+		// Leader election: only the Lease hub-leader.
+		{allow: true, verb: "create", group: "coordination.k8s.io", resource: "leases", ns: deployNS},
+		{allow: true, verb: "get", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
+		{allow: true, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
+		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "other"},
+		{allow: false, verb: "delete", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
+		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: "kube-system", name: "kube-controller-manager"},
+		{allow: true, verb: "patch", resource: "events", ns: deployNS},
+		// Secrets: written only in its namespace, never read one by one elsewhere.
+		{allow: false, verb: "delete", resource: "secrets", ns: "kube-system", name: "anything"},
+		{allow: false, verb: "create", resource: "secrets", ns: "kube-system"},
+		{allow: false, verb: "update", resource: "secrets", ns: "default", name: "anything"},
+		{allow: false, verb: "get", resource: "secrets", ns: "kube-system", name: "anything"},
+		{allow: false, verb: "patch", resource: "secrets", ns: deployNS, name: "anything"},
+		{allow: false, verb: "deletecollection", resource: "secrets", ns: deployNS},
+		{allow: false, verb: "update", resource: "configmaps", ns: "kube-system", name: "anything"},
+		{allow: false, verb: "create", resource: "events", ns: "kube-system"},
+		// Members' objects are read-only.
+		{allow: false, verb: "update", resource: "nodes", name: "anything"},
+		{allow: false, verb: "update", resource: "services", ns: "default", name: "kubernetes"},
+		{allow: false, verb: "create", group: "discovery.k8s.io", resource: "endpointslices", ns: "default"},
+		// Nothing else.
+		{allow: false, verb: "list", resource: "pods"},
+		{allow: false, verb: "list", resource: "pods", ns: deployNS},
+		{allow: false, verb: "create", resource: "serviceaccounts", subresource: "token", ns: deployNS, name: "hub"},
+		{allow: false, verb: "create", resource: "namespaces"},
+		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "clusterroles"},
+		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", ns: deployNS},
+		{allow: false, verb: "impersonate", resource: "users", name: "admin"},
+	})
+}
+
+// kubectlFor returns a runner of the real kubectl against one kubeconfig
+// that fails the test unless kubectl exits 0, and returns its stdout.
+func kubectlFor(t *testing.T, bin, kubeconfig string) func(ctx context.Context, args ...string) string {
+	return func(ctx context.Context, args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("kubectl %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, out, stderr.String())
+		}
+		t.Logf("kubectl %s:\n%s%s", strings.Join(args, " "), out, stderr.String())
+		return string(out)
+	}
+}
+
+func writeTemp(t *testing.T, dir, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// requireListedManifests checks that kustomization.yaml lists every manifest
+// in deploy/ except the two that are applied elsewhere.
+func requireListedManifests(t *testing.T, deployDir string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(deployDir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		Namespace string   `json:"namespace"`
+		Resources []string `json:"resources"`
+	}
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatalf("kustomization.yaml: %v", err)
+	}
+	if k.Namespace != deployNS {
+		t.Errorf("kustomization namespace %q, want %q", k.Namespace, deployNS)
+	}
+	files, err := filepath.Glob(filepath.Join(deployDir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	notInBase := []string{"kustomization.yaml", "remote-secret-example.yaml", "remote-member-rbac.yaml"}
+	for _, f := range files {
+		name := filepath.Base(f)
+		if slices.Contains(k.Resources, name) == slices.Contains(notInBase, name) {
+			t.Errorf("deploy/%s: in kustomization resources = %v, want %v", name, slices.Contains(k.Resources, name), !slices.Contains(notInBase, name))
+		}
+	}
+}
+
+// requireRestrictedPodSecurity admits (dry run) a Pod of the Deployment's
+// template in a namespace that enforces the "restricted" Pod Security
+// Standard.
+func requireRestrictedPodSecurity(t *testing.T, ctx context.Context, cs kubernetes.Interface, tmpl corev1.PodTemplateSpec) {
+	t.Helper()
+	ns := "e2e-pss-" + rand.String(6)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: tmpl.Spec.ServiceAccountName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: *tmpl.ObjectMeta.DeepCopy(), Spec: *tmpl.Spec.DeepCopy()}
+	pod.Name = "hub-pss"
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("the Deployment's pod is not admitted under the restricted Pod Security Standard: %v", err)
+	}
+}
+
+// leaseHolder is the holder of the hub's leader Lease, or "error: ...".
+func leaseHolder(ctx context.Context, cs kubernetes.Interface) string {
+	l, err := cs.CoordinationV1().Leases(deployNS).Get(ctx, "hub-leader", metav1.GetOptions{})
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	if l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+type access struct {
+	allow                                  bool
+	verb, group, resource, subresource, ns string
+	name                                   string
+}
+
+// requireAccess asks the API server (SubjectAccessReview) whether a service
+// account may do each thing.
+func requireAccess(t *testing.T, ctx context.Context, cs kubernetes.Interface, user, saNS string, checks []access) {
+	t.Helper()
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + saNS, "system:authenticated"}
+	for _, c := range checks {
+		sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: groups, ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Verb: c.verb, Group: c.group, Resource: c.resource, Subresource: c.subresource, Namespace: c.ns, Name: c.name,
+			}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != c.allow {
+			t.Errorf("%s may %s %s/%s %s in namespace %q (name %q): %v, want %v (%s)",
+				user, c.verb, c.group, c.resource, c.subresource, c.ns, c.name, sar.Status.Allowed, c.allow, sar.Status.Reason)
+		}
+	}
+}
