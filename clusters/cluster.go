@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -202,6 +203,7 @@ func (c *Cluster) run(ctx context.Context) {
 			}
 		})
 	}
+	wg.Go(func() { c.probeHealth(ctx) })
 	c.transition(func() { c.state, c.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync" })
 	started := time.Now()
 	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
@@ -221,6 +223,52 @@ func (c *Cluster) run(ctx context.Context) {
 	c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
 	for c.processNext() {
 	}
+}
+
+// Health probing: informers only notice an API server that stopped
+// answering; one whose storage (etcd) hangs keeps its watches open and
+// silent. Every healthProbeInterval the member's /readyz (which includes its
+// etcd check, and which every authenticated client may read) is asked.
+const (
+	healthProbeInterval = 10 * time.Second
+	healthProbeTimeout  = 5 * time.Second
+)
+
+// probeHealth reports a failing or hanging /readyz as a failed request
+// (Stale, keeping the member's data) until ctx ends; a passing one goes
+// through the observing transport like any other success.
+func (c *Cluster) probeHealth(ctx context.Context) {
+	ticker := time.NewTicker(healthProbeInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, healthProbeTimeout)
+		_, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			c.requestFailed(fmt.Errorf("health check GET /readyz failed: %s", readyzFailure(err)))
+		}
+	}
+}
+
+// failedCheck matches a failing check in kube-apiserver's /readyz body.
+var failedCheck = regexp.MustCompile(`\[-\]([a-zA-Z0-9/_.-]+) failed`)
+
+// readyzFailure names the checks a /readyz error lists (e.g. "etcd"), or
+// the error itself when it lists none (a timeout, a refused connection).
+func readyzFailure(err error) string {
+	var checks []string
+	for _, m := range failedCheck.FindAllStringSubmatch(err.Error(), -1) {
+		checks = append(checks, m[1])
+	}
+	if len(checks) > 0 {
+		return "failing checks: " + strings.Join(checks, ", ")
+	}
+	return err.Error()
 }
 
 // transition applies a change to the cluster's state under its lock and

@@ -89,6 +89,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 { // flags after a stray word would be ignored silently
+		return fmt.Errorf("unexpected argument %q (flags must come before it; the command is the first word)", fs.Arg(0))
+	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error

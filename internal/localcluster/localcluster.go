@@ -191,6 +191,7 @@ func (e *Env) Dir() string { return e.dir }
 // Stop stops every API server and etcd and removes the working directory if
 // Start created it. It is safe to call more than once.
 func (e *Env) Stop() {
+	_ = e.ResumeEtcd() // a paused etcd cannot act on SIGTERM
 	for _, c := range e.clusters {
 		c.StopAPIServer()
 	}
@@ -202,6 +203,27 @@ func (e *Env) Stop() {
 	if e.ownsDir {
 		_ = os.RemoveAll(e.dir)
 	}
+}
+
+// PauseEtcd freezes the Env's etcd (SIGSTOP): its API servers stay up and
+// serve watches from their caches, but everything that needs storage hangs,
+// including their /readyz etcd check. ResumeEtcd undoes it.
+func (e *Env) PauseEtcd() error {
+	if err := e.etcd.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pausing etcd: %w", err)
+	}
+	return nil
+}
+
+// ResumeEtcd lets a paused etcd run again.
+func (e *Env) ResumeEtcd() error {
+	if e.etcd == nil || !e.etcd.alive() {
+		return nil
+	}
+	if err := e.etcd.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return fmt.Errorf("resuming etcd: %w", err)
+	}
+	return nil
 }
 
 func (e *Env) startEtcd(ctx context.Context) error {
