@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // config is every flag of `hub serve` (DESIGN.md §3.1).
@@ -155,6 +157,7 @@ func main() {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
+	klog.SetSlogLogger(log) // client-go's own messages (leader election, reflectors) as JSON too
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("hub stopped", "error", err)
 		os.Exit(1)
