@@ -26,9 +26,12 @@ lint:
 
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
-# address. Modules and binaries are fetched and built first, outside it.
+# address. Modules and binaries are fetched and built first, outside it:
+# also Istio's adsc client (e2e/interop, its own module) for the e2e tests.
 test: lint
 	export HUB_K8S_BIN_DIR=$$($(K8S_BIN)) && \
+	(cd e2e/interop && $(GO) vet ./... && $(GO) build -o $(abspath bin)/adscclient ./cmd/adscclient) && \
+	export HUB_ADSC_BIN=$(abspath bin)/adscclient && \
 	$(GO) build ./... && $(GO) test -race -count=1 -exec /bin/true ./... >/dev/null && \
 	$(NETNS) $(GO) test -race -count=1 -timeout 20m ./...
 
