@@ -57,6 +57,11 @@ type generator struct {
 
 	mu    sync.Mutex
 	cache *simplelru.LRU[string, map[string]*resource] // hostname → typeURL+name → resource (only existing ones)
+	// wildcard memoises every resource of a type (what wildcard
+	// subscriptions get) with its set version, until anything changes;
+	// allGen counts invalidations so a set built before one is not stored.
+	wildcard map[string]wildcardSet
+	allGen   uint64
 	// gens counts invalidations per hostname, so that a resource built from
 	// the index before an invalidation is never stored after it.
 	gens map[string]uint64
@@ -67,7 +72,37 @@ func newGenerator(index *Index) *generator {
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	return &generator{index: index, cache: cache, gens: map[string]uint64{}}
+	return &generator{index: index, cache: cache, gens: map[string]uint64{}, wildcard: map[string]wildcardSet{}}
+}
+
+// wildcardSet is every resource of one type, sorted by name, and the
+// version that identifies the set (see responseVersion). Shared: read only.
+type wildcardSet struct {
+	res     []*resource
+	version string
+}
+
+// all returns every resource of a type, built once per change of the
+// index however many wildcard watches ask.
+func (g *generator) all(typeURL string) (wildcardSet, error) {
+	g.mu.Lock()
+	if set, ok := g.wildcard[typeURL]; ok {
+		g.mu.Unlock()
+		return set, nil
+	}
+	gen := g.allGen
+	g.mu.Unlock()
+	res, err := g.resources(typeURL, g.allNames(typeURL), false)
+	if err != nil {
+		return wildcardSet{}, err
+	}
+	set := wildcardSet{res: res, version: responseVersion(res)}
+	g.mu.Lock()
+	if g.allGen == gen {
+		g.wildcard[typeURL] = set
+	}
+	g.mu.Unlock()
+	return set, nil
 }
 
 // invalidate forgets what was generated for these hostnames.
@@ -77,6 +112,10 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 	for h := range hostnames {
 		g.cache.Remove(h)
 		g.gens[h]++
+	}
+	if len(hostnames) > 0 {
+		clear(g.wildcard)
+		g.allGen++
 	}
 }
 

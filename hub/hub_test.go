@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/hubmesh/hub/clusters"
 )
 
 // serveHub runs a Hub with opts on a loopback port; stop ends ServeADS and
@@ -117,5 +119,34 @@ func TestShutdownDrainsStreamsWithUnavailable(t *testing.T) {
 	defer cancel()
 	if _, err := openCDS(t, ctx, addr); err == nil {
 		t.Error("a drained listener accepted a new stream")
+	}
+}
+
+func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
+	h, err := New(Options{DomainSuffix: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	cds := &watch{typeURL: resourcev3.ClusterType, wildcard: true}
+	eds := &watch{typeURL: resourcev3.EndpointType, wildcard: true}
+	for _, wt := range []*watch{cds, eds} {
+		if _, err := h.watcher.resources(wt); err != nil || wt.setVersion == "" {
+			t.Fatalf("evaluating %s: %v, set version %q", wt.typeURL, err, wt.setVersion)
+		}
+	}
+	// New endpoints: the cluster list is the same, the endpoints are not.
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
+	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	if got := h.watcher.skipUnchangedWildcards([]*watch{cds, eds}); len(got) != 1 || got[0] != eds {
+		t.Fatalf("after an endpoint change %d watches are re-evaluated; want only EDS", len(got))
+	}
+	// A new port changes the cluster list.
+	svc := echoService("10.0.0.2")
+	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
+	h.index.ReplaceCluster("west", []*clusters.Service{svc})
+	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	if got := h.watcher.skipUnchangedWildcards([]*watch{cds}); len(got) != 1 {
+		t.Fatal("a new port must re-evaluate wildcard CDS watches")
 	}
 }

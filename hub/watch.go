@@ -51,7 +51,11 @@ type watch struct {
 	names    []string
 	wildcard bool
 	hosts    map[string]struct{} // hostnames the names belong to (not for SDS or wildcard)
-	returned map[string]string   // what the stream last received (and, for Delta, still holds)
+	// setVersion is, for a wildcard watch, the version of the set of every
+	// resource of its type when it was last evaluated: a push that leaves
+	// the set as it is has nothing for it.
+	setVersion string
+	returned   map[string]string // what the stream last received (and, for Delta, still holds)
 
 	req *cachev3.Request // SotW
 	out chan cachev3.Response
@@ -192,6 +196,7 @@ func (w *watcher) push(changed map[string]struct{}) {
 		}
 	}
 	w.mu.Unlock()
+	parked = w.skipUnchangedWildcards(parked)
 	work := make(chan *watch)
 	var wg sync.WaitGroup
 	for range min(w.workers, len(parked)) {
@@ -206,6 +211,32 @@ func (w *watcher) push(changed map[string]struct{}) {
 	}
 	close(work)
 	wg.Wait()
+}
+
+// skipUnchangedWildcards drops the wildcard watches whose type's set is
+// the one they were last evaluated against: with thousands of proxies
+// subscribed to every cluster, an endpoint change is not re-checked
+// against every proxy's full cluster list.
+func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
+	versions := map[string]string{}
+	out := parked[:0]
+	for _, wt := range parked {
+		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
+			v, ok := versions[wt.typeURL]
+			if !ok {
+				set, err := w.gen.all(wt.typeURL)
+				if err == nil {
+					v = set.version
+				}
+				versions[wt.typeURL] = v
+			}
+			if v == wt.setVersion {
+				continue
+			}
+		}
+		out = append(out, wt)
+	}
+	return out
 }
 
 // pushTo answers one parked watch if its stream lacks something.
@@ -247,7 +278,12 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 	if wt.typeURL == resourcev3.SecretType {
 		return w.secretResources(wt)
 	}
-	return w.gen.resources(wt.typeURL, wt.names, wt.wildcard)
+	if wt.wildcard {
+		set, err := w.gen.all(wt.typeURL)
+		wt.setVersion = set.version
+		return set.res, err
+	}
+	return w.gen.resources(wt.typeURL, wt.names, false)
 }
 
 // respondDelta builds a Delta response with the resources whose version
