@@ -1,0 +1,481 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// run performs one benchmark: clusters, objects, hub, streams, writes. It
+// cleans up everything it started before returning, also when ctx ends.
+func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	sum := &Summary{Config: cfg, Protocol: "SotW", Machine: machine()}
+	if cfg.Delta {
+		sum.Protocol = "Delta"
+	}
+	if err := raiseFileLimit(cfg.Streams); err != nil {
+		return nil, err
+	}
+
+	work := cfg.WorkDir
+	if work == "" {
+		if work, err = os.MkdirTemp("", "hubbench-"); err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(work)
+	} else if err := os.MkdirAll(work, 0o755); err != nil {
+		return nil, err
+	}
+
+	// Build the hub while the clusters start.
+	hubBin := cfg.HubBin
+	built := make(chan error, 1)
+	if hubBin == "" {
+		go func() {
+			var err error
+			hubBin, sum.HubBuild, err = buildHub(ctx, work)
+			built <- err
+		}()
+	} else {
+		sum.HubBuild = hubBuild(hubBin)
+		built <- nil
+	}
+
+	binDir, err := localcluster.BinDir(ctx)
+	if err != nil {
+		<-built
+		return nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+	}
+	l := newLayout(cfg)
+	names := append([]string{homeID}, l.memberIDs...)
+	cfg.progress("starting %d local API servers (%s and %d members) from %s", len(names), homeID, cfg.Members, binDir)
+	clustersDir := filepath.Join(work, "clusters")
+	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
+		<-built
+		return nil, err
+	}
+	start := time.Now()
+	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
+	if err != nil {
+		<-built
+		return nil, fmt.Errorf("starting local clusters: %w", err)
+	}
+	defer env.Stop()
+	sum.ClustersStartSeconds = time.Since(start).Seconds()
+	if err := <-built; err != nil {
+		return nil, err
+	}
+
+	clients := make([]kubernetes.Interface, cfg.Members)
+	for i, id := range l.memberIDs {
+		if clients[i], err = kubernetes.NewForConfig(env.Cluster(id).RESTConfig()); err != nil {
+			return nil, err
+		}
+	}
+	cfg.progress("creating %d services × %d members with %d endpoints (%d workers)", cfg.Services, cfg.serviceMembers(), cfg.Endpoints, cfg.CreateWorkers)
+	start = time.Now()
+	if err := l.create(ctx, clients, cfg.CreateWorkers, cfg.progress); err != nil {
+		return nil, fmt.Errorf("creating services: %w", err)
+	}
+	sum.CreateSeconds = time.Since(start).Seconds()
+	sum.Layout = l.summary(cfg)
+
+	home := env.Cluster(homeID)
+	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	if err := localcluster.EnsureNamespace(ctx, homeClient, hubNamespace); err != nil {
+		return nil, err
+	}
+	kubeconfigs := map[string][]byte{}
+	for _, id := range l.memberIDs {
+		kubeconfigs[id] = env.Cluster(id).Kubeconfig()
+	}
+	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs), metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("creating the remote secret: %w", err)
+	}
+
+	hubDir := filepath.Join(work, "hub-run")
+	if err := os.MkdirAll(hubDir, 0o755); err != nil {
+		return nil, err
+	}
+	cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
+	hubStart := time.Now()
+	h, err := startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs)
+	if err != nil {
+		return nil, err
+	}
+	defer h.stop()
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w\nhub log (%s) tail:\n%s", err, h.logPath, h.tail(20))
+		}
+	}()
+	if cfg.WorkDir != "" {
+		sum.HubLog = h.logPath
+	}
+	sum.HubPID = h.pid()
+	if err := waitSynced(ctx, h, cfg, l); err != nil {
+		return nil, err
+	}
+	sum.MemberSyncSeconds = time.Since(hubStart).Seconds()
+	cfg.progress("hub synced %d members and %d services in %.1fs", cfg.Members+1, cfg.Services, sum.MemberSyncSeconds)
+	if sum.Hub.AfterSync, err = procStats(h.pid()); err != nil {
+		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+
+	// Cold connect.
+	f := newFleet(ctx, h.xdsAddr, cfg, l)
+	defer f.close()
+	cfg.progress("opening %d %s ADS streams (%d connecting at once), each watching CDS (%s) and EDS of %d services",
+		cfg.Streams, sum.Protocol, cfg.ConnectConcurrency, cfg.CDS, cfg.servicesPerStream())
+	connectStart := time.Now()
+	if err := f.connect(cfg.ConnectConcurrency, cfg.ConnectTimeout, cfg.progress); err != nil {
+		if e := h.exited(); e != nil {
+			return nil, e
+		}
+		return nil, err
+	}
+	sum.ColdConnectSeconds = time.Since(connectStart).Seconds()
+	var perStream []time.Duration
+	for _, s := range f.streams {
+		perStream = append(perStream, time.Unix(0, s.readyAt.Load()).Sub(s.dialAt))
+	}
+	sum.StreamConnect = percentiles(perStream)
+	if err := waitCDS(ctx, f, 60*time.Second); err != nil {
+		return nil, err
+	}
+	sum.ConnectResponses, _ = f.totals()
+	cfg.progress("cold connect: all %d streams hold their config after %.2fs", cfg.Streams, sum.ColdConnectSeconds)
+	if sum.Hub.AfterConnect, err = procStats(h.pid()); err != nil {
+		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+
+	// Convergence: one write at a time.
+	before, err := h.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	responsesBefore, _ := f.totals()
+	sum.LoadBefore = loadAvg()
+	writeStart := time.Now()
+	if err := measureWrites(ctx, cfg, l, clients, f, h, sum); err != nil {
+		return nil, err
+	}
+	sum.WritePhaseSeconds = time.Since(writeStart).Seconds()
+	sum.LoadAfter = loadAvg()
+	after, err := h.metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	responsesAfter, resends := f.totals()
+	sum.WriteResponses = responsesAfter - responsesBefore
+	sum.HubWriteResponses = after.total() - before.total()
+	if sum.WritePhaseSeconds > 0 {
+		sum.PushesPerSecond = float64(sum.WriteResponses) / sum.WritePhaseSeconds
+		sum.HubPushesPerSecond = sum.HubWriteResponses / sum.WritePhaseSeconds
+	}
+	sum.Resends = resends
+	sum.HubMetrics, sum.HubMetricsAfterConnect = after, before
+	if sum.Hub.AfterWrites, err = procStats(h.pid()); err != nil {
+		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+	if e := h.exited(); e != nil {
+		return nil, e
+	}
+	return sum, nil
+}
+
+// raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit (the hub
+// inherits it) and checks that every stream's connection fits on both ends.
+func raiseFileLimit(streams int) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return fmt.Errorf("reading RLIMIT_NOFILE: %w", err)
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			return fmt.Errorf("raising RLIMIT_NOFILE to %d: %w", lim.Max, err)
+		}
+	}
+	if need := uint64(streams) + 1024; lim.Cur < need {
+		return fmt.Errorf("%d streams need about %d open files, but RLIMIT_NOFILE is %d (hard limit %d): raise it (ulimit -n) or use fewer --streams", streams, need, lim.Cur, lim.Max)
+	}
+	return nil
+}
+
+// waitSynced waits until every cluster is Ready in /api/v1/clusters and
+// /api/v1/services lists every service with its endpoints in every member.
+func waitSynced(ctx context.Context, h *hubProcess, cfg Config, l *layout) error {
+	deadline := time.Now().Add(cfg.SyncTimeout)
+	want := map[string]map[string]int{} // hostname → member → endpoints
+	for _, s := range l.services {
+		m := map[string]int{}
+		for k, mi := range s.members {
+			m[memberID(mi)] = len(s.backend[k])
+		}
+		want[hostname(s.name)] = m
+	}
+	lastReport := time.Now()
+	for {
+		problem, err := syncProblem(ctx, h, cfg, want)
+		if err != nil {
+			return err
+		}
+		if problem == "" {
+			return nil
+		}
+		if e := h.exited(); e != nil {
+			return e
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the hub did not sync within %s: %s", cfg.SyncTimeout, problem)
+		}
+		if time.Since(lastReport) > 10*time.Second {
+			cfg.progress("waiting for the hub to sync: %s", problem)
+			lastReport = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// syncProblem says what is not synced yet, or "" when everything is.
+func syncProblem(ctx context.Context, h *hubProcess, cfg Config, want map[string]map[string]int) (string, error) {
+	cs, err := h.clusters(ctx)
+	if err != nil {
+		return "", err
+	}
+	var notReady []string
+	ready := map[string]bool{}
+	for _, c := range cs {
+		if c.State == "Ready" {
+			ready[c.ID] = true
+		} else {
+			notReady = append(notReady, fmt.Sprintf("%s is %s (%s)", c.ID, c.State, c.Message))
+		}
+	}
+	for _, id := range append([]string{homeID}, memberIDs(cfg.Members)...) {
+		if !ready[id] && !slices.ContainsFunc(notReady, func(s string) bool { return strings.HasPrefix(s, id+" ") }) {
+			notReady = append(notReady, id+" is not listed")
+		}
+	}
+	if len(notReady) > 0 {
+		return "clusters not Ready: " + strings.Join(notReady, "; "), nil
+	}
+	svcs, err := h.services(ctx)
+	if err != nil {
+		return "", err
+	}
+	got := map[string]map[string]int{}
+	for _, s := range svcs {
+		got[s.Hostname] = s.Endpoints
+	}
+	var wrong []string
+	for host, members := range want {
+		g, ok := got[host]
+		switch {
+		case !ok:
+			wrong = append(wrong, host+" missing")
+		case len(g) != len(members):
+			wrong = append(wrong, fmt.Sprintf("%s has endpoints in %v, want %v", host, g, members))
+		default:
+			for m, n := range members {
+				if g[m] != n {
+					wrong = append(wrong, fmt.Sprintf("%s has %d endpoints in %s, want %d", host, g[m], m, n))
+				}
+			}
+		}
+	}
+	if len(wrong) > 0 {
+		slices.Sort(wrong)
+		more := ""
+		if len(wrong) > 5 {
+			more = fmt.Sprintf(" and %d more", len(wrong)-5)
+			wrong = wrong[:5]
+		}
+		return fmt.Sprintf("%d/%d services listed; %s%s", len(svcs), len(want), strings.Join(wrong, "; "), more), nil
+	}
+	return "", nil
+}
+
+func memberIDs(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = memberID(i)
+	}
+	return out
+}
+
+// waitCDS waits until every stream holds every service's CDS cluster.
+func waitCDS(ctx context.Context, f *fleet, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var lacking []int
+		for i, s := range f.streams {
+			if s.cdsClusters.Load() != int64(s.cdsWant) {
+				lacking = append(lacking, i)
+			}
+		}
+		if len(lacking) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d streams do not hold all their CDS clusters after %s:\n%s", len(lacking), timeout, f.describe(lacking, 20))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-f.failed:
+			return f.firstErr
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// measureWrites adds one endpoint at a time to a watched service's
+// EndpointSlice in one of its members and times its arrival at every stream
+// that watches the service.
+func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kubernetes.Interface, f *fleet, h *hubProcess, sum *Summary) error {
+	var watched []int
+	for s, w := range l.watchers {
+		if len(w) > 0 {
+			watched = append(watched, s)
+		}
+	}
+	if len(watched) == 0 && cfg.Writes > 0 {
+		return errors.New("no service is watched by any stream")
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7772697465))
+	rng.Shuffle(len(watched), func(i, j int) { watched[i], watched[j] = watched[j], watched[i] })
+	var all []time.Duration
+	for w := range cfg.Writes {
+		svc := l.services[watched[w%len(watched)]]
+		k := w % len(svc.members)
+		member := memberID(svc.members[k])
+		addr := address(cfg.Endpoints + w)
+		slicesAPI := clients[svc.members[k]].DiscoveryV1().EndpointSlices(benchNamespace)
+		slice, err := slicesAPI.Get(ctx, svc.name+"-hub", metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, benchNamespace, svc.name, member, err)
+		}
+		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{addr},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To("node-0"),
+		})
+		watchers := l.watchers[watched[w%len(watched)]]
+		t := newWriteTarget(svc.cluster, addr, len(f.streams), watchers)
+		t.start = time.Now()
+		f.target.Store(t)
+		if _, err := slicesAPI.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("write %d: updating EndpointSlice %s/%s-hub in %s: %w", w+1, benchNamespace, svc.name, member, err)
+		}
+		apiLatency := time.Since(t.start)
+		timer := time.NewTimer(cfg.WriteTimeout)
+		select {
+		case <-t.done:
+			timer.Stop()
+		case <-timer.C:
+			var stragglers []int
+			for _, i := range watchers {
+				if t.arrived[i].Load() == 0 {
+					stragglers = append(stragglers, i)
+				}
+			}
+			err := fmt.Errorf("write %d (endpoint %s added to %s in %s): %d of %d watching streams did not receive it within %s:\n%s",
+				w+1, addr, svc.cluster, member, len(stragglers), len(watchers), cfg.WriteTimeout, f.describe(stragglers, 20))
+			if e := h.exited(); e != nil {
+				err = fmt.Errorf("%w\n%w", err, e)
+			}
+			return err
+		case <-f.failed:
+			timer.Stop()
+			return fmt.Errorf("write %d: %w", w+1, f.firstErr)
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		}
+		f.target.Store(nil)
+		var lat []time.Duration
+		for _, i := range watchers {
+			lat = append(lat, time.Duration(t.arrived[i].Load()))
+		}
+		all = append(all, lat...)
+		p := percentiles(lat)
+		sum.Writes = append(sum.Writes, WriteResult{
+			Service: svc.name, Member: member, Address: addr, APIMs: ms(apiLatency),
+			Watchers: len(watchers), Reached: len(lat), P50Ms: p.P50Ms, MaxMs: p.MaxMs,
+		})
+		cfg.progress("write %d/%d: %s in %s reached %d/%d watchers: p50 %.1f ms, max %.1f ms", w+1, cfg.Writes, svc.name, member, len(lat), len(watchers), p.P50Ms, p.MaxMs)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(cfg.WriteGap):
+		}
+	}
+	sum.Convergence = percentiles(all)
+	return nil
+}
+
+// machine describes where the run happened.
+func machine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvg: loadAvg()}
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+				var kb float64
+				fmt.Sscan(f[1], &kb)
+				m.MemGiB = kb / (1 << 20)
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(data))
+	}
+	return m
+}
+
+// loadAvg is the first three fields of /proc/loadavg.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"debug/buildinfo"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hubmesh/hub/api"
+)
+
+// hubProcess is the real hub binary running as our child.
+type hubProcess struct {
+	cmd      *exec.Cmd
+	logPath  string
+	adminURL string
+	xdsAddr  string
+	token    string
+	done     chan struct{}
+	waitErr  error
+	http     *http.Client
+}
+
+// buildHub builds ./cmd/hub into dir and returns the binary's path and
+// the source it was built from.
+func buildHub(ctx context.Context, dir string) (string, string, error) {
+	bin := filepath.Join(dir, "hub")
+	// What the build saw: HEAD and any uncommitted changes under the
+	// directories that make up the binary (others may be editing them).
+	desc := "unknown revision (git unavailable)"
+	if rev, err := exec.CommandContext(ctx, "git", "log", "-1", "--format=%h %cI").Output(); err == nil {
+		desc = strings.TrimSpace(string(rev))
+		if st, err := exec.CommandContext(ctx, "git", "status", "--porcelain", "--", "hub", "clusters", "api", "trust", "web", "cmd/hub", "internal").Output(); err == nil {
+			if n := len(strings.Fields(strings.TrimSpace(string(st)))) / 2; n > 0 {
+				desc += fmt.Sprintf(" + %d uncommitted paths under hub/ clusters/ api/ trust/ web/ cmd/hub/ internal/", n)
+			}
+		}
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/hubmesh/hub/cmd/hub")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", "", fmt.Errorf("building the hub binary (go build github.com/hubmesh/hub/cmd/hub; run from inside the module or pass --hub-bin): %w\n%s", err, out.String())
+	}
+	return bin, desc, nil
+}
+
+// hubBuild describes a hub binary from its embedded build information:
+// the VCS revision and time, and whether the working tree was modified.
+func hubBuild(bin string) string {
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	settings := map[string]string{}
+	for _, s := range info.Settings {
+		settings[s.Key] = s.Value
+	}
+	rev := settings["vcs.revision"]
+	if rev == "" {
+		return info.GoVersion + ", no VCS information"
+	}
+	out := rev[:min(len(rev), 12)] + " (" + settings["vcs.time"] + ")"
+	if settings["vcs.modified"] == "true" {
+		out += " + uncommitted changes"
+	}
+	return out + ", " + info.GoVersion
+}
+
+// startHub runs `hub serve` against the home cluster with every listener on
+// a free loopback port and waits for its "hub listening" log line.
+func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra []string) (*hubProcess, error) {
+	kubeconfig := filepath.Join(dir, "home.kubeconfig")
+	if err := os.WriteFile(kubeconfig, homeKubeconfig, 0o600); err != nil {
+		return nil, err
+	}
+	var tok [16]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return nil, err
+	}
+	h := &hubProcess{
+		logPath: filepath.Join(dir, "hub.log"),
+		token:   hex.EncodeToString(tok[:]),
+		done:    make(chan struct{}),
+		http:    &http.Client{Timeout: 30 * time.Second},
+	}
+	tokenFile := filepath.Join(dir, "api-tokens")
+	if err := os.WriteFile(tokenFile, []byte(h.token+",hubbench,write\n"), 0o600); err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(h.logPath)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"serve",
+		"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace,
+		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--xds-tls-addr", "", "--bundle-addr", "",
+		"--api-token-file", tokenFile,
+	}, extra...)
+	h.cmd = exec.Command(bin, args...)
+	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
+	// The hub dies with us even if we are killed with SIGKILL.
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := h.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting the hub %s: %w", bin, err)
+	}
+	go func() {
+		h.waitErr = h.cmd.Wait()
+		logFile.Close()
+		close(h.done)
+	}()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if addrs := listening(h.logPath); addrs != nil {
+			h.adminURL, h.xdsAddr = "http://"+addrs["admin"], addrs["xds"]
+			if addrs["admin"] == "" || addrs["xds"] == "" {
+				h.stop()
+				return nil, fmt.Errorf("the hub's \"hub listening\" line lacks admin or xds: %v", addrs)
+			}
+			return h, nil
+		}
+		select {
+		case <-h.done:
+			return nil, fmt.Errorf("the hub exited before listening (%v); log tail:\n%s", h.waitErr, h.tail(30))
+		case <-ctx.Done():
+			h.stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			h.stop()
+			return nil, fmt.Errorf("the hub did not log \"hub listening\" within 2 minutes; log tail:\n%s", h.tail(30))
+		}
+	}
+}
+
+// listening returns the addresses of the hub's JSON "hub listening" line.
+func listening(logPath string) map[string]string {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		var entry map[string]any
+		if json.Unmarshal(sc.Bytes(), &entry) != nil || entry["msg"] != "hub listening" {
+			continue
+		}
+		out := map[string]string{}
+		for _, k := range []string{"xds", "admin", "xds-tls", "bundle"} {
+			if v, ok := entry[k].(string); ok {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+func (h *hubProcess) pid() int { return h.cmd.Process.Pid }
+
+func (h *hubProcess) exited() error {
+	select {
+	case <-h.done:
+		return fmt.Errorf("the hub exited: %v; log tail:\n%s", h.waitErr, h.tail(30))
+	default:
+		return nil
+	}
+}
+
+// stop sends SIGTERM, then SIGKILL after 15 s, and waits.
+func (h *hubProcess) stop() {
+	select {
+	case <-h.done:
+		return
+	default:
+	}
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-h.done:
+	case <-time.After(15 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-h.done
+	}
+}
+
+// tail returns the last n lines of the hub's log.
+func (h *hubProcess) tail(n int) string {
+	data, err := os.ReadFile(h.logPath)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (h *hubProcess) get(ctx context.Context, path string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.adminURL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	resp, err := h.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", path, resp.Status, bytes.TrimSpace(body))
+	}
+	return body, nil
+}
+
+func (h *hubProcess) clusters(ctx context.Context) ([]api.Cluster, error) {
+	body, err := h.get(ctx, "/api/v1/clusters")
+	if err != nil {
+		return nil, err
+	}
+	var list api.List[api.Cluster]
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("decoding /api/v1/clusters: %w", err)
+	}
+	return list.Items, nil
+}
+
+func (h *hubProcess) services(ctx context.Context) ([]api.Service, error) {
+	body, err := h.get(ctx, "/api/v1/services")
+	if err != nil {
+		return nil, err
+	}
+	var list api.List[api.Service]
+	if err := json.Unmarshal(body, &list); err != nil {
+		return nil, fmt.Errorf("decoding /api/v1/services: %w", err)
+	}
+	return list.Items, nil
+}
+
+// hubMetrics are the hub's own xDS counters and Go runtime gauges from
+// /metrics (sizes in MiB).
+type hubMetrics struct {
+	Responses     map[string]float64 `json:"responses"` // hub_xds_responses_total by type
+	Nacks         float64            `json:"nacks"`     // hub_xds_nacks_total, all types
+	Streams       float64            `json:"streams"`   // hub_xds_connected_streams
+	Goroutines    float64            `json:"goroutines"`
+	HeapInuseMiB  float64            `json:"heapInuseMiB"`  // go_memstats_heap_inuse_bytes
+	StackInuseMiB float64            `json:"stackInuseMiB"` // go_memstats_stack_inuse_bytes
+	NextGCMiB     float64            `json:"nextGCMiB"`     // go_memstats_next_gc_bytes: the heap goal
+	GoSysMiB      float64            `json:"goSysMiB"`      // go_memstats_sys_bytes: all memory the runtime holds
+	GCs           float64            `json:"gcs"`           // go_gc_duration_seconds_count
+}
+
+func (m hubMetrics) total() float64 {
+	t := 0.0
+	for _, v := range m.Responses {
+		t += v
+	}
+	return t
+}
+
+// metrics scrapes the hub's Prometheus text exposition for its xDS series.
+func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
+	body, err := h.get(ctx, "/metrics")
+	if err != nil {
+		return hubMetrics{}, err
+	}
+	m := hubMetrics{Responses: map[string]float64{}}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		series, value := line[:i], line[i+1:]
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(series, "hub_xds_responses_total{"):
+			m.Responses[label(series, "type")] += v
+		case strings.HasPrefix(series, "hub_xds_nacks_total{"):
+			m.Nacks += v
+		case series == "hub_xds_connected_streams":
+			m.Streams = v
+		case series == "go_goroutines":
+			m.Goroutines = v
+		case series == "go_memstats_heap_inuse_bytes":
+			m.HeapInuseMiB = v / (1 << 20)
+		case series == "go_memstats_stack_inuse_bytes":
+			m.StackInuseMiB = v / (1 << 20)
+		case series == "go_memstats_next_gc_bytes":
+			m.NextGCMiB = v / (1 << 20)
+		case series == "go_memstats_sys_bytes":
+			m.GoSysMiB = v / (1 << 20)
+		case series == "go_gc_duration_seconds_count":
+			m.GCs = v
+		}
+	}
+	return m, nil
+}
+
+// label returns a label's value from a series like name{a="x",b="y"}.
+func label(series, name string) string {
+	_, rest, ok := strings.Cut(series, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// ProcStats are a process's memory and CPU from /proc.
+type ProcStats struct {
+	RSSMiB     float64 `json:"rssMiB"`
+	PeakRSSMiB float64 `json:"peakRssMiB"`
+	CPUSeconds float64 `json:"cpuSeconds"` // user + system since start
+	Threads    int     `json:"threads"`
+}
+
+// clockTicks is USER_HZ, the unit of utime/stime in /proc/<pid>/stat; it
+// is 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+func procStats(pid int) (ProcStats, error) {
+	var st ProcStats
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return st, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(val)
+		if len(f) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseFloat(f[0], 64)
+		switch key {
+		case "VmRSS":
+			st.RSSMiB = n / 1024 // kB
+		case "VmHWM":
+			st.PeakRSSMiB = n / 1024
+		case "Threads":
+			st.Threads = int(n)
+		}
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return st, err
+	}
+	// Fields after the command name (which may hold spaces) in parentheses:
+	// state is field 3, utime 14 and stime 15.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return st, fmt.Errorf("parsing /proc/%d/stat: no ')'", pid)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return st, fmt.Errorf("parsing /proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		return st, fmt.Errorf("parsing /proc/%d/stat utime/stime %q %q", pid, f[11], f[12])
+	}
+	st.CPUSeconds = (utime + stime) / clockTicks
+	return st, nil
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// The layout of a run (documented in docs/performance.md):
+//
+//   - clusters: the home cluster "primary" (registered members live in its
+//     remote Secret; it holds no services) and members "m01".."mNN";
+//   - every member has three Nodes, "node-0".."node-2", in zones
+//     "zone-a".."zone-c" of region "region-<member>", so every member
+//     contributes three localities to a service;
+//   - service i ("svc-00042" in namespace "bench") is a headless Service with
+//     one port "http" 80 → 8080 in ServiceMembers consecutive members,
+//     starting at member i mod Members, so services spread evenly over the
+//     members and every service is federated across several of them;
+//   - its Endpoints/Services endpoints (the remainder goes to the first
+//     services) are split evenly between its members, one EndpointSlice
+//     "<name>-hub" per member, endpoints round-robin over the member's nodes;
+//   - addresses are unique, counting up from 198.18.0.1 (benchmark range,
+//     never dialled); writes add addresses after the initial ones;
+//   - stream j watches ServicesPerStream services drawn at random (seeded)
+//     without repetition, so every service has about
+//     Streams×ServicesPerStream/Services watchers.
+
+const (
+	benchNamespace = "bench"
+	hubNamespace   = "hub-system"
+	homeID         = "primary"
+	servicePort    = 80
+	targetPort     = 8080
+	portName       = "http"
+	nodesPerMember = 3
+	domainSuffix   = "cluster.local"
+)
+
+// maxAddresses is how many endpoint addresses 198.18.0.0/15 gives us
+// (without .0 of the first /24 and the broadcast-looking last address).
+const maxAddresses = 1<<17 - 2
+
+var zones = [nodesPerMember]string{"zone-a", "zone-b", "zone-c"}
+
+// address is the n-th endpoint address (n from 0): 198.18.0.1 + n.
+func address(n int) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], (198<<24|18<<16)+uint32(n)+1)
+	return netip.AddrFrom4(b).String()
+}
+
+// service is one benchmark service and where it lives.
+type service struct {
+	name    string
+	cluster string                   // its CDS/EDS cluster name, outbound|80||<hostname>
+	members []int                    // member indexes
+	backend [][]localcluster.Backend // per entry of members
+}
+
+// layout is every object a run creates and who watches what.
+type layout struct {
+	memberIDs []string
+	services  []*service
+	// watched[i] lists the services stream i subscribes to.
+	watched [][]int
+	// watchers[s] lists the streams that subscribe to service s.
+	watchers [][]int
+}
+
+func memberID(i int) string { return fmt.Sprintf("m%02d", i+1) }
+
+func hostname(name string) string { return name + "." + benchNamespace + ".svc." + domainSuffix }
+
+func clusterName(name string) string {
+	return fmt.Sprintf("outbound|%d||%s", servicePort, hostname(name))
+}
+
+func newLayout(cfg Config) *layout {
+	l := &layout{}
+	for i := range cfg.Members {
+		l.memberIDs = append(l.memberIDs, memberID(i))
+	}
+	sm := cfg.serviceMembers()
+	next := 0 // next address index
+	for i := range cfg.Services {
+		name := fmt.Sprintf("svc-%05d", i)
+		s := &service{name: name, cluster: clusterName(name)}
+		total := cfg.Endpoints / cfg.Services
+		if i < cfg.Endpoints%cfg.Services {
+			total++
+		}
+		for k := range sm {
+			m := (i + k) % cfg.Members
+			n := total / sm
+			if k < total%sm {
+				n++
+			}
+			var backends []localcluster.Backend
+			for e := range n {
+				backends = append(backends, localcluster.Backend{IP: address(next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)})
+				next++
+			}
+			s.members = append(s.members, m)
+			s.backend = append(s.backend, backends)
+		}
+		l.services = append(l.services, s)
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
+	per := cfg.servicesPerStream()
+	l.watchers = make([][]int, cfg.Services)
+	for j := range cfg.Streams {
+		picked := rng.Perm(cfg.Services)[:per]
+		l.watched = append(l.watched, picked)
+		for _, s := range picked {
+			l.watchers[s] = append(l.watchers[s], j)
+		}
+	}
+	return l
+}
+
+// endpoints is the number of endpoints of a service in all members.
+func (s *service) endpoints() int {
+	n := 0
+	for _, b := range s.backend {
+		n += len(b)
+	}
+	return n
+}
+
+// create makes the namespaces, nodes, Services and EndpointSlices in the
+// members with at most workers concurrent objects in flight.
+func (l *layout) create(ctx context.Context, clients []kubernetes.Interface, workers int, progress func(string, ...any)) error {
+	type job struct {
+		member int
+		run    func(context.Context, kubernetes.Interface) error
+	}
+	var prep []job
+	for m := range clients {
+		prep = append(prep, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+			return localcluster.EnsureNamespace(ctx, c, benchNamespace)
+		}})
+		for n := range nodesPerMember {
+			prep = append(prep, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+				return localcluster.ApplyNode(ctx, c, fmt.Sprintf("node-%d", n), "region-"+memberID(m), zones[n])
+			}})
+		}
+	}
+	var objs []job
+	for _, s := range l.services {
+		for k, m := range s.members {
+			objs = append(objs, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+				return localcluster.ApplyService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
+			}})
+		}
+	}
+	for i, batch := range [][]job{prep, objs} {
+		jobs := make(chan job)
+		bctx, cancel := context.WithCancel(ctx)
+		var (
+			wg    sync.WaitGroup
+			once  sync.Once
+			first error
+			done  atomic.Int64
+		)
+		for range workers {
+			wg.Go(func() {
+				for j := range jobs {
+					if err := j.run(bctx, clients[j.member]); err != nil {
+						once.Do(func() { first = fmt.Errorf("member %s: %w", memberID(j.member), err); cancel() })
+						continue
+					}
+					if n := done.Add(1); i == 1 && n%1000 == 0 {
+						progress("created %d/%d (service, member) pairs", n, len(batch))
+					}
+				}
+			})
+		}
+	feed:
+		for _, j := range batch {
+			select {
+			case jobs <- j:
+			case <-bctx.Done():
+				break feed
+			}
+		}
+		close(jobs)
+		wg.Wait()
+		cancel()
+		if first != nil {
+			return first
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+// Command hubbench measures the hub end to end with real parts: real local
+// Kubernetes API servers (internal/localcluster) hold the services, the real
+// hub binary runs as a child process, and hubbench opens the ADS streams
+// itself, one gRPC connection per stream, like a fleet of proxies.
+//
+//	hubbench [--members 10] [--services 1000] [--endpoints 20000] [--streams 2000]
+//	         [--services-per-stream 50] [--writes 20] [--delta] [--json]
+//
+// It reports how long the hub takes to sync every member, how long every
+// stream takes to receive its first full configuration (cold connect), how
+// long an EndpointSlice write takes to reach every stream that watches it
+// (convergence), how many responses were resent, and the hub process's memory
+// and CPU. See docs/performance.md for the figures and how to read them.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	var cfg Config
+	var asJSON, requireTargets bool
+	fs := flag.NewFlagSet("hubbench", flag.ContinueOnError)
+	cfg.register(fs)
+	fs.BoolVar(&asJSON, "json", false, "print the summary as JSON on stdout (progress still goes to stderr)")
+	fs.BoolVar(&requireTargets, "require-targets", false, "exit 1 when a target (p99 convergence ≤ 250 ms, hub peak RSS ≤ 400 MiB) is missed")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "hubbench: unexpected arguments %q\n", fs.Args())
+		os.Exit(2)
+	}
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "hubbench: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second interrupt kills us at once (children die with us)
+	}()
+	cfg.Progress = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s hubbench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	}
+
+	sum, err := run(ctx, cfg)
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "hubbench: interrupted: %v\n", err)
+			stop()
+			os.Exit(130)
+		}
+		fmt.Fprintf(os.Stderr, "hubbench: FAILED: %v\n", err)
+		os.Exit(1)
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(sum); err != nil {
+			fmt.Fprintf(os.Stderr, "hubbench: writing JSON: %v\n", err)
+			os.Exit(1)
+		}
+	} else {
+		sum.WriteText(os.Stdout)
+	}
+	problems := sum.Problems()
+	if requireTargets {
+		problems = append(problems, sum.Missed()...)
+	}
+	if len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintf(os.Stderr, "hubbench: FAILED: %s\n", p)
+		}
+		os.Exit(1)
+	}
+}

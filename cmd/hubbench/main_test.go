@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// requireK8sBinaries fails (in CI) or skips (elsewhere) when the etcd and
+// kube-apiserver binaries of $HUB_K8S_BIN_DIR are missing.
+func requireK8sBinaries(t *testing.T) {
+	t.Helper()
+	var problem string
+	if os.Getenv(localcluster.BinDirEnv) == "" {
+		problem = localcluster.BinDirEnv + " is not set; export " + localcluster.BinDirEnv + "=$(internal/localcluster/k8sbin/build.sh)"
+	} else if _, err := localcluster.BinDir(context.Background()); err != nil {
+		problem = err.Error()
+	}
+	if problem == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("hubbench needs real etcd and kube-apiserver binaries: %s", problem)
+	}
+	t.Skipf("hubbench needs real etcd and kube-apiserver binaries: %s (skipping outside CI; in CI this fails)", problem)
+}
+
+// TestRunTiny runs the whole benchmark, SotW and Delta, with tiny figures
+// against real local clusters and the real hub binary.
+func TestRunTiny(t *testing.T) {
+	requireK8sBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hubBin, _, err := buildHub(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, delta := range []bool{false, true} {
+		name := "SotW"
+		if delta {
+			name = "Delta"
+		}
+		t.Run(name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 1, 4, 20, 5, 2
+			cfg.Delta = delta
+			cfg.HubBin = hubBin
+			cfg.WriteGap = 150 * time.Millisecond
+			cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, time.Minute, time.Minute
+			cfg.Progress = t.Logf
+			sum, err := run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sum.Protocol != name {
+				t.Errorf("protocol %q, want %q", sum.Protocol, name)
+			}
+			if len(sum.Writes) != cfg.Writes {
+				t.Fatalf("%d writes measured, want %d", len(sum.Writes), cfg.Writes)
+			}
+			pairs := 0
+			for i, w := range sum.Writes {
+				// 4 services, each stream watches all of them: every stream
+				// watches every written service.
+				if w.Watchers != cfg.Streams || w.Reached != cfg.Streams {
+					t.Errorf("write %d reached %d of %d watchers, want all %d streams", i+1, w.Reached, w.Watchers, cfg.Streams)
+				}
+				pairs += w.Reached
+			}
+			if sum.Convergence.N != pairs || pairs != cfg.Writes*cfg.Streams {
+				t.Errorf("convergence over %d pairs (%d reached), want %d", sum.Convergence.N, pairs, cfg.Writes*cfg.Streams)
+			}
+			if sum.StreamConnect.N != cfg.Streams {
+				t.Errorf("%d streams connected, want %d", sum.StreamConnect.N, cfg.Streams)
+			}
+			if sum.Resends != 0 || sum.HubMetrics.Nacks != 0 {
+				t.Errorf("%d resends and %v NACKs, want none", sum.Resends, sum.HubMetrics.Nacks)
+			}
+			if p := sum.Problems(); len(p) != 0 {
+				t.Errorf("problems: %v", p)
+			}
+			if sum.MemberSyncSeconds <= 0 || sum.Hub.AfterWrites.RSSMiB <= 0 || sum.Hub.AfterWrites.PeakRSSMiB < sum.Hub.AfterWrites.RSSMiB {
+				t.Errorf("implausible figures: sync %.2fs, RSS %.0f MiB, peak %.0f MiB", sum.MemberSyncSeconds, sum.Hub.AfterWrites.RSSMiB, sum.Hub.AfterWrites.PeakRSSMiB)
+			}
+			if sum.WriteResponses < int64(pairs) {
+				t.Errorf("%d responses during the writes, want at least %d", sum.WriteResponses, pairs)
+			}
+		})
+	}
+}
+
+func TestLayout(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.ServicesPerStream = 3, 10, 45, 7, 4
+	l := newLayout(cfg)
+	seen := map[string]bool{}
+	total := 0
+	perMember := map[int]int{}
+	for i, s := range l.services {
+		if len(s.members) != 2 || s.members[0] == s.members[1] {
+			t.Errorf("service %d in members %v, want 2 distinct", i, s.members)
+		}
+		for k, b := range s.backend {
+			perMember[s.members[k]]++
+			if len(b) == 0 {
+				t.Errorf("service %d has no endpoints in member %d", i, s.members[k])
+			}
+			for _, e := range b {
+				if seen[e.IP] {
+					t.Errorf("address %s used twice", e.IP)
+				}
+				seen[e.IP] = true
+			}
+		}
+		total += s.endpoints()
+	}
+	if total != cfg.Endpoints {
+		t.Errorf("%d endpoints, want %d", total, cfg.Endpoints)
+	}
+	for m, n := range perMember {
+		if n < 6 || n > 7 {
+			t.Errorf("member %d holds %d services, want 6 or 7 (20 placements over 3 members)", m, n)
+		}
+	}
+	watches := 0
+	for j, w := range l.watched {
+		if len(w) != 4 {
+			t.Errorf("stream %d watches %d services, want 4", j, len(w))
+		}
+		watches += len(w)
+	}
+	n := 0
+	for _, w := range l.watchers {
+		n += len(w)
+	}
+	if n != watches {
+		t.Errorf("watchers index has %d entries, streams watch %d", n, watches)
+	}
+	if got := address(0); got != "198.18.0.1" {
+		t.Errorf("address(0) = %s", got)
+	}
+	if got := address(255); got != "198.18.1.0" {
+		t.Errorf("address(255) = %s", got)
+	}
+	if got := address(maxAddresses - 1); got != "198.19.255.254" {
+		t.Errorf("last address = %s", got)
+	}
+}

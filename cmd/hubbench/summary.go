@@ -1,0 +1,244 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Summary is everything one run measured.
+type Summary struct {
+	Config   Config        `json:"config"`
+	Protocol string        `json:"protocol"` // SotW or Delta
+	Machine  Machine       `json:"machine"`
+	Layout   LayoutSummary `json:"layout"`
+
+	ClustersStartSeconds float64 `json:"clustersStartSeconds"`
+	CreateSeconds        float64 `json:"createSeconds"`
+	// MemberSyncSeconds: hub start → every member Ready and every service
+	// listed with all its endpoints.
+	MemberSyncSeconds float64 `json:"memberSyncSeconds"`
+	// ColdConnectSeconds: first dial → every stream holds EDS for all its
+	// services.
+	ColdConnectSeconds float64 `json:"coldConnectSeconds"`
+	// StreamConnect: per stream, its dial → it holds EDS for all its services.
+	StreamConnect    Percentiles `json:"streamConnect"`
+	ConnectResponses int64       `json:"connectResponses"`
+
+	// Convergence: write issued → a watching stream received the new
+	// endpoint, over every (write, watching stream) pair.
+	Convergence Percentiles   `json:"convergence"`
+	Writes      []WriteResult `json:"writes"`
+
+	// Resends: a SotW version (Delta: a resource version) received again on
+	// the same stream, although we never NACK. Must be 0.
+	Resends int64 `json:"resends"`
+
+	WritePhaseSeconds float64 `json:"writePhaseSeconds"`
+	// WriteResponses: responses all streams received during the writes;
+	// PushesPerSecond = WriteResponses / WritePhaseSeconds (gaps included).
+	WriteResponses  int64   `json:"writeResponses"`
+	PushesPerSecond float64 `json:"pushesPerSecond"`
+	// HubWriteResponses and HubPushesPerSecond: the same from the hub's
+	// hub_xds_responses_total.
+	HubWriteResponses  float64 `json:"hubWriteResponses"`
+	HubPushesPerSecond float64 `json:"hubPushesPerSecond"`
+	// HubMetrics is /metrics after the writes, HubMetricsAfterConnect
+	// after cold connect.
+	HubMetrics             hubMetrics `json:"hubMetrics"`
+	HubMetricsAfterConnect hubMetrics `json:"hubMetricsAfterConnect"`
+
+	Hub struct {
+		AfterSync    ProcStats `json:"afterSync"`
+		AfterConnect ProcStats `json:"afterConnect"`
+		AfterWrites  ProcStats `json:"afterWrites"`
+	} `json:"hub"`
+	HubPID   int    `json:"hubPid"`
+	HubBuild string `json:"hubBuild"`
+	HubLog   string `json:"hubLog,omitempty"`
+	// LoadBefore/After: /proc/loadavg around the write phase (the machine
+	// may be shared).
+	LoadBefore string `json:"loadBefore"`
+	LoadAfter  string `json:"loadAfter"`
+}
+
+// Machine is where the run happened.
+type Machine struct {
+	CPUs      int     `json:"cpus"`
+	CPUModel  string  `json:"cpuModel"`
+	MemGiB    float64 `json:"memGiB"`
+	Kernel    string  `json:"kernel"`
+	GoVersion string  `json:"goVersion"`
+	LoadAvg   string  `json:"loadAvg"` // at start
+}
+
+// LayoutSummary is what the run created.
+type LayoutSummary struct {
+	Clusters            []string `json:"clusters"`
+	ServicesPerMember   int      `json:"servicesPerMember"` // max over members
+	EndpointsPerService int      `json:"endpointsPerService"`
+	SlicesCreated       int      `json:"slicesCreated"`
+	WatchersPerService  MinMax   `json:"watchersPerService"`
+}
+
+// MinMax is a range with its mean.
+type MinMax struct {
+	Min  int     `json:"min"`
+	Mean float64 `json:"mean"`
+	Max  int     `json:"max"`
+}
+
+// WriteResult is one measured write.
+type WriteResult struct {
+	Service  string  `json:"service"`
+	Member   string  `json:"member"`
+	Address  string  `json:"address"`
+	APIMs    float64 `json:"apiMs"` // the Update call itself
+	Watchers int     `json:"watchers"`
+	Reached  int     `json:"reached"`
+	P50Ms    float64 `json:"p50Ms"`
+	MaxMs    float64 `json:"maxMs"`
+}
+
+// Percentiles of a set of durations, in milliseconds (nearest rank).
+type Percentiles struct {
+	N     int     `json:"n"`
+	P50Ms float64 `json:"p50Ms"`
+	P90Ms float64 `json:"p90Ms"`
+	P99Ms float64 `json:"p99Ms"`
+	MaxMs float64 `json:"maxMs"`
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d)/1e4) / 100 }
+
+func percentiles(ds []time.Duration) Percentiles {
+	if len(ds) == 0 {
+		return Percentiles{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	rank := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(i, 0)]
+	}
+	return Percentiles{N: len(s), P50Ms: ms(rank(0.50)), P90Ms: ms(rank(0.90)), P99Ms: ms(rank(0.99)), MaxMs: ms(s[len(s)-1])}
+}
+
+func (l *layout) summary(cfg Config) LayoutSummary {
+	out := LayoutSummary{Clusters: append([]string{homeID}, l.memberIDs...)}
+	perMember := make([]int, cfg.Members)
+	for _, s := range l.services {
+		for _, m := range s.members {
+			perMember[m]++
+			out.SlicesCreated++
+		}
+		out.EndpointsPerService = max(out.EndpointsPerService, s.endpoints())
+	}
+	out.ServicesPerMember = slices.Max(perMember)
+	out.WatchersPerService.Min = math.MaxInt
+	total := 0
+	for _, w := range l.watchers {
+		out.WatchersPerService.Min = min(out.WatchersPerService.Min, len(w))
+		out.WatchersPerService.Max = max(out.WatchersPerService.Max, len(w))
+		total += len(w)
+	}
+	out.WatchersPerService.Mean = float64(total) / float64(len(l.watchers))
+	return out
+}
+
+// Targets of the 2,000-stream benchmark (issue 4).
+const (
+	targetP99Ms  = 250
+	targetRSSMiB = 400
+)
+
+// Problems are correctness failures that make the run fail.
+func (s *Summary) Problems() []string {
+	var out []string
+	if s.Resends != 0 {
+		out = append(out, fmt.Sprintf("%d responses were resent (same version and type twice on one stream) although no stream ever NACKed", s.Resends))
+	}
+	if s.HubMetrics.Nacks != 0 {
+		out = append(out, fmt.Sprintf("the hub counted %v NACKs although no stream ever NACKed", s.HubMetrics.Nacks))
+	}
+	for i, w := range s.Writes {
+		if w.Reached != w.Watchers {
+			out = append(out, fmt.Sprintf("write %d reached %d of %d watching streams", i+1, w.Reached, w.Watchers))
+		}
+	}
+	return out
+}
+
+// Missed lists the targets the run missed.
+func (s *Summary) Missed() []string {
+	var out []string
+	if s.Convergence.P99Ms > targetP99Ms {
+		out = append(out, fmt.Sprintf("target missed: p99 convergence %.1f ms > %d ms", s.Convergence.P99Ms, targetP99Ms))
+	}
+	if s.Hub.AfterWrites.PeakRSSMiB > targetRSSMiB {
+		out = append(out, fmt.Sprintf("target missed: hub peak RSS %.0f MiB > %d MiB", s.Hub.AfterWrites.PeakRSSMiB, targetRSSMiB))
+	}
+	return out
+}
+
+// WriteText prints the human summary.
+func (s *Summary) WriteText(w io.Writer) {
+	c := s.Config
+	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
+	p("hubbench: %s ADS, %d members + home, %d services (each in %d members), %d endpoints, %d streams × %d services (CDS %s), %d writes",
+		s.Protocol, c.Members, c.Services, c.serviceMembers(), c.Endpoints, c.Streams, c.servicesPerStream(), c.CDS, c.Writes)
+	p("machine:  %d CPUs (%s), %.1f GiB, Linux %s, %s; load average %s at start, %s → %s around the writes",
+		s.Machine.CPUs, s.Machine.CPUModel, s.Machine.MemGiB, s.Machine.Kernel, s.Machine.GoVersion, s.Machine.LoadAvg, s.LoadBefore, s.LoadAfter)
+	p("layout:   ≤%d services per member, ≤%d endpoints per service, %d EndpointSlices, %d–%d watchers per service (mean %.1f)",
+		s.Layout.ServicesPerMember, s.Layout.EndpointsPerService, s.Layout.SlicesCreated,
+		s.Layout.WatchersPerService.Min, s.Layout.WatchersPerService.Max, s.Layout.WatchersPerService.Mean)
+	p("hub:      %s", s.HubBuild)
+	p("setup:    API servers started in %.1fs, objects created in %.1fs", s.ClustersStartSeconds, s.CreateSeconds)
+	p("")
+	p("  member sync time          %8.2f s    (hub start → %d clusters Ready and %d services listed with all endpoints)", s.MemberSyncSeconds, c.Members+1, c.Services)
+	p("  cold connect              %8.2f s    (first dial → all %d streams hold EDS for their services; %d responses)", s.ColdConnectSeconds, c.Streams, s.ConnectResponses)
+	p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → full EDS, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
+	p("  convergence p50           %8.1f ms", s.Convergence.P50Ms)
+	p("  convergence p90           %8.1f ms", s.Convergence.P90Ms)
+	p("  convergence p99           %8.1f ms", s.Convergence.P99Ms)
+	p("  convergence max           %8.1f ms   (%d (write, watching stream) pairs, all reached)", s.Convergence.MaxMs, s.Convergence.N)
+	p("  pushes/s (client)         %8.1f      (%d responses in %.1fs of writes, gaps of %s included)", s.PushesPerSecond, s.WriteResponses, s.WritePhaseSeconds, c.WriteGap)
+	p("  pushes/s (hub /metrics)   %8.1f      (hub_xds_responses_total +%.0f)", s.HubPushesPerSecond, s.HubWriteResponses)
+	p("  resends                   %8d      (never NACKed; hub counted %.0f NACKs)", s.Resends, s.HubMetrics.Nacks)
+	p("  hub RSS now / peak        %8.0f / %.0f MiB after the writes (after sync %.0f / %.0f, after connect %.0f / %.0f)",
+		s.Hub.AfterWrites.RSSMiB, s.Hub.AfterWrites.PeakRSSMiB,
+		s.Hub.AfterSync.RSSMiB, s.Hub.AfterSync.PeakRSSMiB, s.Hub.AfterConnect.RSSMiB, s.Hub.AfterConnect.PeakRSSMiB)
+	for _, m := range []struct {
+		when string
+		m    hubMetrics
+	}{{"after connect", s.HubMetricsAfterConnect}, {"after writes ", s.HubMetrics}} {
+		p("  hub Go runtime %s heap in use %.0f MiB (GC goal %.0f), stacks %.0f MiB, runtime total %.0f MiB, %.0f goroutines, %.0f GCs",
+			m.when, m.m.HeapInuseMiB, m.m.NextGCMiB, m.m.StackInuseMiB, m.m.GoSysMiB, m.m.Goroutines, m.m.GCs)
+	}
+	p("  hub CPU                   %8.1f s    (after sync %.1f s, after connect %.1f s; %d threads)",
+		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
+	p("")
+	p("  write  service     member  watchers  reached   p50 ms   max ms   API ms")
+	for i, wr := range s.Writes {
+		p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
+	}
+	p("")
+	var targets []string
+	check := func(ok bool, what string) {
+		verdict := "met"
+		if !ok {
+			verdict = "MISSED"
+		}
+		targets = append(targets, fmt.Sprintf("%s %s", what, verdict))
+	}
+	check(s.Convergence.P99Ms <= targetP99Ms, fmt.Sprintf("p99 convergence %.0f ms ≤ %d ms:", s.Convergence.P99Ms, targetP99Ms))
+	check(s.Hub.AfterWrites.PeakRSSMiB <= targetRSSMiB, fmt.Sprintf("hub peak RSS %.0f MiB ≤ %d MiB:", s.Hub.AfterWrites.PeakRSSMiB, targetRSSMiB))
+	check(s.Resends == 0, "zero resends:")
+	p("targets:  %s", strings.Join(targets, "; "))
+	if s.HubLog != "" {
+		p("hub log:  %s", s.HubLog)
+	}
+}
