@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 )
@@ -64,19 +65,26 @@ func TestFederatedEDS(t *testing.T) {
 
 	h := startHub(t, home, "--debounce-after", "100ms")
 
-	// Both members Ready with the right counts: the default/kubernetes
-	// Service (no endpoints, no controller manager runs) plus echo.
+	// Both members Ready with the right counts: every Service the member
+	// has (other tests add theirs to the shared clusters), echo's endpoint.
+	services := func(c kubernetes.Interface) int {
+		list, err := c.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
 	eventually(t, 30*time.Second, func() error {
 		cl := h.clusters(t)
-		for _, id := range []string{"west", "east"} {
+		for id, cs := range map[string]kubernetes.Interface{"west": westClient, "east": eastClient} {
 			c, ok := cl[id]
 			switch {
 			case !ok:
 				return fmt.Errorf("cluster %s not listed", id)
 			case c.State != "Ready":
 				return fmt.Errorf("cluster %s is %s: %s", id, c.State, c.Message)
-			case c.Services != 2 || c.Endpoints != 1:
-				return fmt.Errorf("cluster %s has %d services, %d endpoints; want 2, 1", id, c.Services, c.Endpoints)
+			case c.Services != services(cs) || c.Endpoints < 1:
+				return fmt.Errorf("cluster %s has %d services, %d endpoints; want %d, at least 1", id, c.Services, c.Endpoints, services(cs))
 			case c.Secret != "istio-system/"+secretName:
 				return fmt.Errorf("cluster %s secret = %q", id, c.Secret)
 			case c.Server != map[string]string{"west": west.Server(), "east": east.Server()}[id]:

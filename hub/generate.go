@@ -79,6 +79,7 @@ func newGenerator(index *Index) *generator {
 // version that identifies the set (see responseVersion). Shared: read only.
 type wildcardSet struct {
 	res     []*resource
+	anys    []*anypb.Any // res's messages, the body of every SotW response for the set
 	version string
 }
 
@@ -96,7 +97,10 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 	if err != nil {
 		return wildcardSet{}, err
 	}
-	set := wildcardSet{res: res, version: responseVersion(res)}
+	set := wildcardSet{res: res, anys: make([]*anypb.Any, len(res)), version: responseVersion(res)}
+	for i, r := range res {
+		set.anys[i] = r.any
+	}
 	g.mu.Lock()
 	if g.allGen == gen {
 		g.wildcard[typeURL] = set

@@ -3,8 +3,9 @@ package hub
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -83,7 +84,8 @@ type streamState struct {
 	status ProxyStatus
 	types  map[string]*TypeStatus
 	nonces map[string]string                // nonce → version, per stream (nonces are unique per stream)
-	held   map[string]map[string]*anypb.Any // type URL → name → resource the stream holds
+	held   map[string]map[string]*anypb.Any // Delta: type URL → name → resource the stream holds
+	sotw   map[string][]*anypb.Any          // SotW: type URL → the last response's resources (shared, read only)
 }
 
 func newProxyTracker(log *slog.Logger) *proxyTracker {
@@ -114,7 +116,7 @@ func shortType(typeURL string) string {
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()},
-		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{},
+		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
 	}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
@@ -248,34 +250,38 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, typeURL, nonce, vers
 }
 
 func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
-	held := make(map[string]*anypb.Any, len(resp.GetResources()))
-	for i, a := range resp.GetResources() {
-		held[strconv.Itoa(i)] = a // SotW: the response is the whole state; order kept by index
+	if st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources())); st != nil {
+		st.sotw[resp.GetTypeUrl()] = resp.GetResources() // the whole state, as sent
+		p.mu.Unlock()
 	}
-	p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), func(m map[string]*anypb.Any) map[string]*anypb.Any { return held })
 }
 
 func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
-	p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), func(m map[string]*anypb.Any) map[string]*anypb.Any {
-		if m == nil {
-			m = map[string]*anypb.Any{}
-		}
-		for _, r := range resp.GetResources() {
-			m[r.GetName()] = r.GetResource()
-		}
-		for _, name := range resp.GetRemovedResources() {
-			delete(m, name)
-		}
-		return m
-	})
+	st := p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+	if st == nil {
+		return
+	}
+	defer p.mu.Unlock()
+	m := st.held[resp.GetTypeUrl()]
+	if m == nil {
+		m = map[string]*anypb.Any{}
+		st.held[resp.GetTypeUrl()] = m
+	}
+	for _, r := range resp.GetResources() {
+		m[r.GetName()] = r.GetResource()
+	}
+	for _, name := range resp.GetRemovedResources() {
+		delete(m, name)
+	}
 }
 
-// response records a sent response; apply updates what the stream holds.
-func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resources int, apply func(map[string]*anypb.Any) map[string]*anypb.Any) {
+// response records a sent response and returns the stream's state with
+// p.mu held, for the caller to record what the stream now holds and unlock;
+// nil (unlocked) when the stream is gone.
+func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resources int) *streamState {
 	now := time.Now()
 	p.responses.WithLabelValues(shortType(typeURL)).Inc()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	sec := now.Unix()
 	if i := sec % 60; p.pushAt[i] != sec {
 		p.pushAt[i], p.pushes[i] = sec, 0
@@ -283,7 +289,8 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 	p.pushes[sec%60]++
 	st := p.streams[id]
 	if st == nil {
-		return
+		p.mu.Unlock()
+		return nil
 	}
 	ts := st.typeStatus(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
@@ -293,17 +300,7 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 		clear(st.nonces)
 		st.nonces[nonce] = version
 	}
-	st.held[typeURL] = apply(st.held[typeURL])
-}
-
-// lessName orders SotW index keys numerically and Delta names lexically.
-func lessName(a, b string) bool {
-	ia, errA := strconv.Atoi(a)
-	ib, errB := strconv.Atoi(b)
-	if errA == nil && errB == nil {
-		return ia < ib
-	}
-	return a < b
+	return st
 }
 
 func (s *streamState) typeStatus(typeURL string) *TypeStatus {
@@ -364,13 +361,12 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	if found == nil {
 		return ProxyConfig{}, false
 	}
-	res := make(map[string][]*anypb.Any, len(found.held))
+	res := make(map[string][]*anypb.Any, len(found.held)+len(found.sotw))
+	for typeURL, list := range found.sotw {
+		res[typeURL] = list
+	}
 	for typeURL, held := range found.held {
-		names := make([]string, 0, len(held))
-		for name := range held {
-			names = append(names, name)
-		}
-		sort.Slice(names, func(i, j int) bool { return lessName(names[i], names[j]) })
+		names := slices.Sorted(maps.Keys(held))
 		for _, name := range names {
 			res[typeURL] = append(res[typeURL], held[name])
 		}

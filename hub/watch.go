@@ -327,6 +327,9 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 // already holds exactly these resources (the first request of a type on a
 // stream is always answered, possibly with no resources).
 func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
+	if wt.wildcard && wt.typeURL != resourcev3.SecretType {
+		return w.respondWildcard(wt)
+	}
 	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
@@ -352,6 +355,34 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
 		ReturnedResources: returned,
+	}, nil
+}
+
+// wildcardKey is the only entry of what a SotW wildcard stream is recorded
+// to hold: the version of the whole set. No resource can have this name.
+// With thousands of streams subscribed to every cluster, a per-stream map
+// of every name would cost more than everything else the hub keeps.
+const wildcardKey = "\x00every resource"
+
+// respondWildcard answers a SotW wildcard watch from the shared set: one
+// slice of resources and one version for every stream.
+func (w *watcher) respondWildcard(wt *watch) (cachev3.Response, error) {
+	set, err := w.gen.all(wt.typeURL)
+	if err != nil {
+		return nil, err
+	}
+	wt.setVersion = set.version
+	if wt.req.GetResponseNonce() != "" && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
+		return nil, nil
+	}
+	return &cachev3.PassthroughResponse{
+		Request: wt.req,
+		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
+			VersionInfo: set.version,
+			Resources:   set.anys, // shared: the server and the tracker only read it
+			TypeUrl:     wt.typeURL,
+		},
+		ReturnedResources: map[string]string{wildcardKey: set.version},
 	}, nil
 }
 
