@@ -211,6 +211,10 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.StreamInterceptor(streams.interceptor),
+		// Thousands of mostly idle proxy connections: keep each one's read
+		// buffer small (requests are ACKs of a few hundred bytes; grpc-go
+		// already releases write buffers after each flush).
+		grpc.ReadBufferSize(8 << 10),
 	}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))

@@ -120,7 +120,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	}
 	cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
 	hubStart := time.Now()
-	h, err := startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs)
+	h, err := startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs, cfg.HubEnv)
 	if err != nil {
 		return nil, err
 	}

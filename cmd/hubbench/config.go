@@ -52,6 +52,9 @@ type Config struct {
 	HubBin string `json:"hubBin,omitempty"`
 	// HubArgs are extra arguments for `hub serve`.
 	HubArgs []string `json:"hubArgs,omitempty"`
+	// HubEnv are extra NAME=value environment variables for the hub only,
+	// e.g. GOMEMLIMIT as deploy/deployment.yaml sets it.
+	HubEnv []string `json:"hubEnv,omitempty"`
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
@@ -99,6 +102,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "how long all streams may take to get their config")
 	fs.StringVar(&c.HubBin, "hub-bin", c.HubBin, "prebuilt hub binary (default: go build ./cmd/hub into a temp dir)")
 	fs.Var((*stringList)(&c.HubArgs), "hub-arg", "extra argument for `hub serve` (repeatable), e.g. --hub-arg=--debounce-after=50ms")
+	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }

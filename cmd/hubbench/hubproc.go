@@ -82,7 +82,7 @@ func hubBuild(bin string) string {
 
 // startHub runs `hub serve` against the home cluster with every listener on
 // a free loopback port and waits for its "hub listening" log line.
-func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra []string) (*hubProcess, error) {
+func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra, env []string) (*hubProcess, error) {
 	kubeconfig := filepath.Join(dir, "home.kubeconfig")
 	if err := os.WriteFile(kubeconfig, homeKubeconfig, 0o600); err != nil {
 		return nil, err
@@ -112,6 +112,7 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 		"--api-token-file", tokenFile,
 	}, extra...)
 	h.cmd = exec.Command(bin, args...)
+	h.cmd.Env = append(os.Environ(), env...)
 	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
 	// The hub dies with us even if we are killed with SIGKILL.
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
