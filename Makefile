@@ -4,7 +4,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 K8S_BIN      = internal/localcluster/k8sbin/build.sh
 NETNS        = internal/localcluster/netns.sh
 
-.PHONY: all build demo test lint unit k8s-bin clean
+.PHONY: all build demo test lint unit k8s-bin bench clean
 
 all: build
 
@@ -38,6 +38,11 @@ test: lint
 # Fast tests only (no local clusters needed for these packages).
 unit:
 	$(GO) test -race -count=1 ./clusters/... ./hub/... ./api/...
+
+# The load benchmark (docs/performance.md), e.g.
+#   make bench BENCH_ARGS="--members 3 --services 300 --endpoints 3000 --streams 200"
+bench:
+	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) $(GO) run ./cmd/hubbench $(BENCH_ARGS)
 
 clean:
 	rm -rf bin
