@@ -138,6 +138,8 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	// New endpoints: the cluster list is the same, the endpoints are not.
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
 	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	cds.busy.Add(1) // as push does for the watches it takes
+	eds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]*watch{cds, eds}); len(got) != 1 || got[0] != eds {
 		t.Fatalf("after an endpoint change %d watches are re-evaluated; want only EDS", len(got))
 	}
@@ -146,6 +148,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
 	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	cds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]*watch{cds}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")
 	}

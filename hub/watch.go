@@ -40,10 +40,11 @@ type watcher struct {
 	watches map[*watch]struct{}
 }
 
-// watch is a SotW request with copies of its stream's subscription state:
-// the server's Subscription shares maps with the stream goroutine, which may
-// change them as soon as the watch is cancelled, while a push may still be
-// evaluating it.
+// watch is a request with its stream's subscription state. The names are
+// copied; the map of what the stream holds is not (with thousands of
+// wildcard streams that copy was most of the hub's memory): the server
+// mutates it only after cancelling the watch, and cancelling waits until no
+// push is evaluating the watch (busy), so the two never overlap.
 type watch struct {
 	typeURL  string
 	nodeID   string
@@ -55,7 +56,8 @@ type watch struct {
 	// resource of its type when it was last evaluated: a push that leaves
 	// the set as it is has nothing for it.
 	setVersion string
-	returned   map[string]string // what the stream last received (and, for Delta, still holds)
+	returned   map[string]string // what the stream last received (and, for Delta, still holds); shared, read only
+	busy       sync.WaitGroup    // pushes evaluating this watch; cancelling waits for them
 
 	req *cachev3.Request // SotW
 	out chan cachev3.Response
@@ -65,7 +67,7 @@ type watch struct {
 }
 
 func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
-	wt := &watch{typeURL: typeURL, nodeID: nodeID, wildcard: sub.IsWildcard(), returned: maps.Clone(sub.ReturnedResources())}
+	wt := &watch{typeURL: typeURL, nodeID: nodeID, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources()}
 	if !wt.wildcard {
 		if typeURL != resourcev3.SecretType {
 			wt.hosts = map[string]struct{}{}
@@ -151,6 +153,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 				w.mu.Lock()
 				delete(w.watches, wt)
 				w.mu.Unlock()
+				wt.busy.Wait() // the server changes the subscription state next
 			}, nil
 		}
 		w.mu.Unlock() // a push ran while we evaluated: evaluate again
@@ -192,6 +195,7 @@ func (w *watcher) push(changed map[string]struct{}) {
 	parked := make([]*watch, 0, len(w.watches))
 	for wt := range w.watches {
 		if wt.affectedBy(changed) {
+			wt.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
 			parked = append(parked, wt)
 		}
 	}
@@ -231,6 +235,7 @@ func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
 				versions[wt.typeURL] = v
 			}
 			if v == wt.setVersion {
+				wt.busy.Done()
 				continue
 			}
 		}
@@ -239,8 +244,11 @@ func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
 	return out
 }
 
-// pushTo answers one parked watch if its stream lacks something.
+// pushTo answers one parked watch if its stream lacks something. Sending
+// while holding busy cannot block the stream's cancel: it sends only if the
+// watch was still parked, and the server buffers one response per type.
 func (w *watcher) pushTo(wt *watch) {
+	defer wt.busy.Done()
 	var send func()
 	if wt.deltaOut != nil {
 		resp, err := w.respondDelta(wt)
