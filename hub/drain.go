@@ -45,28 +45,37 @@ func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamSer
 }
 
 // drain closes every open stream, spread evenly over spread, and returns
-// when all have been told to close; when ctx ends first the rest are closed
-// at once.
+// the number closed; streams that opened meanwhile (before the GOAWAY
+// reached their client) are closed right after. When ctx ends first the
+// rest are closed at once.
 func (s *streamSet) drain(ctx context.Context, spread time.Duration) int {
+	n := s.closeSpread(ctx, spread)
+	for late := s.closeSpread(ctx, 0); late > 0; late = s.closeSpread(ctx, 0) {
+		n += late
+	}
+	return n
+}
+
+// closeSpread cancels the streams open now, one every spread/n.
+func (s *streamSet) closeSpread(ctx context.Context, spread time.Duration) int {
 	s.mu.Lock()
 	cancels := make([]context.CancelFunc, 0, len(s.cancels))
-	for _, c := range s.cancels {
+	for id, c := range s.cancels {
 		cancels = append(cancels, c)
+		delete(s.cancels, id) // cancelled once; the interceptor's delete is then a no-op
 	}
 	s.mu.Unlock()
 	if len(cancels) == 0 {
 		return 0
 	}
 	step := spread / time.Duration(len(cancels))
-	ticker := time.NewTicker(max(step, time.Microsecond))
-	defer ticker.Stop()
 	for i, cancel := range cancels {
 		cancel()
-		if i == len(cancels)-1 {
-			break
+		if i == len(cancels)-1 || step <= 0 {
+			continue
 		}
 		select {
-		case <-ticker.C:
+		case <-time.After(step):
 		case <-ctx.Done():
 			for _, c := range cancels[i+1:] {
 				c()

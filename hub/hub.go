@@ -237,7 +237,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		},
 		StreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(sotw(id), n) },
 		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			return p.onStreamRequest(ctx, sotw(id), req)
+			return p.onStreamRequest(sotw(id), req)
 		},
 		StreamResponseFunc: func(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
 			p.onStreamResponse(ctx, sotw(id), req, resp)
@@ -250,7 +250,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		},
 		DeltaStreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(delta(id), n) },
 		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			return p.onDeltaRequest(ctx, delta(id), req)
+			return p.onDeltaRequest(delta(id), req)
 		},
 		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
 			p.onDeltaResponse(delta(id), req, resp)

@@ -2,19 +2,23 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 // serveHub runs a Hub with opts on a loopback port; stop ends ServeADS and
@@ -152,4 +156,62 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	if got := h.watcher.skipUnchangedWildcards([]*watch{cds}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")
 	}
+}
+
+func TestUnknownTypeIsRefused(t *testing.T) {
+	addr, _ := serveHub(t, Options{})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: "type.googleapis.com/made.up.Thing"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "made.up.Thing") {
+		t.Fatalf("unknown type: %v; want InvalidArgument naming it", err)
+	}
+}
+
+func TestRefusedStreamsAreNotCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01, Metrics: reg})
+	first, err := openCDS(t, context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := openCDS(t, ctx, addr); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second stream: %v", err)
+	}
+	if err := first.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = first.Recv() // the server ends the stream
+	wait.Until(t, 10*time.Second, func() error {
+		if v := gaugeValue(t, reg, "hub_xds_connected_streams"); v != 0 {
+			return fmt.Errorf("hub_xds_connected_streams = %v; want 0", v)
+		}
+		return nil
+	})
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
 }

@@ -79,7 +79,8 @@ type proxyTracker struct {
 
 type streamState struct {
 	ident  identity
-	token  string // a bearer token still to be reviewed (mTLS streams without a certificate)
+	token  string          // a bearer token still to be reviewed (mTLS streams without a certificate)
+	ctx    context.Context // the stream's, for that review
 	node   *corev3.Node
 	status ProxyStatus
 	types  map[string]*TypeStatus
@@ -115,8 +116,8 @@ func shortType(typeURL string) string {
 
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
 	st := &streamState{
-		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()},
-		types:  map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
+		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
+		types: map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
 	}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
@@ -145,26 +146,31 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	return nil
 }
 
+// onStreamClosed forgets a stream. go-control-plane calls it also for
+// streams whose open was refused (rate limit), which were never counted.
 func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 	p.mu.Lock()
-	if st := p.streams[id]; st != nil && p.identify != nil {
+	st := p.streams[id]
+	if st != nil && p.identify != nil {
 		p.identify(st.node, nil, identity{})
 	}
 	delete(p.streams, id)
 	p.mu.Unlock()
-	p.connected.Dec()
+	if st != nil {
+		p.connected.Dec()
+	}
 }
 
-func (p *proxyTracker) onStreamRequest(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest) error {
-	if err := p.authenticate(ctx, id, req.GetNode()); err != nil {
+func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+	if err := p.authenticate(id, req.GetNode()); err != nil {
 		return err
 	}
 	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	return nil
 }
 
-func (p *proxyTracker) onDeltaRequest(ctx context.Context, id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-	if err := p.authenticate(ctx, id, req.GetNode()); err != nil {
+func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	if err := p.authenticate(id, req.GetNode()); err != nil {
 		return err
 	}
 	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
@@ -175,14 +181,14 @@ func (p *proxyTracker) onDeltaRequest(ctx context.Context, id int64, req *discov
 // in the member cluster the proxy names (node metadata CLUSTER_ID, else the
 // ClusterID header). A rejected token ends the stream with Unauthenticated,
 // as istiod does; the identity it proves is pinned to that cluster.
-func (p *proxyTracker) authenticate(ctx context.Context, id int64, node *corev3.Node) error {
+func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	p.mu.Lock()
 	st := p.streams[id]
 	if st == nil || st.token == "" {
 		p.mu.Unlock()
 		return nil
 	}
-	token, cluster := st.token, st.ident.cluster
+	token, cluster, ctx := st.token, st.ident.cluster, st.ctx
 	st.token = ""
 	p.mu.Unlock()
 	if c := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {

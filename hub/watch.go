@@ -13,6 +13,8 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -108,8 +110,25 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{gen: gen, workers: max(workers, 1), log: log, watches: map[*watch]struct{}{}}
 }
 
+// servedTypes are the resource types the hub serves; a request for any
+// other ends its stream with InvalidArgument (nothing is kept for it).
+var servedTypes = map[string]bool{
+	resourcev3.ClusterType: true, resourcev3.EndpointType: true, resourcev3.ListenerType: true,
+	resourcev3.RouteType: true, resourcev3.SecretType: true,
+}
+
+func checkType(typeURL string) error {
+	if !servedTypes[typeURL] {
+		return status.Errorf(codes.InvalidArgument, "type %q is not served by the hub (CDS, EDS, LDS, RDS and SDS are)", typeURL)
+	}
+	return nil
+}
+
 // CreateWatch implements cache.ConfigWatcher for State-of-the-World streams.
 func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
+	if err := checkType(req.GetTypeUrl()); err != nil {
+		return nil, err
+	}
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
 	wt.req, wt.out = req, out
 	if id, ok := w.identities.Load(req.GetNode()); ok {
@@ -122,6 +141,9 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 // streams: only resources whose version differs from what the stream holds
 // are sent, and resources that disappeared are named as removed.
 func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
+	if err := checkType(req.GetTypeUrl()); err != nil {
+		return nil, err
+	}
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
 	wt.deltaReq, wt.deltaOut = req, out
 	if id, ok := w.identities.Load(req.GetNode()); ok {
@@ -160,9 +182,10 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 	}
 }
 
-// answer sends wt's response if there is one; the server buffers one
-// response per type and holds at most one watch per type, so sends never
-// block.
+// answer sends wt's response if there is one. Sends never block: a watch
+// sends at most once, SotW gives every watch its own one-slot channel, and
+// Delta's shared channel (20 slots) is drained before each request, after
+// which at most one watch per served type can answer.
 func (w *watcher) answer(wt *watch) (bool, error) {
 	if wt.deltaOut != nil {
 		resp, err := w.respondDelta(wt)
@@ -246,7 +269,7 @@ func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
 
 // pushTo answers one parked watch if its stream lacks something. Sending
 // while holding busy cannot block the stream's cancel: it sends only if the
-// watch was still parked, and the server buffers one response per type.
+// watch was still parked, and such a send never blocks (see answer).
 func (w *watcher) pushTo(wt *watch) {
 	defer wt.busy.Done()
 	var send func()
