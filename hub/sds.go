@@ -33,11 +33,13 @@ type SecretAuthorizer interface {
 }
 
 // sarCache remembers SubjectAccessReview answers as istiod does: an allow
-// for 5 minutes, a deny for 1 minute.
+// for 5 minutes, a deny for 1 minute; a failed review for 5 seconds, so an
+// unreachable member does not make every push wait on its timeout.
 type sarCache struct {
-	authz SecretAuthorizer
-	allow *expirable.LRU[string, struct{}]
-	deny  *expirable.LRU[string, struct{}]
+	authz  SecretAuthorizer
+	allow  *expirable.LRU[string, struct{}]
+	deny   *expirable.LRU[string, struct{}]
+	failed *expirable.LRU[string, error]
 }
 
 func newSARCache(a SecretAuthorizer) *sarCache {
@@ -45,9 +47,10 @@ func newSARCache(a SecretAuthorizer) *sarCache {
 		return nil
 	}
 	return &sarCache{
-		authz: a,
-		allow: expirable.NewLRU[string, struct{}](10000, nil, 5*time.Minute),
-		deny:  expirable.NewLRU[string, struct{}](10000, nil, time.Minute),
+		authz:  a,
+		allow:  expirable.NewLRU[string, struct{}](10000, nil, 5*time.Minute),
+		deny:   expirable.NewLRU[string, struct{}](10000, nil, time.Minute),
+		failed: expirable.NewLRU[string, error](10000, nil, 5*time.Second),
 	}
 }
 
@@ -59,10 +62,14 @@ func (c *sarCache) allowed(cluster, saNS, sa, ns string) (bool, error) {
 	if _, ok := c.deny.Get(key); ok {
 		return false, nil
 	}
+	if err, ok := c.failed.Get(key); ok {
+		return false, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ok, err := c.authz.CanListSecrets(ctx, cluster, saNS, sa, ns)
 	if err != nil {
+		c.failed.Add(key, err)
 		return false, err
 	}
 	if ok {
