@@ -1,22 +1,16 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,34 +22,11 @@ import (
 // sdsFetch asks the hub for SDS resources and returns the secrets by name.
 func sdsFetch(t *testing.T, addr string, creds credentials.TransportCredentials, cluster string, names ...string) map[string]*tlsv3.Secret {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sds-" + rand.String(4), Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := stream.Recv()
+	got, err := sdsTry(addr, creds, "", cluster, names...)
 	if err != nil {
 		t.Fatalf("SDS: %v", err)
 	}
-	out := map[string]*tlsv3.Secret{}
-	for _, a := range resp.Resources {
-		var s tlsv3.Secret
-		if err := a.UnmarshalTo(&s); err != nil {
-			t.Fatal(err)
-		}
-		out[s.Name] = &s
-	}
-	return out
+	return got
 }
 
 // TestSDSEndToEnd serves TLS material from real member Secrets over the

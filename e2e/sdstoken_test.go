@@ -35,10 +35,14 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 }
 func (bearer) RequireTransportSecurity() bool { return false } // the plaintext case is tested too
 
-// sdsTry asks for SDS resources and returns what the first response held,
-// or the stream's error.
+// sdsTry asks for SDS resources, with token as a bearer token unless it is
+// empty, and returns what the first response held, or the stream's error.
 func sdsTry(addr string, creds credentials.TransportCredentials, token bearer, cluster string, names ...string) (map[string]*tlsv3.Secret, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithPerRPCCredentials(token))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(token))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}

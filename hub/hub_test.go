@@ -21,9 +21,9 @@ import (
 	"github.com/hubmesh/hub/internal/wait"
 )
 
-// serveHub runs a Hub with opts on a loopback port; stop ends ServeADS and
-// returns its error once it has returned.
-func serveHub(t *testing.T, opts Options) (addr string, stop func() error) {
+// serveHub runs a Hub with opts on a loopback port until the test ends;
+// stop ends ServeADS earlier and returns its error once it has returned.
+func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() error) {
 	t.Helper()
 	opts.DomainSuffix, opts.DebounceAfter, opts.DebounceMax = "cluster.local", 10*time.Millisecond, time.Second
 	h, err := New(opts)
@@ -52,7 +52,7 @@ func serveHub(t *testing.T, opts Options) (addr string, stop func() error) {
 		return result
 	}
 	t.Cleanup(func() { _ = stop() })
-	return lis.Addr().String(), stop
+	return h, lis.Addr().String(), stop
 }
 
 // openCDS opens an ADS stream that asks for every cluster and returns it
@@ -77,7 +77,7 @@ func openCDS(t *testing.T, ctx context.Context, addr string) (discoveryv3.Aggreg
 
 func TestNewStreamsAreRateLimited(t *testing.T) {
 	// 0.01 streams per second: a burst of one, then one every 100 s.
-	addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01})
+	_, addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01})
 	if _, err := openCDS(t, context.Background(), addr); err != nil {
 		t.Fatalf("first stream: %v", err)
 	}
@@ -90,7 +90,7 @@ func TestNewStreamsAreRateLimited(t *testing.T) {
 }
 
 func TestShutdownDrainsStreamsWithUnavailable(t *testing.T) {
-	addr, stop := serveHub(t, Options{DrainGrace: 4 * time.Second})
+	_, addr, stop := serveHub(t, Options{DrainGrace: 4 * time.Second})
 	var streams []discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	for range 5 {
 		s, err := openCDS(t, context.Background(), addr)
@@ -159,7 +159,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 }
 
 func TestUnknownTypeIsRefused(t *testing.T) {
-	addr, _ := serveHub(t, Options{})
+	_, addr, _ := serveHub(t, Options{})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestUnknownTypeIsRefused(t *testing.T) {
 
 func TestRefusedStreamsAreNotCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01, Metrics: reg})
+	_, addr, _ := serveHub(t, Options{NewStreamsPerSecond: 0.01, Metrics: reg})
 	first, err := openCDS(t, context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)

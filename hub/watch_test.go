@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -20,24 +19,8 @@ import (
 // startHub serves a Hub's ADS on a loopback port and returns an ADS stream to it.
 func startHub(t *testing.T) (*testHub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
 	t.Helper()
-	h, err := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
-	go func() { h.Run(ctx); done <- struct{}{} }()
-	go func() {
-		if err := h.ServeADS(ctx, lis, nil); err != nil {
-			t.Errorf("ServeADS: %v", err)
-		}
-		done <- struct{}{}
-	}()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	h, addr, _ := serveHub(t, Options{})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,14 +29,11 @@ func startHub(t *testing.T) (*testHub, discoveryv3.AggregatedDiscoveryService_St
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before serveHub's: the client goes first
 		streamCancel()
 		conn.Close()
-		cancel()
-		<-done
-		<-done
 	})
-	return &testHub{Hub: h, addrForTest: lis.Addr().String()}, stream
+	return &testHub{Hub: h, addrForTest: addr}, stream
 }
 
 // testHub is a Hub serving ADS on a loopback address.
