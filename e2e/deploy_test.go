@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/trust"
 )
 
 const (
@@ -201,7 +203,7 @@ func TestDeploy(t *testing.T) {
 	if code, resp := h.do(t, http.MethodPut, "/api/v1/trustdomains/"+peerTD, peer); code != http.StatusCreated && code != http.StatusOK {
 		t.Fatalf("PUT /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
 	}
-	if _, err := homeClient.CoreV1().ConfigMaps(deployNS).Get(ctx, "hub-peer-"+peerTD, metav1.GetOptions{}); err != nil {
+	if _, err := homeClient.CoreV1().ConfigMaps(deployNS).Get(ctx, trust.PeerConfigMapName(spiffeid.RequireTrustDomainFromString(peerTD)), metav1.GetOptions{}); err != nil {
 		t.Fatalf("federation ConfigMap: %v", err)
 	}
 	if code, resp := h.do(t, http.MethodDelete, "/api/v1/trustdomains/"+peerTD, ""); code != http.StatusNoContent {

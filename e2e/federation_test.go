@@ -93,15 +93,14 @@ func TestFederatedEDS(t *testing.T) {
 				return fmt.Errorf("cluster %s has no lastSyncTime", id)
 			}
 		}
+		if bad := cl["bad"]; bad.State != "Invalid" || !strings.Contains(bad.Message, "kubeconfig does not parse") {
+			return fmt.Errorf("bad cluster = %+v; want state Invalid with a parse error", bad)
+		}
+		if home := cl["primary"]; home.State != "Ready" || home.Secret != "" {
+			return fmt.Errorf("home cluster = %+v; want Ready with no secret", home)
+		}
 		return nil
 	})
-	cl := h.clusters(t)
-	if bad := cl["bad"]; bad.State != "Invalid" || !strings.Contains(bad.Message, "kubeconfig does not parse") {
-		t.Errorf("bad cluster = %+v; want state Invalid with a parse error", bad)
-	}
-	if home := cl["primary"]; home.State != "Ready" || home.Secret != "" {
-		t.Errorf("home cluster = %+v; want Ready with no secret", home)
-	}
 
 	target := fmt.Sprintf("xds:///echo.%s.svc.cluster.local:%d", ns, port)
 	xc := startXDSClient(t, h.xdsAddr, target, "west", ns)

@@ -173,9 +173,13 @@ func TestHAFailover(t *testing.T) {
 	if s := pLead.snapshot(); s.EmptyEDS != 0 {
 		t.Errorf("the failing-over proxy got %d empty endpoint pushes", s.EmptyEDS)
 	}
-	if v := metric(t, survivor, "hub_leader"); v != "1" {
-		t.Errorf("survivor hub_leader = %q; want 1", v)
-	}
+	// The gauge is set by the survivor after its Lease write: wait for it.
+	eventually(t, 10*time.Second, func() error {
+		if v := metric(t, survivor, "hub_leader"); v != "1" {
+			return fmt.Errorf("survivor hub_leader = %q; want 1", v)
+		}
+		return nil
+	})
 	// The survivor, now leader, records Events.
 	addBadKey("bad-two")
 	eventually(t, 20*time.Second, func() error {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -14,8 +15,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -295,5 +298,64 @@ func TestTrustFederation(t *testing.T) {
 	})
 	if code, resp := a2.do(t, "DELETE", "/api/v1/trustdomains/a.test", ""); code != 422 {
 		t.Errorf("deleting our own trust domain: %d %s", code, resp)
+	}
+}
+
+// TestHubRefusesCorruptCA: with an unreadable CA key stored in
+// hub-trust-state the real hub binary exits at once with an error that
+// names the Secret and says how to start over; it does not retry (the
+// error is not transient) and writes no new CA.
+func TestHubRefusesCorruptCA(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home := e.Cluster("primary")
+	ns := hubNamespace(t, home)
+	secrets := client(t, home).CoreV1().Secrets(ns)
+	state, err := secrets.Create(testContext(t), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: trust.StateSecret}, Data: map[string][]byte{
+		"ca-cert.pem": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("truncated")}),
+		"ca-key.pem":  []byte("-----BEGIN PRIVATE KEY-----\ntruncated"),
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "home.kubeconfig")
+	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(hubBin, "serve", "--kubeconfig", kubeconfig, "--cluster-id", home.Name, "--namespace", ns,
+		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--xds-tls-addr", "", "--bundle-addr", "")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	started := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err = <-exited:
+	case <-time.After(2 * time.Minute): // startTrust would give up on a transient error after one minute
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatalf("the hub still runs with a corrupt CA key:\n%s", tail(out.String(), 20))
+	}
+	t.Logf("hub exited %s after start: %v", time.Since(started).Round(100*time.Millisecond), err)
+	log := out.String()
+	if err == nil {
+		t.Errorf("the hub exited 0 with a corrupt CA key:\n%s", tail(log, 20))
+	}
+	want := "in Secret " + ns + "/" + trust.StateSecret + " is unreadable: "
+	if !strings.Contains(log, want) || !strings.Contains(log, "refusing to mint a new CA (delete the Secret to start over)") {
+		t.Errorf("the hub's output does not explain the refusal (want %q):\n%s", want, tail(log, 20))
+	}
+	if strings.Contains(log, "loading our CA; retrying") {
+		t.Errorf("the hub retried a corrupt CA:\n%s", tail(log, 20))
+	}
+	if strings.Contains(log, "truncated") {
+		t.Errorf("the hub's output quotes the stored key:\n%s", tail(log, 20))
+	}
+	if now, err := secrets.Get(testContext(t), trust.StateSecret, metav1.GetOptions{}); err != nil || now.ResourceVersion != state.ResourceVersion {
+		t.Errorf("hub-trust-state was rewritten (%v)", err)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 )
 
 // PeerLabel marks a ConfigMap in the hub's namespace that declares a
@@ -114,10 +115,14 @@ type Federation struct {
 
 type peer struct {
 	spec   PeerSpec
+	cmName string // the ConfigMap declaring it, where its accepted bundle is persisted
 	cancel context.CancelFunc
 	done   chan struct{}
 	wake   chan struct{} // refresh now
 	status Status
+	// accepted is the last bundle the peer's endpoint served that passed
+	// validation, or the persisted one until then (nil if neither).
+	accepted *spiffebundle.Bundle
 }
 
 // New creates a Federation; Run loads the CA and starts federating.
@@ -129,9 +134,11 @@ func New(cfg Config) *Federation {
 }
 
 // Start loads (or creates and persists) our CA. It must succeed before the
-// bundle endpoint or the mTLS listener can serve.
+// bundle endpoint or the mTLS listener can serve. Stored CA material that
+// cannot be read is a *CorruptStateError: nothing is written then, and
+// retrying will not help.
 func (f *Federation) Start(ctx context.Context) error {
-	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.TrustDomain, time.Now(), f.leader())
+	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.Namespace, f.cfg.TrustDomain, time.Now(), f.leader())
 	if err != nil {
 		return err
 	}
@@ -184,11 +191,30 @@ func (f *Federation) Run(ctx context.Context) error {
 
 func (f *Federation) leader() bool { return f.cfg.IsLeader == nil || f.cfg.IsLeader() }
 
-// LeadershipGained persists what only the leader writes: our roots and
-// sequence if a follower's view of them was ahead of the stored state.
+// LeadershipGained persists what only the leader writes and what this
+// replica may have learnt while it was a follower: our roots and sequence
+// if its view of them was ahead of the stored state, and every peer's last
+// accepted bundle that differs from the one stored in the peer's ConfigMap.
 func (f *Federation) LeadershipGained(ctx context.Context) {
 	if err := f.Start(ctx); err != nil {
 		f.log.Error("persisting our CA state as the new leader", "trustDomain", f.cfg.TrustDomain.Name(), "error", err)
+	}
+	type pending struct {
+		td, cmName string
+		bundle     *spiffebundle.Bundle
+	}
+	var todo []pending
+	f.mu.RLock()
+	for td, p := range f.peers {
+		if p.accepted != nil {
+			todo = append(todo, pending{td, p.cmName, p.accepted})
+		}
+	}
+	f.mu.RUnlock()
+	for _, p := range todo {
+		if err := f.persist(ctx, p.cmName, p.bundle); err != nil && ctx.Err() == nil {
+			f.log.Warn("persisting accepted peer bundle as the new leader", "trustDomain", p.td, "configMap", p.cmName, "error", err)
+		}
 	}
 }
 
@@ -253,11 +279,11 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 			continue
 		}
 		pctx, cancel := context.WithCancel(ctx)
-		p := &peer{spec: specFrom(cm), cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
+		p := &peer{spec: specFrom(cm), cmName: cm.Name, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
 			status: Status{Spec: specFrom(cm), State: StatePending, Bundle: carried[td]}}
 		f.peers[td] = p
 		start = append(start, p)
-		go f.runPeer(pctx, p, cm.Name, cm.Data[keyAccepted])
+		go f.runPeer(pctx, p, cm.Data[keyAccepted])
 	}
 	f.mu.Unlock()
 	for _, p := range stop {
@@ -271,9 +297,11 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 
 // runPeer fetches one peer's bundle, honouring its refresh hint within
 // [MinRefresh, MaxRefresh], with jittered exponential backoff on errors.
-// The last accepted bundle is kept across peer outages and persisted in the
-// peer's ConfigMap so that it survives restarts.
-func (f *Federation) runPeer(ctx context.Context, p *peer, cmName, persisted string) {
+// The last accepted bundle is kept across peer outages and, by the leader,
+// persisted in the peer's ConfigMap so that it survives restarts (a
+// follower's is persisted when it gains leadership; a failed write is tried
+// again after the next successful fetch).
+func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 	defer close(p.done)
 	log := f.log.With("trustDomain", p.spec.TrustDomain)
 	td, err := spiffeid.TrustDomainFromString(p.spec.TrustDomain)
@@ -310,10 +338,14 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, cmName, persisted str
 			f.setStatus(p, func(s *Status) {
 				s.Bundle, s.State, s.Message = b, StateStale, "using the last accepted bundle until the peer answers"
 			})
+			f.mu.Lock()
+			p.accepted = b
+			f.mu.Unlock()
 			f.changed()
 		}
 	}
 	backoff := time.Second
+	stored := last != nil // last is what the ConfigMap holds
 	for {
 		b, err := Fetch(ctx, ep, auth, last)
 		now := time.Now()
@@ -349,8 +381,23 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, cmName, persisted str
 				s.Bundle, s.State, s.Message = b, StateReady, ""
 				s.LastFetch, s.LastSuccess, s.NextRefresh = now, now, now.Add(wait)
 			})
+			f.mu.Lock()
+			p.accepted = b
+			f.mu.Unlock()
 			if changed {
-				f.persist(ctx, cmName, b)
+				stored = false
+			}
+			if !stored && f.leader() {
+				if err := f.persist(ctx, p.cmName, b); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					log.Warn("persisting accepted peer bundle; trying again after the next fetch", "configMap", p.cmName, "error", err)
+				} else {
+					stored = true
+				}
+			}
+			if changed {
 				f.changed()
 			}
 		}
@@ -369,23 +416,47 @@ func (f *Federation) setStatus(p *peer, change func(*Status)) {
 	f.mu.Unlock()
 }
 
-func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) {
-	if !f.leader() {
-		return // the leader fetches the same bundle and persists it
-	}
+// persist writes b as the accepted bundle of its trust domain into
+// ConfigMap cmName, re-reading and retrying on conflicts. It writes nothing
+// when the ConfigMap already holds b or a bundle with a higher sequence
+// number (a newer one stored by an earlier leader), and nothing when the
+// ConfigMap is gone or now declares another trust domain. Callers check
+// leadership.
+func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) error {
 	data, err := b.Marshal()
 	if err != nil {
-		return
+		return fmt.Errorf("encoding the bundle of %s: %w", b.TrustDomain().Name(), err)
 	}
 	cms := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace)
-	cm, err := cms.Get(ctx, cmName, metav1.GetOptions{})
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, cmName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil // the relationship was removed
+		}
+		if err != nil {
+			return err
+		}
+		if td, err := spiffeid.TrustDomainFromString(cm.Data[keyTrustDomain]); err != nil || td != b.TrustDomain() {
+			return nil
+		}
+		if stored, err := Validate(b.TrustDomain(), []byte(cm.Data[keyAccepted]), nil); err == nil {
+			storedSeq, ok1 := stored.SequenceNumber()
+			seq, ok2 := b.SequenceNumber()
+			if stored.Equal(b) || (ok1 && ok2 && storedSeq > seq) {
+				return nil
+			}
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[keyAccepted] = string(data)
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		return
+		return fmt.Errorf("persisting the accepted bundle of %s in ConfigMap %s/%s: %w", b.TrustDomain().Name(), f.cfg.Namespace, cmName, err)
 	}
-	cm.Data[keyAccepted] = string(data)
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
-		f.log.Warn("persisting accepted peer bundle", "trustDomain", cm.Data[keyTrustDomain], "error", err)
-	}
+	return nil
 }
 
 // Refresh asks a peer's loop to fetch now.

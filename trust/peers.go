@@ -2,11 +2,15 @@ package trust
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -14,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/retry"
 )
 
@@ -66,41 +71,93 @@ func (s PeerSpec) Validate(local spiffeid.TrustDomain) error {
 	return nil
 }
 
-var nonNameChars = regexp.MustCompile(`[^a-z0-9.-]+`)
+// TrustDomainAnnotation names, on a ConfigMap the hub creates, the trust
+// domain it declares (for people; the hub itself reads the trustDomain key).
+const TrustDomainAnnotation = "hub.federation/trust-domain"
 
-func configMapName(td string) string {
-	return "hub-peer-" + strings.Trim(nonNameChars.ReplaceAllString(strings.ToLower(td), "-"), "-.")
+var nonAlnum = regexp.MustCompile(`[^a-z0-9]+`)
+
+// PeerConfigMapName is the name ApplyPeer gives the ConfigMap of a new
+// relationship: "hub-peer-", a readable part of the trust domain, and the
+// first 16 hex digits of the SHA-256 of its name. The hash keeps apart
+// trust domains that differ only where a Kubernetes name cannot
+// (a_b.example and a-b.example); before it, both were "hub-peer-a-b.example".
+// ConfigMaps under other names (such older ones, or any applied with
+// kubectl) are found by their trustDomain key, not by name.
+func PeerConfigMapName(td spiffeid.TrustDomain) string {
+	sum := sha256.Sum256([]byte(td.Name()))
+	readable := strings.Trim(nonAlnum.ReplaceAllString(td.Name(), "-"), "-")
+	if len(readable) > 40 {
+		readable = strings.TrimRight(readable[:40], "-")
+	}
+	if readable != "" {
+		readable += "-"
+	}
+	return "hub-peer-" + readable + hex.EncodeToString(sum[:8])
+}
+
+// peerConfigMaps lists the federation ConfigMaps declaring td, by name
+// (the first is the one the peer loop uses).
+func (f *Federation) peerConfigMaps(ctx context.Context, td spiffeid.TrustDomain) ([]corev1.ConfigMap, error) {
+	list, err := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{PeerLabel: "true"}).String()})
+	if err != nil {
+		return nil, fmt.Errorf("listing federation configs: %w", err)
+	}
+	var out []corev1.ConfigMap
+	for _, cm := range list.Items {
+		if id, err := spiffeid.TrustDomainFromString(cm.Data[keyTrustDomain]); err == nil && id == td {
+			out = append(out, cm)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }
 
 // ApplyPeer validates a relationship and writes its ConfigMap, as
-// `kubectl apply` would. It reports whether the relationship is new.
+// `kubectl apply` would: the ConfigMap that already declares that trust
+// domain is updated in place, whatever its name (so relationships created
+// under the names of earlier versions keep theirs), else one named
+// PeerConfigMapName is created. It reports whether the relationship is new.
 func (f *Federation) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool, err error) {
 	if err := spec.Validate(f.cfg.TrustDomain); err != nil {
 		return false, err
 	}
+	td, err := spiffeid.TrustDomainFromString(spec.TrustDomain)
+	if err != nil {
+		return false, invalid("trust domain %q: %v", spec.TrustDomain, err)
+	}
 	cms := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace)
-	name := configMapName(spec.TrustDomain)
+	name := PeerConfigMapName(td)
 	data := map[string]string{
 		keyTrustDomain: spec.TrustDomain, keyURL: spec.BundleEndpointURL, keyProfile: string(spec.Profile),
 		keyEndpointID: spec.EndpointSPIFFEID, keyBootstrap: spec.Bundle, keyCABundle: spec.CABundle,
 	}
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := cms.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			created = true
-			_, err = cms.Create(ctx, &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{PeerLabel: "true"}},
-				Data:       data,
-			}, metav1.CreateOptions{})
-			return err
-		}
+	// A conflict, or a create racing another one, is retried from a fresh read.
+	retriable := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	err = retry.OnError(retry.DefaultRetry, retriable, func() error {
+		created = false
+		existing, err := f.peerConfigMaps(ctx, td)
 		if err != nil {
 			return err
 		}
-		if accepted, ok := cur.Data[keyAccepted]; ok && cur.Data[keyTrustDomain] == spec.TrustDomain {
-			data[keyAccepted] = accepted // keep the last good bundle across spec edits
+		if len(existing) == 0 {
+			name = PeerConfigMapName(td)
+			_, err = cms.Create(ctx, &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{PeerLabel: "true"},
+					Annotations: map[string]string{TrustDomainAnnotation: td.Name()}},
+				Data: data,
+			}, metav1.CreateOptions{})
+			created = err == nil
+			return err
 		}
-		cur.Data = data
+		cur := &existing[0]
+		name = cur.Name
+		next := maps.Clone(data)
+		if accepted, ok := cur.Data[keyAccepted]; ok {
+			next[keyAccepted] = accepted // keep the last good bundle across spec edits
+		}
+		cur.Data = next
 		if cur.Labels == nil {
 			cur.Labels = map[string]string{}
 		}
@@ -109,19 +166,32 @@ func (f *Federation) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool
 		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("writing federation config %s: %w", name, err)
+		return false, fmt.Errorf("writing federation config %s/%s: %w", f.cfg.Namespace, name, err)
 	}
 	return created, nil
 }
 
-// DeletePeer removes a relationship; removing an absent one is not an error.
+// DeletePeer removes a relationship: every ConfigMap declaring the trust
+// domain. Removing an absent one (or one whose name is no valid trust
+// domain) is not an error.
 func (f *Federation) DeletePeer(ctx context.Context, td string) error {
 	if td == f.cfg.TrustDomain.Name() {
 		return invalid("%s is our own trust domain", td)
 	}
-	err := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace).Delete(ctx, configMapName(td), metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	id, err := spiffeid.TrustDomainFromString(td)
+	if err != nil {
+		return nil // no relationship can declare it, so none is there
+	}
+	existing, err := f.peerConfigMaps(ctx, id)
+	if err != nil {
 		return fmt.Errorf("deleting federation config for %s: %w", td, err)
+	}
+	for _, cm := range existing {
+		err := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace).Delete(ctx, cm.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &cm.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting federation config %s/%s for %s: %w", f.cfg.Namespace, cm.Name, td, err)
+		}
 	}
 	return nil
 }

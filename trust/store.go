@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -62,23 +63,39 @@ func encodeCerts(certs []*x509.Certificate) []byte {
 	return out
 }
 
+// parseKey reads the first PEM private key in data (PKCS #8, SEC 1 or
+// PKCS #1), skipping other blocks such as the "EC PARAMETERS" openssl
+// writes before an EC key.
 func parseKey(data []byte) (crypto.Signer, error) {
-	block, _ := pem.Decode(data)
-	if block == nil {
-		return nil, errors.New("no PEM key")
-	}
-	if k, err := x509.ParsePKCS8PrivateKey(block.Bytes); err == nil {
-		if s, ok := k.(crypto.Signer); ok {
-			return s, nil
+	for len(data) > 0 {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
 		}
+		if !strings.HasSuffix(block.Type, "PRIVATE KEY") {
+			continue
+		}
+		if k, err := x509.ParsePKCS8PrivateKey(block.Bytes); err == nil {
+			if s, ok := k.(crypto.Signer); ok {
+				return s, nil
+			}
+		}
+		if k, err := x509.ParseECPrivateKey(block.Bytes); err == nil {
+			return k, nil
+		}
+		if k, err := x509.ParsePKCS1PrivateKey(block.Bytes); err == nil {
+			return k, nil
+		}
+		return nil, fmt.Errorf("%s block: unsupported or malformed private key", block.Type)
 	}
-	if k, err := x509.ParseECPrivateKey(block.Bytes); err == nil {
-		return k, nil
-	}
-	if k, err := x509.ParsePKCS1PrivateKey(block.Bytes); err == nil {
-		return k, nil
-	}
-	return nil, errors.New("unsupported private key format")
+	return nil, errors.New("no PEM private key")
+}
+
+// keyMatches reports whether key is the private key of cert.
+func keyMatches(cert *x509.Certificate, key crypto.Signer) bool {
+	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	return ok && pub.Equal(cert.PublicKey)
 }
 
 func encodeKey(k crypto.Signer) ([]byte, error) {
@@ -89,45 +106,80 @@ func encodeKey(k crypto.Signer) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
+// CorruptStateError is CA material that is stored in the home cluster but
+// cannot be used: a certificate or key that does not parse, a key that does
+// not match its certificate, unreadable roots or sequence. Retrying cannot
+// help, and minting a new CA instead would silently cut off every workload
+// and peer that trusts the stored one, so the hub refuses to start.
+type CorruptStateError struct {
+	Secret string // namespace/name
+	What   string // which part, e.g. "stored CA key"
+	Err    error
+	Remedy string
+}
+
+func (e *CorruptStateError) Error() string {
+	return fmt.Sprintf("%s in Secret %s is unreadable: %v; %s", e.What, e.Secret, e.Err, e.Remedy)
+}
+
+func (e *CorruptStateError) Unwrap() error { return e.Err }
+
+const (
+	stateRemedy   = "refusing to mint a new CA (delete the Secret to start over)"
+	pluggedRemedy = "refusing to use it or to fall back to another CA (fix the Secret, or delete it to use the hub's own CA)"
+)
+
 // loadCA reads the plugged-in cacerts Secret if there is one, else the
 // self-signed root of StateSecret, creating it on first start (every replica
-// converges on the first one written). Roots that were trusted before and
-// have not expired stay in the bundle; the sequence increases whenever the
-// set of roots changes. Only a leader (leader true) updates an existing
-// StateSecret; the others use what they computed until the leader's write
-// reaches them, which is the same unless the leader saw a newer cacerts.
-// Creating it is always safe: the first create wins and the rest re-read.
-func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffeid.TrustDomain, now time.Time, leader bool) (*caState, error) {
+// converges on the first one written). A new root is minted only when
+// StateSecret holds no CA certificate and no key at all; stored material
+// that does not parse is a *CorruptStateError. Roots that were trusted
+// before and have not expired stay in the bundle; the sequence increases
+// whenever the set of roots changes. Only a leader (leader true) updates an
+// existing StateSecret; the others use what they computed until the
+// leader's write reaches them, which is the same unless the leader saw a
+// newer cacerts. Creating it is always safe: the first create wins and the
+// rest re-read.
+func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, ns string, td spiffeid.TrustDomain, now time.Time, leader bool) (*caState, error) {
+	stateName, pluggedName := ns+"/"+StateSecret, ns+"/"+PluggedCASecret
+	corrupt := func(secret, what, remedy string, err error) error {
+		return &CorruptStateError{Secret: secret, What: what, Err: err, Remedy: remedy}
+	}
 	state, err := secrets.Get(ctx, StateSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		state = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: StateSecret, Labels: map[string]string{"app.kubernetes.io/managed-by": "hub"}}, Data: map[string][]byte{}}
 	} else if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", StateSecret, err)
+		return nil, fmt.Errorf("reading Secret %s: %w", stateName, err)
 	}
 	if state.Data == nil {
 		state.Data = map[string][]byte{}
 	}
+	// What the state keeps besides the CA: unreadable roots would drop
+	// roots peers still trust, an unreadable sequence would restart at 1
+	// (peers refuse a sequence that goes backwards).
+	previous, err := parseCerts(state.Data["roots.pem"])
+	if err != nil {
+		return nil, corrupt(stateName, "stored roots (roots.pem)", stateRemedy, err)
+	}
+	var seq uint64
+	if raw := state.Data["sequence"]; len(raw) > 0 {
+		if seq, err = strconv.ParseUint(string(raw), 10, 64); err != nil {
+			return nil, corrupt(stateName, "stored bundle sequence", stateRemedy, errors.New("not an unsigned integer"))
+		}
+	}
+
 	var ca *CA
 	var current []*x509.Certificate
 	plugged, err := secrets.Get(ctx, PluggedCASecret, metav1.GetOptions{})
 	switch {
 	case err == nil:
-		certs, err1 := parseCerts(plugged.Data["ca-cert.pem"])
-		key, err2 := parseKey(plugged.Data["ca-key.pem"])
-		roots, err3 := parseCerts(plugged.Data["root-cert.pem"])
-		chain, _ := parseCerts(plugged.Data["cert-chain.pem"])
-		if err := errors.Join(err1, err2, err3); err != nil || len(certs) == 0 || len(roots) == 0 {
-			return nil, fmt.Errorf("secret %s: ca-cert.pem, ca-key.pem and root-cert.pem must hold a certificate, a key and roots: %v", PluggedCASecret, err)
+		if ca, current, err = parsePlugged(td, plugged.Data); err != nil {
+			return nil, corrupt(pluggedName, "plugged-in CA (Istio cacerts)", pluggedRemedy, err)
 		}
-		ca = &CA{TrustDomain: td, Cert: certs[0], Key: key}
-		if len(chain) > 1 {
-			ca.Chain = chain[1:]
-		}
-		current = roots
 	case apierrors.IsNotFound(err):
-		certs, _ := parseCerts(state.Data["ca-cert.pem"])
-		key, kerr := parseKey(state.Data["ca-key.pem"])
-		if len(certs) == 0 || kerr != nil {
+		certPEM, keyPEM := state.Data["ca-cert.pem"], state.Data["ca-key.pem"]
+		if len(certPEM) == 0 && len(keyPEM) == 0 {
+			// First start, or the operator's cacerts was removed: our own root.
 			if ca, err = NewSelfSignedCA(td, 10*365*24*time.Hour); err != nil {
 				return nil, err
 			}
@@ -137,22 +189,34 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffei
 			}
 			state.Data["ca-cert.pem"], state.Data["ca-key.pem"] = encodeCerts([]*x509.Certificate{ca.Cert}), keyPEM
 		} else {
+			certs, err := parseCerts(certPEM)
+			if err == nil && len(certs) == 0 {
+				err = errors.New("no PEM certificate in ca-cert.pem")
+			}
+			if err != nil {
+				return nil, corrupt(stateName, "stored CA certificate", stateRemedy, err)
+			}
+			key, err := parseKey(keyPEM)
+			if err != nil {
+				return nil, corrupt(stateName, "stored CA key", stateRemedy, fmt.Errorf("ca-key.pem: %w", err))
+			}
+			if !keyMatches(certs[0], key) {
+				return nil, corrupt(stateName, "stored CA key", stateRemedy, errors.New("ca-key.pem is not the key of ca-cert.pem"))
+			}
 			ca = &CA{TrustDomain: td, Cert: certs[0], Key: key}
 		}
 		current = []*x509.Certificate{ca.Cert}
 	default:
-		return nil, fmt.Errorf("reading %s: %w", PluggedCASecret, err)
+		return nil, fmt.Errorf("reading Secret %s: %w", pluggedName, err)
 	}
 
 	// Keep earlier roots until they expire.
-	previous, _ := parseCerts(state.Data["roots.pem"])
 	roots := append([]*x509.Certificate(nil), current...)
 	for _, old := range previous {
 		if now.Before(old.NotAfter) && !containsCert(roots, old) {
 			roots = append(roots, old)
 		}
 	}
-	seq, _ := strconv.ParseUint(string(state.Data["sequence"]), 10, 64)
 	if encoded := encodeCerts(roots); string(encoded) != string(state.Data["roots.pem"]) || seq == 0 {
 		seq++
 		state.Data["roots.pem"], state.Data["sequence"] = encoded, []byte(strconv.FormatUint(seq, 10))
@@ -163,13 +227,49 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, td spiffei
 			_, err = secrets.Update(ctx, state, metav1.UpdateOptions{})
 		}
 		if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
-			return loadCA(ctx, secrets, td, now, leader) // another replica wrote first: use its state
+			return loadCA(ctx, secrets, ns, td, now, leader) // another replica wrote first: use its state
 		}
 		if err != nil {
-			return nil, fmt.Errorf("persisting %s: %w", StateSecret, err)
+			return nil, fmt.Errorf("persisting Secret %s: %w", stateName, err)
 		}
 	}
 	return &caState{ca: ca, roots: roots, sequence: seq}, nil
+}
+
+// parsePlugged reads Istio's plug-in CA Secret: ca-cert.pem (the signing
+// certificate), its ca-key.pem, root-cert.pem and the optional
+// cert-chain.pem (signing certificate first, then up to the root).
+func parsePlugged(td spiffeid.TrustDomain, data map[string][]byte) (*CA, []*x509.Certificate, error) {
+	certs, err := parseCerts(data["ca-cert.pem"])
+	if err == nil && len(certs) == 0 {
+		err = errors.New("no PEM certificate")
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca-cert.pem: %w", err)
+	}
+	key, err := parseKey(data["ca-key.pem"])
+	if err != nil {
+		return nil, nil, fmt.Errorf("ca-key.pem: %w", err)
+	}
+	if !keyMatches(certs[0], key) {
+		return nil, nil, errors.New("ca-key.pem is not the key of ca-cert.pem")
+	}
+	roots, err := parseCerts(data["root-cert.pem"])
+	if err == nil && len(roots) == 0 {
+		err = errors.New("no PEM certificate")
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("root-cert.pem: %w", err)
+	}
+	chain, err := parseCerts(data["cert-chain.pem"])
+	if err != nil {
+		return nil, nil, fmt.Errorf("cert-chain.pem: %w", err)
+	}
+	ca := &CA{TrustDomain: td, Cert: certs[0], Key: key}
+	if len(chain) > 1 {
+		ca.Chain = chain[1:]
+	}
+	return ca, roots, nil
 }
 
 func containsCert(list []*x509.Certificate, c *x509.Certificate) bool {

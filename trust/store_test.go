@@ -2,8 +2,12 @@ package trust
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
+	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,5 +88,133 @@ func TestCAPersistedOnce(t *testing.T) {
 	svid, err := restarted.IssueSVID(spiffeid.RequireFromPath(td, "/ns/a/sa/b"), time.Hour)
 	if err != nil || svid.Certificates[0].CheckSignatureFrom(ca.Cert) != nil {
 		t.Fatalf("SVIDs must now be signed by the plugged-in CA: %v", err)
+	}
+}
+
+// TestCorruptStoredCARefused: stored CA material that cannot be used makes
+// Start fail with a *CorruptStateError that names the Secret and says what
+// to do, and nothing is written: no new CA, the Secret untouched. Each
+// case corrupts one part of a good hub-trust-state (or a plugged-in
+// cacerts) in its own namespace.
+func TestCorruptStoredCARefused(t *testing.T) {
+	e := localcluster.Require(t, env)
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(e.Cluster("home").RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	other, _ := NewSelfSignedCA(td, time.Hour)
+	otherKey, _ := encodeKey(other.Key)
+	garbageKey := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte("not a key at all")})
+	cases := []struct {
+		name    string
+		corrupt func(state map[string][]byte) (cacerts map[string][]byte)
+		secret  string // the Secret named in the error
+		what    string
+	}{
+		{"key garbage", func(s map[string][]byte) map[string][]byte { s["ca-key.pem"] = garbageKey; return nil }, StateSecret, "stored CA key"},
+		{"key not PEM", func(s map[string][]byte) map[string][]byte { s["ca-key.pem"] = []byte("truncated"); return nil }, StateSecret, "stored CA key"},
+		{"key missing", func(s map[string][]byte) map[string][]byte { delete(s, "ca-key.pem"); return nil }, StateSecret, "stored CA key"},
+		{"key of another CA", func(s map[string][]byte) map[string][]byte { s["ca-key.pem"] = otherKey; return nil }, StateSecret, "stored CA key"},
+		{"certificate garbage", func(s map[string][]byte) map[string][]byte {
+			s["ca-cert.pem"] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("nope")})
+			return nil
+		}, StateSecret, "stored CA certificate"},
+		{"certificate missing", func(s map[string][]byte) map[string][]byte { delete(s, "ca-cert.pem"); return nil }, StateSecret, "stored CA certificate"},
+		{"roots garbage", func(s map[string][]byte) map[string][]byte {
+			s["roots.pem"] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("nope")})
+			return nil
+		}, StateSecret, "stored roots"},
+		{"sequence garbage", func(s map[string][]byte) map[string][]byte { s["sequence"] = []byte("seven"); return nil }, StateSecret, "stored bundle sequence"},
+		{"cacerts key garbage", func(map[string][]byte) map[string][]byte {
+			root := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: other.Cert.Raw})
+			return map[string][]byte{"ca-cert.pem": root, "ca-key.pem": garbageKey, "root-cert.pem": root}
+		}, PluggedCASecret, "plugged-in CA"},
+		{"cacerts key of another CA", func(map[string][]byte) map[string][]byte {
+			mine, _ := NewSelfSignedCA(td, time.Hour)
+			root := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: mine.Cert.Raw})
+			return map[string][]byte{"ca-cert.pem": root, "ca-key.pem": otherKey, "root-cert.pem": root}
+		}, PluggedCASecret, "plugged-in CA"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := "trust-" + rand.String(6)
+			if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
+				t.Fatal(err)
+			}
+			secrets := cs.CoreV1().Secrets(ns)
+			if err := New(Config{Client: cs, Namespace: ns, TrustDomain: td}).Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			state, err := secrets.Get(ctx, StateSecret, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cacerts := tc.corrupt(state.Data); cacerts != nil {
+				if _, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: PluggedCASecret}, Data: cacerts}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := secrets.Update(ctx, state, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			before, err := secrets.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			f := New(Config{Client: cs, Namespace: ns, TrustDomain: td})
+			err = f.Start(ctx)
+			var corrupt *CorruptStateError
+			if !errors.As(err, &corrupt) {
+				t.Fatalf("Start = %v; want a *CorruptStateError", err)
+			}
+			msg := err.Error()
+			wantPrefix := tc.what
+			if !strings.HasPrefix(msg, wantPrefix) || !strings.Contains(msg, "in Secret "+ns+"/"+tc.secret+" is unreadable: ") {
+				t.Errorf("error %q; want it to start with %q and name Secret %s/%s", msg, wantPrefix, ns, tc.secret)
+			}
+			if tc.secret == StateSecret && !strings.HasSuffix(msg, "; refusing to mint a new CA (delete the Secret to start over)") {
+				t.Errorf("error %q does not say what the hub refuses and how to start over", msg)
+			}
+			if strings.Contains(msg, "PRIVATE KEY") || strings.Contains(msg, "not a key at all") {
+				t.Errorf("error %q quotes stored key material", msg)
+			}
+			if _, err := f.LocalBundle(); err == nil {
+				t.Error("a bundle is served after a refused start")
+			}
+			after, err := secrets.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			versions := func(l *corev1.SecretList) map[string]string {
+				out := map[string]string{}
+				for _, s := range l.Items {
+					out[s.Name] = s.ResourceVersion
+				}
+				return out
+			}
+			if b, a := versions(before), versions(after); !maps.Equal(a, b) {
+				t.Errorf("Secrets changed by a refused start: before %v, after %v", b, a)
+			}
+		})
+	}
+}
+
+// TestPluggedCAWithECParameters: an openssl-made cacerts key file that
+// starts with an "EC PARAMETERS" block is read.
+func TestPluggedCAWithECParameters(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	ca, _ := NewSelfSignedCA(td, time.Hour)
+	der, err := x509.MarshalECPrivateKey(ca.Key.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := append(pem.EncodeToMemory(&pem.Block{Type: "EC PARAMETERS", Bytes: []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})...)
+	root := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
+	got, roots, err := parsePlugged(td, map[string][]byte{"ca-cert.pem": root, "ca-key.pem": key, "root-cert.pem": root})
+	if err != nil || !got.Cert.Equal(ca.Cert) || len(roots) != 1 {
+		t.Fatalf("parsePlugged = %v, %d roots, %v", got, len(roots), err)
 	}
 }

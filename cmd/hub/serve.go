@@ -237,8 +237,10 @@ func listen(addr, what string) (net.Listener, error) {
 	return lis, nil
 }
 
-// startTrust loads our CA from the home cluster, retrying for a minute so
-// that a hub starting alongside its API server does not crash-loop.
+// startTrust loads our CA from the home cluster, retrying API errors for a
+// minute so that a hub starting alongside its API server does not
+// crash-loop. Stored CA material that cannot be read fails at once:
+// retrying cannot repair it.
 func startTrust(ctx context.Context, fed *trust.Federation, log *slog.Logger) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -246,7 +248,8 @@ func startTrust(ctx context.Context, fed *trust.Federation, log *slog.Logger) er
 		if err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		var corrupt *trust.CorruptStateError
+		if errors.As(err, &corrupt) || time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("loading our CA: %w", err)
 		}
 		log.Warn("loading our CA; retrying", "error", err)
