@@ -87,8 +87,8 @@ var nonAlnum = regexp.MustCompile(`[^a-z0-9]+`)
 func PeerConfigMapName(td spiffeid.TrustDomain) string {
 	sum := sha256.Sum256([]byte(td.Name()))
 	readable := strings.Trim(nonAlnum.ReplaceAllString(td.Name(), "-"), "-")
-	if len(readable) > 40 {
-		readable = strings.TrimRight(readable[:40], "-")
+	if len(readable) > 37 { // at most 63 characters in all
+		readable = strings.TrimRight(readable[:37], "-")
 	}
 	if readable != "" {
 		readable += "-"
