@@ -168,12 +168,16 @@ func TestAPIOnRealClusters(t *testing.T) {
 	if err := json.Unmarshal([]byte(c.expect(t, "GET", "/api/v1/openapi.json", reader, "", 200, "openapi")), &doc); err != nil {
 		t.Fatal(err)
 	}
-	_, metrics, _ := c.call(t, "GET", "/metrics", "", "")
-	for _, m := range []string{`hub_cluster_state{cluster="west",secret="` + ns + `/istio-remote-secret-west",state="Ready"} 1`, "hub_xds_nacks_total", "hub_xds_connected_streams"} {
-		if !strings.Contains(metrics, m) {
-			t.Errorf("/metrics lacks %s", m)
+	// Only east's readiness was waited for above: wait for west's gauge too.
+	eventually(t, 30*time.Second, func() error {
+		_, metrics, _ := c.call(t, "GET", "/metrics", "", "")
+		for _, m := range []string{`hub_cluster_state{cluster="west",secret="` + ns + `/istio-remote-secret-west",state="Ready"} 1`, "hub_xds_nacks_total", "hub_xds_connected_streams"} {
+			if !strings.Contains(metrics, m) {
+				return fmt.Errorf("/metrics lacks %s", m)
+			}
 		}
-	}
+		return nil
+	})
 
 	// No response ever carried credentials.
 	for i, b := range c.bodies {
