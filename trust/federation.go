@@ -125,7 +125,7 @@ type peer struct {
 	accepted *spiffebundle.Bundle
 }
 
-// New creates a Federation; Run loads the CA and starts federating.
+// New creates a Federation; Start loads our CA, Run starts federating.
 func New(cfg Config) *Federation {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -107,8 +107,9 @@ func encodeKey(k crypto.Signer) ([]byte, error) {
 }
 
 // CorruptStateError is CA material that is stored in the home cluster but
-// cannot be used: a certificate or key that does not parse, a key that does
-// not match its certificate, unreadable roots or sequence. Retrying cannot
+// cannot be used: a certificate or key that is missing while the other is
+// there or does not parse, a key that does not match its certificate,
+// unreadable roots or sequence, a cacerts Secret without its roots. Retrying cannot
 // help, and minting a new CA instead would silently cut off every workload
 // and peer that trusts the stored one, so the hub refuses to start.
 type CorruptStateError struct {
@@ -133,7 +134,8 @@ const (
 // self-signed root of StateSecret, creating it on first start (every replica
 // converges on the first one written). A new root is minted only when
 // StateSecret holds no CA certificate and no key at all; stored material
-// that does not parse is a *CorruptStateError. Roots that were trusted
+// that cannot be used (see CorruptStateError) is an error, and nothing is
+// written then. Roots that were trusted
 // before and have not expired stay in the bundle; the sequence increases
 // whenever the set of roots changes. Only a leader (leader true) updates an
 // existing StateSecret; the others use what they computed until the
