@@ -305,4 +305,3 @@ func selfSigned(t *testing.T, dir, name string) *tls.Config {
 	pool.AddCert(cert)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
-

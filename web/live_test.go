@@ -24,8 +24,8 @@ import (
 // clock is a settable clock for session expiry.
 type clock struct{ now atomic.Int64 }
 
-func newClock() *clock                  { c := &clock{}; c.now.Store(time.Now().UnixNano()); return c }
-func (c *clock) Now() time.Time         { return time.Unix(0, c.now.Load()) }
+func newClock() *clock                   { c := &clock{}; c.now.Store(time.Now().UnixNano()); return c }
+func (c *clock) Now() time.Time          { return time.Unix(0, c.now.Load()) }
 func (c *clock) advance(d time.Duration) { c.now.Add(int64(d)) }
 
 // messageModels shows one member whose status message is msg.
