@@ -16,8 +16,9 @@ import (
 	"github.com/hubmesh/hub/hub"
 )
 
-// Pure-logic fakes; the dashboard is tested in real Chromium against a real
-// hub in e2e/dashboard_test.go.
+// Pure-logic fakes for handler and session tests (live_test.go runs them on a
+// real server); kube_test.go uses a real API server, and the dashboard is
+// tested in real Chromium against a real hub in e2e/dashboard_test.go.
 type fakeAuth struct {
 	mu        sync.Mutex
 	revoked   bool // the token no longer authenticates
