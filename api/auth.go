@@ -8,8 +8,12 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2/expirable"
@@ -51,9 +55,20 @@ type Authenticator interface {
 }
 
 // StaticTokens authenticates with a file of lines "token,user,role" where
-// role is "read" or "write" (blank lines and # comments are ignored).
+// role is "read" or "write" (blank lines and # comments are ignored). The
+// file is read again when it changes (checked at most once a second, on use),
+// so removing a line revokes its token within a second; a file that becomes
+// unreadable or invalid keeps the last good tokens and logs why.
 type StaticTokens struct {
-	users map[[32]byte]staticUser
+	path  string
+	every time.Duration // how often the file is checked for changes
+	log   *slog.Logger
+	now   func() time.Time
+
+	mu      sync.Mutex // serialises reloads; never held over anything slow
+	checked time.Time  // last time the file was read
+	sum     [32]byte   // SHA-256 of the file's last read contents
+	users   atomic.Pointer[map[[32]byte]staticUser]
 }
 
 type staticUser struct {
@@ -63,11 +78,22 @@ type staticUser struct {
 
 // LoadStaticTokens reads a static token file.
 func LoadStaticTokens(path string) (*StaticTokens, error) {
+	st := &StaticTokens{path: path, every: time.Second, log: slog.Default(), now: time.Now}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading API token file: %w", err)
 	}
-	st := &StaticTokens{users: map[[32]byte]staticUser{}}
+	users, err := parseStaticTokens(data)
+	if err != nil {
+		return nil, err
+	}
+	st.users.Store(&users)
+	st.sum, st.checked = sha256.Sum256(data), st.now()
+	return st, nil
+}
+
+func parseStaticTokens(data []byte) (map[[32]byte]staticUser, error) {
+	users := map[[32]byte]staticUser{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -78,18 +104,46 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 		if len(f) != 3 || f[0] == "" || f[1] == "" || (f[2] != "read" && f[2] != "write") {
 			return nil, fmt.Errorf("API token file line %d: want token,user,read|write", n)
 		}
-		st.users[sha256.Sum256([]byte(f[0]))] = staticUser{name: f[1], write: f[2] == "write"}
+		users[sha256.Sum256([]byte(f[0]))] = staticUser{name: f[1], write: f[2] == "write"}
 	}
-	if len(st.users) == 0 {
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading API token file: %w", err)
+	}
+	if len(users) == 0 {
 		return nil, errors.New("API token file has no tokens")
 	}
-	return st, nil
+	return users, nil
+}
+
+// current returns the tokens, reading the file again if it is due.
+func (s *StaticTokens) current() map[[32]byte]staticUser {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now := s.now(); now.Sub(s.checked) >= s.every {
+		s.checked = now
+		data, err := os.ReadFile(s.path)
+		switch {
+		case err != nil:
+			s.log.Warn("cannot read the API token file; keeping the last good tokens", "path", s.path, "error", err)
+		case sha256.Sum256(data) != s.sum:
+			users, err := parseStaticTokens(data)
+			if err != nil {
+				// The error names a line number, never a token.
+				s.log.Warn("invalid API token file; keeping the last good tokens", "path", s.path, "error", err)
+				break
+			}
+			s.sum = sha256.Sum256(data)
+			s.users.Store(&users)
+			s.log.Info("API token file reloaded", "path", s.path, "tokens", len(users))
+		}
+	}
+	return *s.users.Load()
 }
 
 // Authenticate implements Authenticator in constant time per token.
 func (s *StaticTokens) Authenticate(_ context.Context, token string) (User, error) {
 	sum := sha256.Sum256([]byte(token))
-	for k, u := range s.users {
+	for k, u := range s.current() {
 		if subtle.ConstantTimeCompare(k[:], sum[:]) == 1 {
 			group := "hub:read"
 			if u.write {
@@ -112,21 +166,37 @@ func (s *StaticTokens) Authorize(_ context.Context, u User, a Access) error {
 // KubeAuth authenticates with TokenReview and authorises with
 // SubjectAccessReview against the home cluster: reading needs "get secrets"
 // in the hub's namespace, writing "create", "update" and "delete" secrets
-// there. Decisions are cached briefly so that the dashboard's polling does
-// not hammer the API server.
+// there. Decisions are cached for KubeAuthOptions.CacheTTL (a minute) so that
+// the dashboard's live pages do not hammer the API server; a revoked token or
+// a removed permission takes effect when its cached decision expires.
 type KubeAuth struct {
 	client    kubernetes.Interface
 	namespace string
+	audiences []string
 	tokens    *lru.LRU[[32]byte, User]
 	decisions *lru.LRU[string, bool]
 }
 
+// KubeAuthOptions tune a KubeAuth.
+type KubeAuthOptions struct {
+	// Audiences, if set, are sent as the TokenReview's spec.audiences: only
+	// tokens issued for one of them are accepted (--api-audience). Empty
+	// means the API server's own audiences.
+	Audiences []string
+	// CacheTTL is how long token reviews and access decisions are cached
+	// (default and maximum one minute).
+	CacheTTL time.Duration
+}
+
 // NewKubeAuth creates a KubeAuth for the home cluster.
-func NewKubeAuth(client kubernetes.Interface, namespace string) *KubeAuth {
+func NewKubeAuth(client kubernetes.Interface, namespace string, opts KubeAuthOptions) *KubeAuth {
+	if opts.CacheTTL <= 0 || opts.CacheTTL > time.Minute {
+		opts.CacheTTL = time.Minute
+	}
 	return &KubeAuth{
-		client: client, namespace: namespace,
-		tokens:    lru.NewLRU[[32]byte, User](4096, nil, time.Minute),
-		decisions: lru.NewLRU[string, bool](4096, nil, time.Minute),
+		client: client, namespace: namespace, audiences: opts.Audiences,
+		tokens:    lru.NewLRU[[32]byte, User](4096, nil, opts.CacheTTL),
+		decisions: lru.NewLRU[string, bool](4096, nil, opts.CacheTTL),
 	}
 }
 
@@ -137,12 +207,12 @@ func (k *KubeAuth) Authenticate(ctx context.Context, token string) (User, error)
 		return u, nil
 	}
 	tr, err := k.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
-		Spec: authenticationv1.TokenReviewSpec{Token: token},
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: k.audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return User{}, fmt.Errorf("token review: %w", err)
 	}
-	if !tr.Status.Authenticated {
+	if !tr.Status.Authenticated || !audienceMatches(k.audiences, tr.Status.Audiences) {
 		return User{}, ErrUnauthenticated
 	}
 	u := User{Name: tr.Status.User.Username, Groups: tr.Status.User.Groups, UID: tr.Status.User.UID, Extra: tr.Status.User.Extra}
@@ -177,6 +247,21 @@ func (k *KubeAuth) Authorize(ctx context.Context, u User, a Access) error {
 		}
 	}
 	return nil
+}
+
+// audienceMatches reports whether a TokenReview that asked for want answered
+// with at least one of them, as the TokenReview API asks of its callers (an
+// authenticator that ignores audiences answers with none).
+func audienceMatches(want, got []string) bool {
+	if len(want) == 0 {
+		return true
+	}
+	for _, g := range got {
+		if slices.Contains(want, g) {
+			return true
+		}
+	}
+	return false
 }
 
 func extraValues(in map[string]authenticationv1.ExtraValue) map[string]authorizationv1.ExtraValue {

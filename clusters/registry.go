@@ -274,6 +274,15 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	} else {
 		r.extra[key] = extras
 	}
+	// IDs this Secret no longer lists: forget their history unless another
+	// Secret still lists them, so removed clusters leave nothing behind.
+	gone := freed
+	for id := range previous {
+		if _, still := extras[id]; !still {
+			gone = append(gone, id)
+		}
+	}
+	r.pruneHistoryLocked(gone)
 	r.mu.Unlock()
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
@@ -456,6 +465,23 @@ func (r *Registry) record(id string, t Transition) {
 		h = h[len(h)-maxHistory:]
 	}
 	r.history[id] = h
+}
+
+// pruneHistoryLocked drops the history of those IDs that are neither a
+// member nor listed (invalid, conflicting) by any Secret.
+func (r *Registry) pruneHistoryLocked(ids []string) {
+next:
+	for _, id := range ids {
+		if _, ok := r.members[id]; ok || id == r.cfg.HomeID {
+			continue
+		}
+		for _, extras := range r.extra {
+			if _, ok := extras[id]; ok {
+				continue next
+			}
+		}
+		delete(r.history, id)
+	}
 }
 
 // History returns a cluster ID's recent state changes, oldest first.

@@ -265,8 +265,14 @@ func TestRegistryMembership(t *testing.T) {
 		if sink.service("m1", key2) != nil {
 			return fmt.Errorf("m1's services still in the sink")
 		}
+		if h := r.History("m1"); len(h) != 0 {
+			return fmt.Errorf("removed member m1 still has %d history entries", len(h))
+		}
 		return nil
 	})
+	if h := r.History("-bad"); len(h) != 0 {
+		t.Errorf("key -bad of a deleted secret still has %d history entries", len(h))
+	}
 }
 
 func TestRegistryUnreachableMemberTimesOut(t *testing.T) {

@@ -596,7 +596,11 @@ func (f *Federation) ServeBundleEndpoint(ctx context.Context, lis net.Listener, 
 		tlsCfg.GetCertificate = nil
 		tlsCfg.Certificates = []tls.Certificate{*webCert}
 	}
-	srv := &http.Server{Handler: h, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second}
+	// The bundle is a small document served to anyone: every phase of a
+	// connection is bounded so that slow or idle clients cannot hold it.
+	srv := &http.Server{Handler: h, TLSConfig: tlsCfg,
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -21,10 +21,10 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	lru "github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
@@ -45,33 +45,55 @@ type Pushes interface {
 type Config struct {
 	// API is the REST API's configuration; the dashboard reads the same models.
 	API api.Config
-	// Secure marks the session cookie Secure (set when served over TLS).
+	// Secure marks the session cookie Secure (NewServer sets it when it
+	// serves over TLS).
 	Secure bool
-	// Refresh is how often live pages check for changes (default 1s).
+	// Refresh is how often live pages check for changes and re-check their
+	// session (default 1s, at most 5s).
 	Refresh time.Duration
+	// SessionTTL is how long a sign-in lasts (default 12h).
+	SessionTTL time.Duration
+	// Heartbeat is how often an idle live stream sends a comment, so that
+	// proxies keep it open and a vanished browser is noticed (default 15s).
+	Heartbeat time.Duration
+	// Now is the clock of session expiry (default time.Now).
+	Now func() time.Time
 }
 
-const sessionCookie = "hub_session"
-
-type session struct {
-	user  api.User
-	csrf  string
-	token string // kept to re-check write access with the authoriser
-}
+const (
+	sessionCookie = "hub_session"
+	maxRefresh    = 5 * time.Second
+)
 
 // NewHandler returns the admin handler: the REST API, health, metrics and
 // the dashboard.
 func NewHandler(cfg Config) http.Handler {
-	if cfg.Refresh == 0 {
+	_, h := newDashboard(cfg)
+	return h
+}
+
+func newDashboard(cfg Config) (*dashboard, http.Handler) {
+	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
+	}
+	cfg.Refresh = min(cfg.Refresh, maxRefresh)
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 12 * time.Hour
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 15 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.API.Log == nil {
 		cfg.API.Log = slog.Default()
 	}
 	d := &dashboard{
 		cfg:      cfg,
-		sessions: lru.NewLRU[string, *session](10000, nil, 12*time.Hour),
+		sessions: newSessionStore(cfg.Now),
 		tmpl:     template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")),
+		stop:     make(chan struct{}),
 	}
 	r := chi.NewRouter()
 	api.Mount(r, cfg.API)
@@ -79,9 +101,9 @@ func NewHandler(cfg Config) http.Handler {
 	r.Handle("/static/*", http.StripPrefix("/static/", http.FileServer(http.FS(static))))
 	r.Get("/signin", d.signinPage)
 	r.Post("/signin", d.signin)
+	r.Post("/signout", d.signout) // needs no re-check: signing out always works
 	r.Group(func(r chi.Router) {
 		r.Use(d.requireSession)
-		r.Post("/signout", d.signout)
 		r.Get("/", d.page("overview"))
 		r.Get("/clusters", d.page("clusters"))
 		r.Post("/clusters", d.registerCluster)
@@ -93,14 +115,20 @@ func NewHandler(cfg Config) http.Handler {
 		r.Get("/trust", d.page("trust"))
 		r.Get("/events", d.events)
 	})
-	return securityHeaders(r)
+	return d, securityHeaders(r)
 }
 
 type dashboard struct {
 	cfg      Config
-	sessions *lru.LRU[string, *session]
+	sessions *sessionStore
 	tmpl     *template.Template
+	stop     chan struct{} // closed when the server shuts down: live streams end
+	stopOnce sync.Once
 }
+
+// shutdown ends every live stream (http.Server.Shutdown does not wait for
+// them otherwise: they never become idle).
+func (d *dashboard) shutdown() { d.stopOnce.Do(func() { close(d.stop) }) }
 
 // securityHeaders sets a strict CSP (no inline script, no third parties).
 func securityHeaders(next http.Handler) http.Handler {
@@ -122,18 +150,60 @@ func randomToken() string {
 
 type ctxKey struct{}
 
+// errSessionEnded means a session's token is no longer valid or may no
+// longer read the hub's state: the session is over.
+var errSessionEnded = errors.New("session ended")
+
+// recheck authenticates a session's token again and checks that it may
+// still read. The authenticator caches its answers for at most a minute
+// (api.KubeAuth; static token files are re-read within a second), so a
+// revoked token or a removed permission ends the session within that time.
+// It returns errSessionEnded (wrapped) when the session is over, another
+// error when the answer cannot be had right now.
+func (d *dashboard) recheck(ctx context.Context, s *session) (api.User, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	u, err := d.cfg.API.Auth.Authenticate(ctx, s.token)
+	switch {
+	case errors.Is(err, api.ErrUnauthenticated):
+		return api.User{}, fmt.Errorf("%w: the token is no longer valid", errSessionEnded)
+	case err != nil:
+		return api.User{}, fmt.Errorf("authenticating the session's token: %w", err)
+	}
+	err = d.cfg.API.Auth.Authorize(ctx, u, api.Read)
+	switch {
+	case errors.Is(err, api.ErrForbidden):
+		return api.User{}, fmt.Errorf("%w: the token may no longer read the hub's state", errSessionEnded)
+	case err != nil:
+		return api.User{}, fmt.Errorf("authorising the session's token: %w", err)
+	}
+	return u, nil
+}
+
+// requireSession lets a request through only with a live session whose
+// token still authenticates and may still read (see recheck).
 func (d *dashboard) requireSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := r.Cookie(sessionCookie)
 		var s *session
 		if err == nil {
-			s, _ = d.sessions.Get(c.Value)
+			s = d.sessions.get(c.Value)
 		}
 		if s != nil {
-			// Re-check the token (cached for a minute): revoking it ends the session.
-			if _, err := d.cfg.API.Auth.Authenticate(r.Context(), s.token); err != nil {
-				d.sessions.Remove(c.Value)
+			u, err := d.recheck(r.Context(), s)
+			switch {
+			case errors.Is(err, errSessionEnded):
+				d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
+				d.sessions.remove(s.id)
 				s = nil
+			case err != nil:
+				d.cfg.API.Log.Error("re-checking a dashboard session", "user", s.user.Name, "error", err)
+				http.Error(w, "cannot verify your session right now; try again shortly", http.StatusServiceUnavailable)
+				return
+			default:
+				cur := *s // this request acts as the user the token maps to now
+				cur.user = u
+				s = &cur
 			}
 		}
 		if s == nil {
@@ -144,15 +214,22 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 			http.Error(w, "sign in first", http.StatusUnauthorized)
 			return
 		}
-		if r.Method == http.MethodPost {
-			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
-			if got := r.PostFormValue("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
-				http.Error(w, "invalid or missing CSRF token; reload the page", http.StatusForbidden)
-				return
-			}
+		if r.Method == http.MethodPost && !checkCSRF(w, r, s) {
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, s)))
 	})
+}
+
+// checkCSRF limits a form's body and checks its CSRF token, answering 403
+// if it does not match the session's.
+func checkCSRF(w http.ResponseWriter, r *http.Request, s *session) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+	if got := r.PostFormValue("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
+		http.Error(w, "invalid or missing CSRF token; reload the page", http.StatusForbidden)
+		return false
+	}
+	return true
 }
 
 func sessionOf(r *http.Request) *session { s, _ := r.Context().Value(ctxKey{}).(*session); return s }
@@ -200,19 +277,29 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := randomToken()
-	d.sessions.Add(id, &session{user: user, csrf: randomToken(), token: token})
+	d.sessions.add(&session{id: id, user: user, csrf: randomToken(), token: token,
+		expires: d.cfg.Now().Add(d.cfg.SessionTTL), ended: make(chan struct{})})
 	http.SetCookie(w, &http.Cookie{
 		Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: d.cfg.Secure,
-		SameSite: http.SameSiteStrictMode, MaxAge: int((12 * time.Hour).Seconds()),
+		SameSite: http.SameSiteStrictMode, MaxAge: int(d.cfg.SessionTTL.Seconds()),
 	})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// signout ends the session (with its CSRF token) and clears the cookie. It
+// does not re-check the session's token, so it works while the home cluster
+// cannot be reached; live streams of the session end at once.
 func (d *dashboard) signout(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		d.sessions.Remove(c.Value)
+		if s := d.sessions.get(c.Value); s != nil {
+			if !checkCSRF(w, r, s) {
+				return
+			}
+			d.sessions.remove(s.id)
+		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		Secure: d.cfg.Secure, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/signin", http.StatusSeeOther)
 }
 
@@ -407,58 +494,6 @@ func (d *dashboard) removeCluster(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, "/clusters", http.StatusSeeOther)
-}
-
-// events streams a page's content as Server-Sent Events whenever it changes.
-func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
-		return
-	}
-	path := r.URL.Query().Get("page")
-	name, id := "", ""
-	switch {
-	case path == "/":
-		name = "overview"
-	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust":
-		name = strings.TrimPrefix(path, "/")
-	case strings.HasPrefix(path, "/clusters/"):
-		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")
-	case strings.HasPrefix(path, "/proxies/"):
-		name, id = "proxy", strings.TrimPrefix(path, "/proxies/")
-	default:
-		http.Error(w, "unknown page", http.StatusBadRequest)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	flusher.Flush()
-	var last string
-	tick := time.NewTicker(d.cfg.Refresh)
-	defer tick.Stop()
-	for {
-		data, _ := d.data(r, name, id)
-		var buf bytes.Buffer
-		if err := d.tmpl.ExecuteTemplate(&buf, name+"-content", data); err != nil {
-			return
-		}
-		if html := buf.String(); html != last {
-			last = html
-			fmt.Fprint(w, "event: update\n")
-			for _, line := range strings.Split(html, "\n") {
-				fmt.Fprintf(w, "data: %s\n", line)
-			}
-			fmt.Fprint(w, "\n")
-			flusher.Flush()
-		}
-		select {
-		case <-r.Context().Done():
-			return
-		case <-tick.C:
-		}
-	}
 }
 
 var funcs = template.FuncMap{

@@ -2,6 +2,8 @@ package web
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -14,22 +16,41 @@ import (
 	"github.com/hubmesh/hub/hub"
 )
 
-// Pure-logic fakes; the dashboard is tested in real Chromium against a real
-// hub in e2e/dashboard_test.go.
+// Pure-logic fakes for handler and session tests (live_test.go runs them on a
+// real server); kube_test.go uses a real API server, and the dashboard is
+// tested in real Chromium against a real hub in e2e/dashboard_test.go.
 type fakeAuth struct {
-	mu      sync.Mutex
-	revoked bool
+	mu        sync.Mutex
+	revoked   bool // the token no longer authenticates
+	forbidden bool // the user may no longer read
+	down      bool // the authenticator cannot answer
+}
+
+func (f *fakeAuth) set(change func(*fakeAuth)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	change(f)
 }
 
 func (f *fakeAuth) Authenticate(_ context.Context, token string) (api.User, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if token != "good" || f.revoked {
+	switch {
+	case f.down:
+		return api.User{}, errors.New("token review: connection refused")
+	case token != "good" || f.revoked:
 		return api.User{}, api.ErrUnauthenticated
 	}
 	return api.User{Name: "ann"}, nil
 }
-func (f *fakeAuth) Authorize(context.Context, api.User, api.Access) error { return nil }
+func (f *fakeAuth) Authorize(context.Context, api.User, api.Access) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.forbidden {
+		return fmt.Errorf("%w: ann may not get secrets", api.ErrForbidden)
+	}
+	return nil
+}
 
 type fakeModels struct{}
 

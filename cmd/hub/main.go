@@ -37,6 +37,9 @@ type config struct {
 	debounceAfter        time.Duration
 	debounceMax          time.Duration
 	apiTokenFile         string
+	apiAudience          string
+	adminTLSCert         string
+	adminTLSKey          string
 	kubeconfigAllow      string
 	logLevel             string
 	newStreamsPerSecond  float64
@@ -60,6 +63,9 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
 	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
+	fs.StringVar(&c.apiAudience, "api-audience", "", "audience API tokens must be issued for (TokenReview spec.audiences; default: the API server's own)")
+	fs.StringVar(&c.adminTLSCert, "admin-tls-cert", "", "serving certificate (PEM) for the admin port; with --admin-tls-key it serves HTTPS and the session cookie is Secure")
+	fs.StringVar(&c.adminTLSKey, "admin-tls-key", "", "serving key (PEM) for the admin port")
 	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float64Var(&c.newStreamsPerSecond, "new-streams-per-second", 200, "new xDS streams admitted per second (burst: twice that); more wait")
@@ -78,6 +84,12 @@ func (c *config) validate() error {
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace must be positive, not %s", c.shutdownGrace)
+	}
+	if (c.adminTLSCert == "") != (c.adminTLSKey == "") {
+		return errors.New("--admin-tls-cert and --admin-tls-key go together")
+	}
+	if c.apiAudience != "" && c.apiTokenFile != "" {
+		return errors.New("--api-audience applies to Kubernetes TokenReviews; it cannot be used with --api-token-file")
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)

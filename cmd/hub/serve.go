@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -93,7 +92,11 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.namespace)
+	var audiences []string
+	if cfg.apiAudience != "" {
+		audiences = []string{cfg.apiAudience}
+	}
+	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.namespace, api.KubeAuthOptions{Audiences: audiences})
 	if cfg.apiTokenFile != "" {
 		if auth, err = api.LoadStaticTokens(cfg.apiTokenFile); err != nil {
 			return err
@@ -120,9 +123,11 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Metrics:    metrics,
 		Log:        log,
 	}
-	admin := &http.Server{
-		Handler:           web.NewHandler(web.Config{API: apiCfg, Secure: false}),
-		ReadHeaderTimeout: 10 * time.Second,
+	admin, err := web.NewServer(web.Config{API: apiCfg}, web.ServerOptions{
+		TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log,
+	})
+	if err != nil {
+		return fmt.Errorf("admin server: %w", err)
 	}
 
 	listeners := map[string]net.Listener{}
@@ -146,7 +151,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}
 		return errors.New("--xds-addr and --admin-addr must not be empty")
 	}
-	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name()}
+	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())
 	}
@@ -183,18 +188,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if l := listeners["bundle"]; l != nil {
 		run(&coreParts, "bundle", func() error { return fed.ServeBundleEndpoint(coreCtx, l, webCert) })
 	}
-	run(&coreParts, "admin", func() error {
-		go func() {
-			<-coreCtx.Done()
-			shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
-			defer done()
-			_ = admin.Shutdown(shutdownCtx)
-		}()
-		if err := admin.Serve(listeners["admin"]); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
+	run(&coreParts, "admin", func() error { return admin.Serve(coreCtx, listeners["admin"]) })
 	<-xdsCtx.Done()
 	draining.Store(true)
 	log.Info("shutting down: readiness is failing, draining xDS streams", "grace", cfg.shutdownGrace.String())

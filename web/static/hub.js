@@ -27,6 +27,12 @@
     if (inMain && !main.contains(active)) { main.focus(); }
     if (status) { status.textContent = "Live · updated " + new Date().toLocaleTimeString(); }
   });
+  // The server ends the stream for good when the session is over (signed
+  // out elsewhere, expired or revoked); the reason is plain text.
+  src.addEventListener("end", function (ev) {
+    src.close();
+    if (status) { status.textContent = "Live updates stopped: " + ev.data + ". Reload to sign in again."; }
+  });
   src.onopen = function () { if (status) { status.textContent = "Live updates on"; } };
   src.onerror = function () { if (status) { status.textContent = "Live updates reconnecting…"; } };
 })();

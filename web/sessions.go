@@ -1,0 +1,124 @@
+package web
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hubmesh/hub/api"
+)
+
+// Bounds of the session store: an authenticated user signing in again and
+// again replaces their own oldest session instead of growing the store, and
+// the whole store never holds more than maxSessions.
+const (
+	maxSessions        = 10000
+	maxSessionsPerUser = 32
+	sweepEvery         = time.Minute
+)
+
+// session is one signed-in browser. Its fields never change after sign-in;
+// ended is closed when the session ends (sign-out, expiry, eviction,
+// revocation) so that live streams stop at once.
+type session struct {
+	id      string
+	user    api.User
+	csrf    string
+	token   string // kept to re-check the session with the authenticator
+	expires time.Time
+	ended   chan struct{}
+}
+
+// sessionStore is a bounded map of sessions by ID. Expired sessions are
+// dropped when looked up and by a sweep (at most once a minute, on use), so
+// the map holds no dead entries for long and needs no goroutine.
+type sessionStore struct {
+	now func() time.Time
+
+	mu        sync.Mutex
+	byID      map[string]*session
+	perUser   map[string]int
+	lastSweep time.Time
+}
+
+func newSessionStore(now func() time.Time) *sessionStore {
+	return &sessionStore{now: now, byID: map[string]*session{}, perUser: map[string]int{}, lastSweep: now()}
+}
+
+// add stores s, first making room: expired sessions go, then the user's
+// oldest if they hold maxSessionsPerUser, then the oldest of all if full.
+func (st *sessionStore) add(s *session) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sweepLocked(true)
+	if st.perUser[s.user.Name] >= maxSessionsPerUser {
+		st.removeOldestLocked(func(o *session) bool { return o.user.Name == s.user.Name })
+	}
+	if len(st.byID) >= maxSessions {
+		st.removeOldestLocked(func(*session) bool { return true })
+	}
+	st.byID[s.id] = s
+	st.perUser[s.user.Name]++
+}
+
+// get returns the live session with this ID, or nil (an expired one is removed).
+func (st *sessionStore) get(id string) *session {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sweepLocked(false)
+	s := st.byID[id]
+	if s != nil && !st.now().Before(s.expires) {
+		st.removeLocked(s)
+		return nil
+	}
+	return s
+}
+
+// remove ends the session with this ID, if any.
+func (st *sessionStore) remove(id string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if s := st.byID[id]; s != nil {
+		st.removeLocked(s)
+	}
+}
+
+func (st *sessionStore) len() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.byID)
+}
+
+func (st *sessionStore) removeLocked(s *session) {
+	delete(st.byID, s.id)
+	if st.perUser[s.user.Name]--; st.perUser[s.user.Name] <= 0 {
+		delete(st.perUser, s.user.Name)
+	}
+	close(s.ended)
+}
+
+func (st *sessionStore) removeOldestLocked(match func(*session) bool) {
+	var oldest *session
+	for _, s := range st.byID {
+		if match(s) && (oldest == nil || s.expires.Before(oldest.expires)) {
+			oldest = s
+		}
+	}
+	if oldest != nil {
+		st.removeLocked(oldest)
+	}
+}
+
+// sweepLocked drops expired sessions if a minute has passed since the last
+// sweep (or always, when force is set and the store is full).
+func (st *sessionStore) sweepLocked(force bool) {
+	now := st.now()
+	if now.Sub(st.lastSweep) < sweepEvery && !(force && len(st.byID) >= maxSessions) {
+		return
+	}
+	st.lastSweep = now
+	for _, s := range st.byID {
+		if !now.Before(s.expires) {
+			st.removeLocked(s)
+		}
+	}
+}

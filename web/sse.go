@@ -1,0 +1,139 @@
+package web
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// sseWriteTimeout bounds each write of a live stream: a browser that stops
+// reading is cut off instead of holding the stream forever. The server's
+// WriteTimeout cannot apply to a stream that lasts for hours.
+const sseWriteTimeout = 15 * time.Second
+
+// events streams a page's content as Server-Sent Events whenever it changes.
+// The stream re-checks its session on every tick (Config.Refresh, at most
+// 5s) and ends at once on sign-out: it ends with an "end" event when the
+// session is signed out, expires or is revoked, and without one (so the
+// browser reconnects) when the session cannot be checked right now or the
+// server shuts down.
+func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	path := r.URL.Query().Get("page")
+	name, id := "", ""
+	switch {
+	case path == "/":
+		name = "overview"
+	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust":
+		name = strings.TrimPrefix(path, "/")
+	case strings.HasPrefix(path, "/clusters/"):
+		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")
+	case strings.HasPrefix(path, "/proxies/"):
+		name, id = "proxy", strings.TrimPrefix(path, "/proxies/")
+	default:
+		http.Error(w, "unknown page", http.StatusBadRequest)
+		return
+	}
+	s := sessionOf(r)
+	// The server's read and write timeouts are for ordinary requests; this
+	// one lasts, so lift them and bound each write instead.
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return
+	}
+	write := func(frame func(io.Writer)) bool {
+		if err := rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return false
+		}
+		frame(w)
+		return rc.Flush() == nil
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+
+	end := func(reason string) { write(func(w io.Writer) { writeEvent(w, "end", reason) }) }
+	var last string
+	lastWrite := time.Now()
+	tick := time.NewTicker(d.cfg.Refresh)
+	defer tick.Stop()
+	for {
+		data, _ := d.data(r, name, id)
+		var buf bytes.Buffer
+		if err := d.tmpl.ExecuteTemplate(&buf, name+"-content", data); err != nil {
+			d.cfg.API.Log.Error("rendering a live update", "page", name, "error", err)
+			return
+		}
+		switch html := buf.String(); {
+		case html != last:
+			last = html
+			if !write(func(w io.Writer) { writeEvent(w, "update", html) }) {
+				return
+			}
+			lastWrite = time.Now()
+		case time.Since(lastWrite) >= d.cfg.Heartbeat:
+			if !write(func(w io.Writer) { _, _ = io.WriteString(w, ":\n\n") }) {
+				return
+			}
+			lastWrite = time.Now()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-d.stop:
+			return
+		case <-s.ended:
+			end("signed out")
+			return
+		case <-tick.C:
+		}
+		// Every tick: the session still exists and has not expired, and its
+		// token still authenticates and may read.
+		if d.sessions.get(s.id) == nil {
+			end("session expired")
+			return
+		}
+		if _, err := d.recheck(r.Context(), s); errors.Is(err, errSessionEnded) {
+			d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
+			d.sessions.remove(s.id)
+			end("session revoked")
+			return
+		} else if err != nil {
+			d.cfg.API.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)
+			return
+		}
+	}
+}
+
+// sseEscaper keeps every line terminator of the data inside its data: line.
+// The data is HTML, so a carriage return becomes a character reference
+// (which browsers read back as the same character); newlines split the data
+// into data: lines, which the browser joins with newlines again.
+var sseEscaper = strings.NewReplacer("\r", "&#13;")
+
+// writeEvent writes one Server-Sent Event. Neither the event name nor the
+// data can end a line early: SSE ends lines at \r, \n and \r\n, so a \r from
+// the data (say, in a cluster's status message) could otherwise start a
+// field of its own (event:, id:, retry:).
+func writeEvent(w io.Writer, event, data string) {
+	var b strings.Builder
+	b.WriteString("event: ")
+	b.WriteString(strings.NewReplacer("\r", "", "\n", "").Replace(event))
+	b.WriteString("\n")
+	for line := range strings.SplitSeq(sseEscaper.Replace(data), "\n") {
+		b.WriteString("data: ")
+		b.WriteString(line)
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+	_, _ = io.WriteString(w, b.String())
+}
