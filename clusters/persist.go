@@ -281,7 +281,9 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 		}
 		p.mu.Unlock()
 		if err != nil {
-			p.log.Warn("persisting a member view", "cluster", j.id, "error", err)
+			if ctx.Err() == nil { // not just stopping
+				p.log.Warn("persisting a member view", "cluster", j.id, "error", err)
+			}
 			continue
 		}
 		if !res.Skipped {
@@ -322,7 +324,9 @@ func (p *viewPersister) deleteRemoved(ctx context.Context) {
 		// Writes happen on this goroutine too, so a member added again
 		// meanwhile cannot have written a view that this deletes.
 		if err := p.store.delete(ctx, id); err != nil {
-			p.log.Warn("deleting the persisted view of a removed member", "cluster", id, "error", err)
+			if ctx.Err() == nil { // not just stopping
+				p.log.Warn("deleting the persisted view of a removed member", "cluster", id, "error", err)
+			}
 			continue
 		}
 		p.mu.Lock()
@@ -354,14 +358,14 @@ func (r *Registry) namedBySecret(id string) (named, known bool) {
 }
 
 // servePersisted marks a member that has not started yet as serving a view
-// persisted at at.
+// persisted at at (a state change to Stale, observed like any other).
 func (c *Cluster) servePersisted(at time.Time, services []*Service) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.persistedAt = at
-	for _, s := range services {
-		c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
-	}
+	c.transition(func() {
+		c.persistedAt = at
+		for _, s := range services {
+			c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
+		}
+	})
 }
 
 // shownLocked is the state and message the cluster reports: until a member
