@@ -54,8 +54,9 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
-	// IsLeader says whether this replica records Events (one replica
-	// does, so that N replicas do not write N copies); nil means always.
+	// IsLeader says whether this replica records Events and persists
+	// member views (one replica does, so that N replicas do not write N
+	// copies); nil means always.
 	IsLeader func() bool
 }
 
