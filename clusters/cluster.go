@@ -75,6 +75,9 @@ type Cluster struct {
 	everSynced   bool
 	lastErr      string
 	endpoints    map[ServiceKey]int
+	// persistedAt is when the view it serves until its first sync was
+	// persisted (zero: it was not restored; see persist.go).
+	persistedAt time.Time
 }
 
 // clusterDeps are what every Cluster of a registry shares.
@@ -275,9 +278,9 @@ func readyzFailure(err error) string {
 // tells the observer if the state changed.
 func (c *Cluster) transition(change func()) {
 	c.mu.Lock()
-	from := c.state
+	from, _ := c.shownLocked()
 	change()
-	to := c.state
+	to, _ := c.shownLocked()
 	observe := c.observe
 	c.mu.Unlock()
 	if from != to && observe != nil {
@@ -444,9 +447,10 @@ func (c *Cluster) status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{
-		ID: c.id, Secret: c.secret, State: c.state, Message: c.message, Server: c.server,
+		ID: c.id, Secret: c.secret, Server: c.server,
 		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
 	}
+	st.State, st.Message = c.shownLocked()
 	for _, n := range c.endpoints {
 		st.Endpoints += n
 	}

@@ -54,8 +54,9 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
-	// IsLeader says whether this replica records Events (one replica
-	// does, so that N replicas do not write N copies); nil means always.
+	// IsLeader says whether this replica records Events and persists
+	// member views (one replica does, so that N replicas do not write N
+	// copies); nil means always.
 	IsLeader func() bool
 }
 
@@ -72,6 +73,7 @@ type Registry struct {
 
 	secrets       corelisters.SecretLister
 	secretsSynced cache.InformerSynced
+	views         *viewPersister // wraps cfg.Sink; persists and restores member views
 
 	mu      sync.Mutex
 	history map[string][]Transition      // by cluster ID, newest last, at most maxHistory
@@ -104,7 +106,13 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building home cluster client: %w", err)
 	}
+	views, err := newViewPersister(cfg, homeClient)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Sink = views
 	r := &Registry{
+		views:      views,
 		cfg:        cfg,
 		log:        cfg.Log,
 		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, onSecret: cfg.OnSecretChange},
@@ -167,9 +175,15 @@ func (r *Registry) Run(ctx context.Context) error {
 
 	r.home.start(ctx)
 	factory.Start(ctx.Done())
-	done := make(chan struct{})
+	r.views.named = r.namedBySecret
+	done, viewsDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(viewsDone)
+		r.views.run(ctx)
+	}()
 	go func() {
 		defer close(done)
+		r.views.load(ctx) // before any member starts, so each can be restored
 		for r.processNext(ctx) {
 		}
 	}()
@@ -177,6 +191,7 @@ func (r *Registry) Run(ctx context.Context) error {
 	<-ctx.Done()
 	r.queue.ShutDown()
 	<-done
+	<-viewsDone
 	factory.Shutdown()
 	r.home.stop()
 	r.mu.Lock()
@@ -387,6 +402,9 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	if discard != nil {
 		discard.stop()
 	}
+	if existing == nil {
+		r.views.restore(id, c)
+	}
 	c.start(ctx)
 	return st, true
 }
@@ -591,6 +609,11 @@ func (r *Registry) Ready() (bool, string) {
 		switch st.State {
 		case StatePending, StateSyncing, StateUnreachable:
 			waiting = append(waiting, st.ID)
+		}
+	}
+	for _, c := range r.activeClusters() {
+		if c.holdsReadiness() { // Stale from a persisted view, but syncing
+			waiting = append(waiting, c.id)
 		}
 	}
 	if len(waiting) > 0 {

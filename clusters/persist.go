@@ -1,0 +1,395 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Stale-not-empty across restarts (DESIGN.md §4): the leader persists each
+// member's last good view (what its endpoint controller delivered to the
+// Sink) in the home cluster, and a starting hub serves a member from that
+// view, as Stale, until the member syncs.
+
+// Persistence timing: a member's view is written at most once per
+// viewWriteInterval, and only when its content changed since the last write.
+const (
+	viewWriteInterval = 30 * time.Second
+	viewTick          = time.Second
+	viewLoadAttempts  = 3
+)
+
+// viewPersister sits between the members and the Sink: it passes every call
+// through and keeps each member's current view, which its loop writes (on
+// the leader only) through a viewStore. It also holds the views read at
+// start until their members are created.
+type viewPersister struct {
+	next     Sink
+	store    *viewStore
+	home     string
+	isLeader func() bool
+	log      *slog.Logger
+	// named reports whether a remote Secret names the ID; known is false
+	// until the Secrets are listed.
+	named    func(id string) (named, known bool)
+	interval time.Duration
+	tick     time.Duration
+	// rounds counts the loop's rounds, leader or not (tests wait on it).
+	rounds atomic.Int64
+
+	writes *prometheus.CounterVec
+	bytes  *prometheus.GaugeVec
+
+	mu        sync.Mutex
+	members   map[string]*trackedView
+	loaded    map[string]*storedView // read at start, until the member is created
+	deletions map[string]bool        // IDs whose persisted view must go
+}
+
+// trackedView is what the persister knows of one member.
+type trackedView struct {
+	services  map[ServiceKey]*Service
+	dirty     bool      // changed since it was last looked at by the writer
+	sum       string    // SHA-256 of the view last written or read
+	lastWrite time.Time // of the last write attempt
+}
+
+func newViewPersister(cfg Config, client kubernetes.Interface) (*viewPersister, error) {
+	p := &viewPersister{
+		next:      cfg.Sink,
+		store:     &viewStore{cms: client.CoreV1().ConfigMaps(cfg.Namespace), chunkSize: defaultChunkSize},
+		home:      cfg.HomeID,
+		isLeader:  cfg.IsLeader,
+		log:       cfg.Log,
+		interval:  viewWriteInterval,
+		tick:      viewTick,
+		members:   map[string]*trackedView{},
+		loaded:    map[string]*storedView{},
+		deletions: map[string]bool{},
+		named:     func(string) (bool, bool) { return false, false },
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_member_view_writes_total",
+			Help: "Writes of a member's persisted endpoint view to the home cluster, by member.",
+		}, []string{"cluster"}),
+		bytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "hub_member_view_bytes",
+			Help: "Size of a member's last persisted endpoint view, by encoding (json, gzip).",
+		}, []string{"cluster", "encoding"}),
+	}
+	if cfg.Metrics != nil {
+		for _, c := range []prometheus.Collector{p.writes, p.bytes} {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("registering metrics: %w", err)
+			}
+		}
+	}
+	return p, nil
+}
+
+// ReplaceCluster implements Sink.
+func (p *viewPersister) ReplaceCluster(cluster string, services []*Service) {
+	p.next.ReplaceCluster(cluster, services)
+	if cluster == p.home {
+		return
+	}
+	m := make(map[ServiceKey]*Service, len(services))
+	for _, s := range services {
+		m[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = s
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.trackedLocked(cluster)
+	t.services, t.dirty = m, true
+}
+
+// UpdateService implements Sink.
+func (p *viewPersister) UpdateService(cluster string, key ServiceKey, svc *Service) {
+	p.next.UpdateService(cluster, key, svc)
+	if cluster == p.home {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.trackedLocked(cluster)
+	if t.services == nil {
+		return // not synced yet: nothing live to persist
+	}
+	if svc == nil {
+		delete(t.services, key)
+	} else {
+		t.services[key] = svc
+	}
+	t.dirty = true
+}
+
+// RemoveCluster implements Sink: a member is removed only when its key left
+// the remote Secrets, so its persisted view goes too.
+func (p *viewPersister) RemoveCluster(cluster string) {
+	p.next.RemoveCluster(cluster)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.members, cluster)
+	delete(p.loaded, cluster)
+	p.deletions[cluster] = true
+	p.writes.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+	p.bytes.DeletePartialMatch(prometheus.Labels{"cluster": cluster})
+}
+
+func (p *viewPersister) trackedLocked(cluster string) *trackedView {
+	t := p.members[cluster]
+	if t == nil {
+		t = &trackedView{}
+		p.members[cluster] = t
+	}
+	delete(p.deletions, cluster) // a member that is back keeps its view
+	return t
+}
+
+// load reads every persisted view once, before any member starts. A failure
+// leaves members to start empty, as they would without persistence.
+func (p *viewPersister) load(ctx context.Context) {
+	var views map[string]*storedView
+	var bad []error
+	var err error
+	for attempt := 1; attempt <= viewLoadAttempts; attempt++ {
+		if views, bad, err = p.store.readAll(ctx); err == nil {
+			break
+		}
+		p.log.Warn("reading persisted member views", "attempt", attempt, "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(attempt) * time.Second):
+		}
+	}
+	if err != nil {
+		p.log.Error("members whose API server is unreachable start without their persisted views", "error", err)
+		return
+	}
+	for _, e := range bad {
+		p.log.Warn("ignoring a persisted member view", "error", e)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, v := range views {
+		if _, ok := p.members[id]; !ok {
+			p.loaded[id] = v
+		}
+	}
+	p.log.Info("read persisted member views", "views", len(views))
+}
+
+// restore hands a new member's persisted view, if there is one, to the Sink
+// and marks c as serving it. Call it before c starts.
+func (p *viewPersister) restore(id string, c *Cluster) {
+	p.mu.Lock()
+	v := p.loaded[id]
+	delete(p.loaded, id)
+	if v != nil {
+		p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
+	}
+	p.mu.Unlock()
+	if v == nil {
+		return
+	}
+	services, err := v.services()
+	if err != nil {
+		p.log.Warn("ignoring the persisted view of a member", "cluster", id, "error", err)
+		return
+	}
+	p.next.ReplaceCluster(id, services)
+	c.servePersisted(v.WrittenAt, services)
+	endpoints := 0
+	for _, s := range services {
+		endpoints += len(s.Endpoints)
+	}
+	p.log.Info("serving the persisted view until the member syncs", "cluster", id,
+		"persistedAt", v.WrittenAt.Format(time.RFC3339), "services", len(services), "endpoints", endpoints)
+}
+
+// run writes changed views (on the leader) and deletes those of removed
+// members until ctx ends.
+func (p *viewPersister) run(ctx context.Context) {
+	t := time.NewTicker(p.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.rounds.Add(1)
+		if p.isLeader != nil && !p.isLeader() {
+			continue // changes stay dirty: a replica that becomes leader writes them
+		}
+		p.deleteRemoved(ctx)
+		p.writeDue(ctx)
+	}
+}
+
+// writeDue writes every member view that changed and was not written within
+// the interval.
+func (p *viewPersister) writeDue(ctx context.Context) {
+	type job struct {
+		id       string
+		services []*Service
+		sum      string
+	}
+	now := time.Now()
+	var jobs []job
+	p.mu.Lock()
+	for id, t := range p.members {
+		if !t.dirty || t.services == nil || now.Sub(t.lastWrite) < p.interval {
+			continue
+		}
+		t.dirty = false
+		j := job{id: id, sum: t.sum, services: make([]*Service, 0, len(t.services))}
+		for _, s := range t.services {
+			j.services = append(j.services, s)
+		}
+		jobs = append(jobs, j)
+	}
+	p.mu.Unlock()
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			return
+		}
+		content, sum, err := encodeView(j.services)
+		if err != nil {
+			p.log.Error("encoding a member view", "cluster", j.id, "error", err)
+			continue
+		}
+		if sum == j.sum {
+			continue // changed and changed back: nothing new to write
+		}
+		res, err := p.store.write(ctx, j.id, content, sum, now)
+		p.mu.Lock()
+		if t := p.members[j.id]; t != nil {
+			t.lastWrite = now
+			if err != nil {
+				t.dirty = true // try again after the interval
+			} else {
+				t.sum = sum
+			}
+		}
+		p.mu.Unlock()
+		if err != nil {
+			if ctx.Err() == nil { // not just stopping
+				p.log.Warn("persisting a member view", "cluster", j.id, "error", err)
+			}
+			continue
+		}
+		if !res.Skipped {
+			p.writes.WithLabelValues(j.id).Inc()
+			p.bytes.WithLabelValues(j.id, "json").Set(float64(res.Bytes))
+			p.bytes.WithLabelValues(j.id, "gzip").Set(float64(res.Compressed))
+			p.log.Debug("persisted member view", "cluster", j.id, "bytes", res.Bytes, "compressed", res.Compressed, "objects", res.Objects)
+		}
+	}
+}
+
+// deleteRemoved deletes the persisted views of removed members, and of
+// views read at start whose ID no remote Secret names any more.
+func (p *viewPersister) deleteRemoved(ctx context.Context) {
+	p.mu.Lock()
+	loaded := make([]string, 0, len(p.loaded))
+	for id := range p.loaded {
+		loaded = append(loaded, id)
+	}
+	p.mu.Unlock()
+	for _, id := range loaded {
+		if named, known := p.named(id); known && !named {
+			p.mu.Lock()
+			if _, ok := p.loaded[id]; ok {
+				delete(p.loaded, id)
+				p.deletions[id] = true
+			}
+			p.mu.Unlock()
+		}
+	}
+	p.mu.Lock()
+	ids := make([]string, 0, len(p.deletions))
+	for id := range p.deletions {
+		ids = append(ids, id)
+	}
+	p.mu.Unlock()
+	for _, id := range ids {
+		// Writes happen on this goroutine too, so a member added again
+		// meanwhile cannot have written a view that this deletes.
+		if err := p.store.delete(ctx, id); err != nil {
+			if ctx.Err() == nil { // not just stopping
+				p.log.Warn("deleting the persisted view of a removed member", "cluster", id, "error", err)
+			}
+			continue
+		}
+		p.mu.Lock()
+		delete(p.deletions, id)
+		p.mu.Unlock()
+		p.log.Info("deleted the persisted view of a removed member", "cluster", id)
+	}
+}
+
+// namedBySecret reports whether any remote Secret has a key id; known is
+// false until the Secrets are listed.
+func (r *Registry) namedBySecret(id string) (named, known bool) {
+	r.mu.Lock()
+	synced := r.secretsSynced
+	r.mu.Unlock()
+	if synced == nil || !synced() {
+		return false, false
+	}
+	secrets, err := r.secrets.List(labels.Everything())
+	if err != nil {
+		return false, false
+	}
+	for _, s := range secrets {
+		if _, ok := s.Data[id]; ok {
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// servePersisted marks a member that has not started yet as serving a view
+// persisted at at (a state change to Stale, observed like any other).
+func (c *Cluster) servePersisted(at time.Time, services []*Service) {
+	c.transition(func() {
+		c.persistedAt = at
+		for _, s := range services {
+			c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
+		}
+	})
+}
+
+// shownLocked is the state and message the cluster reports: until a member
+// served from its persisted view first syncs, it is Stale, and the message
+// says which view it serves.
+func (c *Cluster) shownLocked() (State, string) {
+	if c.persistedAt.IsZero() || c.everSynced {
+		return c.state, c.message
+	}
+	msg := fmt.Sprintf("serving the view persisted at %s until the member syncs", c.persistedAt.UTC().Format(time.RFC3339))
+	if c.message != "" {
+		msg += "; " + string(c.state) + ": " + c.message
+	}
+	return StateStale, msg
+}
+
+// holdsReadiness reports whether a member served from its persisted view
+// should still keep the hub unready: only while its API server answers and
+// it syncs within the timeout, as any member does. Once a request to it
+// failed the persisted view is the best there is, and it stops blocking
+// (also if the API server answers again, so readiness does not flap).
+func (c *Cluster) holdsReadiness() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.persistedAt.IsZero() && !c.everSynced && c.lastErr == "" &&
+		(c.state == StatePending || c.state == StateSyncing)
+}

@@ -1,0 +1,153 @@
+package clusters
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+)
+
+// The persisted form of a member's view: JSON with short field names,
+// services sorted by namespace and name, everything else in the order the
+// endpoint controller built it, so that one view always encodes to the same
+// bytes and its SHA-256 identifies its content. Decoding gives back values
+// equal (reflect.DeepEqual) to what was delivered to the Sink.
+
+// viewFormat is the version of the encoding; a reader refuses others.
+const viewFormat = 1
+
+// maxViewBytes bounds a decompressed view (about 800,000 endpoints), so a
+// ConfigMap that someone else wrote cannot make the hub allocate without limit.
+const maxViewBytes = 64 << 20
+
+type viewDoc struct {
+	Format   int           `json:"v"`
+	Services []viewService `json:"s"`
+}
+
+type viewService struct {
+	Namespace string         `json:"ns"`
+	Name      string         `json:"n"`
+	Ports     []viewPort     `json:"p,omitempty"`
+	Endpoints []viewEndpoint `json:"e,omitempty"`
+}
+
+type viewPort struct {
+	Name        string `json:"n,omitempty"`
+	Port        int32  `json:"p"`
+	Protocol    string `json:"t,omitempty"`
+	AppProtocol string `json:"a,omitempty"`
+}
+
+type viewEndpoint struct {
+	Address     string `json:"a"`
+	Port        int32  `json:"p"`
+	ServicePort int32  `json:"s"`
+	Health      Health `json:"h,omitempty"`
+	Region      string `json:"r,omitempty"`
+	Zone        string `json:"z,omitempty"`
+}
+
+// encodeView returns the canonical encoding of services and its SHA-256
+// (lowercase hex).
+func encodeView(services []*Service) ([]byte, string, error) {
+	sorted := append([]*Service(nil), services...)
+	sort.Slice(sorted, func(i, j int) bool {
+		if sorted[i].Namespace != sorted[j].Namespace {
+			return sorted[i].Namespace < sorted[j].Namespace
+		}
+		return sorted[i].Name < sorted[j].Name
+	})
+	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
+	for _, s := range sorted {
+		vs := viewService{Namespace: s.Namespace, Name: s.Name}
+		if len(s.Ports) > 0 {
+			vs.Ports = make([]viewPort, len(s.Ports))
+			for i, p := range s.Ports {
+				vs.Ports[i] = viewPort(p)
+			}
+		}
+		if len(s.Endpoints) > 0 {
+			vs.Endpoints = make([]viewEndpoint, len(s.Endpoints))
+			for i, e := range s.Endpoints {
+				vs.Endpoints[i] = viewEndpoint(e)
+			}
+		}
+		doc.Services = append(doc.Services, vs)
+	}
+	data, err := json.Marshal(doc)
+	if err != nil {
+		return nil, "", fmt.Errorf("encoding member view: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	return data, hex.EncodeToString(sum[:]), nil
+}
+
+// decodeView parses what encodeView wrote.
+func decodeView(data []byte) ([]*Service, error) {
+	var doc viewDoc
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("decoding member view: %w", err)
+	}
+	if doc.Format != viewFormat {
+		return nil, fmt.Errorf("member view has format %d; this hub reads %d", doc.Format, viewFormat)
+	}
+	out := make([]*Service, 0, len(doc.Services))
+	for _, vs := range doc.Services {
+		s := &Service{Namespace: vs.Namespace, Name: vs.Name}
+		if len(vs.Ports) > 0 {
+			s.Ports = make([]ServicePort, len(vs.Ports))
+			for i, p := range vs.Ports {
+				s.Ports[i] = ServicePort(p)
+			}
+		}
+		if len(vs.Endpoints) > 0 {
+			s.Endpoints = make([]Endpoint, len(vs.Endpoints))
+			for i, e := range vs.Endpoints {
+				s.Endpoints[i] = Endpoint(e)
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// compress gzips data.
+func compress(data []byte) []byte {
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.DefaultCompression) // the level is valid
+	_, _ = zw.Write(data)                                       // a bytes.Buffer does not fail
+	_ = zw.Close()
+	return buf.Bytes()
+}
+
+// decompress gunzips data, refusing more than maxViewBytes.
+func decompress(data []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("decompressing member view: %w", err)
+	}
+	out, err := io.ReadAll(io.LimitReader(zr, maxViewBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("decompressing member view: %w", err)
+	}
+	if len(out) > maxViewBytes {
+		return nil, errors.New("member view is larger than 64 MiB decompressed")
+	}
+	return out, nil
+}
+
+// splitChunks cuts data into pieces of at most size bytes (at least one piece).
+func splitChunks(data []byte, size int) [][]byte {
+	var out [][]byte
+	for len(data) > size {
+		out = append(out, data[:size])
+		data = data[size:]
+	}
+	return append(out, data)
+}
