@@ -49,12 +49,15 @@ func MemberOf(cert *x509.Certificate) (string, bool) {
 		if !ext.Id.Equal(MemberOID) {
 			continue
 		}
-		var member string
-		rest, err := asn1.UnmarshalWithParams(ext.Value, &member, "utf8")
-		if err != nil || len(rest) != 0 || !validMember(member) {
+		var raw asn1.RawValue
+		rest, err := asn1.Unmarshal(ext.Value, &raw)
+		if err != nil || len(rest) != 0 || raw.Class != asn1.ClassUniversal || raw.Tag != asn1.TagUTF8String || raw.IsCompound {
 			return "", false
 		}
-		return member, true
+		if member := string(raw.Bytes); validMember(member) { // ASCII only: valid UTF-8
+			return member, true
+		}
+		return "", false
 	}
 	return "", false
 }
