@@ -637,3 +637,50 @@ func TestGeneratorStampsStayBounded(t *testing.T) {
 		t.Fatal("a pruned hostname's stamp equals one read before its invalidation")
 	}
 }
+
+func TestStreamsPerConnectionAreBounded(t *testing.T) {
+	s := startSecureHub(t, Options{Limits: Limits{MaxStreamsPerConnection: 1}})
+	conn, err := grpc.NewClient(s.plain, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	cds := &discoveryv3.DiscoveryRequest{Node: node("n", "west"), TypeUrl: resourcev3.ClusterType}
+	firstCtx, closeFirst := context.WithCancel(context.Background())
+	first, err := ads.StreamAggregatedResources(firstCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Send(cds); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	// A second stream on the same connection waits for the first to end.
+	answered := make(chan error, 1)
+	go func() {
+		second, err := ads.StreamAggregatedResources(context.Background())
+		if err == nil {
+			if err = second.Send(cds); err == nil {
+				_, err = second.Recv()
+			}
+		}
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a second stream on a connection limited to one was served (%v) while the first was open", err)
+	case <-time.After(500 * time.Millisecond): // a slow machine only makes this wait longer
+	}
+	closeFirst()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("the second stream after the first ended: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second stream was not served within 30s of the first ending")
+	}
+}
