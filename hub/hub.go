@@ -214,9 +214,9 @@ func (h *Hub) admitStream(ctx context.Context) error {
 // plaintext when tlsCfg is nil (never serving secrets), else mTLS with
 // tlsCfg deciding which client certificates are accepted; there a stream
 // without a verified certificate or a valid service-account token is
-// refused with Unauthenticated. When ctx ends it
-// drains (see Options.DrainGrace) and returns once every stream is gone;
-// pushes keep flowing to the streams not yet closed as long as Run runs.
+// refused with Unauthenticated. When ctx ends it drains (see
+// Options.DrainGrace) and returns once every stream is gone; pushes keep
+// flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
 	streams := newStreamSet()
 	opts := []grpc.ServerOption{

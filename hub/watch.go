@@ -149,8 +149,10 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 		return nil, err
 	}
 	// A Delta subscription grows request by request: bound the sum. (The
-	// names of each request were checked before the server kept them.)
-	if n := max(len(sub.SubscribedResources()), len(sub.ReturnedResources())); n > w.maxNames {
+	// names of each request, initial_resource_versions included, were
+	// checked before the server kept them; what the stream was returned is
+	// the hub's own, a wildcard stream's can be larger.)
+	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
