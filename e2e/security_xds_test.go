@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,20 +222,20 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 		// the hub's Secret informers have synced).
 		eventually(t, 30*time.Second, func() error {
 			if got := fetch(workload("east"), "east-gw", "east"); !strings.Contains(got["kubernetes://gw-cert"], "EAST-CERT") {
-				return fmt.Errorf("east's own workload got %v", got)
+				return fmt.Errorf("east's own workload got %v", slices.Sorted(maps.Keys(got)))
 			}
 			return nil
 		})
 		// West's workload claiming to be in east: roots, nothing of east.
 		got := fetch(workload("west"), "west-gw-as-east", "east")
 		if _, ok := got["kubernetes://gw-cert"]; ok || got["ROOTCA"] == "" {
-			t.Errorf("a west-bound certificate claiming east got %v; want only ROOTCA", got)
+			t.Errorf("a west-bound certificate claiming east got %v; want only ROOTCA", slices.Sorted(maps.Keys(got)))
 		}
 		// A certificate without a member binding gets no Secret anywhere.
 		for _, claim := range []string{"east", "west"} {
 			got := fetch(workload(""), "unbound-"+claim, claim)
 			if _, ok := got["kubernetes://gw-cert"]; ok || got["ROOTCA"] == "" {
-				t.Errorf("an unbound certificate claiming %s got %v; want only ROOTCA", claim, got)
+				t.Errorf("an unbound certificate claiming %s got %v; want only ROOTCA", claim, slices.Sorted(maps.Keys(got)))
 			}
 		}
 		data, _ := readFile(h.logPath)
