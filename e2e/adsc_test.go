@@ -285,24 +285,28 @@ func TestAdscIstioClient(t *testing.T) {
 	}
 	caFile := filepath.Join(dir, "root-cert.pem")
 	writeFile(t, caFile, rootsPEM)
-	svidFiles := func(ns string) []string {
-		certFile, keyFile := writeSVID(t, ca, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), filepath.Join(dir, ns))
+	// Each workload's SVID is bound to the member it runs in.
+	svidFiles := func(ns, member string) []string {
+		certFile, keyFile := writeSVID(t, ca, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, filepath.Join(dir, ns+"-"+member))
 		return []string{"--cert", certFile, "--key", keyFile}
 	}
-	appCreds, otherCreds := svidFiles(app), svidFiles("other")
+	appCreds := map[string][]string{"west": svidFiles(app, "west"), "east": svidFiles(app, "east")}
+	otherCreds := svidFiles("other", "west")
 
 	// adsc's SotW client ACKs SDS without resource names (adsc.ack names
 	// only EDS and RDS), which unsubscribes it from every secret after the
 	// first answer: both members' gw-cert must be in the hub before it asks.
 	// (The Secret informers sync shortly after the members are Ready.)
-	probe, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/probe"), time.Hour)
-	if err != nil {
-		t.Fatal(err)
+	probeCreds := func(member string) credentials.TransportCredentials {
+		probe, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/probe"), member, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return credentials.NewTLS(tlsconfig.MTLSClientConfig(probe, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 	}
-	probeCreds := credentials.NewTLS(tlsconfig.MTLSClientConfig(probe, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 	eventually(t, 30*time.Second, func() error {
 		for _, member := range []string{"west", "east"} {
-			if got := sdsFetch(t, tlsAddr, probeCreds, member, "kubernetes://gw-cert"); got["kubernetes://gw-cert"] == nil {
+			if got := sdsFetch(t, tlsAddr, probeCreds(member), member, "kubernetes://gw-cert"); got["kubernetes://gw-cert"] == nil {
 				return fmt.Errorf("the hub has no gw-cert of %s yet", member)
 			}
 		}
@@ -324,7 +328,7 @@ func TestAdscIstioClient(t *testing.T) {
 				return a
 			}
 			// The client checks the server's SPIFFE ID, not only its chain.
-			wrongID := append(args("west", app, appCreds, watch), "--server-spiffe-id", "spiffe://"+td.Name()+"/not-hub")
+			wrongID := append(args("west", app, appCreds["west"], watch), "--server-spiffe-id", "spiffe://"+td.Name()+"/not-hub")
 			if code, lines := startAdsc(t, mode+"/wrong-server-id", wrongID...).wait(t, 30*time.Second); code != 1 ||
 				!slices.ContainsFunc(lines, func(l adscLine) bool { return l.Type == "error" && strings.Contains(l.Error, "server SPIFFE ID") }) || len(collect(lines, edsCluster).secrets) != 0 {
 				t.Errorf("a client expecting spiffe://%s/not-hub: exit %d, lines %+v; want exit 1 with an error and nothing received", td.Name(), code, lines)
@@ -332,8 +336,8 @@ func TestAdscIstioClient(t *testing.T) {
 
 			// One client per member, and one of another namespace that
 			// also asks for app's gw-cert by namespace, at once.
-			westRun := startAdsc(t, mode+"/west", args("west", app, appCreds, watch)...)
-			eastRun := startAdsc(t, mode+"/east", args("east", app, appCreds, watch)...)
+			westRun := startAdsc(t, mode+"/west", args("west", app, appCreds["west"], watch)...)
+			eastRun := startAdsc(t, mode+"/east", args("east", app, appCreds["east"], watch)...)
 			otherRun := startAdsc(t, mode+"/other", args("west", "other", otherCreds, watch+",sds:"+cross)...)
 
 			for _, c := range []struct {
@@ -389,7 +393,7 @@ func TestAdscIstioClient(t *testing.T) {
 
 	// Pushes reach adsc too: a Delta --follow client sees west's gw-cert
 	// rotate. (Not SotW: its nameless SDS ACK unsubscribed it, see above.)
-	a := append(slices.Clone(common), appCreds...)
+	a := append(slices.Clone(common), appCreds["west"]...)
 	a = append(a, "--cluster-id", "west", "--watch", "sds:kubernetes://gw-cert", "--follow", "--delta",
 		"--node-id", fmt.Sprintf("router~198.18.0.9~follow.%s~%s.svc.cluster.local", app, app))
 	follow := startAdsc(t, "delta/follow", a...)
@@ -434,11 +438,11 @@ func writeFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-// writeSVID issues an SVID for id from the hub's CA and writes its chain and
-// key as PEM files in dir.
-func writeSVID(t *testing.T, ca *trust.CA, id spiffeid.ID, dir string) (certFile, keyFile string) {
+// writeSVID issues an SVID for id bound to member from the hub's CA and
+// writes its chain and key as PEM files in dir.
+func writeSVID(t *testing.T, ca *trust.CA, id spiffeid.ID, member, dir string) (certFile, keyFile string) {
 	t.Helper()
-	svid, err := ca.IssueSVID(id, time.Hour)
+	svid, err := ca.IssueWorkloadSVID(id, member, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,8 +67,11 @@ func TestSDSEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds := func(ns string) credentials.TransportCredentials {
-		svid, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), time.Hour)
+	// Workload certificates as the hub's CA issues them: bound to the
+	// member the workload runs in, which is the member whose Secrets it
+	// may read.
+	creds := func(ns, member string) credentials.TransportCredentials {
+		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +81,7 @@ func TestSDSEndToEnd(t *testing.T) {
 	tlsAddr := h.addrs["xds-tls"]
 
 	eventually(t, 30*time.Second, func() error { // the secret informers sync shortly after the members
-		got := sdsFetch(t, tlsAddr, creds(app), "west", names...)
+		got := sdsFetch(t, tlsAddr, creds(app, "west"), "west", names...)
 		if c := got["kubernetes://gw-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes(); string(c) != "WEST-CERT" {
 			return fmt.Errorf("west gateway got %v", keys(got))
 		}
@@ -90,10 +93,10 @@ func TestSDSEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	if got := sdsFetch(t, tlsAddr, creds(app), "east", "kubernetes://gw-cert"); string(got["kubernetes://gw-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
+	if got := sdsFetch(t, tlsAddr, creds(app, "east"), "east", "kubernetes://gw-cert"); string(got["kubernetes://gw-cert"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
 		t.Errorf("an east proxy must get east's secret: %v", keys(got))
 	}
-	if got := sdsFetch(t, tlsAddr, creds("intruder"), "west", names...); len(got) != 1 || got["ROOTCA"] == nil {
+	if got := sdsFetch(t, tlsAddr, creds("intruder", "west"), "west", names...); len(got) != 1 || got["ROOTCA"] == nil {
 		t.Errorf("a proxy of another namespace got %v; want only ROOTCA", keys(got))
 	}
 	if got := sdsFetch(t, h.xdsAddr, insecure.NewCredentials(), "west", names...); len(got) != 0 {
@@ -113,10 +116,10 @@ func TestSDSEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	cross := "kubernetes://" + app + "/gw-cert"
-	if got := sdsFetch(t, tlsAddr, creds("intruder"), "west", cross); string(got[cross].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "WEST-CERT" {
+	if got := sdsFetch(t, tlsAddr, creds("intruder", "west"), "west", cross); string(got[cross].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "WEST-CERT" {
 		t.Errorf("a service account allowed to list %s's secrets in west got %v", app, keys(got))
 	}
-	if got := sdsFetch(t, tlsAddr, creds("intruder"), "east", cross); len(got) != 0 {
+	if got := sdsFetch(t, tlsAddr, creds("intruder", "east"), "east", cross); len(got) != 0 {
 		t.Errorf("the grant in west must not open east: got %v", keys(got))
 	}
 }

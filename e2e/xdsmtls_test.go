@@ -48,7 +48,7 @@ func TestGRPCXDSOverMTLS(t *testing.T) {
 	// holds our trust domain's bundle as the hub serves it.
 	dir := t.TempDir()
 	id := spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/client")
-	svid, err := hubCA(t, home, ns, td).IssueSVID(id, time.Hour)
+	svid, err := hubCA(t, home, ns, td).IssueWorkloadSVID(id, "west", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

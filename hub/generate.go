@@ -62,9 +62,26 @@ type generator struct {
 	// allGen counts invalidations so a set built before one is not stored.
 	wildcard map[string]wildcardSet
 	allGen   uint64
-	// gens counts invalidations per hostname, so that a resource built from
-	// the index before an invalidation is never stored after it.
-	gens map[string]uint64
+	// gens stamps each hostname's last invalidation (from the counter
+	// stamp), so that a resource built from the index before an
+	// invalidation is never stored after it. Hostnames come and go: when
+	// gens grows past maxGens it is cleared and genFloor (the newest stamp
+	// then) stands in for every hostname it no longer lists, which only
+	// makes builds that were under way then skip the cache.
+	gens     map[string]uint64
+	stamp    uint64
+	genFloor uint64
+}
+
+// maxGens bounds the generator's per-hostname invalidation stamps.
+const maxGens = 2 * generatedHostnames
+
+// genOf is a hostname's invalidation stamp, with g.mu held.
+func (g *generator) genOf(host string) uint64 {
+	if gen, ok := g.gens[host]; ok {
+		return gen
+	}
+	return g.genFloor
 }
 
 func newGenerator(index *Index) *generator {
@@ -113,9 +130,14 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 func (g *generator) invalidate(hostnames map[string]struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if len(g.gens)+len(hostnames) > maxGens {
+		clear(g.gens)
+		g.genFloor = g.stamp
+	}
 	for h := range hostnames {
 		g.cache.Remove(h)
-		g.gens[h]++
+		g.stamp++
+		g.gens[h] = g.stamp
 	}
 	if len(hostnames) > 0 {
 		clear(g.wildcard)
@@ -172,7 +194,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 			return r, nil
 		}
 	}
-	gen := g.gens[host]
+	gen := g.genOf(host)
 	g.mu.Unlock()
 
 	members := g.index.Service(host)
@@ -200,7 +222,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 		return nil, nil // absent names are not cached: clients choose them freely
 	}
 	g.mu.Lock()
-	if g.gens[host] == gen { // else the index changed while we built: do not cache
+	if g.genOf(host) == gen { // else the index changed while we built: do not cache
 		byName, ok := g.cache.Get(host)
 		if !ok {
 			byName = map[string]*resource{}

@@ -48,6 +48,11 @@ type Options struct {
 	// Tokens, if set, authenticates proxies on the mTLS listener that
 	// present a Kubernetes service-account token instead of a certificate.
 	Tokens TokenReviewer
+	// Namespace is the hub's own namespace: its Secrets are never served
+	// over SDS, in any member.
+	Namespace string
+	// Limits bounds what xDS clients may send (zero fields: defaults).
+	Limits Limits
 	// NewStreamsPerSecond bounds how fast new ADS streams are admitted (a
 	// token bucket with a burst of twice the rate); streams beyond it wait.
 	// Zero means DefaultNewStreamsPerSecond.
@@ -70,6 +75,7 @@ type Options struct {
 type Hub struct {
 	log      *slog.Logger
 	grace    time.Duration
+	limits   Limits
 	admit    *rate.Limiter // new streams
 	index    *Index
 	gen      *generator
@@ -93,11 +99,13 @@ func New(opts Options) (*Hub, error) {
 	if opts.DrainGrace <= 0 {
 		opts.DrainGrace = DefaultDrainGrace
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	h := &Hub{
 		log:     opts.Log,
 		grace:   opts.DrainGrace,
+		limits:  opts.Limits,
 		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
-		proxies: newProxyTracker(opts.Log),
+		proxies: newProxyTracker(opts.Log, opts.Limits),
 	}
 	if opts.Metrics != nil {
 		for _, c := range h.proxies.collectors() {
@@ -111,6 +119,8 @@ func New(opts Options) (*Hub, error) {
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, opts.PushConcurrency, opts.Log)
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
+	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
+	h.proxies.roots = opts.Roots
 	if opts.Tokens != nil && opts.Roots != nil {
 		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
 	}
@@ -202,9 +212,11 @@ func (h *Hub) admitStream(ctx context.Context) error {
 
 // ServeADS serves ADS (and the per-type discovery services) on lis:
 // plaintext when tlsCfg is nil (never serving secrets), else mTLS with
-// tlsCfg deciding which client certificates are accepted. When ctx ends it
-// drains (see Options.DrainGrace) and returns once every stream is gone;
-// pushes keep flowing to the streams not yet closed as long as Run runs.
+// tlsCfg deciding which client certificates are accepted; there a stream
+// without a verified certificate or a valid service-account token is
+// refused with Unauthenticated. When ctx ends it drains (see
+// Options.DrainGrace) and returns once every stream is gone; pushes keep
+// flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
 	streams := newStreamSet()
 	opts := []grpc.ServerOption{
@@ -215,6 +227,10 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		// buffer small (requests are ACKs of a few hundred bytes; grpc-go
 		// already releases write buffers after each flush).
 		grpc.ReadBufferSize(8 << 10),
+		// Bounded input (see Limits).
+		grpc.MaxRecvMsgSize(h.limits.MaxRequestBytes),
+		grpc.MaxConcurrentStreams(h.limits.MaxStreamsPerConnection),
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
 	}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -40,12 +41,15 @@ type TypeStatus struct {
 
 // ProxyStatus is what the hub knows about one connected xDS stream.
 type ProxyStatus struct {
-	ID          string // node.id
-	Stream      int64
-	Cluster     string // member cluster from node metadata CLUSTER_ID
-	Namespace   string // node metadata NAMESPACE
-	Address     string // peer address
-	Identity    string // SPIFFE ID of a verified client certificate, if any
+	ID        string // node.id
+	Stream    int64
+	Cluster   string // member cluster from node metadata CLUSTER_ID
+	Namespace string // node metadata NAMESPACE
+	Address   string // peer address
+	Identity  string // SPIFFE ID of a verified client certificate, if any
+	// Warning says why the proxy gets less than it asks for, e.g. a member
+	// claim that its credential does not prove.
+	Warning     string
 	ConnectedAt time.Time
 	Types       []TypeStatus // by type URL
 }
@@ -71,6 +75,10 @@ type proxyTracker struct {
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
 	tokens *tokenAuth
+	// roots checks that a client certificate's member binding comes from
+	// our own CA; nil honours no binding.
+	roots  RootSource
+	limits Limits
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -78,29 +86,34 @@ type proxyTracker struct {
 }
 
 type streamState struct {
-	ident  identity
-	token  string          // a bearer token still to be reviewed (mTLS streams without a certificate)
-	ctx    context.Context // the stream's, for that review
-	node   *corev3.Node
-	status ProxyStatus
-	types  map[string]*TypeStatus
-	nonces map[string]string                // nonce → version, per stream (nonces are unique per stream)
-	held   map[string]map[string]*anypb.Any // Delta: type URL → name → resource the stream holds
-	sotw   map[string][]*anypb.Any          // SotW: type URL → the last response's resources (shared, read only)
+	ident   identity
+	claimed string          // the member the proxy says it is in (may differ from ident.cluster)
+	token   string          // a bearer token still to be reviewed (mTLS streams without a certificate)
+	ctx     context.Context // the stream's, for that review
+	node    *corev3.Node
+	status  ProxyStatus
+	types   map[string]*TypeStatus
+	nonces  map[string]sent                  // per stream (nonces are unique per stream)
+	held    map[string]map[string]*anypb.Any // Delta: type URL → name → resource the stream holds
+	sotw    map[string][]*anypb.Any          // SotW: type URL → the last response's resources (shared, read only)
 }
 
-func newProxyTracker(log *slog.Logger) *proxyTracker {
+// sent is what a response carried: the type and version a nonce names.
+type sent struct{ typeURL, version string }
+
+func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 	return &proxyTracker{
 		log:     log,
+		limits:  limits,
 		streams: map[int64]*streamState{},
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),
 		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hub_xds_responses_total", Help: "xDS responses sent, by type.",
+			Name: "hub_xds_responses_total", Help: "xDS responses sent, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type.",
+			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
 	}
 }
@@ -114,24 +127,32 @@ func shortType(typeURL string) string {
 	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
 
+// onStreamOpen registers a stream. On the mTLS listener a stream must
+// present a verified client certificate or a service-account token (checked
+// on its first request), as istiod requires: anything else is refused with
+// Unauthenticated before it is served.
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
-		types: map[string]*TypeStatus{}, nonces: map[string]string{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
+		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
 	}
+	st.ident.withheld = &withheldLog{}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
-		_, secure = pr.AuthInfo.(credentials.TLSInfo)
+		var info credentials.TLSInfo
+		info, secure = pr.AuthInfo.(credentials.TLSInfo)
 		st.ident.spiffeID, st.ident.namespace = peerIdentity(pr)
 		if !st.ident.spiffeID.IsZero() {
 			st.status.Identity = st.ident.spiffeID.String()
+			st.ident.cluster = memberBinding(info.State.PeerCertificates, p.roots)
+			st.status.Cluster = st.ident.cluster
 		}
 	}
+	claimed := ""
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("clusterid"); len(v) > 0 {
-			st.status.Cluster = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
-			st.ident.cluster = v[0]
+			claimed = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
 		}
 		// A token is only worth reviewing where secrets can be served: on
 		// the mTLS listener, from a client without a certificate.
@@ -139,11 +160,41 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 			st.token = bearerToken(md)
 		}
 	}
+	if secure && st.ident.spiffeID.IsZero() && st.token == "" {
+		return status.Error(codes.Unauthenticated, "the mTLS xDS port serves only clients that present a client certificate of a trusted trust domain or a Kubernetes service-account token (authorization: Bearer)")
+	}
 	p.mu.Lock()
+	if len(p.streams) >= p.limits.MaxStreams {
+		p.mu.Unlock()
+		return errTooManyStreams(p.limits.MaxStreams)
+	}
 	p.streams[id] = st
+	p.claim(st, claimed)
 	p.mu.Unlock()
 	p.connected.Inc()
 	return nil
+}
+
+// claim records the member cluster a proxy says it is in (node metadata
+// CLUSTER_ID or the ClusterID header), with p.mu held. A token's member is
+// where it was reviewed, whatever the proxy says later. A certificate bound
+// to a member (see trust.MemberOID) that claims another one is in conflict:
+// it gets no Kubernetes Secrets, which is logged once and shown in status.
+// An unbound certificate's claim is only shown: it proves nothing.
+func (p *proxyTracker) claim(st *streamState, member string) {
+	if member == "" || st.ident.fromToken {
+		return
+	}
+	st.claimed = member
+	switch {
+	case st.ident.cluster == "":
+		st.status.Cluster = member
+	case member != st.ident.cluster && st.ident.conflict == "":
+		st.ident.conflict = member
+		st.status.Warning = fmt.Sprintf("claims member cluster %q but its certificate is bound to %q: no Kubernetes Secrets are served to it", truncate(member, 64), st.ident.cluster)
+		p.log.Warn("xDS proxy claims another member than its certificate proves; no Kubernetes Secrets are served to it",
+			"proxy", truncate(st.status.ID, 256), "identity", st.status.Identity, "certificateMember", st.ident.cluster, "claimedMember", truncate(member, 64))
+	}
 }
 
 // onStreamClosed forgets a stream. go-control-plane calls it also for
@@ -162,19 +213,57 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 }
 
 func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+	if err := p.check(id, req.GetNode(), req.GetTypeUrl()); err != nil {
+		return err
+	}
+	if err := p.limits.checkNames(req.GetTypeUrl(), len(req.GetResourceNames()), req.GetResourceNames()); err != nil {
+		return err
+	}
 	if err := p.authenticate(id, req.GetNode()); err != nil {
 		return err
 	}
-	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	return nil
 }
 
 func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	if err := p.check(id, req.GetNode(), req.GetTypeUrl()); err != nil {
+		return err
+	}
+	// What the stream subscribes to in all is checked by the watcher; here
+	// what this request adds, before the server keeps it.
+	initial := make([]string, 0, len(req.GetInitialResourceVersions()))
+	for name := range req.GetInitialResourceVersions() {
+		initial = append(initial, name)
+	}
+	if err := p.limits.checkNames(req.GetTypeUrl(), len(req.GetResourceNamesSubscribe())+len(initial), req.GetResourceNamesSubscribe(), initial); err != nil {
+		return err
+	}
 	if err := p.authenticate(id, req.GetNode()); err != nil {
 		return err
 	}
-	p.request(id, req.GetNode(), req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	return nil
+}
+
+// check refuses, before anything of it is kept, a request for a type the
+// hub does not serve and a node larger than any real client's (measured
+// once per node: the server stamps later requests with the stream's node).
+func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error {
+	if err := checkRequestType(typeURL); err != nil {
+		return err
+	}
+	if node == nil {
+		return nil
+	}
+	p.mu.Lock()
+	st := p.streams[id]
+	known := st != nil && st.node == node
+	p.mu.Unlock()
+	if known {
+		return nil
+	}
+	return p.limits.checkNode(node)
 }
 
 // authenticate reviews a stream's bearer token once, on its first request,
@@ -188,7 +277,7 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 		p.mu.Unlock()
 		return nil
 	}
-	token, cluster, ctx := st.token, st.ident.cluster, st.ctx
+	token, cluster, ctx := st.token, st.claimed, st.ctx
 	st.token = ""
 	p.mu.Unlock()
 	if c := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
@@ -199,11 +288,12 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	}
 	ident, err := p.tokens.authenticate(ctx, cluster, token)
 	if err != nil {
-		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", cluster, "error", err)
-		return status.Errorf(codes.Unauthenticated, "service-account token not accepted by cluster %s: %v", cluster, err)
+		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", truncate(cluster, 64), "error", err)
+		return status.Errorf(codes.Unauthenticated, "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)
 	}
 	p.mu.Lock()
 	if st := p.streams[id]; st != nil {
+		ident.withheld = st.ident.withheld // the cached identity is shared; the log is the stream's
 		st.ident = ident
 		st.status.Identity, st.status.Cluster = ident.spiffeID.String(), cluster
 	}
@@ -212,47 +302,45 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 }
 
 // request records a request: the node on first sight, and whether it ACKs
-// or NACKs the response its nonce names. Delta ACKs carry no version; the
-// version sent with that nonce is recorded instead.
-func (p *proxyTracker) request(id int64, node *corev3.Node, typeURL, nonce, version, nackMsg string, nack bool) {
+// or NACKs the response its nonce names. What is recorded is what that
+// response carried (its type and version), never the client's words, but
+// for a NACK's error detail, which is truncated.
+func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg string, nack bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.streams[id]
 	if st == nil {
 		return
 	}
-	if n := node; n != nil && st.status.ID == "" {
-		st.status.ID = n.GetId()
-		if c := n.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" && !st.ident.fromToken {
-			st.status.Cluster, st.ident.cluster = c, c
-		}
-		st.status.Namespace = n.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
-	}
 	// The server stamps every request of a stream with the stream's node
 	// pointer, so it identifies the stream in CreateWatch.
-	if node != nil && node != st.node && p.identify != nil {
-		p.identify(st.node, node, st.ident)
+	if node != nil && node != st.node {
+		if st.status.ID == "" {
+			st.status.ID = node.GetId()
+			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
+		}
+		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
+		if p.identify != nil {
+			p.identify(st.node, node, st.ident)
+		}
 		st.node = node
 	}
 	if nonce == "" {
 		return
 	}
-	sent, ok := st.nonces[nonce]
+	s, ok := st.nonces[nonce]
 	if !ok {
 		return
 	}
 	delete(st.nonces, nonce)
-	ts := st.typeStatus(typeURL)
+	ts := st.typeStatus(s.typeURL)
 	if nack {
-		ts.NackedVersion, ts.NackError, ts.NackedAt = sent, nackMsg, time.Now()
+		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, truncate(nackMsg, maxNackDetailBytes), time.Now()
 		ts.Nacks++
-		p.nacks.WithLabelValues(shortType(typeURL)).Inc()
+		p.nacks.WithLabelValues(typeLabel(s.typeURL)).Inc()
 		return
 	}
-	if version == "" {
-		version = sent
-	}
-	ts.AckedVersion, ts.AckedAt = version, time.Now()
+	ts.AckedVersion, ts.AckedAt = s.version, time.Now()
 }
 
 func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
@@ -286,7 +374,7 @@ func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRe
 // nil (unlocked) when the stream is gone.
 func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resources int) *streamState {
 	now := time.Now()
-	p.responses.WithLabelValues(shortType(typeURL)).Inc()
+	p.responses.WithLabelValues(typeLabel(typeURL)).Inc()
 	p.mu.Lock()
 	sec := now.Unix()
 	if i := sec % 60; p.pushAt[i] != sec {
@@ -301,10 +389,10 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 	ts := st.typeStatus(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
 	ts.Sends++
-	st.nonces[nonce] = version
+	st.nonces[nonce] = sent{typeURL, version}
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
 		clear(st.nonces)
-		st.nonces[nonce] = version
+		st.nonces[nonce] = sent{typeURL, version}
 	}
 	return st
 }

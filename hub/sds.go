@@ -2,15 +2,19 @@ package hub
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/golang-lru/v2/expirable"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc/credentials"
@@ -18,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/trust"
 )
 
 // SecretSource gives SDS the TLS material of a member's Secrets
@@ -105,17 +110,92 @@ type RootSource interface {
 }
 
 // identity is what the hub has verified about a proxy: its workload from
-// the mTLS client certificate, and its member cluster.
+// the mTLS client certificate or a service-account token, and the member
+// cluster that credential proves.
 type identity struct {
 	spiffeID  spiffeid.ID // zero when not verified (plaintext, no certificate)
 	namespace string
+	// cluster is the member the credential proves: where a token was
+	// reviewed, or the member binding (trust.MemberOID) of a certificate
+	// from our own CA. Empty when it proves none: no Kubernetes Secrets.
 	cluster   string
 	fromToken bool // proven by a service-account token reviewed in cluster
+	// conflict is the other member a certificate-bound proxy claims to be
+	// in; it then gets no Kubernetes Secrets.
+	conflict string
+	withheld *withheldLog // the stream's; nil logs every time
+}
+
+// withheldLog remembers which SDS names a stream was told it may not have,
+// so that each is logged once per stream rather than on every push.
+type withheldLog struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// maxWithheldLogged bounds what a stream's withheldLog remembers; past it
+// nothing more is logged for that stream.
+const maxWithheldLogged = 256
+
+// first reports whether (name, reason) is new for the stream, and whether
+// this is the entry that fills the log (logged with a note that more are
+// not).
+func (l *withheldLog) first(name, reason string) (first, last bool) {
+	if l == nil {
+		return true, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	key := name + "\x00" + reason
+	if _, ok := l.seen[key]; ok || len(l.seen) >= maxWithheldLogged {
+		return false, false
+	}
+	if l.seen == nil {
+		l.seen = map[string]struct{}{}
+	}
+	l.seen[key] = struct{}{}
+	return true, len(l.seen) == maxWithheldLogged
 }
 
 // verified reports whether the proxy proved a workload identity of ours.
 func (id identity) verified(local string) bool {
 	return !id.spiffeID.IsZero() && id.spiffeID.TrustDomain().Name() == local && id.namespace != ""
+}
+
+// memberBinding returns the member cluster a verified client certificate
+// is bound to (trust.MemberOID), or "": only a certificate of our own trust
+// domain that chains to our own roots can bind one. A peer trust domain's
+// CA could write the extension too; it cannot sign for our trust domain.
+func memberBinding(chain []*x509.Certificate, roots RootSource) string {
+	if roots == nil || len(chain) == 0 {
+		return ""
+	}
+	member, ok := trust.MemberOf(chain[0])
+	if !ok {
+		return ""
+	}
+	td, err := spiffeid.TrustDomainFromString(roots.LocalTrustDomain())
+	if err != nil {
+		return ""
+	}
+	pemRoots, ok := roots.RootsPEM(td.Name())
+	if !ok {
+		return ""
+	}
+	var authorities []*x509.Certificate
+	for rest := pemRoots; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(block.Bytes); err == nil {
+			authorities = append(authorities, c)
+		}
+	}
+	if _, _, err := x509svid.Verify(chain, x509bundle.FromX509Authorities(td, authorities)); err != nil {
+		return ""
+	}
+	return member
 }
 
 // peerIdentity reads the SPIFFE ID of a verified client certificate. The
@@ -155,6 +235,22 @@ func namespaceOf(id spiffeid.ID) string {
 
 var errDenied = errors.New("not authorised")
 
+// caSecrets are Secrets that hold CA keys (Istio's plug-in CA and its
+// self-signed CA): never served, in any namespace of any member.
+var caSecrets = map[string]bool{"cacerts": true, "istio-ca-secret": true}
+
+// servable refuses the Secrets that are never served over SDS: CA material
+// anywhere and everything in the hub's own namespace.
+func (w *watcher) servable(namespace, name string) error {
+	if caSecrets[name] {
+		return fmt.Errorf("%w: %s holds CA material and is never served", errDenied, name)
+	}
+	if namespace == w.hubNamespace && w.hubNamespace != "" {
+		return fmt.Errorf("%w: Secrets of the hub's own namespace %s are never served", errDenied, namespace)
+	}
+	return nil
+}
+
 // transient reports whether a withheld secret may come back by itself (the
 // member is syncing or being rebuilt), as opposed to gone or denied.
 func transient(err error) bool {
@@ -163,14 +259,18 @@ func transient(err error) bool {
 
 // secretResources builds the SDS resources a watch asked for, as istiod
 // does: only to a verified identity of our trust domain, only Secrets of
-// the proxy's own namespace and own member cluster. Names it may not have
-// are left out (and logged), never an error for the stream.
+// the proxy's own namespace and of the member its credential proves. Names
+// it may not have are left out (and logged once per stream and reason),
+// never an error for the stream.
 func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var out []*resource
 	for _, name := range wt.names {
 		msg, err := w.secret(wt.ident, name)
 		if err != nil {
-			w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err)
+			if first, last := wt.ident.withheld.first(name, err.Error()); first {
+				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err,
+					"moreNotLogged", last)
+			}
 			if v, ok := wt.returned[name]; ok && transient(err) {
 				out = append(out, &resource{name: name, version: v, kept: true})
 			}
@@ -216,10 +316,19 @@ func (w *watcher) secret(id identity, name string) (proto.Message, error) {
 		}
 		return validation(pem), nil
 	}
+	if id.cluster == "" {
+		return nil, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
+	}
+	if id.conflict != "" {
+		return nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
+	}
 	ref := strings.TrimPrefix(name, "kubernetes://")
 	ns, secretName := id.namespace, ref
 	if i := strings.IndexByte(ref, '/'); i >= 0 {
 		ns, secretName = ref[:i], ref[i+1:]
+	}
+	if err := w.servable(ns, strings.TrimSuffix(secretName, "-cacert")); err != nil {
+		return nil, err
 	}
 	if ns != id.namespace {
 		// As istiod: another namespace only if the proxy's service account

@@ -152,8 +152,8 @@ func TestSDSAuthorisation(t *testing.T) {
 			return nil
 		}
 	}
-	mtls := func(ns string) credentials.TransportCredentials {
-		svid, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), time.Hour)
+	mtls := func(ns, member string) credentials.TransportCredentials {
+		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +167,7 @@ func TestSDSAuthorisation(t *testing.T) {
 		t.Errorf("plaintext client got secrets: %v", keys(got))
 	}
 	// mTLS, namespace a, member west: its own namespace only.
-	west := open(secure.Addr().String(), mtls("a"), "west", all...)
+	west := open(secure.Addr().String(), mtls("a", "west"), "west", all...)
 	got := recv(west)
 	if want := []string{"ROOTCA", "gw-cacert", "kubernetes://gw"}; fmt.Sprint(keys(got)) != fmt.Sprint(want) {
 		t.Fatalf("namespace a in west got %v; want %v", keys(got), want)
@@ -193,7 +193,7 @@ func TestSDSAuthorisation(t *testing.T) {
 	}
 
 	// The same namespace in member east gets east's secret, never west's.
-	if got := recv(open(secure.Addr().String(), mtls("a"), "east", "kubernetes://gw")); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
+	if got := recv(open(secure.Addr().String(), mtls("a", "east"), "east", "kubernetes://gw")); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "EAST-CERT" {
 		t.Errorf("east proxy got %v", got)
 	}
 	// A rotated secret is pushed.

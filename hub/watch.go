@@ -29,7 +29,11 @@ type watcher struct {
 	secrets SecretSource // may be nil: no SDS
 	roots   RootSource   // may be nil: no SDS
 	sar     *sarCache    // may be nil: other namespaces are always denied
-	log     *slog.Logger
+	// hubNamespace is the hub's own namespace, whose Secrets are never served.
+	hubNamespace string
+	// maxNames bounds the names a stream subscribes to per type.
+	maxNames int
+	log      *slog.Logger
 	// workers bounds how many watches a push evaluates at once.
 	workers int
 	// identities carries each stream's verified identity from the server's
@@ -107,7 +111,7 @@ func (wt *watch) affectedBy(changed map[string]struct{}) bool {
 var _ cachev3.Cache = (*watcher)(nil)
 
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
-	return &watcher{gen: gen, workers: max(workers, 1), log: log, watches: map[*watch]struct{}{}}
+	return &watcher{gen: gen, workers: max(workers, 1), log: log, watches: map[*watch]struct{}{}, maxNames: DefaultMaxResourceNames}
 }
 
 // servedTypes are the resource types the hub serves; a request for any
@@ -143,6 +147,13 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
+	}
+	// A Delta subscription grows request by request: bound the sum. (The
+	// names of each request, initial_resource_versions included, were
+	// checked before the server kept them; what the stream was returned is
+	// the hub's own, a wildcard stream's can be larger.)
+	if n := len(sub.SubscribedResources()); n > w.maxNames {
+		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
 	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
 	wt.deltaReq, wt.deltaOut = req, out

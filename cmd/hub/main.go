@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/hubmesh/hub/hub"
 )
 
 // config is every flag of `hub serve` (DESIGN.md §3.1).
@@ -44,6 +47,16 @@ type config struct {
 	logLevel             string
 	newStreamsPerSecond  float64
 	shutdownGrace        time.Duration
+	xdsLimits            xdsLimits
+}
+
+// xdsLimits are the bounds on xDS input (hub.Limits).
+type xdsLimits struct {
+	maxRequestBytes         int
+	maxStreamsPerConnection int
+	maxStreams              int
+	maxNodeMetadataBytes    int
+	maxResourceNames        int
 }
 
 func (c *config) register(fs *flag.FlagSet) {
@@ -69,6 +82,11 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float64Var(&c.newStreamsPerSecond, "new-streams-per-second", 200, "new xDS streams admitted per second (burst: twice that); more wait")
+	fs.IntVar(&c.xdsLimits.maxRequestBytes, "xds-max-request-bytes", hub.DefaultMaxRequestBytes, "largest xDS request message accepted (bytes)")
+	fs.IntVar(&c.xdsLimits.maxStreamsPerConnection, "xds-max-streams-per-connection", hub.DefaultMaxStreamsPerConnection, "concurrent xDS streams per client connection")
+	fs.IntVar(&c.xdsLimits.maxStreams, "xds-max-streams", hub.DefaultMaxStreams, "open xDS streams of this replica; more are refused with ResourceExhausted")
+	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
+	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
 
@@ -90,6 +108,18 @@ func (c *config) validate() error {
 	}
 	if c.apiAudience != "" && c.apiTokenFile != "" {
 		return errors.New("--api-audience applies to Kubernetes TokenReviews; it cannot be used with --api-token-file")
+	}
+	for name, v := range map[string]int{
+		"--xds-max-request-bytes": c.xdsLimits.maxRequestBytes, "--xds-max-streams-per-connection": c.xdsLimits.maxStreamsPerConnection,
+		"--xds-max-streams": c.xdsLimits.maxStreams, "--xds-max-node-metadata-bytes": c.xdsLimits.maxNodeMetadataBytes,
+		"--xds-max-resource-names": c.xdsLimits.maxResourceNames,
+	} {
+		if v <= 0 {
+			return fmt.Errorf("%s must be positive, not %d", name, v)
+		}
+	}
+	if int64(c.xdsLimits.maxStreamsPerConnection) > math.MaxUint32 {
+		return fmt.Errorf("--xds-max-streams-per-connection must be at most %d, not %d", uint32(math.MaxUint32), c.xdsLimits.maxStreamsPerConnection)
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)

@@ -68,7 +68,15 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Tokens: hub.TokenReviewerFunc(func(ctx context.Context, cluster, token string) (string, string, error) {
 			return registry.ReviewToken(ctx, cluster, token)
 		}),
-		Roots:               fed,
+		Roots:     fed,
+		Namespace: cfg.namespace,
+		Limits: hub.Limits{
+			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
+			MaxStreamsPerConnection: uint32(cfg.xdsLimits.maxStreamsPerConnection),
+			MaxStreams:              cfg.xdsLimits.maxStreams,
+			MaxNodeMetadataBytes:    cfg.xdsLimits.maxNodeMetadataBytes,
+			MaxResourceNames:        cfg.xdsLimits.maxResourceNames,
+		},
 		NewStreamsPerSecond: cfg.newStreamsPerSecond,
 		DrainGrace:          cfg.shutdownGrace,
 		Metrics:             metrics,
