@@ -53,6 +53,13 @@ type Options struct {
 	Namespace string
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
+	// Settled reports whether membership has settled: the home cluster and
+	// every member synced, timed out, or served from its persisted view
+	// (clusters.Registry.Ready). Until it first has, new streams are
+	// refused with Unavailable, as istiod refuses them before its caches
+	// sync, so that no proxy is handed a partial mesh after a restart (its
+	// client retries); after that it is not asked again. Nil: settled.
+	Settled func() (bool, string)
 	// NewStreamsPerSecond bounds how fast new ADS streams are admitted (a
 	// token bucket with a burst of twice the rate); streams beyond it wait.
 	// Zero means DefaultNewStreamsPerSecond.
@@ -76,6 +83,8 @@ type Hub struct {
 	log      *slog.Logger
 	grace    time.Duration
 	limits   Limits
+	settled  func() (bool, string)
+	open     atomic.Bool   // settled once: streams are accepted
 	admit    *rate.Limiter // new streams
 	index    *Index
 	gen      *generator
@@ -104,6 +113,7 @@ func New(opts Options) (*Hub, error) {
 		log:     opts.Log,
 		grace:   opts.DrainGrace,
 		limits:  opts.Limits,
+		settled: opts.Settled,
 		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies: newProxyTracker(opts.Log, opts.Limits),
 	}
@@ -201,9 +211,19 @@ func (h *Hub) push(hostnames map[string]struct{}) {
 	h.watcher.push(hostnames)
 }
 
-// admitStream waits for the new-stream rate limit; a stream whose client
-// gives up first is refused with ResourceExhausted (the client retries).
+// admitStream refuses streams with Unavailable until membership has first
+// settled (Options.Settled), then waits for the new-stream rate limit; a
+// stream whose client gives up first is refused with ResourceExhausted.
+// Clients retry both.
 func (h *Hub) admitStream(ctx context.Context) error {
+	if !h.open.Load() {
+		if h.settled != nil {
+			if ok, _ := h.settled(); !ok { // which members: /readyz says (not for anonymous clients)
+				return status.Error(codes.Unavailable, "hub is still syncing its member clusters; retry")
+			}
+		}
+		h.open.Store(true)
+	}
 	if err := h.admit.Wait(ctx); err != nil {
 		return status.Errorf(codes.ResourceExhausted, "hub is admitting new xDS streams at its limit; retry: %v", err)
 	}

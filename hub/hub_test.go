@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,6 +87,33 @@ func TestNewStreamsAreRateLimited(t *testing.T) {
 	_, err := openCDS(t, ctx, addr)
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("second stream within the limit's wait: %v; want ResourceExhausted", err)
+	}
+}
+
+func TestStreamsWaitUntilMembershipSettles(t *testing.T) {
+	var settled atomic.Bool
+	asked := atomic.Int32{}
+	_, addr, _ := serveHub(t, Options{Settled: func() (bool, string) {
+		asked.Add(1)
+		return settled.Load(), "waiting for clusters to sync: west"
+	}})
+	_, err := openCDS(t, context.Background(), addr)
+	if status.Code(err) != codes.Unavailable || strings.Contains(err.Error(), "west") {
+		t.Fatalf("stream before membership settled: %v; want Unavailable naming no member", err)
+	}
+	settled.Store(true)
+	if _, err := openCDS(t, context.Background(), addr); err != nil {
+		t.Fatalf("stream after membership settled: %v", err)
+	}
+	// Settling is latched: a member syncing again later (a rotated
+	// kubeconfig) does not close the door.
+	settled.Store(false)
+	n := asked.Load()
+	if _, err := openCDS(t, context.Background(), addr); err != nil {
+		t.Fatalf("stream after membership unsettled again: %v", err)
+	}
+	if asked.Load() != n {
+		t.Fatal("Settled asked again after it first reported true")
 	}
 }
 

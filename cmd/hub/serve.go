@@ -70,6 +70,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		}),
 		Roots:     fed,
 		Namespace: cfg.namespace,
+		Settled:   func() (bool, string) { return registry.Ready() },
 		Limits: hub.Limits{
 			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
 			MaxStreamsPerConnection: uint32(cfg.xdsLimits.maxStreamsPerConnection),
