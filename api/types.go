@@ -96,6 +96,7 @@ type Proxy struct {
 	Namespace   string       `json:"namespace"`
 	Address     string       `json:"address"`
 	Identity    string       `json:"identity,omitempty"` // verified SPIFFE ID (client certificate or service-account token)
+	Warning     string       `json:"warning,omitempty"`  // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
 	ConnectedAt *time.Time   `json:"connectedAt"`
 	Types       []TypeStatus `json:"types"`
 }
@@ -103,7 +104,7 @@ type Proxy struct {
 // ToProxy converts a proxy status.
 func ToProxy(p hub.ProxyStatus) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
-		Identity: p.Identity, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
+		Identity: p.Identity, Warning: p.Warning, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
 	for _, t := range p.Types {
 		out.Types = append(out.Types, TypeStatus{
 			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,
