@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/hubmesh/hub/clusters"
 )
 
 // config is every flag of `hub serve` (DESIGN.md §3.1).
@@ -38,6 +40,9 @@ type config struct {
 	debounceMax          time.Duration
 	apiTokenFile         string
 	kubeconfigAllow      string
+	memberServerCIDRs    string
+	memberServerDeny     string
+	memberMaxObjects     int
 	logLevel             string
 	newStreamsPerSecond  float64
 	shutdownGrace        time.Duration
@@ -60,7 +65,10 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
 	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
-	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
+	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider (handed to client-go as configured; the hub registers oidc, which then contacts its issuer), files, proxy-url (default: inline credentials only)")
+	fs.StringVar(&c.memberServerCIDRs, "member-server-cidrs", "", "comma-separated CIDRs member API servers must be in, checked on every connection (empty: anywhere not denied)")
+	fs.StringVar(&c.memberServerDeny, "member-server-deny-cidrs", "169.254.0.0/16,fe80::/10", "comma-separated CIDRs member API servers may never be in, checked on every connection (unspecified addresses are always refused)")
+	fs.IntVar(&c.memberMaxObjects, "member-max-objects", 200000, "a member whose Services, EndpointSlices, Nodes and Secrets exceed this many objects is stopped and marked Invalid")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float64Var(&c.newStreamsPerSecond, "new-streams-per-second", 200, "new xDS streams admitted per second (burst: twice that); more wait")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
@@ -78,6 +86,15 @@ func (c *config) validate() error {
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace must be positive, not %s", c.shutdownGrace)
+	}
+	if _, err := clusters.ParseCIDRs(c.memberServerCIDRs); err != nil {
+		return fmt.Errorf("--member-server-cidrs: %w", err)
+	}
+	if _, err := clusters.ParseCIDRs(c.memberServerDeny); err != nil {
+		return fmt.Errorf("--member-server-deny-cidrs: %w", err)
+	}
+	if c.memberMaxObjects <= 0 {
+		return fmt.Errorf("--member-max-objects must be positive, not %d", c.memberMaxObjects)
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)
