@@ -103,6 +103,7 @@ var openAPI = obj{
 				"id": str(), "secret": obj{"type": "string", "description": "namespace/name of the remote Secret; empty for the home cluster"},
 				"state":   obj{"type": "string", "enum": []string{"Pending", "Syncing", "Ready", "Stale", "Unreachable", "TimedOut", "Invalid", "Conflict"}},
 				"message": str(), "server": str(), "services": integer(), "endpoints": integer(), "lastSyncTime": timeStr(),
+				"warnings": obj{"type": "array", "items": str(), "description": "accepted but risky kubeconfig settings, e.g. insecure-skip-tls-verify"},
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
 				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},

@@ -35,6 +35,8 @@ type Cluster struct {
 	Services     int        `json:"services"`
 	Endpoints    int        `json:"endpoints"`
 	LastSyncTime *time.Time `json:"lastSyncTime"`
+	// Warnings are accepted but risky settings of the member's kubeconfig.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // ToCluster converts a member status.
@@ -42,6 +44,7 @@ func ToCluster(st clusters.Status) Cluster {
 	return Cluster{
 		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
 		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
+		Warnings: st.Warnings,
 	}
 }
 

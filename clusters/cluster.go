@@ -2,12 +2,17 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,16 +56,23 @@ type Cluster struct {
 	// that SDS answers withheld while it was syncing go out.
 	secretsSynced func()
 
-	client    kubernetes.Interface
-	conns     *connTracker
-	secrets   *secretController
-	factory   informers.SharedInformerFactory
-	informers map[string]cache.SharedIndexInformer // by kind, for object counts
-	services  corelisters.ServiceLister
-	slices    discoverylisters.EndpointSliceLister
-	nodes     corelisters.NodeLister
-	synced    []cache.InformerSynced
-	queue     workqueue.TypedRateLimitingInterface[ServiceKey]
+	client     kubernetes.Interface
+	httpClient *http.Client // client's, for requests outside client-go's decoders
+	conns      *connTracker
+	warnings   []string // from the kubeconfig, for status
+	// maxObjects caps the objects the informers hold (0: none); objects
+	// counts them, and overflowed is set once the cap was passed.
+	maxObjects int
+	objects    atomic.Int64
+	overflowed atomic.Bool
+	secrets    *secretController
+	factory    informers.SharedInformerFactory
+	informers  map[string]cache.SharedIndexInformer // by kind, for object counts
+	services   corelisters.ServiceLister
+	slices     discoverylisters.EndpointSliceLister
+	nodes      corelisters.NodeLister
+	synced     []cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[ServiceKey]
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -98,20 +110,27 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	cfg.Timeout = 0 // watches are long; per-request timeouts come from contexts
 	// A Dial of our own keeps client-go from sharing its cached transport
 	// with other clients, and lets stop close this member's connections.
-	conns := newConnTracker()
+	// For members it also refuses addresses the policy denies (dialGuard).
+	conns := newConnTracker(kc.guard)
 	cfg.Dial = conns.DialContext
 	c := &Cluster{}
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &observingTransport{next: rt, c: c} })
+	// Redirects are refused below the authentication wrappers, so that a
+	// member cannot send the hub's credentials for it anywhere else.
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return &observingTransport{next: &noRedirectTransport{next: rt}, c: c}
+	})
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("building HTTP client for cluster %s: %w", id, err)
 	}
+	httpClient.CheckRedirect = refuseRedirect
 	client, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {
 		return nil, fmt.Errorf("building client for cluster %s: %w", id, err)
 	}
 	*c = Cluster{
-		id: id, secret: secret, server: kc.Server, hash: kc.SHA256,
+		id: id, secret: secret, server: kc.Server, hash: kc.SHA256, warnings: kc.Warnings,
+		httpClient: httpClient, maxObjects: kc.maxObjects,
 		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
 		client: client, conns: conns,
 		factory:   informers.NewSharedInformerFactory(client, 0),
@@ -138,6 +157,9 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		if err := inf.SetTransform(stripObject); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
 		}
+	}
+	if err := c.countObjects(); err != nil {
+		return nil, err
 	}
 	c.services, c.slices, c.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
 
@@ -219,9 +241,12 @@ func (c *Cluster) run(ctx context.Context) {
 		return // superseded, or stopped while swapping: publish nothing
 	}
 	c.publishAll()
+	defer c.withdrawIfOverflowed()
 	took := time.Since(started)
 	c.transition(func() {
-		c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
+		if c.state != StateInvalid {
+			c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
+		}
 	})
 	c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
 	for c.processNext() {
@@ -250,28 +275,57 @@ func (c *Cluster) probeHealth(ctx context.Context) {
 		case <-ticker.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, healthProbeTimeout)
-		_, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(pctx)
+		err := c.readyz(pctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			c.requestFailed(fmt.Errorf("health check GET /readyz failed: %s", readyzFailure(err)))
+			c.requestFailed(fmt.Errorf("health check GET /readyz failed: %w", err))
 		}
 	}
 }
 
-// failedCheck matches a failing check in kube-apiserver's /readyz body.
-var failedCheck = regexp.MustCompile(`\[-\]([a-zA-Z0-9/_.-]+) failed`)
+// maxReadyzBody bounds what the hub reads of a member's /readyz answer.
+const maxReadyzBody = 64 << 10
 
-// readyzFailure names the checks a /readyz error lists (e.g. "etcd"), or
-// the error itself when it lists none (a timeout, a refused connection).
-func readyzFailure(err error) string {
+// readyz asks the member's /readyz through the member's HTTP client (its
+// credentials, dial guard and redirect refusal) and reads at most
+// maxReadyzBody bytes of the answer. A failing answer is reported by the
+// checks it lists (e.g. "etcd"), or by its status when it lists none.
+func (c *Cluster) readyz(ctx context.Context) error {
+	u := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").URL()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.httpClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReadyzBody+1))
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: reading the answer: %w", resp.Status, err)
+	case len(body) > maxReadyzBody:
+		return fmt.Errorf("%s: the answer is larger than %d bytes", resp.Status, maxReadyzBody)
+	case resp.StatusCode != http.StatusOK:
+		if checks := failedChecks(string(body)); len(checks) > 0 {
+			return fmt.Errorf("failing checks: %s", strings.Join(checks, ", "))
+		}
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+// failedCheck matches a failing check in kube-apiserver's /readyz body.
+var failedCheck = regexp.MustCompile(`\[-\]([a-zA-Z0-9/_.-]{1,100}) failed`)
+
+// failedChecks names the checks a /readyz body lists as failed (at most 20).
+func failedChecks(body string) []string {
 	var checks []string
-	for _, m := range failedCheck.FindAllStringSubmatch(err.Error(), -1) {
+	for _, m := range failedCheck.FindAllStringSubmatch(body, 20) {
 		checks = append(checks, m[1])
 	}
-	if len(checks) > 0 {
-		return "failing checks: " + strings.Join(checks, ", ")
-	}
-	return err.Error()
+	return checks
 }
 
 // transition applies a change to the cluster's state under its lock and
@@ -359,6 +413,33 @@ func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error
 }
 
 func (t *observingTransport) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+// noRedirectTransport turns a redirect from a member's API server into an
+// error: client-go's http.Client would follow it, and the authentication
+// wrappers above this transport would add the member's credentials to the
+// request sent to wherever the redirect points.
+type noRedirectTransport struct{ next http.RoundTripper }
+
+func (t *noRedirectTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || resp.StatusCode < 300 || resp.StatusCode > 399 || resp.StatusCode == http.StatusNotModified {
+		return resp, err
+	}
+	resp.Body.Close()
+	where := "elsewhere"
+	if loc, err := url.Parse(resp.Header.Get("Location")); err == nil && loc.Host != "" {
+		where = qn(loc.Host)
+	}
+	return nil, fmt.Errorf("member API server answered %s, a redirect to %s; redirects are not followed", resp.Status, where)
+}
+
+func (t *noRedirectTransport) WrappedRoundTripper() http.RoundTripper { return t.next }
+
+// refuseRedirect is the member http.Client's CheckRedirect; the transport
+// already refuses redirects, this keeps a changed transport from following.
+func refuseRedirect(*http.Request, []*http.Request) error {
+	return errors.New("redirects from member API servers are not followed")
+}
 
 // requestSucceeded brings a Stale member back to Ready (and an Unreachable
 // one back to Syncing) once its API server answers again.
@@ -449,6 +530,7 @@ func (c *Cluster) status() Status {
 	st := Status{
 		ID: c.id, Secret: c.secret, Server: c.server,
 		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
+		Warnings: slices.Clone(c.warnings),
 	}
 	st.State, st.Message = c.shownLocked()
 	for _, n := range c.endpoints {

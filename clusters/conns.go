@@ -18,11 +18,17 @@ type connTracker struct {
 	closed bool
 }
 
-func newConnTracker() *connTracker {
-	return &connTracker{
+// newConnTracker returns a tracker whose dials guard checks, after name
+// resolution, for every address connected (nil: no check).
+func newConnTracker(guard *dialGuard) *connTracker {
+	t := &connTracker{
 		dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
 		conns:  map[*trackedConn]struct{}{},
 	}
+	if guard != nil {
+		t.dialer.ControlContext = guard.control
+	}
+	return t
 }
 
 // DialContext has the signature of rest.Config.Dial.

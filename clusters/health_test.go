@@ -1,16 +1,16 @@
 package clusters
 
 import (
-	"errors"
+	"slices"
 	"testing"
 )
 
-func TestReadyzFailure(t *testing.T) {
-	body := errors.New(`an error on the server ("[+]ping ok\n[+]log ok\n[-]etcd failed: reason withheld\n[-]etcd-readiness failed: reason withheld\n[+]informer-sync ok\nreadyz check failed") has prevented the request from succeeding`)
-	if got := readyzFailure(body); got != "failing checks: etcd, etcd-readiness" {
-		t.Errorf("readyzFailure = %q", got)
+func TestFailedChecks(t *testing.T) {
+	body := "[+]ping ok\n[+]log ok\n[-]etcd failed: reason withheld\n[-]etcd-readiness failed: reason withheld\n[+]informer-sync ok\nreadyz check failed"
+	if got := failedChecks(body); !slices.Equal(got, []string{"etcd", "etcd-readiness"}) {
+		t.Errorf("failedChecks = %q", got)
 	}
-	if got := readyzFailure(errors.New("context deadline exceeded")); got != "context deadline exceeded" {
-		t.Errorf("readyzFailure = %q", got)
+	if got := failedChecks("context deadline exceeded"); got != nil {
+		t.Errorf("failedChecks = %q", got)
 	}
 }

@@ -4,12 +4,10 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"net/url"
+	"net/netip"
 	"regexp"
 	"strings"
 
-	// oidc is the one auth provider remote kubeconfigs may use.
-	_ "k8s.io/client-go/plugin/pkg/client/auth/oidc"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -30,31 +28,66 @@ func ValidateClusterID(id string) error {
 // maxKubeconfigBytes bounds the parser's work on untrusted input.
 const maxKubeconfigBytes = 256 << 10
 
-// ParseKubeconfig parses with the default policy (inline credentials only).
+// ParseKubeconfig parses with the default policy (inline credentials only,
+// link-local and unspecified servers refused).
 func ParseKubeconfig(data []byte) (*Kubeconfig, error) {
 	return KubeconfigPolicy{}.ParseKubeconfig(data)
 }
 
 // Kubeconfig is a parsed, sanitised kubeconfig for one member cluster.
 type Kubeconfig struct {
-	// Config is ready for client-go.
+	// Config is ready for client-go. It is built field by field from the
+	// resolved context (see KubeconfigPolicy.resolve), never by clientcmd, so that
+	// nothing the sanitiser did not look at reaches client-go.
 	Config *rest.Config
 	// Server is the API server URL (no credentials).
 	Server string
 	// SHA256 identifies the raw bytes, so that an unchanged kubeconfig is a no-op.
 	SHA256 [32]byte
+	// Warnings are accepted but risky settings, shown in the member's status.
+	Warnings []string
+
+	// guard checks every address the member's client dials (nil: none, for
+	// the home cluster, which the operator configured).
+	guard *dialGuard
+	// maxObjects caps the objects the member's informers hold (0: no cap).
+	maxObjects int
 }
 
 // KubeconfigPolicy lists what an operator explicitly allows in remote
-// kubeconfigs beyond inline credentials. The zero value allows nothing extra.
+// kubeconfigs beyond inline credentials, where member API servers may be,
+// and how much a member may hold. The zero value allows nothing extra,
+// refuses link-local servers and caps members at DefaultMaxObjects.
 type KubeconfigPolicy struct {
-	Exec         bool // exec credential plugins (run a command on the hub)
-	AuthProvider bool // auth providers other than oidc
+	Exec bool // exec credential plugins (run a command on the hub)
+	// AuthProvider allows auth providers (oidc is the only one the hub
+	// registers); they are handed to client-go as configured, which lets a
+	// kubeconfig make the hub contact its issuer.
+	AuthProvider bool
 	Files        bool // file references: tokenFile, client-certificate/key, certificate-authority
+	ProxyURL     bool // proxy-url (the hub connects through that proxy)
+
+	// ServerCIDRs, if not empty, are the only ranges a member's API server
+	// (or its proxy) may be in.
+	ServerCIDRs []netip.Prefix
+	// DenyCIDRs are ranges a member's API server may never be in; nil means
+	// DefaultDenyCIDRs, an empty non-nil slice denies nothing. Unspecified
+	// addresses (0.0.0.0, ::) are always refused.
+	DenyCIDRs []netip.Prefix
+	// MaxObjects caps the Services, EndpointSlices, Nodes and Secrets one
+	// member's informers may hold; 0 means DefaultMaxObjects.
+	MaxObjects int
 }
 
+// DefaultMaxObjects is the per-member object cap when the policy sets none.
+const DefaultMaxObjects = 200000
+
+// DefaultDenyCIDRs are the ranges member servers may not be in by default:
+// link-local, where cloud metadata services live.
+var DefaultDenyCIDRs = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10")}
+
 // KubeconfigOptions are the names accepted by ParsePolicy.
-const KubeconfigOptions = "exec, auth-provider, files"
+const KubeconfigOptions = "exec, auth-provider, files, proxy-url"
 
 // ParsePolicy parses a comma-separated list of KubeconfigOptions.
 func ParsePolicy(list string) (KubeconfigPolicy, error) {
@@ -68,6 +101,8 @@ func ParsePolicy(list string) (KubeconfigPolicy, error) {
 			p.AuthProvider = true
 		case "files":
 			p.Files = true
+		case "proxy-url":
+			p.ProxyURL = true
 		default:
 			return p, fmt.Errorf("unknown kubeconfig option %q (known: %s)", opt, KubeconfigOptions)
 		}
@@ -75,11 +110,49 @@ func ParsePolicy(list string) (KubeconfigPolicy, error) {
 	return p, nil
 }
 
-// ParseKubeconfig parses untrusted kubeconfig bytes from a remote Secret and
-// rejects anything that would run code or read local files on the hub: exec
-// plugins, auth providers other than oidc, and file references, unless the
-// policy allows them. Error messages name the offending field but never
-// include credential values.
+// ParseCIDRs parses a comma-separated list of CIDR prefixes (a bare address
+// is its own /32 or /128). An empty list gives an empty, non-nil slice.
+func ParseCIDRs(list string) ([]netip.Prefix, error) {
+	out := []netip.Prefix{}
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("%q is not a CIDR prefix or address: %w", s, err)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+func (p KubeconfigPolicy) denyCIDRs() []netip.Prefix {
+	if p.DenyCIDRs == nil {
+		return DefaultDenyCIDRs
+	}
+	return p.DenyCIDRs
+}
+
+func (p KubeconfigPolicy) maxObjects() int {
+	if p.MaxObjects <= 0 {
+		return DefaultMaxObjects
+	}
+	return p.MaxObjects
+}
+
+// ParseKubeconfig parses untrusted kubeconfig bytes from a remote Secret or
+// the API and rejects anything that would run code, read local files or
+// reach places the policy forbids: every clusters, users and contexts entry
+// is checked (empty names included), the current context is resolved as
+// client-go resolves it, and the rest.Config is built from the resolved
+// server, CA and inline credentials only. Error messages name the entry and
+// field but never include credential values.
 func (p KubeconfigPolicy) ParseKubeconfig(data []byte) (*Kubeconfig, error) {
 	if len(data) == 0 {
 		return nil, errors.New("kubeconfig is empty")
@@ -87,51 +160,27 @@ func (p KubeconfigPolicy) ParseKubeconfig(data []byte) (*Kubeconfig, error) {
 	if len(data) > maxKubeconfigBytes {
 		return nil, fmt.Errorf("kubeconfig is %d bytes; at most %d are accepted", len(data), maxKubeconfigBytes)
 	}
+	if err := checkDuplicateNames(data); err != nil {
+		return nil, err
+	}
 	cfg, err := clientcmd.Load(data)
 	if err != nil {
+		if strings.Contains(err.Error(), "duplicate name") {
+			// client-go's message prints the whole list, credentials included.
+			return nil, errors.New("kubeconfig does not parse: duplicate names in a list")
+		}
 		return nil, fmt.Errorf("kubeconfig does not parse: %w", err)
 	}
-	if cfg.CurrentContext == "" {
-		return nil, errors.New("kubeconfig has no current-context")
-	}
-	ctx, ok := cfg.Contexts[cfg.CurrentContext]
-	if !ok {
-		return nil, fmt.Errorf("kubeconfig current-context %q is not defined in contexts", cfg.CurrentContext)
-	}
-	cluster, ok := cfg.Clusters[ctx.Cluster]
-	if !ok {
-		return nil, fmt.Errorf("kubeconfig context %q refers to undefined cluster %q", cfg.CurrentContext, ctx.Cluster)
-	}
-	if cluster.Server == "" {
-		return nil, fmt.Errorf("kubeconfig cluster %q has an empty server", ctx.Cluster)
-	}
-	if u, err := url.Parse(cluster.Server); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil {
-		return nil, fmt.Errorf("kubeconfig cluster %q: server must be an https:// URL with a host and no user info", ctx.Cluster)
-	}
-	if cluster.CertificateAuthority != "" && !p.Files {
-		return nil, fmt.Errorf("kubeconfig cluster %q: certificate-authority file references are not allowed (use certificate-authority-data)", ctx.Cluster)
-	}
-	if ctx.AuthInfo != "" {
-		user, ok := cfg.AuthInfos[ctx.AuthInfo]
-		if !ok {
-			return nil, fmt.Errorf("kubeconfig context %q refers to undefined user %q", cfg.CurrentContext, ctx.AuthInfo)
-		}
-		switch {
-		case user.Exec != nil && !p.Exec:
-			return nil, fmt.Errorf("kubeconfig user %q: exec credential plugins are not allowed", ctx.AuthInfo)
-		case user.AuthProvider != nil && user.AuthProvider.Name != "oidc" && !p.AuthProvider:
-			return nil, fmt.Errorf("kubeconfig user %q: auth-provider %q is not allowed (only oidc)", ctx.AuthInfo, user.AuthProvider.Name)
-		case user.TokenFile != "" && !p.Files:
-			return nil, fmt.Errorf("kubeconfig user %q: tokenFile references are not allowed (use token)", ctx.AuthInfo)
-		case user.ClientCertificate != "" && !p.Files:
-			return nil, fmt.Errorf("kubeconfig user %q: client-certificate file references are not allowed (use client-certificate-data)", ctx.AuthInfo)
-		case user.ClientKey != "" && !p.Files:
-			return nil, fmt.Errorf("kubeconfig user %q: client-key file references are not allowed (use client-key-data)", ctx.AuthInfo)
-		}
-	}
-	restCfg, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig()
+	guard, err := newDialGuard(p.ServerCIDRs, p.denyCIDRs())
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig is not usable: %w", err)
+		return nil, err
 	}
-	return &Kubeconfig{Config: restCfg, Server: cluster.Server, SHA256: sha256.Sum256(data)}, nil
+	res, err := p.resolve(cfg, guard)
+	if err != nil {
+		return nil, err
+	}
+	return &Kubeconfig{
+		Config: res.config, Server: res.server, SHA256: sha256.Sum256(data), Warnings: res.warnings,
+		guard: guard, maxObjects: p.maxObjects(),
+	}, nil
 }

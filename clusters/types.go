@@ -76,6 +76,9 @@ type Status struct {
 	LastSyncTime time.Time
 	// SyncDuration is how long the first full sync of the current client took.
 	SyncDuration time.Duration
+	// Warnings are accepted but risky settings of the member's kubeconfig
+	// (e.g. insecure-skip-tls-verify).
+	Warnings []string
 }
 
 // Sink receives every member's service view. The hub's federated index

@@ -19,6 +19,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
 )
 
@@ -44,6 +45,9 @@ type config struct {
 	adminTLSCert         string
 	adminTLSKey          string
 	kubeconfigAllow      string
+	memberServerCIDRs    string
+	memberServerDeny     string
+	memberMaxObjects     int
 	logLevel             string
 	newStreamsPerSecond  float64
 	shutdownGrace        time.Duration
@@ -79,7 +83,10 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.apiAudience, "api-audience", "", "audience API tokens must be issued for (TokenReview spec.audiences; default: the API server's own)")
 	fs.StringVar(&c.adminTLSCert, "admin-tls-cert", "", "serving certificate (PEM) for the admin port; with --admin-tls-key it serves HTTPS and the session cookie is Secure")
 	fs.StringVar(&c.adminTLSKey, "admin-tls-key", "", "serving key (PEM) for the admin port")
-	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider, files (default: inline credentials only)")
+	fs.StringVar(&c.kubeconfigAllow, "kubeconfig-allow", "", "comma-separated extras remote kubeconfigs may use: exec, auth-provider (handed to client-go as configured; the hub registers oidc, which then contacts its issuer), files, proxy-url (default: inline credentials only)")
+	fs.StringVar(&c.memberServerCIDRs, "member-server-cidrs", "", "comma-separated CIDRs member API servers must be in, checked on every connection (empty: anywhere not denied)")
+	fs.StringVar(&c.memberServerDeny, "member-server-deny-cidrs", "169.254.0.0/16,fe80::/10", "comma-separated CIDRs member API servers may never be in, checked on every connection (unspecified addresses are always refused)")
+	fs.IntVar(&c.memberMaxObjects, "member-max-objects", 200000, "a member whose Services, EndpointSlices, Nodes and Secrets exceed this many objects is stopped and marked Invalid")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.Float64Var(&c.newStreamsPerSecond, "new-streams-per-second", 200, "new xDS streams admitted per second (burst: twice that); more wait")
 	fs.IntVar(&c.xdsLimits.maxRequestBytes, "xds-max-request-bytes", hub.DefaultMaxRequestBytes, "largest xDS request message accepted (bytes)")
@@ -120,6 +127,15 @@ func (c *config) validate() error {
 	}
 	if int64(c.xdsLimits.maxStreamsPerConnection) > math.MaxUint32 {
 		return fmt.Errorf("--xds-max-streams-per-connection must be at most %d, not %d", uint32(math.MaxUint32), c.xdsLimits.maxStreamsPerConnection)
+	}
+	if _, err := clusters.ParseCIDRs(c.memberServerCIDRs); err != nil {
+		return fmt.Errorf("--member-server-cidrs: %w", err)
+	}
+	if _, err := clusters.ParseCIDRs(c.memberServerDeny); err != nil {
+		return fmt.Errorf("--member-server-deny-cidrs: %w", err)
+	}
+	if c.memberMaxObjects <= 0 {
+		return fmt.Errorf("--member-max-objects must be positive, not %d", c.memberMaxObjects)
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)

@@ -38,6 +38,13 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig-allow: %w", err)
 	}
+	if policy.ServerCIDRs, err = clusters.ParseCIDRs(cfg.memberServerCIDRs); err != nil {
+		return fmt.Errorf("--member-server-cidrs: %w", err)
+	}
+	if policy.DenyCIDRs, err = clusters.ParseCIDRs(cfg.memberServerDeny); err != nil {
+		return fmt.Errorf("--member-server-deny-cidrs: %w", err)
+	}
+	policy.MaxObjects = cfg.memberMaxObjects
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	homeClient, err := kubernetes.NewForConfig(home)
