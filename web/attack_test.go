@@ -142,3 +142,14 @@ func TestMemberTextEscaped(t *testing.T) {
 		}
 	}
 }
+
+// TestSignInWhileAuthenticatorDown: a sign-in the hub cannot check right now
+// is answered 503 and "try again", not "that token is not valid".
+func TestSignInWhileAuthenticatorDown(t *testing.T) {
+	auth := &fakeAuth{}
+	auth.set(func(f *fakeAuth) { f.down = true })
+	s := startServer(t, liveConfig(auth), ServerOptions{}, nil)
+	if resp := s.postForm(t, "/signin", url.Values{"token": {"good"}}, nil, nil); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("sign-in while the authenticator is down: %s; want 503", resp.Status)
+	}
+}

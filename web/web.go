@@ -312,12 +312,19 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	user, err := d.cfg.API.Auth.Authenticate(r.Context(), token)
-	if err != nil {
+	if err == nil {
+		err = d.cfg.API.Auth.Authorize(r.Context(), user, api.Read)
+	}
+	switch {
+	case errors.Is(err, api.ErrUnauthenticated):
 		fail(http.StatusUnauthorized, "That token is not valid.")
 		return
-	}
-	if err := d.cfg.API.Auth.Authorize(r.Context(), user, api.Read); err != nil {
+	case errors.Is(err, api.ErrForbidden):
 		fail(http.StatusForbidden, "That token may not read the hub's state.")
+		return
+	case err != nil:
+		d.cfg.API.Log.Error("checking a dashboard sign-in", "error", err)
+		fail(http.StatusServiceUnavailable, "Cannot check tokens right now; try again shortly.")
 		return
 	}
 	id := randomToken()
