@@ -6,11 +6,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,7 +169,9 @@ func (s *StaticTokens) Authorize(_ context.Context, u User, a Access) error {
 // KubeAuth authenticates with TokenReview and authorises with
 // SubjectAccessReview against the home cluster: reading needs "get secrets"
 // in the hub's namespace, writing "create", "update" and "delete" secrets
-// there. Decisions are cached for KubeAuthOptions.CacheTTL (a minute) so that
+// there. Token reviews (by the token's SHA-256) and decisions (per verb and
+// whole identity: name, UID, groups, extra) are cached for
+// KubeAuthOptions.CacheTTL (a minute) so that
 // the dashboard's live pages do not hammer the API server; a revoked token or
 // a removed permission takes effect when its cached decision expires.
 type KubeAuth struct {
@@ -174,7 +179,7 @@ type KubeAuth struct {
 	namespace string
 	audiences []string
 	tokens    *lru.LRU[[32]byte, User]
-	decisions *lru.LRU[string, bool]
+	decisions *lru.LRU[[32]byte, bool] // by decisionKey
 }
 
 // KubeAuthOptions tune a KubeAuth.
@@ -196,7 +201,7 @@ func NewKubeAuth(client kubernetes.Interface, namespace string, opts KubeAuthOpt
 	return &KubeAuth{
 		client: client, namespace: namespace, audiences: opts.Audiences,
 		tokens:    lru.NewLRU[[32]byte, User](4096, nil, opts.CacheTTL),
-		decisions: lru.NewLRU[string, bool](4096, nil, opts.CacheTTL),
+		decisions: lru.NewLRU[[32]byte, bool](4096, nil, opts.CacheTTL),
 	}
 }
 
@@ -227,7 +232,7 @@ func (k *KubeAuth) Authorize(ctx context.Context, u User, a Access) error {
 		verbs = []string{"create", "update", "delete"}
 	}
 	for _, verb := range verbs {
-		key := u.Name + "\x00" + strings.Join(u.Groups, ",") + "\x00" + verb
+		key := decisionKey(u, verb)
 		allowed, ok := k.decisions.Get(key)
 		if !ok {
 			sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
@@ -247,6 +252,41 @@ func (k *KubeAuth) Authorize(ctx context.Context, u User, a Access) error {
 		}
 	}
 	return nil
+}
+
+// decisionKey identifies one access decision: the verb and everything of
+// the user a SubjectAccessReview sends (name, UID, groups, extra), each
+// part length-prefixed so that no two users share a key. Authorizers may
+// decide on UID and extra (scoped tokens carry their scopes there), so a
+// decision made for one token is never reused for another that differs in
+// any of them.
+func decisionKey(u User, verb string) [32]byte {
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field(verb)
+	field(u.Name)
+	field(u.UID)
+	field(strconv.Itoa(len(u.Groups)))
+	for _, g := range u.Groups {
+		field(g)
+	}
+	keys := slices.Sorted(maps.Keys(u.Extra))
+	field(strconv.Itoa(len(keys)))
+	for _, k := range keys {
+		field(k)
+		field(strconv.Itoa(len(u.Extra[k])))
+		for _, v := range u.Extra[k] {
+			field(v)
+		}
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // audienceMatches reports whether a TokenReview that asked for want answered

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -104,6 +105,10 @@ type Proxy struct {
 	Types       []TypeStatus `json:"types"`
 }
 
+// MaxNackError bounds the NACK text a proxy status shows: the text is the
+// proxy's own (up to a whole gRPC message) and is shown on every list.
+const MaxNackError = 1024
+
 // ToProxy converts a proxy status.
 func ToProxy(p hub.ProxyStatus) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
@@ -113,10 +118,23 @@ func ToProxy(p hub.ProxyStatus) Proxy {
 			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,
 			SentVersion: t.SentVersion, SentNonce: t.SentNonce, SentAt: timePtr(t.SentAt), Resources: t.Resources, Sends: t.Sends,
 			AckedVersion: t.AckedVersion, AckedAt: timePtr(t.AckedAt),
-			NackedVersion: t.NackedVersion, NackError: t.NackError, NackedAt: timePtr(t.NackedAt), Nacks: t.Nacks,
+			NackedVersion: t.NackedVersion, NackError: truncate(t.NackError, MaxNackError), NackedAt: timePtr(t.NackedAt), Nacks: t.Nacks,
 		})
 	}
 	return out
+}
+
+// truncate cuts s to at most n bytes on a character boundary, marking the
+// cut with an ellipsis.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // ShortType names an xDS type URL the way people do.

@@ -16,9 +16,20 @@ const (
 	sweepEvery         = time.Minute
 )
 
+// Why a session ended, as live streams tell the browser (their "end" event).
+const (
+	endSignedOut = "signed out"
+	endExpired   = "session expired"
+	endRevoked   = "session revoked"
+	endEvicted   = "too many newer sessions"
+	endFull      = "too many sessions on the hub"
+)
+
 // session is one signed-in browser. Its fields never change after sign-in;
 // ended is closed when the session ends (sign-out, expiry, eviction,
-// revocation) so that live streams stop at once.
+// revocation) so that live streams stop at once, and *reason (set by the
+// store when it adds the session) says why: it is written once, under the
+// store's lock, before ended is closed, so it may be read after <-ended.
 type session struct {
 	id      string
 	user    api.User
@@ -26,6 +37,13 @@ type session struct {
 	token   string // kept to re-check the session with the authenticator
 	expires time.Time
 	ended   chan struct{}
+	reason  *string
+}
+
+// endReason waits for the session to end and says why.
+func (s *session) endReason() string {
+	<-s.ended
+	return *s.reason
 }
 
 // sessionStore is a bounded map of sessions by ID. Expired sessions are
@@ -49,12 +67,15 @@ func newSessionStore(now func() time.Time) *sessionStore {
 func (st *sessionStore) add(s *session) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if s.reason == nil {
+		s.reason = new(string)
+	}
 	st.sweepLocked(true)
 	if st.perUser[s.user.Name] >= maxSessionsPerUser {
-		st.removeOldestLocked(func(o *session) bool { return o.user.Name == s.user.Name })
+		st.removeOldestLocked(endEvicted, func(o *session) bool { return o.user.Name == s.user.Name })
 	}
 	if len(st.byID) >= maxSessions {
-		st.removeOldestLocked(func(*session) bool { return true })
+		st.removeOldestLocked(endFull, func(*session) bool { return true })
 	}
 	st.byID[s.id] = s
 	st.perUser[s.user.Name]++
@@ -67,18 +88,18 @@ func (st *sessionStore) get(id string) *session {
 	st.sweepLocked(false)
 	s := st.byID[id]
 	if s != nil && !st.now().Before(s.expires) {
-		st.removeLocked(s)
+		st.removeLocked(s, endExpired)
 		return nil
 	}
 	return s
 }
 
-// remove ends the session with this ID, if any.
-func (st *sessionStore) remove(id string) {
+// remove ends the session with this ID, if any, for reason.
+func (st *sessionStore) remove(id, reason string) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if s := st.byID[id]; s != nil {
-		st.removeLocked(s)
+		st.removeLocked(s, reason)
 	}
 }
 
@@ -88,15 +109,16 @@ func (st *sessionStore) len() int {
 	return len(st.byID)
 }
 
-func (st *sessionStore) removeLocked(s *session) {
+func (st *sessionStore) removeLocked(s *session, reason string) {
 	delete(st.byID, s.id)
 	if st.perUser[s.user.Name]--; st.perUser[s.user.Name] <= 0 {
 		delete(st.perUser, s.user.Name)
 	}
+	*s.reason = reason
 	close(s.ended)
 }
 
-func (st *sessionStore) removeOldestLocked(match func(*session) bool) {
+func (st *sessionStore) removeOldestLocked(reason string, match func(*session) bool) {
 	var oldest *session
 	for _, s := range st.byID {
 		if match(s) && (oldest == nil || s.expires.Before(oldest.expires)) {
@@ -104,7 +126,7 @@ func (st *sessionStore) removeOldestLocked(match func(*session) bool) {
 		}
 	}
 	if oldest != nil {
-		st.removeLocked(oldest)
+		st.removeLocked(oldest, reason)
 	}
 }
 
@@ -118,7 +140,7 @@ func (st *sessionStore) sweepLocked(force bool) {
 	st.lastSweep = now
 	for _, s := range st.byID {
 		if !now.Before(s.expires) {
-			st.removeLocked(s)
+			st.removeLocked(s, endExpired)
 		}
 	}
 }

@@ -16,8 +16,9 @@ const sseWriteTimeout = 15 * time.Second
 
 // events streams a page's content as Server-Sent Events whenever it changes.
 // The stream re-checks its session on every tick (Config.Refresh, at most
-// 5s) and ends at once on sign-out: it ends with an "end" event when the
-// session is signed out, expires or is revoked, and without one (so the
+// 5s) and ends at once on sign-out: it ends with an "end" event saying why
+// when the session is signed out, expires, is revoked or is evicted by newer
+// sessions, and without one (so the
 // browser reconnects) when the session cannot be checked right now or the
 // server shuts down.
 func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
@@ -92,20 +93,21 @@ func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
 		case <-d.stop:
 			return
 		case <-s.ended:
-			end("signed out")
+			end(s.endReason())
 			return
 		case <-tick.C:
 		}
 		// Every tick: the session still exists and has not expired, and its
-		// token still authenticates and may read.
+		// token still authenticates and may read. A session the store no
+		// longer holds has ended (here or in another request).
 		if d.sessions.get(s.id) == nil {
-			end("session expired")
+			end(s.endReason())
 			return
 		}
 		if _, err := d.recheck(r.Context(), s); errors.Is(err, errSessionEnded) {
 			d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
-			d.sessions.remove(s.id)
-			end("session revoked")
+			d.sessions.remove(s.id, endRevoked)
+			end(s.endReason())
 			return
 		} else if err != nil {
 			d.cfg.API.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)

@@ -115,7 +115,29 @@ func newDashboard(cfg Config) (*dashboard, http.Handler) {
 		r.Get("/trust", d.page("trust"))
 		r.Get("/events", d.events)
 	})
-	return d, securityHeaders(r)
+	return d, securityHeaders(crossOriginProtection(r))
+}
+
+// crossOriginProtection refuses the dashboard's state-changing requests
+// (POST: sign-in, sign-out and the forms) when a browser says they come from
+// another site (Sec-Fetch-Site, or Origin where that is missing). The CSRF
+// token covers the forms of a session; this also covers sign-in, which has
+// no session yet: another site's page could otherwise sign a browser into
+// the attacker's session (login CSRF). Requests without either header (not
+// from a browser) and the REST API (bearer tokens, no cookies) pass.
+func crossOriginProtection(next http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "cross-site request refused; use the dashboard's own pages", http.StatusForbidden)
+	}))
+	protected := cop.Handler(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		protected.ServeHTTP(w, r)
+	})
 }
 
 type dashboard struct {
@@ -194,7 +216,7 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 			switch {
 			case errors.Is(err, errSessionEnded):
 				d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
-				d.sessions.remove(s.id)
+				d.sessions.remove(s.id, endRevoked)
 				s = nil
 			case err != nil:
 				d.cfg.API.Log.Error("re-checking a dashboard session", "user", s.user.Name, "error", err)
@@ -221,10 +243,30 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 	})
 }
 
-// checkCSRF limits a form's body and checks its CSRF token, answering 403
-// if it does not match the session's.
+// maxForm bounds the body of a dashboard form (a kubeconfig fits easily).
+const maxForm = 1 << 20
+
+// parseForm reads a form's body of at most limit bytes, answering 413 if it
+// is larger and 400 if it is not a form.
+func parseForm(w http.ResponseWriter, r *http.Request, limit int64) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	if err := r.ParseForm(); err != nil {
+		if tooBig := (*http.MaxBytesError)(nil); errors.As(err, &tooBig) {
+			http.Error(w, fmt.Sprintf("the form exceeds %d bytes", limit), http.StatusRequestEntityTooLarge)
+			return false
+		}
+		http.Error(w, "the request body is not a valid form", http.StatusBadRequest)
+		return false
+	}
+	return true
+}
+
+// checkCSRF reads a form (see parseForm) and checks its CSRF token,
+// answering 403 if it does not match the session's.
 func checkCSRF(w http.ResponseWriter, r *http.Request, s *session) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+	if !parseForm(w, r, maxForm) {
+		return false
+	}
 	if got := r.PostFormValue("csrf"); subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf)) != 1 {
 		http.Error(w, "invalid or missing CSRF token; reload the page", http.StatusForbidden)
 		return false
@@ -257,7 +299,9 @@ func safeNext(next string) string {
 }
 
 func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !parseForm(w, r, 64<<10) {
+		return
+	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	next := safeNext(r.PostFormValue("next"))
 	fail := func(status int, msg string) {
@@ -268,12 +312,19 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	user, err := d.cfg.API.Auth.Authenticate(r.Context(), token)
-	if err != nil {
+	if err == nil {
+		err = d.cfg.API.Auth.Authorize(r.Context(), user, api.Read)
+	}
+	switch {
+	case errors.Is(err, api.ErrUnauthenticated):
 		fail(http.StatusUnauthorized, "That token is not valid.")
 		return
-	}
-	if err := d.cfg.API.Auth.Authorize(r.Context(), user, api.Read); err != nil {
+	case errors.Is(err, api.ErrForbidden):
 		fail(http.StatusForbidden, "That token may not read the hub's state.")
+		return
+	case err != nil:
+		d.cfg.API.Log.Error("checking a dashboard sign-in", "error", err)
+		fail(http.StatusServiceUnavailable, "Cannot check tokens right now; try again shortly.")
 		return
 	}
 	id := randomToken()
@@ -295,7 +346,7 @@ func (d *dashboard) signout(w http.ResponseWriter, r *http.Request) {
 			if !checkCSRF(w, r, s) {
 				return
 			}
-			d.sessions.remove(s.id)
+			d.sessions.remove(s.id, endSignedOut)
 		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
@@ -462,8 +513,12 @@ func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 		data["FormError"], data["FormID"] = msg, id
 		d.render(w, status, "clusters", data)
 	}
-	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); err != nil {
+	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
 		fail(http.StatusForbidden, "Your token may not register clusters: "+err.Error())
+		return
+	} else if err != nil {
+		d.cfg.API.Log.Error("authorising a cluster registration", "user", s.user.Name, "error", err)
+		fail(http.StatusServiceUnavailable, "Cannot check your permissions right now; try again shortly.")
 		return
 	}
 	if id == "" || strings.TrimSpace(kubeconfig) == "" {
@@ -485,8 +540,12 @@ func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 func (d *dashboard) removeCluster(w http.ResponseWriter, r *http.Request) {
 	s := sessionOf(r)
 	id := chi.URLParam(r, "id")
-	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); err != nil {
+	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
 		http.Error(w, "your token may not remove clusters: "+err.Error(), http.StatusForbidden)
+		return
+	} else if err != nil {
+		d.cfg.API.Log.Error("authorising a cluster removal", "user", s.user.Name, "error", err)
+		http.Error(w, "cannot check your permissions right now; try again shortly", http.StatusServiceUnavailable)
 		return
 	}
 	if err := d.cfg.API.Registrar.Remove(r.Context(), id); err != nil {

@@ -142,7 +142,7 @@ func TestSessions(t *testing.T) {
 	if code := post("id=x&kubeconfig=y"); code != http.StatusForbidden {
 		t.Errorf("POST without CSRF: %d", code)
 	}
-	if code := post("id=" + strings.Repeat("x", 2<<20)); code != http.StatusForbidden {
+	if code := post("id=" + strings.Repeat("x", 2<<20)); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("oversized POST: %d", code)
 	}
 
