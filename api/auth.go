@@ -60,8 +60,9 @@ type Authenticator interface {
 // StaticTokens authenticates with a file of lines "token,user,role" where
 // role is "read" or "write" (blank lines and # comments are ignored). The
 // file is read again when it changes (checked at most once a second, on use),
-// so removing a line revokes its token within a second; a file that becomes
-// unreadable or invalid keeps the last good tokens and logs why.
+// so removing a line revokes its token within a second and emptying the file
+// revokes them all; a file that becomes unreadable or invalid (a line that
+// does not parse) keeps the last good tokens and logs why.
 type StaticTokens struct {
 	path  string
 	every time.Duration // how often the file is checked for changes
@@ -90,6 +91,9 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(users) == 0 {
+		return nil, errors.New("API token file has no tokens")
+	}
 	st.users.Store(&users)
 	st.sum, st.checked = sha256.Sum256(data), st.now()
 	return st, nil
@@ -111,9 +115,6 @@ func parseStaticTokens(data []byte) (map[[32]byte]staticUser, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("reading API token file: %w", err)
-	}
-	if len(users) == 0 {
-		return nil, errors.New("API token file has no tokens")
 	}
 	return users, nil
 }
@@ -137,6 +138,10 @@ func (s *StaticTokens) current() map[[32]byte]staticUser {
 			}
 			s.sum = sha256.Sum256(data)
 			s.users.Store(&users)
+			if len(users) == 0 {
+				s.log.Warn("API token file has no tokens: every static API token is revoked", "path", s.path)
+				break
+			}
 			s.log.Info("API token file reloaded", "path", s.path, "tokens", len(users))
 		}
 	}

@@ -57,6 +57,10 @@ func TestStaticTokensReload(t *testing.T) {
 	if valid("tok-a") || !valid("tok-c") {
 		t.Errorf("after replacing the file: tok-a valid %v, tok-c valid %v", valid("tok-a"), valid("tok-c"))
 	}
+	write("# every token revoked\n") // emptied on purpose: revokes them all
+	if valid("tok-c") {
+		t.Errorf("an emptied file kept tok-c")
+	}
 }
 
 func TestAudienceMatches(t *testing.T) {
