@@ -3,6 +3,7 @@ package clusters
 import (
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -68,7 +69,9 @@ func checkSafe(t *testing.T, policy KubeconfigPolicy, c *rest.Config) {
 		t.Fatalf("accepted an exec plugin")
 	case c.AuthProvider != nil && !policy.AuthProvider:
 		t.Fatalf("accepted auth provider %q", c.AuthProvider.Name)
-	case c.Proxy != nil && !policy.ProxyURL:
+	case c.Proxy == nil:
+		t.Fatalf("the proxy is left to client-go's default (the hub's environment)")
+	case !policy.ProxyURL && proxyFor(c) != nil:
 		t.Fatalf("accepted a proxy")
 	case c.BearerTokenFile != "" || c.CertFile != "" || c.KeyFile != "" || c.CAFile != "":
 		t.Fatalf("accepted a file reference: %q %q %q %q", c.BearerTokenFile, c.CertFile, c.KeyFile, c.CAFile)
@@ -113,6 +116,7 @@ func agreeWithClientGo(t *testing.T, data []byte, ours *rest.Config) {
 		{"proxy", sameProxy(ours, theirs)},
 		{"exec", theirs.ExecProvider == nil},
 		{"token file", theirs.BearerTokenFile == ""},
+		{"files", theirs.CertFile == "" && theirs.KeyFile == "" && theirs.CAFile == ""},
 	} {
 		if !f.same {
 			t.Fatalf("our resolution differs from client-go's in the %s", f.name)
@@ -120,15 +124,26 @@ func agreeWithClientGo(t *testing.T, data []byte, ours *rest.Config) {
 	}
 }
 
-func sameProxy(a, b *rest.Config) bool {
-	if (a.Proxy == nil) != (b.Proxy == nil) {
-		return false
+// sameProxy compares the proxies: where client-go would use the hub's
+// environment (no proxy-url), ours connects directly.
+func sameProxy(ours, theirs *rest.Config) bool {
+	if theirs.Proxy == nil {
+		return ours.Proxy != nil && proxyFor(ours) == nil
 	}
-	if a.Proxy == nil {
-		return true
+	a, b := proxyFor(ours), proxyFor(theirs)
+	return a != nil && b != nil && a.String() == b.String()
+}
+
+// proxyFor is the proxy c uses for a request to a member (nil: none, or
+// client-go's default when c sets no proxy function).
+func proxyFor(c *rest.Config) *url.URL {
+	if c.Proxy == nil {
+		return nil
 	}
 	req, _ := http.NewRequest(http.MethodGet, "https://member.example/", nil)
-	ua, errA := a.Proxy(req)
-	ub, errB := b.Proxy(req)
-	return (errA == nil) == (errB == nil) && ua.String() == ub.String()
+	u, err := c.Proxy(req)
+	if err != nil {
+		return nil
+	}
+	return u
 }

@@ -101,6 +101,12 @@ func (p KubeconfigPolicy) resolve(cfg *clientcmdapi.Config, guard *dialGuard) (*
 	if cluster.ProxyURL != "" { // only here when allowed (checkCluster)
 		u, _ := url.Parse(cluster.ProxyURL)
 		rc.Proxy = http.ProxyURL(u)
+	} else {
+		// Not client-go's default (HTTPS_PROXY and friends of the hub's
+		// environment): through a proxy the dial guard would see only the
+		// proxy's address, and the proxy would resolve and connect the
+		// member's server wherever it points.
+		rc.Proxy = noProxy
 	}
 	if err := p.setCredentials(rc, ctx.AuthInfo, user, cluster); err != nil {
 		return nil, err
@@ -108,6 +114,10 @@ func (p KubeconfigPolicy) resolve(cfg *clientcmdapi.Config, guard *dialGuard) (*
 	res.config = rc
 	return res, nil
 }
+
+// noProxy is a member client's proxy function unless its kubeconfig sets
+// an allowed proxy-url: every connection is dialled directly.
+func noProxy(*http.Request) (*url.URL, error) { return nil, nil }
 
 // checkCluster rejects forbidden fields of one clusters entry.
 func (p KubeconfigPolicy) checkCluster(name string, c *clientcmdapi.Cluster, guard *dialGuard) error {

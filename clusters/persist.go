@@ -58,6 +58,7 @@ type trackedView struct {
 	services  map[ServiceKey]*Service
 	dirty     bool      // changed since it was last looked at by the writer
 	sum       string    // SHA-256 of the view last written or read
+	server    string    // the API server the view is from (its member's kubeconfig)
 	lastWrite time.Time // of the last write attempt
 }
 
@@ -186,17 +187,39 @@ func (p *viewPersister) load(ctx context.Context) {
 	p.log.Info("read persisted member views", "views", len(views))
 }
 
-// restore hands a new member's persisted view, if there is one, to the Sink
-// and marks c as serving it. Call it before c starts.
+// setServer records the API server a member's views now come from (its
+// kubeconfig's), as persisted with them. A member that moved to another
+// server drops what it tracked: that was the old server's view, not to be
+// written as the new one's.
+func (p *viewPersister) setServer(id, server string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.trackedLocked(id)
+	if t.server != server {
+		t.server, t.services, t.dirty, t.sum = server, nil, false, ""
+	}
+}
+
+// restore hands a new member's persisted view, if there is one from the
+// member's current API server, to the Sink and marks c as serving it. Call
+// it before c starts.
 func (p *viewPersister) restore(id string, c *Cluster) {
+	p.setServer(id, c.server)
 	p.mu.Lock()
 	v := p.loaded[id]
 	delete(p.loaded, id)
-	if v != nil {
+	if v != nil && v.Server == c.server {
 		p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
 	}
 	p.mu.Unlock()
 	if v == nil {
+		return
+	}
+	if v.Server != c.server {
+		// Its kubeconfig now points elsewhere: the view is of another
+		// cluster (or an older hub's, which did not record the server).
+		p.log.Warn("not serving the persisted view of a member: it was read from another API server", "cluster", id,
+			"persistedFrom", v.Server, "server", c.server, "persistedAt", v.WrittenAt.Format(time.RFC3339))
 		return
 	}
 	services, err := v.services()
@@ -241,6 +264,7 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 		id       string
 		services []*Service
 		sum      string
+		server   string
 	}
 	now := time.Now()
 	var jobs []job
@@ -250,7 +274,7 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 			continue
 		}
 		t.dirty = false
-		j := job{id: id, sum: t.sum, services: make([]*Service, 0, len(t.services))}
+		j := job{id: id, sum: t.sum, server: t.server, services: make([]*Service, 0, len(t.services))}
 		for _, s := range t.services {
 			j.services = append(j.services, s)
 		}
@@ -269,7 +293,7 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 		if sum == j.sum {
 			continue // changed and changed back: nothing new to write
 		}
-		res, err := p.store.write(ctx, j.id, content, sum, now)
+		res, err := p.store.write(ctx, j.id, content, sum, j.server, now)
 		p.mu.Lock()
 		if t := p.members[j.id]; t != nil {
 			t.lastWrite = now

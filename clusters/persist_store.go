@@ -47,6 +47,7 @@ const (
 	viewKeyWrittenAt = "writtenAt"    // RFC 3339 (nanoseconds)
 	viewKeyBytes     = "bytes"        // uncompressed size
 	viewKeyIndex     = "index"        // a chunk's position
+	viewKeyServer    = "server"       // the member's API server the view was read from
 
 	// defaultChunkSize keeps every object well below the API server's 1 MiB
 	// ConfigMap limit.
@@ -74,6 +75,7 @@ func chunkName(id, version string, i int) string {
 type storedView struct {
 	ID        string
 	SHA256    string
+	Server    string // the API server it was read from
 	WrittenAt time.Time
 	gz        []byte
 }
@@ -105,9 +107,10 @@ type writeResult struct {
 	Objects    int // ConfigMaps that hold the view (manifest and chunks)
 }
 
-// write stores content (the encoding of a member's view, with SHA-256 sum)
-// unless the stored view already has that content. Conflicts are retried.
-func (s *viewStore) write(ctx context.Context, id string, content []byte, sum string, at time.Time) (writeResult, error) {
+// write stores content (the encoding of a member's view, with SHA-256 sum,
+// read from API server server) unless the stored view already has that
+// content from that server. Conflicts are retried.
+func (s *viewStore) write(ctx context.Context, id string, content []byte, sum, server string, at time.Time) (writeResult, error) {
 	gz := compress(content)
 	parts := splitChunks(gz, s.chunkSize)
 	res := writeResult{Bytes: len(content), Compressed: len(gz), Objects: 1}
@@ -123,7 +126,7 @@ func (s *viewStore) write(ctx context.Context, id string, content []byte, sum st
 			cur = nil
 		case err != nil:
 			return fmt.Errorf("reading %s: %w", name, err)
-		case cur.Data[viewKeySHA256] == sum:
+		case cur.Data[viewKeySHA256] == sum && cur.Data[viewKeyServer] == server:
 			res.Skipped = true // another replica (or an earlier term) wrote it
 			return nil
 		}
@@ -137,7 +140,7 @@ func (s *viewStore) write(ctx context.Context, id string, content []byte, sum st
 		m := s.object(id, name, viewRoleManifest)
 		m.Data = map[string]string{
 			viewKeySHA256: sum, viewKeyWrittenAt: at.UTC().Format(time.RFC3339Nano),
-			viewKeyBytes: strconv.Itoa(len(content)), viewKeyChunks: "0",
+			viewKeyBytes: strconv.Itoa(len(content)), viewKeyChunks: "0", viewKeyServer: server,
 		}
 		if len(parts) > 1 {
 			m.Data[viewKeyChunks] = strconv.Itoa(len(parts))
@@ -319,7 +322,7 @@ func assemble(key string, m *corev1.ConfigMap, chunks map[string]map[int][]byte)
 	if memberKey(id) != key || m.Name != manifestName(id) {
 		return nil, fmt.Errorf("persisted view %s does not belong to cluster %q", m.Name, id)
 	}
-	v := &storedView{ID: id, SHA256: m.Data[viewKeySHA256]}
+	v := &storedView{ID: id, SHA256: m.Data[viewKeySHA256], Server: m.Data[viewKeyServer]}
 	var err error
 	if v.WrittenAt, err = time.Parse(time.RFC3339Nano, m.Data[viewKeyWrittenAt]); err != nil {
 		return nil, fmt.Errorf("persisted view of %s: bad %s: %w", id, viewKeyWrittenAt, err)

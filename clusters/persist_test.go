@@ -95,7 +95,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 
 	a := syntheticView(200, 3000, 2)
 	data, sum := mustEncode(t, a)
-	res, err := s.write(ctx, "west", data, sum, time.Now())
+	res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,14 +123,14 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	}
 
 	// The same content again is not written.
-	if res, err := s.write(ctx, "west", data, sum, time.Now()); err != nil || !res.Skipped {
+	if res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now()); err != nil || !res.Skipped {
 		t.Fatalf("rewriting the same view: %+v, %v; want skipped", res, err)
 	}
 
 	// A new version replaces the old one, whose chunks are deleted.
 	b := syntheticView(200, 3000, 3)
 	data, sumB := mustEncode(t, b)
-	if _, err := s.write(ctx, "west", data, sumB, time.Now()); err != nil {
+	if _, err := s.write(ctx, "west", data, sumB, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameServices(readBack(t, s, "west"), b); err != nil {
@@ -143,7 +143,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	// A small view is inline in the manifest, and no chunk is left.
 	c := syntheticView(2, 4, 4)
 	data, sum = mustEncode(t, c)
-	if res, err := s.write(ctx, "west", data, sum, time.Now()); err != nil || res.Objects != 1 {
+	if res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now()); err != nil || res.Objects != 1 {
 		t.Fatalf("small view: %+v, %v; want one object", res, err)
 	}
 	if err := sameServices(readBack(t, s, "west"), c); err != nil {
@@ -156,7 +156,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	// IDs that sanitise alike keep separate views.
 	for i, id := range []string{"a_b.x", "a-b.x"} {
 		data, sum := mustEncode(t, syntheticView(1, i+1, uint64(i)))
-		if _, err := s.write(ctx, id, data, sum, time.Now()); err != nil {
+		if _, err := s.write(ctx, id, data, sum, "https://member.example", time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,7 +179,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	s := &viewStore{cms: home.CoreV1().ConfigMaps(ns), chunkSize: 2 << 10}
 	a := syntheticView(100, 1500, 5)
 	dataA, sumA := mustEncode(t, a)
-	if _, err := s.write(ctx, "east", dataA, sumA, time.Now()); err != nil {
+	if _, err := s.write(ctx, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -203,7 +203,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	}
 
 	// The manifest switched, the old chunks were not deleted: the new view is read.
-	if _, err := s.write(ctx, "east", dataB, sumB, time.Now()); err != nil {
+	if _, err := s.write(ctx, "east", dataB, sumB, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range splitChunks(compress(dataA), s.chunkSize) {
@@ -227,7 +227,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	}
 
 	// Chunks whose bytes were altered fail the manifest's SHA-256.
-	if _, err := s.write(ctx, "east", dataA, sumA, time.Now()); err != nil {
+	if _, err := s.write(ctx, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	cm, err := home.CoreV1().ConfigMaps(ns).Get(ctx, chunkName("east", sumA[:versionLen], 0), metav1.GetOptions{})
@@ -248,7 +248,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	// The next complete write repairs everything and leaves only its own chunks.
 	c := syntheticView(100, 1500, 7)
 	dataC, sumC := mustEncode(t, c)
-	if _, err := s.write(ctx, "east", dataC, sumC, time.Now()); err != nil {
+	if _, err := s.write(ctx, "east", dataC, sumC, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameServices(readBack(t, s, "east"), c); err != nil {
@@ -515,4 +515,39 @@ func TestRestartServesPersistedViewAsStale(t *testing.T) {
 	}
 	// The live view is persisted in turn.
 	persistedMatchesSink(t, r2, sink2, "m2")
+}
+
+// TestPersistedViewOfAnotherServerIsNotRestored: a member's key is pointed
+// at another API server while the hub is down. The view persisted from the
+// old server is not what the member is now, so it is not served (the
+// member starts empty, as without persistence); it is restored only for the
+// server it was read from.
+func TestPersistedViewOfAnotherServerIsNotRestored(t *testing.T) {
+	home, ns := homeNamespace(t)
+	ctx := context.Background()
+	m1 := env.Cluster("member1")
+	appNS := "app-" + rand.String(6)
+	key := seedMember(t, m1, appNS, "198.18.6.1")
+	secret := localcluster.RemoteSecret(ns, "members", map[string][]byte{"m": m1.Kubeconfig()})
+	if _, err := home.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fast := func(p *viewPersister) { p.tick = 50 * time.Millisecond }
+	r1, sink1, stop1 := persistRegistry(t, ns, 30*time.Second, nil, fast)
+	eventually(t, 30*time.Second, wantState(r1, "m", ns+"/members", StateReady, ""))
+	eventually(t, 10*time.Second, wantEndpoint(sink1, "m", key, "198.18.6.1"))
+	persistedMatchesSink(t, r1, sink1, "m")
+	stop1()
+
+	// Another server (nothing listens there): the old view must not be served.
+	moved := strings.Replace(string(m1.Kubeconfig()), m1.Server(), "https://127.0.0.1:1", 1)
+	secret.Data = map[string][]byte{"m": []byte(moved)}
+	if _, err := home.CoreV1().Secrets(ns).Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r2, sink2, _ := persistRegistry(t, ns, 2*time.Second, nil, fast)
+	eventually(t, 30*time.Second, wantState(r2, "m", ns+"/members", StateTimedOut, ""))
+	if svc := sink2.service("m", key); svc != nil {
+		t.Errorf("the view persisted from %s is served for a member now at https://127.0.0.1:1: %+v", m1.Server(), svc)
+	}
 }

@@ -444,6 +444,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	m.active, m.next = candidate, nil
 	candidate.setObserver(r.observer(m.ref, ""))
 	r.mu.Unlock()
+	r.views.setServer(id, candidate.server) // before it publishes
 	old.stop()
 	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
 	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)

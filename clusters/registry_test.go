@@ -24,6 +24,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("HUB_TEST_DEBUG") != "" {
 		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	}
+	if os.Getenv(envProxyChild) != "" {
+		os.Exit(m.Run()) // a child process of one test: no clusters
+	}
 	localcluster.RunTests(m, &env, "home", "member1", "member2")
 }
 

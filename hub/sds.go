@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
+	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/trust"
@@ -326,6 +327,12 @@ func (w *watcher) secret(id identity, name string) (proto.Message, error) {
 	ns, secretName := id.namespace, ref
 	if i := strings.IndexByte(ref, '/'); i >= 0 {
 		ns, secretName = ref[:i], ref[i+1:]
+	}
+	// Only a real namespace and Secret name: a lister asked for namespace ""
+	// takes the name as a namespace/name key, which would bypass every
+	// check below (and a SubjectAccessReview for "" is for all namespaces).
+	if len(k8svalidation.IsDNS1123Label(ns)) > 0 || len(k8svalidation.IsDNS1123Subdomain(secretName)) > 0 {
+		return nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
 	}
 	if err := w.servable(ns, strings.TrimSuffix(secretName, "-cacert")); err != nil {
 		return nil, err
