@@ -29,15 +29,27 @@ func newDialGuard(allow, deny []netip.Prefix) (*dialGuard, error) {
 	return &dialGuard{allow: allow, deny: deny}, nil
 }
 
-// check says why addr may not be connected to, or nil if it may.
+// nat64 is the well-known NAT64 prefix (RFC 6052): 64:ff9b::a9fe:a9fe
+// reaches 169.254.169.254 through a NAT64 gateway.
+var nat64 = netip.MustParsePrefix("64:ff9b::/96")
+
+// check says why addr may not be connected to, or nil if it may. An IPv4
+// address embedded in a NAT64 address is judged too: denied if either is.
 func (g *dialGuard) check(addr netip.Addr) error {
 	addr = addr.Unmap().WithZone("")
-	if addr.IsUnspecified() {
-		return fmt.Errorf("address %s is unspecified", addr)
+	forms := []netip.Addr{addr}
+	if nat64.Contains(addr) {
+		b := addr.As16()
+		forms = append(forms, netip.AddrFrom4([4]byte(b[12:])))
 	}
-	for _, p := range g.deny {
-		if p.Contains(addr) {
-			return fmt.Errorf("address %s is in the denied range %s (--member-server-deny-cidrs)", addr, p)
+	for _, a := range forms {
+		if a.IsUnspecified() {
+			return fmt.Errorf("address %s is unspecified", addr)
+		}
+		for _, p := range g.deny {
+			if p.Contains(a) {
+				return fmt.Errorf("address %s is in the denied range %s (--member-server-deny-cidrs)", addr, p)
+			}
 		}
 	}
 	if len(g.allow) == 0 {
