@@ -24,6 +24,7 @@ const (
 	viewWriteInterval = 30 * time.Second
 	viewTick          = time.Second
 	viewLoadAttempts  = 3
+	viewLoadTimeout   = 20 * time.Second // per attempt
 )
 
 // viewPersister sits between the members and the Sink: it passes every call
@@ -160,7 +161,10 @@ func (p *viewPersister) load(ctx context.Context) {
 	var bad []error
 	var err error
 	for attempt := 1; attempt <= viewLoadAttempts; attempt++ {
-		if views, bad, err = p.store.readAll(ctx); err == nil {
+		actx, cancel := context.WithTimeout(ctx, viewLoadTimeout) // a home API server that hangs must not hold members back
+		views, bad, err = p.store.readAll(actx)
+		cancel()
+		if err == nil {
 			break
 		}
 		p.log.Warn("reading persisted member views", "attempt", attempt, "error", err)
