@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -27,7 +28,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	sum := &Summary{Config: cfg, Protocol: "SotW", Machine: machine()}
+	sum := &Summary{Config: cfg, Protocol: "SotW", Shape: cfg.Shape, Targets: targetsFor(cfg.Shape, cfg.Delta), Machine: machine()}
 	if cfg.Delta {
 		sum.Protocol = "Delta"
 	}
@@ -146,8 +147,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	// Cold connect.
 	f := newFleet(ctx, h.xdsAddr, cfg, l)
 	defer f.close()
-	cfg.progress("opening %d %s ADS streams (%d connecting at once), each watching CDS (%s) and EDS of %d services",
-		cfg.Streams, sum.Protocol, cfg.ConnectConcurrency, cfg.CDS, cfg.servicesPerStream())
+	cfg.progress("opening %d %s ADS streams (%d connecting at once), %s", cfg.Streams, sum.Protocol, cfg.ConnectConcurrency, cfg.shapeText())
 	connectStart := time.Now()
 	if err := f.connect(cfg.ConnectConcurrency, cfg.ConnectTimeout, cfg.progress); err != nil {
 		if e := h.exited(); e != nil {
@@ -165,6 +165,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, err
 	}
 	sum.ConnectResponses, _ = f.totals()
+	sum.ConnectResponsesByType = f.byType()
 	cfg.progress("cold connect: all %d streams hold their config after %.2fs", cfg.Streams, sum.ColdConnectSeconds)
 	if sum.Hub.AfterConnect, err = procStats(h.pid()); err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
@@ -177,11 +178,23 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	}
 	responsesBefore, _ := f.totals()
 	sum.LoadBefore = loadAvg()
+	cpuBefore, err := procStats(h.pid())
+	if err != nil {
+		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
 	writeStart := time.Now()
 	if err := measureWrites(ctx, cfg, l, clients, f, h, sum); err != nil {
 		return nil, err
 	}
 	sum.WritePhaseSeconds = time.Since(writeStart).Seconds()
+	cpuAfter, err := procStats(h.pid())
+	if err != nil {
+		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+	sum.HubWriteCPUSeconds = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
+	if cfg.Writes > 0 {
+		sum.HubCPUPerWriteMs = math.Round(sum.HubWriteCPUSeconds/float64(cfg.Writes)*1e4) / 10
+	}
 	sum.LoadAfter = loadAvg()
 	after, err := h.metrics(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -22,8 +23,17 @@ type Config struct {
 	Endpoints int `json:"endpoints"`
 	// Streams is the number of ADS streams, each on its own connection.
 	Streams int `json:"streams"`
-	// ServicesPerStream is how many services each stream subscribes to
-	// with EDS (capped at Services); CDS is always wildcard.
+	// Shape is what every stream subscribes to, as a kind of client would
+	// (shapes.go): "named" (CDS per --cds and EDS for ServicesPerStream
+	// services drawn at random), "envoy" (CDS wildcard, then EDS for every
+	// cluster CDS returned) or "grpc" (grpc-go's xds resolver for
+	// xds:///<hostname>:<port>: LDS, then RDS, CDS and EDS by name).
+	Shape string `json:"shape"`
+	// ServicesPerStream is, for the named shape, how many services each
+	// stream subscribes to with EDS, and for the grpc shape how many
+	// xds:/// targets its client dials (both capped at Services). 0 is the
+	// shape's default (50 and 1); allServices (--services-per-stream all)
+	// stands for the envoy shape, which subscribes to every service.
 	ServicesPerStream int `json:"servicesPerStream"`
 	// Writes is the number of EndpointSlice writes whose convergence is
 	// measured, one at a time.
@@ -38,7 +48,9 @@ type Config struct {
 	Delta bool `json:"delta"`
 	// CDS is how streams subscribe to clusters: "wildcard" (every cluster,
 	// like Envoy sidecars without a Sidecar scope) or "named" (only the
-	// clusters of their services, like proxyless gRPC).
+	// clusters of their services, like proxyless gRPC). Only the named
+	// shape may choose; empty is the shape's own (envoy and named:
+	// wildcard, grpc: named).
 	CDS string `json:"cds"`
 	// ConnectConcurrency bounds the streams being connected at once: a
 	// stream counts as connecting until it holds its full configuration.
@@ -70,12 +82,41 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{
 		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000,
-		Streams: 2000, ServicesPerStream: 50, Writes: 20, CDS: "wildcard",
+		Streams: 2000, Shape: shapeNamed, Writes: 20,
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
 		Seed: 1,
 	}
+}
+
+// allServices is --services-per-stream all: the envoy shape.
+const allServices = -1
+
+// perStreamFlag is --services-per-stream: a number or "all".
+type perStreamFlag struct{ n *int }
+
+func (p perStreamFlag) String() string {
+	switch {
+	case p.n == nil || *p.n == 0:
+		return "shape default"
+	case *p.n == allServices:
+		return "all"
+	}
+	return strconv.Itoa(*p.n)
+}
+
+func (p perStreamFlag) Set(v string) error {
+	if v == "all" {
+		*p.n = allServices
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return fmt.Errorf("want a positive number or all, not %q", v)
+	}
+	*p.n = n
+	return nil
 }
 
 type stringList []string
@@ -90,12 +131,13 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
 	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection")
-	fs.IntVar(&c.ServicesPerStream, "services-per-stream", c.ServicesPerStream, "services each stream subscribes to with EDS (CDS is wildcard)")
+	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned) or grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name)")
+	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")
 	fs.IntVar(&c.Writes, "writes", c.Writes, "EndpointSlice writes whose convergence is measured, one at a time")
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", c.WriteTimeout, "how long one write may take to reach every watcher")
 	fs.BoolVar(&c.Delta, "delta", c.Delta, "use Delta ADS instead of State of the World")
-	fs.StringVar(&c.CDS, "cds", c.CDS, "CDS subscription: wildcard (all clusters) or named (only the stream's services)")
+	fs.StringVar(&c.CDS, "cds", c.CDS, "named shape's CDS subscription: wildcard (all clusters, the default) or named (only the stream's services)")
 	fs.IntVar(&c.ConnectConcurrency, "connect-concurrency", c.ConnectConcurrency, "streams connecting at once (until each holds its full config)")
 	fs.IntVar(&c.CreateWorkers, "create-workers", c.CreateWorkers, "concurrent API requests while creating services")
 	fs.DurationVar(&c.SyncTimeout, "sync-timeout", c.SyncTimeout, "how long the hub may take to sync every member")
@@ -107,19 +149,66 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }
 
+// validate checks the run and fills in what the shape decides: the shape
+// of --services-per-stream all, the default services per stream and the
+// CDS subscription.
 func (c *Config) validate() error {
 	var errs []error
+	if c.ServicesPerStream == allServices {
+		switch c.Shape {
+		case "", shapeNamed, shapeEnvoy:
+			c.Shape, c.ServicesPerStream = shapeEnvoy, 0
+		default:
+			errs = append(errs, fmt.Errorf("--services-per-stream all is the envoy shape, not --shape %s", c.Shape))
+		}
+	}
+	if c.Shape == "" {
+		c.Shape = shapeNamed
+	}
+	switch c.Shape {
+	case shapeNamed:
+		if c.ServicesPerStream == 0 {
+			c.ServicesPerStream = 50
+		}
+		if c.CDS == "" {
+			c.CDS = cdsWildcard
+		}
+	case shapeEnvoy:
+		if c.ServicesPerStream > 0 {
+			errs = append(errs, fmt.Errorf("--shape envoy subscribes EDS for every cluster CDS returns: --services-per-stream does not apply"))
+		}
+		if c.CDS == "" {
+			c.CDS = cdsWildcard
+		}
+		if c.CDS != cdsWildcard {
+			errs = append(errs, fmt.Errorf("--shape envoy subscribes CDS as wildcard, not --cds %s", c.CDS))
+		}
+	case shapeGRPC:
+		if c.ServicesPerStream == 0 {
+			c.ServicesPerStream = 1
+		}
+		if c.CDS == "" {
+			c.CDS = cdsNamed
+		}
+		if c.CDS != cdsNamed {
+			errs = append(errs, fmt.Errorf("--shape grpc subscribes CDS by name (the clusters of its routes), not --cds %s", c.CDS))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--shape must be named, envoy or grpc, not %q", c.Shape))
+	}
 	positive := map[string]int{
 		"--members": c.Members, "--services": c.Services, "--service-members": c.ServiceMembers,
-		"--streams": c.Streams, "--services-per-stream": c.ServicesPerStream,
-		"--connect-concurrency": c.ConnectConcurrency, "--create-workers": c.CreateWorkers,
+		"--streams": c.Streams, "--connect-concurrency": c.ConnectConcurrency, "--create-workers": c.CreateWorkers,
 	}
-	for _, name := range []string{"--members", "--services", "--service-members", "--streams", "--services-per-stream", "--connect-concurrency", "--create-workers"} {
+	for _, name := range []string{"--members", "--services", "--service-members", "--streams", "--connect-concurrency", "--create-workers"} {
 		if positive[name] < 1 {
 			errs = append(errs, fmt.Errorf("%s must be at least 1, not %d", name, positive[name]))
 		}
 	}
-	if c.CDS != "wildcard" && c.CDS != "named" {
+	if c.ServicesPerStream < 0 {
+		errs = append(errs, fmt.Errorf("--services-per-stream must be at least 1 or all, not %d", c.ServicesPerStream))
+	}
+	if c.CDS != cdsWildcard && c.CDS != cdsNamed {
 		errs = append(errs, fmt.Errorf("--cds must be wildcard or named, not %q", c.CDS))
 	}
 	if c.Writes < 0 {
@@ -143,8 +232,25 @@ func (c *Config) validate() error {
 // serviceMembers is how many members each service really exists in.
 func (c *Config) serviceMembers() int { return min(c.ServiceMembers, c.Members) }
 
-// servicesPerStream is how many services each stream really watches.
-func (c *Config) servicesPerStream() int { return min(c.ServicesPerStream, c.Services) }
+// servicesPerStream is how many services each stream really watches
+// (after validate).
+func (c *Config) servicesPerStream() int {
+	if c.Shape == shapeEnvoy {
+		return c.Services
+	}
+	return min(c.ServicesPerStream, c.Services)
+}
+
+// shapeText says what each stream subscribes to (after validate).
+func (c *Config) shapeText() string {
+	switch c.Shape {
+	case shapeEnvoy:
+		return "envoy shape: CDS wildcard, then EDS for every cluster CDS returned"
+	case shapeGRPC:
+		return fmt.Sprintf("grpc shape: LDS → RDS → CDS → EDS by name for %d xds:/// target(s)", c.servicesPerStream())
+	}
+	return fmt.Sprintf("named shape: CDS %s and EDS for %d services", c.CDS, c.servicesPerStream())
+}
 
 func (c *Config) progress(format string, args ...any) {
 	if c.Progress != nil {

@@ -30,9 +30,10 @@ import (
 //     "<name>-hub" per member, endpoints round-robin over the member's nodes;
 //   - addresses are unique, counting up from 198.18.0.1 (benchmark range,
 //     never dialled); writes add addresses after the initial ones;
-//   - stream j watches ServicesPerStream services drawn at random (seeded)
-//     without repetition, so every service has about
-//     Streams×ServicesPerStream/Services watchers.
+//   - stream j watches (is measured on) ServicesPerStream services drawn at
+//     random (seeded) without repetition, so every service has about
+//     Streams×ServicesPerStream/Services watchers; with the envoy shape
+//     every stream watches every service.
 
 const (
 	benchNamespace = "bench"
@@ -84,6 +85,12 @@ func clusterName(name string) string {
 	return fmt.Sprintf("outbound|%d||%s", servicePort, hostname(name))
 }
 
+// listenerName is the LDS (and RDS) name of a service's port, what a
+// grpc-go client dialing xds:///<hostname>:<port> asks for.
+func listenerName(name string) string {
+	return fmt.Sprintf("%s:%d", hostname(name), servicePort)
+}
+
 func newLayout(cfg Config) *layout {
 	l := &layout{}
 	for i := range cfg.Members {
@@ -117,8 +124,18 @@ func newLayout(cfg Config) *layout {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
 	per := cfg.servicesPerStream()
 	l.watchers = make([][]int, cfg.Services)
+	var all []int // shared by every stream of the envoy shape
+	if cfg.Shape == shapeEnvoy {
+		all = make([]int, cfg.Services)
+		for i := range all {
+			all[i] = i
+		}
+	}
 	for j := range cfg.Streams {
-		picked := rng.Perm(cfg.Services)[:per]
+		picked := all
+		if picked == nil {
+			picked = rng.Perm(cfg.Services)[:per]
+		}
 		l.watched = append(l.watched, picked)
 		for _, s := range picked {
 			l.watchers[s] = append(l.watchers[s], j)

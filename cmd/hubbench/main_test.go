@@ -28,73 +28,107 @@ func requireK8sBinaries(t *testing.T) {
 	t.Skipf("hubbench needs real etcd and kube-apiserver binaries: %s (skipping outside CI; in CI this fails)", problem)
 }
 
-// TestRunTiny runs the whole benchmark, SotW and Delta, with tiny figures
-// against real local clusters and the real hub binary.
+// TestRunTiny runs the whole benchmark, every shape with SotW and with
+// Delta, with tiny figures against real local clusters and the real hub
+// binary.
 func TestRunTiny(t *testing.T) {
 	requireK8sBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	hubBin, _, err := buildHub(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, delta := range []bool{false, true} {
-		name := "SotW"
-		if delta {
-			name = "Delta"
-		}
-		t.Run(name, func(t *testing.T) {
-			cfg := defaultConfig()
-			cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 1, 4, 20, 5, 2
-			cfg.Delta = delta
-			cfg.HubBin = hubBin
-			cfg.WriteGap = 150 * time.Millisecond
-			cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, time.Minute, time.Minute
-			cfg.Progress = t.Logf
-			sum, err := run(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
+	for _, shape := range []string{shapeNamed, shapeEnvoy, shapeGRPC} {
+		for _, delta := range []bool{false, true} {
+			protocol := "SotW"
+			if delta {
+				protocol = "Delta"
 			}
-			if sum.Protocol != name {
-				t.Errorf("protocol %q, want %q", sum.Protocol, name)
-			}
-			if len(sum.Writes) != cfg.Writes {
-				t.Fatalf("%d writes measured, want %d", len(sum.Writes), cfg.Writes)
-			}
-			pairs := 0
-			for i, w := range sum.Writes {
-				// 4 services, each stream watches all of them: every stream
-				// watches every written service.
-				if w.Watchers != cfg.Streams || w.Reached != cfg.Streams {
-					t.Errorf("write %d reached %d of %d watchers, want all %d streams", i+1, w.Reached, w.Watchers, cfg.Streams)
+			t.Run(shape+"/"+protocol, func(t *testing.T) {
+				cfg := defaultConfig()
+				cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 1, 4, 20, 5, 2
+				cfg.Shape, cfg.Delta = shape, delta
+				cfg.HubBin = hubBin
+				cfg.WriteGap = 150 * time.Millisecond
+				cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, time.Minute, time.Minute
+				cfg.Progress = t.Logf
+				sum, err := run(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-				pairs += w.Reached
-			}
-			if sum.Convergence.N != pairs || pairs != cfg.Writes*cfg.Streams {
-				t.Errorf("convergence over %d pairs (%d reached), want %d", sum.Convergence.N, pairs, cfg.Writes*cfg.Streams)
-			}
-			if sum.StreamConnect.N != cfg.Streams {
-				t.Errorf("%d streams connected, want %d", sum.StreamConnect.N, cfg.Streams)
-			}
-			if sum.Resends != 0 || sum.HubMetrics.Nacks != 0 {
-				t.Errorf("%d resends and %v NACKs, want none", sum.Resends, sum.HubMetrics.Nacks)
-			}
-			if p := sum.Problems(); len(p) != 0 {
-				t.Errorf("problems: %v", p)
-			}
-			if sum.MemberSyncSeconds <= 0 || sum.Hub.AfterWrites.RSSMiB <= 0 || sum.Hub.AfterWrites.PeakRSSMiB < sum.Hub.AfterWrites.RSSMiB {
-				t.Errorf("implausible figures: sync %.2fs, RSS %.0f MiB, peak %.0f MiB", sum.MemberSyncSeconds, sum.Hub.AfterWrites.RSSMiB, sum.Hub.AfterWrites.PeakRSSMiB)
-			}
-			if sum.WriteResponses < int64(pairs) {
-				t.Errorf("%d responses during the writes, want at least %d", sum.WriteResponses, pairs)
-			}
-		})
+				checkTiny(t, cfg, sum, protocol)
+			})
+		}
+	}
+}
+
+// checkTiny checks a tiny run's summary: 4 services, 5 streams, 2 writes.
+func checkTiny(t *testing.T, cfg Config, sum *Summary, protocol string) {
+	t.Helper()
+	if sum.Protocol != protocol || sum.Shape != cfg.Shape {
+		t.Errorf("protocol %q and shape %q, want %q and %q", sum.Protocol, sum.Shape, protocol, cfg.Shape)
+	}
+	if len(sum.Writes) != cfg.Writes {
+		t.Fatalf("%d writes measured, want %d", len(sum.Writes), cfg.Writes)
+	}
+	pairs := 0
+	for i, w := range sum.Writes {
+		switch {
+		case w.Reached != w.Watchers || w.Watchers == 0:
+			t.Errorf("write %d reached %d of %d watchers", i+1, w.Reached, w.Watchers)
+		case cfg.Shape != shapeGRPC && w.Watchers != cfg.Streams:
+			// named: 50 per stream capped at the 4 services; envoy: all.
+			t.Errorf("write %d had %d watchers, want all %d streams", i+1, w.Watchers, cfg.Streams)
+		}
+		pairs += w.Reached
+	}
+	if sum.Convergence.N != pairs {
+		t.Errorf("convergence over %d pairs, %d reached", sum.Convergence.N, pairs)
+	}
+	if sum.StreamConnect.N != cfg.Streams {
+		t.Errorf("%d streams connected, want %d", sum.StreamConnect.N, cfg.Streams)
+	}
+	// What each shape subscribes to shows in the responses of cold connect.
+	by := sum.ConnectResponsesByType
+	streams := int64(cfg.Streams)
+	switch cfg.Shape {
+	case shapeGRPC:
+		if by["LDS"] < streams || by["RDS"] < streams || by["CDS"] < streams || by["EDS"] < streams {
+			t.Errorf("grpc shape: cold connect responses %v, want LDS, RDS, CDS and EDS on each of %d streams", by, streams)
+		}
+	default:
+		if by["LDS"] != 0 || by["RDS"] != 0 || by["CDS"] < streams || by["EDS"] < streams {
+			t.Errorf("%s shape: cold connect responses %v, want CDS and EDS (only) on each of %d streams", cfg.Shape, by, streams)
+		}
+	}
+	if sum.Resends != 0 || sum.HubMetrics.Nacks != 0 {
+		t.Errorf("%d resends and %v NACKs, want none", sum.Resends, sum.HubMetrics.Nacks)
+	}
+	if p := sum.Problems(); len(p) != 0 {
+		t.Errorf("problems: %v", p)
+	}
+	if sum.MemberSyncSeconds <= 0 || sum.Hub.AfterWrites.RSSMiB <= 0 || sum.Hub.AfterWrites.PeakRSSMiB < sum.Hub.AfterWrites.RSSMiB {
+		t.Errorf("implausible figures: sync %.2fs, RSS %.0f MiB, peak %.0f MiB", sum.MemberSyncSeconds, sum.Hub.AfterWrites.RSSMiB, sum.Hub.AfterWrites.PeakRSSMiB)
+	}
+	if sum.HubWriteCPUSeconds < 0 || sum.HubWriteCPUSeconds > sum.Hub.AfterWrites.CPUSeconds ||
+		sum.HubCPUPerWriteMs*float64(cfg.Writes) > sum.HubWriteCPUSeconds*1000+1 {
+		t.Errorf("implausible CPU: %.2f s over the writes (%.1f ms per write), %.2f s in all", sum.HubWriteCPUSeconds, sum.HubCPUPerWriteMs, sum.Hub.AfterWrites.CPUSeconds)
+	}
+	if sum.WriteResponses < int64(pairs) {
+		t.Errorf("%d responses during the writes, want at least %d", sum.WriteResponses, pairs)
+	}
+	if want := targetsFor(cfg.Shape, cfg.Delta); sum.Targets != want {
+		t.Errorf("targets %+v, want %+v", sum.Targets, want)
 	}
 }
 
 func TestLayout(t *testing.T) {
 	cfg := defaultConfig()
 	cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.ServicesPerStream = 3, 10, 45, 7, 4
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
 	l := newLayout(cfg)
 	seen := map[string]bool{}
 	total := 0

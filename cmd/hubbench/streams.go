@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,7 @@ import (
 type fleet struct {
 	addr     string
 	delta    bool
+	shape    string
 	namedCDS bool
 	services int             // benchmark CDS clusters every stream should hold
 	cds      map[string]bool // their names (the hub also serves e.g. kubernetes.default)
@@ -53,24 +55,25 @@ type stream struct {
 	idx       int
 	nodeID    string
 	clusterID string // CLUSTER_ID metadata: the member it runs in
-	services  []int
-	edsNames  []string
-	watch     map[string]bool
-	cdsWant   int // benchmark CDS clusters it should hold
+	// targets are what its client subscribes to first by name (see
+	// client.targets); watch are the EDS names of the services it must end
+	// up holding, those whose writes it is measured on.
+	targets []string
+	watch   map[string]bool
+	cdsWant int // benchmark CDS clusters it should hold
 
 	dialAt    time.Time
-	readyAt   atomic.Int64 // unix ns when it first held EDS for all its services
+	readyAt   atomic.Int64 // unix ns when it first held EDS for all of watch
 	readyOnce sync.Once
 	onReady   func()
 
-	responses    atomic.Int64
-	cdsResponses atomic.Int64
-	edsResponses atomic.Int64
-	resends      atomic.Int64
-	cdsClusters  atomic.Int64 // benchmark clusters in the stream's current CDS view
-	edsHeld      atomic.Int64 // of its services, how many it holds EDS for
-	lastEDS      atomic.Pointer[string]
-	err          atomic.Pointer[error]
+	responses   atomic.Int64
+	byType      [4]atomic.Int64 // responses per type, in subscriptionOrder
+	resends     atomic.Int64
+	cdsClusters atomic.Int64 // benchmark clusters in the stream's current CDS view
+	edsHeld     atomic.Int64 // of its services, how many it holds EDS for
+	lastEDS     atomic.Pointer[string]
+	err         atomic.Pointer[error]
 }
 
 // writeTarget is one measured write: the EDS cluster it changes and the
@@ -107,7 +110,7 @@ func (t *writeTarget) arrive(idx int, at time.Time) {
 }
 
 func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
-	f := &fleet{addr: addr, delta: cfg.Delta, namedCDS: cfg.CDS == "named", services: cfg.Services, allReady: make(chan struct{}), failed: make(chan struct{})}
+	f := &fleet{addr: addr, delta: cfg.Delta, shape: cfg.Shape, namedCDS: cfg.CDS == cdsNamed, services: cfg.Services, allReady: make(chan struct{}), failed: make(chan struct{})}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	f.cds = map[string]bool{}
 	for _, s := range l.services {
@@ -116,16 +119,21 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	for i, svcs := range l.watched {
 		s := &stream{
 			f: f, idx: i, nodeID: fmt.Sprintf("hubbench-%05d", i), clusterID: l.memberIDs[i%len(l.memberIDs)],
-			services: svcs, watch: map[string]bool{},
+			watch: map[string]bool{},
 		}
 		for _, si := range svcs {
-			name := l.services[si].cluster
-			s.edsNames = append(s.edsNames, name)
-			s.watch[name] = true
+			svc := l.services[si]
+			s.watch[svc.cluster] = true
+			switch cfg.Shape {
+			case shapeNamed:
+				s.targets = append(s.targets, svc.cluster)
+			case shapeGRPC:
+				s.targets = append(s.targets, listenerName(svc.name))
+			}
 		}
 		s.cdsWant = f.services
-		if f.namedCDS {
-			s.cdsWant = len(s.edsNames)
+		if cfg.CDS == cdsNamed {
+			s.cdsWant = len(svcs)
 		}
 		f.streams = append(f.streams, s)
 	}
@@ -210,8 +218,8 @@ func (f *fleet) describe(idx []int, n int) string {
 		if e := s.err.Load(); e != nil {
 			errText = "failed: " + (*e).Error()
 		}
-		fmt.Fprintf(&b, "  stream %d (node %s, CLUSTER_ID %s): EDS for %d/%d services, %d EDS responses (last version %s), CDS %d/%d clusters, stream %s\n",
-			i, s.nodeID, s.clusterID, s.edsHeld.Load(), len(s.edsNames), s.edsResponses.Load(), last, s.cdsClusters.Load(), s.cdsWant, errText)
+		fmt.Fprintf(&b, "  stream %d (node %s, CLUSTER_ID %s): EDS for %d/%d services, %d EDS responses (last version %s), CDS %d/%d clusters (%d responses), %d responses in all, stream %s\n",
+			i, s.nodeID, s.clusterID, s.edsHeld.Load(), len(s.watch), s.typeResponses(resourcev3.EndpointType), last, s.cdsClusters.Load(), s.cdsWant, s.typeResponses(resourcev3.ClusterType), s.responses.Load(), errText)
 	}
 	return b.String()
 }
@@ -220,6 +228,24 @@ func (f *fleet) describe(idx []int, n int) string {
 func (f *fleet) close() {
 	f.cancel()
 	f.wg.Wait()
+}
+
+func (s *stream) typeResponses(typeURL string) int64 {
+	return s.byType[slices.Index(subscriptionOrder, typeURL)].Load()
+}
+
+// typeNames are the short names of subscriptionOrder's types.
+var typeNames = []string{"LDS", "RDS", "CDS", "EDS"}
+
+// byType sums the per-stream responses of each type, by short type name.
+func (f *fleet) byType() map[string]int64 {
+	out := map[string]int64{}
+	for _, s := range f.streams {
+		for i, name := range typeNames {
+			out[name] += s.byType[i].Load()
+		}
+	}
+	return out
 }
 
 // totals sums the per-stream counters.
@@ -288,16 +314,28 @@ func (s *stream) serveSotW(ads discoveryv3.AggregatedDiscoveryServiceClient, nod
 	if err != nil {
 		return err
 	}
-	names := map[string][]string{resourcev3.ClusterType: nil, resourcev3.EndpointType: s.edsNames}
-	if s.f.namedCDS {
-		names[resourcev3.ClusterType] = s.edsNames
-	}
-	for _, typeURL := range []string{resourcev3.ClusterType, resourcev3.EndpointType} {
-		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names[typeURL]}); err != nil {
-			return fmt.Errorf("sending the first %s request: %w", typeURL, err)
+	c := s.newClient()
+	acked := map[string][2]string{} // typeURL → last ACKed version and nonce
+	// subscribe sends every subscription change, each with the type's last
+	// ACKed version and nonce, as a client changing its names does.
+	subscribe := func() error {
+		for _, ch := range c.changes() {
+			req := &discoveryv3.DiscoveryRequest{TypeUrl: ch.typeURL, ResourceNames: ch.sub.names,
+				VersionInfo: acked[ch.typeURL][0], ResponseNonce: acked[ch.typeURL][1]}
+			if ch.first {
+				req.Node = node
+			}
+			if err := st.Send(req); err != nil {
+				return fmt.Errorf("subscribing to %d %s names: %w", len(ch.sub.names), ch.typeURL, err)
+			}
 		}
+		return nil
+	}
+	if err := subscribe(); err != nil {
+		return err
 	}
 	seen := map[string]map[string]bool{}
+	var values [][]byte
 	for {
 		resp, err := st.Recv()
 		now := time.Now()
@@ -314,40 +352,21 @@ func (s *stream) serveSotW(ads discoveryv3.AggregatedDiscoveryServiceClient, nod
 			s.resends.Add(1)
 		}
 		seen[typeURL][resp.GetVersionInfo()] = true
-		switch typeURL {
-		case resourcev3.ClusterType:
-			s.cdsResponses.Add(1)
-			n := 0
-			for _, a := range resp.GetResources() {
-				if s.f.cds[resourceName(a.GetValue())] {
-					n++
-				}
-			}
-			s.cdsClusters.Store(int64(n))
-		case resourcev3.EndpointType:
-			s.edsResponses.Add(1)
-			v := resp.GetVersionInfo()
-			s.lastEDS.Store(&v)
-			held := 0
-			for _, a := range resp.GetResources() {
-				if s.watch[resourceName(a.GetValue())] {
-					held++
-				}
-			}
-			s.edsHeld.Store(int64(held))
-			if held == len(s.edsNames) {
-				s.markReady(now)
-			}
-			if t := s.f.target.Load(); t != nil && s.watch[t.cluster] && t.arrived[s.idx].Load() == 0 {
-				for _, a := range resp.GetResources() {
-					if t.holds(a.GetValue()) {
-						t.arrive(s.idx, now)
-						break
-					}
-				}
-			}
+		values = values[:0]
+		for _, a := range resp.GetResources() {
+			values = append(values, a.GetValue())
 		}
-		ack := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: names[typeURL]}
+		if err := c.applySotW(typeURL, values); err != nil {
+			return fmt.Errorf("%s response %s: %w", typeURL, resp.GetVersionInfo(), err)
+		}
+		s.observe(c, typeURL, resp.GetVersionInfo(), values, now)
+		// Like Envoy (whose CDS update pauses EDS until it is applied),
+		// subscribe to what the response calls for before ACKing it.
+		if err := subscribe(); err != nil {
+			return err
+		}
+		acked[typeURL] = [2]string{resp.GetVersionInfo(), resp.GetNonce()}
+		ack := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: c.subs[typeURL].names}
 		if err := st.Send(ack); err != nil {
 			return fmt.Errorf("sending an ACK: %w", err)
 		}
@@ -359,17 +378,25 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 	if err != nil {
 		return err
 	}
-	var cdsNames []string // wildcard
-	if s.f.namedCDS {
-		cdsNames = s.edsNames
+	c := s.newClient()
+	subscribe := func() error {
+		for _, ch := range c.changes() {
+			// A first wildcard request subscribes nothing by name (the
+			// legacy wildcard), as Envoy's first CDS request does.
+			req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: ch.typeURL, ResourceNamesSubscribe: ch.added, ResourceNamesUnsubscribe: ch.removed}
+			if ch.first {
+				req.Node = node
+			}
+			if err := st.Send(req); err != nil {
+				return fmt.Errorf("subscribing to %d and unsubscribing %d %s names: %w", len(ch.added), len(ch.removed), ch.typeURL, err)
+			}
+		}
+		return nil
 	}
-	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: cdsNames}); err != nil {
-		return fmt.Errorf("sending the first CDS request: %w", err)
+	if err := subscribe(); err != nil {
+		return err
 	}
-	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: s.edsNames}); err != nil {
-		return fmt.Errorf("sending the first EDS request: %w", err)
-	}
-	held := map[string]map[string]string{resourcev3.ClusterType: {}, resourcev3.EndpointType: {}}
+	var values [][]byte
 	for {
 		resp, err := st.Recv()
 		now := time.Now()
@@ -378,57 +405,63 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 		}
 		s.responses.Add(1)
 		typeURL := resp.GetTypeUrl()
-		h := held[typeURL]
-		if h == nil {
-			h = map[string]string{}
-			held[typeURL] = h
-		}
+		c.answered[typeURL] = true
+		values = values[:0]
 		for _, r := range resp.GetResources() {
+			if !c.subs[typeURL].wants(r.GetName()) {
+				continue
+			}
 			// We never NACK, so a resource sent again with the version we
 			// hold is a resend.
-			if v, ok := h[r.GetName()]; ok && v == r.GetVersion() {
+			resend, err := c.put(typeURL, r.GetName(), r.GetVersion(), r.GetResource().GetValue())
+			if err != nil {
+				return fmt.Errorf("%s response %s: %w", typeURL, resp.GetSystemVersionInfo(), err)
+			}
+			if resend {
 				s.resends.Add(1)
 			}
-			h[r.GetName()] = r.GetVersion()
+			values = append(values, r.GetResource().GetValue())
 		}
 		for _, name := range resp.GetRemovedResources() {
-			delete(h, name)
+			c.remove(typeURL, name)
 		}
-		switch typeURL {
-		case resourcev3.ClusterType:
-			s.cdsResponses.Add(1)
-			n := 0
-			for name := range h {
-				if s.f.cds[name] {
-					n++
-				}
-			}
-			s.cdsClusters.Store(int64(n))
-		case resourcev3.EndpointType:
-			s.edsResponses.Add(1)
-			v := resp.GetSystemVersionInfo()
-			s.lastEDS.Store(&v)
-			n := 0
-			for name := range h {
-				if s.watch[name] {
-					n++
-				}
-			}
-			s.edsHeld.Store(int64(n))
-			if n == len(s.edsNames) {
-				s.markReady(now)
-			}
-			if t := s.f.target.Load(); t != nil && s.watch[t.cluster] && t.arrived[s.idx].Load() == 0 {
-				for _, r := range resp.GetResources() {
-					if r.GetName() == t.cluster && t.holds(r.GetResource().GetValue()) {
-						t.arrive(s.idx, now)
-						break
-					}
-				}
-			}
+		s.observe(c, typeURL, resp.GetSystemVersionInfo(), values, now)
+		if err := subscribe(); err != nil {
+			return err
 		}
 		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
 			return fmt.Errorf("sending an ACK: %w", err)
+		}
+	}
+}
+
+func (s *stream) newClient() *client {
+	return newClient(s.f.shape, s.f.namedCDS, s.targets, s.watch, s.f.cds)
+}
+
+// observe records what a response changed: the counters describe shows,
+// readiness, and the arrival of the measured write at this stream when
+// one of the response's ClusterLoadAssignments holds its address.
+func (s *stream) observe(c *client, typeURL, version string, values [][]byte, now time.Time) {
+	if i := slices.Index(subscriptionOrder, typeURL); i >= 0 {
+		s.byType[i].Add(1)
+	}
+	switch typeURL {
+	case resourcev3.ClusterType:
+		s.cdsClusters.Store(int64(c.cdsHeld))
+	case resourcev3.EndpointType:
+		s.lastEDS.Store(&version)
+		s.edsHeld.Store(int64(c.edsHeld))
+		if c.edsHeld == len(s.watch) {
+			s.markReady(now)
+		}
+		if t := s.f.target.Load(); t != nil && s.watch[t.cluster] && t.arrived[s.idx].Load() == 0 {
+			for _, v := range values {
+				if t.holds(v) {
+					t.arrive(s.idx, now)
+					break
+				}
+			}
 		}
 	}
 }
