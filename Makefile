@@ -41,6 +41,8 @@ unit:
 
 # The load benchmark (docs/performance.md), e.g.
 #   make bench BENCH_ARGS="--members 3 --services 300 --endpoints 3000 --streams 200"
+#   make bench BENCH_ARGS="--shape envoy --writes 20 --hub-env=GOMEMLIMIT=1152MiB"   # Envoy sidecars
+#   make bench BENCH_ARGS="--shape grpc --writes 20 --hub-env=GOMEMLIMIT=1152MiB"    # grpc-go clients
 bench:
 	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) $(GO) run ./cmd/hubbench $(BENCH_ARGS)
 
