@@ -160,6 +160,7 @@ func (c *Config) validate() error {
 			c.Shape, c.ServicesPerStream = shapeEnvoy, 0
 		default:
 			errs = append(errs, fmt.Errorf("--services-per-stream all is the envoy shape, not --shape %s", c.Shape))
+			c.ServicesPerStream = 0
 		}
 	}
 	if c.Shape == "" {
