@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envProxyChild) != "" {
 		os.Exit(m.Run()) // a child process of one test: no clusters
 	}
-	localcluster.RunTests(m, &env, "home", "member1", "member2")
+	os.Exit(localcluster.RunTests(m, &env, "home", "member1", "member2"))
 }
 
 // recordingSink is a clusters.Sink that keeps the latest view per member.

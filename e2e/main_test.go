@@ -47,8 +47,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: building the hub binary: %v\n", err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(binsDir)
-	localcluster.RunTests(m, &env, "primary", "west", "east")
+	code := localcluster.RunTests(m, &env, "primary", "west", "east")
+	os.RemoveAll(binsDir)
+	os.Exit(code)
 }
 
 // hubProcess is a running hub binary.

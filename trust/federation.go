@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -645,15 +644,4 @@ func (f *Federation) ServerTLSConfig() *tls.Config {
 func CertSHA256(c *x509.Certificate) string {
 	sum := sha256.Sum256(c.Raw)
 	return hex.EncodeToString(sum[:])
-}
-
-// SequenceString formats a bundle's sequence number for status.
-func SequenceString(b *spiffebundle.Bundle) string {
-	if b == nil {
-		return ""
-	}
-	if s, ok := b.SequenceNumber(); ok {
-		return strconv.FormatUint(s, 10)
-	}
-	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"maps"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,7 @@ import (
 
 var env *localcluster.Env
 
-func TestMain(m *testing.M) { localcluster.RunTests(m, &env, "home") }
+func TestMain(m *testing.M) { os.Exit(localcluster.RunTests(m, &env, "home")) }
 
 // TestCAPersistedOnce starts several replicas at once against one home
 // cluster: all converge on one root, a restart keeps it, and plugging in a

@@ -3,6 +3,7 @@ package web
 import (
 	"context"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ var env *localcluster.Env
 
 // TestMain starts one real API server for the tests of dashboard sessions
 // against Kubernetes TokenReview and SubjectAccessReview.
-func TestMain(m *testing.M) { localcluster.RunTests(m, &env, "home") }
+func TestMain(m *testing.M) { os.Exit(localcluster.RunTests(m, &env, "home")) }
 
 // TestSessionsFollowKubernetesAuthorization: a dashboard session signed in
 // with a service-account token ends, live stream included, when the token's

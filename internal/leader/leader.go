@@ -38,9 +38,8 @@ type Elector struct {
 	leading  atomic.Bool
 	gauge    prometheus.Gauge
 
-	mu         sync.Mutex
-	onLeading  []func(context.Context)
-	leaderName string
+	mu        sync.Mutex
+	onLeading []func(context.Context)
 }
 
 // New creates an Elector for identity (unique per replica, e.g. the pod
@@ -66,16 +65,6 @@ func (e *Elector) Collector() prometheus.Collector { return e.gauge }
 
 // IsLeader reports whether this replica holds the Lease right now.
 func (e *Elector) IsLeader() bool { return e.leading.Load() }
-
-// Identity is this replica's name in the election.
-func (e *Elector) Identity() string { return e.identity }
-
-// Leader is the identity of the replica last seen holding the Lease.
-func (e *Elector) Leader() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.leaderName
-}
 
 // OnStartedLeading registers fn to run (in its own goroutine, with a
 // context that ends when leadership does) each time this replica becomes
@@ -116,9 +105,6 @@ func (e *Elector) Run(ctx context.Context) error {
 				e.log.Info("not leading", "identity", e.identity)
 			},
 			OnNewLeader: func(id string) {
-				e.mu.Lock()
-				e.leaderName = id
-				e.mu.Unlock()
 				if id != e.identity {
 					e.log.Info("leader elected", "leader", id, "identity", e.identity)
 				}

@@ -14,7 +14,8 @@ import (
 // names, stores them in *env, runs the tests and stops the clusters, also on
 // SIGINT/SIGTERM. When the clusters cannot be started it fails the run in CI
 // (CI set); elsewhere it leaves *env nil so that Require skips with a reason.
-func RunTests(m *testing.M, env **Env, names ...string) {
+// It returns the exit code for os.Exit, so that the caller can clean up first.
+func RunTests(m *testing.M, env **Env, names ...string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	e, err := Start(ctx, Options{Names: names})
 	cancel()
@@ -22,9 +23,9 @@ func RunTests(m *testing.M, env **Env, names ...string) {
 		startErr = err
 		if os.Getenv("CI") != "" {
 			fmt.Fprintf(os.Stderr, "FAIL: local clusters are required in CI: %v\n", err)
-			os.Exit(1)
+			return 1
 		}
-		os.Exit(m.Run())
+		return m.Run()
 	}
 	*env = e
 	sigs := make(chan os.Signal, 1)
@@ -39,7 +40,7 @@ func RunTests(m *testing.M, env **Env, names ...string) {
 	signal.Stop(sigs)
 	close(sigs)
 	e.Stop()
-	os.Exit(code)
+	return code
 }
 
 var startErr error
