@@ -298,6 +298,7 @@ func (s *stream) serveSotW(ads discoveryv3.AggregatedDiscoveryServiceClient, nod
 		}
 	}
 	seen := map[string]map[string]bool{}
+	heldEDS := map[string]bool{}
 	for {
 		resp, err := st.Recv()
 		now := time.Now()
@@ -328,12 +329,13 @@ func (s *stream) serveSotW(ads discoveryv3.AggregatedDiscoveryServiceClient, nod
 			s.edsResponses.Add(1)
 			v := resp.GetVersionInfo()
 			s.lastEDS.Store(&v)
-			held := 0
+			// Responses carry only what changed: the stream holds the union.
 			for _, a := range resp.GetResources() {
-				if s.watch[resourceName(a.GetValue())] {
-					held++
+				if name := resourceName(a.GetValue()); s.watch[name] {
+					heldEDS[name] = true
 				}
 			}
+			held := len(heldEDS)
 			s.edsHeld.Store(int64(held))
 			if held == len(s.edsNames) {
 				s.markReady(now)
