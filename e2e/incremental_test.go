@@ -2,20 +2,21 @@ package e2e
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/rand"
 
-	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// A grpc-go client holding two services' endpoints over one ADS stream
-// keeps calling both after the hub sends it an EDS response with only the
-// one that changed (SotW EDS responses carry only what changed).
+// A grpc-go client calling two services keeps calling both after one's
+// endpoints change, now that SotW EDS responses carry only what changed.
+// (grpc-go v1.85 builds one xDS client, hence one ADS stream, per channel
+// target, and each of the hub's routes names one cluster: a grpc-go stream
+// holds one ClusterLoadAssignment. One stream holding many is covered with
+// raw ADS streams in hub/ and with Istio's adsc in TestAdsc*.)
 func TestGRPCIncrementalEDSKeepsUntouchedService(t *testing.T) {
 	e := localcluster.Require(t, env)
 	ip := dataPlaneIP(t)
@@ -23,8 +24,10 @@ func TestGRPCIncrementalEDSKeepsUntouchedService(t *testing.T) {
 	home := e.Cluster("primary")
 	homeClient := client(t, home)
 	ns := "e2e-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, homeClient, ns); err != nil {
-		t.Fatal(err)
+	for _, n := range []string{ns, "istio-system"} {
+		if err := localcluster.EnsureNamespace(ctx, homeClient, n); err != nil {
+			t.Fatal(err)
+		}
 	}
 	a1, a2, b1 := startBackend(t, ip, "a-1"), startBackend(t, ip, "a-2"), startBackend(t, ip, "b-1")
 	ep := func(b *backend) []localcluster.Backend {
@@ -67,15 +70,4 @@ func TestGRPCIncrementalEDSKeepsUntouchedService(t *testing.T) {
 	if n := xc.errs.Load() - errs; n > 0 {
 		t.Errorf("%d calls failed after the client followed the change", n)
 	}
-	// The hub's view of what the client holds still has both.
-	eventually(t, 10*time.Second, func() error {
-		var cfg api.ProxyConfig
-		if err := h.tryGetJSON("/api/v1/proxies/"+url.PathEscape("sidecar~198.18.0.1~client."+ns+"~"+ns+".svc.cluster.local")+"/config", &cfg); err != nil {
-			return err
-		}
-		if n := len(cfg.Resources["ClusterLoadAssignment"]); n != 2 {
-			return fmt.Errorf("the hub says the client holds %d ClusterLoadAssignments; want 2", n)
-		}
-		return nil
-	})
 }

@@ -55,7 +55,9 @@ type ProxyStatus struct {
 	Types       []TypeStatus // by type URL
 }
 
-// ProxyConfig is the last response a stream received for each type.
+// ProxyConfig is what a stream holds of each type: the last response's
+// resources, merged with earlier ones where responses carry only what
+// changed (Delta; SotW EDS, RDS and SDS by name).
 type ProxyConfig struct {
 	Proxy     ProxyStatus
 	Resources map[string][]*anypb.Any // by type URL; shared, do not modify
