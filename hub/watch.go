@@ -130,7 +130,9 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
+		w.mu.Lock()
 		wt.sub.full = true // SDS is re-evaluated on every request: access decisions age
+		w.mu.Unlock()
 	}
 	wt.names = wt.sub.list
 	return w.watch(wt)
