@@ -154,8 +154,8 @@ func ShortType(typeURL string) string {
 	return typeURL
 }
 
-// ProxyConfig is what a proxy currently holds: the resources of the last
-// response of each type, as Envoy JSON. Secrets are redacted.
+// ProxyConfig is what a proxy currently holds of each type (see
+// hub.ProxyConfig), as Envoy JSON. Secrets are redacted.
 type ProxyConfig struct {
 	Proxy     Proxy                        `json:"proxy"`
 	Resources map[string][]json.RawMessage `json:"resources"`

@@ -30,19 +30,25 @@ const (
 )
 
 // runXDSClient calls the target's TestService in a loop and prints one line
-// per call: "ok <server id>" or "err <message>". It exits when stdin closes.
+// per call: "ok <server id>" or "err <message>". The target may list several
+// (comma-separated): they are called in turn, over one xDS client. It exits
+// when stdin closes.
 func runXDSClient() {
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
 	}()
-	conn, err := grpc.NewClient(os.Getenv(clientTargetEnv), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		fmt.Printf("fatal %v\n", err)
-		os.Exit(1)
+	var clients []testgrpc.TestServiceClient
+	for _, target := range strings.Split(os.Getenv(clientTargetEnv), ",") {
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			fmt.Printf("fatal %v\n", err)
+			os.Exit(1)
+		}
+		clients = append(clients, testgrpc.NewTestServiceClient(conn))
 	}
-	c := testgrpc.NewTestServiceClient(conn)
-	for {
+	for i := 0; ; i++ {
+		c := clients[i%len(clients)]
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		resp, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{FillServerId: true})
 		cancel()

@@ -110,7 +110,7 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 	}
 	gen := g.allGen
 	g.mu.Unlock()
-	res, err := g.resources(typeURL, g.allNames(typeURL), false)
+	res, err := g.resources(typeURL, g.allNames(typeURL))
 	if err != nil {
 		return wildcardSet{}, err
 	}
@@ -146,11 +146,8 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 }
 
 // resources returns the named resources of one type that exist, sorted by
-// name; wildcard returns every resource of the type.
-func (g *generator) resources(typeURL string, names []string, wildcard bool) ([]*resource, error) {
-	if wildcard {
-		names = g.allNames(typeURL)
-	}
+// name.
+func (g *generator) resources(typeURL string, names []string) ([]*resource, error) {
 	out := make([]*resource, 0, len(names))
 	for _, name := range names {
 		r, err := g.resource(typeURL, name)

@@ -64,9 +64,6 @@ type Options struct {
 	// token bucket with a burst of twice the rate); streams beyond it wait.
 	// Zero means DefaultNewStreamsPerSecond.
 	NewStreamsPerSecond float64
-	// PushConcurrency bounds how many watches a push evaluates in
-	// parallel; zero means GOMAXPROCS.
-	PushConcurrency int
 	// DrainGrace bounds a listener's shutdown: when ServeADS's context
 	// ends, new streams are refused and open ones are closed one by one over
 	// the first half of it; whatever is left at its end is cut. Zero means
@@ -102,9 +99,6 @@ func New(opts Options) (*Hub, error) {
 	if opts.NewStreamsPerSecond <= 0 {
 		opts.NewStreamsPerSecond = DefaultNewStreamsPerSecond
 	}
-	if opts.PushConcurrency <= 0 {
-		opts.PushConcurrency = runtime.GOMAXPROCS(0)
-	}
 	if opts.DrainGrace <= 0 {
 		opts.DrainGrace = DefaultDrainGrace
 	}
@@ -127,21 +121,14 @@ func New(opts Options) (*Hub, error) {
 	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
-	h.watcher = newWatcher(h.gen, opts.PushConcurrency, opts.Log)
+	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
 	if opts.Tokens != nil && opts.Roots != nil {
 		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
 	}
-	h.proxies.identify = func(old, new *corev3.Node, id identity) {
-		if old != nil {
-			h.watcher.identities.Delete(old)
-		}
-		if new != nil {
-			h.watcher.identities.Store(new, id)
-		}
-	}
+	h.proxies.identify = h.watcher.identify
 	return h, nil
 }
 
@@ -199,9 +186,6 @@ func (h *Hub) Services() []ServiceSummary {
 
 // Sink is where member clusters deliver their services.
 func (h *Hub) Sink() clusters.Sink { return h.index }
-
-// Index is the federated index, for read models.
-func (h *Hub) Index() *Index { return h.index }
 
 // Run processes changes until ctx is done.
 func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }

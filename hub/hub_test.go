@@ -172,7 +172,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1) // as push does for the watches it takes
 	eds.busy.Add(1)
-	if got := h.watcher.skipUnchangedWildcards([]*watch{cds, eds}); len(got) != 1 || got[0] != eds {
+	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}, {wt: eds}}); len(got) != 1 || got[0].wt != eds {
 		t.Fatalf("after an endpoint change %d watches are re-evaluated; want only EDS", len(got))
 	}
 	// A new port changes the cluster list.
@@ -181,7 +181,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
 	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1)
-	if got := h.watcher.skipUnchangedWildcards([]*watch{cds}); len(got) != 1 {
+	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -54,7 +55,9 @@ type ProxyStatus struct {
 	Types       []TypeStatus // by type URL
 }
 
-// ProxyConfig is the last response a stream received for each type.
+// ProxyConfig is what a stream holds of each type: the last response's
+// resources, merged with earlier ones where responses carry only what
+// changed (Delta; SotW EDS, RDS and SDS by name).
 type ProxyConfig struct {
 	Proxy     ProxyStatus
 	Resources map[string][]*anypb.Any // by type URL; shared, do not modify
@@ -94,8 +97,11 @@ type streamState struct {
 	status  ProxyStatus
 	types   map[string]*TypeStatus
 	nonces  map[string]sent                  // per stream (nonces are unique per stream)
-	held    map[string]map[string]*anypb.Any // Delta: type URL → name → resource the stream holds
-	sotw    map[string][]*anypb.Any          // SotW: type URL → the last response's resources (shared, read only)
+	held    map[string]map[string]*anypb.Any // Delta, and SotW by name for EDS, RDS, SDS: type URL → name → resource the stream holds
+	sotw    map[string][]*anypb.Any          // SotW, other: type URL → the last response's resources (shared, read only)
+	// named are the SotW types whose last request named its resources:
+	// responses of EDS, RDS and SDS then carry only what changed.
+	named map[string]bool
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -135,6 +141,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
+		named: map[string]bool{},
 	}
 	st.ident.withheld = &withheldLog{}
 	secure := false
@@ -223,7 +230,48 @@ func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryReque
 		return err
 	}
 	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	p.subscribe(id, req.GetTypeUrl(), req.GetResourceNames())
 	return nil
+}
+
+// subscribe records a SotW request's names: what the stream holds of the
+// types whose responses carry only what changed is then the names it
+// still asks for (go-control-plane's server tracks them the same way).
+func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
+	if !incrementalType(typeURL) {
+		return
+	}
+	named := len(names) > 0 && !slices.Contains(names, "*")
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.streams[id]
+	if st == nil {
+		return
+	}
+	st.named[typeURL] = named
+	held := st.held[typeURL]
+	if !named || len(held) == 0 {
+		return
+	}
+	keep := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		keep[n] = struct{}{}
+	}
+	for n := range held {
+		if _, ok := keep[n]; !ok {
+			delete(held, n)
+		}
+	}
+}
+
+// incrementalType reports whether SotW responses of a type to a
+// subscription by name carry only what changed (see watcher).
+func incrementalType(typeURL string) bool {
+	switch typeURL {
+	case resourcev3.EndpointType, resourcev3.RouteType, resourcev3.SecretType:
+		return true
+	}
+	return false
 }
 
 func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
@@ -344,10 +392,29 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 }
 
 func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
-	if st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources())); st != nil {
-		st.sotw[resp.GetTypeUrl()] = resp.GetResources() // the whole state, as sent
-		p.mu.Unlock()
+	st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+	if st == nil {
+		return
 	}
+	defer p.mu.Unlock()
+	typeURL := resp.GetTypeUrl()
+	if !st.named[typeURL] {
+		st.sotw[typeURL] = resp.GetResources() // the whole state, as sent
+		delete(st.held, typeURL)
+		return
+	}
+	delete(st.sotw, typeURL)
+	m := st.held[typeURL]
+	if m == nil {
+		m = map[string]*anypb.Any{}
+		st.held[typeURL] = m
+	}
+	for _, a := range resp.GetResources() {
+		if name := resourceName(a); name != "" {
+			m[name] = a
+		}
+	}
+	st.typeStatus(typeURL).Resources = len(m) // what it holds, not what this response carried
 }
 
 func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
@@ -482,4 +549,29 @@ func (p *proxyTracker) pushesPerSecond() []int {
 		}
 	}
 	return out
+}
+
+// resourceName reads the name of an encoded ClusterLoadAssignment,
+// RouteConfiguration or Secret (field 1 of each) without decoding the rest.
+func resourceName(a *anypb.Any) string {
+	b := a.GetValue()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeString(b)
+			if n < 0 {
+				return ""
+			}
+			return v
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
 }

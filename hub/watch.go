@@ -9,7 +9,9 @@ import (
 	"maps"
 	"sort"
 	"sync"
+	"sync/atomic"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -20,10 +22,15 @@ import (
 
 // watcher implements go-control-plane's cache.Cache (DESIGN.md §3.6): it
 // decides what each stream gets and when. A request is answered at once when
-// the resources it subscribes to differ from what the stream last received;
-// otherwise the watch is parked until a push changes them. Because the
-// comparison is against what was sent (not what was acknowledged), a NACKed
-// version is never resent until an input changes.
+// the stream lacks something it subscribes to; otherwise the watch is parked
+// until a push changes it. Because the comparison is against what was sent
+// (not what was acknowledged), a NACKed version is never resent until an
+// input changes.
+//
+// SotW responses for EDS, RDS and SDS subscriptions by name carry only the
+// resources the stream does not hold yet: the protocol requires the whole
+// state only for LDS, CDS and wildcard subscriptions, and clients keep the
+// resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
 	gen     *generator
 	secrets SecretSource // may be nil: no SDS
@@ -36,33 +43,39 @@ type watcher struct {
 	log      *slog.Logger
 	// workers bounds how many watches a push evaluates at once.
 	workers int
-	// identities carries each stream's verified identity from the server's
-	// callbacks (which know the stream) to CreateWatch (which knows only the
-	// request, stamped with the stream's node pointer).
-	identities sync.Map // *corev3.Node → identity
 
-	mu      sync.Mutex
-	epoch   uint64 // incremented by every push
-	watches map[*watch]struct{}
+	mu    sync.Mutex
+	epoch uint64 // incremented by every push
+	// streams carries each stream's verified identity and persistent
+	// subscribers from the tracker's callbacks (which know the stream) to
+	// CreateWatch (which knows only the request, stamped with the stream's
+	// node pointer).
+	streams map[*corev3.Node]*streamRecord
+	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
+	// wildcard ones of those types, and SDS ones.
+	byHost   map[string]map[*subscriber]struct{}
+	byType   map[*subscriber]struct{}
+	bySecret map[*subscriber]struct{}
 }
 
-// watch is a request with its stream's subscription state. The names are
-// copied; the map of what the stream holds is not (with thousands of
-// wildcard streams that copy was most of the hub's memory): the server
-// mutates it only after cancelling the watch, and cancelling waits until no
-// push is evaluating the watch (busy), so the two never overlap.
+// watch is one request with its stream's subscription state. The map of
+// what the stream holds is the server's, not a copy (with thousands of
+// streams a copy would be most of the hub's memory): the server changes it
+// only after cancelling the watch, and cancelling waits until no push is
+// evaluating the watch (busy), so the two never overlap.
 type watch struct {
 	typeURL  string
 	nodeID   string
 	ident    identity
-	names    []string
 	wildcard bool
-	hosts    map[string]struct{} // hostnames the names belong to (not for SDS or wildcard)
+	sub      *subscriber
+	// names are the subscribed names (shared with sub, read only).
+	names []string
 	// setVersion is, for a wildcard watch, the version of the set of every
 	// resource of its type when it was last evaluated: a push that leaves
 	// the set as it is has nothing for it.
 	setVersion string
-	returned   map[string]string // what the stream last received (and, for Delta, still holds); shared, read only
+	returned   map[string]string // what the stream last received (and, for Delta, still holds); the server's
 	busy       sync.WaitGroup    // pushes evaluating this watch; cancelling waits for them
 
 	req *cachev3.Request // SotW
@@ -72,38 +85,14 @@ type watch struct {
 	deltaOut chan cachev3.DeltaResponse
 }
 
-func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
-	wt := &watch{typeURL: typeURL, nodeID: nodeID, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources()}
-	if !wt.wildcard {
-		if typeURL != resourcev3.SecretType {
-			wt.hosts = map[string]struct{}{}
-		}
-		for name := range sub.SubscribedResources() {
-			wt.names = append(wt.names, name)
-			if host, _, ok := parseName(typeURL, name); ok && wt.hosts != nil {
-				wt.hosts[host] = struct{}{}
-			}
-		}
+// incremental reports whether wt's responses carry only what changed.
+func (wt *watch) incremental() bool {
+	if wt.deltaOut != nil || wt.wildcard {
+		return false
 	}
-	return wt
-}
-
-// affectedBy reports whether a push of these changed hostnames (sdsKey for
-// secrets and roots) can change what wt subscribes to: SDS watches follow
-// secrets, wildcard ones any service, named ones only their own hostnames.
-func (wt *watch) affectedBy(changed map[string]struct{}) bool {
-	if wt.typeURL == resourcev3.SecretType {
-		_, ok := changed[sdsKey]
-		return ok
-	}
-	if wt.wildcard {
-		_, sds := changed[sdsKey]
-		return len(changed) > 1 || !sds
-	}
-	for host := range changed {
-		if _, ok := wt.hosts[host]; ok {
-			return true
-		}
+	switch wt.typeURL {
+	case resourcev3.EndpointType, resourcev3.RouteType, resourcev3.SecretType:
+		return true
 	}
 	return false
 }
@@ -111,7 +100,11 @@ func (wt *watch) affectedBy(changed map[string]struct{}) bool {
 var _ cachev3.Cache = (*watcher)(nil)
 
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
-	return &watcher{gen: gen, workers: max(workers, 1), log: log, watches: map[*watch]struct{}{}, maxNames: DefaultMaxResourceNames}
+	return &watcher{
+		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames,
+		streams: map[*corev3.Node]*streamRecord{},
+		byHost:  map[string]map[*subscriber]struct{}{}, byType: map[*subscriber]struct{}{}, bySecret: map[*subscriber]struct{}{},
+	}
 }
 
 // servedTypes are the resource types the hub serves; a request for any
@@ -133,11 +126,15 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
-	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
-	wt.req, wt.out = req, out
-	if id, ok := w.identities.Load(req.GetNode()); ok {
-		wt.ident = id.(identity)
+	rec, ident := w.record(req.GetNode())
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())
+	if wt.typeURL == resourcev3.SecretType {
+		w.mu.Lock()
+		wt.sub.full = true // SDS is re-evaluated on every request: access decisions age
+		w.mu.Unlock()
 	}
+	wt.names = wt.sub.list
 	return w.watch(wt)
 }
 
@@ -155,63 +152,62 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	wt := newWatch(req.GetTypeUrl(), req.GetNode().GetId(), sub)
-	wt.deltaReq, wt.deltaOut = req, out
-	if id, ok := w.identities.Load(req.GetNode()); ok {
-		wt.ident = id.(identity)
-	}
+	_, ident := w.record(req.GetNode())
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
+	// Delta changes its subscription map in place: the subscriber keeps a
+	// list of its own.
+	wt.sub = newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
+	wt.names = wt.sub.list
 	return w.watch(wt)
 }
 
 // watch answers wt at once if its stream lacks something, else parks it
-// until a push. A push that runs while wt is being evaluated makes it
-// evaluate again, so no change is missed.
+// until a push. A push that changes what wt subscribes to while wt is being
+// evaluated makes it evaluate again, so no change is missed.
 func (w *watcher) watch(wt *watch) (func(), error) {
+	s := wt.sub
 	for {
 		w.mu.Lock()
 		epoch := w.epoch
+		dirty, full := s.takeLocked()
 		w.mu.Unlock()
-		sent, err := w.answer(wt)
+		resp, err := w.evaluate(wt, dirty, full)
 		if err != nil {
 			return nil, err
 		}
-		if sent {
+		if resp.ok() {
+			w.mu.Lock()
+			s.last = resp.sotw
+			w.mu.Unlock()
+			resp.send(wt) // never blocks: see reply.send
 			return func() {}, nil
 		}
 		w.mu.Lock()
-		if w.epoch == epoch {
-			w.watches[wt] = struct{}{}
-			w.mu.Unlock()
-			return func() {
-				w.mu.Lock()
-				delete(w.watches, wt)
-				w.mu.Unlock()
-				wt.busy.Wait() // the server changes the subscription state next
-			}, nil
+		if !s.persistent && w.epoch != epoch {
+			s.full = true // not indexed while evaluated: a push may have missed it
 		}
-		w.mu.Unlock() // a push ran while we evaluated: evaluate again
+		if len(s.dirty) == 0 && !s.full {
+			s.parked = wt
+			w.indexLocked(s)
+			w.mu.Unlock()
+			return func() { w.cancel(wt) }, nil
+		}
+		w.mu.Unlock() // a push changed it while we evaluated: evaluate again
 	}
 }
 
-// answer sends wt's response if there is one. Sends never block: a watch
-// sends at most once, SotW gives every watch its own one-slot channel, and
-// Delta's shared channel (20 slots) is drained before each request, after
-// which at most one watch per served type can answer.
-func (w *watcher) answer(wt *watch) (bool, error) {
-	if wt.deltaOut != nil {
-		resp, err := w.respondDelta(wt)
-		if err != nil || resp == nil {
-			return false, err
+// cancel ends a parked watch: the server changes the subscription state
+// next, so it waits until no push is evaluating the watch.
+func (w *watcher) cancel(wt *watch) {
+	w.mu.Lock()
+	if s := wt.sub; s.parked == wt {
+		s.parked = nil
+		if !s.persistent {
+			w.unindexLocked(s)
 		}
-		wt.deltaOut <- resp
-		return true, nil
 	}
-	resp, err := w.respond(wt)
-	if err != nil || resp == nil {
-		return false, err
-	}
-	wt.out <- resp
-	return true, nil
+	w.mu.Unlock()
+	wt.busy.Wait()
 }
 
 // Fetch implements cache.ConfigFetcher; REST xDS is not served.
@@ -219,33 +215,66 @@ func (w *watcher) Fetch(context.Context, *cachev3.Request) (cachev3.Response, er
 	return nil, errors.New("REST xDS is not supported; use ADS over gRPC")
 }
 
-// push re-evaluates the parked watches that the changed hostnames (sdsKey
-// for secrets and roots) can affect and answers those whose resources
-// differ from what their stream last received. At most w.workers watches are
-// evaluated at once; sends never block (see answer).
+// job is a parked watch a push evaluates, with the hostnames that changed for it.
+type job struct {
+	wt    *watch
+	dirty map[string]struct{}
+	full  bool
+}
+
+// push evaluates the parked watches that the changed hostnames (sdsKey for
+// secrets and roots) can affect, each only for its names of those
+// hostnames where responses carry only what changed, and answers those
+// whose stream lacks something. Subscribers without a parked watch just
+// note the hostnames, for their next request. At most w.workers watches
+// are evaluated at once; sends never block (see reply.send).
 func (w *watcher) push(changed map[string]struct{}) {
 	w.mu.Lock()
 	w.epoch++
-	parked := make([]*watch, 0, len(w.watches))
-	for wt := range w.watches {
-		if wt.affectedBy(changed) {
-			wt.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			parked = append(parked, wt)
+	var jobs []job
+	taken := map[*subscriber]bool{}
+	visit := func(s *subscriber, host string) {
+		s.touchLocked(host)
+		if s.parked != nil && !taken[s] {
+			taken[s] = true
+			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
+			jobs = append(jobs, job{wt: s.parked})
 		}
 	}
+	services := false
+	for host := range changed {
+		if host == sdsKey {
+			for s := range w.bySecret {
+				visit(s, sdsKey)
+			}
+			continue
+		}
+		services = true
+		for s := range w.byHost[host] {
+			visit(s, host)
+		}
+	}
+	if services {
+		for s := range w.byType {
+			visit(s, "")
+		}
+	}
+	for i := range jobs {
+		jobs[i].dirty, jobs[i].full = jobs[i].wt.sub.takeLocked()
+	}
 	w.mu.Unlock()
-	parked = w.skipUnchangedWildcards(parked)
-	work := make(chan *watch)
+	jobs = w.skipUnchangedWildcards(jobs)
+	work := make(chan job)
 	var wg sync.WaitGroup
-	for range min(w.workers, len(parked)) {
+	for range min(w.workers, len(jobs)) {
 		wg.Go(func() {
-			for wt := range work {
-				w.pushTo(wt)
+			for j := range work {
+				w.pushTo(j)
 			}
 		})
 	}
-	for _, wt := range parked {
-		work <- wt
+	for _, j := range jobs {
+		work <- j
 	}
 	close(work)
 	wg.Wait()
@@ -255,10 +284,11 @@ func (w *watcher) push(changed map[string]struct{}) {
 // the one they were last evaluated against: with thousands of proxies
 // subscribed to every cluster, an endpoint change is not re-checked
 // against every proxy's full cluster list.
-func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
+func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
 	versions := map[string]string{}
-	out := parked[:0]
-	for _, wt := range parked {
+	out := jobs[:0]
+	for _, j := range jobs {
+		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
 			v, ok := versions[wt.typeURL]
 			if !ok {
@@ -273,44 +303,48 @@ func (w *watcher) skipUnchangedWildcards(parked []*watch) []*watch {
 				continue
 			}
 		}
-		out = append(out, wt)
+		out = append(out, j)
 	}
 	return out
 }
 
 // pushTo answers one parked watch if its stream lacks something. Sending
 // while holding busy cannot block the stream's cancel: it sends only if the
-// watch was still parked, and such a send never blocks (see answer).
-func (w *watcher) pushTo(wt *watch) {
+// watch was still parked, and such a send never blocks (see reply.send).
+func (w *watcher) pushTo(j job) {
+	wt, s := j.wt, j.wt.sub
 	defer wt.busy.Done()
-	var send func()
-	if wt.deltaOut != nil {
-		resp, err := w.respondDelta(wt)
-		if err != nil || resp == nil {
-			w.logError(wt, err)
-			return
-		}
-		send = func() { wt.deltaOut <- resp }
-	} else {
-		resp, err := w.respond(wt)
-		if err != nil || resp == nil {
-			w.logError(wt, err)
-			return
-		}
-		send = func() { wt.out <- resp }
-	}
-	w.mu.Lock()
-	_, open := w.watches[wt]
-	delete(w.watches, wt)
-	w.mu.Unlock()
-	if open { // else cancelled meanwhile: the stream has a newer request
-		send()
-	}
-}
-
-func (w *watcher) logError(wt *watch, err error) {
+	resp, err := w.evaluate(wt, j.dirty, j.full)
 	if err != nil {
 		w.log.Error("generating xDS response", "node", wt.nodeID, "type", wt.typeURL, "error", err)
+	}
+	if err != nil || !resp.ok() {
+		if err != nil {
+			w.mu.Lock()
+			s.full = true // try again on the stream's next request or push
+			w.mu.Unlock()
+		}
+		return
+	}
+	w.mu.Lock()
+	open := s.parked == wt
+	if open {
+		s.parked = nil
+		s.last = resp.sotw
+		if !s.persistent {
+			w.unindexLocked(s)
+		}
+	} else {
+		// Cancelled meanwhile: the stream has a newer request, whose watch
+		// must evaluate what this one did.
+		for host := range j.dirty {
+			s.touchLocked(host)
+		}
+		s.full = s.full || j.full
+	}
+	w.mu.Unlock()
+	if open {
+		resp.send(wt)
 	}
 }
 
@@ -325,7 +359,7 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 		wt.setVersion = set.version
 		return set.res, err
 	}
-	return w.gen.resources(wt.typeURL, wt.names, false)
+	return w.gen.resources(wt.typeURL, wt.names)
 }
 
 // respondDelta builds a Delta response with the resources whose version
@@ -365,13 +399,154 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	}, nil
 }
 
-// respond builds the response for a watch, or returns nil when the stream
-// already holds exactly these resources (the first request of a type on a
-// stream is always answered, possibly with no resources).
-func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
-	if wt.wildcard && wt.typeURL != resourcev3.SecretType {
-		return w.respondWildcard(wt)
+// evaluate builds what wt's stream lacks, given the hostnames that changed
+// for it since its last evaluation (every name when full), or an empty reply.
+func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
+	switch {
+	case wt.deltaOut != nil:
+		resp, err := w.respondDelta(wt)
+		if err != nil || resp == nil {
+			return reply{}, err
+		}
+		return reply{delta: resp}, nil
+	case wt.wildcard && wt.typeURL != resourcev3.SecretType:
+		resp, err := w.respondWildcard(wt)
+		return reply{sotw: resp}, err
+	case wt.incremental():
+		resp, err := w.respondChanged(wt, dirty, full)
+		return reply{sotw: resp}, err
+	case !full && len(dirty) == 0 && wt.sub.persistent:
+		return reply{}, nil // nothing changed since the stream's last response
+	default:
+		resp, err := w.respond(wt)
+		return reply{sotw: resp}, err
 	}
+}
+
+// reply is a SotW or a Delta response, or neither.
+type reply struct {
+	sotw  *sotwResponse
+	delta cachev3.DeltaResponse
+}
+
+func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
+
+// send hands the reply to the stream. It never blocks: a watch sends at
+// most once, SotW gives every watch its own one-slot channel, and Delta's
+// shared channel (20 slots) is drained before each request, after which at
+// most one watch per served type can answer.
+func (r reply) send(wt *watch) {
+	if r.delta != nil {
+		wt.deltaOut <- r.delta
+		return
+	}
+	wt.out <- r.sotw
+}
+
+// sotwResponse is a SotW response that tells whether the server sent it:
+// the server asks a response for the resources the stream now holds
+// (GetReturnedResources) exactly when it sends it, and drops a response
+// still queued when a newer request of its type arrives.
+//
+// A response that carries only what changed (incremental) records the
+// changed resources into the stream's map of what it holds, the server's
+// own, which it keeps and passes to the next watch: that map is updated
+// for the changed names only, never rebuilt. The map is written here, on
+// the stream's goroutine, only while no watch of the stream's subscription
+// is parked; pushes read it only while one is.
+type sotwResponse struct {
+	*cachev3.PassthroughResponse
+	incremental bool
+	held        map[string]string
+	changed     []*resource
+	sent        atomic.Bool
+}
+
+// GetReturnedResources implements cache.Response; go-control-plane's SotW
+// server calls it when it sends the response, and only then.
+func (r *sotwResponse) GetReturnedResources() map[string]string {
+	r.sent.Store(true)
+	if !r.incremental {
+		return r.PassthroughResponse.GetReturnedResources()
+	}
+	if r.held == nil {
+		r.held = make(map[string]string, len(r.changed))
+	}
+	for _, c := range r.changed {
+		r.held[c.name] = c.version
+	}
+	return r.held
+}
+
+// respondChanged builds a response with the subscribed resources whose
+// version differs from what the stream holds: of the changed hostnames'
+// names, or of every name when full (and for SDS, whose names are few).
+// Resources that disappeared are not named: for these types a SotW
+// response leaves the others as the client has them. The first request of
+// a type on a stream is always answered, possibly with no resources.
+func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
+	var changed []*resource
+	consider := func(r *resource) {
+		if r != nil && !r.kept && wt.returned[r.name] != r.version {
+			changed = append(changed, r)
+		}
+	}
+	switch {
+	case wt.typeURL == resourcev3.SecretType:
+		res, err := w.secretResources(wt)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range res {
+			consider(r)
+		}
+	case full:
+		for _, name := range wt.sub.list {
+			r, err := w.gen.resource(wt.typeURL, name)
+			if err != nil {
+				return nil, err
+			}
+			consider(r)
+		}
+	default:
+		for host := range dirty {
+			for _, name := range wt.sub.hosts[host] {
+				r, err := w.gen.resource(wt.typeURL, name)
+				if err != nil {
+					return nil, err
+				}
+				consider(r)
+			}
+		}
+	}
+	if len(changed) == 0 && wt.req.GetResponseNonce() != "" {
+		return nil, nil
+	}
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	anys := make([]*anypb.Any, len(changed))
+	for i, r := range changed {
+		anys[i] = r.any
+	}
+	return &sotwResponse{
+		PassthroughResponse: &cachev3.PassthroughResponse{
+			Request: wt.req,
+			DiscoveryResponse: &discoveryv3.DiscoveryResponse{
+				VersionInfo: responseVersion(changed),
+				Resources:   anys,
+				TypeUrl:     wt.typeURL,
+			},
+		},
+		incremental: true,
+		held:        wt.returned,
+		changed:     changed,
+	}, nil
+}
+
+// respond builds a whole-state response (LDS and CDS by name), or returns
+// nil when the stream already holds exactly these resources (the first
+// request of a type on a stream is always answered, possibly with no
+// resources).
+func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
@@ -389,7 +564,7 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 			anys = append(anys, r.any)
 		}
 	}
-	return &cachev3.PassthroughResponse{
+	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
 			VersionInfo: responseVersion(res),
@@ -397,7 +572,7 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
 		ReturnedResources: returned,
-	}, nil
+	}}, nil
 }
 
 // wildcardKey is the only entry of what a SotW wildcard stream is recorded
@@ -408,7 +583,7 @@ const wildcardKey = "\x00every resource"
 
 // respondWildcard answers a SotW wildcard watch from the shared set: one
 // slice of resources and one version for every stream.
-func (w *watcher) respondWildcard(wt *watch) (cachev3.Response, error) {
+func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 	set, err := w.gen.all(wt.typeURL)
 	if err != nil {
 		return nil, err
@@ -417,7 +592,7 @@ func (w *watcher) respondWildcard(wt *watch) (cachev3.Response, error) {
 	if wt.req.GetResponseNonce() != "" && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
 		return nil, nil
 	}
-	return &cachev3.PassthroughResponse{
+	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
 			VersionInfo: set.version,
@@ -425,7 +600,7 @@ func (w *watcher) respondWildcard(wt *watch) (cachev3.Response, error) {
 			TypeUrl:     wt.typeURL,
 		},
 		ReturnedResources: map[string]string{wildcardKey: set.version},
-	}, nil
+	}}, nil
 }
 
 // responseVersion identifies a set of resources by their names and versions.
