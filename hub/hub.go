@@ -90,6 +90,7 @@ type Hub struct {
 	gen      *generator
 	watcher  *watcher
 	debounce *debouncer
+	reviews  *accessReviews // may be nil
 	proxies  *proxyTracker
 	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
@@ -128,7 +129,8 @@ func New(opts Options) (*Hub, error) {
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, opts.PushConcurrency, opts.Log)
-	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
+	h.reviews = newAccessReviews(opts.Authorizer, func(key string) { h.debounce.add([]string{key}) }, opts.Log)
+	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
 	if opts.Tokens != nil && opts.Roots != nil {
@@ -203,11 +205,15 @@ func (h *Hub) Sink() clusters.Sink { return h.index }
 // Index is the federated index, for read models.
 func (h *Hub) Index() *Index { return h.index }
 
-// Run processes changes until ctx is done.
-func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }
+// Run processes changes until ctx is done, then ends the access reviews
+// still running.
+func (h *Hub) Run(ctx context.Context) {
+	defer h.reviews.close()
+	h.debounce.run(ctx)
+}
 
 func (h *Hub) push(hostnames map[string]struct{}) {
-	h.gen.invalidate(hostnames)
+	h.gen.invalidate(withoutReviewKeys(hostnames))
 	h.watcher.push(hostnames)
 }
 

@@ -28,7 +28,9 @@ type watcher struct {
 	gen     *generator
 	secrets SecretSource // may be nil: no SDS
 	roots   RootSource   // may be nil: no SDS
-	sar     *sarCache    // may be nil: other namespaces are always denied
+	// sar decides access reviews without waiting; nil: other namespaces
+	// are always denied.
+	sar *accessReviews
 	// hubNamespace is the hub's own namespace, whose Secrets are never served.
 	hubNamespace string
 	// maxNames bounds the names a stream subscribes to per type.
@@ -70,6 +72,12 @@ type watch struct {
 
 	deltaReq *cachev3.DeltaRequest // Delta
 	deltaOut chan cachev3.DeltaResponse
+
+	// reviews are the change keys of the access reviews an SDS watch
+	// consulted when last evaluated: a new decision re-evaluates it.
+	// awaiting says one of them was pending: a first SotW response waits.
+	reviews  map[string]struct{}
+	awaiting bool
 }
 
 func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
@@ -89,16 +97,23 @@ func newWatch(typeURL, nodeID string, sub cachev3.Subscription) *watch {
 }
 
 // affectedBy reports whether a push of these changed hostnames (sdsKey for
-// secrets and roots) can change what wt subscribes to: SDS watches follow
-// secrets, wildcard ones any service, named ones only their own hostnames.
+// secrets and roots, an access review's key for its decision) can change
+// what wt subscribes to: SDS watches follow secrets and the reviews they
+// consulted, wildcard ones any service, named ones only their own hostnames.
 func (wt *watch) affectedBy(changed map[string]struct{}) bool {
 	if wt.typeURL == resourcev3.SecretType {
-		_, ok := changed[sdsKey]
-		return ok
+		if _, ok := changed[sdsKey]; ok {
+			return true
+		}
+		for k := range wt.reviews {
+			if _, ok := changed[k]; ok {
+				return true
+			}
+		}
+		return false
 	}
 	if wt.wildcard {
-		_, sds := changed[sdsKey]
-		return len(changed) > 1 || !sds
+		return servicesChanged(changed)
 	}
 	for host := range changed {
 		if _, ok := wt.hosts[host]; ok {
@@ -367,7 +382,8 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 
 // respond builds the response for a watch, or returns nil when the stream
 // already holds exactly these resources (the first request of a type on a
-// stream is always answered, possibly with no resources).
+// stream is always answered, possibly with no resources, once the access
+// reviews its SDS names need are decided).
 func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 	if wt.wildcard && wt.typeURL != resourcev3.SecretType {
 		return w.respondWildcard(wt)
@@ -375,6 +391,9 @@ func (w *watcher) respond(wt *watch) (cachev3.Response, error) {
 	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
+	}
+	if wt.awaiting && wt.req.GetResponseNonce() == "" {
+		return nil, nil // a first SDS response waits for its access reviews
 	}
 	returned := make(map[string]string, len(res))
 	for _, r := range res {
