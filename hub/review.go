@@ -214,7 +214,7 @@ func (r *accessReviews) launchQueued() {
 func (r *accessReviews) review(k reviewKey) {
 	ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
 	allowed, err := r.authz.CanListSecrets(ctx, k.cluster, k.saNamespace, k.sa, k.namespace)
-	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 	cancel()
 	if err != nil && timedOut {
 		err = fmt.Errorf("member %s did not answer an access review within %s: %w", k.cluster, r.timeout, err)
