@@ -10,7 +10,7 @@ import (
 func startDebouncer(t *testing.T, after, max time.Duration) (*debouncer, chan []string) {
 	t.Helper()
 	pushes := make(chan []string, 16)
-	d := newDebouncer(after, max, func(h map[string]struct{}) {
+	d := newDebouncer(after, max, func(h map[string]struct{}, _ time.Time) {
 		var hosts []string
 		for k := range h {
 			hosts = append(hosts, k)
@@ -76,5 +76,48 @@ func TestDebounceMaxWait(t *testing.T) {
 		case <-stop:
 			t.Fatal("debounce-max did not force a push while changes kept arriving")
 		}
+	}
+}
+
+// A batch is pushed with the time its oldest change was added: push
+// latency is measured from a batch's first change.
+func TestDebounceCarriesOldestChangeTime(t *testing.T) {
+	type batch struct {
+		n     int
+		since time.Time
+	}
+	pushes := make(chan batch, 16)
+	d := newDebouncer(200*time.Millisecond, time.Hour, func(h map[string]struct{}, since time.Time) {
+		pushes <- batch{len(h), since}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	next := func() batch {
+		t.Helper()
+		select {
+		case b := <-pushes:
+			return b
+		case <-time.After(10 * time.Second):
+			t.Fatal("no push within 10s")
+			return batch{}
+		}
+	}
+
+	before := time.Now()
+	d.add([]string{"a"})
+	after := time.Now()
+	if b := next(); b.n != 1 || b.since.Before(before) || b.since.After(after) {
+		t.Fatalf("leading-edge push since %v; want between %v and %v", b.since, before, after)
+	}
+	before = time.Now()
+	d.add([]string{"b"})
+	after = time.Now()
+	d.add([]string{"c", "b"})
+	// On a slow machine b may go alone (a new leading edge); either way
+	// the push holding b is stamped with b's time, not c's.
+	if b := next(); b.since.Before(before) || b.since.After(after) {
+		t.Fatalf("push of %d since %v; want since b was added, between %v and %v", b.n, b.since, before, after)
 	}
 }

@@ -116,8 +116,9 @@ func New(opts Options) (*Hub, error) {
 		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies: newProxyTracker(opts.Log, opts.Limits),
 	}
+	latency := newPushLatency()
 	if opts.Metrics != nil {
-		for _, c := range h.proxies.collectors() {
+		for _, c := range append(h.proxies.collectors(), latency.hist) {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("registering xDS metrics: %w", err)
 			}
@@ -127,6 +128,7 @@ func New(opts Options) (*Hub, error) {
 	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
+	h.watcher.latency = latency
 	h.reviews = newAccessReviews(opts.Authorizer, func(key string) { h.debounce.add([]string{key}) }, opts.Log)
 	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
 		h.reviews.timeout = opts.AccessReviewTimeout
@@ -164,6 +166,11 @@ func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
 
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
 func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) { return h.proxies.config(id) }
+
+// PushLatency summarises push latency over the last five minutes: from a
+// member's change reaching the hub to each pushed response being handed to
+// a stream (responses to a stream's own request are not counted).
+func (h *Hub) PushLatency() LatencySummary { return h.watcher.latency.summary() }
 
 // PushesPerSecond returns the xDS responses sent in each of the last 60
 // seconds, oldest first.
@@ -203,9 +210,11 @@ func (h *Hub) Run(ctx context.Context) {
 	h.debounce.run(ctx)
 }
 
-func (h *Hub) push(hostnames map[string]struct{}) {
+// push sends what changed for hostnames; since is when the oldest of
+// these changes reached the hub (push latency is measured from it).
+func (h *Hub) push(hostnames map[string]struct{}, since time.Time) {
 	h.gen.invalidate(withoutReviewKeys(hostnames))
-	h.watcher.push(hostnames)
+	h.watcher.push(hostnames, since)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

@@ -71,9 +71,8 @@ func openCDS(t *testing.T, ctx context.Context, addr string) (discoveryv3.Aggreg
 	if err != nil {
 		return nil, err
 	}
-	// A stream the hub refuses at once (rate limit, membership not
-	// settled) may end before the request is sent: Send then says io.EOF
-	// and the refusal is what Recv returns.
+	// A stream the server already ended fails Send with io.EOF; Recv
+	// returns its status.
 	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}

@@ -161,7 +161,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(map[string]struct{}{"b.demo.svc.cluster.local": {}})
+	h.push(map[string]struct{}{"b.demo.svc.cluster.local": {}}, time.Now())
 	<-out // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, sub, out); err != nil {

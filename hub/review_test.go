@@ -305,7 +305,7 @@ func TestReviewKeysWakeOnlyTheirSDSWatches(t *testing.T) {
 		w := newWatcher(nil, 1, slog.New(slog.DiscardHandler))
 		w.indexLocked(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
-		w.push(c.changed)
+		w.push(c.changed, time.Now())
 		if got := len(c.sub.dirty) > 0; got != c.want {
 			t.Errorf("%s: reached %v (%v); want %v", c.name, got, c.sub.dirty, c.want)
 		}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -46,6 +47,8 @@ type watcher struct {
 	log      *slog.Logger
 	// workers bounds how many watches a push evaluates at once.
 	workers int
+	// latency measures pushed responses (may be nil: not measured).
+	latency *pushLatency
 
 	mu    sync.Mutex
 	epoch uint64 // incremented by every push
@@ -229,6 +232,7 @@ type job struct {
 	wt    *watch
 	dirty map[string]struct{}
 	full  bool
+	since time.Time // when the push's oldest change reached the hub
 }
 
 // push evaluates the parked watches that the changed hostnames (sdsKey for
@@ -237,7 +241,7 @@ type job struct {
 // whose stream lacks something. Subscribers without a parked watch just
 // note the hostnames, for their next request. At most w.workers watches
 // are evaluated at once; sends never block (see reply.send).
-func (w *watcher) push(changed map[string]struct{}) {
+func (w *watcher) push(changed map[string]struct{}, since time.Time) {
 	w.mu.Lock()
 	w.epoch++
 	var jobs []job
@@ -247,7 +251,7 @@ func (w *watcher) push(changed map[string]struct{}) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			jobs = append(jobs, job{wt: s.parked})
+			jobs = append(jobs, job{wt: s.parked, since: since})
 		}
 	}
 	services := false
@@ -364,6 +368,7 @@ func (w *watcher) pushTo(j job) {
 	w.mu.Unlock()
 	if open {
 		resp.send(wt)
+		w.latency.observe(wt.typeURL, j.since)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub"
 )
 
 //go:embed templates/*.html
@@ -39,6 +40,34 @@ var staticFS embed.FS
 // Pushes is the optional push-rate source for the overview chart.
 type Pushes interface {
 	PushesPerSecond() []int
+}
+
+// PushLatency is the optional source of the overview's push latency
+// percentiles (*hub.Hub implements it).
+type PushLatency interface {
+	PushLatency() hub.LatencySummary
+}
+
+// latencyView is push latency as the overview shows it.
+type latencyView struct {
+	Count    int    // pushed responses measured
+	P50, P99 string // over the last five minutes
+}
+
+func toLatencyView(s hub.LatencySummary) latencyView {
+	return latencyView{Count: s.Count, P50: formatLatency(s.P50), P99: formatLatency(s.P99)}
+}
+
+// formatLatency shows a latency with about three significant digits.
+func formatLatency(d time.Duration) string {
+	switch {
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	}
 }
 
 // Config holds the dashboard's dependencies.
@@ -412,6 +441,9 @@ func (d *dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 				total += n
 			}
 			m["PushesPerMinute"], m["Chart"] = total, chart(per)
+		}
+		if l, ok := a.Federation.(PushLatency); ok {
+			m["Latency"] = toLatencyView(l.PushLatency())
 		}
 	case "clusters":
 		m["Clusters"] = toClusters(a.Membership.Clusters())

@@ -549,11 +549,30 @@ func waitHTTP(ctx context.Context, client *http.Client, url string, proc *proces
 	}
 }
 
+// handedOut holds every port freePort returned in this process. The kernel
+// may hand out a just-released port again, and all API servers of an Env
+// share one PKI: a second server that failed to bind a port the first one
+// holds would look ready (the first answers for it), and two members would
+// silently share one API server. So a port is never handed out twice.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("finding a free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("finding a free port: the kernel kept offering ports already handed out")
 }
