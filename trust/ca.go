@@ -66,6 +66,12 @@ func NewSelfSignedCA(td spiffeid.TrustDomain, ttl time.Duration) (*CA, error) {
 
 // IssueSVID signs an X.509-SVID for id with a fresh key.
 func (ca *CA) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (*x509svid.SVID, error) {
+	return ca.issue(id, ttl, dnsNames, nil)
+}
+
+// issue signs an X.509-SVID for id with a fresh key, the given DNS SANs and
+// extra extensions, valid for ttl but never beyond the CA's own certificate.
+func (ca *CA) issue(id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*x509svid.SVID, error) {
 	if id.TrustDomain() != ca.TrustDomain {
 		return nil, fmt.Errorf("SVID %s is outside trust domain %s", id, ca.TrustDomain)
 	}
@@ -83,14 +89,15 @@ func (ca *CA) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (
 		notAfter = ca.Cert.NotAfter
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{Organization: []string{"hub"}},
-		URIs:         []*url.URL{id.URL()},
-		DNSNames:     dnsNames,
-		NotBefore:    now.Add(-time.Minute),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		SerialNumber:    serial,
+		Subject:         pkix.Name{Organization: []string{"hub"}},
+		URIs:            []*url.URL{id.URL()},
+		DNSNames:        dnsNames,
+		NotBefore:       now.Add(-time.Minute),
+		NotAfter:        notAfter,
+		KeyUsage:        x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtraExtensions: extra,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
 	if err != nil {

@@ -1,15 +1,10 @@
 package trust
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"fmt"
-	"math/big"
-	"net/url"
 	"regexp"
 	"time"
 
@@ -68,9 +63,6 @@ func MemberOf(cert *x509.Certificate) (string, bool) {
 // Kubernetes Secrets over SDS to a certificate identity only when the
 // certificate carries that member's binding.
 func (ca *CA) IssueWorkloadSVID(id spiffeid.ID, member string, ttl time.Duration) (*x509svid.SVID, error) {
-	if id.TrustDomain() != ca.TrustDomain {
-		return nil, fmt.Errorf("SVID %s is outside trust domain %s", id, ca.TrustDomain)
-	}
 	if !validMember(member) {
 		return nil, fmt.Errorf("member %q is not a valid cluster ID", member)
 	}
@@ -78,36 +70,5 @@ func (ca *CA) IssueWorkloadSVID(id spiffeid.ID, member string, ttl time.Duration
 	if err != nil {
 		return nil, fmt.Errorf("encoding member binding: %w", err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	notAfter := now.Add(ttl)
-	if notAfter.After(ca.Cert.NotAfter) {
-		notAfter = ca.Cert.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:    serial,
-		Subject:         pkix.Name{Organization: []string{"hub"}},
-		URIs:            []*url.URL{id.URL()},
-		NotBefore:       now.Add(-time.Minute),
-		NotAfter:        notAfter,
-		KeyUsage:        x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		ExtraExtensions: []pkix.Extension{{Id: MemberOID, Value: value}},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
-	if err != nil {
-		return nil, fmt.Errorf("signing SVID for %s: %w", id, err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &x509svid.SVID{ID: id, Certificates: append([]*x509.Certificate{leaf}, ca.chainWithSigner()...), PrivateKey: key}, nil
+	return ca.issue(id, ttl, nil, []pkix.Extension{{Id: MemberOID, Value: value}})
 }
