@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -69,6 +70,14 @@ type hubProcess struct {
 // ports and waits until /readyz answers 200.
 func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hubProcess {
 	t.Helper()
+	return startHubAdminTLS(t, home, nil, extraArgs...)
+}
+
+// startHubAdminTLS is startHub for a hub whose admin port serves TLS when
+// clientTLS is set: it waits for /readyz over HTTPS with a client that
+// trusts clientTLS's roots.
+func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.Config, extraArgs ...string) *hubProcess {
+	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "home.kubeconfig")
 	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
@@ -109,6 +118,10 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 			t.Logf("hub log:\n%s", tail(string(data), 60))
 		}
 	})
+	scheme, hc := "http://", http.DefaultClient
+	if clientTLS != nil {
+		scheme, hc = "https://", &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS}, Timeout: 10 * time.Second}
+	}
 	eventually(t, 60*time.Second, func() error {
 		select {
 		case <-h.done:
@@ -119,9 +132,9 @@ func startHub(t *testing.T, home *localcluster.Cluster, extraArgs ...string) *hu
 			if h.addrs = listening(h.logPath); h.addrs == nil {
 				return fmt.Errorf("hub has not logged its listeners yet")
 			}
-			h.adminURL, h.xdsAddr = "http://"+h.addrs["admin"], h.addrs["xds"]
+			h.adminURL, h.xdsAddr = scheme+h.addrs["admin"], h.addrs["xds"]
 		}
-		resp, err := http.Get(h.adminURL + "/readyz")
+		resp, err := hc.Get(h.adminURL + "/readyz")
 		if err != nil {
 			return err
 		}

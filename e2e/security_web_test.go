@@ -10,18 +10,15 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -351,68 +348,6 @@ func adminAudienceToken(t *testing.T, home *localcluster.Cluster, ns, audience s
 		t.Fatal(err)
 	}
 	return tok.Status.Token
-}
-
-// startHubAdminTLS is startHub for a hub whose admin port serves TLS: it waits
-// for /readyz over HTTPS with a client that trusts clientTLS's roots.
-func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.Config, extraArgs ...string) *hubProcess {
-	t.Helper()
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "home.kubeconfig")
-	adminWriteFile(t, kubeconfig, string(home.Kubeconfig()))
-	h := &hubProcess{logPath: filepath.Join(dir, "hub.log"), token: home.AdminToken(), done: make(chan struct{})}
-	logFile, err := os.Create(h.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := append([]string{"serve",
-		"--kubeconfig", kubeconfig, "--cluster-id", home.Name,
-		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-		"--xds-tls-addr", "", "--bundle-addr", "",
-		"--remote-cluster-timeout", "20s", "--log-level", "debug",
-	}, extraArgs...)
-	h.cmd = exec.Command(hubBin, args...)
-	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
-	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := h.cmd.Start(); err != nil {
-		t.Fatalf("starting hub: %v", err)
-	}
-	go func() {
-		h.exitError = h.cmd.Wait()
-		logFile.Close()
-		close(h.done)
-	}()
-	t.Cleanup(func() {
-		h.stop(t)
-		if t.Failed() {
-			data, _ := os.ReadFile(h.logPath)
-			t.Logf("hub log:\n%s", tail(string(data), 60))
-		}
-	})
-	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS}, Timeout: 10 * time.Second}
-	eventually(t, 60*time.Second, func() error {
-		select {
-		case <-h.done:
-			return fmt.Errorf("hub exited early: %v", h.exitError)
-		default:
-		}
-		if h.addrs == nil {
-			if h.addrs = listening(h.logPath); h.addrs == nil {
-				return fmt.Errorf("hub has not logged its listeners yet")
-			}
-			h.adminURL, h.xdsAddr = "https://"+h.addrs["admin"], h.addrs["xds"]
-		}
-		resp, err := hc.Get(h.adminURL + "/readyz")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("readyz: %s", resp.Status)
-		}
-		return nil
-	})
-	return h
 }
 
 // adminSelfSigned writes a self-signed serving certificate for 127.0.0.1
