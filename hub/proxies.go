@@ -410,7 +410,7 @@ func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discover
 		st.held[typeURL] = m
 	}
 	for _, a := range resp.GetResources() {
-		if name := resourceName(a); name != "" {
+		if name := ResourceName(a.GetValue()); name != "" {
 			m[name] = a
 		}
 	}
@@ -551,10 +551,11 @@ func (p *proxyTracker) pushesPerSecond() []int {
 	return out
 }
 
-// resourceName reads the name of an encoded ClusterLoadAssignment,
-// RouteConfiguration or Secret (field 1 of each) without decoding the rest.
-func resourceName(a *anypb.Any) string {
-	b := a.GetValue()
+// ResourceName reads field 1 of an encoded xDS resource without decoding
+// the rest: the name of a Cluster, ClusterLoadAssignment (cluster_name),
+// Listener, RouteConfiguration or Secret. It returns "" when the bytes do not
+// parse. Load tools use it too, to follow thousands of streams cheaply.
+func ResourceName(b []byte) string {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {

@@ -11,6 +11,8 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/hubmesh/hub/hub"
 )
 
 // The shapes of a stream's subscriptions, each standing for a kind of
@@ -301,7 +303,7 @@ func (c *client) applySotW(typeURL string, values [][]byte) error {
 		seen = make(map[string]bool, len(values))
 	}
 	for _, v := range values {
-		name := resourceName(v)
+		name := hub.ResourceName(v)
 		if !sub.wants(name) {
 			continue
 		}

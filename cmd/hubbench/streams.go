@@ -486,28 +486,3 @@ func (t *writeTarget) holds(b []byte) bool {
 	}
 	return false
 }
-
-// claName reads cluster_name (field 1) of an encoded ClusterLoadAssignment
-// without decoding the rest.
-func resourceName(b []byte) string {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeString(b)
-			if n < 0 {
-				return ""
-			}
-			return v
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return ""
-		}
-		b = b[n:]
-	}
-	return ""
-}
