@@ -47,7 +47,10 @@ func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 }
 
 // authenticate reviews token in cluster and returns the identity it proves:
-// spiffe://<our td>/ns/<ns>/sa/<sa> in that cluster.
+// spiffe://<our td>/ns/<ns>/sa/<sa> in that cluster. It runs on the calling
+// stream's goroutine (its first request) and holds no lock while the
+// member is asked: a member that does not answer delays only that stream,
+// for at most 5 seconds, never another stream or a push.
 func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (identity, error) {
 	if a == nil || a.reviewer == nil {
 		return identity{}, errors.New("service-account token authentication is not configured on this hub")

@@ -45,6 +45,10 @@ type Options struct {
 	// Authorizer, if set, lets a proxy read another namespace's Secrets
 	// when its service account may list them there.
 	Authorizer SecretAuthorizer
+	// AccessReviewTimeout bounds each access review the Authorizer runs
+	// (zero: 5 seconds); a review that fails is tried again 5 seconds
+	// later.
+	AccessReviewTimeout time.Duration
 	// Tokens, if set, authenticates proxies on the mTLS listener that
 	// present a Kubernetes service-account token instead of a certificate.
 	Tokens TokenReviewer
@@ -87,6 +91,7 @@ type Hub struct {
 	gen      *generator
 	watcher  *watcher
 	debounce *debouncer
+	reviews  *accessReviews // may be nil
 	proxies  *proxyTracker
 	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
@@ -124,7 +129,11 @@ func New(opts Options) (*Hub, error) {
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.latency = latency
-	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, newSARCache(opts.Authorizer)
+	h.reviews = newAccessReviews(opts.Authorizer, func(key string) { h.debounce.add([]string{key}) }, opts.Log)
+	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
+		h.reviews.timeout = opts.AccessReviewTimeout
+	}
+	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
 	if opts.Tokens != nil && opts.Roots != nil {
@@ -194,13 +203,17 @@ func (h *Hub) Services() []ServiceSummary {
 // Sink is where member clusters deliver their services.
 func (h *Hub) Sink() clusters.Sink { return h.index }
 
-// Run processes changes until ctx is done.
-func (h *Hub) Run(ctx context.Context) { h.debounce.run(ctx) }
+// Run processes changes until ctx is done, then ends the access reviews
+// still running.
+func (h *Hub) Run(ctx context.Context) {
+	defer h.reviews.close()
+	h.debounce.run(ctx)
+}
 
 // push sends what changed for hostnames; since is when the oldest of
 // these changes reached the hub (push latency is measured from it).
 func (h *Hub) push(hostnames map[string]struct{}, since time.Time) {
-	h.gen.invalidate(hostnames)
+	h.gen.invalidate(withoutReviewKeys(hostnames))
 	h.watcher.push(hostnames, since)
 }
 

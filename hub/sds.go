@@ -8,12 +8,10 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -36,54 +34,6 @@ type SecretSource interface {
 // namespace in a member cluster (clusters.Registry implements it).
 type SecretAuthorizer interface {
 	CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
-}
-
-// sarCache remembers SubjectAccessReview answers as istiod does: an allow
-// for 5 minutes, a deny for 1 minute; a failed review for 5 seconds, so an
-// unreachable member does not make every push wait on its timeout.
-type sarCache struct {
-	authz  SecretAuthorizer
-	allow  *expirable.LRU[string, struct{}]
-	deny   *expirable.LRU[string, struct{}]
-	failed *expirable.LRU[string, error]
-}
-
-func newSARCache(a SecretAuthorizer) *sarCache {
-	if a == nil {
-		return nil
-	}
-	return &sarCache{
-		authz:  a,
-		allow:  expirable.NewLRU[string, struct{}](10000, nil, 5*time.Minute),
-		deny:   expirable.NewLRU[string, struct{}](10000, nil, time.Minute),
-		failed: expirable.NewLRU[string, error](10000, nil, 5*time.Second),
-	}
-}
-
-func (c *sarCache) allowed(cluster, saNS, sa, ns string) (bool, error) {
-	key := cluster + "\x00" + saNS + "\x00" + sa + "\x00" + ns
-	if _, ok := c.allow.Get(key); ok {
-		return true, nil
-	}
-	if _, ok := c.deny.Get(key); ok {
-		return false, nil
-	}
-	if err, ok := c.failed.Get(key); ok {
-		return false, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ok, err := c.authz.CanListSecrets(ctx, cluster, saNS, sa, ns)
-	if err != nil {
-		c.failed.Add(key, err)
-		return false, err
-	}
-	if ok {
-		c.allow.Add(key, struct{}{})
-	} else {
-		c.deny.Add(key, struct{}{})
-	}
-	return ok, nil
 }
 
 // AuthorizerFunc adapts a function to SecretAuthorizer.
@@ -265,13 +215,31 @@ func transient(err error) bool {
 // never an error for the stream.
 func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var out []*resource
+	var reviews map[string]struct{}
+	wt.awaiting = false
+	defer func() {
+		// Pushes read it, possibly while this runs on the stream's goroutine.
+		w.mu.Lock()
+		wt.sub.reviews = reviews
+		w.mu.Unlock()
+	}()
 	for _, name := range wt.names {
-		msg, err := w.secret(wt.ident, name)
-		if err != nil {
+		msg, review, err := w.secret(wt.ident, name)
+		if review != "" {
+			if reviews == nil {
+				reviews = map[string]struct{}{}
+			}
+			reviews[review] = struct{}{}
+		}
+		if errors.Is(err, errReviewPending) {
+			wt.awaiting = true
+		} else if err != nil {
 			if first, last := wt.ident.withheld.first(name, err.Error()); first {
 				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err,
 					"moreNotLogged", last)
 			}
+		}
+		if err != nil {
 			if v, ok := wt.returned[name]; ok && transient(err) {
 				out = append(out, &resource{name: name, version: v, kept: true})
 			}
@@ -286,13 +254,16 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	return out, nil
 }
 
-func (w *watcher) secret(id identity, name string) (proto.Message, error) {
+// secret builds one SDS resource for id, or says why not. review is the
+// change key of the access review it consulted, if any: a new decision
+// re-evaluates the watch.
+func (w *watcher) secret(id identity, name string) (_ proto.Message, review string, _ error) {
 	if w.roots == nil || w.secrets == nil {
-		return nil, errors.New("SDS is not configured on this hub")
+		return nil, review, errors.New("SDS is not configured on this hub")
 	}
 	local := w.roots.LocalTrustDomain()
 	if !id.verified(local) {
-		return nil, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
+		return nil, review, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
 	}
 	validation := func(pem []byte) *tlsv3.Secret {
 		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
@@ -303,25 +274,25 @@ func (w *watcher) secret(id identity, name string) (proto.Message, error) {
 	case name == "ROOTCA":
 		pem, ok := w.roots.RootsPEM(local)
 		if !ok {
-			return nil, errors.New("our roots are not loaded yet")
+			return nil, review, errors.New("our roots are not loaded yet")
 		}
-		return validation(pem), nil
+		return validation(pem), "", nil
 	case strings.HasPrefix(name, "spiffe://"):
 		td, err := spiffeid.TrustDomainFromString(name)
 		if err != nil {
-			return nil, fmt.Errorf("bad trust domain resource: %w", err)
+			return nil, review, fmt.Errorf("bad trust domain resource: %w", err)
 		}
 		pem, ok := w.roots.RootsPEM(td.Name())
 		if !ok {
-			return nil, fmt.Errorf("no bundle for trust domain %s", td.Name())
+			return nil, review, fmt.Errorf("no bundle for trust domain %s", td.Name())
 		}
-		return validation(pem), nil
+		return validation(pem), "", nil
 	}
 	if id.cluster == "" {
-		return nil, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
+		return nil, review, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
 	}
 	if id.conflict != "" {
-		return nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
+		return nil, review, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
 	}
 	ref := strings.TrimPrefix(name, "kubernetes://")
 	ns, secretName := id.namespace, ref
@@ -332,42 +303,46 @@ func (w *watcher) secret(id identity, name string) (proto.Message, error) {
 	// takes the name as a namespace/name key, which would bypass every
 	// check below (and a SubjectAccessReview for "" is for all namespaces).
 	if len(k8svalidation.IsDNS1123Label(ns)) > 0 || len(k8svalidation.IsDNS1123Subdomain(secretName)) > 0 {
-		return nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
+		return nil, review, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
 	}
 	if err := w.servable(ns, strings.TrimSuffix(secretName, "-cacert")); err != nil {
-		return nil, err
+		return nil, review, err
 	}
 	if ns != id.namespace {
 		// As istiod: another namespace only if the proxy's service account
 		// may list Secrets there (SubjectAccessReview in its own member).
 		if w.sar == nil {
-			return nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+			return nil, review, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
 		}
-		ok, err := w.sar.allowed(id.cluster, id.namespace, serviceAccountOf(id.spiffeID), ns)
+		// Never waits: a review not decided yet is pending, and the watch
+		// is re-evaluated when it is.
+		var ok bool
+		var err error
+		ok, review, err = w.sar.decide(id.cluster, id.namespace, serviceAccountOf(id.spiffeID), ns)
 		if err != nil {
-			return nil, err // transient: the stream keeps what it has
+			return nil, review, err // transient: the stream keeps what it has
 		}
 		if !ok {
-			return nil, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, ns, id.cluster)
+			return nil, review, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, ns, id.cluster)
 		}
 	}
 	caOnly := strings.HasSuffix(secretName, "-cacert")
 	key := clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secretName, "-cacert")}
 	s, err := w.secrets.TLSSecret(id.cluster, key)
 	if err != nil {
-		return nil, err
+		return nil, review, err
 	}
 	if caOnly {
 		if len(s.CA) == 0 {
-			return nil, fmt.Errorf("secret %s has no ca.crt or cacert", key)
+			return nil, review, fmt.Errorf("secret %s has no ca.crt or cacert", key)
 		}
-		return validation(s.CA), nil
+		return validation(s.CA), review, nil
 	}
 	if len(s.Cert) == 0 || len(s.Key) == 0 {
-		return nil, fmt.Errorf("secret %s has no certificate and key", key)
+		return nil, review, fmt.Errorf("secret %s has no certificate and key", key)
 	}
 	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Cert}},
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Key}},
-	}}}, nil
+	}}}, review, nil
 }

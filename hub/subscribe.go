@@ -34,6 +34,10 @@ type subscriber struct {
 	dirty   map[string]struct{} // changed hostnames (sdsKey for SDS) not yet evaluated
 	full    bool                // evaluate every name: new subscription, or its last response was not sent
 	last    *sotwResponse       // the last SotW response handed to the stream for this subscription
+	// reviews are the change keys of the access reviews an SDS
+	// subscriber's last evaluation consulted: a new decision for one of
+	// them re-evaluates it (see watcher.push).
+	reviews map[string]struct{}
 }
 
 func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {

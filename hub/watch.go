@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +37,9 @@ type watcher struct {
 	gen     *generator
 	secrets SecretSource // may be nil: no SDS
 	roots   RootSource   // may be nil: no SDS
-	sar     *sarCache    // may be nil: other namespaces are always denied
+	// sar decides access reviews without waiting; nil: other namespaces
+	// are always denied.
+	sar *accessReviews
 	// hubNamespace is the hub's own namespace, whose Secrets are never served.
 	hubNamespace string
 	// maxNames bounds the names a stream subscribes to per type.
@@ -86,6 +89,10 @@ type watch struct {
 
 	deltaReq *cachev3.DeltaRequest // Delta
 	deltaOut chan cachev3.DeltaResponse
+
+	// awaiting says an access review an SDS watch needs was pending when
+	// it was last evaluated: a first SotW response waits for it.
+	awaiting bool
 }
 
 // incremental reports whether wt's responses carry only what changed.
@@ -186,8 +193,10 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			return func() {}, nil
 		}
 		w.mu.Lock()
-		if !s.persistent && w.epoch != epoch {
-			s.full = true // not indexed while evaluated: a push may have missed it
+		if w.epoch != epoch && (!s.persistent || s.typeURL == resourcev3.SecretType) {
+			// Not indexed while evaluated, or (SDS) the access reviews it
+			// consulted were not recorded yet: a push may have missed it.
+			s.full = true
 		}
 		if len(s.dirty) == 0 && !s.full {
 			s.parked = wt
@@ -227,7 +236,7 @@ type job struct {
 }
 
 // push evaluates the parked watches that the changed hostnames (sdsKey for
-// secrets and roots) can affect, each only for its names of those
+// secrets and roots, an access review's key for its decision) can affect, each only for its names of those
 // hostnames where responses carry only what changed, and answers those
 // whose stream lacks something. Subscribers without a parked watch just
 // note the hostnames, for their next request. At most w.workers watches
@@ -250,6 +259,16 @@ func (w *watcher) push(changed map[string]struct{}, since time.Time) {
 		if host == sdsKey {
 			for s := range w.bySecret {
 				visit(s, sdsKey)
+			}
+			continue
+		}
+		if strings.HasPrefix(host, reviewKeyPrefix) {
+			// A decision: only the SDS subscribers whose last evaluation
+			// consulted that review.
+			for s := range w.bySecret {
+				if _, ok := s.reviews[host]; ok {
+					visit(s, host)
+				}
 			}
 			continue
 		}
@@ -488,7 +507,8 @@ func (r *sotwResponse) GetReturnedResources() map[string]string {
 // names, or of every name when full (and for SDS, whose names are few).
 // Resources that disappeared are not named: for these types a SotW
 // response leaves the others as the client has them. The first request of
-// a type on a stream is always answered, possibly with no resources.
+// a type on a stream is always answered, possibly with no resources; for
+// SDS once the access reviews its names need are decided.
 func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
 	var changed []*resource
 	consider := func(r *resource) {
@@ -501,6 +521,9 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		res, err := w.secretResources(wt)
 		if err != nil {
 			return nil, err
+		}
+		if wt.awaiting && wt.req.GetResponseNonce() == "" {
+			return nil, nil // a first SDS response waits for its access reviews
 		}
 		for _, r := range res {
 			consider(r)

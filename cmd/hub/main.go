@@ -40,6 +40,7 @@ type config struct {
 	remoteClusterTimeout time.Duration
 	debounceAfter        time.Duration
 	debounceMax          time.Duration
+	accessReviewTimeout  time.Duration
 	apiTokenFile         string
 	apiAudience          string
 	adminTLSCert         string
@@ -79,6 +80,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.remoteClusterTimeout, "remote-cluster-timeout", 30*time.Second, "after this a member that has not synced stops blocking readiness")
 	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
 	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
+	fs.DurationVar(&c.accessReviewTimeout, "access-review-timeout", 5*time.Second, "longest a member may take to answer one SubjectAccessReview (SDS of another namespace); meanwhile the proxy asking keeps what it has")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
 	fs.StringVar(&c.apiAudience, "api-audience", "", "audience API tokens must be issued for (TokenReview spec.audiences; default: the API server's own)")
 	fs.StringVar(&c.adminTLSCert, "admin-tls-cert", "", "serving certificate (PEM) for the admin port; with --admin-tls-key it serves HTTPS and the session cookie is Secure")
@@ -103,6 +105,9 @@ func (c *config) validate() error {
 	}
 	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
 		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	if c.accessReviewTimeout <= 0 {
+		return fmt.Errorf("--access-review-timeout must be positive, not %s", c.accessReviewTimeout)
 	}
 	if c.newStreamsPerSecond <= 0 {
 		return fmt.Errorf("--new-streams-per-second must be positive, not %v", c.newStreamsPerSecond)

@@ -72,6 +72,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Authorizer: hub.AuthorizerFunc(func(ctx context.Context, cluster, saNS, sa, ns string) (bool, error) {
 			return registry.CanListSecrets(ctx, cluster, saNS, sa, ns)
 		}),
+		AccessReviewTimeout: cfg.accessReviewTimeout,
 		Tokens: hub.TokenReviewerFunc(func(ctx context.Context, cluster, token string) (string, string, error) {
 			return registry.ReviewToken(ctx, cluster, token)
 		}),

@@ -383,15 +383,48 @@ func (c *Cluster) StartSpareAPIServer(ctx context.Context) (*rest.Config, func()
 	return cfg, proc.stop, nil
 }
 
-// StopAPIServer stops the cluster's API server; etcd keeps its data, so
-// StartAPIServer brings the same cluster back.
+// StopAPIServer stops the cluster's API server (a paused one too); etcd
+// keeps its data, so StartAPIServer brings the same cluster back.
 func (c *Cluster) StopAPIServer() {
 	c.mu.Lock()
 	proc := c.proc
 	c.mu.Unlock()
 	if proc != nil {
+		if proc.alive() {
+			_ = proc.cmd.Process.Signal(syscall.SIGCONT) // a stopped process cannot act on SIGTERM
+		}
 		proc.stop()
 	}
+}
+
+// PauseAPIServer freezes the cluster's API server (SIGSTOP): connections
+// are still accepted by the kernel but nothing is answered, as with a
+// blackholed member. ResumeAPIServer undoes it.
+func (c *Cluster) PauseAPIServer() error {
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
+	if proc == nil || !proc.alive() {
+		return fmt.Errorf("pausing API server %s: it is not running", c.Name)
+	}
+	if err := proc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("pausing API server %s: %w", c.Name, err)
+	}
+	return nil
+}
+
+// ResumeAPIServer lets a paused API server run again.
+func (c *Cluster) ResumeAPIServer() error {
+	c.mu.Lock()
+	proc := c.proc
+	c.mu.Unlock()
+	if proc == nil || !proc.alive() {
+		return nil
+	}
+	if err := proc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return fmt.Errorf("resuming API server %s: %w", c.Name, err)
+	}
+	return nil
 }
 
 // WaitReady waits until the API server answers /readyz.
