@@ -82,7 +82,9 @@ func endpointIPs(t *testing.T, r *discoveryv3.DiscoveryResponse) []string {
 // that re-evaluate that proxy's watch (secret rotations) and every other
 // push (EDS, other proxies' SDS) go out while the review is still hanging,
 // the review is asked once however often the watch is evaluated, and the
-// waiting proxy gets nothing until it completes; then it gets the Secret.
+// waiting proxy gets nothing until it completes; then it gets the Secret
+// (its first response waits: a client may never ask again, Istio's adsc
+// acknowledges without resource names).
 func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 	g := newGate(t)
 	var calls atomic.Int32
@@ -136,7 +138,11 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 	// The proxy that needs the hanging review.
 	both := []string{"kubernetes://gw", "kubernetes://slow/gw"}
 	waiting := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	waiting.send(t, sdsRequest("waiting", "west", both...))
+	// Its first request carries a response nonce of its own making, as
+	// Istio's adsc sends: the first response is still the one that waits.
+	first := sdsRequest("waiting", "west", both...)
+	first.ResponseNonce = "2026-11-23 05:35:00.309502067 +0000 UTC m=+0.113318264"
+	waiting.send(t, first)
 	wait.Until(t, 20*time.Second, func() error {
 		if g.started.Load() == 0 {
 			return fmt.Errorf("the access review has not been asked")

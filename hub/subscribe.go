@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"sync/atomic"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
@@ -38,6 +40,9 @@ type subscriber struct {
 	// subscriber's last evaluation consulted: a new decision for one of
 	// them re-evaluates it (see watcher.push).
 	reviews map[string]struct{}
+	// answered says a response for this subscription was handed to its
+	// stream (written under watcher.mu, read by evaluations without it).
+	answered atomic.Bool
 }
 
 func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {

@@ -189,6 +189,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			w.mu.Lock()
 			s.last = resp.sotw
 			w.mu.Unlock()
+			s.answered.Store(true)
 			resp.send(wt) // never blocks: see reply.send
 			return func() {}, nil
 		}
@@ -354,6 +355,7 @@ func (w *watcher) pushTo(j job) {
 	if open {
 		s.parked = nil
 		s.last = resp.sotw
+		s.answered.Store(true)
 		if !s.persistent {
 			w.unindexLocked(s)
 		}
@@ -522,8 +524,13 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		if err != nil {
 			return nil, err
 		}
-		if wt.awaiting && wt.req.GetResponseNonce() == "" {
-			return nil, nil // a first SDS response waits for its access reviews
+		if wt.awaiting && !wt.sub.answered.Load() {
+			// The first response to an SDS subscription waits for the
+			// access reviews its names need (each bounded by its timeout):
+			// a client may not ask again (Istio's adsc acknowledges
+			// without resource names), so it must not be told "nothing"
+			// for a name that is only undecided.
+			return nil, nil
 		}
 		for _, r := range res {
 			consider(r)
