@@ -97,8 +97,8 @@ type clusterDeps struct {
 	sink    Sink
 	timeout time.Duration
 	log     *slog.Logger
-	// onSecret is told when a member's Secret changes (may be nil).
-	onSecret func(cluster string, key ServiceKey)
+	// secretEvents is told when the member's Secrets change (may be nil).
+	secretEvents SecretEvents
 }
 
 func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, error) {
@@ -140,9 +140,9 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		endpoints: map[ServiceKey]int{},
 	}
 	var onSecret func(ServiceKey)
-	if deps.onSecret != nil {
-		onSecret = func(key ServiceKey) { deps.onSecret(id, key) }
-		c.secretsSynced = func() { deps.onSecret(id, ServiceKey{}) }
+	if ev := deps.secretEvents; ev != nil {
+		onSecret = func(key ServiceKey) { ev.SecretChanged(id, key) }
+		c.secretsSynced = func() { ev.SecretsSynced(id) }
 	}
 	if c.secrets, err = newSecretController(client, onSecret); err != nil {
 		return nil, err

@@ -32,6 +32,15 @@ import (
 // values are kubeconfigs (Istio's remote-secret format).
 const MultiClusterLabel = "istio/multiCluster"
 
+// SecretEvents is told when members' Secrets change.
+type SecretEvents interface {
+	// SecretChanged: one Secret of a member changed or went away.
+	SecretChanged(cluster string, key ServiceKey)
+	// SecretsSynced: a member's Secret cache (re)synced, so any of its
+	// Secrets may differ from what was served before.
+	SecretsSynced(cluster string)
+}
+
 // Config holds the Registry's dependencies.
 type Config struct {
 	// Home is the home cluster: it holds the remote Secrets and is a member itself.
@@ -47,9 +56,9 @@ type Config struct {
 	Policy KubeconfigPolicy
 	// Sink receives every member's services.
 	Sink Sink
-	// OnSecretChange, if set, is told when a Secret of a member changes
-	// (SDS uses it to push TLS material again).
-	OnSecretChange func(cluster string, key ServiceKey)
+	// SecretEvents, if set, is told when members' Secrets change (SDS
+	// uses it to push TLS material again).
+	SecretEvents SecretEvents
 	// Metrics, if set, gets the membership metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -115,7 +124,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		views:      views,
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, onSecret: cfg.OnSecretChange},
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},

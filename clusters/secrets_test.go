@@ -29,11 +29,11 @@ func TestSecretController(t *testing.T) {
 	changed := map[string]int{}
 	r, err := NewRegistry(Config{
 		Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: 30 * time.Second, Sink: newRecordingSink(),
-		OnSecretChange: func(cluster string, key ServiceKey) {
+		SecretEvents: secretEventsFunc(func(cluster string, key ServiceKey) {
 			mu.Lock()
 			changed[cluster+"/"+key.String()]++
 			mu.Unlock()
-		},
+		}),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -166,3 +166,9 @@ func limitedKubeconfig(t *testing.T, c *localcluster.Cluster) []byte {
 }
 
 func ptrInt64(v int64) *int64 { return &v }
+
+// secretEventsFunc counts a Secret cache's sync as a change of the zero key.
+type secretEventsFunc func(cluster string, key ServiceKey)
+
+func (f secretEventsFunc) SecretChanged(cluster string, key ServiceKey) { f(cluster, key) }
+func (f secretEventsFunc) SecretsSynced(cluster string)                 { f(cluster, ServiceKey{}) }

@@ -19,14 +19,6 @@ type TokenReviewer interface {
 	ReviewToken(ctx context.Context, cluster, token string) (namespace, serviceAccount string, err error)
 }
 
-// TokenReviewerFunc adapts a function to TokenReviewer.
-type TokenReviewerFunc func(ctx context.Context, cluster, token string) (string, string, error)
-
-// ReviewToken implements TokenReviewer.
-func (f TokenReviewerFunc) ReviewToken(ctx context.Context, cluster, token string) (string, string, error) {
-	return f(ctx, cluster, token)
-}
-
 // tokenAuth turns service-account tokens into workload identities of our
 // trust domain. Answers are cached by a hash of (cluster, token), never the
 // token itself: an accepted token for a minute, a rejected one for ten

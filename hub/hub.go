@@ -35,10 +35,16 @@ import (
 
 // Options configures a Hub.
 type Options struct {
-	// DomainSuffix makes service hostnames: <name>.<namespace>.svc.<suffix>.
+	// Changes is the change feed Run consumes (NewChanges), which the
+	// Index, the Secret and root sources report to. Nil: a feed of the
+	// hub's own with DefaultDebounceAfter and DefaultDebounceMax.
+	Changes *Changes
+	// Index is the federated index served (NewIndex, reporting to
+	// Changes). Nil: an index of the hub's own, with DomainSuffix.
+	Index *Index
+	// DomainSuffix makes service hostnames of the hub's own index:
+	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
-	// DebounceAfter and DebounceMax bound push batching (DESIGN.md §4).
-	DebounceAfter, DebounceMax time.Duration
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
 	Roots   RootSource
@@ -81,19 +87,19 @@ type Options struct {
 
 // Hub federates every member's services and serves them over ADS.
 type Hub struct {
-	log      *slog.Logger
-	grace    time.Duration
-	limits   Limits
-	settled  func() (bool, string)
-	open     atomic.Bool   // settled once: streams are accepted
-	admit    *rate.Limiter // new streams
-	index    *Index
-	gen      *generator
-	watcher  *watcher
-	debounce *debouncer
-	reviews  *accessReviews // may be nil
-	proxies  *proxyTracker
-	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
+	log     *slog.Logger
+	grace   time.Duration
+	limits  Limits
+	settled func() (bool, string)
+	open    atomic.Bool   // settled once: streams are accepted
+	admit   *rate.Limiter // new streams
+	changes *Changes
+	index   *Index
+	gen     *generator
+	watcher *watcher
+	reviews *accessReviews // may be nil
+	proxies *proxyTracker
+	servers atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
 // New creates a Hub. Run must be running for changes to reach proxies.
@@ -117,19 +123,24 @@ func New(opts Options) (*Hub, error) {
 		proxies: newProxyTracker(opts.Log, opts.Limits),
 	}
 	latency := newPushLatency()
+	h.changes, h.index = opts.Changes, opts.Index
+	if h.changes == nil {
+		h.changes = NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
+	}
+	if h.index == nil {
+		h.index = NewIndex(opts.DomainSuffix, h.changes)
+	}
+	h.gen = newGenerator(h.index)
+	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
+	h.watcher.latency = latency
 	if opts.Metrics != nil {
-		for _, c := range append(h.proxies.collectors(), latency.hist) {
+		for _, c := range append(h.proxies.collectors(), latency.hist, h.watcher.evaluations) {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("registering xDS metrics: %w", err)
 			}
 		}
 	}
-	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
-	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
-	h.gen = newGenerator(h.index)
-	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
-	h.watcher.latency = latency
-	h.reviews = newAccessReviews(opts.Authorizer, func(key string) { h.debounce.add([]string{key}) }, opts.Log)
+	h.reviews = newAccessReviews(opts.Authorizer, h.changes.reviewDecided, opts.Log)
 	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
 		h.reviews.timeout = opts.AccessReviewTimeout
 	}
@@ -152,14 +163,12 @@ const DefaultNewStreamsPerSecond = 200
 // unless told otherwise.
 const DefaultDrainGrace = 10 * time.Second
 
-// sdsKey is the change key that makes every parked SDS watch re-evaluate.
-const sdsKey = "\x00sds"
-
-// SecretChanged tells the hub that a member's Secret changed (SDS pushes).
-func (h *Hub) SecretChanged(string, clusters.ServiceKey) { h.debounce.add([]string{sdsKey}) }
-
-// RootsChanged tells the hub that a trust domain's roots changed.
-func (h *Hub) RootsChanged() { h.debounce.add([]string{sdsKey}) }
+// DefaultDebounceAfter and DefaultDebounceMax bound the batching of a
+// hub's own change feed (Options.Changes).
+const (
+	DefaultDebounceAfter = 100 * time.Millisecond
+	DefaultDebounceMax   = 10 * time.Second
+)
 
 // Proxies lists every connected ADS stream with its per-type ACK/NACK state.
 func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
@@ -200,21 +209,19 @@ func (h *Hub) Services() []ServiceSummary {
 	return out
 }
 
-// Sink is where member clusters deliver their services.
-func (h *Hub) Sink() clusters.Sink { return h.index }
-
-// Run processes changes until ctx is done, then ends the access reviews
-// still running.
+// Run consumes the change feed until ctx is done, then ends the access
+// reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.debounce.run(ctx)
+	h.changes.run(ctx, h.push)
 }
 
-// push sends what changed for hostnames; since is when the oldest of
-// these changes reached the hub (push latency is measured from it).
-func (h *Hub) push(hostnames map[string]struct{}, since time.Time) {
-	h.gen.invalidate(withoutReviewKeys(hostnames))
-	h.watcher.push(hostnames, since)
+// push sends what changed: regenerates the changed services' resources
+// and answers the watches they, the Secrets, roots and access decisions
+// in b affect.
+func (h *Hub) push(b *batch) {
+	h.gen.invalidate(b.hosts)
+	h.watcher.push(b)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

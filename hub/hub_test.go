@@ -28,7 +28,7 @@ import (
 // stop ends ServeADS earlier and returns its error once it has returned.
 func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() error) {
 	t.Helper()
-	opts.DomainSuffix, opts.DebounceAfter, opts.DebounceMax = "cluster.local", 10*time.Millisecond, time.Second
+	opts.DomainSuffix, opts.Changes = "cluster.local", NewChanges(10*time.Millisecond, time.Second)
 	h, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -46,7 +46,7 @@ func claNames(t *testing.T, r *discoveryv3.DiscoveryResponse) map[string]string 
 // longer sent.
 func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	h, stream := startHub(t)
-	h.Sink().ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1"), namedService("c", "10.0.2.1")})
+	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1"), namedService("c", "10.0.2.1")})
 	ch := receiver(t, stream)
 	node := &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}
 	a, b, c := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local", "outbound|7070||c.demo.svc.cluster.local"
@@ -70,7 +70,7 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	expectSilence(t, ch, "after the ACK")
 
 	// b changes: only b is sent.
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
 	second := expectResponse(t, ch)
 	if got := claNames(t, second); len(got) != 1 || got[b] != "10.0.1.2" {
 		t.Fatalf("response after b changed = %v; want only b", got)
@@ -88,7 +88,7 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	waitHolds(t, h, map[string]string{a: "10.0.0.1", b: "10.0.1.2", c: "10.0.2.1"})
 
 	// a changes and the client NACKs it: not resent until a changes again.
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
 	fourth := expectResponse(t, ch)
 	if got := claNames(t, fourth); len(got) != 1 || got[a] != "10.0.0.2" {
 		t.Fatalf("response after a changed = %v; want only a", got)
@@ -96,7 +96,7 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	send(&discoveryv3.DiscoveryRequest{ResourceNames: []string{a, b, c}, ResponseNonce: fourth.Nonce, VersionInfo: third.VersionInfo,
 		ErrorDetail: &statuspb.Status{Code: 3, Message: "rejected by test"}})
 	expectSilence(t, ch, "after a NACK")
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.2"))
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.2"))
 	fifth := expectResponse(t, ch)
 	if got := claNames(t, fifth); len(got) != 1 || got[c] != "10.0.2.2" {
 		t.Fatalf("response after c changed (a NACKed) = %v; want only c", got)
@@ -105,9 +105,9 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	// c is unsubscribed: a change to it sends nothing.
 	ack(fifth, a, b)
 	waitHolds(t, h, map[string]string{a: "10.0.0.2", b: "10.0.1.2"})
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.3"))
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.3"))
 	expectSilence(t, ch, "after a change to an unsubscribed name")
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.3"))
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.3"))
 	if got := claNames(t, expectResponse(t, ch)); len(got) != 1 || got[a] != "10.0.0.3" {
 		t.Fatalf("response after a changed again = %v; want only a", got)
 	}
@@ -161,7 +161,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(map[string]struct{}{"b.demo.svc.cluster.local": {}}, time.Now())
+	h.push(&batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
 	<-out // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, sub, out); err != nil {

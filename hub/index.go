@@ -10,23 +10,23 @@ import (
 
 // Index is the federated index: every member's services, grouped by service
 // hostname. It implements clusters.Sink and reports the hostnames whose
-// federated view changed. It is independent of xDS so that other generators
-// (e.g. MCP-over-XDS, DESIGN.md §9) can read it too.
+// federated view changed to the hub's change feed. It is independent of xDS
+// so that other generators (e.g. MCP-over-XDS, DESIGN.md §9) can read it too.
 type Index struct {
 	domainSuffix string
-	onChange     func(hostnames []string)
+	changes      *Changes
 
 	mu        sync.RWMutex
 	byHost    map[string]map[string]*clusters.Service // hostname → member → view
 	byCluster map[string]map[clusters.ServiceKey]*clusters.Service
 }
 
-// NewIndex creates an empty index. onChange is called, outside the index's
-// lock, with the hostnames whose view changed.
-func NewIndex(domainSuffix string, onChange func(hostnames []string)) *Index {
+// NewIndex creates an empty index that reports the hostnames whose view
+// changed to changes (outside the index's lock; nil: to nobody).
+func NewIndex(domainSuffix string, changes *Changes) *Index {
 	return &Index{
 		domainSuffix: domainSuffix,
-		onChange:     onChange,
+		changes:      changes,
 		byHost:       map[string]map[string]*clusters.Service{},
 		byCluster:    map[string]map[clusters.ServiceKey]*clusters.Service{},
 	}
@@ -107,8 +107,8 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 }
 
 func (x *Index) notify(changed []string) {
-	if len(changed) > 0 && x.onChange != nil {
-		x.onChange(changed)
+	if len(changed) > 0 && x.changes != nil {
+		x.changes.HostnamesChanged(changed)
 	}
 }
 

@@ -1,23 +1,35 @@
 package hub
 
 import (
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/hubmesh/hub/clusters"
 )
 
 func TestIndexReportsOnlyRealChanges(t *testing.T) {
+	feed := NewChanges(0, 0)
 	var changes [][]string
-	x := NewIndex("cluster.local", func(h []string) { changes = append(changes, h) })
+	reported := func() { // what the index reported since the last call
+		if b := feed.take(); len(b.hosts) > 0 {
+			changes = append(changes, slices.Sorted(maps.Keys(b.hosts)))
+		}
+	}
+	x := NewIndex("cluster.local", feed)
 	svc := func(ip string) *clusters.Service {
 		return &clusters.Service{Namespace: "ns", Name: "a", Endpoints: []clusters.Endpoint{{Address: ip, Port: 80, ServicePort: 80}}}
 	}
 	key := clusters.ServiceKey{Namespace: "ns", Name: "a"}
 	x.ReplaceCluster("west", []*clusters.Service{svc("10.0.0.1")})
+	reported()
 	x.UpdateService("west", key, svc("10.0.0.1")) // identical: no change
+	reported()
 	x.UpdateService("west", key, svc("10.0.0.2"))
+	reported()
 	x.ReplaceCluster("east", []*clusters.Service{svc("10.1.0.1")})
+	reported()
 	want := [][]string{{"a.ns.svc.cluster.local"}, {"a.ns.svc.cluster.local"}, {"a.ns.svc.cluster.local"}}
 	if !reflect.DeepEqual(changes, want) {
 		t.Fatalf("changes = %v; want %v", changes, want)

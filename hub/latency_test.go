@@ -92,7 +92,7 @@ func openCDSFirst(t *testing.T, ctx context.Context, addr string) (discoveryv3.A
 func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	h, addr, _ := serveHub(t, Options{Metrics: reg})
-	h.Sink().ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -131,7 +131,7 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 	start := time.Now()
 	svc := echoService("10.0.0.1")
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "echo"}, svc)
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "echo"}, svc)
 	for i, s := range opened {
 		if _, err := s.Recv(); err != nil {
 			t.Fatalf("stream %d: no push after the change: %v", i, err)

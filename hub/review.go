@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 // accessReviews answers from what it decided before, and on a miss starts
 // the review in the background and says "pending"; when it completes, the
 // SDS watches that consulted that review are re-evaluated (and only they),
-// through the hub's debouncer with the review's own change key.
+// through the hub's change feed (Changes).
 
 // Review timing and bounds, as istiod caches SubjectAccessReviews.
 const (
@@ -42,40 +41,9 @@ var errReviewPending = errors.New("access review pending")
 // errReviewsStopped means the hub is shutting down.
 var errReviewsStopped = errors.New("access reviews stopped: the hub is shutting down")
 
-// reviewKeyPrefix starts the change key of an access review's decision.
-// No hostname contains a NUL byte.
-const reviewKeyPrefix = "\x00review\x00"
-
-// withoutReviewKeys returns changed without access reviews' keys, which
-// invalidate no generated resource.
-func withoutReviewKeys(changed map[string]struct{}) map[string]struct{} {
-	n := 0
-	for k := range changed {
-		if strings.HasPrefix(k, reviewKeyPrefix) {
-			n++
-		}
-	}
-	if n == 0 {
-		return changed
-	}
-	out := make(map[string]struct{}, len(changed)-n)
-	for k := range changed {
-		if !strings.HasPrefix(k, reviewKeyPrefix) {
-			out[k] = struct{}{}
-		}
-	}
-	return out
-}
-
 // reviewKey is one question: may this service account of this member list
 // Secrets in this namespace?
 type reviewKey struct{ cluster, saNamespace, sa, namespace string }
-
-// event is the change key the hub's push path gets when the decision for k
-// changes.
-func (k reviewKey) event() string {
-	return reviewKeyPrefix + k.cluster + "\x00" + k.saNamespace + "\x00" + k.sa + "\x00" + k.namespace
-}
 
 // decision is a review's outcome and how long it stands.
 type decision struct {
@@ -94,7 +62,7 @@ type decision struct {
 // ends them when closed.
 type accessReviews struct {
 	authz  SecretAuthorizer
-	notify func(key string) // a decision changed; must not block
+	notify func(reviewKey) // a decision changed; must not block
 	log    *slog.Logger
 	now    func() time.Time
 
@@ -116,7 +84,7 @@ type accessReviews struct {
 	closed    bool
 }
 
-func newAccessReviews(a SecretAuthorizer, notify func(string), log *slog.Logger) *accessReviews {
+func newAccessReviews(a SecretAuthorizer, notify func(reviewKey), log *slog.Logger) *accessReviews {
 	if a == nil {
 		return nil
 	}
@@ -134,27 +102,26 @@ func newAccessReviews(a SecretAuthorizer, notify func(string), log *slog.Logger)
 
 // decide answers from the cache and never waits. On a miss it starts the
 // review and returns errReviewPending; a failed review's error is returned
-// (transient) until it is retried. The second result is the key of the
-// change event that announces a new decision for this question.
-func (r *accessReviews) decide(cluster, saNamespace, sa, namespace string) (bool, string, error) {
-	k := reviewKey{cluster, saNamespace, sa, namespace}
+// (transient) until it is retried. A new decision for k is announced to
+// notify.
+func (r *accessReviews) decide(k reviewKey) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return false, k.event(), errReviewsStopped
+		return false, errReviewsStopped
 	}
 	now := r.now()
 	if d, ok := r.decisions.Get(k); ok && now.Before(d.expires) {
 		if d.err != nil {
-			return false, k.event(), d.err
+			return false, d.err
 		}
 		if !now.Before(d.refresh) {
 			r.start(k) // serve the last decision while revalidating
 		}
-		return d.allowed, k.event(), nil
+		return d.allowed, nil
 	}
 	r.start(k)
-	return false, k.event(), errReviewPending
+	return false, errReviewPending
 }
 
 // start runs k's review, or queues it behind its member's running ones,
@@ -216,9 +183,9 @@ func (r *accessReviews) review(k reviewKey) {
 		r.mu.Unlock()
 		return
 	}
-	changed := []string{}
+	var changed []reviewKey
 	if r.record(k, allowed, err) {
-		changed = append(changed, k.event())
+		changed = append(changed, k)
 	}
 	if err != nil && timedOut {
 		// The member does not answer: its queued reviews fail with the same
@@ -226,7 +193,7 @@ func (r *accessReviews) review(k reviewKey) {
 		for _, q := range r.queued[k.cluster] {
 			delete(r.inflight, q)
 			if r.record(q, false, err) {
-				changed = append(changed, q.event())
+				changed = append(changed, q)
 			}
 		}
 		delete(r.queued, k.cluster)
@@ -258,14 +225,13 @@ func (r *accessReviews) record(k reviewKey, allowed bool, err error) bool {
 		if t := r.retries[k]; t != nil {
 			t.Stop()
 		}
-		event := k.event()
 		r.retries[k] = time.AfterFunc(r.failedTTL, func() {
 			r.mu.Lock()
 			delete(r.retries, k)
 			closed := r.closed
 			r.mu.Unlock()
 			if !closed {
-				r.notify(event)
+				r.notify(k)
 			}
 		})
 		return !had

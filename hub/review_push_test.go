@@ -107,7 +107,7 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 			slow: {Cert: []byte("SLOW-CERT"), Key: []byte("SLOW-KEY")},
 		}
 		s.secrets.mu.Unlock()
-		s.h.SecretChanged("west", gw)
+		s.h.changes.SecretChanged("west", gw)
 	}
 	setGW(0)
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})

@@ -12,6 +12,8 @@ import (
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/hubmesh/hub/clusters"
+
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -62,14 +64,14 @@ func (m *scriptedMember) count(ns string) int {
 	return m.calls[ns]
 }
 
-// events collects the change keys an accessReviews announces.
+// events collects the decisions an accessReviews announces.
 type events struct {
 	mu   sync.Mutex
-	keys map[string]int
+	keys map[reviewKey]int
 }
 
-func (e *events) add(k string) { e.mu.Lock(); e.keys[k]++; e.mu.Unlock() }
-func (e *events) count(k string) int {
+func (e *events) add(k reviewKey) { e.mu.Lock(); e.keys[k]++; e.mu.Unlock() }
+func (e *events) count(k reviewKey) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.keys[k]
@@ -91,7 +93,7 @@ func (c *clock) advance(d time.Duration) {
 // testReviews is an accessReviews on a clock the test moves.
 func testReviews(t *testing.T, m *scriptedMember) (*accessReviews, *events, *clock) {
 	t.Helper()
-	ev := &events{keys: map[string]int{}}
+	ev := &events{keys: map[reviewKey]int{}}
 	r := newAccessReviews(m, ev.add, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	c := &clock{now: time.Now()}
 	r.now = c.get
@@ -102,12 +104,12 @@ func testReviews(t *testing.T, m *scriptedMember) (*accessReviews, *events, *clo
 func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "allow", "c": "deny"}, calls: map[string]int{}}
 	r, ev, _ := testReviews(t, m)
-	key := reviewKey{"west", "a", "gw", "b"}.event()
+	key := reviewKey{"west", "a", "gw", "b"}
 
 	// A miss is pending and starts one review, however often it is asked.
 	for range 5 {
-		if _, k, err := r.decide("west", "a", "gw", "b"); !errors.Is(err, errReviewPending) && err != nil || k != key {
-			t.Fatalf("first decision: %v, %q", err, k)
+		if _, err := r.decide(key); !errors.Is(err, errReviewPending) && err != nil {
+			t.Fatalf("first decision: %v", err)
 		}
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -116,7 +118,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, _, err := r.decide("west", "a", "gw", "b"); !ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
 		t.Fatalf("after the review: %v, %v; want allowed", ok, err)
 	}
 	if n := m.count("b"); n != 1 {
@@ -124,15 +126,15 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 	}
 
 	// A deny is cached too.
-	_, _, _ = r.decide("west", "a", "gw", "c")
-	denyKey := reviewKey{"west", "a", "gw", "c"}.event()
+	_, _ = r.decide(reviewKey{"west", "a", "gw", "c"})
+	denyKey := reviewKey{"west", "a", "gw", "c"}
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(denyKey) == 0 {
 			return errors.New("the deny was not announced")
 		}
 		return nil
 	})
-	if ok, _, err := r.decide("west", "a", "gw", "c"); ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "c"}); ok || err != nil {
 		t.Fatalf("denied: %v, %v", ok, err)
 	}
 }
@@ -140,8 +142,8 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "allow"}, calls: map[string]int{}}
 	r, ev, now := testReviews(t, m)
-	key := reviewKey{"west", "a", "gw", "b"}.event()
-	_, _, _ = r.decide("west", "a", "gw", "b")
+	key := reviewKey{"west", "a", "gw", "b"}
+	_, _ = r.decide(reviewKey{"west", "a", "gw", "b"})
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(key) != 1 {
 			return errors.New("the allow was not announced")
@@ -150,14 +152,14 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	})
 	// Before the last fifth of its life an allow is served as it is.
 	now.advance(r.allowTTL / 2)
-	if ok, _, err := r.decide("west", "a", "gw", "b"); !ok || err != nil || m.count("b") != 1 {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil || m.count("b") != 1 {
 		t.Fatalf("mid-life: %v, %v, %d reviews", ok, err, m.count("b"))
 	}
 	// Near expiry: still served, and revalidated in the background; the
 	// member now denies, which is announced and then served.
 	m.set("b", "deny")
 	now.advance(r.allowTTL * 4 / 10)
-	if ok, _, err := r.decide("west", "a", "gw", "b"); !ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
 		t.Fatalf("near expiry: %v, %v; want the last decision (allowed) served", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -166,13 +168,13 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, _, err := r.decide("west", "a", "gw", "b"); ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
 		t.Fatalf("after revalidation: %v, %v; want denied", ok, err)
 	}
 	// A failed revalidation keeps the decision it was to refresh.
 	m.set("b", "fail")
 	now.advance(r.denyTTL * 9 / 10)
-	if ok, _, err := r.decide("west", "a", "gw", "b"); ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
 		t.Fatalf("near the deny's expiry: %v, %v", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -183,7 +185,7 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, _, err := r.decide("west", "a", "gw", "b"); ok || err != nil {
+	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
 		t.Fatalf("after a failed revalidation: %v, %v; want the deny still served", ok, err)
 	}
 }
@@ -192,8 +194,8 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "fail"}, calls: map[string]int{}}
 	r, ev, now := testReviews(t, m)
 	r.failedTTL = 50 * time.Millisecond
-	key := reviewKey{"west", "a", "gw", "b"}.event()
-	_, _, _ = r.decide("west", "a", "gw", "b")
+	key := reviewKey{"west", "a", "gw", "b"}
+	_, _ = r.decide(reviewKey{"west", "a", "gw", "b"})
 	// The failure is announced, then announced again when it has expired,
 	// so that the watches that asked ask again.
 	wait.Until(t, 10*time.Second, func() error {
@@ -204,11 +206,11 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	})
 	m.set("b", "allow")
 	now.advance(time.Second)
-	if _, _, err := r.decide("west", "a", "gw", "b"); !errors.Is(err, errReviewPending) {
+	if _, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !errors.Is(err, errReviewPending) {
 		t.Fatalf("after the failure expired: %v; want a new review pending", err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, _, err := r.decide("west", "a", "gw", "b"); !ok || err != nil {
+		if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
 			return fmt.Errorf("%v, %v", ok, err)
 		}
 		return nil
@@ -229,7 +231,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	r, ev, _ := testReviews(t, black)
 	r.perMember, r.overall = 2, 3
 	for i := range 5 {
-		_, _, _ = r.decide("black", "a", "gw", fmt.Sprint("ns", i))
+		_, _ = r.decide(reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)})
 	}
 	wait.Until(t, 10*time.Second, func() error {
 		black.mu.Lock()
@@ -240,9 +242,9 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 		return nil
 	})
 	// Another member gets the free slot while the silent one's hang.
-	_, _, _ = r.decide("west", "a", "gw", "ok")
+	_, _ = r.decide(reviewKey{"west", "a", "gw", "ok"})
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, _, err := r.decide("west", "a", "gw", "ok"); !ok || err != nil {
+		if ok, err := r.decide(reviewKey{"west", "a", "gw", "ok"}); !ok || err != nil {
 			return fmt.Errorf("west: %v, %v", ok, err)
 		}
 		return nil
@@ -257,7 +259,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	wait.Until(t, 10*time.Second, func() error {
 		for i := range 5 {
 			k := reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)}
-			if ev.count(k.event()) == 0 {
+			if ev.count(k) == 0 {
 				return fmt.Errorf("%s not decided yet", k.namespace)
 			}
 		}
@@ -266,7 +268,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	asked := 0
 	for i := range 5 {
 		asked += black.count(fmt.Sprint("ns", i))
-		if _, _, err := r.decide("black", "a", "gw", fmt.Sprint("ns", i)); err == nil || errors.Is(err, errReviewPending) {
+		if _, err := r.decide(reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)}); err == nil || errors.Is(err, errReviewPending) {
 			t.Errorf("ns%d: %v; want the member's failure", i, err)
 		}
 	}
@@ -275,42 +277,65 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	}
 }
 
-func TestReviewKeysWakeOnlyTheirSDSWatches(t *testing.T) {
-	k1, k2 := reviewKey{"west", "a", "gw", "b"}.event(), reviewKey{"west", "a", "gw", "c"}.event()
+// A push reaches only the subscribers that what changed can affect:
+// hostnames their named subscriptions, any hostname the wildcard ones, a
+// Secret the SDS subscribers whose identity's member and names ask for it,
+// roots those asking for roots, a decision those that consulted it.
+func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
+	k1, k2 := reviewKey{"west", "a", "gw", "b"}, reviewKey{"west", "a", "gw", "c"}
 	const host = "echo.demo.svc.cluster.local"
-	set := func(keys ...string) map[string]struct{} {
+	names := func(n ...string) map[string]struct{} {
 		m := map[string]struct{}{}
-		for _, k := range keys {
+		for _, k := range n {
 			m[k] = struct{}{}
 		}
 		return m
 	}
+	westA := identity{cluster: "west", namespace: "a"}
+	sds := func(id identity, n ...string) *subscriber {
+		s := newSubscriber(resourcev3.SecretType, names(n...), false, true)
+		s.aim(id)
+		return s
+	}
+	consulted := func(s *subscriber, k reviewKey) *subscriber { s.reviews = map[reviewKey]struct{}{k: {}}; return s }
+	secret := func(cluster, ns, name string) *batch {
+		return &batch{secrets: map[secretRef]struct{}{{cluster, clusters.ServiceKey{Namespace: ns, Name: name}}: {}}}
+	}
 	for _, c := range []struct {
 		name    string
 		sub     *subscriber
-		changed map[string]struct{}
+		changed *batch
 		want    bool
 	}{
-		{"its review", &subscriber{typeURL: resourcev3.SecretType, reviews: set(k1)}, set(k1), true},
-		{"another review", &subscriber{typeURL: resourcev3.SecretType, reviews: set(k1)}, set(k2), false},
-		{"a secret", &subscriber{typeURL: resourcev3.SecretType}, set(sdsKey), true},
-		{"a review it did not consult", &subscriber{typeURL: resourcev3.SecretType}, set(k1), false},
-		{"wildcard, a review", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, set(k1, k2, sdsKey), false},
-		{"wildcard, a service", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, set(k1, host), true},
-		{"named, a review", newSubscriber(resourcev3.EndpointType, set("outbound|80||"+host), false, true), set(k1), false},
-		{"named, its service", newSubscriber(resourcev3.EndpointType, set("outbound|80||"+host), false, true), set(k1, host), true},
+		{"its review", consulted(sds(westA, "kubernetes://b/gw"), k1), &batch{reviews: map[reviewKey]struct{}{k1: {}}}, true},
+		{"another review", consulted(sds(westA, "kubernetes://b/gw"), k1), &batch{reviews: map[reviewKey]struct{}{k2: {}}}, false},
+		{"a review it did not consult", sds(westA, "kubernetes://gw"), &batch{reviews: map[reviewKey]struct{}{k1: {}}}, false},
+		{"its secret", sds(westA, "kubernetes://gw"), secret("west", "a", "gw"), true},
+		{"its secret by namespace, CA only", sds(westA, "kubernetes://b/gw-cacert"), secret("west", "b", "gw"), true},
+		{"the same secret in another member", sds(westA, "kubernetes://gw"), secret("east", "a", "gw"), false},
+		{"another namespace's secret of that name", sds(westA, "kubernetes://gw"), secret("west", "b", "gw"), false},
+		{"another secret", sds(westA, "kubernetes://gw", "ROOTCA"), secret("west", "a", "other"), false},
+		{"no member proven", sds(identity{namespace: "a"}, "kubernetes://gw"), secret("", "a", "gw"), false},
+		{"its member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"west": {}}}, true},
+		{"another member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"east": {}}}, false},
+		{"roots, asking ROOTCA", sds(westA, "ROOTCA"), &batch{roots: true}, true},
+		{"roots, asking a peer's bundle", sds(westA, "spiffe://peer.example"), &batch{roots: true}, true},
+		{"roots, asking no roots", sds(westA, "kubernetes://gw"), &batch{roots: true}, false},
+		{"a service, SDS", sds(westA, "ROOTCA"), &batch{hosts: names(host)}, false},
+		{"wildcard, a review and a secret", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &batch{reviews: map[reviewKey]struct{}{k1: {}}, secrets: secret("west", "a", "gw").secrets, roots: true}, false},
+		{"wildcard, a service", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &batch{hosts: names(host)}, true},
+		{"named, a review", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{reviews: map[reviewKey]struct{}{k1: {}}, roots: true}, false},
+		{"named, its service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{hosts: names(host)}, true},
+		{"named, another service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{hosts: names("x.demo.svc.cluster.local")}, false},
 	} {
 		// No watch is parked: a push only notes what changed for each
 		// subscriber it reaches.
 		w := newWatcher(nil, 1, slog.New(slog.DiscardHandler))
 		w.indexLocked(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
-		w.push(c.changed, time.Now())
-		if got := len(c.sub.dirty) > 0; got != c.want {
+		w.push(c.changed)
+		if got := len(c.sub.dirty) > 0 || c.sub.full; got != c.want {
 			t.Errorf("%s: reached %v (%v); want %v", c.name, got, c.sub.dirty, c.want)
 		}
-	}
-	if got := withoutReviewKeys(set(k1, sdsKey, "h")); len(got) != 2 {
-		t.Errorf("without review keys: %v", got)
 	}
 }

@@ -36,22 +36,6 @@ type SecretAuthorizer interface {
 	CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
 }
 
-// AuthorizerFunc adapts a function to SecretAuthorizer.
-type AuthorizerFunc func(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
-
-// CanListSecrets implements SecretAuthorizer.
-func (f AuthorizerFunc) CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error) {
-	return f(ctx, cluster, saNamespace, saName, namespace)
-}
-
-// SecretSourceFunc adapts a function to SecretSource.
-type SecretSourceFunc func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error)
-
-// TLSSecret implements SecretSource.
-func (f SecretSourceFunc) TLSSecret(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
-	return f(cluster, key)
-}
-
 // RootSource gives SDS the roots of our trust domain and of federated ones.
 type RootSource interface {
 	// LocalTrustDomain is our trust domain's name.
@@ -215,7 +199,7 @@ func transient(err error) bool {
 // never an error for the stream.
 func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var out []*resource
-	var reviews map[string]struct{}
+	var reviews map[reviewKey]struct{}
 	wt.awaiting = false
 	defer func() {
 		// Pushes read it, possibly while this runs on the stream's goroutine.
@@ -225,11 +209,8 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	}()
 	for _, name := range wt.names {
 		msg, review, err := w.secret(wt.ident, name)
-		if review != "" {
-			if reviews == nil {
-				reviews = map[string]struct{}{}
-			}
-			reviews[review] = struct{}{}
+		if review != nil {
+			add(&reviews, *review)
 		}
 		if errors.Is(err, errReviewPending) {
 			wt.awaiting = true
@@ -254,16 +235,47 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	return out, nil
 }
 
-// secret builds one SDS resource for id, or says why not. review is the
-// change key of the access review it consulted, if any: a new decision
+// secretName is what an SDS resource name asks for: roots (ROOTCA, or a
+// trust domain's bundle as spiffe://<td>), or a Kubernetes Secret of the
+// proxy's member, kubernetes://[<namespace>/]<name>[-cacert] (its CA only
+// with -cacert), the namespace defaulting to the proxy's own.
+type secretName struct {
+	roots      bool
+	key        clusters.ServiceKey // the Secret; zero for roots
+	caOnly     bool
+	wellFormed bool // a real namespace and Secret name (or roots)
+}
+
+// parseSecretName reads an SDS resource name as the proxy of namespace ns
+// means it. Every reader of SDS names (serving, and indexing which watches
+// a Secret's change can affect) uses this one.
+func parseSecretName(name, ns string) secretName {
+	if name == "ROOTCA" || strings.HasPrefix(name, "spiffe://") {
+		return secretName{roots: true, wellFormed: true}
+	}
+	ref := strings.TrimPrefix(name, "kubernetes://")
+	secret := ref
+	if i := strings.IndexByte(ref, '/'); i >= 0 {
+		ns, secret = ref[:i], ref[i+1:]
+	}
+	caOnly := strings.HasSuffix(secret, "-cacert")
+	// Only a real namespace and Secret name: a lister asked for namespace ""
+	// takes the name as a namespace/name key, which would bypass every
+	// check (and a SubjectAccessReview for "" is for all namespaces).
+	ok := len(k8svalidation.IsDNS1123Label(ns)) == 0 && len(k8svalidation.IsDNS1123Subdomain(secret)) == 0
+	return secretName{key: clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secret, "-cacert")}, caOnly: caOnly, wellFormed: ok}
+}
+
+// secret builds one SDS resource for id, or says why not. consulted is the
+// access review it asked, if it asked one: a new decision for it
 // re-evaluates the watch.
-func (w *watcher) secret(id identity, name string) (_ proto.Message, review string, _ error) {
+func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *reviewKey, _ error) {
 	if w.roots == nil || w.secrets == nil {
-		return nil, review, errors.New("SDS is not configured on this hub")
+		return nil, nil, errors.New("SDS is not configured on this hub")
 	}
 	local := w.roots.LocalTrustDomain()
 	if !id.verified(local) {
-		return nil, review, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
+		return nil, nil, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
 	}
 	validation := func(pem []byte) *tlsv3.Secret {
 		return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
@@ -274,75 +286,67 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, review stri
 	case name == "ROOTCA":
 		pem, ok := w.roots.RootsPEM(local)
 		if !ok {
-			return nil, review, errors.New("our roots are not loaded yet")
+			return nil, nil, errors.New("our roots are not loaded yet")
 		}
-		return validation(pem), "", nil
+		return validation(pem), nil, nil
 	case strings.HasPrefix(name, "spiffe://"):
 		td, err := spiffeid.TrustDomainFromString(name)
 		if err != nil {
-			return nil, review, fmt.Errorf("bad trust domain resource: %w", err)
+			return nil, nil, fmt.Errorf("bad trust domain resource: %w", err)
 		}
 		pem, ok := w.roots.RootsPEM(td.Name())
 		if !ok {
-			return nil, review, fmt.Errorf("no bundle for trust domain %s", td.Name())
+			return nil, nil, fmt.Errorf("no bundle for trust domain %s", td.Name())
 		}
-		return validation(pem), "", nil
+		return validation(pem), nil, nil
 	}
 	if id.cluster == "" {
-		return nil, review, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
+		return nil, nil, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
 	}
 	if id.conflict != "" {
-		return nil, review, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
+		return nil, nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
 	}
-	ref := strings.TrimPrefix(name, "kubernetes://")
-	ns, secretName := id.namespace, ref
-	if i := strings.IndexByte(ref, '/'); i >= 0 {
-		ns, secretName = ref[:i], ref[i+1:]
+	sn := parseSecretName(name, id.namespace)
+	if !sn.wellFormed {
+		return nil, nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
 	}
-	// Only a real namespace and Secret name: a lister asked for namespace ""
-	// takes the name as a namespace/name key, which would bypass every
-	// check below (and a SubjectAccessReview for "" is for all namespaces).
-	if len(k8svalidation.IsDNS1123Label(ns)) > 0 || len(k8svalidation.IsDNS1123Subdomain(secretName)) > 0 {
-		return nil, review, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
+	key := sn.key
+	if err := w.servable(key.Namespace, key.Name); err != nil {
+		return nil, nil, err
 	}
-	if err := w.servable(ns, strings.TrimSuffix(secretName, "-cacert")); err != nil {
-		return nil, review, err
-	}
-	if ns != id.namespace {
+	if key.Namespace != id.namespace {
 		// As istiod: another namespace only if the proxy's service account
 		// may list Secrets there (SubjectAccessReview in its own member).
 		if w.sar == nil {
-			return nil, review, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+			return nil, nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
 		}
 		// Never waits: a review not decided yet is pending, and the watch
 		// is re-evaluated when it is.
-		var ok bool
-		var err error
-		ok, review, err = w.sar.decide(id.cluster, id.namespace, serviceAccountOf(id.spiffeID), ns)
+		review := reviewKey{id.cluster, id.namespace, serviceAccountOf(id.spiffeID), key.Namespace}
+		consulted = &review
+		ok, err := w.sar.decide(review)
 		if err != nil {
-			return nil, review, err // transient: the stream keeps what it has
+			return nil, consulted, err // transient: the stream keeps what it has
 		}
 		if !ok {
-			return nil, review, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, ns, id.cluster)
+			return nil, consulted, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, key.Namespace, id.cluster)
 		}
 	}
-	caOnly := strings.HasSuffix(secretName, "-cacert")
-	key := clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secretName, "-cacert")}
 	s, err := w.secrets.TLSSecret(id.cluster, key)
 	if err != nil {
-		return nil, review, err
+		return nil, consulted, err
 	}
-	if caOnly {
+	if sn.caOnly {
 		if len(s.CA) == 0 {
-			return nil, review, fmt.Errorf("secret %s has no ca.crt or cacert", key)
+			return nil, consulted, fmt.Errorf("secret %s has no ca.crt or cacert", key)
 		}
-		return validation(s.CA), review, nil
+		return validation(s.CA), consulted, nil
 	}
 	if len(s.Cert) == 0 || len(s.Key) == 0 {
-		return nil, review, fmt.Errorf("secret %s has no certificate and key", key)
+		return nil, consulted, fmt.Errorf("secret %s has no certificate and key", key)
 	}
 	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Cert}},
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Key}},
-	}}}, review, nil
+	}}}, consulted, nil
 }

@@ -64,7 +64,7 @@ func TestSDSAuthorisation(t *testing.T) {
 		"west": {gw: {Cert: []byte("WEST-CERT"), Key: []byte("WEST-KEY"), CA: []byte("WEST-CA")}, {Namespace: "b", Name: "gw"}: {Cert: []byte("B-CERT"), Key: []byte("B-KEY")}},
 		"east": {gw: {Cert: []byte("EAST-CERT"), Key: []byte("EAST-KEY")}},
 	}}
-	h, err := New(Options{DomainSuffix: "cluster.local", DebounceAfter: 10 * time.Millisecond, DebounceMax: time.Second, Secrets: secrets, Roots: fakeRoots{rootPEM}})
+	h, err := New(Options{DomainSuffix: "cluster.local", Changes: NewChanges(10*time.Millisecond, time.Second), Secrets: secrets, Roots: fakeRoots{rootPEM}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestSDSAuthorisation(t *testing.T) {
 	secrets.mu.Lock()
 	secrets.data["west"][gw] = &clusters.TLSSecret{Cert: []byte("WEST-CERT-2"), Key: []byte("WEST-KEY-2"), CA: []byte("WEST-CA")}
 	secrets.mu.Unlock()
-	h.SecretChanged("west", gw)
+	h.changes.SecretChanged("west", gw)
 	if got := recv(west); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "WEST-CERT-2" {
 		t.Errorf("after rotation west got %v", got)
 	}

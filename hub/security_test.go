@@ -106,7 +106,7 @@ func startSecureHub(t *testing.T, opts Options) *secureHub {
 	}
 	opts.Roots = fakeRoots{pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})}
 	opts.Metrics, opts.Log = s.metrics, slog.New(slog.NewJSONHandler(s.logs, nil))
-	opts.DomainSuffix, opts.DebounceAfter, opts.DebounceMax = "cluster.local", 10*time.Millisecond, time.Second
+	opts.DomainSuffix, opts.Changes = "cluster.local", NewChanges(10*time.Millisecond, time.Second)
 	s.h, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -595,7 +595,7 @@ func TestWithheldSecretIsLoggedOncePerStream(t *testing.T) {
 		s.secrets.mu.Lock()
 		s.secrets.data["west"] = map[clusters.ServiceKey]*clusters.TLSSecret{gw: {Cert: []byte(fmt.Sprint("CERT-", i)), Key: []byte("KEY")}}
 		s.secrets.mu.Unlock()
-		s.h.SecretChanged("west", gw)
+		s.h.changes.SecretChanged("west", gw)
 	}
 	rotate(0)
 	names := []string{"kubernetes://missing", "kubernetes://other/gw", "kubernetes://gw"}

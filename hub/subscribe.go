@@ -29,17 +29,21 @@ type subscriber struct {
 	names map[string]struct{}
 	list  []string
 	hosts map[string][]string // hostname → subscribed names of it (not SDS, not wildcard)
+	// SDS: the Secrets (of the identity's member) and whether roots the
+	// names ask for; a change of one of them re-evaluates the subscriber.
+	secrets []secretRef
+	roots   bool
 
 	// Guarded by watcher.mu.
 	parked  *watch
 	indexed bool
-	dirty   map[string]struct{} // changed hostnames (sdsKey for SDS) not yet evaluated
-	full    bool                // evaluate every name: new subscription, or its last response was not sent
+	dirty   map[string]struct{} // changed hostnames not yet evaluated
+	full    bool                // evaluate every name: new subscription, its last response was not sent, or (SDS, wildcard) a change
 	last    *sotwResponse       // the last SotW response handed to the stream for this subscription
-	// reviews are the change keys of the access reviews an SDS
-	// subscriber's last evaluation consulted: a new decision for one of
-	// them re-evaluates it (see watcher.push).
-	reviews map[string]struct{}
+	// reviews are the access reviews an SDS subscriber's last evaluation
+	// consulted: a new decision for one of them re-evaluates it (see
+	// watcher.push).
+	reviews map[reviewKey]struct{}
 	// answered says a response for this subscription was handed to its
 	// stream (written under watcher.mu, read by evaluations without it).
 	answered atomic.Bool
@@ -64,6 +68,24 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 		}
 	}
 	return s
+}
+
+// aim records which Secrets and roots an SDS subscriber's names ask for,
+// read as the stream's identity means them (parseSecretName); not while s
+// is indexed.
+func (s *subscriber) aim(id identity) {
+	s.secrets, s.roots = nil, false
+	if s.typeURL != resourcev3.SecretType {
+		return
+	}
+	for _, name := range s.list {
+		switch sn := parseSecretName(name, id.namespace); {
+		case sn.roots:
+			s.roots = true
+		case sn.wellFormed && id.cluster != "":
+			s.secrets = append(s.secrets, secretRef{id.cluster, sn.key})
+		}
+	}
 }
 
 // sameNames reports whether names is the subscription s was built for.
@@ -106,6 +128,15 @@ func (w *watcher) identify(old, new *corev3.Node, id identity) {
 	if rec == nil {
 		rec = &streamRecord{subs: map[string]*subscriber{}}
 	}
+	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.cluster != id.cluster || rec.ident.namespace != id.namespace) {
+		indexed := s.indexed
+		w.unindexLocked(s)
+		s.aim(id)
+		s.full = true
+		if indexed {
+			w.indexLocked(s)
+		}
+	}
 	rec.ident = id
 	w.streams[new] = rec
 }
@@ -146,6 +177,7 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 		return s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
+	ns.aim(wt.ident)
 	w.mu.Lock()
 	if s != nil {
 		w.unindexLocked(s)
@@ -174,17 +206,36 @@ func (w *watcher) indexLocked(s *subscriber) {
 	switch {
 	case s.typeURL == resourcev3.SecretType:
 		w.bySecret[s] = struct{}{}
+		for _, ref := range s.secrets {
+			addSubscriber(w.byRef, ref, s)
+			addSubscriber(w.byMember, ref.cluster, s)
+		}
+		if s.roots {
+			w.byRoots[s] = struct{}{}
+		}
 	case s.wildcard:
 		w.byType[s] = struct{}{}
 	default:
 		for host := range s.hosts {
-			set := w.byHost[host]
-			if set == nil {
-				set = map[*subscriber]struct{}{}
-				w.byHost[host] = set
-			}
-			set[s] = struct{}{}
+			addSubscriber(w.byHost, host, s)
 		}
+	}
+}
+
+func addSubscriber[K comparable](index map[K]map[*subscriber]struct{}, k K, s *subscriber) {
+	set := index[k]
+	if set == nil {
+		set = map[*subscriber]struct{}{}
+		index[k] = set
+	}
+	set[s] = struct{}{}
+}
+
+func removeSubscriber[K comparable](index map[K]map[*subscriber]struct{}, k K, s *subscriber) {
+	set := index[k]
+	delete(set, s)
+	if len(set) == 0 {
+		delete(index, k)
 	}
 }
 
@@ -197,21 +248,21 @@ func (w *watcher) unindexLocked(s *subscriber) {
 	switch {
 	case s.typeURL == resourcev3.SecretType:
 		delete(w.bySecret, s)
+		for _, ref := range s.secrets {
+			removeSubscriber(w.byRef, ref, s)
+			removeSubscriber(w.byMember, ref.cluster, s)
+		}
+		delete(w.byRoots, s)
 	case s.wildcard:
 		delete(w.byType, s)
 	default:
 		for host := range s.hosts {
-			set := w.byHost[host]
-			delete(set, s)
-			if len(set) == 0 {
-				delete(w.byHost, host)
-			}
+			removeSubscriber(w.byHost, host, s)
 		}
 	}
 }
 
-// touchLocked records that these hostnames changed for s (all of them are
-// its own, or sdsKey for SDS), with w.mu held.
+// touchLocked records that one of s's hostnames changed, with w.mu held.
 func (s *subscriber) touchLocked(host string) {
 	if s.dirty == nil {
 		s.dirty = map[string]struct{}{}

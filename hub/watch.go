@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +16,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -49,6 +49,9 @@ type watcher struct {
 	workers int
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
+	// evaluations counts the watches pushes evaluated, by type: the work
+	// changes cost.
+	evaluations *prometheus.CounterVec
 
 	mu    sync.Mutex
 	epoch uint64 // incremented by every push
@@ -58,10 +61,15 @@ type watcher struct {
 	// node pointer).
 	streams map[*corev3.Node]*streamRecord
 	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
-	// wildcard ones of those types, and SDS ones.
+	// wildcard ones of those types, and SDS ones: all of them, by the
+	// member Secret they ask for, by the member of those Secrets, and those
+	// asking for roots.
 	byHost   map[string]map[*subscriber]struct{}
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
+	byRef    map[secretRef]map[*subscriber]struct{}
+	byMember map[string]map[*subscriber]struct{}
+	byRoots  map[*subscriber]struct{}
 }
 
 // watch is one request with its stream's subscription state. The map of
@@ -112,8 +120,14 @@ var _ cachev3.Cache = (*watcher)(nil)
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
 		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames,
+		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_xds_push_evaluations_total",
+			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
+		}, []string{"type"}),
 		streams: map[*corev3.Node]*streamRecord{},
-		byHost:  map[string]map[*subscriber]struct{}{}, byType: map[*subscriber]struct{}{}, bySecret: map[*subscriber]struct{}{},
+		byHost:  map[string]map[*subscriber]struct{}{}, byType: map[*subscriber]struct{}{},
+		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
+		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
 }
 
@@ -167,6 +181,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	// Delta changes its subscription map in place: the subscriber keeps a
 	// list of its own.
 	wt.sub = newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
+	wt.sub.aim(ident)
 	wt.names = wt.sub.list
 	return w.watch(wt)
 }
@@ -236,51 +251,63 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push evaluates the parked watches that the changed hostnames (sdsKey for
-// secrets and roots, an access review's key for its decision) can affect, each only for its names of those
-// hostnames where responses carry only what changed, and answers those
-// whose stream lacks something. Subscribers without a parked watch just
-// note the hostnames, for their next request. At most w.workers watches
-// are evaluated at once; sends never block (see reply.send).
-func (w *watcher) push(changed map[string]struct{}, since time.Time) {
+// push evaluates the parked watches that what changed in b can affect:
+// the subscribers of the changed hostnames (each only for its names of
+// them where responses carry only what changed) and the wildcard ones; the
+// SDS subscribers asking for a changed Secret, for a Secret of a member
+// whose Secret cache resynced, for roots when roots changed, and those
+// whose last evaluation consulted an access review whose decision changed.
+// It answers the watches whose stream lacks something. Subscribers without
+// a parked watch just note the change, for their next request. At most
+// w.workers watches are evaluated at once; sends never block (see
+// reply.send).
+func (w *watcher) push(b *batch) {
 	w.mu.Lock()
 	w.epoch++
 	var jobs []job
 	taken := map[*subscriber]bool{}
-	visit := func(s *subscriber, host string) {
-		s.touchLocked(host)
+	schedule := func(s *subscriber) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			jobs = append(jobs, job{wt: s.parked, since: since})
+			jobs = append(jobs, job{wt: s.parked, since: b.since})
 		}
 	}
-	services := false
-	for host := range changed {
-		if host == sdsKey {
-			for s := range w.bySecret {
-				visit(s, sdsKey)
-			}
-			continue
+	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
+	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
+	for host := range b.hosts {
+		for s := range w.byHost[host] {
+			changedHost(s, host)
 		}
-		if strings.HasPrefix(host, reviewKeyPrefix) {
-			// A decision: only the SDS subscribers whose last evaluation
-			// consulted that review.
-			for s := range w.bySecret {
-				if _, ok := s.reviews[host]; ok {
-					visit(s, host)
+	}
+	if len(b.hosts) > 0 {
+		for s := range w.byType {
+			changedAll(s)
+		}
+	}
+	for ref := range b.secrets {
+		for s := range w.byRef[ref] {
+			changedAll(s)
+		}
+	}
+	for member := range b.members {
+		for s := range w.byMember[member] {
+			changedAll(s)
+		}
+	}
+	if b.roots {
+		for s := range w.byRoots {
+			changedAll(s)
+		}
+	}
+	if len(b.reviews) > 0 {
+		for s := range w.bySecret {
+			for k := range s.reviews {
+				if _, ok := b.reviews[k]; ok {
+					changedAll(s)
+					break
 				}
 			}
-			continue
-		}
-		services = true
-		for s := range w.byHost[host] {
-			visit(s, host)
-		}
-	}
-	if services {
-		for s := range w.byType {
-			visit(s, "")
 		}
 	}
 	for i := range jobs {
@@ -288,6 +315,9 @@ func (w *watcher) push(changed map[string]struct{}, since time.Time) {
 	}
 	w.mu.Unlock()
 	jobs = w.skipUnchangedWildcards(jobs)
+	for _, j := range jobs {
+		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
+	}
 	work := make(chan job)
 	var wg sync.WaitGroup
 	for range min(w.workers, len(jobs)) {

@@ -96,7 +96,7 @@ func expectSilence(t *testing.T, ch <-chan *discoveryv3.DiscoveryResponse, what 
 func TestNACKedVersionIsNotResent(t *testing.T) {
 	h, stream := startHub(t)
 	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
-	h.Sink().ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	ch := receiver(t, stream)
 	node := &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}
 	name := "outbound|7070||echo.demo.svc.cluster.local"
@@ -125,11 +125,11 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 
 	// A change to another service pushes, but this stream's resources are
 	// unchanged: still nothing.
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
 	expectSilence(t, ch, "after an unrelated change")
 
 	// An input change produces a new version.
-	h.Sink().UpdateService("west", key, echoService("10.0.0.2"))
+	h.index.UpdateService("west", key, echoService("10.0.0.2"))
 	second := expectResponse(t, ch)
 	if second.VersionInfo == first.VersionInfo {
 		t.Fatalf("new response has the NACKed version %s", second.VersionInfo)
@@ -191,7 +191,7 @@ func TestFirstRequestIsAnsweredEvenWhenEmpty(t *testing.T) {
 func TestDeltaADS(t *testing.T) {
 	h, _ := startHub(t)
 	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
-	h.Sink().ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	conn, err := grpc.NewClient(h.addrForTest, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -247,9 +247,9 @@ func TestDeltaADS(t *testing.T) {
 	silence("after an ACK")
 
 	// An unrelated service changes: nothing; this one changes: only it is sent.
-	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
 	silence("after an unrelated change")
-	h.Sink().UpdateService("west", key, echoService("10.0.0.2"))
+	h.index.UpdateService("west", key, echoService("10.0.0.2"))
 	second := next()
 	if len(second.Resources) != 1 || second.Resources[0].Version == first.Resources[0].Version {
 		t.Fatalf("second delta response: %v", second)
@@ -258,7 +258,7 @@ func TestDeltaADS(t *testing.T) {
 	_ = stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce, ErrorDetail: &statuspb.Status{Code: 3, Message: "no"}})
 	silence("after a NACK")
 	// The service goes away: the name is removed.
-	h.Sink().UpdateService("west", key, nil)
+	h.index.UpdateService("west", key, nil)
 	third := next()
 	if len(third.Resources) != 0 || len(third.RemovedResources) != 1 || third.RemovedResources[0] != name {
 		t.Fatalf("removal: %v", third)

@@ -57,28 +57,40 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
 	metrics.MustRegister(elector.Collector())
-	var h *hub.Hub
-	var registry *clusters.Registry
+	// Built in dependency order: the change feed first (every part that
+	// sees the mesh change reports to it), then the federated index, the
+	// trust federation and the member registry, which report to it, and
+	// last the hub, which serves what they hold and consumes the feed.
+	changes := hub.NewChanges(cfg.debounceAfter, cfg.debounceMax)
+	index := hub.NewIndex(cfg.domainSuffix, changes)
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: func() { h.RootsChanged() }, IsLeader: elector.IsLeader})
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader})
 	elector.OnStartedLeading(fed.LeadershipGained)
-	h, err = hub.New(hub.Options{
-		DomainSuffix:  cfg.domainSuffix,
-		DebounceAfter: cfg.debounceAfter,
-		DebounceMax:   cfg.debounceMax,
-		Secrets: hub.SecretSourceFunc(func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
-			return registry.TLSSecret(cluster, key)
-		}),
-		Authorizer: hub.AuthorizerFunc(func(ctx context.Context, cluster, saNS, sa, ns string) (bool, error) {
-			return registry.CanListSecrets(ctx, cluster, saNS, sa, ns)
-		}),
+	registry, err := clusters.NewRegistry(clusters.Config{
+		Home:         home,
+		HomeID:       cfg.clusterID,
+		Namespace:    cfg.namespace,
+		SyncTimeout:  cfg.remoteClusterTimeout,
+		Policy:       policy,
+		Sink:         index,
+		SecretEvents: changes,
+		Metrics:      metrics,
+		Log:          log,
+		IsLeader:     elector.IsLeader,
+	})
+	if err != nil {
+		return err
+	}
+	h, err := hub.New(hub.Options{
+		Changes:             changes,
+		Index:               index,
+		Secrets:             registry,
+		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
-		Tokens: hub.TokenReviewerFunc(func(ctx context.Context, cluster, token string) (string, string, error) {
-			return registry.ReviewToken(ctx, cluster, token)
-		}),
-		Roots:     fed,
-		Namespace: cfg.namespace,
-		Settled:   func() (bool, string) { return registry.Ready() },
+		Tokens:              registry,
+		Roots:               fed,
+		Namespace:           cfg.namespace,
+		Settled:             registry.Ready,
 		Limits: hub.Limits{
 			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
 			MaxStreamsPerConnection: uint32(cfg.xdsLimits.maxStreamsPerConnection),
@@ -90,21 +102,6 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		DrainGrace:          cfg.shutdownGrace,
 		Metrics:             metrics,
 		Log:                 log,
-	})
-	if err != nil {
-		return err
-	}
-	registry, err = clusters.NewRegistry(clusters.Config{
-		Home:           home,
-		HomeID:         cfg.clusterID,
-		Namespace:      cfg.namespace,
-		SyncTimeout:    cfg.remoteClusterTimeout,
-		Policy:         policy,
-		Sink:           h.Sink(),
-		OnSecretChange: h.SecretChanged,
-		Metrics:        metrics,
-		Log:            log,
-		IsLeader:       elector.IsLeader,
 	})
 	if err != nil {
 		return err

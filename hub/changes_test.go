@@ -7,21 +7,31 @@ import (
 	"time"
 )
 
-func startDebouncer(t *testing.T, after, max time.Duration) (*debouncer, chan []string) {
+// debouncer is a Changes that reports hostnames as a []string.
+type debouncer struct{ *Changes }
+
+func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
+
+// startChanges runs c's consumer until the test ends.
+func startChanges(t *testing.T, c *Changes, push func(*batch)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.run(ctx, push); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func startDebouncer(t *testing.T, after, max time.Duration) (debouncer, chan []string) {
 	t.Helper()
 	pushes := make(chan []string, 16)
-	d := newDebouncer(after, max, func(h map[string]struct{}, _ time.Time) {
+	d := debouncer{NewChanges(after, max)}
+	startChanges(t, d.Changes, func(b *batch) {
 		var hosts []string
-		for k := range h {
+		for k := range b.hosts {
 			hosts = append(hosts, k)
 		}
 		sort.Strings(hosts)
 		pushes <- hosts
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
 	return d, pushes
 }
 
@@ -82,26 +92,21 @@ func TestDebounceMaxWait(t *testing.T) {
 // A batch is pushed with the time its oldest change was added: push
 // latency is measured from a batch's first change.
 func TestDebounceCarriesOldestChangeTime(t *testing.T) {
-	type batch struct {
+	type pushed struct {
 		n     int
 		since time.Time
 	}
-	pushes := make(chan batch, 16)
-	d := newDebouncer(200*time.Millisecond, time.Hour, func(h map[string]struct{}, since time.Time) {
-		pushes <- batch{len(h), since}
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { d.run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	next := func() batch {
+	pushes := make(chan pushed, 16)
+	d := debouncer{NewChanges(200*time.Millisecond, time.Hour)}
+	startChanges(t, d.Changes, func(b *batch) { pushes <- pushed{len(b.hosts), b.since} })
+	next := func() pushed {
 		t.Helper()
 		select {
 		case b := <-pushes:
 			return b
 		case <-time.After(10 * time.Second):
 			t.Fatal("no push within 10s")
-			return batch{}
+			return pushed{}
 		}
 	}
 

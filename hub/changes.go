@@ -1,0 +1,188 @@
+package hub
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// Changes is the hub's change feed: the parts that see the mesh change
+// report typed changes to it (the federated Index its hostnames, the member
+// registry its Secrets, the trust federation its roots, the access reviews
+// their decisions), and the Hub's push loop is its one consumer (Hub.Run).
+// It is built before any of them, so that each can be given it.
+//
+// Changes batch without delaying the first change after a quiet period: a
+// change arriving when nothing happened for `after` is pushed at once
+// (leading edge); later changes are collected until `after` passes without
+// another one, but never longer than `max` (DESIGN.md §4). Each batch
+// carries the time its oldest change was reported, from which push latency
+// is measured. Reporting never blocks, also when nothing consumes.
+type Changes struct {
+	after, max time.Duration
+
+	mu       sync.Mutex
+	incoming batch         // reported, not yet taken by the consumer
+	signal   chan struct{} // one slot: "incoming is not empty"
+}
+
+// NewChanges creates a change feed whose batches wait at most max and close
+// after a quiet period of after.
+func NewChanges(after, max time.Duration) *Changes {
+	return &Changes{after: after, max: max, signal: make(chan struct{}, 1)}
+}
+
+// batch is what changed since the previous push.
+type batch struct {
+	hosts   map[string]struct{}    // services whose federated view changed
+	secrets map[secretRef]struct{} // member Secrets that changed
+	// members are the members whose every Secret may have changed: their
+	// Secret cache (re)synced.
+	members map[string]struct{}
+	roots   bool                   // a trust domain's roots changed
+	reviews map[reviewKey]struct{} // access reviews whose decision changed
+	since   time.Time              // when the oldest of these was reported
+}
+
+// secretRef names one Secret of one member.
+type secretRef struct {
+	cluster string
+	key     clusters.ServiceKey
+}
+
+func (b *batch) empty() bool {
+	return len(b.hosts) == 0 && len(b.secrets) == 0 && len(b.members) == 0 && !b.roots && len(b.reviews) == 0
+}
+
+// merge adds o's changes to b.
+func (b *batch) merge(o *batch) {
+	b.hosts = union(b.hosts, o.hosts)
+	b.secrets = union(b.secrets, o.secrets)
+	b.members = union(b.members, o.members)
+	b.reviews = union(b.reviews, o.reviews)
+	b.roots = b.roots || o.roots
+	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
+		b.since = o.since
+	}
+}
+
+func union[K comparable](into, from map[K]struct{}) map[K]struct{} {
+	if into == nil {
+		return from
+	}
+	for k := range from {
+		into[k] = struct{}{}
+	}
+	return into
+}
+
+func add[K comparable](m *map[K]struct{}, k K) {
+	if *m == nil {
+		*m = map[K]struct{}{}
+	}
+	(*m)[k] = struct{}{}
+}
+
+// HostnamesChanged reports services whose federated view changed.
+func (c *Changes) HostnamesChanged(hostnames []string) {
+	c.report(func(b *batch) {
+		for _, h := range hostnames {
+			add(&b.hosts, h)
+		}
+	})
+}
+
+// SecretChanged reports that one Secret of a member changed (or went).
+func (c *Changes) SecretChanged(cluster string, key clusters.ServiceKey) {
+	c.report(func(b *batch) { add(&b.secrets, secretRef{cluster, key}) })
+}
+
+// SecretsSynced reports that a member's Secret cache (re)synced: any of
+// its Secrets may have changed.
+func (c *Changes) SecretsSynced(cluster string) {
+	c.report(func(b *batch) { add(&b.members, cluster) })
+}
+
+// RootsChanged reports that a trust domain's roots changed.
+func (c *Changes) RootsChanged() { c.report(func(b *batch) { b.roots = true }) }
+
+// reviewDecided reports that an access review's decision changed.
+func (c *Changes) reviewDecided(k reviewKey) {
+	c.report(func(b *batch) { add(&b.reviews, k) })
+}
+
+// report records a change, stamped with the time of the call (for the
+// Index: when a member's change reached it), and wakes the consumer.
+func (c *Changes) report(change func(*batch)) {
+	now := time.Now()
+	c.mu.Lock()
+	change(&c.incoming)
+	if c.incoming.since.IsZero() {
+		c.incoming.since = now
+	}
+	c.mu.Unlock()
+	select {
+	case c.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Changes) take() batch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.incoming
+	c.incoming = batch{}
+	return b
+}
+
+// run hands batches to push until ctx is done; it is the feed's one
+// consumer and owns the debounce state.
+func (c *Changes) run(ctx context.Context, push func(*batch)) {
+	var (
+		pending   batch
+		first     time.Time // when run took the oldest pending change
+		lastEvent time.Time
+		timer     = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	flush := func() {
+		if pending.empty() {
+			return
+		}
+		b := pending
+		pending = batch{}
+		push(&b)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-c.signal:
+			in := c.take()
+			if in.empty() {
+				continue
+			}
+			now := time.Now()
+			quiet := pending.empty() && now.Sub(lastEvent) >= c.after
+			lastEvent = now
+			if pending.empty() {
+				first = now
+			}
+			pending.merge(&in)
+			if quiet {
+				flush()
+				continue
+			}
+			deadline := now.Add(c.after)
+			if limit := first.Add(c.max); deadline.After(limit) {
+				deadline = limit
+			}
+			timer.Reset(time.Until(deadline))
+		case <-timer.C:
+			flush()
+		}
+	}
+}
