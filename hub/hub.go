@@ -35,7 +35,17 @@ import (
 
 // Options configures a Hub.
 type Options struct {
-	// DomainSuffix makes service hostnames: <name>.<namespace>.svc.<suffix>.
+	// Index is the federated index the hub serves, built before the hub so
+	// that the member registry can feed it (clusters.Config.Sink), and
+	// reporting to Changes (NewIndex(suffix, changes.HostnamesChanged)).
+	// Nil: New builds one with DomainSuffix.
+	Index *Index
+	// Changes is the change feed the hub consumes, built before every part
+	// that reports to it; a feed has one hub. Nil: New makes one (then
+	// Index must be nil too).
+	Changes *Changes
+	// DomainSuffix makes service hostnames of the index New builds:
+	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
 	// DebounceAfter and DebounceMax bound push batching (DESIGN.md §4).
 	DebounceAfter, DebounceMax time.Duration
@@ -124,8 +134,21 @@ func New(opts Options) (*Hub, error) {
 			}
 		}
 	}
-	h.debounce = newDebouncer(opts.DebounceAfter, opts.DebounceMax, h.push)
-	h.index = NewIndex(opts.DomainSuffix, h.debounce.add)
+	changes := opts.Changes
+	if changes == nil {
+		if opts.Index != nil {
+			return nil, errors.New("an Index needs the Changes it reports to")
+		}
+		changes = NewChanges()
+	}
+	var err error
+	if h.debounce, err = changes.consume(opts.DebounceAfter, opts.DebounceMax, h.push); err != nil {
+		return nil, err
+	}
+	h.index = opts.Index
+	if h.index == nil {
+		h.index = NewIndex(opts.DomainSuffix, changes.HostnamesChanged)
+	}
 	h.gen = newGenerator(h.index)
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.latency = latency

@@ -24,20 +24,24 @@ import (
 	"time"
 )
 
-// testServer is a real admin server (NewServer) on a loopback port.
+// testServer is a real admin server (NewServer) serving the dashboard on
+// a loopback port (cmd/hub's tests serve it next to the REST API).
 type testServer struct {
 	base   string
 	client *http.Client // does not follow redirects
 	srv    *Server
 }
 
-// startServer serves cfg with NewServer until the test ends.
+// startServer serves the dashboard of cfg with NewServer, as cmd/hub does,
+// until the test ends.
 func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Config) *testServer {
 	t.Helper()
-	srv, err := NewServer(cfg, opts)
+	dash := New(cfg)
+	srv, err := NewServer(dash, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv.RegisterOnShutdown(dash.Shutdown)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

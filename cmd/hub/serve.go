@@ -28,7 +28,23 @@ import (
 )
 
 // serve runs the hub until ctx is done: membership from the home cluster,
-// the federated index with ADS on --xds-addr, and the admin API.
+// the federated index with ADS on --xds-addr, and the admin server (REST API
+// and dashboard) on --admin-addr.
+//
+// The parts are built in dependency order, each complete when it is made:
+//  1. the change feed (hub.Changes), which every other part reports to;
+//  2. the federated index (hub.Index), reporting changed hostnames to it;
+//  3. the leader elector;
+//  4. the member registry, delivering services to the index and Secret
+//     changes to the feed;
+//  5. trust federation, reporting root changes to the feed;
+//  6. the hub, consuming the feed and serving the index, with the registry
+//     as its Secret source, access authorizer, token reviewer and
+//     readiness, and trust federation as its roots;
+//  7. the admin server: the REST API (package api) and the dashboard
+//     (package web) on one router.
+//
+// Then the listeners open and everything runs until ctx is done.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	home, err := homeConfig(cfg.kubeconfig)
 	if err != nil {
@@ -55,30 +71,41 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--trust-domain: %w", err)
 	}
+
+	changes := hub.NewChanges()
+	index := hub.NewIndex(cfg.domainSuffix, changes.HostnamesChanged)
 	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
 	metrics.MustRegister(elector.Collector())
-	var h *hub.Hub
-	var registry *clusters.Registry
+	registry, err := clusters.NewRegistry(clusters.Config{
+		Home:           home,
+		HomeID:         cfg.clusterID,
+		Namespace:      cfg.namespace,
+		SyncTimeout:    cfg.remoteClusterTimeout,
+		Policy:         policy,
+		Sink:           index,
+		OnSecretChange: changes.SecretChanged,
+		Metrics:        metrics,
+		Log:            log,
+		IsLeader:       elector.IsLeader,
+	})
+	if err != nil {
+		return err
+	}
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: func() { h.RootsChanged() }, IsLeader: elector.IsLeader})
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader})
 	elector.OnStartedLeading(fed.LeadershipGained)
-	h, err = hub.New(hub.Options{
-		DomainSuffix:  cfg.domainSuffix,
-		DebounceAfter: cfg.debounceAfter,
-		DebounceMax:   cfg.debounceMax,
-		Secrets: hub.SecretSourceFunc(func(cluster string, key clusters.ServiceKey) (*clusters.TLSSecret, error) {
-			return registry.TLSSecret(cluster, key)
-		}),
-		Authorizer: hub.AuthorizerFunc(func(ctx context.Context, cluster, saNS, sa, ns string) (bool, error) {
-			return registry.CanListSecrets(ctx, cluster, saNS, sa, ns)
-		}),
+	h, err := hub.New(hub.Options{
+		Index:               index,
+		Changes:             changes,
+		DebounceAfter:       cfg.debounceAfter,
+		DebounceMax:         cfg.debounceMax,
+		Secrets:             registry,
+		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
-		Tokens: hub.TokenReviewerFunc(func(ctx context.Context, cluster, token string) (string, string, error) {
-			return registry.ReviewToken(ctx, cluster, token)
-		}),
-		Roots:     fed,
-		Namespace: cfg.namespace,
-		Settled:   func() (bool, string) { return registry.Ready() },
+		Tokens:              registry,
+		Roots:               fed,
+		Namespace:           cfg.namespace,
+		Settled:             registry.Ready,
 		Limits: hub.Limits{
 			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
 			MaxStreamsPerConnection: uint32(cfg.xdsLimits.maxStreamsPerConnection),
@@ -90,21 +117,6 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		DrainGrace:          cfg.shutdownGrace,
 		Metrics:             metrics,
 		Log:                 log,
-	})
-	if err != nil {
-		return err
-	}
-	registry, err = clusters.NewRegistry(clusters.Config{
-		Home:           home,
-		HomeID:         cfg.clusterID,
-		Namespace:      cfg.namespace,
-		SyncTimeout:    cfg.remoteClusterTimeout,
-		Policy:         policy,
-		Sink:           h.Sink(),
-		OnSecretChange: h.SecretChanged,
-		Metrics:        metrics,
-		Log:            log,
-		IsLeader:       elector.IsLeader,
 	})
 	if err != nil {
 		return err
@@ -131,21 +143,29 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		webCert = &cert
 	}
 	var draining atomic.Bool
-	apiCfg := api.Config{
-		Membership: readiness{registry, &draining},
-		Registrar:  clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy),
+	membership := readiness{registry, &draining}
+	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy)
+	dashboard := web.New(web.Config{
+		Membership: membership,
+		Registrar:  registrar,
+		Federation: h,
+		Trust:      fed,
+		Auth:       auth,
+		Log:        log,
+	})
+	admin, err := web.NewServer(adminHandler(api.Config{
+		Membership: membership,
+		Registrar:  registrar,
 		Federation: h,
 		Trust:      fed,
 		Auth:       auth,
 		Metrics:    metrics,
 		Log:        log,
-	}
-	admin, err := web.NewServer(web.Config{API: apiCfg}, web.ServerOptions{
-		TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log,
-	})
+	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log})
 	if err != nil {
 		return fmt.Errorf("admin server: %w", err)
 	}
+	admin.RegisterOnShutdown(dashboard.Shutdown)
 
 	listeners := map[string]net.Listener{}
 	for name, addr := range map[string]string{"xds": cfg.xdsAddr, "admin": cfg.adminAddr, "xds-tls": cfg.xdsTLSAddr, "bundle": cfg.bundleAddr} {
