@@ -2,6 +2,7 @@ package web
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -357,5 +358,50 @@ func TestSessionStoreBounds(t *testing.T) {
 	defer st.mu.Unlock()
 	if len(st.perUser) != 0 {
 		t.Errorf("per-user counts left behind: %d", len(st.perUser))
+	}
+}
+
+// TestShutdownEndsLiveStreams: a server shutting down ends the dashboard's
+// live streams at once (Dashboard.Shutdown, registered with the server):
+// each stream's response ends cleanly, instead of being cut when the
+// server gives up waiting for it.
+func TestShutdownEndsLiveStreams(t *testing.T) {
+	dash := New(liveConfig(&fakeAuth{}))
+	srv, err := NewServer(dash, ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.RegisterOnShutdown(dash.Shutdown)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	s := &testServer{base: "http://" + lis.Addr().String(), srv: srv,
+		client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	cookie, _ := s.signIn(t, "good")
+	req, err := http.NewRequest(http.MethodGet, s.base+"/events?page=/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(cookie)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	if line, err := r.ReadString('\n'); err != nil || line != "event: update\n" {
+		t.Fatalf("live stream: first line %q, %v", line, err)
+	}
+	cancel()
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		t.Errorf("the live stream was cut at shutdown (%v); want it ended by the dashboard", err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }
