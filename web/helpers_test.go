@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -30,6 +31,9 @@ type testServer struct {
 	base   string
 	client *http.Client // does not follow redirects
 	srv    *Server
+	// stop shuts the server down and waits for Serve to return (at the
+	// test's end unless called before).
+	stop func()
 }
 
 // startServer serves the dashboard of cfg with NewServer, as cmd/hub does,
@@ -49,12 +53,13 @@ func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Co
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+	t.Cleanup(stop)
 	scheme := "http"
 	if srv.TLS() {
 		scheme = "https"
@@ -62,11 +67,32 @@ func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Co
 	return &testServer{
 		base: scheme + "://" + lis.Addr().String(),
 		srv:  srv,
+		stop: stop,
 		client: &http.Client{
 			Transport:     &http.Transport{TLSClientConfig: tlsClient},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 	}
+}
+
+// rawStream opens /events for page with cookie and returns the response,
+// to be read as bytes (openStream parses events).
+func (s *testServer) rawStream(t *testing.T, page string, cookie *http.Cookie) *bufio.Reader {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.base+"/events?page="+url.QueryEscape(page), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(cookie)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /events: %s", resp.Status)
+	}
+	return bufio.NewReader(resp.Body)
 }
 
 // signIn signs in with token and returns the session cookie and the CSRF

@@ -2,7 +2,6 @@ package web
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -281,14 +280,7 @@ func TestServerTimeouts(t *testing.T) {
 	// The live stream outlives the read and write timeouts: it gets
 	// heartbeats well past them.
 	cookie, _ := s.signIn(t, "good")
-	req, _ := http.NewRequest(http.MethodGet, s.base+"/events?page=/", nil)
-	req.AddCookie(cookie)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	r := bufio.NewReader(resp.Body)
+	r := s.rawStream(t, "/", cookie)
 	opened := time.Now()
 	heartbeats := 0
 	for time.Since(opened) < 3*short.WriteTimeout || heartbeats < 3 {
@@ -366,42 +358,14 @@ func TestSessionStoreBounds(t *testing.T) {
 // each stream's response ends cleanly, instead of being cut when the
 // server gives up waiting for it.
 func TestShutdownEndsLiveStreams(t *testing.T) {
-	dash := New(liveConfig(&fakeAuth{}))
-	srv, err := NewServer(dash, ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.RegisterOnShutdown(dash.Shutdown)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, lis) }()
-	s := &testServer{base: "http://" + lis.Addr().String(), srv: srv,
-		client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	s := startServer(t, liveConfig(&fakeAuth{}), ServerOptions{}, nil)
 	cookie, _ := s.signIn(t, "good")
-	req, err := http.NewRequest(http.MethodGet, s.base+"/events?page=/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.AddCookie(cookie)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	r := bufio.NewReader(resp.Body)
+	r := s.rawStream(t, "/", cookie)
 	if line, err := r.ReadString('\n'); err != nil || line != "event: update\n" {
 		t.Fatalf("live stream: first line %q, %v", line, err)
 	}
-	cancel()
+	go s.stop()
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		t.Errorf("the live stream was cut at shutdown (%v); want it ended by the dashboard", err)
-	}
-	if err := <-served; err != nil {
-		t.Errorf("Serve: %v", err)
 	}
 }

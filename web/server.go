@@ -48,9 +48,8 @@ type Server struct {
 	tls  bool
 }
 
-// NewServer builds the admin server for h. Every response gets baseline
-// security headers (see baselineHeaders), over which the Dashboard sets its
-// own CSP.
+// NewServer builds the admin server for h. Every response gets security
+// headers with baselineCSP, which the Dashboard replaces with its own.
 func NewServer(h http.Handler, opts ServerOptions) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
@@ -69,7 +68,7 @@ func NewServer(h http.Handler, opts ServerOptions) (*Server, error) {
 		return nil, errors.New("admin TLS needs both a certificate and a key file")
 	}
 	s.http = &http.Server{
-		Handler:           baselineHeaders(h),
+		Handler:           securityHeaders(baselineCSP, h),
 		TLSConfig:         tlsCfg,
 		ReadHeaderTimeout: orDefault(opts.ReadHeaderTimeout, 10*time.Second),
 		ReadTimeout:       orDefault(opts.ReadTimeout, 30*time.Second),
@@ -81,18 +80,10 @@ func NewServer(h http.Handler, opts ServerOptions) (*Server, error) {
 	return s, nil
 }
 
-// baselineHeaders marks every response nosniff, without referrer and with
-// a CSP that lets it load nothing and be framed nowhere: health, metrics
-// and API answers are never pages. The dashboard replaces the CSP with its
-// own.
-func baselineHeaders(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.Header().Set("Referrer-Policy", "no-referrer")
-		next.ServeHTTP(w, r)
-	})
-}
+// baselineCSP lets a response load nothing and be framed nowhere: health,
+// metrics and API answers are never pages. The Dashboard sets pageCSP over
+// it.
+const baselineCSP = "default-src 'none'; frame-ancestors 'none'"
 
 // RegisterOnShutdown calls f when the server starts shutting down (see
 // Serve); give it Dashboard.Shutdown so that live streams end at once.
