@@ -61,14 +61,18 @@ type Config struct {
 // maxBody bounds request bodies.
 const maxBody = 1 << 20
 
-// NewHandler returns the admin HTTP handler: /healthz, /readyz, /metrics and /api/v1.
+// NewHandler returns the API's handler alone: /healthz, /readyz, /metrics
+// and /api/v1 (cmd/hub uses Mount, to serve the dashboard beside it).
 func NewHandler(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	Mount(r, cfg)
 	return r
 }
 
-// Mount adds the API's routes to r, so that the dashboard can share a router.
+// Mount adds the API's routes to r, so that another handler (the dashboard)
+// can serve r's other paths, and a recoverer that answers 500 for a panic
+// on any route of r. As it adds middleware, r must have no routes yet.
+// Every /api/v1 route authenticates its bearer token itself.
 func Mount(r chi.Router, cfg Config) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

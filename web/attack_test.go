@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/hubmesh/hub/api"
 )
 
 // Attacks on the dashboard, on a real admin server (NewServer on a loopback
@@ -128,7 +126,7 @@ func TestFormBodyTooLarge(t *testing.T) {
 func TestMemberTextEscaped(t *testing.T) {
 	msg := `<img src=x onerror=alert(1)><script>alert(2)</script>"'`
 	models := &messageModels{msg: msg}
-	cfg := Config{API: api.Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, _ := s.signIn(t, "good")
 	_, page := s.get(t, "/clusters", cookie)

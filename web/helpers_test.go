@@ -20,24 +20,32 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-// testServer is a real admin server (NewServer) on a loopback port.
+// testServer is a real admin server (NewServer) serving the dashboard on
+// a loopback port (cmd/hub's tests serve it next to the REST API).
 type testServer struct {
 	base   string
 	client *http.Client // does not follow redirects
 	srv    *Server
+	// stop shuts the server down and waits for Serve to return (at the
+	// test's end unless called before).
+	stop func()
 }
 
-// startServer serves cfg with NewServer until the test ends.
+// startServer serves the dashboard of cfg with NewServer, as cmd/hub does,
+// until the test ends.
 func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Config) *testServer {
 	t.Helper()
-	srv, err := NewServer(cfg, opts)
+	dash := New(cfg)
+	srv, err := NewServer(dash, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv.RegisterOnShutdown(dash.Shutdown)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,12 +53,13 @@ func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Co
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+	t.Cleanup(stop)
 	scheme := "http"
 	if srv.TLS() {
 		scheme = "https"
@@ -58,11 +67,32 @@ func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Co
 	return &testServer{
 		base: scheme + "://" + lis.Addr().String(),
 		srv:  srv,
+		stop: stop,
 		client: &http.Client{
 			Transport:     &http.Transport{TLSClientConfig: tlsClient},
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 	}
+}
+
+// rawStream opens /events for page with cookie and returns the response,
+// to be read as bytes (openStream parses events).
+func (s *testServer) rawStream(t *testing.T, page string, cookie *http.Cookie) *bufio.Reader {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.base+"/events?page="+url.QueryEscape(page), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(cookie)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /events: %s", resp.Status)
+	}
+	return bufio.NewReader(resp.Body)
 }
 
 // signIn signs in with token and returns the session cookie and the CSRF

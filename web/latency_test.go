@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/hub"
 )
 
@@ -34,7 +33,7 @@ func (m *latencyModels) set(s hub.LatencySummary) {
 // its live stream updates them.
 func TestOverviewShowsPushLatency(t *testing.T) {
 	models := &latencyModels{}
-	cfg := Config{API: api.Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, _ := s.signIn(t, "good")
 

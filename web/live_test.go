@@ -43,7 +43,7 @@ func (m *messageModels) Clusters() []clusters.Status {
 
 func liveConfig(auth api.Authenticator) Config {
 	m := fakeModels{}
-	return Config{API: api.Config{Membership: m, Registrar: m, Federation: m, Auth: auth}, Refresh: 20 * time.Millisecond}
+	return Config{Membership: m, Registrar: m, Federation: m, Auth: auth, Refresh: 20 * time.Millisecond}
 }
 
 func TestLiveStreamEndsWithItsSession(t *testing.T) {
@@ -130,7 +130,7 @@ func TestLiveStreamFramesKeepLineBreaksInData(t *testing.T) {
 	// trying to inject SSE fields with every kind of line break.
 	msg := "a\rretry: 1\r\nevent: end\rid: 7\ndata: injected\r\rz"
 	models := &messageModels{msg: msg}
-	cfg := Config{API: api.Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, csrf := s.signIn(t, "good")
 	st := s.openStream(t, "/clusters", cookie)
@@ -188,7 +188,7 @@ func TestSecureCookieUnderTLS(t *testing.T) {
 	}
 
 	// Plain HTTP to the TLS port gets nothing but a refusal.
-	plain, err := http.Get("http://" + strings.TrimPrefix(s.base, "https://") + "/healthz")
+	plain, err := http.Get("http://" + strings.TrimPrefix(s.base, "https://") + "/signin")
 	if err == nil {
 		plain.Body.Close()
 		if plain.StatusCode != http.StatusBadRequest {
@@ -225,16 +225,16 @@ func TestSecureCookieUnderTLS(t *testing.T) {
 		t.Errorf("session cookie over plain HTTP: %+v", resp.Cookies())
 	}
 
-	if _, err := NewServer(liveConfig(&fakeAuth{}), ServerOptions{TLSCertFile: dir + "/tls.crt"}); err == nil {
+	if _, err := NewServer(New(liveConfig(&fakeAuth{})), ServerOptions{TLSCertFile: dir + "/tls.crt"}); err == nil {
 		t.Errorf("a certificate without a key was accepted")
 	}
-	if _, err := NewServer(liveConfig(&fakeAuth{}), ServerOptions{TLSCertFile: dir + "/tls.crt", TLSKeyFile: dir + "/missing"}); err == nil {
+	if _, err := NewServer(New(liveConfig(&fakeAuth{})), ServerOptions{TLSCertFile: dir + "/tls.crt", TLSKeyFile: dir + "/missing"}); err == nil {
 		t.Errorf("a missing key file was accepted")
 	}
 }
 
 func TestServerTimeouts(t *testing.T) {
-	srv, err := NewServer(liveConfig(&fakeAuth{}), ServerOptions{})
+	srv, err := NewServer(New(liveConfig(&fakeAuth{})), ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestServerTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "GET /signin HTTP/1.1\r\nHost: x\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	closed := make(chan error, 1)
@@ -280,14 +280,7 @@ func TestServerTimeouts(t *testing.T) {
 	// The live stream outlives the read and write timeouts: it gets
 	// heartbeats well past them.
 	cookie, _ := s.signIn(t, "good")
-	req, _ := http.NewRequest(http.MethodGet, s.base+"/events?page=/", nil)
-	req.AddCookie(cookie)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	r := bufio.NewReader(resp.Body)
+	r := s.rawStream(t, "/", cookie)
 	opened := time.Now()
 	heartbeats := 0
 	for time.Since(opened) < 3*short.WriteTimeout || heartbeats < 3 {
@@ -305,10 +298,10 @@ func TestServerTimeouts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	fmt.Fprint(idle, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	fmt.Fprint(idle, "GET /signin HTTP/1.1\r\nHost: x\r\n\r\n")
 	ir := bufio.NewReader(idle)
 	if resp, err := http.ReadResponse(ir, nil); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("healthz: %v %v", resp, err)
+		t.Fatalf("signin page: %v %v", resp, err)
 	} else {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
@@ -357,5 +350,22 @@ func TestSessionStoreBounds(t *testing.T) {
 	defer st.mu.Unlock()
 	if len(st.perUser) != 0 {
 		t.Errorf("per-user counts left behind: %d", len(st.perUser))
+	}
+}
+
+// TestShutdownEndsLiveStreams: a server shutting down ends the dashboard's
+// live streams at once (Dashboard.Shutdown, registered with the server):
+// each stream's response ends cleanly, instead of being cut when the
+// server gives up waiting for it.
+func TestShutdownEndsLiveStreams(t *testing.T) {
+	s := startServer(t, liveConfig(&fakeAuth{}), ServerOptions{}, nil)
+	cookie, _ := s.signIn(t, "good")
+	r := s.rawStream(t, "/", cookie)
+	if line, err := r.ReadString('\n'); err != nil || line != "event: update\n" {
+		t.Fatalf("live stream: first line %q, %v", line, err)
+	}
+	go s.stop()
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		t.Errorf("the live stream was cut at shutdown (%v); want it ended by the dashboard", err)
 	}
 }

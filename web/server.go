@@ -18,7 +18,8 @@ import (
 // defaults below.
 type ServerOptions struct {
 	// TLSCertFile and TLSKeyFile, both or neither, serve the admin port
-	// over TLS; the session cookie is then Secure. The pair is read again
+	// over TLS; the dashboard's session cookie is then Secure (it is on
+	// every request that came over TLS). The pair is read again
 	// when either file changes (checked at most once a second, on a
 	// handshake); a changed pair that does not load keeps the last good one.
 	TLSCertFile, TLSKeyFile string
@@ -37,15 +38,19 @@ type ServerOptions struct {
 	Log         *slog.Logger
 }
 
-// Server is the admin HTTP(S) server: REST API, health, metrics and the
-// dashboard.
+// Server is the admin HTTP(S) server. It serves one handler, which cmd/hub
+// composes of the REST API, health and metrics (package api) and the
+// Dashboard; it lives here because its one browser-facing user is the
+// dashboard (Secure cookies, a live stream outliving WriteTimeout, streams
+// ended on shutdown), with which it is tested.
 type Server struct {
 	http *http.Server
 	tls  bool
 }
 
-// NewServer builds the admin server. With a TLS key pair it sets cfg.Secure.
-func NewServer(cfg Config, opts ServerOptions) (*Server, error) {
+// NewServer builds the admin server for h. Every response gets security
+// headers with baselineCSP, which the Dashboard replaces with its own.
+func NewServer(h http.Handler, opts ServerOptions) (*Server, error) {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -58,13 +63,12 @@ func NewServer(cfg Config, opts ServerOptions) (*Server, error) {
 			return nil, err
 		}
 		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.get}
-		cfg.Secure, s.tls = true, true
+		s.tls = true
 	case opts.TLSCertFile != "" || opts.TLSKeyFile != "":
 		return nil, errors.New("admin TLS needs both a certificate and a key file")
 	}
-	d, h := newDashboard(cfg)
 	s.http = &http.Server{
-		Handler:           h,
+		Handler:           securityHeaders(baselineCSP, h),
 		TLSConfig:         tlsCfg,
 		ReadHeaderTimeout: orDefault(opts.ReadHeaderTimeout, 10*time.Second),
 		ReadTimeout:       orDefault(opts.ReadTimeout, 30*time.Second),
@@ -73,9 +77,17 @@ func NewServer(cfg Config, opts ServerOptions) (*Server, error) {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(opts.Log.Handler(), slog.LevelDebug),
 	}
-	s.http.RegisterOnShutdown(d.shutdown)
 	return s, nil
 }
+
+// baselineCSP lets a response load nothing and be framed nowhere: health,
+// metrics and API answers are never pages. The Dashboard sets pageCSP over
+// it.
+const baselineCSP = "default-src 'none'; frame-ancestors 'none'"
+
+// RegisterOnShutdown calls f when the server starts shutting down (see
+// Serve); give it Dashboard.Shutdown so that live streams end at once.
+func (s *Server) RegisterOnShutdown(f func()) { s.http.RegisterOnShutdown(f) }
 
 func orDefault(d, def time.Duration) time.Duration {
 	if d > 0 {

@@ -21,7 +21,7 @@ const sseWriteTimeout = 15 * time.Second
 // sessions, and without one (so the
 // browser reconnects) when the session cannot be checked right now or the
 // server shuts down.
-func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -71,7 +71,7 @@ func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
 		data, _ := d.data(r, name, id)
 		var buf bytes.Buffer
 		if err := d.tmpl.ExecuteTemplate(&buf, name+"-content", data); err != nil {
-			d.cfg.API.Log.Error("rendering a live update", "page", name, "error", err)
+			d.cfg.Log.Error("rendering a live update", "page", name, "error", err)
 			return
 		}
 		switch html := buf.String(); {
@@ -105,12 +105,12 @@ func (d *dashboard) events(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if _, err := d.recheck(r.Context(), s); errors.Is(err, errSessionEnded) {
-			d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
+			d.cfg.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
 			d.sessions.remove(s.id, endRevoked)
 			end(s.endReason())
 			return
 		} else if err != nil {
-			d.cfg.API.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)
+			d.cfg.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)
 			return
 		}
 	}

@@ -1,7 +1,9 @@
 // Package web is the hub's dashboard: server-rendered HTML from embedded
 // templates, a little vanilla JavaScript and Server-Sent Events for live
-// updates. It shares the router with the REST API and reads the same read
-// models; its forms call the same registration logic as the API.
+// updates; and the admin HTTP(S) server (Server) that cmd/hub serves it on,
+// next to the REST API of package api. The dashboard reads the same read
+// models as the API, through the same interfaces, and its forms call the
+// same registration logic; it does not serve the API itself.
 package web
 
 import (
@@ -29,6 +31,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/trust"
 )
 
 //go:embed templates/*.html
@@ -70,13 +73,27 @@ func formatLatency(d time.Duration) string {
 	}
 }
 
-// Config holds the dashboard's dependencies.
+// TrustDomains is the read model of SPIFFE federation the trust page shows
+// (*trust.Federation implements it).
+type TrustDomains interface {
+	TrustDomains() []trust.Status
+}
+
+// Config holds the dashboard's dependencies: the read models it shows and
+// the registrar its forms write through (the REST API's interfaces), and
+// the authenticator that signs users in with their API tokens.
 type Config struct {
-	// API is the REST API's configuration; the dashboard reads the same models.
-	API api.Config
-	// Secure marks the session cookie Secure (NewServer sets it when it
-	// serves over TLS).
-	Secure bool
+	Membership api.Membership
+	Registrar  api.Registrar
+	// Federation may also implement Pushes and PushLatency for the
+	// overview (*hub.Hub does).
+	Federation api.Federation
+	// Trust, if set, feeds the trust page.
+	Trust TrustDomains
+	// Auth checks the API tokens users sign in with; nil refuses every
+	// sign-in.
+	Auth api.Authenticator
+	Log  *slog.Logger
 	// Refresh is how often live pages check for changes and re-check their
 	// session (default 1s, at most 5s).
 	Refresh time.Duration
@@ -94,14 +111,22 @@ const (
 	maxRefresh    = 5 * time.Second
 )
 
-// NewHandler returns the admin handler: the REST API, health, metrics and
-// the dashboard.
-func NewHandler(cfg Config) http.Handler {
-	_, h := newDashboard(cfg)
-	return h
+// Dashboard is the dashboard's HTTP handler: its pages, forms, live
+// stream and static files, each response with the dashboard's security
+// headers and every state-changing request checked to come from the
+// dashboard's own pages. It serves every path it is given; cmd/hub routes
+// it all the paths the REST API does not have.
+type Dashboard struct {
+	cfg      Config
+	handler  http.Handler
+	sessions *sessionStore
+	tmpl     *template.Template
+	stop     chan struct{} // closed by Shutdown: live streams end
+	stopOnce sync.Once
 }
 
-func newDashboard(cfg Config) (*dashboard, http.Handler) {
+// New builds the dashboard.
+func New(cfg Config) *Dashboard {
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = time.Second
 	}
@@ -115,17 +140,16 @@ func newDashboard(cfg Config) (*dashboard, http.Handler) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	if cfg.API.Log == nil {
-		cfg.API.Log = slog.Default()
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
 	}
-	d := &dashboard{
+	d := &Dashboard{
 		cfg:      cfg,
 		sessions: newSessionStore(cfg.Now),
 		tmpl:     template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")),
 		stop:     make(chan struct{}),
 	}
 	r := chi.NewRouter()
-	api.Mount(r, cfg.API)
 	static, _ := fs.Sub(staticFS, "static")
 	r.Handle("/static/*", http.StripPrefix("/static/", http.FileServer(http.FS(static))))
 	r.Get("/signin", d.signinPage)
@@ -144,8 +168,17 @@ func newDashboard(cfg Config) (*dashboard, http.Handler) {
 		r.Get("/trust", d.page("trust"))
 		r.Get("/events", d.events)
 	})
-	return d, securityHeaders(crossOriginProtection(r))
+	d.handler = securityHeaders(pageCSP, crossOriginProtection(r))
+	return d
 }
+
+// ServeHTTP implements http.Handler.
+func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.handler.ServeHTTP(w, r) }
+
+// Shutdown ends every live stream, at once and for good: give it to the
+// server's shutdown (Server.RegisterOnShutdown), as http.Server.Shutdown
+// does not end them otherwise (they never become idle).
+func (d *Dashboard) Shutdown() { d.stopOnce.Do(func() { close(d.stop) }) }
 
 // crossOriginProtection refuses the dashboard's state-changing requests
 // (POST: sign-in, sign-out and the forms) when a browser says they come from
@@ -153,42 +186,27 @@ func newDashboard(cfg Config) (*dashboard, http.Handler) {
 // token covers the forms of a session; this also covers sign-in, which has
 // no session yet: another site's page could otherwise sign a browser into
 // the attacker's session (login CSRF). Requests without either header (not
-// from a browser) and the REST API (bearer tokens, no cookies) pass.
+// from a browser) pass. The REST API (bearer tokens, no cookies) is not
+// behind it: it is routed beside the dashboard, not through it.
 func crossOriginProtection(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "cross-site request refused; use the dashboard's own pages", http.StatusForbidden)
 	}))
-	protected := cop.Handler(next)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/api/") {
-			next.ServeHTTP(w, r)
-			return
-		}
-		protected.ServeHTTP(w, r)
-	})
+	return cop.Handler(next)
 }
 
-type dashboard struct {
-	cfg      Config
-	sessions *sessionStore
-	tmpl     *template.Template
-	stop     chan struct{} // closed when the server shuts down: live streams end
-	stopOnce sync.Once
-}
+// pageCSP lets the dashboard's pages load only their own scripts, styles
+// and images (no inline script, no third parties), be framed nowhere and
+// submit forms only to the hub.
+const pageCSP = "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
 
-// shutdown ends every live stream (http.Server.Shutdown does not wait for
-// them otherwise: they never become idle).
-func (d *dashboard) shutdown() { d.stopOnce.Do(func() { close(d.stop) }) }
-
-// securityHeaders sets a strict CSP (no inline script, no third parties).
-func securityHeaders(next http.Handler) http.Handler {
+// securityHeaders sets csp, nosniff and no referrer on every response.
+func securityHeaders(csp string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/api/") {
-			w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'")
-			w.Header().Set("X-Content-Type-Options", "nosniff")
-			w.Header().Set("Referrer-Policy", "no-referrer")
-		}
+		w.Header().Set("Content-Security-Policy", csp)
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "no-referrer")
 		next.ServeHTTP(w, r)
 	})
 }
@@ -211,17 +229,17 @@ var errSessionEnded = errors.New("session ended")
 // revoked token or a removed permission ends the session within that time.
 // It returns errSessionEnded (wrapped) when the session is over, another
 // error when the answer cannot be had right now.
-func (d *dashboard) recheck(ctx context.Context, s *session) (api.User, error) {
+func (d *Dashboard) recheck(ctx context.Context, s *session) (api.User, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	u, err := d.cfg.API.Auth.Authenticate(ctx, s.token)
+	u, err := d.cfg.Auth.Authenticate(ctx, s.token)
 	switch {
 	case errors.Is(err, api.ErrUnauthenticated):
 		return api.User{}, fmt.Errorf("%w: the token is no longer valid", errSessionEnded)
 	case err != nil:
 		return api.User{}, fmt.Errorf("authenticating the session's token: %w", err)
 	}
-	err = d.cfg.API.Auth.Authorize(ctx, u, api.Read)
+	err = d.cfg.Auth.Authorize(ctx, u, api.Read)
 	switch {
 	case errors.Is(err, api.ErrForbidden):
 		return api.User{}, fmt.Errorf("%w: the token may no longer read the hub's state", errSessionEnded)
@@ -233,7 +251,7 @@ func (d *dashboard) recheck(ctx context.Context, s *session) (api.User, error) {
 
 // requireSession lets a request through only with a live session whose
 // token still authenticates and may still read (see recheck).
-func (d *dashboard) requireSession(next http.Handler) http.Handler {
+func (d *Dashboard) requireSession(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := r.Cookie(sessionCookie)
 		var s *session
@@ -244,11 +262,11 @@ func (d *dashboard) requireSession(next http.Handler) http.Handler {
 			u, err := d.recheck(r.Context(), s)
 			switch {
 			case errors.Is(err, errSessionEnded):
-				d.cfg.API.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
+				d.cfg.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
 				d.sessions.remove(s.id, endRevoked)
 				s = nil
 			case err != nil:
-				d.cfg.API.Log.Error("re-checking a dashboard session", "user", s.user.Name, "error", err)
+				d.cfg.Log.Error("re-checking a dashboard session", "user", s.user.Name, "error", err)
 				http.Error(w, "cannot verify your session right now; try again shortly", http.StatusServiceUnavailable)
 				return
 			default:
@@ -305,7 +323,7 @@ func checkCSRF(w http.ResponseWriter, r *http.Request, s *session) bool {
 
 func sessionOf(r *http.Request) *session { s, _ := r.Context().Value(ctxKey{}).(*session); return s }
 
-func (d *dashboard) signinPage(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) signinPage(w http.ResponseWriter, r *http.Request) {
 	d.render(w, http.StatusOK, "signin", map[string]any{"Next": safeNext(r.URL.Query().Get("next"))})
 }
 
@@ -327,7 +345,7 @@ func safeNext(next string) string {
 	return next
 }
 
-func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) signin(w http.ResponseWriter, r *http.Request) {
 	if !parseForm(w, r, 64<<10) {
 		return
 	}
@@ -336,13 +354,13 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 	fail := func(status int, msg string) {
 		d.render(w, status, "signin", map[string]any{"Next": next, "Error": msg})
 	}
-	if token == "" || d.cfg.API.Auth == nil {
+	if token == "" || d.cfg.Auth == nil {
 		fail(http.StatusUnauthorized, "Enter an API token.")
 		return
 	}
-	user, err := d.cfg.API.Auth.Authenticate(r.Context(), token)
+	user, err := d.cfg.Auth.Authenticate(r.Context(), token)
 	if err == nil {
-		err = d.cfg.API.Auth.Authorize(r.Context(), user, api.Read)
+		err = d.cfg.Auth.Authorize(r.Context(), user, api.Read)
 	}
 	switch {
 	case errors.Is(err, api.ErrUnauthenticated):
@@ -352,7 +370,7 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusForbidden, "That token may not read the hub's state.")
 		return
 	case err != nil:
-		d.cfg.API.Log.Error("checking a dashboard sign-in", "error", err)
+		d.cfg.Log.Error("checking a dashboard sign-in", "error", err)
 		fail(http.StatusServiceUnavailable, "Cannot check tokens right now; try again shortly.")
 		return
 	}
@@ -360,7 +378,7 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 	d.sessions.add(&session{id: id, user: user, csrf: randomToken(), token: token,
 		expires: d.cfg.Now().Add(d.cfg.SessionTTL), ended: make(chan struct{})})
 	http.SetCookie(w, &http.Cookie{
-		Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: d.cfg.Secure,
+		Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: r.TLS != nil,
 		SameSite: http.SameSiteStrictMode, MaxAge: int(d.cfg.SessionTTL.Seconds()),
 	})
 	http.Redirect(w, r, next, http.StatusSeeOther)
@@ -369,7 +387,7 @@ func (d *dashboard) signin(w http.ResponseWriter, r *http.Request) {
 // signout ends the session (with its CSRF token) and clears the cookie. It
 // does not re-check the session's token, so it works while the home cluster
 // cannot be reached; live streams of the session end at once.
-func (d *dashboard) signout(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) signout(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		if s := d.sessions.get(c.Value); s != nil {
 			if !checkCSRF(w, r, s) {
@@ -379,22 +397,22 @@ func (d *dashboard) signout(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
-		Secure: d.cfg.Secure, SameSite: http.SameSiteStrictMode})
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/signin", http.StatusSeeOther)
 }
 
 // page renders one of the live pages.
-func (d *dashboard) page(name string) http.HandlerFunc {
+func (d *Dashboard) page(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		data, status := d.data(r, name, chi.URLParam(r, "id"))
 		d.render(w, status, name, data)
 	}
 }
 
-func (d *dashboard) render(w http.ResponseWriter, status int, name string, data map[string]any) {
+func (d *Dashboard) render(w http.ResponseWriter, status int, name string, data map[string]any) {
 	var buf bytes.Buffer
 	if err := d.tmpl.ExecuteTemplate(&buf, name, data); err != nil {
-		d.cfg.API.Log.Error("rendering dashboard page", "page", name, "error", err)
+		d.cfg.Log.Error("rendering dashboard page", "page", name, "error", err)
 		http.Error(w, "rendering failed", http.StatusInternalServerError)
 		return
 	}
@@ -406,13 +424,13 @@ func (d *dashboard) render(w http.ResponseWriter, status int, name string, data 
 
 // data gathers what a page shows. It never includes credentials: clusters
 // are shown through api.Cluster, which has only the server URL.
-func (d *dashboard) data(r *http.Request, page, id string) (map[string]any, int) {
+func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int) {
 	s := sessionOf(r)
 	if unescaped, err := url.PathUnescape(id); err == nil {
 		id = unescaped
 	}
 	m := map[string]any{"Page": page, "User": s.user.Name, "CSRF": s.csrf, "ID": id}
-	a := d.cfg.API
+	a := d.cfg
 	status := http.StatusOK
 	switch page {
 	case "overview":
@@ -536,7 +554,7 @@ func chart(per []int) []bar {
 	return out
 }
 
-func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 	s := sessionOf(r)
 	id := strings.TrimSpace(r.PostFormValue("id"))
 	kubeconfig := r.PostFormValue("kubeconfig")
@@ -545,11 +563,11 @@ func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 		data["FormError"], data["FormID"] = msg, id
 		d.render(w, status, "clusters", data)
 	}
-	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
+	if err := d.cfg.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
 		fail(http.StatusForbidden, "Your token may not register clusters: "+err.Error())
 		return
 	} else if err != nil {
-		d.cfg.API.Log.Error("authorising a cluster registration", "user", s.user.Name, "error", err)
+		d.cfg.Log.Error("authorising a cluster registration", "user", s.user.Name, "error", err)
 		fail(http.StatusServiceUnavailable, "Cannot check your permissions right now; try again shortly.")
 		return
 	}
@@ -557,7 +575,7 @@ func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 		fail(http.StatusUnprocessableEntity, "Both a cluster ID and a kubeconfig are required.")
 		return
 	}
-	if _, _, err := api.RegisterCluster(r.Context(), d.cfg.API.Registrar, d.cfg.API.Membership, id, []byte(kubeconfig)); err != nil {
+	if _, _, err := api.RegisterCluster(r.Context(), d.cfg.Registrar, d.cfg.Membership, id, []byte(kubeconfig)); err != nil {
 		var inv *clusters.InvalidError
 		if errors.As(err, &inv) {
 			fail(http.StatusUnprocessableEntity, inv.Error())
@@ -569,18 +587,18 @@ func (d *dashboard) registerCluster(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/clusters/"+url.PathEscape(id), http.StatusSeeOther)
 }
 
-func (d *dashboard) removeCluster(w http.ResponseWriter, r *http.Request) {
+func (d *Dashboard) removeCluster(w http.ResponseWriter, r *http.Request) {
 	s := sessionOf(r)
 	id := chi.URLParam(r, "id")
-	if err := d.cfg.API.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
+	if err := d.cfg.Auth.Authorize(r.Context(), s.user, api.Write); errors.Is(err, api.ErrForbidden) {
 		http.Error(w, "your token may not remove clusters: "+err.Error(), http.StatusForbidden)
 		return
 	} else if err != nil {
-		d.cfg.API.Log.Error("authorising a cluster removal", "user", s.user.Name, "error", err)
+		d.cfg.Log.Error("authorising a cluster removal", "user", s.user.Name, "error", err)
 		http.Error(w, "cannot check your permissions right now; try again shortly", http.StatusServiceUnavailable)
 		return
 	}
-	if err := d.cfg.API.Registrar.Remove(r.Context(), id); err != nil {
+	if err := d.cfg.Registrar.Remove(r.Context(), id); err != nil {
 		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
 		return
 	}

@@ -89,7 +89,7 @@ func TestSafeNext(t *testing.T) {
 func TestSessions(t *testing.T) {
 	auth := &fakeAuth{}
 	m := fakeModels{}
-	h := NewHandler(Config{API: api.Config{Membership: m, Registrar: m, Federation: m, Auth: auth}})
+	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: auth})
 
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/clusters", nil))
@@ -159,7 +159,7 @@ func TestSessions(t *testing.T) {
 // template errors show up without a browser.
 func TestTemplatesRender(t *testing.T) {
 	m := fakeModels{}
-	h := NewHandler(Config{API: api.Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}}})
+	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}})
 	form := url.Values{"token": {"good"}}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("POST", "/signin", strings.NewReader(form.Encode()))

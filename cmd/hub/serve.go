@@ -28,7 +28,23 @@ import (
 )
 
 // serve runs the hub until ctx is done: membership from the home cluster,
-// the federated index with ADS on --xds-addr, and the admin API.
+// the federated index with ADS on --xds-addr, and the admin server (REST API
+// and dashboard) on --admin-addr.
+//
+// The parts are built in dependency order, each complete when it is made:
+//  1. the leader elector;
+//  2. the change feed (hub.Changes), which every part below reports to;
+//  3. the federated index (hub.Index), reporting changed hostnames to it;
+//  4. trust federation, reporting root changes to the feed;
+//  5. the member registry, delivering services to the index and Secret
+//     changes to the feed;
+//  6. the hub, consuming the feed and serving the index, with the registry
+//     as its Secret source, access authorizer, token reviewer and
+//     readiness, and trust federation as its roots;
+//  7. the admin server: the REST API (package api) and the dashboard
+//     (package web) on one router.
+//
+// Then the listeners open and everything runs until ctx is done.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	home, err := homeConfig(cfg.kubeconfig)
 	if err != nil {
@@ -55,12 +71,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--trust-domain: %w", err)
 	}
+
 	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
 	metrics.MustRegister(elector.Collector())
-	// Built in dependency order: the change feed first (every part that
-	// sees the mesh change reports to it), then the federated index, the
-	// trust federation and the member registry, which report to it, and
-	// last the hub, which serves what they hold and consumes the feed.
 	changes := hub.NewChanges(cfg.debounceAfter, cfg.debounceMax)
 	index := hub.NewIndex(cfg.domainSuffix, changes)
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
@@ -128,21 +141,29 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		webCert = &cert
 	}
 	var draining atomic.Bool
-	apiCfg := api.Config{
-		Membership: readiness{registry, &draining},
-		Registrar:  clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy),
+	membership := readiness{registry, &draining}
+	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy)
+	dashboard := web.New(web.Config{
+		Membership: membership,
+		Registrar:  registrar,
+		Federation: h,
+		Trust:      fed,
+		Auth:       auth,
+		Log:        log,
+	})
+	admin, err := web.NewServer(adminHandler(api.Config{
+		Membership: membership,
+		Registrar:  registrar,
 		Federation: h,
 		Trust:      fed,
 		Auth:       auth,
 		Metrics:    metrics,
 		Log:        log,
-	}
-	admin, err := web.NewServer(web.Config{API: apiCfg}, web.ServerOptions{
-		TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log,
-	})
+	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log})
 	if err != nil {
 		return fmt.Errorf("admin server: %w", err)
 	}
+	admin.RegisterOnShutdown(dashboard.Shutdown)
 
 	listeners := map[string]net.Listener{}
 	for name, addr := range map[string]string{"xds": cfg.xdsAddr, "admin": cfg.adminAddr, "xds-tls": cfg.xdsTLSAddr, "bundle": cfg.bundleAddr} {
