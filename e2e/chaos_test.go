@@ -301,7 +301,10 @@ func TestChaosPeerBundleEndpointDown(t *testing.T) {
 	sum := sha256.Sum256(peerCA.Cert.Raw)
 	want := hex.EncodeToString(sum[:])
 	holdsRoots := func() error {
-		st := h.trustDomain(t, td.Name())
+		st, err := h.findTrustDomain(t, td.Name())
+		if err != nil {
+			return err
+		}
 		if len(st.X509Authorities) != 1 || st.X509Authorities[0].SHA256 != want {
 			return fmt.Errorf("peer authorities %+v; want the peer's root %s", st.X509Authorities, want)
 		}

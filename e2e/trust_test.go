@@ -54,6 +54,22 @@ func (h *hubProcess) trustDomain(t *testing.T, td string) api.TrustDomain {
 	return out
 }
 
+// findTrustDomain is trustDomain for condition waits: a relationship PUT a
+// moment ago is listed once the hub's informer has seen its ConfigMap, and
+// is 404 until then.
+func (h *hubProcess) findTrustDomain(t *testing.T, td string) (api.TrustDomain, error) {
+	t.Helper()
+	var out api.TrustDomain
+	code, body := h.do(t, "GET", "/api/v1/trustdomains/"+td, "")
+	if code != 200 {
+		return out, fmt.Errorf("GET trust domain %s: %d %s", td, code, body)
+	}
+	if err := json.Unmarshal([]byte(body), &out); err != nil {
+		return out, fmt.Errorf("GET trust domain %s: %w", td, err)
+	}
+	return out, nil
+}
+
 // webServingCert issues a certificate for 127.0.0.1 from a throwaway CA and
 // writes it to files, for an https_web bundle endpoint.
 func webServingCert(t *testing.T) (certFile, keyFile string, caPEM []byte) {
@@ -177,7 +193,10 @@ func TestTrustFederation(t *testing.T) {
 	ready := func(h *hubProcess, td string) api.TrustDomain {
 		var st api.TrustDomain
 		eventually(t, 60*time.Second, func() error {
-			st = h.trustDomain(t, td)
+			var err error
+			if st, err = h.findTrustDomain(t, td); err != nil {
+				return err
+			}
 			if st.State != "Ready" || st.Sequence == nil || len(st.X509Authorities) == 0 || st.LastRefresh == nil {
 				return fmt.Errorf("%s: %+v", td, st)
 			}
@@ -274,7 +293,10 @@ func TestTrustFederation(t *testing.T) {
 	a.stop(t)
 	a2 := startHub(t, homeA, "--namespace", nsA, "--trust-domain", tdA.Name(), "--bundle-addr", "", "--xds-tls-addr", "")
 	eventually(t, 30*time.Second, func() error {
-		st := a2.trustDomain(t, "b.test")
+		st, err := a2.findTrustDomain(t, "b.test")
+		if err != nil {
+			return err
+		}
 		if st.State != "Stale" || len(st.X509Authorities) == 0 || st.X509Authorities[0].SHA256 != bAtA.X509Authorities[0].SHA256 {
 			return fmt.Errorf("b.test after A's restart with B down: %+v", st)
 		}
