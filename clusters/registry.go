@@ -36,7 +36,8 @@ const MultiClusterLabel = "istio/multiCluster"
 type SecretEvents interface {
 	// SecretChanged: one Secret of a member changed or went away.
 	SecretChanged(cluster string, key ServiceKey)
-	// SecretsSynced: a member's Secret cache (re)synced, so any of its
+	// SecretsSynced: a member's Secret cache (re)synced, or the member
+	// switched to its new client (kubeconfig rotation), so any of its
 	// Secrets may differ from what was served before.
 	SecretsSynced(cluster string)
 }
@@ -441,7 +442,9 @@ func (r *Registry) olderSecret(a, b string) bool {
 }
 
 // promote makes a synced candidate the member's active client and stops the
-// previous one. It reports false if the candidate was superseded meanwhile.
+// previous one, then tells SecretEvents that the member's Secrets may differ
+// from what was served. It reports false if the candidate was superseded
+// meanwhile.
 func (r *Registry) promote(id string, candidate *Cluster) bool {
 	r.mu.Lock()
 	m := r.members[id]
@@ -455,6 +458,11 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	r.mu.Unlock()
 	r.views.setServer(id, candidate.server) // before it publishes
 	old.stop()
+	if ev := r.cfg.SecretEvents; ev != nil {
+		// TLSSecret reads the candidate from now on; its Secret cache may
+		// have synced (and said so) while the old client still answered.
+		ev.SecretsSynced(id)
+	}
 	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
 	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)
 	return true

@@ -39,7 +39,7 @@ type batch struct {
 	hosts   map[string]struct{}    // services whose federated view changed
 	secrets map[secretRef]struct{} // member Secrets that changed
 	// members are the members whose every Secret may have changed: their
-	// Secret cache (re)synced.
+	// Secret cache (re)synced, or they switched to a new client.
 	members map[string]struct{}
 	roots   bool                   // a trust domain's roots changed
 	reviews map[reviewKey]struct{} // access reviews whose decision changed
@@ -99,8 +99,9 @@ func (c *Changes) SecretChanged(cluster string, key clusters.ServiceKey) {
 	c.report(func(b *batch) { add(&b.secrets, secretRef{cluster, key}) })
 }
 
-// SecretsSynced reports that a member's Secret cache (re)synced: any of
-// its Secrets may have changed.
+// SecretsSynced reports that a member's Secret cache (re)synced, or that
+// the member switched to a new client (kubeconfig rotation): any of its
+// Secrets may have changed.
 func (c *Changes) SecretsSynced(cluster string) {
 	c.report(func(b *batch) { add(&b.members, cluster) })
 }

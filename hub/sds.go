@@ -200,6 +200,7 @@ func transient(err error) bool {
 func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var out []*resource
 	var reviews map[reviewKey]struct{}
+	id := w.identityOf(wt)
 	wt.awaiting = false
 	defer func() {
 		// Pushes read it, possibly while this runs on the stream's goroutine.
@@ -208,15 +209,15 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		w.mu.Unlock()
 	}()
 	for _, name := range wt.names {
-		msg, review, err := w.secret(wt.ident, name)
+		msg, review, err := w.secret(id, name)
 		if review != nil {
 			add(&reviews, *review)
 		}
 		if errors.Is(err, errReviewPending) {
 			wt.awaiting = true
 		} else if err != nil {
-			if first, last := wt.ident.withheld.first(name, err.Error()); first {
-				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", wt.ident.cluster, "identity", wt.ident.spiffeID.String(), "resource", name, "reason", err,
+			if first, last := id.withheld.first(name, err.Error()); first {
+				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", id.cluster, "identity", id.spiffeID.String(), "resource", name, "reason", err,
 					"moreNotLogged", last)
 			}
 		}
@@ -233,6 +234,18 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// identityOf is the identity of wt's stream as the proxy tracker last
+// announced it: a claim that puts a proxy in conflict mid-stream (see
+// proxyTracker.claim) applies to the watches parked before it too.
+func (w *watcher) identityOf(wt *watch) identity {
+	if wt.rec == nil {
+		return wt.ident
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return wt.rec.ident
 }
 
 // secretName is what an SDS resource name asks for: roots (ROOTCA, or a

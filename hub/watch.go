@@ -78,9 +78,13 @@ type watcher struct {
 // only after cancelling the watch, and cancelling waits until no push is
 // evaluating the watch (busy), so the two never overlap.
 type watch struct {
-	typeURL  string
-	nodeID   string
+	typeURL string
+	nodeID  string
+	// ident is the stream's identity when the watch was created; rec, the
+	// stream's record (nil: not announced), has the current one, which
+	// SDS evaluations read (see watcher.identityOf).
 	ident    identity
+	rec      *streamRecord
 	wildcard bool
 	sub      *subscriber
 	// names are the subscribed names (shared with sub, read only).
@@ -151,7 +155,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		return nil, err
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
@@ -176,8 +180,8 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	_, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
+	rec, ident := w.record(req.GetNode())
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
 	// Delta changes its subscription map in place: the subscriber keeps a
 	// list of its own.
 	wt.sub = newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
