@@ -14,6 +14,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/wait"
@@ -179,4 +180,38 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	if names := slices.Sorted(maps.Keys(sub.ReturnedResources())); !slices.Equal(names, []string{a, b}) {
 		t.Fatalf("returned resources = %v", names)
 	}
+}
+
+// A stream's first request of a type is answered even when there is nothing
+// for it, also when it carries a response nonce of the client's own making
+// (Istio's adsc sends one; istiod's config client is not ready until every
+// type it asked for was answered); its ACK is not answered again.
+func TestFirstRequestAnsweredWhateverItsNonce(t *testing.T) {
+	_, addr, _ := serveHub(t, Options{})
+	c := dialADS(t, addr, insecure.NewCredentials())
+	for _, req := range []*discoveryv3.DiscoveryRequest{
+		{Node: node("made-up-nonce", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"outbound|80||nothing.demo.svc.cluster.local"}, ResponseNonce: "2026-11-23 05:35:00 +0000 UTC"},
+		{TypeUrl: resourcev3.ClusterType, ResourceNames: []string{"outbound|80||nothing.demo.svc.cluster.local"}, ResponseNonce: "also made up"},
+		{TypeUrl: resourcev3.ListenerType, ResponseNonce: "made up too"},
+	} {
+		c.send(t, req)
+		r, err := c.next(t)
+		if err != nil {
+			t.Fatalf("%s: %v", req.TypeUrl, err)
+		}
+		if r.TypeUrl != req.TypeUrl || len(r.Resources) != 0 {
+			t.Fatalf("first %s request: got %s with %d resources; want an empty response of its type", req.TypeUrl, r.TypeUrl, len(r.Resources))
+		}
+		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: req.TypeUrl, ResourceNames: req.ResourceNames, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+	}
+	// The ACKs are parked. The server handles a stream's requests in
+	// order and an ACK's watch answers at once or never (without a
+	// change): a response to any of them would come before the answer to
+	// a later first request.
+	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.RouteType, ResourceNames: []string{"nothing:80"}, ResponseNonce: "made up"})
+	r, err := c.next(t)
+	if err != nil || r.TypeUrl != resourcev3.RouteType {
+		t.Fatalf("after the ACKs: %v, %v; want only the RDS response", r.GetTypeUrl(), err)
+	}
+	c.noResponse(t, "ACKs of empty responses")
 }

@@ -312,6 +312,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		{"a review it did not consult", sds(westA, "kubernetes://gw"), &batch{reviews: map[reviewKey]struct{}{k1: {}}}, false},
 		{"its secret", sds(westA, "kubernetes://gw"), secret("west", "a", "gw"), true},
 		{"its secret by namespace, CA only", sds(westA, "kubernetes://b/gw-cacert"), secret("west", "b", "gw"), true},
+		{"its separate CA secret", sds(westA, "kubernetes://b/gw-cacert"), secret("west", "b", "gw-cacert"), true},
 		{"the same secret in another member", sds(westA, "kubernetes://gw"), secret("east", "a", "gw"), false},
 		{"another namespace's secret of that name", sds(westA, "kubernetes://gw"), secret("west", "b", "gw"), false},
 		{"another secret", sds(westA, "kubernetes://gw", "ROOTCA"), secret("west", "a", "other"), false},

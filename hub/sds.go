@@ -208,8 +208,21 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		wt.sub.reviews = reviews
 		w.mu.Unlock()
 	}()
+	var others map[string]struct{} // namespaces other than the proxy's its names ask for
 	for _, name := range wt.names {
-		msg, review, err := w.secret(id, name)
+		var msg proto.Message
+		var review *reviewKey
+		var err error
+		if ns, ok := otherNamespace(name, id.namespace); ok && len(others) >= maxOtherNamespaces && !has(others, ns) {
+			// Each other namespace costs an access review in the member:
+			// a client cannot make the hub ask for thousands.
+			err = fmt.Errorf("%w: the subscription names Secrets of more than %d namespaces other than %s", errDenied, maxOtherNamespaces, id.namespace)
+		} else {
+			if ok {
+				add(&others, ns)
+			}
+			msg, review, err = w.secret(id, name)
+		}
 		if review != nil {
 			add(&reviews, *review)
 		}
@@ -236,6 +249,25 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	return out, nil
 }
 
+// maxOtherNamespaces bounds the namespaces other than its own whose Secrets
+// one SDS subscription may ask for: each costs an access review.
+const maxOtherNamespaces = 64
+
+// otherNamespace returns the namespace of the Secret name asks for when it
+// is a well-formed name of a namespace other than ns.
+func otherNamespace(name, ns string) (string, bool) {
+	sn := parseSecretName(name, ns)
+	if sn.roots || !sn.wellFormed || sn.key.Namespace == ns {
+		return "", false
+	}
+	return sn.key.Namespace, true
+}
+
+func has[K comparable](m map[K]struct{}, k K) bool {
+	_, ok := m[k]
+	return ok
+}
+
 // identityOf is the identity of wt's stream as the proxy tracker last
 // announced it: a claim that puts a proxy in conflict mid-stream (see
 // proxyTracker.claim) applies to the watches parked before it too.
@@ -250,13 +282,24 @@ func (w *watcher) identityOf(wt *watch) identity {
 
 // secretName is what an SDS resource name asks for: roots (ROOTCA, or a
 // trust domain's bundle as spiffe://<td>), or a Kubernetes Secret of the
-// proxy's member, kubernetes://[<namespace>/]<name>[-cacert] (its CA only
-// with -cacert), the namespace defaulting to the proxy's own.
+// proxy's member, kubernetes://[<namespace>/]<name>[-cacert], the
+// namespace defaulting to the proxy's own. With -cacert only a CA is
+// served, as istiod does: of the Secret named <name>-cacert if there is
+// one (Istio's separate CA Secret for gateway mTLS), else of <name>.
 type secretName struct {
 	roots      bool
 	key        clusters.ServiceKey // the Secret; zero for roots
 	caOnly     bool
-	wellFormed bool // a real namespace and Secret name (or roots)
+	caKey      clusters.ServiceKey // with caOnly: the Secret <name>-cacert, tried first
+	wellFormed bool                // a real namespace and Secret name (or roots)
+}
+
+// keys are the Secrets whose change can change what the name gets.
+func (sn secretName) keys() []clusters.ServiceKey {
+	if sn.caOnly {
+		return []clusters.ServiceKey{sn.caKey, sn.key}
+	}
+	return []clusters.ServiceKey{sn.key}
 }
 
 // parseSecretName reads an SDS resource name as the proxy of namespace ns
@@ -276,7 +319,11 @@ func parseSecretName(name, ns string) secretName {
 	// takes the name as a namespace/name key, which would bypass every
 	// check (and a SubjectAccessReview for "" is for all namespaces).
 	ok := len(k8svalidation.IsDNS1123Label(ns)) == 0 && len(k8svalidation.IsDNS1123Subdomain(secret)) == 0
-	return secretName{key: clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secret, "-cacert")}, caOnly: caOnly, wellFormed: ok}
+	sn := secretName{key: clusters.ServiceKey{Namespace: ns, Name: strings.TrimSuffix(secret, "-cacert")}, caOnly: caOnly, wellFormed: ok}
+	if caOnly {
+		sn.caKey = clusters.ServiceKey{Namespace: ns, Name: secret}
+	}
+	return sn
 }
 
 // secret builds one SDS resource for id, or says why not. consulted is the
@@ -324,8 +371,10 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 		return nil, nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
 	}
 	key := sn.key
-	if err := w.servable(key.Namespace, key.Name); err != nil {
-		return nil, nil, err
+	for _, k := range sn.keys() {
+		if err := w.servable(k.Namespace, k.Name); err != nil {
+			return nil, nil, err
+		}
 	}
 	if key.Namespace != id.namespace {
 		// As istiod: another namespace only if the proxy's service account
@@ -345,15 +394,25 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 			return nil, consulted, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, key.Namespace, id.cluster)
 		}
 	}
-	s, err := w.secrets.TLSSecret(id.cluster, key)
-	if err != nil {
-		return nil, consulted, err
-	}
 	if sn.caOnly {
+		s, err := w.secrets.TLSSecret(id.cluster, sn.caKey)
+		if errors.Is(err, clusters.ErrSecretNotFound) {
+			key = sn.key
+			s, err = w.secrets.TLSSecret(id.cluster, key)
+		} else {
+			key = sn.caKey
+		}
+		if err != nil {
+			return nil, consulted, err
+		}
 		if len(s.CA) == 0 {
 			return nil, consulted, fmt.Errorf("secret %s has no ca.crt or cacert", key)
 		}
 		return validation(s.CA), consulted, nil
+	}
+	s, err := w.secrets.TLSSecret(id.cluster, key)
+	if err != nil {
+		return nil, consulted, err
 	}
 	if len(s.Cert) == 0 || len(s.Key) == 0 {
 		return nil, consulted, fmt.Errorf("secret %s has no certificate and key", key)

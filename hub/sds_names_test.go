@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,6 +73,60 @@ func TestSDSNamesCannotEscapeTheirNamespace(t *testing.T) {
 	for _, name := range []string{"kubernetes://gw", "kubernetes://b/gw"} {
 		if got[name] == nil {
 			t.Errorf("%s was not served: %v", name, keys(got))
+		}
+	}
+}
+
+// TestSDSOtherNamespacesAreBounded: one subscription naming Secrets of 100
+// other namespaces makes the hub ask the member about at most
+// maxOtherNamespaces of them (each is an access review); the names beyond
+// are withheld, the others served.
+func TestSDSOtherNamespacesAreBounded(t *testing.T) {
+	var mu sync.Mutex
+	asked := map[string]bool{}
+	allowAll := AuthorizerFunc(func(_ context.Context, _, _, _, ns string) (bool, error) {
+		mu.Lock()
+		asked[ns] = true
+		mu.Unlock()
+		return true, nil
+	})
+	var secrets []*corev1.Secret
+	var names []string
+	for i := range 100 {
+		ns := fmt.Sprintf("ns-%03d", i)
+		secrets = append(secrets, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gw"},
+			Data: map[string][]byte{"tls.crt": []byte("CERT"), "tls.key": []byte("KEY")}})
+		names = append(names, "kubernetes://"+ns+"/gw")
+	}
+	s := startSecureHub(t, Options{Authorizer: allowAll, Secrets: newListerSecrets(t, secrets...)})
+	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
+	c.send(t, sdsRequest("many", "west", names...))
+	got := c.secretsOf(t, names)
+	mu.Lock()
+	n := len(asked)
+	mu.Unlock()
+	if n != maxOtherNamespaces || len(got) != maxOtherNamespaces {
+		t.Errorf("asked about %d namespaces and served %d Secrets; want %d of each", n, len(got), maxOtherNamespaces)
+	}
+}
+
+// TestSDSCACertNames: kubernetes://<name>-cacert serves, as istiod does, the
+// CA of a Secret named <name>-cacert when there is one (Istio's separate CA
+// Secret for gateway mTLS), else the ca.crt of <name>.
+func TestSDSCACertNames(t *testing.T) {
+	secret := func(name, ca string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name},
+			Data: map[string][]byte{"tls.crt": []byte("CERT"), "tls.key": []byte("KEY"), "ca.crt": []byte(ca)}}
+	}
+	src := newListerSecrets(t, secret("gw", "GW-CA"), secret("gw-cacert", "SEPARATE-CA"), secret("solo", "SOLO-CA"))
+	s := startSecureHub(t, Options{Secrets: src})
+	names := []string{"kubernetes://gw-cacert", "kubernetes://solo-cacert"}
+	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
+	c.send(t, sdsRequest("ca", "west", names...))
+	got := c.secretsOf(t, names)
+	for name, want := range map[string]string{"kubernetes://gw-cacert": "SEPARATE-CA", "kubernetes://solo-cacert": "SOLO-CA"} {
+		if ca := string(got[name].GetValidationContext().GetTrustedCa().GetInlineBytes()); ca != want {
+			t.Errorf("%s: CA %q; want %q", name, ca, want)
 		}
 	}
 }

@@ -44,9 +44,6 @@ type subscriber struct {
 	// consulted: a new decision for one of them re-evaluates it (see
 	// watcher.push).
 	reviews map[reviewKey]struct{}
-	// answered says a response for this subscription was handed to its
-	// stream (written under watcher.mu, read by evaluations without it).
-	answered atomic.Bool
 }
 
 func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
@@ -83,7 +80,9 @@ func (s *subscriber) aim(id identity) {
 		case sn.roots:
 			s.roots = true
 		case sn.wellFormed && id.cluster != "":
-			s.secrets = append(s.secrets, secretRef{id.cluster, sn.key})
+			for _, k := range sn.keys() {
+				s.secrets = append(s.secrets, secretRef{id.cluster, k})
+			}
 		}
 	}
 }
@@ -107,6 +106,26 @@ func (s *subscriber) sameNames(names map[string]struct{}, wildcard bool) bool {
 type streamRecord struct {
 	ident identity
 	subs  map[string]*subscriber
+	// sent says, per type, that a SotW response of that type went out on
+	// the stream (set by the server's send, see sotwResponse): a stream's
+	// first request of a type is answered even when there is nothing for
+	// it, which a client's nonce cannot tell (Istio's adsc makes one up).
+	sent map[string]*atomic.Bool
+}
+
+// sentFlag returns the stream's flag for typeURL's first response.
+func (w *watcher) sentFlag(rec *streamRecord, typeURL string) *atomic.Bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f := rec.sent[typeURL]
+	if f == nil {
+		if rec.sent == nil {
+			rec.sent = map[string]*atomic.Bool{}
+		}
+		f = &atomic.Bool{}
+		rec.sent[typeURL] = f
+	}
+	return f
 }
 
 // identify follows the proxy tracker's view of a stream: its node pointer

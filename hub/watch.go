@@ -98,6 +98,11 @@ type watch struct {
 
 	req *cachev3.Request // SotW
 	out chan cachev3.Response
+	// first says no response of the watch's type has gone out on its
+	// stream yet (a stream not announced: its request has no nonce); sent
+	// is the stream's flag that says so once one has (nil: not announced).
+	first bool
+	sent  *atomic.Bool
 
 	deltaReq *cachev3.DeltaRequest // Delta
 	deltaOut chan cachev3.DeltaResponse
@@ -156,6 +161,11 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	}
 	rec, ident := w.record(req.GetNode())
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt.first = req.GetResponseNonce() == ""
+	if rec != nil {
+		wt.sent = w.sentFlag(rec, wt.typeURL)
+		wt.first = !wt.sent.Load()
+	}
 	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
@@ -208,7 +218,6 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			w.mu.Lock()
 			s.last = resp.sotw
 			w.mu.Unlock()
-			s.answered.Store(true)
 			resp.send(wt) // never blocks: see reply.send
 			return func() {}, nil
 		}
@@ -389,7 +398,6 @@ func (w *watcher) pushTo(j job) {
 	if open {
 		s.parked = nil
 		s.last = resp.sotw
-		s.answered.Store(true)
 		if !s.persistent {
 			w.unindexLocked(s)
 		}
@@ -520,12 +528,16 @@ type sotwResponse struct {
 	held        map[string]string
 	changed     []*resource
 	sent        atomic.Bool
+	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
 
 // GetReturnedResources implements cache.Response; go-control-plane's SotW
 // server calls it when it sends the response, and only then.
 func (r *sotwResponse) GetReturnedResources() map[string]string {
 	r.sent.Store(true)
+	if r.typeSent != nil {
+		r.typeSent.Store(true)
+	}
 	if !r.incremental {
 		return r.PassthroughResponse.GetReturnedResources()
 	}
@@ -543,8 +555,8 @@ func (r *sotwResponse) GetReturnedResources() map[string]string {
 // names, or of every name when full (and for SDS, whose names are few).
 // Resources that disappeared are not named: for these types a SotW
 // response leaves the others as the client has them. The first request of
-// a type on a stream is always answered, possibly with no resources; for
-// SDS once the access reviews its names need are decided.
+// a type on a stream (watch.first) is always answered, possibly with no
+// resources; for SDS once the access reviews its names need are decided.
 func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
 	var changed []*resource
 	consider := func(r *resource) {
@@ -558,7 +570,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		if err != nil {
 			return nil, err
 		}
-		if wt.awaiting && !wt.sub.answered.Load() {
+		if wt.awaiting && wt.first {
 			// The first response to an SDS subscription waits for the
 			// access reviews its names need (each bounded by its timeout):
 			// a client may not ask again (Istio's adsc acknowledges
@@ -588,7 +600,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 			}
 		}
 	}
-	if len(changed) == 0 && wt.req.GetResponseNonce() != "" {
+	if len(changed) == 0 && !wt.first {
 		return nil, nil
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
@@ -608,13 +620,14 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		incremental: true,
 		held:        wt.returned,
 		changed:     changed,
+		typeSent:    wt.sent,
 	}, nil
 }
 
 // respond builds a whole-state response (LDS and CDS by name), or returns
 // nil when the stream already holds exactly these resources (the first
-// request of a type on a stream is always answered, possibly with no
-// resources).
+// request of a type on a stream, watch.first, is always answered, possibly
+// with no resources).
 func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
@@ -624,7 +637,7 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	for _, r := range res {
 		returned[r.name] = r.version
 	}
-	if wt.req.GetResponseNonce() != "" && maps.Equal(returned, wt.returned) {
+	if !wt.first && maps.Equal(returned, wt.returned) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, 0, len(res))
@@ -641,7 +654,7 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
 		ReturnedResources: returned,
-	}}, nil
+	}, typeSent: wt.sent}, nil
 }
 
 // wildcardKey is the only entry of what a SotW wildcard stream is recorded
@@ -658,7 +671,7 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 		return nil, err
 	}
 	wt.setVersion = set.version
-	if wt.req.GetResponseNonce() != "" && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
+	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
 		return nil, nil
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
@@ -669,7 +682,7 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 			TypeUrl:     wt.typeURL,
 		},
 		ReturnedResources: map[string]string{wildcardKey: set.version},
-	}}, nil
+	}, typeSent: wt.sent}, nil
 }
 
 // responseVersion identifies a set of resources by their names and versions.
