@@ -19,11 +19,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2/expirable"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/internal/ttlcache"
 )
 
 // User is an authenticated API caller.
@@ -183,8 +184,8 @@ type KubeAuth struct {
 	client    kubernetes.Interface
 	namespace string
 	audiences []string
-	tokens    *lru.LRU[[32]byte, User]
-	decisions *lru.LRU[[32]byte, bool] // by decisionKey
+	tokens    *ttlcache.Cache[[32]byte, User]
+	decisions *ttlcache.Cache[[32]byte, bool] // by decisionKey
 }
 
 // KubeAuthOptions tune a KubeAuth.
@@ -205,8 +206,8 @@ func NewKubeAuth(client kubernetes.Interface, namespace string, opts KubeAuthOpt
 	}
 	return &KubeAuth{
 		client: client, namespace: namespace, audiences: opts.Audiences,
-		tokens:    lru.NewLRU[[32]byte, User](4096, nil, opts.CacheTTL),
-		decisions: lru.NewLRU[[32]byte, bool](4096, nil, opts.CacheTTL),
+		tokens:    ttlcache.New[[32]byte, User](4096, opts.CacheTTL),
+		decisions: ttlcache.New[[32]byte, bool](4096, opts.CacheTTL),
 	}
 }
 

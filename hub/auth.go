@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/expirable"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/hubmesh/hub/internal/ttlcache"
 )
 
 // TokenReviewer checks a proxy's Kubernetes service-account token in the
@@ -26,15 +27,15 @@ type TokenReviewer interface {
 type tokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
-	accepted *expirable.LRU[[32]byte, identity]
-	rejected *expirable.LRU[[32]byte, error]
+	accepted *ttlcache.Cache[[32]byte, identity]
+	rejected *ttlcache.Cache[[32]byte, error]
 }
 
 func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 	return &tokenAuth{
 		reviewer: r, td: td,
-		accepted: expirable.NewLRU[[32]byte, identity](10000, nil, time.Minute),
-		rejected: expirable.NewLRU[[32]byte, error](10000, nil, 10*time.Second),
+		accepted: ttlcache.New[[32]byte, identity](10000, time.Minute),
+		rejected: ttlcache.New[[32]byte, error](10000, 10*time.Second),
 	}
 }
 
