@@ -56,7 +56,7 @@ type generator struct {
 	index *Index
 
 	mu    sync.Mutex
-	cache *simplelru.LRU[string, map[string]*resource] // hostname → typeURL+name → resource (only existing ones)
+	cache *simplelru.LRU[string, map[resourceKey]*resource] // hostname → resource (only existing ones)
 	// wildcard memoises every resource of a type (what wildcard
 	// subscriptions get) with its set version, until anything changes;
 	// allGen counts invalidations so a set built before one is not stored.
@@ -85,7 +85,7 @@ func (g *generator) genOf(host string) uint64 {
 }
 
 func newGenerator(index *Index) *generator {
-	cache, err := simplelru.NewLRU[string, map[string]*resource](generatedHostnames, nil)
+	cache, err := simplelru.NewLRU[string, map[resourceKey]*resource](generatedHostnames, nil)
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
@@ -183,7 +183,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	if !ok {
 		return nil, nil
 	}
-	key := typeURL + "/" + name
+	key := resourceKey{typeURL, name}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
@@ -222,7 +222,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	if g.genOf(host) == gen { // else the index changed while we built: do not cache
 		byName, ok := g.cache.Get(host)
 		if !ok {
-			byName = map[string]*resource{}
+			byName = map[resourceKey]*resource{}
 			g.cache.Add(host, byName)
 		}
 		byName[key] = r
@@ -230,6 +230,9 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	g.mu.Unlock()
 	return r, nil
 }
+
+// resourceKey names a generated resource within its hostname's cache entry.
+type resourceKey struct{ typeURL, name string }
 
 func marshalResource(name, typeURL string, msg proto.Message) (*resource, error) {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
@@ -255,11 +258,20 @@ func parseName(typeURL, name string) (string, int32, bool) {
 	var host, portStr string
 	switch typeURL {
 	case resourcev3.ClusterType, resourcev3.EndpointType:
-		parts := strings.Split(name, "|")
-		if len(parts) != 4 || parts[0] != "outbound" || parts[2] != "" {
+		// outbound|<port>||<host>, no other '|' (without allocating: this
+		// runs for every name of every subscription and lookup).
+		rest, ok := strings.CutPrefix(name, "outbound|")
+		if !ok {
 			return "", 0, false
 		}
-		portStr, host = parts[1], parts[3]
+		i := strings.IndexByte(rest, '|')
+		if i < 0 || !strings.HasPrefix(rest[i+1:], "|") {
+			return "", 0, false
+		}
+		portStr, host = rest[:i], rest[i+2:]
+		if strings.IndexByte(host, '|') >= 0 {
+			return "", 0, false
+		}
 	case resourcev3.ListenerType, resourcev3.RouteType:
 		i := strings.LastIndexByte(name, ':')
 		if i < 0 {

@@ -102,6 +102,10 @@ type streamState struct {
 	// named are the SotW types whose last request named its resources:
 	// responses of EDS, RDS and SDS then carry only what changed.
 	named map[string]bool
+	// names is, per SotW type of named, the last request's names (the
+	// request's own slice, read only): an ACK that repeats them, in the
+	// same order, changes nothing and is recognised without a map.
+	names map[string][]string
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -141,7 +145,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
-		named: map[string]bool{},
+		named: map[string]bool{}, names: map[string][]string{},
 	}
 	st.ident.withheld = &withheldLog{}
 	secure := false
@@ -249,8 +253,18 @@ func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
 		return
 	}
 	st.named[typeURL] = named
+	if !named {
+		delete(st.names, typeURL)
+		return
+	}
+	// What the stream holds is a subset of the names it last asked for:
+	// the same names again (every ACK) leave it so.
+	if slices.Equal(st.names[typeURL], names) {
+		return
+	}
+	st.names[typeURL] = names
 	held := st.held[typeURL]
-	if !named || len(held) == 0 {
+	if len(held) == 0 {
 		return
 	}
 	keep := make(map[string]struct{}, len(names))

@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"slices"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
@@ -10,13 +12,14 @@ import (
 // change reaches only the subscribers of the changed hostnames, and what
 // changed for it while none of its watches was parked.
 //
-// A SotW subscription to named resources outlives its watches: it is kept
-// with its stream (streamRecord) for as long as the stream asks for the
-// same names, so an ACK neither re-parses its names nor re-evaluates them,
-// only what changed since the response it acknowledges was built. Delta
-// and wildcard watches, and the watches of a stream the tracker has not
-// announced, get a subscriber of their own that is indexed only while the
-// watch is parked and evaluated in full each time.
+// A subscription to named resources (SotW, and Delta but for SDS)
+// outlives its watches: it is kept with its stream (streamRecord) for as
+// long as the stream asks for the same names, so an ACK neither re-parses
+// its names nor re-evaluates them, only what changed since the response
+// it acknowledges was built. Wildcard watches, Delta SDS watches, and the
+// watches of a stream the tracker has not announced, get a subscriber of
+// their own that is indexed only while the watch is parked and evaluated
+// in full each time.
 type subscriber struct {
 	typeURL    string
 	wildcard   bool
@@ -26,7 +29,11 @@ type subscriber struct {
 	// names, for evaluations that need every one.
 	names map[string]struct{}
 	list  []string
-	hosts map[string][]string // hostname → subscribed names of it (not SDS, not wildcard)
+	// requested is the request's own list of the names (SotW, read only):
+	// an ACK repeats it, usually in the same order, which is recognised
+	// by comparing the lists rather than by a lookup per name.
+	requested []string
+	hosts     map[string][]string // hostname → subscribed names of it (not SDS, not wildcard)
 
 	// Guarded by watcher.mu.
 	parked  *watch
@@ -57,10 +64,14 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 	return s
 }
 
-// sameNames reports whether names is the subscription s was built for.
-func (s *subscriber) sameNames(names map[string]struct{}, wildcard bool) bool {
+// sameNames reports whether names (requested: the request's list of
+// them) is the subscription s was built for.
+func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wildcard bool) bool {
 	if s.wildcard != wildcard || len(s.names) != len(names) {
 		return false
+	}
+	if s.requested != nil && slices.Equal(s.requested, requested) {
+		return true
 	}
 	for name := range names {
 		if _, ok := s.names[name]; !ok {
@@ -127,13 +138,46 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 	w.mu.Unlock()
 	// s is replaced only here, on the stream's own goroutine, and its names
 	// never change: reading them unlocked is safe.
-	if s != nil && s.sameNames(names, false) {
+	if s != nil && s.sameNames(names, wt.req.GetResourceNames(), false) {
 		w.mu.Lock()
 		if s.last != nil && !s.last.sent.Load() {
 			s.full = true // a response was dropped for a newer request: the stream lacks it
 		}
 		s.last = nil
 		w.mu.Unlock()
+		return s
+	}
+	ns := newSubscriber(wt.typeURL, names, false, true)
+	ns.requested = wt.req.GetResourceNames()
+	w.mu.Lock()
+	if s != nil {
+		w.unindexLocked(s)
+	}
+	rec.subs[wt.typeURL] = ns
+	w.indexLocked(ns)
+	w.mu.Unlock()
+	return ns
+}
+
+// deltaSubscriberFor returns the subscriber a new Delta watch belongs
+// to. A subscription by name (not SDS) is kept with its stream like a
+// SotW one: a request that neither subscribes nor unsubscribes anything
+// (an ACK or a NACK) keeps it, so pushes evaluate only the changed
+// hostnames' names; any other request builds a new one, evaluated in
+// full once. The server changes its subscription map in place, so the
+// subscriber keeps a list of its own.
+func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
+	if rec == nil || wt.wildcard || wt.typeURL == resourcev3.SecretType {
+		if rec != nil {
+			w.dropSubscriber(rec, wt.typeURL)
+		}
+		return newSubscriber(wt.typeURL, names, wt.wildcard, false)
+	}
+	req := wt.deltaReq
+	w.mu.Lock()
+	s := rec.subs[wt.typeURL]
+	w.mu.Unlock()
+	if s != nil && len(req.GetResourceNamesSubscribe()) == 0 && len(req.GetResourceNamesUnsubscribe()) == 0 && len(s.list) == len(names) {
 		return s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)

@@ -155,11 +155,9 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	_, ident := w.record(req.GetNode())
+	rec, ident := w.record(req.GetNode())
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
-	// Delta changes its subscription map in place: the subscriber keeps a
-	// list of its own.
-	wt.sub = newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
+	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	wt.names = wt.sub.list
 	return w.watch(wt)
 }
@@ -404,12 +402,116 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	}, nil
 }
 
+// respondDeltaChanged builds a Delta response for a persistent
+// subscription by name: of the changed hostnames' names (every name when
+// full), the resources whose version differs from what the stream holds
+// and the held ones that are gone, or nil. Its work is proportional to
+// what changed, not to the subscription.
+func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (cachev3.DeltaResponse, error) {
+	var changed []*resource
+	var removed []string
+	consider := func(name string) error {
+		r, err := w.gen.resource(wt.typeURL, name)
+		if err != nil {
+			return err
+		}
+		held, ok := wt.returned[name]
+		switch {
+		case r == nil:
+			if ok {
+				removed = append(removed, name)
+			}
+		case !r.kept && (!ok || held != r.version):
+			changed = append(changed, r)
+		}
+		return nil
+	}
+	if full {
+		for _, name := range wt.sub.list {
+			if err := consider(name); err != nil {
+				return nil, err
+			}
+		}
+		// Held but no longer subscribed (the server forgets unsubscribed
+		// names itself; initial_resource_versions may name others).
+		for name := range wt.returned {
+			if _, ok := wt.sub.names[name]; !ok {
+				removed = append(removed, name)
+			}
+		}
+	} else {
+		for host := range dirty {
+			for _, name := range wt.sub.hosts[host] {
+				if err := consider(name); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if len(changed) == 0 && len(removed) == 0 {
+		return nil, nil
+	}
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	sort.Strings(removed)
+	out := make([]*discoveryv3.Resource, len(changed))
+	for i, r := range changed {
+		out[i] = &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any}
+	}
+	return &deltaResponse{
+		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
+			DeltaRequest: wt.deltaReq,
+			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
+				SystemVersionInfo: responseVersion(changed),
+				Resources:         out,
+				RemovedResources:  removed,
+				TypeUrl:           wt.typeURL,
+			},
+		},
+		held:    wt.returned,
+		changed: changed,
+		removed: removed,
+	}, nil
+}
+
+// deltaResponse is a Delta response that carries only what changed and
+// records it into the stream's map of what it holds (the server's own,
+// which it keeps for the next watch) instead of building a new map of
+// every name: the server asks for that map once, on the stream's
+// goroutine, right after sending the response, while no watch of the type
+// is parked (see sotwResponse for the same reasoning).
+type deltaResponse struct {
+	*cachev3.DeltaPassthroughResponse
+	held    map[string]string
+	changed []*resource
+	removed []string
+}
+
+// GetNextVersionMap implements cache.DeltaResponse.
+func (r *deltaResponse) GetNextVersionMap() map[string]string {
+	if r.held == nil {
+		r.held = make(map[string]string, len(r.changed))
+	}
+	for _, c := range r.changed {
+		r.held[c.name] = c.version
+	}
+	for _, name := range r.removed {
+		delete(r.held, name)
+	}
+	return r.held
+}
+
 // evaluate builds what wt's stream lacks, given the hostnames that changed
 // for it since its last evaluation (every name when full), or an empty reply.
 func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
 	switch {
 	case wt.deltaOut != nil:
-		resp, err := w.respondDelta(wt)
+		var resp cachev3.DeltaResponse
+		var err error
+		if wt.sub.persistent {
+			resp, err = w.respondDeltaChanged(wt, dirty, full)
+		} else {
+			resp, err = w.respondDelta(wt)
+		}
 		if err != nil || resp == nil {
 			return reply{}, err
 		}
