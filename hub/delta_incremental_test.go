@@ -247,3 +247,39 @@ func TestParseName(t *testing.T) {
 		}
 	}
 }
+
+// A subscriber indexes its names by hostname and recognises the same
+// subscription in any order, names that are no hostname's included.
+func TestSubscriberNames(t *testing.T) {
+	a1, a2, b := "outbound|80||a.demo.svc.cluster.local", "outbound|81||a.demo.svc.cluster.local", "outbound|80||b.demo.svc.cluster.local"
+	odd := "not a cluster name"
+	set := func(names ...string) map[string]struct{} {
+		m := map[string]struct{}{}
+		for _, n := range names {
+			m[n] = struct{}{}
+		}
+		return m
+	}
+	s := newSubscriber(resourcev3.EndpointType, set(b, odd, a2, a1), false, true)
+	s.requested = []string{b, odd, a2, a1}
+	if got := s.namesOf("a.demo.svc.cluster.local"); len(got) != 2 || got[0] != a1 || got[1] != a2 {
+		t.Errorf("names of a = %v", got)
+	}
+	if got := s.namesOf("b.demo.svc.cluster.local"); len(got) != 1 || got[0] != b {
+		t.Errorf("names of b = %v", got)
+	}
+	for _, n := range []string{a1, a2, b, odd} {
+		if !s.has(n) {
+			t.Errorf("has(%q) = false", n)
+		}
+	}
+	if s.has("outbound|82||a.demo.svc.cluster.local") || s.has("other") {
+		t.Error("has reports a name that is not subscribed")
+	}
+	if !s.sameNames(set(a1, a2, b, odd), []string{b, odd, a2, a1}, false) || !s.sameNames(set(a1, a2, b, odd), []string{odd, a1, b, a2}, false) {
+		t.Error("the same names are not recognised")
+	}
+	if s.sameNames(set(a1, a2, b, "other"), []string{a1, a2, b, "other"}, false) || s.sameNames(set(a1, a2, b), []string{a1, a2, b}, false) || s.sameNames(set(a1, a2, b, odd), nil, true) {
+		t.Error("other names are taken for the same")
+	}
+}

@@ -1,7 +1,9 @@
 package hub
 
 import (
+	"maps"
 	"slices"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -24,16 +26,20 @@ type subscriber struct {
 	typeURL    string
 	wildcard   bool
 	persistent bool
-	// names is the subscription as the server keeps it (SotW builds a new
-	// map per request and never changes it after); list holds the same
-	// names, for evaluations that need every one.
+	// list is every subscribed name, those of a hostname side by side
+	// (sorted by hostname), then those that name no hostname; hosts maps a
+	// hostname to its names' span of list (not SDS, not wildcard). Both
+	// are built once per subscription and read only after.
+	list   []string
+	hosts  map[string]span
+	hosted int // how many of list name a hostname (they come first)
+	// names is, for SDS only, the subscription as the server keeps it
+	// (SotW builds a new map per request and never changes it after).
 	names map[string]struct{}
-	list  []string
 	// requested is the request's own list of the names (SotW, read only):
 	// an ACK repeats it, usually in the same order, which is recognised
 	// by comparing the lists rather than by a lookup per name.
 	requested []string
-	hosts     map[string][]string // hostname → subscribed names of it (not SDS, not wildcard)
 
 	// Guarded by watcher.mu.
 	parked  *watch
@@ -43,38 +49,84 @@ type subscriber struct {
 	last    *sotwResponse       // the last SotW response handed to the stream for this subscription
 }
 
+// span is where a hostname's names are in subscriber.list.
+type span struct{ at, n uint32 }
+
 func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
-	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, names: names, full: true}
+	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, full: true}
 	if wildcard {
 		return s
 	}
-	s.list = make([]string, 0, len(names))
-	if typeURL != resourcev3.SecretType {
-		s.hosts = map[string][]string{}
+	if typeURL == resourcev3.SecretType {
+		s.names = names
+		s.list = slices.Collect(maps.Keys(names))
+		return s
 	}
+	type named struct{ host, name string }
+	byHost := make([]named, 0, len(names))
+	var other []string
 	for name := range names {
-		s.list = append(s.list, name)
-		if s.hosts == nil {
+		if host, _, ok := parseName(typeURL, name); ok {
+			byHost = append(byHost, named{host, name})
+		} else {
+			other = append(other, name)
+		}
+	}
+	slices.SortFunc(byHost, func(a, b named) int {
+		if c := strings.Compare(a.host, b.host); c != 0 {
+			return c
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	s.list = make([]string, len(byHost), len(names))
+	s.hosts = map[string]span{}
+	for i, n := range byHost {
+		s.list[i] = n.name
+		if i > 0 && byHost[i-1].host == n.host {
+			sp := s.hosts[n.host]
+			sp.n++
+			s.hosts[n.host] = sp
 			continue
 		}
-		if host, _, ok := parseName(typeURL, name); ok {
-			s.hosts[host] = append(s.hosts[host], name)
-		}
+		s.hosts[n.host] = span{at: uint32(i), n: 1}
 	}
+	s.hosted = len(byHost)
+	s.list = append(s.list, other...)
 	return s
+}
+
+// namesOf returns the subscribed names of a hostname (shared, read only).
+func (s *subscriber) namesOf(host string) []string {
+	sp, ok := s.hosts[host]
+	if !ok {
+		return nil
+	}
+	return s.list[sp.at : sp.at+sp.n]
+}
+
+// has reports whether name is subscribed (s not wildcard).
+func (s *subscriber) has(name string) bool {
+	if s.hosts == nil {
+		_, ok := s.names[name]
+		return ok
+	}
+	if host, _, ok := parseName(s.typeURL, name); ok {
+		return slices.Contains(s.namesOf(host), name)
+	}
+	return slices.Contains(s.list[s.hosted:], name)
 }
 
 // sameNames reports whether names (requested: the request's list of
 // them) is the subscription s was built for.
 func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wildcard bool) bool {
-	if s.wildcard != wildcard || len(s.names) != len(names) {
+	if s.wildcard != wildcard || len(s.list) != len(names) {
 		return false
 	}
 	if s.requested != nil && slices.Equal(s.requested, requested) {
 		return true
 	}
 	for name := range names {
-		if _, ok := s.names[name]; !ok {
+		if !s.has(name) {
 			return false
 		}
 	}

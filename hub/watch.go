@@ -435,13 +435,13 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 		// Held but no longer subscribed (the server forgets unsubscribed
 		// names itself; initial_resource_versions may name others).
 		for name := range wt.returned {
-			if _, ok := wt.sub.names[name]; !ok {
+			if !wt.sub.has(name) {
 				removed = append(removed, name)
 			}
 		}
 	} else {
 		for host := range dirty {
-			for _, name := range wt.sub.hosts[host] {
+			for _, name := range wt.sub.namesOf(host) {
 				if err := consider(name); err != nil {
 					return nil, err
 				}
@@ -617,7 +617,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	default:
 		for host := range dirty {
-			for _, name := range wt.sub.hosts[host] {
+			for _, name := range wt.sub.namesOf(host) {
 				r, err := w.gen.resource(wt.typeURL, name)
 				if err != nil {
 					return nil, err
