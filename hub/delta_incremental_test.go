@@ -2,6 +2,8 @@ package hub
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 // deltaClient is a raw Delta ADS stream to a served hub.
@@ -261,8 +264,8 @@ func TestSubscriberNames(t *testing.T) {
 		return m
 	}
 	s := newSubscriber(resourcev3.EndpointType, set(b, odd, a2, a1), false, true)
-	s.requested = []string{b, odd, a2, a1}
-	if got := s.namesOf("a.demo.svc.cluster.local"); len(got) != 2 || got[0] != a1 || got[1] != a2 {
+	s.requested = digestOf([]string{b, odd, a2, a1})
+	if got := s.namesOf("a.demo.svc.cluster.local"); len(got) != 2 || len(s.list) != 4 || got[0] != a1 || got[1] != a2 {
 		t.Errorf("names of a = %v", got)
 	}
 	if got := s.namesOf("b.demo.svc.cluster.local"); len(got) != 1 || got[0] != b {
@@ -281,5 +284,55 @@ func TestSubscriberNames(t *testing.T) {
 	}
 	if s.sameNames(set(a1, a2, b, "other"), []string{a1, a2, b, "other"}, false) || s.sameNames(set(a1, a2, b), []string{a1, a2, b}, false) || s.sameNames(set(a1, a2, b, odd), nil, true) {
 		t.Error("other names are taken for the same")
+	}
+}
+
+// Streams subscribed to the same names share one name index; a change
+// reaches each of them, also after one of them has gone.
+func TestSameSubscriptionsShareOneIndex(t *testing.T) {
+	h, _ := startHub(t)
+	h.Sink().ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
+	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
+	one, two := openDelta(t, h.addrForTest), openDelta(t, h.addrForTest)
+	for i, cl := range []*deltaClient{one, two} {
+		cl.send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("proxy-%d", i)}, ResourceNamesSubscribe: []string{b, a}[i:]})
+		if i == 1 {
+			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{b}})
+		}
+	}
+	for _, cl := range []*deltaClient{one, two} {
+		got := map[string]string{}
+		for len(got) < 2 {
+			r := cl.next()
+			maps.Copy(got, deltaCLAs(t, r))
+			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+		}
+	}
+	h.watcher.mu.Lock()
+	indexes := len(h.watcher.indexes)
+	h.watcher.mu.Unlock()
+	if indexes != 1 {
+		t.Fatalf("two streams subscribed to the same names use %d indexes; want 1", indexes)
+	}
+	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	for _, cl := range []*deltaClient{one, two} {
+		r := cl.next()
+		if got := deltaCLAs(t, r); len(got) != 1 || got[b] != "10.0.1.2" {
+			t.Fatalf("after b changed: %v; want only b", got)
+		}
+		cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+	}
+	if err := one.stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, func() error {
+		if n := len(h.Proxies()); n != 2 { // two and the helper's own stream
+			return fmt.Errorf("%d streams", n)
+		}
+		return nil
+	})
+	h.Sink().UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
+	if got := deltaCLAs(t, two.next()); len(got) != 1 || got[a] != "10.0.0.2" {
+		t.Fatalf("after the other stream closed and a changed: %v; want only a", got)
 	}
 }

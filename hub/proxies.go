@@ -103,10 +103,10 @@ type streamState struct {
 	// named are the SotW types whose last request named its resources:
 	// responses of EDS, RDS and SDS then carry only what changed.
 	named map[string]bool
-	// names is, per SotW type of named, the last request's names (the
-	// request's own slice, read only): an ACK that repeats them, in the
-	// same order, changes nothing and is recognised without a map.
-	names map[string][]string
+	// names identifies, per SotW type of named, the last request's list of
+	// names: an ACK that repeats them, in the same order, changes nothing
+	// and is recognised without a map (see subscriber.requested).
+	names map[string]digest
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -147,7 +147,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding{}, sotw: map[string][]*anypb.Any{},
-		named: map[string]bool{}, names: map[string][]string{},
+		named: map[string]bool{}, names: map[string]digest{},
 	}
 	st.ident.withheld = &withheldLog{}
 	secure := false
@@ -266,10 +266,11 @@ func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
 	}
 	// What the stream holds is a subset of the names it last asked for:
 	// the same names again (every ACK) leave it so.
-	if slices.Equal(st.names[typeURL], names) {
+	d := digestOf(names)
+	if st.names[typeURL] == d {
 		return
 	}
-	st.names[typeURL] = names
+	st.names[typeURL] = d
 	held := st.held[typeURL]
 	if held == nil || len(held.res) == 0 {
 		return

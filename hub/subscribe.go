@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"hash/maphash"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -26,20 +28,19 @@ type subscriber struct {
 	typeURL    string
 	wildcard   bool
 	persistent bool
-	// list is every subscribed name, those of a hostname side by side
-	// (sorted by hostname), then those that name no hostname; hosts maps a
-	// hostname to its names' span of list (not SDS, not wildcard). Both
-	// are built once per subscription and read only after.
-	list   []string
-	hosts  map[string]span
-	hosted int // how many of list name a hostname (they come first)
+	// idx is the subscribed names by hostname (not SDS, not wildcard),
+	// shared with every kept subscriber of the same names (read only).
+	idx *nameIndex
+	// list is every subscribed name (idx.list, or SDS's names).
+	list []string
 	// names is, for SDS only, the subscription as the server keeps it
 	// (SotW builds a new map per request and never changes it after).
 	names map[string]struct{}
-	// requested is the request's own list of the names (SotW, read only):
-	// an ACK repeats it, usually in the same order, which is recognised
-	// by comparing the lists rather than by a lookup per name.
-	requested []string
+	// requested identifies the request's own list of the names (SotW): an
+	// ACK repeats it, usually in the same order, which is recognised by
+	// hashing the list rather than by a lookup per name. The digest's seed
+	// is secret, and a collision could only affect the stream that sent it.
+	requested digest
 
 	// Guarded by watcher.mu.
 	parked  *watch
@@ -49,19 +50,47 @@ type subscriber struct {
 	last    *sotwResponse       // the last SotW response handed to the stream for this subscription
 }
 
-// span is where a hostname's names are in subscriber.list.
+// digest identifies a list of names, in order.
+type digest struct {
+	n   int
+	sum uint64
+}
+
+var digestSeed = maphash.MakeSeed()
+
+func digestOf(names []string) digest {
+	var h maphash.Hash
+	h.SetSeed(digestSeed)
+	for _, n := range names {
+		h.WriteString(n)
+		h.WriteByte(0)
+	}
+	return digest{len(names), h.Sum64()}
+}
+
+// nameIndex is a subscription's names by hostname: every name, those of
+// a hostname side by side (sorted by hostname, then name), then those
+// that name no hostname; hosts maps a hostname to its names' span of
+// list. It is built once per subscription and read only after. Kept
+// subscribers of the same type and names share one (watcher.indexes):
+// with Envoy sidecars every stream subscribes to every cluster, and an
+// index per stream would be a large part of the hub's memory.
+type nameIndex struct {
+	typeURL string
+	list    []string
+	hosts   map[string]span
+	hosted  int // how many of list name a hostname (they come first)
+	sum     uint64
+	// subs are the indexed subscribers that use it (guarded by
+	// watcher.mu); while there are any, watcher.byHost lists it under
+	// each of its hostnames.
+	subs map[*subscriber]struct{}
+}
+
+// span is where a hostname's names are in nameIndex.list.
 type span struct{ at, n uint32 }
 
-func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
-	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, full: true}
-	if wildcard {
-		return s
-	}
-	if typeURL == resourcev3.SecretType {
-		s.names = names
-		s.list = slices.Collect(maps.Keys(names))
-		return s
-	}
+func newNameIndex(typeURL string, names map[string]struct{}) *nameIndex {
 	type named struct{ host, name string }
 	byHost := make([]named, 0, len(names))
 	var other []string
@@ -78,42 +107,81 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 		}
 		return strings.Compare(a.name, b.name)
 	})
-	s.list = make([]string, len(byHost), len(names))
-	s.hosts = map[string]span{}
+	slices.Sort(other)
+	x := &nameIndex{typeURL: typeURL, list: make([]string, len(byHost), len(names)), hosts: map[string]span{}, hosted: len(byHost), subs: map[*subscriber]struct{}{}}
 	for i, n := range byHost {
-		s.list[i] = n.name
+		x.list[i] = n.name
 		if i > 0 && byHost[i-1].host == n.host {
-			sp := s.hosts[n.host]
+			sp := x.hosts[n.host]
 			sp.n++
-			s.hosts[n.host] = sp
+			x.hosts[n.host] = sp
 			continue
 		}
-		s.hosts[n.host] = span{at: uint32(i), n: 1}
+		x.hosts[n.host] = span{at: uint32(i), n: 1}
 	}
-	s.hosted = len(byHost)
-	s.list = append(s.list, other...)
+	x.list = append(x.list, other...)
+	x.sum = digestOf(x.list).sum
+	return x
+}
+
+func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
+	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, full: true}
+	switch {
+	case wildcard:
+	case typeURL == resourcev3.SecretType:
+		s.names = names
+		s.list = slices.Collect(maps.Keys(names))
+	default:
+		s.idx = newNameIndex(typeURL, names)
+		s.list = s.idx.list
+	}
 	return s
+}
+
+// internLocked makes s use the shared index of its names, if there is
+// one, else shares its own; with watcher.mu held, before s is indexed.
+func (w *watcher) internLocked(s *subscriber) {
+	if s.idx == nil {
+		return
+	}
+	key := indexKey{s.typeURL, s.idx.sum}
+	if x := w.indexes[key]; x != nil && slices.Equal(x.list, s.idx.list) {
+		s.idx, s.list = x, x.list
+		return
+	}
+	if w.indexes[key] == nil {
+		w.indexes[key] = s.idx
+	}
+}
+
+// indexKey finds a shared nameIndex.
+type indexKey struct {
+	typeURL string
+	sum     uint64
 }
 
 // namesOf returns the subscribed names of a hostname (shared, read only).
 func (s *subscriber) namesOf(host string) []string {
-	sp, ok := s.hosts[host]
+	if s.idx == nil {
+		return nil
+	}
+	sp, ok := s.idx.hosts[host]
 	if !ok {
 		return nil
 	}
-	return s.list[sp.at : sp.at+sp.n]
+	return s.idx.list[sp.at : sp.at+sp.n]
 }
 
 // has reports whether name is subscribed (s not wildcard).
 func (s *subscriber) has(name string) bool {
-	if s.hosts == nil {
+	if s.idx == nil {
 		_, ok := s.names[name]
 		return ok
 	}
 	if host, _, ok := parseName(s.typeURL, name); ok {
 		return slices.Contains(s.namesOf(host), name)
 	}
-	return slices.Contains(s.list[s.hosted:], name)
+	return slices.Contains(s.idx.list[s.idx.hosted:], name)
 }
 
 // sameNames reports whether names (requested: the request's list of
@@ -122,7 +190,7 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 	if s.wildcard != wildcard || len(s.list) != len(names) {
 		return false
 	}
-	if s.requested != nil && slices.Equal(s.requested, requested) {
+	if s.requested.n == len(requested) && s.requested.n > 0 && digestOf(requested) == s.requested {
 		return true
 	}
 	for name := range names {
@@ -200,11 +268,12 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 		return s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
-	ns.requested = wt.req.GetResourceNames()
+	ns.requested = digestOf(wt.req.GetResourceNames())
 	w.mu.Lock()
 	if s != nil {
 		w.unindexLocked(s)
 	}
+	w.internLocked(ns)
 	rec.subs[wt.typeURL] = ns
 	w.indexLocked(ns)
 	w.mu.Unlock()
@@ -237,6 +306,7 @@ func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[str
 	if s != nil {
 		w.unindexLocked(s)
 	}
+	w.internLocked(ns)
 	rec.subs[wt.typeURL] = ns
 	w.indexLocked(ns)
 	w.mu.Unlock()
@@ -252,6 +322,19 @@ func (w *watcher) dropSubscriber(rec *streamRecord, typeURL string) {
 	}
 }
 
+// subscribersOf lists the indexed subscribers of a hostname, with w.mu held.
+func (w *watcher) subscribersOf(host string) iter.Seq[*subscriber] {
+	return func(yield func(*subscriber) bool) {
+		for x := range w.byHost[host] {
+			for s := range x.subs {
+				if !yield(s) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // indexLocked makes pushes find s, with w.mu held.
 func (w *watcher) indexLocked(s *subscriber) {
 	if s.indexed {
@@ -264,14 +347,18 @@ func (w *watcher) indexLocked(s *subscriber) {
 	case s.wildcard:
 		w.byType[s] = struct{}{}
 	default:
-		for host := range s.hosts {
-			set := w.byHost[host]
-			if set == nil {
-				set = map[*subscriber]struct{}{}
-				w.byHost[host] = set
+		x := s.idx
+		if len(x.subs) == 0 {
+			for host := range x.hosts {
+				set := w.byHost[host]
+				if set == nil {
+					set = map[*nameIndex]struct{}{}
+					w.byHost[host] = set
+				}
+				set[x] = struct{}{}
 			}
-			set[s] = struct{}{}
 		}
+		x.subs[s] = struct{}{}
 	}
 }
 
@@ -287,12 +374,20 @@ func (w *watcher) unindexLocked(s *subscriber) {
 	case s.wildcard:
 		delete(w.byType, s)
 	default:
-		for host := range s.hosts {
+		x := s.idx
+		delete(x.subs, s)
+		if len(x.subs) > 0 {
+			return
+		}
+		for host := range x.hosts {
 			set := w.byHost[host]
-			delete(set, s)
+			delete(set, x)
 			if len(set) == 0 {
 				delete(w.byHost, host)
 			}
+		}
+		if key := (indexKey{x.typeURL, x.sum}); w.indexes[key] == x {
+			delete(w.indexes, key)
 		}
 	}
 }

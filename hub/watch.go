@@ -56,7 +56,8 @@ type watcher struct {
 	streams map[*corev3.Node]*streamRecord
 	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
 	// wildcard ones of those types, and SDS ones.
-	byHost   map[string]map[*subscriber]struct{}
+	byHost   map[string]map[*nameIndex]struct{} // see subscribersOf
+	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
 }
@@ -106,7 +107,7 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
 		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames,
 		streams: map[*corev3.Node]*streamRecord{},
-		byHost:  map[string]map[*subscriber]struct{}{}, byType: map[*subscriber]struct{}{}, bySecret: map[*subscriber]struct{}{},
+		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{}, bySecret: map[*subscriber]struct{}{},
 	}
 }
 
@@ -252,7 +253,7 @@ func (w *watcher) push(changed map[string]struct{}, since time.Time) {
 			continue
 		}
 		services = true
-		for s := range w.byHost[host] {
+		for s := range w.subscribersOf(host) {
 			visit(s, host)
 		}
 	}
