@@ -367,7 +367,9 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 }
 
 // respondDelta builds a Delta response with the resources whose version
-// differs from what the stream holds and the names that are gone, or nil.
+// differs from what the stream holds and the names that are gone, or nil,
+// from the whole subscription: for wildcard and SDS subscriptions (those
+// by name are evaluated per changed hostname, see respondDeltaChanged).
 func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
