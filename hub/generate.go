@@ -56,10 +56,13 @@ type generator struct {
 	index *Index
 
 	mu    sync.Mutex
-	cache *simplelru.LRU[string, map[string]*resource] // hostname → typeURL+name → resource (only existing ones)
+	cache *simplelru.LRU[string, map[resourceKey]*resource] // hostname → resource (only existing ones)
 	// wildcard memoises every resource of a type (what wildcard
-	// subscriptions get) with its set version, until anything changes;
-	// allGen counts invalidations so a set built before one is not stored.
+	// subscriptions get) with its set version. A change marks the
+	// hostnames it touched in each set; the next ask checks only those
+	// hostnames' resources and keeps the set when they are as it has them
+	// (an endpoint change leaves every Cluster as it is). allGen counts
+	// invalidations so a set built or checked before one is not stored.
 	wildcard map[string]wildcardSet
 	allGen   uint64
 	// gens stamps each hostname's last invalidation (from the counter
@@ -85,7 +88,7 @@ func (g *generator) genOf(host string) uint64 {
 }
 
 func newGenerator(index *Index) *generator {
-	cache, err := simplelru.NewLRU[string, map[string]*resource](generatedHostnames, nil)
+	cache, err := simplelru.NewLRU[string, map[resourceKey]*resource](generatedHostnames, nil)
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
@@ -98,25 +101,53 @@ type wildcardSet struct {
 	res     []*resource
 	anys    []*anypb.Any // res's messages, the body of every SotW response for the set
 	version string
+	hosts   map[string][]*resource // hostname → its resources in res, sorted by name
+	// changed are the hostnames invalidated since the set was built or
+	// last checked (guarded by generator.mu; nil: the set is current).
+	changed map[string]struct{}
 }
 
-// all returns every resource of a type, built once per change of the
-// index however many wildcard watches ask.
+// maxWildcardChanges bounds the hostnames a wildcard set is checked for
+// before it is rebuilt instead.
+const maxWildcardChanges = 256
+
+// all returns every resource of a type, built or checked once per change
+// of the index however many wildcard watches ask.
 func (g *generator) all(typeURL string) (wildcardSet, error) {
 	g.mu.Lock()
-	if set, ok := g.wildcard[typeURL]; ok {
+	set, ok := g.wildcard[typeURL]
+	changed := set.changed
+	if ok && changed == nil {
 		g.mu.Unlock()
 		return set, nil
 	}
 	gen := g.allGen
 	g.mu.Unlock()
+	if ok {
+		same, err := g.sameHosts(typeURL, set, changed)
+		if err != nil {
+			return wildcardSet{}, err
+		}
+		if same {
+			set.changed = nil
+			g.mu.Lock()
+			if g.allGen == gen {
+				g.wildcard[typeURL] = set
+			}
+			g.mu.Unlock()
+			return set, nil
+		}
+	}
 	res, err := g.resources(typeURL, g.allNames(typeURL))
 	if err != nil {
 		return wildcardSet{}, err
 	}
-	set := wildcardSet{res: res, anys: make([]*anypb.Any, len(res)), version: responseVersion(res)}
+	set = wildcardSet{res: res, anys: make([]*anypb.Any, len(res)), version: responseVersion(res), hosts: make(map[string][]*resource, len(res))}
 	for i, r := range res {
 		set.anys[i] = r.any
+		if host, _, ok := parseName(typeURL, r.name); ok {
+			set.hosts[host] = append(set.hosts[host], r)
+		}
 	}
 	g.mu.Lock()
 	if g.allGen == gen {
@@ -124,6 +155,27 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 	}
 	g.mu.Unlock()
 	return set, nil
+}
+
+// sameHosts reports whether the resources of typeURL of these hostnames
+// are exactly the ones set has of them.
+func (g *generator) sameHosts(typeURL string, set wildcardSet, hosts map[string]struct{}) (bool, error) {
+	for host := range hosts {
+		res, err := g.resources(typeURL, hostNames(typeURL, host, g.index.Service(host)))
+		if err != nil {
+			return false, err
+		}
+		old := set.hosts[host]
+		if len(res) != len(old) {
+			return false, nil
+		}
+		for i, r := range res {
+			if r.name != old[i].name || r.version != old[i].version {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
 }
 
 // invalidate forgets what was generated for these hostnames.
@@ -139,9 +191,24 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 		g.stamp++
 		g.gens[h] = g.stamp
 	}
-	if len(hostnames) > 0 {
-		clear(g.wildcard)
-		g.allGen++
+	if len(hostnames) == 0 {
+		return
+	}
+	g.allGen++
+	for typeURL, set := range g.wildcard {
+		if len(set.changed)+len(hostnames) > maxWildcardChanges {
+			delete(g.wildcard, typeURL)
+			continue
+		}
+		changed := make(map[string]struct{}, len(set.changed)+len(hostnames)) // sets handed out keep theirs
+		for h := range set.changed {
+			changed[h] = struct{}{}
+		}
+		for h := range hostnames {
+			changed[h] = struct{}{}
+		}
+		set.changed = changed
+		g.wildcard[typeURL] = set
 	}
 }
 
@@ -166,13 +233,20 @@ func (g *generator) resources(typeURL string, names []string) ([]*resource, erro
 func (g *generator) allNames(typeURL string) []string {
 	var names []string
 	for _, host := range g.index.Hostnames() {
-		for _, port := range federatedPorts(g.index.Service(host)) {
-			switch typeURL {
-			case resourcev3.ClusterType, resourcev3.EndpointType:
-				names = append(names, clusterName(host, port.Port))
-			case resourcev3.ListenerType, resourcev3.RouteType:
-				names = append(names, listenerName(host, port.Port))
-			}
+		names = append(names, hostNames(typeURL, host, g.index.Service(host))...)
+	}
+	return names
+}
+
+// hostNames lists the resource names of a type that a service has.
+func hostNames(typeURL, host string, members map[string]*clusters.Service) []string {
+	var names []string
+	for _, port := range federatedPorts(members) {
+		switch typeURL {
+		case resourcev3.ClusterType, resourcev3.EndpointType:
+			names = append(names, clusterName(host, port.Port))
+		case resourcev3.ListenerType, resourcev3.RouteType:
+			names = append(names, listenerName(host, port.Port))
 		}
 	}
 	return names
@@ -183,7 +257,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	if !ok {
 		return nil, nil
 	}
-	key := typeURL + "/" + name
+	key := resourceKey{typeURL, name}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
@@ -222,7 +296,7 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	if g.genOf(host) == gen { // else the index changed while we built: do not cache
 		byName, ok := g.cache.Get(host)
 		if !ok {
-			byName = map[string]*resource{}
+			byName = map[resourceKey]*resource{}
 			g.cache.Add(host, byName)
 		}
 		byName[key] = r
@@ -230,6 +304,9 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	g.mu.Unlock()
 	return r, nil
 }
+
+// resourceKey names a generated resource within its hostname's cache entry.
+type resourceKey struct{ typeURL, name string }
 
 func marshalResource(name, typeURL string, msg proto.Message) (*resource, error) {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
@@ -255,11 +332,20 @@ func parseName(typeURL, name string) (string, int32, bool) {
 	var host, portStr string
 	switch typeURL {
 	case resourcev3.ClusterType, resourcev3.EndpointType:
-		parts := strings.Split(name, "|")
-		if len(parts) != 4 || parts[0] != "outbound" || parts[2] != "" {
+		// outbound|<port>||<host>, no other '|' (without allocating: this
+		// runs for every name of every subscription and lookup).
+		rest, ok := strings.CutPrefix(name, "outbound|")
+		if !ok {
 			return "", 0, false
 		}
-		portStr, host = parts[1], parts[3]
+		i := strings.IndexByte(rest, '|')
+		if i < 0 || !strings.HasPrefix(rest[i+1:], "|") {
+			return "", 0, false
+		}
+		portStr, host = rest[:i], rest[i+2:]
+		if strings.IndexByte(host, '|') >= 0 {
+			return "", 0, false
+		}
 	case resourcev3.ListenerType, resourcev3.RouteType:
 		i := strings.LastIndexByte(name, ':')
 		if i < 0 {

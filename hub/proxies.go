@@ -66,11 +66,12 @@ type ProxyConfig struct {
 // proxyTracker follows every ADS stream through go-control-plane's server
 // callbacks: who is connected, what was sent, what was ACKed or NACKed.
 type proxyTracker struct {
-	log     *slog.Logger
-	mu      sync.Mutex
-	streams map[int64]*streamState
-	pushes  [60]uint32 // responses per second, ring indexed by unix second
-	pushAt  [60]int64
+	log      *slog.Logger
+	mu       sync.Mutex
+	streams  map[int64]*streamState
+	holdings *holdings  // what streams hold, shared between them
+	pushes   [60]uint32 // responses per second, ring indexed by unix second
+	pushAt   [60]int64
 
 	// identify tells the watcher which verified identity a stream's node
 	// pointer stands for (replacing old; new nil forgets old).
@@ -96,12 +97,16 @@ type streamState struct {
 	node    *corev3.Node
 	status  ProxyStatus
 	types   map[string]*TypeStatus
-	nonces  map[string]sent                  // per stream (nonces are unique per stream)
-	held    map[string]map[string]*anypb.Any // Delta, and SotW by name for EDS, RDS, SDS: type URL → name → resource the stream holds
-	sotw    map[string][]*anypb.Any          // SotW, other: type URL → the last response's resources (shared, read only)
+	nonces  map[string]sent         // per stream (nonces are unique per stream)
+	held    map[string]*holding     // Delta, and SotW by name for EDS, RDS, SDS: type URL → what the stream holds (shared, see holding)
+	sotw    map[string][]*anypb.Any // SotW, other: type URL → the last response's resources (shared, read only)
 	// named are the SotW types whose last request named its resources:
 	// responses of EDS, RDS and SDS then carry only what changed.
 	named map[string]bool
+	// names identifies, per SotW type of named, the last request's list of
+	// names: an ACK that repeats them, in the same order, changes nothing
+	// and is recognised without a map (see subscriber.requested).
+	names map[string]digest
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -109,9 +114,10 @@ type sent struct{ typeURL, version string }
 
 func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 	return &proxyTracker{
-		log:     log,
-		limits:  limits,
-		streams: map[int64]*streamState{},
+		log:      log,
+		limits:   limits,
+		streams:  map[int64]*streamState{},
+		holdings: newHoldings(),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),
@@ -140,8 +146,8 @@ func shortType(typeURL string) string {
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
-		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]map[string]*anypb.Any{}, sotw: map[string][]*anypb.Any{},
-		named: map[string]bool{},
+		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding{}, sotw: map[string][]*anypb.Any{},
+		named: map[string]bool{}, names: map[string]digest{},
 	}
 	st.ident.withheld = &withheldLog{}
 	secure := false
@@ -212,6 +218,11 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 	if st != nil && p.identify != nil {
 		p.identify(st.node, nil, identity{})
 	}
+	if st != nil {
+		for _, held := range st.held {
+			p.holdings.release(held)
+		}
+	}
 	delete(p.streams, id)
 	p.mu.Unlock()
 	if st != nil {
@@ -249,19 +260,33 @@ func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
 		return
 	}
 	st.named[typeURL] = named
+	if !named {
+		delete(st.names, typeURL)
+		return
+	}
+	// What the stream holds is a subset of the names it last asked for:
+	// the same names again (every ACK) leave it so.
+	d := digestOf(names)
+	if st.names[typeURL] == d {
+		return
+	}
+	st.names[typeURL] = d
 	held := st.held[typeURL]
-	if !named || len(held) == 0 {
+	if held == nil || len(held.res) == 0 {
 		return
 	}
 	keep := make(map[string]struct{}, len(names))
 	for _, n := range names {
 		keep[n] = struct{}{}
 	}
-	for n := range held {
+	var gone []string
+	for n := range held.res {
 		if _, ok := keep[n]; !ok {
-			delete(held, n)
+			gone = append(gone, n)
 		}
 	}
+	slices.Sort(gone)
+	st.held[typeURL] = p.holdings.apply(held, change{removed: gone})
 }
 
 // incrementalType reports whether SotW responses of a type to a
@@ -400,21 +425,20 @@ func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discover
 	typeURL := resp.GetTypeUrl()
 	if !st.named[typeURL] {
 		st.sotw[typeURL] = resp.GetResources() // the whole state, as sent
+		p.holdings.release(st.held[typeURL])
 		delete(st.held, typeURL)
 		return
 	}
 	delete(st.sotw, typeURL)
-	m := st.held[typeURL]
-	if m == nil {
-		m = map[string]*anypb.Any{}
-		st.held[typeURL] = m
-	}
+	var c change
 	for _, a := range resp.GetResources() {
 		if name := ResourceName(a.GetValue()); name != "" {
-			m[name] = a
+			c.names, c.anys = append(c.names, name), append(c.anys, a)
 		}
 	}
-	st.typeStatus(typeURL).Resources = len(m) // what it holds, not what this response carried
+	held := p.holdings.apply(st.held[typeURL], c)
+	st.held[typeURL] = held
+	st.typeStatus(typeURL).Resources = len(held.res) // what it holds, not what this response carried
 }
 
 func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
@@ -423,17 +447,11 @@ func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRe
 		return
 	}
 	defer p.mu.Unlock()
-	m := st.held[resp.GetTypeUrl()]
-	if m == nil {
-		m = map[string]*anypb.Any{}
-		st.held[resp.GetTypeUrl()] = m
+	c := change{names: make([]string, len(resp.GetResources())), anys: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
+	for i, r := range resp.GetResources() {
+		c.names[i], c.anys[i] = r.GetName(), r.GetResource()
 	}
-	for _, r := range resp.GetResources() {
-		m[r.GetName()] = r.GetResource()
-	}
-	for _, name := range resp.GetRemovedResources() {
-		delete(m, name)
-	}
+	st.held[resp.GetTypeUrl()] = p.holdings.apply(st.held[resp.GetTypeUrl()], c)
 }
 
 // response records a sent response and returns the stream's state with
@@ -527,9 +545,9 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 		res[typeURL] = list
 	}
 	for typeURL, held := range found.held {
-		names := slices.Sorted(maps.Keys(held))
+		names := slices.Sorted(maps.Keys(held.res))
 		for _, name := range names {
-			res[typeURL] = append(res[typeURL], held[name])
+			res[typeURL] = append(res[typeURL], held.res[name])
 		}
 	}
 	return ProxyConfig{Proxy: found.snapshot(), Resources: res}, true

@@ -1,6 +1,11 @@
 package hub
 
 import (
+	"hash/maphash"
+	"iter"
+	"maps"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -12,23 +17,31 @@ import (
 // change reaches only the subscribers of the changed hostnames, and what
 // changed for it while none of its watches was parked.
 //
-// A SotW subscription to named resources outlives its watches: it is kept
-// with its stream (streamRecord) for as long as the stream asks for the
-// same names, so an ACK neither re-parses its names nor re-evaluates them,
-// only what changed since the response it acknowledges was built. Delta
-// and wildcard watches, and the watches of a stream the tracker has not
-// announced, get a subscriber of their own that is indexed only while the
-// watch is parked and evaluated in full each time.
+// A subscription to named resources (SotW, and Delta but for SDS)
+// outlives its watches: it is kept with its stream (streamRecord) for as
+// long as the stream asks for the same names, so an ACK neither re-parses
+// its names nor re-evaluates them, only what changed since the response
+// it acknowledges was built. Wildcard watches, Delta SDS watches, and the
+// watches of a stream the tracker has not announced, get a subscriber of
+// their own that is indexed only while the watch is parked and evaluated
+// in full each time.
 type subscriber struct {
 	typeURL    string
 	wildcard   bool
 	persistent bool
-	// names is the subscription as the server keeps it (SotW builds a new
-	// map per request and never changes it after); list holds the same
-	// names, for evaluations that need every one.
+	// idx is the subscribed names by hostname (not SDS, not wildcard),
+	// shared with every kept subscriber of the same names (read only).
+	idx *nameIndex
+	// list is every subscribed name (idx.list, or SDS's names).
+	list []string
+	// names is, for SDS only, the subscription as the server keeps it
+	// (SotW builds a new map per request and never changes it after).
 	names map[string]struct{}
-	list  []string
-	hosts map[string][]string // hostname → subscribed names of it (not SDS, not wildcard)
+	// requested identifies the request's own list of the names (SotW): an
+	// ACK repeats it, usually in the same order, which is recognised by
+	// hashing the list rather than by a lookup per name. The digest's seed
+	// is secret, and a collision could only affect the stream that sent it.
+	requested digest
 	// SDS: the Secrets (of the identity's member) and whether roots the
 	// names ask for; a change of one of them re-evaluates the subscriber.
 	secrets []secretRef
@@ -46,23 +59,90 @@ type subscriber struct {
 	reviews map[reviewKey]struct{}
 }
 
-func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
-	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, names: names, full: true}
-	if wildcard {
-		return s
+// digest identifies a list of names, in order.
+type digest struct {
+	n   int
+	sum uint64
+}
+
+var digestSeed = maphash.MakeSeed()
+
+func digestOf(names []string) digest {
+	var h maphash.Hash
+	h.SetSeed(digestSeed)
+	for _, n := range names {
+		h.WriteString(n)
+		h.WriteByte(0)
 	}
-	s.list = make([]string, 0, len(names))
-	if typeURL != resourcev3.SecretType {
-		s.hosts = map[string][]string{}
-	}
+	return digest{len(names), h.Sum64()}
+}
+
+// nameIndex is a subscription's names by hostname: every name, those of
+// a hostname side by side (sorted by hostname, then name), then those
+// that name no hostname; hosts maps a hostname to its names' span of
+// list. It is built once per subscription and read only after. Kept
+// subscribers of the same type and names share one (watcher.indexes):
+// with Envoy sidecars every stream subscribes to every cluster, and an
+// index per stream would be a large part of the hub's memory.
+type nameIndex struct {
+	typeURL string
+	list    []string
+	hosts   map[string]span
+	hosted  int // how many of list name a hostname (they come first)
+	sum     uint64
+	// subs are the indexed subscribers that use it (guarded by
+	// watcher.mu); while there are any, watcher.byHost lists it under
+	// each of its hostnames.
+	subs map[*subscriber]struct{}
+}
+
+// span is where a hostname's names are in nameIndex.list.
+type span struct{ at, n uint32 }
+
+func newNameIndex(typeURL string, names map[string]struct{}) *nameIndex {
+	type named struct{ host, name string }
+	byHost := make([]named, 0, len(names))
+	var other []string
 	for name := range names {
-		s.list = append(s.list, name)
-		if s.hosts == nil {
+		if host, _, ok := parseName(typeURL, name); ok {
+			byHost = append(byHost, named{host, name})
+		} else {
+			other = append(other, name)
+		}
+	}
+	slices.SortFunc(byHost, func(a, b named) int {
+		if c := strings.Compare(a.host, b.host); c != 0 {
+			return c
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	slices.Sort(other)
+	x := &nameIndex{typeURL: typeURL, list: make([]string, len(byHost), len(names)), hosts: map[string]span{}, hosted: len(byHost), subs: map[*subscriber]struct{}{}}
+	for i, n := range byHost {
+		x.list[i] = n.name
+		if i > 0 && byHost[i-1].host == n.host {
+			sp := x.hosts[n.host]
+			sp.n++
+			x.hosts[n.host] = sp
 			continue
 		}
-		if host, _, ok := parseName(typeURL, name); ok {
-			s.hosts[host] = append(s.hosts[host], name)
-		}
+		x.hosts[n.host] = span{at: uint32(i), n: 1}
+	}
+	x.list = append(x.list, other...)
+	x.sum = digestOf(x.list).sum
+	return x
+}
+
+func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persistent bool) *subscriber {
+	s := &subscriber{typeURL: typeURL, wildcard: wildcard, persistent: persistent, full: true}
+	switch {
+	case wildcard:
+	case typeURL == resourcev3.SecretType:
+		s.names = names
+		s.list = slices.Collect(maps.Keys(names))
+	default:
+		s.idx = newNameIndex(typeURL, names)
+		s.list = s.idx.list
 	}
 	return s
 }
@@ -87,13 +167,63 @@ func (s *subscriber) aim(id identity) {
 	}
 }
 
-// sameNames reports whether names is the subscription s was built for.
-func (s *subscriber) sameNames(names map[string]struct{}, wildcard bool) bool {
-	if s.wildcard != wildcard || len(s.names) != len(names) {
+// internLocked makes s use the shared index of its names, if there is
+// one, else shares its own; with watcher.mu held, before s is indexed.
+func (w *watcher) internLocked(s *subscriber) {
+	if s.idx == nil {
+		return
+	}
+	key := indexKey{s.typeURL, s.idx.sum}
+	if x := w.indexes[key]; x != nil && slices.Equal(x.list, s.idx.list) {
+		s.idx, s.list = x, x.list
+		return
+	}
+	if w.indexes[key] == nil {
+		w.indexes[key] = s.idx
+	}
+}
+
+// indexKey finds a shared nameIndex.
+type indexKey struct {
+	typeURL string
+	sum     uint64
+}
+
+// namesOf returns the subscribed names of a hostname (shared, read only).
+func (s *subscriber) namesOf(host string) []string {
+	if s.idx == nil {
+		return nil
+	}
+	sp, ok := s.idx.hosts[host]
+	if !ok {
+		return nil
+	}
+	return s.idx.list[sp.at : sp.at+sp.n]
+}
+
+// has reports whether name is subscribed (s not wildcard).
+func (s *subscriber) has(name string) bool {
+	if s.idx == nil {
+		_, ok := s.names[name]
+		return ok
+	}
+	if host, _, ok := parseName(s.typeURL, name); ok {
+		return slices.Contains(s.namesOf(host), name)
+	}
+	return slices.Contains(s.idx.list[s.idx.hosted:], name)
+}
+
+// sameNames reports whether names (requested: the request's list of
+// them) is the subscription s was built for.
+func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wildcard bool) bool {
+	if s.wildcard != wildcard || len(s.list) != len(names) {
 		return false
 	}
+	if s.requested.n == len(requested) && s.requested.n > 0 && digestOf(requested) == s.requested {
+		return true
+	}
 	for name := range names {
-		if _, ok := s.names[name]; !ok {
+		if !s.has(name) {
 			return false
 		}
 	}
@@ -186,7 +316,7 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 	w.mu.Unlock()
 	// s is replaced only here, on the stream's own goroutine, and its names
 	// never change: reading them unlocked is safe.
-	if s != nil && s.sameNames(names, false) {
+	if s != nil && s.sameNames(names, wt.req.GetResourceNames(), false) {
 		w.mu.Lock()
 		if s.last != nil && !s.last.sent.Load() {
 			s.full = true // a response was dropped for a newer request: the stream lacks it
@@ -197,10 +327,45 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
 	ns.aim(wt.ident)
+	ns.requested = digestOf(wt.req.GetResourceNames())
 	w.mu.Lock()
 	if s != nil {
 		w.unindexLocked(s)
 	}
+	w.internLocked(ns)
+	rec.subs[wt.typeURL] = ns
+	w.indexLocked(ns)
+	w.mu.Unlock()
+	return ns
+}
+
+// deltaSubscriberFor returns the subscriber a new Delta watch belongs
+// to. A subscription by name (not SDS) is kept with its stream like a
+// SotW one: a request that neither subscribes nor unsubscribes anything
+// (an ACK or a NACK) keeps it, so pushes evaluate only the changed
+// hostnames' names; any other request builds a new one, evaluated in
+// full once. The server changes its subscription map in place, so the
+// subscriber keeps a list of its own.
+func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
+	if rec == nil || wt.wildcard || wt.typeURL == resourcev3.SecretType {
+		if rec != nil {
+			w.dropSubscriber(rec, wt.typeURL)
+		}
+		return newSubscriber(wt.typeURL, names, wt.wildcard, false)
+	}
+	req := wt.deltaReq
+	w.mu.Lock()
+	s := rec.subs[wt.typeURL]
+	w.mu.Unlock()
+	if s != nil && len(req.GetResourceNamesSubscribe()) == 0 && len(req.GetResourceNamesUnsubscribe()) == 0 && len(s.list) == len(names) {
+		return s
+	}
+	ns := newSubscriber(wt.typeURL, names, false, true)
+	w.mu.Lock()
+	if s != nil {
+		w.unindexLocked(s)
+	}
+	w.internLocked(ns)
 	rec.subs[wt.typeURL] = ns
 	w.indexLocked(ns)
 	w.mu.Unlock()
@@ -213,6 +378,19 @@ func (w *watcher) dropSubscriber(rec *streamRecord, typeURL string) {
 	if s := rec.subs[typeURL]; s != nil {
 		w.unindexLocked(s)
 		delete(rec.subs, typeURL)
+	}
+}
+
+// subscribersOf lists the indexed subscribers of a hostname, with w.mu held.
+func (w *watcher) subscribersOf(host string) iter.Seq[*subscriber] {
+	return func(yield func(*subscriber) bool) {
+		for x := range w.byHost[host] {
+			for s := range x.subs {
+				if !yield(s) {
+					return
+				}
+			}
+		}
 	}
 }
 
@@ -235,9 +413,18 @@ func (w *watcher) indexLocked(s *subscriber) {
 	case s.wildcard:
 		w.byType[s] = struct{}{}
 	default:
-		for host := range s.hosts {
-			addSubscriber(w.byHost, host, s)
+		x := s.idx
+		if len(x.subs) == 0 {
+			for host := range x.hosts {
+				set := w.byHost[host]
+				if set == nil {
+					set = map[*nameIndex]struct{}{}
+					w.byHost[host] = set
+				}
+				set[x] = struct{}{}
+			}
 		}
+		x.subs[s] = struct{}{}
 	}
 }
 
@@ -275,8 +462,20 @@ func (w *watcher) unindexLocked(s *subscriber) {
 	case s.wildcard:
 		delete(w.byType, s)
 	default:
-		for host := range s.hosts {
-			removeSubscriber(w.byHost, host, s)
+		x := s.idx
+		delete(x.subs, s)
+		if len(x.subs) > 0 {
+			return
+		}
+		for host := range x.hosts {
+			set := w.byHost[host]
+			delete(set, x)
+			if len(set) == 0 {
+				delete(w.byHost, host)
+			}
+		}
+		if key := (indexKey{x.typeURL, x.sum}); w.indexes[key] == x {
+			delete(w.indexes, key)
 		}
 	}
 }

@@ -64,7 +64,8 @@ type watcher struct {
 	// wildcard ones of those types, and SDS ones: all of them, by the
 	// member Secret they ask for, by the member of those Secrets, and those
 	// asking for roots.
-	byHost   map[string]map[*subscriber]struct{}
+	byHost   map[string]map[*nameIndex]struct{} // see subscribersOf
+	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
 	byRef    map[secretRef]map[*subscriber]struct{}
@@ -134,7 +135,7 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
 		streams: map[*corev3.Node]*streamRecord{},
-		byHost:  map[string]map[*subscriber]struct{}{}, byType: map[*subscriber]struct{}{},
+		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
 		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
@@ -192,10 +193,10 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	}
 	rec, ident := w.record(req.GetNode())
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
-	// Delta changes its subscription map in place: the subscriber keeps a
-	// list of its own.
-	wt.sub = newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
-	wt.sub.aim(ident)
+	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
+	if wt.typeURL == resourcev3.SecretType {
+		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
+	}
 	wt.names = wt.sub.list
 	return w.watch(wt)
 }
@@ -289,7 +290,7 @@ func (w *watcher) push(b *batch) {
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
 	for host := range b.hosts {
-		for s := range w.byHost[host] {
+		for s := range w.subscribersOf(host) {
 			changedHost(s, host)
 		}
 	}
@@ -431,7 +432,9 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 }
 
 // respondDelta builds a Delta response with the resources whose version
-// differs from what the stream holds and the names that are gone, or nil.
+// differs from what the stream holds and the names that are gone, or nil,
+// from the whole subscription: for wildcard and SDS subscriptions (those
+// by name are evaluated per changed hostname, see respondDeltaChanged).
 func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
@@ -467,12 +470,116 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 	}, nil
 }
 
+// respondDeltaChanged builds a Delta response for a persistent
+// subscription by name: of the changed hostnames' names (every name when
+// full), the resources whose version differs from what the stream holds
+// and the held ones that are gone, or nil. Its work is proportional to
+// what changed, not to the subscription.
+func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (cachev3.DeltaResponse, error) {
+	var changed []*resource
+	var removed []string
+	consider := func(name string) error {
+		r, err := w.gen.resource(wt.typeURL, name)
+		if err != nil {
+			return err
+		}
+		held, ok := wt.returned[name]
+		switch {
+		case r == nil:
+			if ok {
+				removed = append(removed, name)
+			}
+		case !r.kept && (!ok || held != r.version):
+			changed = append(changed, r)
+		}
+		return nil
+	}
+	if full {
+		for _, name := range wt.sub.list {
+			if err := consider(name); err != nil {
+				return nil, err
+			}
+		}
+		// Held but no longer subscribed (the server forgets unsubscribed
+		// names itself; initial_resource_versions may name others).
+		for name := range wt.returned {
+			if !wt.sub.has(name) {
+				removed = append(removed, name)
+			}
+		}
+	} else {
+		for host := range dirty {
+			for _, name := range wt.sub.namesOf(host) {
+				if err := consider(name); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if len(changed) == 0 && len(removed) == 0 {
+		return nil, nil
+	}
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	sort.Strings(removed)
+	out := make([]*discoveryv3.Resource, len(changed))
+	for i, r := range changed {
+		out[i] = &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any}
+	}
+	return &deltaResponse{
+		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
+			DeltaRequest: wt.deltaReq,
+			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
+				SystemVersionInfo: responseVersion(changed),
+				Resources:         out,
+				RemovedResources:  removed,
+				TypeUrl:           wt.typeURL,
+			},
+		},
+		held:    wt.returned,
+		changed: changed,
+		removed: removed,
+	}, nil
+}
+
+// deltaResponse is a Delta response that carries only what changed and
+// records it into the stream's map of what it holds (the server's own,
+// which it keeps for the next watch) instead of building a new map of
+// every name: the server asks for that map once, on the stream's
+// goroutine, right after sending the response, while no watch of the type
+// is parked (see sotwResponse for the same reasoning).
+type deltaResponse struct {
+	*cachev3.DeltaPassthroughResponse
+	held    map[string]string
+	changed []*resource
+	removed []string
+}
+
+// GetNextVersionMap implements cache.DeltaResponse.
+func (r *deltaResponse) GetNextVersionMap() map[string]string {
+	if r.held == nil {
+		r.held = make(map[string]string, len(r.changed))
+	}
+	for _, c := range r.changed {
+		r.held[c.name] = c.version
+	}
+	for _, name := range r.removed {
+		delete(r.held, name)
+	}
+	return r.held
+}
+
 // evaluate builds what wt's stream lacks, given the hostnames that changed
 // for it since its last evaluation (every name when full), or an empty reply.
 func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
 	switch {
 	case wt.deltaOut != nil:
-		resp, err := w.respondDelta(wt)
+		var resp cachev3.DeltaResponse
+		var err error
+		if wt.sub.persistent {
+			resp, err = w.respondDeltaChanged(wt, dirty, full)
+		} else {
+			resp, err = w.respondDelta(wt)
+		}
 		if err != nil || resp == nil {
 			return reply{}, err
 		}
@@ -591,7 +698,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	default:
 		for host := range dirty {
-			for _, name := range wt.sub.hosts[host] {
+			for _, name := range wt.sub.namesOf(host) {
 				r, err := w.gen.resource(wt.typeURL, name)
 				if err != nil {
 					return nil, err

@@ -182,11 +182,21 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
+	var perf *perfRecorder
+	if cfg.HubPerf != "" {
+		if perf, err = startPerf(h.pid(), cfg.HubPerf); err != nil {
+			return nil, err
+		}
+	}
 	writeStart := time.Now()
-	if err := measureWrites(ctx, cfg, l, clients, f, h, sum); err != nil {
+	err = measureWrites(ctx, cfg, l, clients, f, h, sum)
+	sum.WritePhaseSeconds = time.Since(writeStart).Seconds()
+	if perr := perf.stop(); err == nil && perr != nil {
+		err = perr
+	}
+	if err != nil {
 		return nil, err
 	}
-	sum.WritePhaseSeconds = time.Since(writeStart).Seconds()
 	cpuAfter, err := procStats(h.pid())
 	if err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)

@@ -67,6 +67,9 @@ type Config struct {
 	// HubEnv are extra NAME=value environment variables for the hub only,
 	// e.g. GOMEMLIMIT as deploy/deployment.yaml sets it.
 	HubEnv []string `json:"hubEnv,omitempty"`
+	// HubPerf, if set, is where `perf record -g` writes a CPU profile of
+	// the hub taken over the write phase (read it with `perf report -i`).
+	HubPerf string `json:"hubPerf,omitempty"`
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
@@ -145,6 +148,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.HubBin, "hub-bin", c.HubBin, "prebuilt hub binary (default: go build ./cmd/hub into a temp dir)")
 	fs.Var((*stringList)(&c.HubArgs), "hub-arg", "extra argument for `hub serve` (repeatable), e.g. --hub-arg=--debounce-after=50ms")
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
+	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }

@@ -1,0 +1,338 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/wait"
+)
+
+// deltaClient is a raw Delta ADS stream to a served hub.
+type deltaClient struct {
+	t      *testing.T
+	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	ch     chan *discoveryv3.DeltaDiscoveryResponse
+}
+
+func openDelta(t *testing.T, addr string) *deltaClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); conn.Close() })
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &deltaClient{t: t, stream: stream, ch: make(chan *discoveryv3.DeltaDiscoveryResponse, 100)}
+	go func() {
+		defer close(c.ch)
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			c.ch <- r
+		}
+	}()
+	return c
+}
+
+func (c *deltaClient) send(req *discoveryv3.DeltaDiscoveryRequest) {
+	c.t.Helper()
+	req.TypeUrl = resourcev3.EndpointType
+	if err := c.stream.Send(req); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *deltaClient) next() *discoveryv3.DeltaDiscoveryResponse {
+	c.t.Helper()
+	select {
+	case r, ok := <-c.ch:
+		if !ok {
+			c.t.Fatal("stream closed")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		c.t.Fatal("no delta response within 10s")
+		return nil
+	}
+}
+
+func (c *deltaClient) silence(what string) {
+	c.t.Helper()
+	select {
+	case r := <-c.ch:
+		c.t.Fatalf("%s: got %v; want nothing", what, r)
+	case <-time.After(time.Second):
+	}
+}
+
+// deltaCLAs decodes a Delta response's ClusterLoadAssignments: name → first endpoint address.
+func deltaCLAs(t *testing.T, r *discoveryv3.DeltaDiscoveryResponse) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, res := range r.Resources {
+		var cla endpointv3.ClusterLoadAssignment
+		if err := res.GetResource().UnmarshalTo(&cla); err != nil {
+			t.Fatal(err)
+		}
+		if cla.ClusterName != res.Name {
+			t.Fatalf("resource %q carries the assignment of %q", res.Name, cla.ClusterName)
+		}
+		out[res.Name] = cla.GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+	}
+	return out
+}
+
+// A Delta EDS stream holding two clusters' endpoints gets, after one of
+// them changes, only that one; a newly subscribed name is answered with
+// just that name; a removed service is reported removed; an unsubscribed
+// name is no longer sent. ACKs keep the stream's subscriber, so pushes
+// evaluate only the changed hostnames' names.
+func TestDeltaEDSCarriesOnlyWhatChanged(t *testing.T) {
+	h, _ := startHub(t)
+	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1"), namedService("c", "10.0.2.1")})
+	a, b, c := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local", "outbound|7070||c.demo.svc.cluster.local"
+	cl := openDelta(t, h.addrForTest)
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}, ResourceNamesSubscribe: []string{a, b}})
+	first := cl.next()
+	if got := deltaCLAs(t, first); len(got) != 2 || got[a] != "10.0.0.1" || got[b] != "10.0.1.1" || len(first.RemovedResources) != 0 {
+		t.Fatalf("first response = %v, removed %v; want a and b", got, first.RemovedResources)
+	}
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: first.Nonce})
+	cl.silence("after the ACK")
+	sub := edsSubscriber(t, h)
+	if sub == nil || !sub.persistent {
+		t.Fatalf("the Delta EDS subscription by name has subscriber %+v; want a persistent one", sub)
+	}
+
+	// b changes: only b is sent, nothing is removed.
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	second := cl.next()
+	if got := deltaCLAs(t, second); len(got) != 1 || got[b] != "10.0.1.2" || len(second.RemovedResources) != 0 {
+		t.Fatalf("response after b changed = %v, removed %v; want only b", got, second.RemovedResources)
+	}
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: second.Nonce})
+	waitHolds(t, h, map[string]string{a: "10.0.0.1", b: "10.0.1.2"})
+	if got := edsSubscriber(t, h); got != sub {
+		t.Fatal("an ACK replaced the stream's Delta subscriber")
+	}
+
+	// c is subscribed too: only c is sent.
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: second.Nonce, ResourceNamesSubscribe: []string{c}})
+	third := cl.next()
+	if got := deltaCLAs(t, third); len(got) != 1 || got[c] != "10.0.2.1" || len(third.RemovedResources) != 0 {
+		t.Fatalf("response to the new name = %v, removed %v; want only c", got, third.RemovedResources)
+	}
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: third.Nonce})
+	waitHolds(t, h, map[string]string{a: "10.0.0.1", b: "10.0.1.2", c: "10.0.2.1"})
+
+	// a goes away: it is reported removed, and nothing is sent.
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
+	fourth := cl.next()
+	if len(fourth.Resources) != 0 || len(fourth.RemovedResources) != 1 || fourth.RemovedResources[0] != a {
+		t.Fatalf("response after a was deleted = %v, removed %v; want only a removed", deltaCLAs(t, fourth), fourth.RemovedResources)
+	}
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: fourth.Nonce})
+	waitHolds(t, h, map[string]string{b: "10.0.1.2", c: "10.0.2.1"})
+
+	// a comes back: it is sent again.
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.3"))
+	fifth := cl.next()
+	if got := deltaCLAs(t, fifth); len(got) != 1 || got[a] != "10.0.0.3" || len(fifth.RemovedResources) != 0 {
+		t.Fatalf("response after a came back = %v, removed %v; want only a", got, fifth.RemovedResources)
+	}
+
+	// b is unsubscribed: a change to it sends nothing; c still gets its own.
+	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: fifth.Nonce, ResourceNamesUnsubscribe: []string{b}})
+	cl.silence("after unsubscribing b")
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.3"))
+	cl.silence("after a change to an unsubscribed name")
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.2"))
+	if got := deltaCLAs(t, cl.next()); len(got) != 1 || got[c] != "10.0.2.2" {
+		t.Fatalf("response after c changed = %v; want only c", got)
+	}
+}
+
+// edsSubscriber returns the single stream's kept EDS subscriber, if any.
+func edsSubscriber(t *testing.T, h *testHub) *subscriber {
+	t.Helper()
+	w := h.watcher
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var found *subscriber
+	for _, rec := range w.streams {
+		if s := rec.subs[resourcev3.EndpointType]; s != nil {
+			if found != nil {
+				t.Fatal("more than one stream has an EDS subscriber")
+			}
+			found = s
+		}
+	}
+	return found
+}
+
+// An endpoint change leaves the wildcard set of clusters as it was built
+// (the same shared slice, not rebuilt); a new port rebuilds it.
+func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
+	h, err := New(Options{DomainSuffix: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
+	before, err := h.gen.all(resourcev3.ClusterType)
+	if err != nil || len(before.res) != 2 {
+		t.Fatalf("clusters: %d, %v; want 2", len(before.res), err)
+	}
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
+	after, err := h.gen.all(resourcev3.ClusterType)
+	if err != nil || &after.res[0] != &before.res[0] || after.version != before.version {
+		t.Fatalf("after an endpoint change the cluster set was rebuilt (%v)", err)
+	}
+	eds, err := h.gen.all(resourcev3.EndpointType)
+	if err != nil || len(eds.res) != 2 {
+		t.Fatalf("endpoints: %d, %v; want 2", len(eds.res), err)
+	}
+	svc := namedService("b", "10.0.1.2")
+	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, svc)
+	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
+	grown, err := h.gen.all(resourcev3.ClusterType)
+	if err != nil || len(grown.res) != 3 || grown.version == before.version {
+		t.Fatalf("after a new port: %d clusters, version changed %v, %v; want 3 and a new version", len(grown.res), grown.version != before.version, err)
+	}
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
+	h.gen.invalidate(map[string]struct{}{"a.demo.svc.cluster.local": {}})
+	if shrunk, err := h.gen.all(resourcev3.ClusterType); err != nil || len(shrunk.res) != 2 {
+		t.Fatalf("after a service went away: %d clusters, %v; want 2", len(shrunk.res), err)
+	}
+}
+
+func TestParseName(t *testing.T) {
+	for _, tc := range []struct {
+		typeURL, name, host string
+		port                int32
+		ok                  bool
+	}{
+		{resourcev3.EndpointType, "outbound|80||a.b.svc.cluster.local", "a.b.svc.cluster.local", 80, true},
+		{resourcev3.ClusterType, "outbound|65535||x", "x", 65535, true},
+		{resourcev3.ClusterType, "outbound|80|v1|x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80||x|y", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80||", "", 0, false},
+		{resourcev3.ClusterType, "inbound|80||x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|0||x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80|", "", 0, false},
+		{resourcev3.ClusterType, "outbound|", "", 0, false},
+		{resourcev3.ClusterType, "outbound|x||h", "", 0, false},
+		{resourcev3.ListenerType, "a.b.svc.cluster.local:80", "a.b.svc.cluster.local", 80, true},
+		{resourcev3.RouteType, ":80", "", 0, false},
+		{resourcev3.SecretType, "outbound|80||x", "", 0, false},
+	} {
+		host, port, ok := parseName(tc.typeURL, tc.name)
+		if host != tc.host || port != tc.port || ok != tc.ok {
+			t.Errorf("parseName(%s, %q) = %q, %d, %v; want %q, %d, %v", shortType(tc.typeURL), tc.name, host, port, ok, tc.host, tc.port, tc.ok)
+		}
+	}
+}
+
+// A subscriber indexes its names by hostname and recognises the same
+// subscription in any order, names that are no hostname's included.
+func TestSubscriberNames(t *testing.T) {
+	a1, a2, b := "outbound|80||a.demo.svc.cluster.local", "outbound|81||a.demo.svc.cluster.local", "outbound|80||b.demo.svc.cluster.local"
+	odd := "not a cluster name"
+	set := func(names ...string) map[string]struct{} {
+		m := map[string]struct{}{}
+		for _, n := range names {
+			m[n] = struct{}{}
+		}
+		return m
+	}
+	s := newSubscriber(resourcev3.EndpointType, set(b, odd, a2, a1), false, true)
+	s.requested = digestOf([]string{b, odd, a2, a1})
+	if got := s.namesOf("a.demo.svc.cluster.local"); len(got) != 2 || len(s.list) != 4 || got[0] != a1 || got[1] != a2 {
+		t.Errorf("names of a = %v", got)
+	}
+	if got := s.namesOf("b.demo.svc.cluster.local"); len(got) != 1 || got[0] != b {
+		t.Errorf("names of b = %v", got)
+	}
+	for _, n := range []string{a1, a2, b, odd} {
+		if !s.has(n) {
+			t.Errorf("has(%q) = false", n)
+		}
+	}
+	if s.has("outbound|82||a.demo.svc.cluster.local") || s.has("other") {
+		t.Error("has reports a name that is not subscribed")
+	}
+	if !s.sameNames(set(a1, a2, b, odd), []string{b, odd, a2, a1}, false) || !s.sameNames(set(a1, a2, b, odd), []string{odd, a1, b, a2}, false) {
+		t.Error("the same names are not recognised")
+	}
+	if s.sameNames(set(a1, a2, b, "other"), []string{a1, a2, b, "other"}, false) || s.sameNames(set(a1, a2, b), []string{a1, a2, b}, false) || s.sameNames(set(a1, a2, b, odd), nil, true) {
+		t.Error("other names are taken for the same")
+	}
+}
+
+// Streams subscribed to the same names share one name index; a change
+// reaches each of them, also after one of them has gone.
+func TestSameSubscriptionsShareOneIndex(t *testing.T) {
+	h, _ := startHub(t)
+	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
+	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
+	one, two := openDelta(t, h.addrForTest), openDelta(t, h.addrForTest)
+	for i, cl := range []*deltaClient{one, two} {
+		cl.send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("proxy-%d", i)}, ResourceNamesSubscribe: []string{b, a}[i:]})
+		if i == 1 {
+			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{b}})
+		}
+	}
+	for _, cl := range []*deltaClient{one, two} {
+		got := map[string]string{}
+		for len(got) < 2 {
+			r := cl.next()
+			maps.Copy(got, deltaCLAs(t, r))
+			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+		}
+	}
+	h.watcher.mu.Lock()
+	indexes := len(h.watcher.indexes)
+	h.watcher.mu.Unlock()
+	if indexes != 1 {
+		t.Fatalf("two streams subscribed to the same names use %d indexes; want 1", indexes)
+	}
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	for _, cl := range []*deltaClient{one, two} {
+		r := cl.next()
+		if got := deltaCLAs(t, r); len(got) != 1 || got[b] != "10.0.1.2" {
+			t.Fatalf("after b changed: %v; want only b", got)
+		}
+		cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+	}
+	if err := one.stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, func() error {
+		if n := len(h.Proxies()); n != 2 { // two and the helper's own stream
+			return fmt.Errorf("%d streams", n)
+		}
+		return nil
+	})
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
+	if got := deltaCLAs(t, two.next()); len(got) != 1 || got[a] != "10.0.0.2" {
+		t.Fatalf("after the other stream closed and a changed: %v; want only a", got)
+	}
+}
