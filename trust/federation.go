@@ -100,6 +100,10 @@ type Config struct {
 	// (persisting accepted peer bundles, our root's sequence); nil means
 	// always.
 	IsLeader func() bool
+	// DNSNames are put on the hub's serving certificate next to its SPIFFE
+	// ID (ParseDNSNames), for clients that verify a server by name
+	// (istiod's SIMPLE TLS, istio-agent).
+	DNSNames []string
 }
 
 // Federation is our trust domain and every peer we federate with.
@@ -555,8 +559,20 @@ func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration) (*x509svid.SVI
 	return st.ca.IssueSVID(id, ttl)
 }
 
+// issueServing signs the hub's serving SVID with our CA.
+func (f *Federation) issueServing(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error) {
+	f.mu.RLock()
+	st := f.local
+	f.mu.RUnlock()
+	if st == nil {
+		return nil, errors.New("our CA is not loaded yet")
+	}
+	return st.ca.IssueSVID(id, ttl, f.cfg.DNSNames...)
+}
+
 // ServingCertificate returns a GetCertificate callback that serves an SVID
-// for spiffe://<td>/hub, reissued when half of its lifetime has passed.
+// for spiffe://<td>/hub with Config.DNSNames, reissued when half of its
+// lifetime has passed.
 func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	var mu sync.Mutex
 	var cur *tls.Certificate
@@ -568,7 +584,7 @@ func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certi
 		if cur != nil && time.Now().Before(renewAt) {
 			return cur, nil
 		}
-		svid, err := f.IssueSVID(id, 24*time.Hour)
+		svid, err := f.issueServing(id, 24*time.Hour)
 		if err != nil {
 			return nil, err
 		}

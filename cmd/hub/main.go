@@ -21,6 +21,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/trust"
 )
 
 // config is every flag of `hub serve` (DESIGN.md §3.1).
@@ -32,6 +33,7 @@ type config struct {
 	domainSuffix         string
 	xdsAddr              string
 	xdsTLSAddr           string
+	tlsDNSNames          string
 	adminAddr            string
 	bundleAddr           string
 	bundleProfile        string
@@ -72,6 +74,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")
 	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "plaintext ADS address")
 	fs.StringVar(&c.xdsTLSAddr, "xds-tls-addr", ":15012", "mTLS ADS/SDS address")
+	fs.StringVar(&c.tlsDNSNames, "tls-dns-names", "", "comma-separated DNS names on the hub's serving certificate (mTLS xDS port, https_spiffe bundle endpoint) for clients that verify the server by name, e.g. hub.hub-system.svc")
 	fs.StringVar(&c.adminAddr, "admin-addr", ":8080", "dashboard, REST API, /metrics, /healthz, /readyz address")
 	fs.StringVar(&c.bundleAddr, "bundle-addr", ":8443", "SPIFFE bundle endpoint address (empty disables)")
 	fs.StringVar(&c.bundleProfile, "bundle-profile", "https_spiffe", "bundle endpoint profile: https_spiffe or https_web")
@@ -105,6 +108,9 @@ func (c *config) validate() error {
 	}
 	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
 		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	if _, err := trust.ParseDNSNames(c.tlsDNSNames); err != nil {
+		return fmt.Errorf("--tls-dns-names: %w", err)
 	}
 	if c.accessReviewTimeout <= 0 {
 		return fmt.Errorf("--access-review-timeout must be positive, not %s", c.accessReviewTimeout)

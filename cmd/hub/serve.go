@@ -76,8 +76,12 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	metrics.MustRegister(elector.Collector())
 	changes := hub.NewChanges(cfg.debounceAfter, cfg.debounceMax)
 	index := hub.NewIndex(cfg.domainSuffix, changes)
+	dnsNames, err := trust.ParseDNSNames(cfg.tlsDNSNames)
+	if err != nil {
+		return fmt.Errorf("--tls-dns-names: %w", err)
+	}
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader})
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames})
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
 		Home:         home,
