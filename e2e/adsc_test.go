@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc/credentials"
@@ -272,11 +271,7 @@ func TestAdscIstioClient(t *testing.T) {
 	// hub's trust bundle as served by the hub itself.
 	dir := t.TempDir()
 	ca := hubCA(t, home, ns, td)
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := h.bundle(t, td)
 	var rootsPEM []byte
 	var roots []string // sha256 of each root's DER
 	for _, c := range bundle.X509Authorities() {

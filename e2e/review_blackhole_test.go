@@ -12,9 +12,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -177,18 +175,8 @@ func TestBlackholedMemberDelaysNoPush(t *testing.T) {
 		return nil
 	})
 	ca := hubCA(t, home, ns, td)
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds := func(sa, member string) credentials.TransportCredentials {
-		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/"+sa), member, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return credentials.NewTLS(tlsconfig.MTLSClientConfig(svid, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
-	}
+	workload := workloadCreds(t, ca, h.bundle(t, td))
+	creds := func(sa, member string) credentials.TransportCredentials { return workload(app, sa, member) }
 	tlsAddr := h.addrs["xds-tls"]
 
 	// A proxy of the steady member follows its own rotating Secret; an EDS

@@ -6,10 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
-	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
@@ -76,18 +73,7 @@ func TestSDSPushScopedToChangedSecret(t *testing.T) {
 		return nil
 	})
 	ca := hubCA(t, home, ns, td)
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds := func(ns, member string) credentials.TransportCredentials {
-		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return credentials.NewTLS(tlsconfig.MTLSClientConfig(svid, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
-	}
+	creds := workloadCreds(t, ca, h.bundle(t, td))
 	tlsAddr := h.addrs["xds-tls"]
 	const gw = "kubernetes://gw-cert"
 	proxies := []struct {
@@ -103,7 +89,7 @@ func TestSDSPushScopedToChangedSecret(t *testing.T) {
 	}
 	watches := map[string]*sdsWatch{}
 	for _, p := range proxies {
-		w := openSDS(t, tlsAddr, creds(p.ns, p.member.Name), p.member.Name, "scope-"+p.name, p.names...)
+		w := openSDS(t, tlsAddr, creds(p.ns, "gateway", p.member.Name), p.member.Name, "scope-"+p.name, p.names...)
 		watches[p.name] = w
 		eventually(t, 60*time.Second, func() error {
 			if w.answered() == 0 {

@@ -6,9 +6,7 @@ import (
 	"time"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -62,21 +60,8 @@ func TestSDSEndToEnd(t *testing.T) {
 		return nil
 	})
 	ca := hubCA(t, home, ns, td)
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/sds.test/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Workload certificates as the hub's CA issues them: bound to the
-	// member the workload runs in, which is the member whose Secrets it
-	// may read.
-	creds := func(ns, member string) credentials.TransportCredentials {
-		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return credentials.NewTLS(tlsconfig.MTLSClientConfig(svid, bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
-	}
+	workload := workloadCreds(t, ca, h.bundle(t, td))
+	creds := func(ns, member string) credentials.TransportCredentials { return workload(ns, "gateway", member) }
 	names := []string{"kubernetes://gw-cert", "gw-cert-cacert", "ROOTCA", "kubernetes://other/gw-cert"}
 	tlsAddr := h.addrs["xds-tls"]
 

@@ -10,7 +10,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
@@ -109,11 +108,7 @@ func TestSDSWithServiceAccountToken(t *testing.T) {
 		}
 		return nil
 	})
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := h.bundle(t, td)
 	// Server-authenticated TLS only: the client has no certificate.
 	tlsCreds := credentials.NewTLS(tlsconfig.TLSClientConfig(bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 	token := func(audience string) bearer {

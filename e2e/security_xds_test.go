@@ -18,7 +18,6 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
@@ -157,11 +156,7 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 		}
 		return nil
 	})
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := h.bundle(t, td)
 	ca := hubCA(t, home, ns, td)
 	hubID := tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))
 	workload := func(member string) credentials.TransportCredentials {
@@ -183,6 +178,7 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 	live := openADS(t, h.xdsAddr, insecure.NewCredentials())
 	live.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("live", "west", nil), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}})
 	var last *discoveryv3.DiscoveryResponse
+	var err error
 	for last == nil || len(last.Resources) != 1 || !bytes.Contains(last.Resources[0].Value, []byte("198.18.30.1")) {
 		if last, err = live.next(t, 30*time.Second); err != nil {
 			t.Fatalf("the live stream: %v", err)

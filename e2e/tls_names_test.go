@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/hubmesh/hub/internal/localcluster"
@@ -24,11 +23,7 @@ func TestServingCertificateDNSNames(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("names.test")
 	h := startHub(t, home, "--namespace", ns, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0",
 		"--tls-dns-names", "hub.hub-system.svc,*.hub.names.test")
-	_, bundleJSON := h.do(t, "GET", "/api/v1/trustdomains/"+td.Name()+"/bundle", "")
-	bundle, err := spiffebundle.Parse(td, []byte(bundleJSON))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bundle := h.bundle(t, td)
 	roots := x509.NewCertPool()
 	for _, c := range bundle.X509Authorities() {
 		roots.AddCert(c)

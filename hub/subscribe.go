@@ -328,15 +328,21 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 	ns := newSubscriber(wt.typeURL, names, false, true)
 	ns.aim(wt.ident)
 	ns.requested = digestOf(wt.req.GetResourceNames())
+	w.keep(rec, s, ns)
+	return ns
+}
+
+// keep makes ns the stream's kept subscriber of its type in place of old
+// (nil: none), indexed for pushes.
+func (w *watcher) keep(rec *streamRecord, old, ns *subscriber) {
 	w.mu.Lock()
-	if s != nil {
-		w.unindexLocked(s)
+	defer w.mu.Unlock()
+	if old != nil {
+		w.unindexLocked(old)
 	}
 	w.internLocked(ns)
-	rec.subs[wt.typeURL] = ns
+	rec.subs[ns.typeURL] = ns
 	w.indexLocked(ns)
-	w.mu.Unlock()
-	return ns
 }
 
 // deltaSubscriberFor returns the subscriber a new Delta watch belongs
@@ -361,14 +367,7 @@ func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[str
 		return s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
-	w.mu.Lock()
-	if s != nil {
-		w.unindexLocked(s)
-	}
-	w.internLocked(ns)
-	rec.subs[wt.typeURL] = ns
-	w.indexLocked(ns)
-	w.mu.Unlock()
+	w.keep(rec, s, ns)
 	return ns
 }
 

@@ -548,26 +548,15 @@ func (f *Federation) TrustDomains() []Status {
 	return out
 }
 
-// IssueSVID signs an SVID with our CA.
-func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error) {
+// IssueSVID signs an SVID with our CA, with DNS names if given.
+func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (*x509svid.SVID, error) {
 	f.mu.RLock()
 	st := f.local
 	f.mu.RUnlock()
 	if st == nil {
 		return nil, errors.New("our CA is not loaded yet")
 	}
-	return st.ca.IssueSVID(id, ttl)
-}
-
-// issueServing signs the hub's serving SVID with our CA.
-func (f *Federation) issueServing(id spiffeid.ID, ttl time.Duration) (*x509svid.SVID, error) {
-	f.mu.RLock()
-	st := f.local
-	f.mu.RUnlock()
-	if st == nil {
-		return nil, errors.New("our CA is not loaded yet")
-	}
-	return st.ca.IssueSVID(id, ttl, f.cfg.DNSNames...)
+	return st.ca.IssueSVID(id, ttl, dnsNames...)
 }
 
 // ServingCertificate returns a GetCertificate callback that serves an SVID
@@ -584,7 +573,7 @@ func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certi
 		if cur != nil && time.Now().Before(renewAt) {
 			return cur, nil
 		}
-		svid, err := f.issueServing(id, 24*time.Hour)
+		svid, err := f.IssueSVID(id, 24*time.Hour, f.cfg.DNSNames...)
 		if err != nil {
 			return nil, err
 		}
