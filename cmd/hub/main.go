@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
 	"github.com/hubmesh/hub/clusters"
@@ -30,6 +31,7 @@ type config struct {
 	namespace            string
 	trustDomain          string
 	domainSuffix         string
+	federatedDomain      string
 	xdsAddr              string
 	xdsTLSAddr           string
 	adminAddr            string
@@ -70,6 +72,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "istio-system", "namespace of remote secrets and hub state")
 	fs.StringVar(&c.trustDomain, "trust-domain", "cluster.local", "our SPIFFE trust domain")
 	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")
+	fs.StringVar(&c.federatedDomain, "federated-domain", "clusterset.local", "hostname suffix of the ServiceEntries served to member istiods (<name>.<namespace>.svc.<suffix>); must differ from --domain-suffix")
 	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "plaintext ADS address")
 	fs.StringVar(&c.xdsTLSAddr, "xds-tls-addr", ":15012", "mTLS ADS/SDS address")
 	fs.StringVar(&c.adminAddr, "admin-addr", ":8080", "dashboard, REST API, /metrics, /healthz, /readyz address")
@@ -105,6 +108,12 @@ func (c *config) validate() error {
 	}
 	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
 		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	if errs := validation.IsDNS1123Subdomain(c.federatedDomain); len(errs) > 0 {
+		return fmt.Errorf("--federated-domain %q is not a DNS name: %s", c.federatedDomain, strings.Join(errs, "; "))
+	}
+	if c.federatedDomain == c.domainSuffix {
+		return fmt.Errorf("--federated-domain must differ from --domain-suffix (%q): federated hosts would collide with each member's own Services", c.domainSuffix)
 	}
 	if c.accessReviewTimeout <= 0 {
 		return fmt.Errorf("--access-review-timeout must be positive, not %s", c.accessReviewTimeout)
