@@ -40,7 +40,7 @@ type serviceEntry struct {
 // first member in ID order names a port), one endpoint per ready address
 // of every member. network gives a member's Istio network ("" or nil:
 // none). Members whose Service opts out (clusters.Service.NotExported)
-// are left out; nil when none is left.
+// are left out; nil when none is left, or when the Service has no ports.
 func buildServiceEntry(members map[string]*clusters.Service, domain string, network func(string) string) *serviceEntry {
 	ids := make([]string, 0, len(members))
 	for id, svc := range members {
@@ -76,6 +76,9 @@ func buildServiceEntry(members map[string]*clusters.Service, domain string, netw
 			portNames[p.Port] = name
 			se.Ports = append(se.Ports, &networking.ServicePort{Number: uint32(p.Port), Protocol: protocolOf(p), Name: name})
 		}
+	}
+	if len(se.Ports) == 0 {
+		return nil // istiod refuses a ServiceEntry without ports
 	}
 	slices.SortFunc(se.Ports, func(a, b *networking.ServicePort) int { return int(a.Number) - int(b.Number) })
 	for _, id := range ids {

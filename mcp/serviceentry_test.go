@@ -110,6 +110,9 @@ func TestBuildServiceEntryExportOptOut(t *testing.T) {
 	if se := buildServiceEntry(map[string]*clusters.Service{"2": svc("2", true)}, "clusterset.local", nil); se != nil {
 		t.Errorf("every member opted out: got %v, want no ServiceEntry", se.spec)
 	}
+	if se := buildServiceEntry(map[string]*clusters.Service{"1": {Namespace: "demo", Name: "headless"}}, "clusterset.local", nil); se != nil {
+		t.Errorf("a Service without ports: got %v, want no ServiceEntry", se.spec)
+	}
 	if se := buildServiceEntry(nil, "clusterset.local", nil); se != nil {
 		t.Errorf("no member: got %v, want no ServiceEntry", se.spec)
 	}
