@@ -20,7 +20,7 @@ const (
 // to the unnamed slice port). Ready endpoints are Healthy, serving but
 // terminating ones Draining, and all others are left out (DESIGN.md §3.5).
 func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string) *Service {
-	out := &Service{Namespace: svc.Namespace, Name: svc.Name}
+	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
 	for _, p := range svc.Spec.Ports {
 		sp := ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol)}
 		if p.AppProtocol != nil {

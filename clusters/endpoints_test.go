@@ -85,3 +85,20 @@ func TestBuildServiceUnnamedPort(t *testing.T) {
 		t.Errorf("endpoints = %+v; want 10.1.1.1:8080 for port 80", got.Endpoints)
 	}
 }
+
+func TestBuildServiceExportLabel(t *testing.T) {
+	for _, tc := range []struct {
+		labels map[string]string
+		want   bool
+	}{
+		{nil, false},
+		{map[string]string{LabelExport: "true"}, false},
+		{map[string]string{LabelExport: "False"}, false}, // only "false" opts out, as Kubernetes labels are case-sensitive
+		{map[string]string{LabelExport: "false"}, true},
+	} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", Labels: tc.labels}}
+		if got := buildService(svc, nil, nil).NotExported; got != tc.want {
+			t.Errorf("labels %v: NotExported = %v, want %v", tc.labels, got, tc.want)
+		}
+	}
+}

@@ -35,6 +35,8 @@ type viewService struct {
 	Name      string         `json:"n"`
 	Ports     []viewPort     `json:"p,omitempty"`
 	Endpoints []viewEndpoint `json:"e,omitempty"`
+	// NotExported is Service.NotExported (absent: exported).
+	NotExported bool `json:"x,omitempty"`
 }
 
 type viewPort struct {
@@ -65,7 +67,7 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	})
 	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
 	for _, s := range sorted {
-		vs := viewService{Namespace: s.Namespace, Name: s.Name}
+		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported}
 		if len(s.Ports) > 0 {
 			vs.Ports = make([]viewPort, len(s.Ports))
 			for i, p := range s.Ports {
@@ -99,7 +101,7 @@ func decodeView(data []byte) ([]*Service, error) {
 	}
 	out := make([]*Service, 0, len(doc.Services))
 	for _, vs := range doc.Services {
-		s := &Service{Namespace: vs.Namespace, Name: vs.Name}
+		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported}
 		if len(vs.Ports) > 0 {
 			s.Ports = make([]ServicePort, len(vs.Ports))
 			for i, p := range vs.Ports {

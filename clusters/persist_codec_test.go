@@ -16,7 +16,7 @@ func syntheticView(services, endpoints int, seed uint64) []*Service {
 	out := make([]*Service, 0, services)
 	for i := range services {
 		s := &Service{Namespace: fmt.Sprintf("team-%d", i%25), Name: fmt.Sprintf("svc-%04d", i),
-			Ports: []ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}}}
+			Ports: []ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}}, NotExported: i%7 == 3}
 		if i%4 == 0 {
 			s.Ports = append(s.Ports, ServicePort{Name: "grpc", Port: 9090, Protocol: "TCP", AppProtocol: "grpc"})
 		}

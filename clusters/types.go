@@ -18,7 +18,15 @@ type Service struct {
 	Ports     []ServicePort
 	// Endpoints holds one entry per (address, service port).
 	Endpoints []Endpoint
+	// NotExported says the Service is labelled hub.federation/export:
+	// "false" (LabelExport): it is not offered to other members' istiods
+	// as config (DESIGN.md §3.7).
+	NotExported bool
 }
+
+// LabelExport on a Service set to "false" keeps it out of the config the
+// hub serves to member istiods (Service.NotExported).
+const LabelExport = "hub.federation/export"
 
 // ServicePort is one port of a Service.
 type ServicePort struct {

@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/mcp"
 )
 
 // Options configures a Hub.
@@ -45,6 +46,10 @@ type Options struct {
 	// DomainSuffix makes service hostnames of the hub's own index:
 	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
+	// FederatedDomain makes the hosts of the ServiceEntries served to
+	// member istiods: <name>.<namespace>.svc.<FederatedDomain> (empty:
+	// mcp.DefaultFederatedDomain, clusterset.local).
+	FederatedDomain string
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
 	Roots   RootSource
@@ -96,6 +101,7 @@ type Hub struct {
 	changes *Changes
 	index   *Index
 	gen     *generator
+	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
@@ -131,7 +137,9 @@ func New(opts Options) (*Hub, error) {
 		h.index = NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = newGenerator(h.index)
+	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
+	h.watcher.config = h.config
 	h.watcher.latency = latency
 	if opts.Metrics != nil {
 		for _, c := range append(h.proxies.collectors(), latency.hist, h.watcher.evaluations) {
@@ -217,10 +225,11 @@ func (h *Hub) Run(ctx context.Context) {
 }
 
 // push sends what changed: regenerates the changed services' resources
-// and answers the watches they, the Secrets, roots and access decisions
-// in b affect.
+// (xDS and Istio config) and answers the watches they, the Secrets, roots
+// and access decisions in b affect.
 func (h *Hub) push(b *batch) {
 	h.gen.invalidate(b.hosts)
+	h.config.Invalidate(b.hosts)
 	h.watcher.push(b)
 }
 

@@ -11,7 +11,8 @@ import (
 // Index is the federated index: every member's services, grouped by service
 // hostname. It implements clusters.Sink and reports the hostnames whose
 // federated view changed to the hub's change feed. It is independent of xDS
-// so that other generators (e.g. MCP-over-XDS, DESIGN.md §9) can read it too.
+// so that other generators (the Istio config of package mcp, DESIGN.md §3.7)
+// read it too.
 type Index struct {
 	domainSuffix string
 	changes      *Changes

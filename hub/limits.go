@@ -5,6 +5,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/hubmesh/hub/mcp"
 )
 
 // Limits bounds what xDS clients may make the hub hold. A zero field takes
@@ -125,9 +127,13 @@ func truncate(s string, n int) string {
 }
 
 // typeLabel names a served type URL for metrics and messages: "Cluster",
-// "ClusterLoadAssignment", ...; any other type URL is "other", so a client
+// "ClusterLoadAssignment", ..., "MCP" for every Istio config type; any
+// other type URL is "other", so a client
 // cannot create metric series (or log keys) of its choosing.
 func typeLabel(typeURL string) string {
+	if mcp.IsConfigType(typeURL) {
+		return configLabel
+	}
 	if !servedTypes[typeURL] {
 		return "other"
 	}

@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/mcp"
 )
 
 // TypeStatus is the protocol state of one resource type on one stream.
@@ -134,8 +136,12 @@ func (p *proxyTracker) collectors() []prometheus.Collector {
 	return []prometheus.Collector{p.connected, p.responses, p.nacks}
 }
 
-// shortType is the last path element of a type URL, e.g. "Cluster".
+// shortType is the last path element of a type URL, e.g. "Cluster";
+// "MCP" for every Istio config type URL.
 func shortType(typeURL string) string {
+	if mcp.IsConfigType(typeURL) {
+		return configLabel
+	}
 	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
 

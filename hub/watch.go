@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/mcp"
 )
 
 // watcher implements go-control-plane's cache.Cache (DESIGN.md §3.6): it
@@ -35,8 +37,9 @@ import (
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
 	gen     *generator
-	secrets SecretSource // may be nil: no SDS
-	roots   RootSource   // may be nil: no SDS
+	config  *mcp.Generator // Istio config for member istiods
+	secrets SecretSource   // may be nil: no SDS
+	roots   RootSource     // may be nil: no SDS
 	// sar decides access reviews without waiting; nil: other namespaces
 	// are always denied.
 	sar *accessReviews
@@ -141,16 +144,18 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	}
 }
 
-// servedTypes are the resource types the hub serves; a request for any
-// other ends its stream with InvalidArgument (nothing is kept for it).
+// servedTypes are the xDS resource types the hub serves; with the Istio
+// config type URLs (mcp.IsConfigType) they are all it serves: a request
+// for any other ends its stream with InvalidArgument (nothing is kept for
+// it).
 var servedTypes = map[string]bool{
 	resourcev3.ClusterType: true, resourcev3.EndpointType: true, resourcev3.ListenerType: true,
 	resourcev3.RouteType: true, resourcev3.SecretType: true,
 }
 
 func checkType(typeURL string) error {
-	if !servedTypes[typeURL] {
-		return status.Errorf(codes.InvalidArgument, "type %q is not served by the hub (CDS, EDS, LDS, RDS and SDS are)", typeURL)
+	if !servedTypes[typeURL] && !mcp.IsConfigType(typeURL) {
+		return status.Errorf(codes.InvalidArgument, "type %q is not served by the hub (CDS, EDS, LDS, RDS, SDS and Istio config <group>/<version>/<Kind> are)", typeURL)
 	}
 	return nil
 }
@@ -162,6 +167,9 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	}
 	rec, ident := w.record(req.GetNode())
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	if mcp.IsConfigType(wt.typeURL) {
+		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
+	}
 	wt.first = req.GetResponseNonce() == ""
 	if rec != nil {
 		wt.sent = w.sentFlag(rec, wt.typeURL)
@@ -182,6 +190,9 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 // are sent, and resources that disappeared are named as removed.
 func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
+		return nil, err
+	}
+	if err := checkDeltaConfig(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
 	// A Delta subscription grows request by request: bound the sum. (The
@@ -360,7 +371,7 @@ func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
 			v, ok := versions[wt.typeURL]
 			if !ok {
-				set, err := w.gen.all(wt.typeURL)
+				set, err := w.all(wt.typeURL)
 				if err == nil {
 					v = set.version
 				}
@@ -424,7 +435,7 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 		return w.secretResources(wt)
 	}
 	if wt.wildcard {
-		set, err := w.gen.all(wt.typeURL)
+		set, err := w.all(wt.typeURL)
 		wt.setVersion = set.version
 		return set.res, err
 	}
@@ -773,7 +784,7 @@ const wildcardKey = "\x00every resource"
 // respondWildcard answers a SotW wildcard watch from the shared set: one
 // slice of resources and one version for every stream.
 func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
-	set, err := w.gen.all(wt.typeURL)
+	set, err := w.all(wt.typeURL)
 	if err != nil {
 		return nil, err
 	}

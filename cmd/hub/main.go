@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
 	"github.com/hubmesh/hub/clusters"
@@ -31,6 +32,7 @@ type config struct {
 	namespace            string
 	trustDomain          string
 	domainSuffix         string
+	federatedDomain      string
 	xdsAddr              string
 	xdsTLSAddr           string
 	tlsDNSNames          string
@@ -72,6 +74,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "istio-system", "namespace of remote secrets and hub state")
 	fs.StringVar(&c.trustDomain, "trust-domain", "cluster.local", "our SPIFFE trust domain")
 	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")
+	fs.StringVar(&c.federatedDomain, "federated-domain", "clusterset.local", "hostname suffix of the ServiceEntries served to member istiods (<name>.<namespace>.svc.<suffix>); must differ from --domain-suffix")
 	fs.StringVar(&c.xdsAddr, "xds-addr", ":15010", "plaintext ADS address")
 	fs.StringVar(&c.xdsTLSAddr, "xds-tls-addr", ":15012", "mTLS ADS/SDS address")
 	fs.StringVar(&c.tlsDNSNames, "tls-dns-names", "", "comma-separated DNS names on the hub's serving certificate (mTLS xDS port, https_spiffe bundle endpoint) for clients that verify the server by name, e.g. hub.hub-system.svc")
@@ -111,6 +114,12 @@ func (c *config) validate() error {
 	}
 	if _, err := trust.ParseDNSNames(c.tlsDNSNames); err != nil {
 		return fmt.Errorf("--tls-dns-names: %w", err)
+	}
+	if errs := validation.IsDNS1123Subdomain(c.federatedDomain); len(errs) > 0 {
+		return fmt.Errorf("--federated-domain %q is not a DNS name: %s", c.federatedDomain, strings.Join(errs, "; "))
+	}
+	if c.federatedDomain == c.domainSuffix {
+		return fmt.Errorf("--federated-domain must differ from --domain-suffix (%q): federated hosts would collide with each member's own Services", c.domainSuffix)
 	}
 	if c.accessReviewTimeout <= 0 {
 		return fmt.Errorf("--access-review-timeout must be positive, not %s", c.accessReviewTimeout)

@@ -101,6 +101,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	h, err := hub.New(hub.Options{
 		Changes:             changes,
 		Index:               index,
+		FederatedDomain:     cfg.federatedDomain,
 		Secrets:             registry,
 		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,

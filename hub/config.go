@@ -1,0 +1,45 @@
+package hub
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hubmesh/hub/mcp"
+)
+
+// Istio config (MCP-over-XDS, DESIGN.md §3.7): a member's istiod opens one
+// SotW stream and subscribes, as wildcards, to every Istio config type URL
+// (<group>/<version>/<Kind>). The watcher answers each with the full state
+// of that type from the mcp generator, under the type URL asked for, and
+// answers again only when the type's set version changes: a push of
+// changed hostnames re-evaluates these wildcard watches like Envoy's
+// (watcher.push), and those whose set is unchanged are skipped
+// (skipUnchangedWildcards).
+
+// configLabel is the metrics label of every Istio config type (their
+// names come from clients: one label keeps the series bounded).
+const configLabel = "MCP"
+
+// all returns every resource of a type, for wildcard subscriptions: Istio
+// config from the mcp generator (only the set version and the messages:
+// config types are served over SotW only), everything else from the
+// xDS generator.
+func (w *watcher) all(typeURL string) (wildcardSet, error) {
+	if mcp.IsConfigType(typeURL) {
+		set, err := w.config.Set(typeURL)
+		if err != nil {
+			return wildcardSet{}, err
+		}
+		return wildcardSet{version: set.Version, anys: set.Resources}, nil
+	}
+	return w.gen.all(typeURL)
+}
+
+// checkDeltaConfig refuses Istio config over Delta: istiod asks for it
+// over SotW, and the watcher serves it as a whole set.
+func checkDeltaConfig(typeURL string) error {
+	if mcp.IsConfigType(typeURL) {
+		return status.Errorf(codes.InvalidArgument, "Istio config (%s) is served over State-of-the-World ADS only", typeURL)
+	}
+	return nil
+}

@@ -1,0 +1,301 @@
+package hub
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/mcp"
+)
+
+// istiodConfigTypes are the type URLs istiod subscribes to on its config
+// source stream, in its order (DESIGN.md §3.7).
+var istiodConfigTypes = []string{
+	"core/v1alpha1/MeshConfig",
+	"networking.istio.io/v1/DestinationRule",
+	"networking.istio.io/v1alpha3/EnvoyFilter",
+	"networking.istio.io/v1/Gateway",
+	"networking.istio.io/v1beta1/ProxyConfig",
+	"networking.istio.io/v1/ServiceEntry",
+	"networking.istio.io/v1/Sidecar",
+	"networking.istio.io/v1/VirtualService",
+	"networking.istio.io/v1/WorkloadEntry",
+	"networking.istio.io/v1/WorkloadGroup",
+	"security.istio.io/v1/AuthorizationPolicy",
+	"security.istio.io/v1/PeerAuthentication",
+	"security.istio.io/v1/RequestAuthentication",
+	"telemetry.istio.io/v1/Telemetry",
+	"extensions.istio.io/v1alpha1/WasmPlugin",
+	"extensions.istio.io/v1alpha1/TrafficExtension",
+}
+
+const serviceEntryType = "networking.istio.io/v1/ServiceEntry"
+
+// istiodNode is the node istiod's config-source client (adsc) sends: an
+// ID without a proxy type or IP, GENERATOR=api, ISTIO_VERSION, no
+// CLUSTER_ID.
+func istiodNode() *corev3.Node {
+	meta, _ := structpb.NewStruct(map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.1"})
+	return &corev3.Node{Id: "~~istiod-0.istio-system~istio-system.svc.cluster.local", Metadata: meta}
+}
+
+// istiodStream is a SotW ADS stream that behaves as istiod's config
+// source client: every Istio config type as a wildcard on one stream,
+// every response ACKed at once.
+type istiodStream struct {
+	t      *testing.T
+	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+}
+
+func openIstiod(t *testing.T, addr string) *istiodStream {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typeURL := range istiodConfigTypes {
+		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typeURL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &istiodStream{t: t, stream: stream}
+}
+
+// recv returns the next response, ACKed as adsc does (nonce, version, no
+// names), or fails the test after a generous deadline.
+func (s *istiodStream) recv() *discoveryv3.DiscoveryResponse {
+	s.t.Helper()
+	type result struct {
+		resp *discoveryv3.DiscoveryResponse
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := s.stream.Recv()
+		got <- result{resp, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			s.t.Fatalf("receiving: %v", r.err)
+		}
+		if err := s.stream.Send(&discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: r.resp.TypeUrl, VersionInfo: r.resp.VersionInfo, ResponseNonce: r.resp.Nonce}); err != nil {
+			s.t.Fatalf("ACK: %v", err)
+		}
+		return r.resp
+	case <-time.After(30 * time.Second):
+		s.t.Fatal("no response within 30 s")
+		return nil
+	}
+}
+
+// serviceEntries decodes a ServiceEntry response by object name.
+func serviceEntries(t *testing.T, resp *discoveryv3.DiscoveryResponse) (map[string]*mcpapi.Metadata, map[string]*networking.ServiceEntry) {
+	t.Helper()
+	metas, specs := map[string]*mcpapi.Metadata{}, map[string]*networking.ServiceEntry{}
+	for _, a := range resp.Resources {
+		var r mcpapi.Resource
+		if err := a.UnmarshalTo(&r); err != nil {
+			t.Fatalf("resource of type %s: %v", a.TypeUrl, err)
+		}
+		var se networking.ServiceEntry
+		if err := r.Body.UnmarshalTo(&se); err != nil {
+			t.Fatalf("body of %s (%s): %v", r.Metadata.GetName(), r.Body.GetTypeUrl(), err)
+		}
+		metas[r.Metadata.Name], specs[r.Metadata.Name] = r.Metadata, &se
+	}
+	return metas, specs
+}
+
+func addresses(se *networking.ServiceEntry) []string {
+	var out []string
+	for _, ep := range se.GetEndpoints() {
+		out = append(out, ep.Labels[mcp.LabelCluster]+"="+ep.Address)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func echoMember(addrs ...string) *clusters.Service {
+	s := &clusters.Service{Namespace: "demo", Name: "echo", Ports: []clusters.ServicePort{{Name: "http", Port: 8080, Protocol: "TCP"}}}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, clusters.Endpoint{Address: a, Port: 8080, ServicePort: 8080, Region: "r", Zone: "z"})
+	}
+	return s
+}
+
+func TestIstiodConfigSource(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	echo := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
+	h.index.UpdateService("west", echo, echoMember("10.1.0.1"))
+	h.index.UpdateService("east", echo, echoMember("10.2.0.1"))
+	istiod := openIstiod(t, addr)
+
+	// Every type is answered, under the type URL asked for; everything
+	// but ServiceEntry is an empty list.
+	first := map[string]*discoveryv3.DiscoveryResponse{}
+	for len(first) < len(istiodConfigTypes) {
+		resp := istiod.recv()
+		if !slices.Contains(istiodConfigTypes, resp.TypeUrl) {
+			t.Fatalf("response of type %q, which was not asked for", resp.TypeUrl)
+		}
+		if first[resp.TypeUrl] != nil {
+			t.Fatalf("a second %s response before every type got its first", resp.TypeUrl)
+		}
+		first[resp.TypeUrl] = resp
+		if resp.TypeUrl != serviceEntryType && len(resp.Resources) != 0 {
+			t.Errorf("%s: %d resources, want none", resp.TypeUrl, len(resp.Resources))
+		}
+	}
+	metas, specs := serviceEntries(t, first[serviceEntryType])
+	se := specs["demo/hub-echo"]
+	if len(specs) != 1 || se == nil {
+		t.Fatalf("ServiceEntries %v, want demo/hub-echo", specs)
+	}
+	if se.Hosts[0] != "echo.demo.svc.clusterset.local" || se.Resolution != networking.ServiceEntry_STATIC || se.Location != networking.ServiceEntry_MESH_INTERNAL {
+		t.Errorf("ServiceEntry %v", se)
+	}
+	if got, want := addresses(se), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+		t.Errorf("endpoints %v, want %v", got, want)
+	}
+	version := metas["demo/hub-echo"].Version
+
+	// A draining endpoint changes what Envoy gets (EDS) but not the
+	// ServiceEntry (ready endpoints only): no config response. An Envoy
+	// stream's EDS response shows the push was made.
+	eds := openEDS(t, addr, "outbound|8080||echo.demo.svc.cluster.local")
+	draining := echoMember("10.2.0.1")
+	draining.Endpoints = append(draining.Endpoints, clusters.Endpoint{Address: "10.2.0.9", Port: 8080, ServicePort: 8080, Health: clusters.Draining})
+	h.index.UpdateService("east", echo, draining)
+	eds.waitFor(t, "10.2.0.9")
+
+	// An endpoint becomes ready in east: the next config response is this
+	// change (a response for the draining one would have come first), for
+	// ServiceEntry only.
+	h.index.UpdateService("east", echo, echoMember("10.2.0.1", "10.2.0.2"))
+	resp := istiod.recv()
+	if resp.TypeUrl != serviceEntryType {
+		t.Fatalf("response of type %s after an endpoint change; want only %s", resp.TypeUrl, serviceEntryType)
+	}
+	metas, specs = serviceEntries(t, resp)
+	if got, want := addresses(specs["demo/hub-echo"]), []string{"east=10.2.0.1", "east=10.2.0.2", "west=10.1.0.1"}; !slices.Equal(got, want) {
+		t.Errorf("after the change: endpoints %v, want %v", got, want)
+	}
+	if metas["demo/hub-echo"].Version == version || resp.VersionInfo == first[serviceEntryType].VersionInfo {
+		t.Errorf("object version %s, set version %s: unchanged after an endpoint change", version, resp.VersionInfo)
+	}
+
+	// The Service goes from both members: the full state has no object.
+	h.index.UpdateService("east", echo, nil)
+	h.index.UpdateService("west", echo, nil)
+	for {
+		resp = istiod.recv()
+		if resp.TypeUrl != serviceEntryType {
+			t.Fatalf("response of type %s; want only %s", resp.TypeUrl, serviceEntryType)
+		}
+		if len(resp.Resources) == 0 {
+			break
+		}
+	}
+}
+
+// edsStream is an Envoy-shaped stream subscribed to one cluster's endpoints.
+type edsStream struct {
+	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	name   string
+}
+
+func openEDS(t *testing.T, addr, name string) *edsStream {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	return &edsStream{stream: stream, name: name}
+}
+
+// waitFor receives (and ACKs) EDS responses until one has address.
+func (e *edsStream) waitFor(t *testing.T, address string) {
+	t.Helper()
+	deadline := time.AfterFunc(30*time.Second, func() { _ = e.stream.CloseSend() })
+	defer deadline.Stop()
+	for {
+		resp, err := e.stream.Recv()
+		if err != nil {
+			t.Fatalf("waiting for %s in EDS: %v", address, err)
+		}
+		if err := e.stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce, ResourceNames: []string{e.name}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range resp.Resources {
+			var cla endpointv3.ClusterLoadAssignment
+			if err := a.UnmarshalTo(&cla); err != nil {
+				t.Fatal(err)
+			}
+			if containsAddress(&cla, address) {
+				return
+			}
+		}
+	}
+}
+
+func containsAddress(cla *endpointv3.ClusterLoadAssignment, address string) bool {
+	for _, l := range cla.Endpoints {
+		for _, ep := range l.LbEndpoints {
+			if ep.GetEndpoint().GetAddress().GetSocketAddress().GetAddress() == address {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func TestIstioConfigOverDeltaIsRefused(t *testing.T) {
+	_, addr, _ := serveHub(t, Options{})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Delta ServiceEntry subscription: %v; want InvalidArgument", err)
+	}
+}

@@ -1,0 +1,259 @@
+// Package mcp generates Istio config for member istiods (MCP-over-XDS,
+// DESIGN.md §3.7): the federated services as ServiceEntries, each wrapped
+// in an istio.mcp.v1alpha1.Resource envelope, marshalled once per version
+// and shared by every stream. It only builds resources; the hub's xDS
+// watcher decides which stream gets what and when.
+package mcp
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	mcpapi "istio.io/api/mcp/v1alpha1"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// ResourceType is the type URL of every resource in a config response:
+// the envelope istiod unwraps (its body carries the spec's own type).
+const ResourceType = "type.googleapis.com/istio.mcp.v1alpha1.Resource"
+
+// DefaultFederatedDomain is the default suffix of federated hostnames:
+// <name>.<namespace>.svc.clusterset.local, the Kubernetes Multi-Cluster
+// Services convention, which never collides with a member's own
+// svc.cluster.local Services.
+const DefaultFederatedDomain = "clusterset.local"
+
+// Index is what the generator reads: the hub's federated index
+// (hub.Index), every member's view of each federated Service.
+type Index interface {
+	// Hostnames returns every federated hostname.
+	Hostnames() []string
+	// Service returns every member's view of one hostname, by member ID
+	// (shared, read only); nil when none has it.
+	Service(hostname string) map[string]*clusters.Service
+}
+
+// Options configures a Generator.
+type Options struct {
+	// FederatedDomain makes ServiceEntry hosts
+	// <name>.<namespace>.svc.<FederatedDomain>; empty: DefaultFederatedDomain.
+	FederatedDomain string
+	// Network, if set, gives a member's Istio network (the
+	// topology.istio.io/network label of its system namespace); "" for none.
+	Network func(member string) string
+	// Now stamps new objects' create_time; nil: time.Now.
+	Now func() time.Time
+}
+
+// Set is the full state of one config type as istiod receives it: every
+// resource (shared, read only; sorted by name) and a version that
+// changes exactly when a resource is added, removed or changes version.
+type Set struct {
+	Version   string
+	Resources []*anypb.Any
+}
+
+// emptySet answers every kind the hub has nothing of.
+var emptySet = Set{Version: "empty"}
+
+// Generator builds the config sets. It keeps each federated Service's
+// ServiceEntry, marshalled, until its hostname changes (Invalidate), and
+// rebuilds only what changed; a rebuilt entry whose content is the same
+// keeps its version, bytes and create_time. Safe for concurrent use.
+type Generator struct {
+	index   Index
+	domain  string
+	network func(string) string
+	now     func() time.Time
+
+	mu      sync.Mutex
+	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
+	dirty   map[string]struct{} // hostnames changed since the set was built
+	built   bool                // entries reflect the whole index but for dirty
+	set     *Set                // the ServiceEntry set; nil: rebuild from entries
+}
+
+// entry is one generated object, marshalled (immutable, shared).
+type entry struct {
+	name    string // <namespace>/<name>
+	version string // content hash of spec, labels and annotations
+	created time.Time
+	any     *anypb.Any // the envelope
+}
+
+// New creates a Generator reading index.
+func New(index Index, opts Options) *Generator {
+	if opts.FederatedDomain == "" {
+		opts.FederatedDomain = DefaultFederatedDomain
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Generator{index: index, domain: opts.FederatedDomain, network: opts.Network, now: opts.Now, entries: map[string]*entry{}, dirty: map[string]struct{}{}}
+}
+
+// Invalidate records that the federated view of these hostnames changed.
+func (g *Generator) Invalidate(hostnames map[string]struct{}) {
+	if len(hostnames) == 0 {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for h := range hostnames {
+		g.dirty[h] = struct{}{}
+	}
+}
+
+// Set returns the full state of an Istio config type (IsConfigType): the
+// ServiceEntries for networking.istio.io/<any version>/ServiceEntry, an
+// empty set for every other kind. The caller echoes the type URL it was
+// asked for; the resources are the same for every version.
+func (g *Generator) Set(typeURL string) (Set, error) {
+	group, _, kind, ok := typeURLParts(typeURL)
+	if !ok {
+		return Set{}, fmt.Errorf("%q is not an Istio config type URL", typeURL)
+	}
+	if group != groupNetworking || kind != kindServiceEntry {
+		return emptySet, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.refreshLocked(); err != nil {
+		return Set{}, err
+	}
+	if g.set == nil {
+		g.set = g.buildSetLocked()
+	}
+	return *g.set, nil
+}
+
+// refreshLocked rebuilds the entries of the changed hostnames (of every
+// hostname the first time), with g.mu held. Reading the index under g.mu
+// is safe: the index never calls the generator.
+func (g *Generator) refreshLocked() error {
+	hosts := g.dirty
+	if !g.built {
+		hosts = map[string]struct{}{}
+		for _, h := range g.index.Hostnames() {
+			hosts[h] = struct{}{}
+		}
+	}
+	for h := range hosts {
+		changed, err := g.rebuildLocked(h)
+		if err != nil {
+			return err // dirty stays as it is: tried again on the next ask
+		}
+		if changed {
+			g.set = nil
+		}
+	}
+	g.built = true
+	clear(g.dirty)
+	return nil
+}
+
+// rebuildLocked regenerates one hostname's entry and reports whether it
+// changed (appeared, went, or got a new version).
+func (g *Generator) rebuildLocked(host string) (bool, error) {
+	old := g.entries[host]
+	se := buildServiceEntry(g.index.Service(host), g.domain, g.network)
+	if se == nil {
+		delete(g.entries, host)
+		return old != nil, nil
+	}
+	name := se.namespace + "/" + se.name
+	version, err := contentVersion(se)
+	if err != nil {
+		return false, err
+	}
+	if old != nil && old.name == name && old.version == version {
+		return false, nil
+	}
+	created := g.now()
+	if old != nil && old.name == name {
+		created = old.created
+	}
+	e, err := marshalEntry(name, version, created, se)
+	if err != nil {
+		return false, err
+	}
+	g.entries[host] = e
+	return true, nil
+}
+
+// buildSetLocked collects the entries into a set sorted by name.
+func (g *Generator) buildSetLocked() *Set {
+	if len(g.entries) == 0 {
+		return &emptySet
+	}
+	list := make([]*entry, 0, len(g.entries))
+	for _, e := range g.entries {
+		list = append(list, e)
+	}
+	slices.SortFunc(list, func(a, b *entry) int {
+		switch {
+		case a.name < b.name:
+			return -1
+		case a.name > b.name:
+			return 1
+		}
+		return 0
+	})
+	h := sha256.New()
+	set := &Set{Resources: make([]*anypb.Any, len(list))}
+	for i, e := range list {
+		set.Resources[i] = e.any
+		h.Write([]byte(e.name))
+		h.Write([]byte{0})
+		h.Write([]byte(e.version))
+		h.Write([]byte{0})
+	}
+	set.Version = hex.EncodeToString(h.Sum(nil)[:8])
+	return set
+}
+
+// deterministic marshals maps in key order: equal content, equal bytes.
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// contentVersion hashes what istiod compares an object by: its spec,
+// labels and annotations (not its create_time).
+func contentVersion(se *serviceEntry) (string, error) {
+	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: se.labels})
+	if err != nil {
+		return "", fmt.Errorf("marshalling labels of %s/%s: %w", se.namespace, se.name, err)
+	}
+	spec, err := deterministic.Marshal(se.spec)
+	if err != nil {
+		return "", fmt.Errorf("marshalling ServiceEntry %s/%s: %w", se.namespace, se.name, err)
+	}
+	h := sha256.New()
+	h.Write(meta)
+	h.Write([]byte{0})
+	h.Write(spec)
+	return hex.EncodeToString(h.Sum(nil)[:8]), nil
+}
+
+// marshalEntry wraps a spec in its envelope and marshals it once.
+func marshalEntry(name, version string, created time.Time, se *serviceEntry) (*entry, error) {
+	body := &anypb.Any{}
+	if err := anypb.MarshalFrom(body, se.spec, deterministic); err != nil {
+		return nil, fmt.Errorf("marshalling ServiceEntry %s: %w", name, err)
+	}
+	res := &mcpapi.Resource{
+		Metadata: &mcpapi.Metadata{Name: name, Version: version, CreateTime: timestamppb.New(created), Labels: se.labels},
+		Body:     body,
+	}
+	value, err := deterministic.Marshal(res)
+	if err != nil {
+		return nil, fmt.Errorf("marshalling the envelope of %s: %w", name, err)
+	}
+	return &entry{name: name, version: version, created: created, any: &anypb.Any{TypeUrl: ResourceType, Value: value}}, nil
+}

@@ -1,0 +1,193 @@
+package mcp
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	networking "istio.io/api/networking/v1alpha3"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// Names and labels of the generated ServiceEntries (DESIGN.md §3.7).
+const (
+	// NamePrefix starts the name of every generated ServiceEntry: Service
+	// <ns>/<name> becomes ServiceEntry <ns>/hub-<name>. Operators keep the
+	// prefix for the hub: with configSources [k8s://, xds://hub] istiod
+	// keeps its own object when both sources have one of the same
+	// namespace and name.
+	NamePrefix = "hub-"
+	// LabelManagedBy (value ManagedBy) marks every generated object.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "hub"
+	// LabelCluster on each endpoint names the member it is in, as Istio
+	// labels its own endpoints.
+	LabelCluster = "topology.istio.io/cluster"
+)
+
+// serviceEntry is one federated Service as an Istio ServiceEntry.
+type serviceEntry struct {
+	namespace, name string
+	labels          map[string]string
+	spec            *networking.ServiceEntry
+}
+
+// buildServiceEntry turns every member's view of one Service into a
+// ServiceEntry for host <name>.<namespace>.svc.<domain>: MESH_INTERNAL,
+// STATIC, the Service's ports (the union over the members, by number; the
+// first member in ID order names a port), one endpoint per ready address
+// of every member. network gives a member's Istio network ("" or nil:
+// none). Members whose Service opts out (clusters.Service.NotExported)
+// are left out; nil when none is left, or when the Service has no ports.
+func buildServiceEntry(members map[string]*clusters.Service, domain string, network func(string) string) *serviceEntry {
+	ids := make([]string, 0, len(members))
+	for id, svc := range members {
+		if !svc.NotExported {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	slices.Sort(ids)
+	first := members[ids[0]]
+	se := &networking.ServiceEntry{
+		Hosts:      []string{first.Name + "." + first.Namespace + ".svc." + domain},
+		Location:   networking.ServiceEntry_MESH_INTERNAL,
+		Resolution: networking.ServiceEntry_STATIC,
+	}
+	portNames := map[int32]string{} // service port → SE port name
+	taken := map[string]bool{}
+	for _, id := range ids {
+		for _, p := range members[id].Ports {
+			if _, ok := portNames[p.Port]; ok {
+				continue
+			}
+			name := p.Name
+			if name == "" || taken[name] || len(validation.IsDNS1123Label(name)) > 0 {
+				name = fmt.Sprintf("port-%d", p.Port)
+			}
+			if taken[name] {
+				continue // a user port is named port-<this number> for another number
+			}
+			taken[name] = true
+			portNames[p.Port] = name
+			se.Ports = append(se.Ports, &networking.ServicePort{Number: uint32(p.Port), Protocol: protocolOf(p), Name: name})
+		}
+	}
+	if len(se.Ports) == 0 {
+		return nil // istiod refuses a ServiceEntry without ports
+	}
+	slices.SortFunc(se.Ports, func(a, b *networking.ServicePort) int { return int(a.Number) - int(b.Number) })
+	for _, id := range ids {
+		net := ""
+		if network != nil {
+			net = network(id)
+		}
+		byAddr := map[string]*networking.WorkloadEntry{}
+		for _, ep := range members[id].Endpoints {
+			name, ok := portNames[ep.ServicePort]
+			if !ok || ep.Health != clusters.Healthy {
+				continue
+			}
+			we := byAddr[ep.Address]
+			if we == nil {
+				we = &networking.WorkloadEntry{
+					Address:  ep.Address,
+					Ports:    map[string]uint32{},
+					Labels:   map[string]string{LabelCluster: id},
+					Locality: locality(ep.Region, ep.Zone),
+					Network:  net,
+				}
+				byAddr[ep.Address] = we
+			}
+			we.Ports[name] = uint32(ep.Port)
+		}
+		addrs := make([]string, 0, len(byAddr))
+		for a := range byAddr {
+			addrs = append(addrs, a)
+		}
+		slices.Sort(addrs)
+		for _, a := range addrs {
+			se.Endpoints = append(se.Endpoints, byAddr[a])
+		}
+	}
+	return &serviceEntry{
+		namespace: first.Namespace,
+		name:      NamePrefix + first.Name,
+		labels:    map[string]string{LabelManagedBy: ManagedBy},
+		spec:      se,
+	}
+}
+
+// locality is Istio's region/zone form of an endpoint's locality.
+func locality(region, zone string) string {
+	if zone == "" {
+		return region
+	}
+	return region + "/" + zone
+}
+
+// protocolOf reads a Service port's protocol as Istio does
+// (pkg/config/kube ConvertProtocol): UDP stays UDP; else the
+// appProtocol, else the port name's prefix before the first '-'
+// (grpc-web as a whole), names Istio's protocol; else TCP.
+func protocolOf(p clusters.ServicePort) string {
+	if p.Protocol == "UDP" {
+		return "UDP"
+	}
+	if p.AppProtocol != "" {
+		switch p.AppProtocol {
+		case "kubernetes.io/h2c":
+			return "HTTP2"
+		case "kubernetes.io/ws":
+			return "HTTP"
+		case "kubernetes.io/wss":
+			return "HTTPS"
+		}
+		if proto := namedProtocol(p.AppProtocol); proto != "" {
+			return proto
+		}
+	}
+	if proto := namedProtocol(p.Name); proto != "" {
+		return proto
+	}
+	return "TCP"
+}
+
+// namedProtocol is the Istio protocol a port name or appProtocol names
+// by its prefix, or "".
+func namedProtocol(name string) string {
+	const grpcWeb = "grpc-web"
+	if len(name) >= len(grpcWeb) && strings.EqualFold(name[:len(grpcWeb)], grpcWeb) {
+		return "GRPC-Web"
+	}
+	prefix, _, _ := strings.Cut(name, "-")
+	switch strings.ToLower(prefix) {
+	case "tcp":
+		return "TCP"
+	case "udp":
+		return "UDP"
+	case "grpc":
+		return "GRPC"
+	case "http":
+		return "HTTP"
+	case "http_proxy":
+		return "HTTP_PROXY"
+	case "http2":
+		return "HTTP2"
+	case "https":
+		return "HTTPS"
+	case "tls":
+		return "TLS"
+	case "mongo":
+		return "Mongo"
+	case "redis":
+		return "Redis"
+	case "mysql":
+		return "MySQL"
+	}
+	return ""
+}
