@@ -48,6 +48,11 @@ type Options struct {
 	// from the Source's goroutines, concurrently for different kinds, and
 	// must not block.
 	OnChange func(kind string)
+	// MayWrite, when set, tells whether this replica may record Events
+	// (e.g. leader.Elector.IsLeader): a rejection seen while it returns
+	// false is recorded on the object's next change seen as leader. Nil
+	// means always.
+	MayWrite func() bool
 	// Log receives the Source's messages; nil means slog.Default().
 	Log *slog.Logger
 }
@@ -85,7 +90,11 @@ type kindState struct {
 type rejection struct {
 	uid        types.UID
 	generation int64
+	reported   bool // its Event was recorded (or attempted)
 }
+
+// mayWrite reports whether this replica records Events.
+func (s *Source) mayWrite() bool { return s.opts.MayWrite == nil || s.opts.MayWrite() }
 
 // New builds a Source reading the home cluster through cfg.
 func New(cfg *rest.Config, opts Options) (*Source, error) {
@@ -136,7 +145,10 @@ func (s *Source) Run(ctx context.Context) error {
 // see Kinds), sorted by namespace and name. ready is false until the kind
 // is known to be complete: before the first discovery, and while its watch
 // has not synced. A kind the home cluster does not serve is ready and
-// empty. The Objects are shared: do not modify them.
+// empty. While a kind is not ready (its watch is starting, or restarting
+// in another served version) its objects may be incomplete: keep serving
+// what was served before. The Objects are shared: do not modify them. A
+// kind not in Kinds is never ready.
 func (s *Source) Objects(kind string) (objects []Object, ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -393,4 +394,54 @@ func (h *recordingHandler) warnings() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Clone(h.warn)
+}
+
+// A replica that may not write (not the leader) records no Event; it
+// records one on the object's next change once it may.
+func TestRejectionEventsOnlyWhenMayWrite(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home := e.Cluster("home")
+	dyn, kube := clients(t, home)
+	installCRDs(t, dyn, "DestinationRule")
+	ctx := context.Background()
+	ns := "follower"
+	if err := localcluster.EnsureNamespace(ctx, kube, ns); err != nil {
+		t.Fatal(err)
+	}
+	var leader atomic.Bool
+	s, err := New(home.RESTConfig(), Options{Rediscover: 100 * time.Millisecond, MayWrite: leader.Load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+
+	drs := dyn.Resource(drGVR).Namespace(ns)
+	bad := map[string]any{"host": "echo", "trafficPolicy": map[string]any{"connectionPool": map[string]any{"tcp": map[string]any{"idleTimeout": "soon"}}}}
+	if _, err := drs.Create(ctx, istioObject(drGVR, "DestinationRule", ns, "bad", true, bad), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, time.Minute, func() error {
+		if !slices.Contains(kindStatus(s.Status(), drKind).Rejected, ns+"/bad") {
+			return errNotYet
+		}
+		return nil
+	})
+	if n, _ := rejections(ctx, kube, ns, "bad"); n != 0 {
+		t.Errorf("%d Events recorded by a replica that may not write", n)
+	}
+	leader.Store(true)
+	u := mustGet(t, drs, "bad")
+	u.SetAnnotations(map[string]string{"touched": "yes"})
+	if _, err := drs.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, time.Minute, func() error {
+		if n, err := rejections(ctx, kube, ns, "bad"); err != nil || n != 1 {
+			return fmt.Errorf("%d rejection events (%v), want 1", n, err)
+		}
+		return nil
+	})
 }

@@ -115,8 +115,9 @@ func (s *Source) apply(ctx context.Context, w *watcher, k kindInfo, obj any) {
 	if err != nil {
 		delete(st.objects, id)
 		changed = had
-		r := rejection{uid: u.GetUID(), generation: u.GetGeneration()}
-		report = st.rejected[id] != r
+		r := rejection{uid: u.GetUID(), generation: u.GetGeneration(), reported: true}
+		report = st.rejected[id] != r && s.mayWrite()
+		r.reported = report || st.rejected[id] == r
 		st.rejected[id] = r
 	} else {
 		delete(st.rejected, id)
