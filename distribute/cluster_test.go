@@ -162,15 +162,18 @@ func runSource(t *testing.T, c *localcluster.Cluster, log *slog.Logger) (*Source
 	return s, ch
 }
 
-// objectsOf returns a kind's objects by name once it is ready.
-func objectsOf(s *Source, kind string) (map[string]Object, error) {
+// objectsOf returns a kind's objects in namespace ns by name once it is
+// ready (other runs of the tests leave objects in other namespaces).
+func objectsOf(s *Source, kind, ns string) (map[string]Object, error) {
 	objs, ready := s.Objects(kind)
 	if !ready {
 		return nil, fmt.Errorf("%s not ready", kind)
 	}
 	m := map[string]Object{}
 	for _, o := range objs {
-		m[o.Name] = o
+		if o.Namespace == ns {
+			m[o.Name] = o
+		}
 	}
 	return m, nil
 }
@@ -212,4 +215,14 @@ func mustGet(t *testing.T, r dynamic.ResourceInterface, name string) *unstructur
 		t.Fatal(err)
 	}
 	return u
+}
+
+// testNamespace creates a namespace of its own for one run of a test.
+func testNamespace(t *testing.T, kube kubernetes.Interface, prefix string) string {
+	t.Helper()
+	ns := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
+	if err := localcluster.EnsureNamespace(context.Background(), kube, ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
