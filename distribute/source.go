@@ -1,0 +1,182 @@
+// Package distribute is the source of mesh-wide Istio policy authored once:
+// Istio objects in the home cluster labelled hub.federation/distribute=true,
+// in any namespace, of every Istio kind whose CRD the home cluster serves,
+// converted to their istio.io/api protos for the MCP config generator to
+// serve to every member's istiod unchanged (DESIGN.md §3.7).
+//
+// Which kinds are served is asked of the discovery API at start and then
+// every Options.Rediscover (a periodic refresh rather than a CRD informer:
+// it needs no permission on CustomResourceDefinitions, and it sees a kind
+// only once the API server serves it, which a CRD event does not promise).
+// A kind whose CRD is missing is reported in Status and watched once it
+// appears; one whose CRD goes away is dropped. Each served kind is watched
+// by its own dynamic informer restricted to the label. A spec that does not
+// convert is left out and reported on its object as a Warning Event, once
+// per generation.
+package distribute
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Label marks an Istio object of the home cluster for distribution; its
+// value must be "true".
+const Label = "hub.federation/distribute"
+
+// RejectedReason is the reason of the Warning Event recorded on an object
+// whose spec does not convert to its kind's proto.
+const RejectedReason = "DistributionRejected"
+
+// Options configures a Source.
+type Options struct {
+	// Rediscover is how often the discovery API is asked which Istio kinds
+	// the home cluster serves; zero means 30 s.
+	Rediscover time.Duration
+	// OnChange, when set, is called with a kind's name (as in Object.Kind)
+	// when its objects changed or it became ready (Objects). It is called
+	// from the Source's goroutines, concurrently for different kinds, and
+	// must not block.
+	OnChange func(kind string)
+	// MayWrite, when set, tells whether this replica may record Events
+	// (e.g. leader.Elector.IsLeader): a rejection seen while it returns
+	// false is recorded on the object's next change seen as leader. Nil
+	// means always.
+	MayWrite func() bool
+	// Log receives the Source's messages; nil means slog.Default().
+	Log *slog.Logger
+}
+
+// Source watches the home cluster for distributed Istio objects. Create it
+// with New, run it with Run; Objects and Status may be called at any time.
+type Source struct {
+	dyn    dynamic.Interface
+	disco  discovery.DiscoveryInterface
+	kube   kubernetes.Interface
+	opts   Options
+	log    *slog.Logger
+	states map[string]*kindState // every kind of the table, by name; the map is fixed
+
+	mu            sync.Mutex
+	discovered    bool // a discovery succeeded at least once
+	discoveryErr  string
+	lastDiscovery time.Time
+	unsupported   []string // Istio kinds served that the table does not know
+}
+
+// kindState is what the Source knows of one kind; guarded by Source.mu.
+type kindState struct {
+	info     kindInfo
+	w        *watcher // nil while not watched
+	served   string   // group/version watched
+	message  string   // why not watched, or the last error of its watch
+	ready    bool     // its watch synced (or it is not served)
+	objects  map[string]Object
+	rejected map[string]rejection // by namespace/name
+}
+
+// rejection is an object left out, by uid and generation, so that each
+// generation is reported once.
+type rejection struct {
+	uid        types.UID
+	generation int64
+	reported   bool // its Event was recorded (or attempted)
+}
+
+// mayWrite reports whether this replica records Events.
+func (s *Source) mayWrite() bool { return s.opts.MayWrite == nil || s.opts.MayWrite() }
+
+// New builds a Source reading the home cluster through cfg.
+func New(cfg *rest.Config, opts Options) (*Source, error) {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Rediscover <= 0 {
+		opts.Rediscover = 30 * time.Second
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Source{dyn: dyn, disco: disco, kube: kube, opts: opts, log: log.With("component", "distribute"),
+		states: map[string]*kindState{}}
+	for _, k := range kinds {
+		s.states[k.name()] = &kindState{info: k, objects: map[string]Object{}, rejected: map[string]rejection{}}
+	}
+	return s, nil
+}
+
+// Run discovers the served Istio kinds now and every Options.Rediscover,
+// watching each, until ctx is done; it returns after every watch stopped.
+func (s *Source) Run(ctx context.Context) error {
+	defer s.stopAll()
+	t := time.NewTicker(s.opts.Rediscover)
+	defer t.Stop()
+	for {
+		s.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Objects returns the distributed objects of a kind (as istiod names it,
+// see Kinds), sorted by namespace and name. ready is false until the kind
+// is known to be complete: before the first discovery, and while its watch
+// has not synced. A kind the home cluster does not serve is ready and
+// empty. While a kind is not ready (its watch is starting, or restarting
+// in another served version) its objects may be incomplete: keep serving
+// what was served before. The Objects are shared: do not modify them. A
+// kind not in Kinds is never ready.
+func (s *Source) Objects(kind string) (objects []Object, ready bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.states[kind]
+	if st == nil {
+		return nil, false
+	}
+	objects = make([]Object, 0, len(st.objects))
+	for _, o := range st.objects {
+		objects = append(objects, o)
+	}
+	sort.Slice(objects, func(i, j int) bool {
+		if objects[i].Namespace != objects[j].Namespace {
+			return objects[i].Namespace < objects[j].Namespace
+		}
+		return objects[i].Name < objects[j].Name
+	})
+	return objects, s.discovered && st.ready
+}
+
+// notify tells OnChange that kind changed.
+func (s *Source) notify(kind string) {
+	if s.opts.OnChange != nil {
+		s.opts.OnChange(kind)
+	}
+}
+
+// gvr is the resource a kind is watched through, in the served version.
+func (k kindInfo) gvr(version string) schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: k.group, Version: version, Resource: k.resource}
+}
