@@ -42,6 +42,7 @@ type batch struct {
 	// Secret cache (re)synced, or they switched to a new client.
 	members map[string]struct{}
 	roots   bool                   // a trust domain's roots changed
+	kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
 	reviews map[reviewKey]struct{} // access reviews whose decision changed
 	since   time.Time              // when the oldest of these was reported
 }
@@ -53,7 +54,7 @@ type secretRef struct {
 }
 
 func (b *batch) empty() bool {
-	return len(b.hosts) == 0 && len(b.secrets) == 0 && len(b.members) == 0 && !b.roots && len(b.reviews) == 0
+	return len(b.hosts) == 0 && len(b.secrets) == 0 && len(b.members) == 0 && !b.roots && len(b.reviews) == 0 && len(b.kinds) == 0
 }
 
 // merge adds o's changes to b.
@@ -62,6 +63,7 @@ func (b *batch) merge(o *batch) {
 	b.secrets = union(b.secrets, o.secrets)
 	b.members = union(b.members, o.members)
 	b.reviews = union(b.reviews, o.reviews)
+	b.kinds = union(b.kinds, o.kinds)
 	b.roots = b.roots || o.roots
 	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
 		b.since = o.since
@@ -104,6 +106,12 @@ func (c *Changes) SecretChanged(cluster string, key clusters.ServiceKey) {
 // Secrets may have changed.
 func (c *Changes) SecretsSynced(cluster string) {
 	c.report(func(b *batch) { add(&b.members, cluster) })
+}
+
+// ConfigChanged reports that the Istio objects of a kind distributed from
+// the home cluster changed (distribute.Options.OnChange).
+func (c *Changes) ConfigChanged(kind string) {
+	c.report(func(b *batch) { add(&b.kinds, kind) })
 }
 
 // RootsChanged reports that a trust domain's roots changed.

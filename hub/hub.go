@@ -50,6 +50,10 @@ type Options struct {
 	// member istiods: <name>.<namespace>.svc.<FederatedDomain> (empty:
 	// mcp.DefaultFederatedDomain, clusterset.local).
 	FederatedDomain string
+	// Policy, if set, has the Istio objects distributed from the home
+	// cluster (distribute.Source, reporting to Changes): served to member
+	// istiods unchanged.
+	Policy mcp.Policy
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
 	Roots   RootSource
@@ -137,7 +141,7 @@ func New(opts Options) (*Hub, error) {
 		h.index = NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = newGenerator(h.index)
-	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain})
+	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
 	h.watcher.latency = latency

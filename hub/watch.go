@@ -305,7 +305,9 @@ func (w *watcher) push(b *batch) {
 			changedHost(s, host)
 		}
 	}
-	if len(b.hosts) > 0 {
+	if len(b.hosts) > 0 || len(b.kinds) > 0 {
+		// Every wildcard set may have changed (Istio config's too): those
+		// whose set version did not are skipped below.
 		for s := range w.byType {
 			changedAll(s)
 		}

@@ -1,7 +1,8 @@
 // Package mcp generates Istio config for member istiods (MCP-over-XDS,
-// DESIGN.md §3.7): the federated services as ServiceEntries, each wrapped
-// in an istio.mcp.v1alpha1.Resource envelope, marshalled once per version
-// and shared by every stream. It only builds resources; the hub's xDS
+// DESIGN.md §3.7): the federated services as ServiceEntries and the Istio
+// objects distributed from the home cluster, each wrapped in an
+// istio.mcp.v1alpha1.Resource envelope, marshalled once per version and
+// shared by every stream. It only builds resources; the hub's xDS
 // watcher decides which stream gets what and when.
 package mcp
 
@@ -10,6 +11,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	mcpapi "istio.io/api/mcp/v1alpha1"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 )
 
 // ResourceType is the type URL of every resource in a config response:
@@ -51,6 +54,9 @@ type Options struct {
 	Network func(member string) string
 	// Now stamps new objects' create_time; nil: time.Now.
 	Now func() time.Time
+	// Policy, if set, has the Istio objects distributed from the home
+	// cluster: served unchanged, each under its kind.
+	Policy Policy
 }
 
 // Set is the full state of one config type as istiod receives it: every
@@ -73,12 +79,15 @@ type Generator struct {
 	domain  string
 	network func(string) string
 	now     func() time.Time
+	policy  Policy
 
 	mu      sync.Mutex
 	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
 	dirty   map[string]struct{} // hostnames changed since the set was built
 	built   bool                // entries reflect the whole index but for dirty
 	set     *Set                // the ServiceEntry set; nil: rebuild from entries
+	// policyKinds are the distributed objects by kind (distribute.CanonicalKind).
+	policyKinds map[string]*policyKind
 }
 
 // entry is one generated object, marshalled (immutable, shared).
@@ -97,7 +106,8 @@ func New(index Index, opts Options) *Generator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Generator{index: index, domain: opts.FederatedDomain, network: opts.Network, now: opts.Now, entries: map[string]*entry{}, dirty: map[string]struct{}{}}
+	return &Generator{index: index, domain: opts.FederatedDomain, network: opts.Network, now: opts.Now, policy: opts.Policy,
+		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{}}
 }
 
 // Invalidate records that the federated view of these hostnames changed.
@@ -112,27 +122,39 @@ func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 	}
 }
 
-// Set returns the full state of an Istio config type (IsConfigType): the
-// ServiceEntries for networking.istio.io/<any version>/ServiceEntry, an
-// empty set for every other kind. The caller echoes the type URL it was
-// asked for; the resources are the same for every version.
+// Set returns the full state of an Istio config type (IsConfigType): for
+// networking.istio.io/<any version>/ServiceEntry the federated
+// ServiceEntries, and for every kind the objects distributed from the home
+// cluster (Options.Policy); an empty set for a kind with neither. The
+// caller echoes the type URL it was asked for; the resources are the same
+// for every version.
 func (g *Generator) Set(typeURL string) (Set, error) {
-	group, _, kind, ok := typeURLParts(typeURL)
+	group, _, kindName, ok := typeURLParts(typeURL)
 	if !ok {
 		return Set{}, fmt.Errorf("%q is not an Istio config type URL", typeURL)
 	}
-	if group != groupNetworking || kind != kindServiceEntry {
-		return emptySet, nil
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	var distributed []*entry
+	if kind, known := distribute.CanonicalKind(typeURL); known {
+		var err error
+		if distributed, err = g.policyEntriesLocked(kind); err != nil {
+			return Set{}, err
+		}
+	}
+	if group != groupNetworking || kindName != kindServiceEntry {
+		return *setOf(distributed), nil
+	}
 	if err := g.refreshLocked(); err != nil {
 		return Set{}, err
 	}
 	if g.set == nil {
 		g.set = g.buildSetLocked()
 	}
-	return *g.set, nil
+	if len(distributed) == 0 {
+		return *g.set, nil
+	}
+	return *setOf(merge(g.sortedEntriesLocked(), distributed)), nil
 }
 
 // refreshLocked rebuilds the entries of the changed hostnames (of every
@@ -190,34 +212,16 @@ func (g *Generator) rebuildLocked(host string) (bool, error) {
 }
 
 // buildSetLocked collects the entries into a set sorted by name.
-func (g *Generator) buildSetLocked() *Set {
-	if len(g.entries) == 0 {
-		return &emptySet
-	}
+func (g *Generator) buildSetLocked() *Set { return setOf(g.sortedEntriesLocked()) }
+
+// sortedEntriesLocked lists the federated ServiceEntries sorted by name.
+func (g *Generator) sortedEntriesLocked() []*entry {
 	list := make([]*entry, 0, len(g.entries))
 	for _, e := range g.entries {
 		list = append(list, e)
 	}
-	slices.SortFunc(list, func(a, b *entry) int {
-		switch {
-		case a.name < b.name:
-			return -1
-		case a.name > b.name:
-			return 1
-		}
-		return 0
-	})
-	h := sha256.New()
-	set := &Set{Resources: make([]*anypb.Any, len(list))}
-	for i, e := range list {
-		set.Resources[i] = e.any
-		h.Write([]byte(e.name))
-		h.Write([]byte{0})
-		h.Write([]byte(e.version))
-		h.Write([]byte{0})
-	}
-	set.Version = hex.EncodeToString(h.Sum(nil)[:8])
-	return set
+	slices.SortFunc(list, func(a, b *entry) int { return strings.Compare(a.name, b.name) })
+	return list
 }
 
 // deterministic marshals maps in key order: equal content, equal bytes.

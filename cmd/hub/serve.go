@@ -21,6 +21,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/internal/leader"
 	"github.com/hubmesh/hub/trust"
@@ -38,10 +39,13 @@ import (
 //  4. trust federation, reporting root changes to the feed;
 //  5. the member registry, delivering services to the index and Secret
 //     changes to the feed;
-//  6. the hub, consuming the feed and serving the index, with the registry
+//  6. the Istio objects labelled for distribution in the home cluster
+//     (distribute.Source), reporting changed kinds to the feed;
+//  7. the hub, consuming the feed and serving the index, with the registry
 //     as its Secret source, access authorizer, token reviewer and
-//     readiness, and trust federation as its roots;
-//  7. the admin server: the REST API (package api) and the dashboard
+//     readiness, trust federation as its roots, and the distributed
+//     objects as Istio config for member istiods;
+//  8. the admin server: the REST API (package api) and the dashboard
 //     (package web) on one router.
 //
 // Then the listeners open and everything runs until ctx is done.
@@ -98,10 +102,15 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	distributed, err := distribute.New(home, distribute.Options{OnChange: changes.ConfigChanged, MayWrite: elector.IsLeader, Log: log})
+	if err != nil {
+		return fmt.Errorf("watching Istio objects to distribute: %w", err)
+	}
 	h, err := hub.New(hub.Options{
 		Changes:             changes,
 		Index:               index,
 		FederatedDomain:     cfg.federatedDomain,
+		Policy:              distributed,
 		Secrets:             registry,
 		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
@@ -220,6 +229,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	run(&coreParts, "index", func() error { h.Run(coreCtx); return nil })
 	run(&coreParts, "registry", func() error { return registry.Run(coreCtx) })
 	run(&coreParts, "trust", func() error { return fed.Run(coreCtx) })
+	run(&coreParts, "distribute", func() error { return distributed.Run(coreCtx) })
 	run(&coreParts, "leader election", func() error { return elector.Run(coreCtx) })
 	run(&xdsParts, "xds", func() error { return h.ServeADS(xdsCtx, listeners["xds"], nil) })
 	if l := listeners["xds-tls"]; l != nil {
