@@ -2,9 +2,10 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 K8S_BIN      = internal/localcluster/k8sbin/build.sh
+ISTIOD_BIN   = e2e/interop/build-istiod.sh
 NETNS        = internal/localcluster/netns.sh
 
-.PHONY: all build demo test lint unit k8s-bin bench clean
+.PHONY: all build demo test lint unit k8s-bin istiod-bin bench clean
 
 all: build
 
@@ -14,6 +15,11 @@ build:
 # Kubernetes binaries for local clusters (cached outside the repo).
 k8s-bin:
 	$(K8S_BIN)
+
+# Istio's pilot-discovery (istiod) from e2e/interop's Istio module, for the
+# MCP-over-XDS e2e tests (cached outside the repo; prints the binary's path).
+istiod-bin:
+	$(ISTIOD_BIN)
 
 # Three real local clusters, sample workloads and the hub on them.
 demo: build
@@ -27,9 +33,11 @@ lint:
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
 # address. Modules and binaries are fetched and built first, outside it:
-# also Istio's adsc client (e2e/interop, its own module) for the e2e tests.
+# also Istio's adsc client and istiod (e2e/interop, its own module) for the
+# e2e tests.
 test: lint
 	export HUB_K8S_BIN_DIR=$$($(K8S_BIN)) && \
+	HUB_ISTIOD_BIN=$$($(ISTIOD_BIN)) && export HUB_ISTIOD_BIN && \
 	(cd e2e/interop && $(GO) vet ./... && $(GO) build -o $(abspath bin)/adscclient ./cmd/adscclient) && \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient && \
 	$(GO) build ./... && $(GO) test -race -count=1 -exec /bin/true ./... >/dev/null && \

@@ -29,6 +29,8 @@
 // ignores. So the connection is made with Config.GrpcOpts and transport
 // credentials that present --cert/--key like adsc's CertDir does and verify
 // the server's chain against --ca and its URI SAN against --server-spiffe-id.
+// With --plaintext it connects without TLS instead (istiod's plaintext xDS
+// port, as a sidecar in the istiod tests).
 package main
 
 import (
@@ -57,6 +59,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"istio.io/istio/pilot/pkg/model"
@@ -78,7 +81,7 @@ func main() {
 
 type options struct {
 	addr, cert, key, ca, serverID string
-	delta, follow                 bool
+	delta, follow, plaintext      bool
 	nodeID, clusterID, namespace  string
 	watch                         string
 	timeout                       time.Duration
@@ -87,7 +90,8 @@ type options struct {
 
 func run() int {
 	var o options
-	flag.StringVar(&o.addr, "addr", "", "xDS server host:port (mTLS)")
+	flag.StringVar(&o.addr, "addr", "", "xDS server host:port (mTLS, or plaintext with --plaintext)")
+	flag.BoolVar(&o.plaintext, "plaintext", false, "connect without TLS (e.g. to istiod's plaintext xDS port); --cert, --key, --ca and --server-spiffe-id are then not used")
 	flag.StringVar(&o.cert, "cert", "", "PEM file: client X.509-SVID chain (leaf first)")
 	flag.StringVar(&o.key, "key", "", "PEM file: the SVID's private key")
 	flag.StringVar(&o.ca, "ca", "", "PEM file: trust bundle roots that verify the server")
@@ -188,8 +192,15 @@ func run() int {
 // and mTLS through GrpcOpts (see the package comment for why not CertDir).
 // tlsErr returns the last failed server verification, if any.
 func adscConfig(o options) (cfg adsc.Config, tlsErr func() error, err error) {
-	if o.addr == "" || o.cert == "" || o.key == "" || o.ca == "" || o.serverID == "" {
-		return cfg, nil, errors.New("--addr, --cert, --key, --ca and --server-spiffe-id are required (mTLS only)")
+	if o.addr == "" {
+		return cfg, nil, errors.New("--addr is required")
+	}
+	if o.plaintext {
+		if o.cert != "" || o.key != "" || o.ca != "" || o.serverID != "" {
+			return cfg, nil, errors.New("--plaintext takes no --cert, --key, --ca or --server-spiffe-id")
+		}
+	} else if o.cert == "" || o.key == "" || o.ca == "" || o.serverID == "" {
+		return cfg, nil, errors.New("--cert, --key, --ca and --server-spiffe-id are required (mTLS), unless --plaintext")
 	}
 	if o.nodeID != "" {
 		nt, ip, workload, ns, err := parseNodeID(o.nodeID)
@@ -216,6 +227,10 @@ func adscConfig(o options) (cfg adsc.Config, tlsErr func() error, err error) {
 	}
 	cfg.Meta = s
 	cfg.ClientName = "adscclient"
+	if o.plaintext {
+		cfg.GrpcOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		return cfg, func() error { return nil }, nil
+	}
 	tlsCfg, tlsErr, err := clientTLS(o.cert, o.key, o.ca, o.serverID)
 	if err != nil {
 		return cfg, nil, err
