@@ -1,0 +1,121 @@
+package e2e
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// TestIstiodTakesFederationFromHub (issue 14): a real istiod (pilot-discovery
+// built from the Istio module of e2e/interop) runs against member east's
+// API server with configSources [k8s://, xds://<hub>]. The hub federates
+// echo, a Service of two other members (the home cluster, a member too, and
+// west); an xDS client of that istiod (Istio's adsc as a sidecar) receives
+// the cluster outbound|8080||echo.<ns>.svc.clusterset.local with both
+// members' backends; an EndpointSlice change in west reaches it through the
+// hub and istiod; a PeerAuthentication labelled for distribution in the
+// home cluster appears in istiod's /debug/configz and goes when the label
+// goes; the Service removed in both members disappears from istiod.
+func TestIstiodTakesFederationFromHub(t *testing.T) {
+	istiodBin(t)
+	adscBin(t) // skip (or fail in CI) before setting anything up
+	e := localcluster.Require(t, env)
+	ctx := testContext(t)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	ns := "mcp-" + rand.String(5)
+	backends := map[*localcluster.Cluster][]localcluster.Backend{
+		home: {{IP: "198.18.41.1", Port: 8080}},
+		west: {{IP: "198.18.40.1", Port: 8080}},
+	}
+	for c, b := range backends {
+		kc := client(t, c)
+		if err := localcluster.EnsureNamespace(ctx, kc, ns); err != nil {
+			t.Fatal(err)
+		}
+		if err := localcluster.ApplyService(ctx, kc, ns, "echo", "http", 8080, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hubNS := hubNamespace(t, home)
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, localcluster.RemoteSecret(hubNS, "members", map[string][]byte{
+		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test")
+	eventually(t, 60*time.Second, func() error {
+		if cl := h.clusters(t); cl[west.Name].State != "Ready" || cl[east.Name].State != "Ready" {
+			return fmt.Errorf("members: %+v", cl)
+		}
+		return nil
+	})
+
+	installIstioCRDs(t, home) // the distributed policy is authored there
+	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, {Address: "xds://" + h.xdsAddr}}})
+	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
+	if se.Metadata.Labels["app.kubernetes.io/managed-by"] != "hub" {
+		t.Errorf("the federated ServiceEntry in istiod has labels %v; want app.kubernetes.io/managed-by=hub", se.Metadata.Labels)
+	}
+
+	sidecar := startAdsc(t, "mcp-sidecar", "--plaintext", "--addr", p.XDSAddr, "--watch", "cds", "--follow",
+		"--node-id", fmt.Sprintf("sidecar~198.18.0.9~client.%s~%s.svc.cluster.local", ns, ns), "--cluster-id", east.Name)
+	cluster := fmt.Sprintf("outbound|8080||echo.%s.svc.clusterset.local", ns)
+	hasEndpoints := func(want ...string) func(adscLine) bool {
+		return func(l adscLine) bool {
+			return l.Type == "eds" && l.Cluster == cluster && slices.Equal(l.Endpoints, want)
+		}
+	}
+	sidecar.waitLine(t, 2*time.Minute, cluster+" with both members' backends", hasEndpoints("198.18.40.1:8080", "198.18.41.1:8080"))
+
+	// An EndpointSlice change in one member reaches istiod's client.
+	mark := sidecar.mark()
+	if err := localcluster.ApplyEndpoints(ctx, client(t, west), ns, "echo", "http",
+		[]localcluster.Backend{{IP: "198.18.40.1", Port: 8080}, {IP: "198.18.40.2", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	sidecar.waitLineAfter(t, mark, time.Minute, cluster+" with west's new backend",
+		hasEndpoints("198.18.40.1:8080", "198.18.40.2:8080", "198.18.41.1:8080"))
+
+	// Mesh-wide policy authored once in the home cluster (istiod runs in
+	// east: it can have it only from the hub, which discovers the kind
+	// within 30 s of its CRD).
+	dc, err := dynamic.NewForConfig(home.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	paGVR := schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"}
+	pa := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "security.istio.io/v1",
+		"kind":       "PeerAuthentication",
+		"metadata":   map[string]any{"name": "strict", "namespace": ns, "labels": map[string]any{"hub.federation/distribute": "true"}},
+		"spec":       map[string]any{"mtls": map[string]any{"mode": "STRICT"}},
+	}}
+	created, err := dc.Resource(paGVR).Namespace(ns).Create(ctx, pa, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating PeerAuthentication: %v", err)
+	}
+	t.Cleanup(func() { _ = dc.Resource(paGVR).Namespace(ns).Delete(ctx, "strict", metav1.DeleteOptions{}) })
+	p.waitConfig(t, 2*time.Minute, "PeerAuthentication/"+ns+"/strict", false)
+	unlabelled := created.DeepCopy()
+	unlabelled.SetLabels(nil)
+	if _, err := dc.Resource(paGVR).Namespace(ns).Update(ctx, unlabelled, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("removing the distribution label: %v", err)
+	}
+	p.waitConfig(t, 2*time.Minute, "PeerAuthentication/"+ns+"/strict", true)
+
+	// The Service removed in both members goes from istiod.
+	for c := range backends {
+		if err := client(t, c).CoreV1().Services(ns).Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", true)
+}
