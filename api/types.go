@@ -94,15 +94,19 @@ type TypeStatus struct {
 
 // Proxy is a connected xDS client (one ADS stream).
 type Proxy struct {
-	ID          string       `json:"id"`
-	Stream      int64        `json:"stream"`
-	Cluster     string       `json:"cluster"`
-	Namespace   string       `json:"namespace"`
-	Address     string       `json:"address"`
-	Identity    string       `json:"identity,omitempty"` // verified SPIFFE ID (client certificate or service-account token)
-	Warning     string       `json:"warning,omitempty"`  // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
-	ConnectedAt *time.Time   `json:"connectedAt"`
-	Types       []TypeStatus `json:"types"`
+	ID        string `json:"id"`
+	Stream    int64  `json:"stream"`
+	Cluster   string `json:"cluster"`
+	Namespace string `json:"namespace"`
+	Address   string `json:"address"`
+	Identity  string `json:"identity,omitempty"` // verified SPIFFE ID (client certificate or service-account token)
+	// ConfigSubscriber: an istiod reading Istio config (MCP-over-XDS), not
+	// a proxy; IstioVersion: its ISTIO_VERSION, as it sent it.
+	ConfigSubscriber bool         `json:"configSubscriber,omitempty"`
+	IstioVersion     string       `json:"istioVersion,omitempty"`
+	Warning          string       `json:"warning,omitempty"` // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
+	ConnectedAt      *time.Time   `json:"connectedAt"`
+	Types            []TypeStatus `json:"types"`
 }
 
 // MaxNackError bounds the NACK text a proxy status shows: the text is the
@@ -112,7 +116,8 @@ const MaxNackError = 1024
 // ToProxy converts a proxy status.
 func ToProxy(p hub.ProxyStatus) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
-		Identity: p.Identity, Warning: p.Warning, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
+		Identity: p.Identity, ConfigSubscriber: p.ConfigSubscriber, IstioVersion: p.IstioVersion,
+		Warning: p.Warning, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
 	for _, t := range p.Types {
 		out.Types = append(out.Types, TypeStatus{
 			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -74,6 +75,24 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 		}
 	}
 	sidecar.waitLine(t, 2*time.Minute, cluster+" with both members' backends", hasEndpoints("198.18.40.1:8080", "198.18.41.1:8080"))
+
+	// The istiod is listed as a config subscriber, with its version; MCP
+	// pushes are counted in bytes.
+	var list struct{ Items []api.Proxy }
+	h.getJSON(t, "/api/v1/proxies", &list)
+	proxies := list.Items
+	var istiod *api.Proxy
+	for i := range proxies {
+		if proxies[i].ConfigSubscriber {
+			istiod = &proxies[i]
+		}
+	}
+	if istiod == nil || istiod.IstioVersion == "" || len(istiod.Types) < 16 {
+		t.Errorf("GET /api/v1/proxies lists no config subscriber with its Istio version and 16 types: %+v", proxies)
+	}
+	if v := metric(t, h, `hub_xds_response_bytes_total{type="MCP"}`); v == "" || v == "0" {
+		t.Errorf("hub_xds_response_bytes_total{type=\"MCP\"} = %q", v)
+	}
 
 	// An EndpointSlice change in one member reaches istiod's client.
 	mark := sidecar.mark()

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hubmesh/hub/mcp"
 )
 
 // latencyBuckets are the upper bounds, in seconds, of push latency: from
@@ -63,14 +65,18 @@ func (l *pushLatency) observe(typeURL string, since time.Time) {
 	period := now.UnixNano() / int64(latencySlot)
 	i := period % latencySlots
 	l.mu.Lock()
-	o := l.byType[typeURL]
+	key := typeURL
+	if mcp.IsConfigType(typeURL) {
+		key = configLabel // one series for every Istio config type
+	}
+	o := l.byType[key]
 	if o == nil {
-		if !servedTypes[typeURL] {
+		if key == typeURL && !servedTypes[typeURL] {
 			l.mu.Unlock()
 			return // never pushed; and no series for a type a client invents
 		}
 		o = l.hist.WithLabelValues(shortType(typeURL))
-		l.byType[typeURL] = o
+		l.byType[key] = o
 	}
 	if l.slotAt[i] != period {
 		l.slotAt[i] = period

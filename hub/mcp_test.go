@@ -180,6 +180,16 @@ func TestIstiodConfigSource(t *testing.T) {
 		t.Errorf("endpoints %v, want %v", got, want)
 	}
 	version := metas["demo/hub-echo"].Version
+	// It is listed as a config subscriber, with its Istio version.
+	var listed bool
+	for _, p := range h.Proxies() {
+		if p.ConfigSubscriber && p.IstioVersion == "1.31.1" && len(p.Types) == len(istiodConfigTypes) {
+			listed = true
+		}
+	}
+	if !listed {
+		t.Errorf("the istiod stream is not listed as a config subscriber with its version and %d types: %+v", len(istiodConfigTypes), h.Proxies())
+	}
 
 	// A draining endpoint changes what Envoy gets (EDS) but not the
 	// ServiceEntry (ready endpoints only): no config response. An Envoy

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/mcp"
@@ -50,6 +51,11 @@ type ProxyStatus struct {
 	Namespace string // node metadata NAMESPACE
 	Address   string // peer address
 	Identity  string // SPIFFE ID of a verified client certificate, if any
+	// ConfigSubscriber says the stream is an istiod reading Istio config
+	// (node metadata GENERATOR=api, DESIGN.md §3.7), not a proxy;
+	// IstioVersion is its ISTIO_VERSION metadata (as sent, truncated).
+	ConfigSubscriber bool
+	IstioVersion     string
 	// Warning says why the proxy gets less than it asks for, e.g. a member
 	// claim that its credential does not prove.
 	Warning     string
@@ -88,6 +94,7 @@ type proxyTracker struct {
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
+	bytes     *prometheus.CounterVec
 	nacks     *prometheus.CounterVec
 }
 
@@ -126,6 +133,9 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 		responses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_responses_total", Help: "xDS responses sent, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_xds_response_bytes_total", Help: "Bytes of the xDS responses sent (encoded messages), by type (\"MCP\" for Istio config, \"other\" for a type the hub does not serve).",
+		}, []string{"type"}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
@@ -133,7 +143,7 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 }
 
 func (p *proxyTracker) collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.connected, p.responses, p.nacks}
+	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks}
 }
 
 // shortType is the last path element of a type URL, e.g. "Cluster";
@@ -397,6 +407,8 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 		if st.status.ID == "" {
 			st.status.ID = node.GetId()
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
+			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
+			st.status.IstioVersion = truncate(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		if p.identify != nil {
@@ -423,6 +435,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 }
 
 func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	if st == nil {
 		return
@@ -448,6 +461,7 @@ func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discover
 }
 
 func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	if st == nil {
 		return
