@@ -25,7 +25,9 @@ import (
 // members' backends; an EndpointSlice change in west reaches it through the
 // hub and istiod; a PeerAuthentication labelled for distribution in the
 // home cluster appears in istiod's /debug/configz and goes when the label
-// goes; the Service removed in both members disappears from istiod.
+// goes; the hub restarted under istiod: istiod keeps its config while the
+// hub is down and resyncs after; the Service removed in both members
+// disappears from istiod.
 func TestIstiodTakesFederationFromHub(t *testing.T) {
 	istiodBin(t)
 	adscBin(t) // skip (or fail in CI) before setting anything up
@@ -129,6 +131,24 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 		t.Fatalf("removing the distribution label: %v", err)
 	}
 	p.waitConfig(t, 2*time.Minute, "PeerAuthentication/"+ns+"/strict", true)
+
+	// The hub restarted under istiod: istiod keeps its config while the hub
+	// is down (its client still holds the endpoints), reconnects, and
+	// resyncs what changed meanwhile.
+	addr := h.xdsAddr
+	h.stop(t)
+	if err := localcluster.ApplyEndpoints(ctx, client(t, west), ns, "echo", "http",
+		[]localcluster.Backend{{IP: "198.18.40.3", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.configz(); err != nil {
+		t.Fatalf("istiod while the hub is down: %v", err)
+	}
+	p.waitConfig(t, time.Second, "ServiceEntry/"+ns+"/hub-echo", false) // still there
+	mark = sidecar.mark()
+	startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test", "--xds-addr", addr)
+	sidecar.waitLineAfter(t, mark, 2*time.Minute, cluster+" resynced after the hub's restart",
+		hasEndpoints("198.18.40.3:8080", "198.18.41.1:8080"))
 
 	// The Service removed in both members goes from istiod.
 	for c := range backends {
