@@ -71,6 +71,8 @@ type Cluster struct {
 	services   corelisters.ServiceLister
 	slices     discoverylisters.EndpointSliceLister
 	nodes      corelisters.NodeLister
+	system     informers.SharedInformerFactory // the system namespace alone (network)
+	namespaces corelisters.NamespaceLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[ServiceKey]
 
@@ -147,6 +149,22 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	if c.secrets, err = newSecretController(client, onSecret); err != nil {
 		return nil, err
 	}
+	// The member's Istio network, from its system namespace alone (a field
+	// selector: RBAC can grant exactly that namespace). It does not hold
+	// up the sync: until it is listed, or when it may not be read, the
+	// member has no network.
+	c.system = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = "metadata.name=" + SystemNamespace
+	}))
+	nsInf := c.system.Core().V1().Namespaces()
+	c.namespaces = nsInf.Lister()
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.enqueueAll() },
+		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
+		DeleteFunc: func(any) { c.enqueueAll() },
+	}); err != nil {
+		return nil, fmt.Errorf("adding event handler: %w", err)
+	}
 	svcInf := c.factory.Core().V1().Services()
 	sliceInf := c.factory.Discovery().V1().EndpointSlices()
 	nodeInf := c.factory.Core().V1().Nodes()
@@ -211,6 +229,7 @@ func (c *Cluster) stop() {
 	c.queue.ShutDown()
 	<-c.done
 	c.factory.Shutdown()
+	c.system.Shutdown()
 	c.secrets.factory.Shutdown()
 	c.conns.closeAll()
 }
@@ -218,6 +237,7 @@ func (c *Cluster) stop() {
 func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
+	c.system.Start(ctx.Done())
 	c.secrets.factory.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -508,12 +528,42 @@ func (c *Cluster) processNext() bool {
 
 func (c *Cluster) build(svc *corev1.Service) *Service {
 	slices, _ := c.slices.EndpointSlices(svc.Namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
-	return buildService(svc, slices, func(name string) map[string]string {
+	out := buildService(svc, slices, func(name string) map[string]string {
 		if n, err := c.nodes.Get(name); err == nil {
 			return n.Labels
 		}
 		return nil
 	})
+	out.Network = c.network()
+	return out
+}
+
+// SystemNamespace is the namespace whose topology.istio.io/network label
+// names a member's Istio network, as istiod reads it.
+const SystemNamespace = "istio-system"
+
+// LabelNetwork is the label of a member's system namespace naming its
+// Istio network.
+const LabelNetwork = "topology.istio.io/network"
+
+// network is the member's Istio network, "" until its system namespace is
+// listed or when it has no label.
+func (c *Cluster) network() string {
+	ns, err := c.namespaces.Get(SystemNamespace)
+	if err != nil {
+		return ""
+	}
+	return ns.Labels[LabelNetwork]
+}
+
+// networkChanged rebuilds every Service when the system namespace's
+// network label changed (its other updates change nothing here).
+func (c *Cluster) networkChanged(old, cur any) {
+	o, ok1 := old.(*corev1.Namespace)
+	n, ok2 := cur.(*corev1.Namespace)
+	if !ok1 || !ok2 || o.Labels[LabelNetwork] != n.Labels[LabelNetwork] {
+		c.enqueueAll()
+	}
 }
 
 func (c *Cluster) enqueueAll() {

@@ -37,6 +37,8 @@ type viewService struct {
 	Endpoints []viewEndpoint `json:"e,omitempty"`
 	// NotExported is Service.NotExported (absent: exported).
 	NotExported bool `json:"x,omitempty"`
+	// Network is Service.Network (absent: none).
+	Network string `json:"w,omitempty"`
 }
 
 type viewPort struct {
@@ -67,7 +69,7 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	})
 	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
 	for _, s := range sorted {
-		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported}
+		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network}
 		if len(s.Ports) > 0 {
 			vs.Ports = make([]viewPort, len(s.Ports))
 			for i, p := range s.Ports {
@@ -101,7 +103,7 @@ func decodeView(data []byte) ([]*Service, error) {
 	}
 	out := make([]*Service, 0, len(doc.Services))
 	for _, vs := range doc.Services {
-		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported}
+		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network}
 		if len(vs.Ports) > 0 {
 			s.Ports = make([]ServicePort, len(vs.Ports))
 			for i, p := range vs.Ports {

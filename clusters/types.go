@@ -22,6 +22,9 @@ type Service struct {
 	// "false" (LabelExport): it is not offered to other members' istiods
 	// as config (DESIGN.md §3.7).
 	NotExported bool
+	// Network is the member's Istio network: the topology.istio.io/network
+	// label of its system namespace (SystemNamespace), "" when unset.
+	Network string
 }
 
 // LabelExport on a Service set to "false" keeps it out of the config the

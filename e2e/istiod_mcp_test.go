@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -48,6 +50,24 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// west is in Istio network net-west (its istio-system namespace's label).
+	wc := client(t, west)
+	if _, err := wc.CoreV1().Namespaces().Get(ctx, "istio-system", metav1.GetOptions{}); err != nil {
+		if err := localcluster.EnsureNamespace(ctx, wc, "istio-system"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys, err := wc.CoreV1().Namespaces().Get(ctx, "istio-system", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys.Labels == nil {
+		sys.Labels = map[string]string{}
+	}
+	sys.Labels["topology.istio.io/network"] = "net-west"
+	if _, err := wc.CoreV1().Namespaces().Update(ctx, sys, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	hubNS := hubNamespace(t, home)
 	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, localcluster.RemoteSecret(hubNS, "members", map[string][]byte{
 		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
@@ -66,6 +86,22 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
 	if se.Metadata.Labels["app.kubernetes.io/managed-by"] != "hub" {
 		t.Errorf("the federated ServiceEntry in istiod has labels %v; want app.kubernetes.io/managed-by=hub", se.Metadata.Labels)
+	}
+	var spec struct {
+		Endpoints []struct {
+			Address, Network string
+			Labels           map[string]string
+		}
+	}
+	if err := json.Unmarshal(se.Spec, &spec); err != nil {
+		t.Fatalf("the ServiceEntry's spec in configz: %v", err)
+	}
+	networks := map[string]string{}
+	for _, ep := range spec.Endpoints {
+		networks[ep.Labels["topology.istio.io/cluster"]+"="+ep.Address] = ep.Network
+	}
+	if want := map[string]string{west.Name + "=198.18.40.1": "net-west", home.Name + "=198.18.41.1": ""}; !maps.Equal(networks, want) {
+		t.Errorf("ServiceEntry endpoints (member=address → network) %v; want %v", networks, want)
 	}
 
 	sidecar := startAdsc(t, "mcp-sidecar", "--plaintext", "--addr", p.XDSAddr, "--watch", "cds", "--follow",

@@ -49,9 +49,6 @@ type Options struct {
 	// FederatedDomain makes ServiceEntry hosts
 	// <name>.<namespace>.svc.<FederatedDomain>; empty: DefaultFederatedDomain.
 	FederatedDomain string
-	// Network, if set, gives a member's Istio network (the
-	// topology.istio.io/network label of its system namespace); "" for none.
-	Network func(member string) string
 	// Now stamps new objects' create_time; nil: time.Now.
 	Now func() time.Time
 	// Policy, if set, has the Istio objects distributed from the home
@@ -75,11 +72,10 @@ var emptySet = Set{Version: "empty"}
 // rebuilds only what changed; a rebuilt entry whose content is the same
 // keeps its version, bytes and create_time. Safe for concurrent use.
 type Generator struct {
-	index   Index
-	domain  string
-	network func(string) string
-	now     func() time.Time
-	policy  Policy
+	index  Index
+	domain string
+	now    func() time.Time
+	policy Policy
 
 	mu      sync.Mutex
 	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
@@ -106,7 +102,7 @@ func New(index Index, opts Options) *Generator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Generator{index: index, domain: opts.FederatedDomain, network: opts.Network, now: opts.Now, policy: opts.Policy,
+	return &Generator{index: index, domain: opts.FederatedDomain, now: opts.Now, policy: opts.Policy,
 		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{}}
 }
 
@@ -186,7 +182,7 @@ func (g *Generator) refreshLocked() error {
 // changed (appeared, went, or got a new version).
 func (g *Generator) rebuildLocked(host string) (bool, error) {
 	old := g.entries[host]
-	se := buildServiceEntry(g.index.Service(host), g.domain, g.network)
+	se := buildServiceEntry(g.index.Service(host), g.domain)
 	if se == nil {
 		delete(g.entries, host)
 		return old != nil, nil

@@ -38,10 +38,10 @@ type serviceEntry struct {
 // ServiceEntry for host <name>.<namespace>.svc.<domain>: MESH_INTERNAL,
 // STATIC, the Service's ports (the union over the members, by number; the
 // first member in ID order names a port), one endpoint per ready address
-// of every member. network gives a member's Istio network ("" or nil:
-// none). Members whose Service opts out (clusters.Service.NotExported)
+// of every member, in the member's Istio network (clusters.Service.Network,
+// "" for none). Members whose Service opts out (clusters.Service.NotExported)
 // are left out; nil when none is left, or when the Service has no ports.
-func buildServiceEntry(members map[string]*clusters.Service, domain string, network func(string) string) *serviceEntry {
+func buildServiceEntry(members map[string]*clusters.Service, domain string) *serviceEntry {
 	ids := make([]string, 0, len(members))
 	for id, svc := range members {
 		if !svc.NotExported {
@@ -82,10 +82,7 @@ func buildServiceEntry(members map[string]*clusters.Service, domain string, netw
 	}
 	slices.SortFunc(se.Ports, func(a, b *networking.ServicePort) int { return int(a.Number) - int(b.Number) })
 	for _, id := range ids {
-		net := ""
-		if network != nil {
-			net = network(id)
-		}
+		net := members[id].Network
 		byAddr := map[string]*networking.WorkloadEntry{}
 		for _, ep := range members[id].Endpoints {
 			name, ok := portNames[ep.ServicePort]
