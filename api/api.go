@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 )
 
@@ -45,6 +46,12 @@ type Federation interface {
 	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
+// Distribution is the state of the Istio objects distributed from the home
+// cluster to member istiods (distribute.Source).
+type Distribution interface {
+	Status() distribute.Status
+}
+
 // Config holds the API's dependencies.
 type Config struct {
 	Membership Membership
@@ -52,7 +59,9 @@ type Config struct {
 	Federation Federation
 	// Trust is SPIFFE federation; nil answers its routes with 404.
 	Trust Trust
-	Auth  Authenticator
+	// Distribution, if set, answers GET /api/v1/distribution.
+	Distribution Distribution
+	Auth         Authenticator
 	// Metrics is the registry served at /metrics.
 	Metrics *prometheus.Registry
 	Log     *slog.Logger
@@ -101,6 +110,7 @@ func Mount(r chi.Router, cfg Config) {
 			r.Get("/trustdomains", s.listTrustDomains)
 			r.Get("/trustdomains/{td}", s.getTrustDomain)
 			r.Get("/trustdomains/{td}/bundle", s.trustDomainBundle)
+			r.Get("/distribution", s.distribution)
 			r.Get("/openapi.json", serveOpenAPI)
 		})
 		r.Group(func(r chi.Router) {
@@ -251,6 +261,17 @@ func (s *server) listServices(w http.ResponseWriter, _ *http.Request) {
 		out.Items = append(out.Items, ToService(sv))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// distribution shows which Istio kinds the home cluster serves and are
+// distributed to member istiods, which are missing (no CRD), and which
+// objects were left out because their spec does not convert.
+func (s *server) distribution(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Distribution == nil {
+		WriteProblem(w, http.StatusNotFound, "Istio object distribution is not configured on this hub")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.Distribution.Status())
 }
 
 func (s *server) listProxies(w http.ResponseWriter, _ *http.Request) {

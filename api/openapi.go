@@ -91,6 +91,9 @@ var openAPI = obj{
 		"/api/v1/trustdomains/{td}/bundle": obj{
 			"get": op("The trust domain's SPIFFE bundle document (ours, or a peer's last accepted one)", obj{"200": obj{"description": "SPIFFE bundle (JWKS)", "content": jsonContent(obj{"type": "object"})}}, pathParam("td", "trust domain name")),
 		},
+		"/api/v1/distribution": obj{
+			"get": op("Istio objects distributed from the home cluster to member istiods: kinds watched, kinds missing (no CRD), objects left out because their spec does not convert", obj{"200": obj{"description": "distribution status", "content": jsonContent(obj{"type": "object"})}}),
+		},
 		"/api/v1/openapi.json": obj{
 			"get": op("This document", obj{"200": obj{"description": "OpenAPI 3 document", "content": jsonContent(obj{"type": "object"})}}),
 		},

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -161,6 +162,13 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = dc.Resource(paGVR).Namespace(ns).Delete(ctx, "strict", metav1.DeleteOptions{}) })
 	p.waitConfig(t, 2*time.Minute, "PeerAuthentication/"+ns+"/strict", false)
+	var dist distribute.Status
+	h.getJSON(t, "/api/v1/distribution", &dist)
+	for _, k := range dist.Kinds {
+		if k.Kind == "security.istio.io/v1/PeerAuthentication" && (!k.Ready || k.Objects != 1 || k.Served == "") {
+			t.Errorf("GET /api/v1/distribution: %+v; want PeerAuthentication served, ready, 1 object", k)
+		}
+	}
 	unlabelled := created.DeepCopy()
 	unlabelled.SetLabels(nil)
 	if _, err := dc.Resource(paGVR).Namespace(ns).Update(ctx, unlabelled, metav1.UpdateOptions{}); err != nil {

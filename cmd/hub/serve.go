@@ -166,13 +166,14 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Log:        log,
 	})
 	admin, err := web.NewServer(adminHandler(api.Config{
-		Membership: membership,
-		Registrar:  registrar,
-		Federation: h,
-		Trust:      fed,
-		Auth:       auth,
-		Metrics:    metrics,
-		Log:        log,
+		Membership:   membership,
+		Registrar:    registrar,
+		Federation:   h,
+		Trust:        fed,
+		Distribution: distributed,
+		Auth:         auth,
+		Metrics:      metrics,
+		Log:          log,
 	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log})
 	if err != nil {
 		return fmt.Errorf("admin server: %w", err)
