@@ -142,6 +142,26 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	sidecar.waitLineAfter(t, mark, time.Minute, cluster+" with west's new backend",
 		hasEndpoints("198.18.40.1:8080", "198.18.40.2:8080", "198.18.41.1:8080"))
 
+	// How long a member's write takes to reach istiod's client through the
+	// hub and istiod (both debounce 100 ms): logged for the record, never
+	// asserted (a slow machine must not fail the test).
+	const writes = 20
+	var took []time.Duration
+	for i := range writes {
+		ip := fmt.Sprintf("198.18.40.%d", 10+i)
+		mark := sidecar.mark()
+		start := time.Now()
+		if err := localcluster.ApplyEndpoints(ctx, client(t, west), ns, "echo", "http", []localcluster.Backend{{IP: ip, Port: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+		sidecar.waitLineAfter(t, mark, time.Minute, cluster+" with "+ip, hasEndpoints(ip+":8080", "198.18.41.1:8080"))
+		took = append(took, time.Since(start))
+		time.Sleep(300 * time.Millisecond) // each write on a quiet mesh, as hubbench does
+	}
+	slices.Sort(took)
+	t.Logf("EndpointSlice write → istiod's EDS to its sidecar, %d writes: p50 %s, p90 %s, max %s", writes,
+		took[writes/2].Round(time.Millisecond), took[writes*9/10].Round(time.Millisecond), took[writes-1].Round(time.Millisecond))
+
 	// Mesh-wide policy authored once in the home cluster (istiod runs in
 	// east: it can have it only from the hub, which discovers the kind
 	// within 30 s of its CRD).
