@@ -395,6 +395,7 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7772697465))
 	rng.Shuffle(len(watched), func(i, j int) { watched[i], watched[j] = watched[j], watched[i] })
 	var all []time.Duration
+	var sizes []int // istiod: per (write, stream), the bytes of the response that brought the write
 	for w := range cfg.Writes {
 		svc := l.services[watched[w%len(watched)]]
 		k := w % len(svc.members)
@@ -411,7 +412,7 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			NodeName:   ptr.To("node-0"),
 		})
 		watchers := l.watchers[watched[w%len(watched)]]
-		t := newWriteTarget(svc.cluster, addr, len(f.streams), watchers)
+		t := newWriteTarget(svc.cluster, serviceEntryName(svc.name), addr, len(f.streams), watchers)
 		t.start = time.Now()
 		f.target.Store(t)
 		if _, err := slicesAPI.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
@@ -444,15 +445,24 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		}
 		f.target.Store(nil)
 		var lat []time.Duration
+		var size int64
 		for _, i := range watchers {
 			lat = append(lat, time.Duration(t.arrived[i].Load()))
+			if b := t.bytes[i].Load(); b > 0 {
+				sizes = append(sizes, int(b))
+				size += b
+			}
 		}
 		all = append(all, lat...)
 		p := percentiles(lat)
-		sum.Writes = append(sum.Writes, WriteResult{
+		wr := WriteResult{
 			Service: svc.name, Member: member, Address: addr, APIMs: ms(apiLatency),
 			Watchers: len(watchers), Reached: len(lat), P50Ms: p.P50Ms, MaxMs: p.MaxMs,
-		})
+		}
+		if size > 0 {
+			wr.ResponseBytes = size / int64(len(watchers))
+		}
+		sum.Writes = append(sum.Writes, wr)
 		cfg.progress("write %d/%d: %s in %s reached %d/%d watchers: p50 %.1f ms, max %.1f ms", w+1, cfg.Writes, svc.name, member, len(lat), len(watchers), p.P50Ms, p.MaxMs)
 		select {
 		case <-ctx.Done():
@@ -461,6 +471,9 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		}
 	}
 	sum.Convergence = percentiles(all)
+	if len(sizes) > 0 {
+		sum.ResponseBytes = minMax(sizes)
+	}
 	return nil
 }
 

@@ -21,13 +21,16 @@ type Config struct {
 	ServiceMembers int `json:"serviceMembers"`
 	// Endpoints is the total number of endpoints over all services.
 	Endpoints int `json:"endpoints"`
-	// Streams is the number of ADS streams, each on its own connection.
+	// Streams is the number of ADS streams, each on its own connection; 0
+	// is the shape's default (2,000; 10 for the istiod shape).
 	Streams int `json:"streams"`
 	// Shape is what every stream subscribes to, as a kind of client would
 	// (shapes.go): "named" (CDS per --cds and EDS for ServicesPerStream
 	// services drawn at random), "envoy" (CDS wildcard, then EDS for every
 	// cluster CDS returned) or "grpc" (grpc-go's xds resolver for
-	// xds:///<hostname>:<port>: LDS, then RDS, CDS and EDS by name).
+	// xds:///<hostname>:<port>: LDS, then RDS, CDS and EDS by name) or
+	// "istiod" (a member istiod's config source stream: every Istio config
+	// type as a wildcard, istiod.go).
 	Shape string `json:"shape"`
 	// ServicesPerStream is, for the named shape, how many services each
 	// stream subscribes to with EDS, and for the grpc shape how many
@@ -50,7 +53,8 @@ type Config struct {
 	// like Envoy sidecars without a Sidecar scope) or "named" (only the
 	// clusters of their services, like proxyless gRPC). Only the named
 	// shape may choose; empty is the shape's own (envoy and named:
-	// wildcard, grpc: named).
+	// wildcard, grpc: named; istiod asks for no clusters and keeps it
+	// empty).
 	CDS string `json:"cds"`
 	// ConnectConcurrency bounds the streams being connected at once: a
 	// stream counts as connecting until it holds its full configuration.
@@ -81,11 +85,12 @@ type Config struct {
 	Progress func(format string, args ...any) `json:"-"`
 }
 
-// defaultConfig is the documented default run (the 2,000-stream benchmark).
+// defaultConfig is the documented default run (the 2,000-stream benchmark;
+// Streams 0 is filled in by validate).
 func defaultConfig() Config {
 	return Config{
 		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000,
-		Streams: 2000, Shape: shapeNamed, Writes: 20,
+		Shape: shapeNamed, Writes: 20,
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
@@ -133,8 +138,8 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Services, "services", c.Services, "services in total, spread evenly over the members")
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
-	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection")
-	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned) or grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name)")
+	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod)")
+	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) or istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards)")
 	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")
 	fs.IntVar(&c.Writes, "writes", c.Writes, "EndpointSlice writes whose convergence is measured, one at a time")
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
@@ -198,8 +203,24 @@ func (c *Config) validate() error {
 		if c.CDS != cdsNamed {
 			errs = append(errs, fmt.Errorf("--shape grpc subscribes CDS by name (the clusters of its routes), not --cds %s", c.CDS))
 		}
+	case shapeIstiod:
+		if c.ServicesPerStream > 0 {
+			errs = append(errs, fmt.Errorf("--shape istiod receives every ServiceEntry: --services-per-stream does not apply"))
+		}
+		if c.CDS != "" {
+			errs = append(errs, fmt.Errorf("--shape istiod asks for no clusters: --cds does not apply"))
+		}
+		if c.Delta {
+			errs = append(errs, fmt.Errorf("--shape istiod speaks State of the World only (istiod's config client does; the hub serves Istio config over SotW only): --delta does not apply"))
+		}
 	default:
-		errs = append(errs, fmt.Errorf("--shape must be named, envoy or grpc, not %q", c.Shape))
+		errs = append(errs, fmt.Errorf("--shape must be named, envoy, grpc or istiod, not %q", c.Shape))
+	}
+	if c.Streams == 0 {
+		c.Streams = 2000
+		if c.Shape == shapeIstiod {
+			c.Streams = 10
+		}
 	}
 	positive := map[string]int{
 		"--members": c.Members, "--services": c.Services, "--service-members": c.ServiceMembers,
@@ -213,7 +234,7 @@ func (c *Config) validate() error {
 	if c.ServicesPerStream < 0 {
 		errs = append(errs, fmt.Errorf("--services-per-stream must be at least 1 or all, not %d", c.ServicesPerStream))
 	}
-	if c.CDS != cdsWildcard && c.CDS != cdsNamed {
+	if c.Shape != shapeIstiod && c.CDS != cdsWildcard && c.CDS != cdsNamed {
 		errs = append(errs, fmt.Errorf("--cds must be wildcard or named, not %q", c.CDS))
 	}
 	if c.Writes < 0 {
@@ -240,7 +261,7 @@ func (c *Config) serviceMembers() int { return min(c.ServiceMembers, c.Members) 
 // servicesPerStream is how many services each stream really watches
 // (after validate).
 func (c *Config) servicesPerStream() int {
-	if c.Shape == shapeEnvoy {
+	if c.Shape == shapeEnvoy || c.Shape == shapeIstiod {
 		return c.Services
 	}
 	return min(c.ServicesPerStream, c.Services)
@@ -253,6 +274,8 @@ func (c *Config) shapeText() string {
 		return "envoy shape: CDS wildcard, then EDS for every cluster CDS returned"
 	case shapeGRPC:
 		return fmt.Sprintf("grpc shape: LDS → RDS → CDS → EDS by name for %d xds:/// target(s)", c.servicesPerStream())
+	case shapeIstiod:
+		return fmt.Sprintf("istiod shape: MCP-over-XDS, %d Istio config types as wildcards on one SotW stream, ServiceEntries for all %d services", len(istiodConfigTypes), c.Services)
 	}
 	return fmt.Sprintf("named shape: CDS %s and EDS for %d services", c.CDS, c.servicesPerStream())
 }

@@ -32,8 +32,8 @@ import (
 //     never dialled); writes add addresses after the initial ones;
 //   - stream j watches (is measured on) ServicesPerStream services drawn at
 //     random (seeded) without repetition, so every service has about
-//     Streams×ServicesPerStream/Services watchers; with the envoy shape
-//     every stream watches every service.
+//     Streams×ServicesPerStream/Services watchers; with the envoy and
+//     istiod shapes every stream watches every service.
 
 const (
 	benchNamespace = "bench"
@@ -124,8 +124,8 @@ func newLayout(cfg Config) *layout {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
 	per := cfg.servicesPerStream()
 	l.watchers = make([][]int, cfg.Services)
-	var all []int // shared by every stream of the envoy shape
-	if cfg.Shape == shapeEnvoy {
+	var all []int // shared by every stream of the envoy and istiod shapes
+	if cfg.Shape == shapeEnvoy || cfg.Shape == shapeIstiod {
 		all = make([]int, cfg.Services)
 		for i := range all {
 			all[i] = i

@@ -29,8 +29,8 @@ func requireK8sBinaries(t *testing.T) {
 }
 
 // TestRunTiny runs the whole benchmark, every shape with SotW and with
-// Delta, with tiny figures against real local clusters and the real hub
-// binary.
+// Delta (istiod: SotW only), with tiny figures against real local clusters
+// and the real hub binary.
 func TestRunTiny(t *testing.T) {
 	requireK8sBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -39,8 +39,11 @@ func TestRunTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, shape := range []string{shapeNamed, shapeEnvoy, shapeGRPC} {
+	for _, shape := range []string{shapeNamed, shapeEnvoy, shapeGRPC, shapeIstiod} {
 		for _, delta := range []bool{false, true} {
+			if shape == shapeIstiod && delta {
+				continue // istiod's config client speaks SotW only
+			}
 			protocol := "SotW"
 			if delta {
 				protocol = "Delta"
@@ -93,6 +96,22 @@ func checkTiny(t *testing.T, cfg Config, sum *Summary, protocol string) {
 	by := sum.ConnectResponsesByType
 	streams := int64(cfg.Streams)
 	switch cfg.Shape {
+	case shapeIstiod:
+		for _, typeURL := range istiodConfigTypes {
+			if by[istiodKind(typeURL)] < streams {
+				t.Errorf("istiod shape: cold connect responses %v, want every config type on each of %d streams", by, streams)
+				break
+			}
+		}
+		r := sum.ResponseBytes
+		if r == nil || r.Min <= 0 {
+			t.Errorf("istiod shape: response bytes %+v, want the size of every ServiceEntry response that brought a write", r)
+		}
+		for i, w := range sum.Writes {
+			if w.ResponseBytes <= 0 {
+				t.Errorf("write %d: no response bytes recorded", i+1)
+			}
+		}
 	case shapeGRPC:
 		if by["LDS"] < streams || by["RDS"] < streams || by["CDS"] < streams || by["EDS"] < streams {
 			t.Errorf("grpc shape: cold connect responses %v, want LDS, RDS, CDS and EDS on each of %d streams", by, streams)

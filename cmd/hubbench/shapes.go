@@ -31,6 +31,8 @@ import (
 //     the virtual host that best matches "<hostname>:<port>"; EDS for each
 //     cluster's EDS service name (or its name when it has none). Every step
 //     waits for the previous resource.
+//   - istiod: a member istiod's config-source stream (MCP-over-XDS); it
+//     does not use client and is driven by istiod.go.
 const (
 	shapeNamed = "named"
 	shapeEnvoy = "envoy"

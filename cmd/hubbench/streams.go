@@ -31,7 +31,7 @@ type fleet struct {
 	shape    string
 	namedCDS bool
 	services int             // benchmark CDS clusters every stream should hold
-	cds      map[string]bool // their names (the hub also serves e.g. kubernetes.default)
+	cds      map[string]bool // their names (the hub also serves e.g. kubernetes.default); istiod: their ServiceEntries' names
 	streams  []*stream
 
 	// target is the write being measured, if any.
@@ -74,27 +74,32 @@ type stream struct {
 	edsHeld     atomic.Int64 // of its services, how many it holds EDS for
 	lastEDS     atomic.Pointer[string]
 	err         atomic.Pointer[error]
+	istiod      istiodState // the istiod shape's counters (istiod.go)
 }
 
-// writeTarget is one measured write: the EDS cluster it changes and the
-// address it adds; arrived[i] is when stream i first saw it (ns after
-// start), 0 while it has not.
+// writeTarget is one measured write: the EDS cluster it changes (for the
+// istiod shape, the name of the ServiceEntry, object) and the address it
+// adds; arrived[i] is when stream i first saw it (ns after start), 0 while
+// it has not; bytes[i] is the size of the response that brought it (the
+// istiod shape only).
 type writeTarget struct {
 	cluster  string
+	object   string
 	addr     string
 	pattern  []byte // SocketAddress.address as encoded in a ClusterLoadAssignment
 	start    time.Time
 	arrived  []atomic.Int64
+	bytes    []atomic.Int64
 	left     atomic.Int64
 	done     chan struct{}
 	watchers []int
 }
 
-func newWriteTarget(cluster, addr string, streams int, watchers []int) *writeTarget {
+func newWriteTarget(cluster, object, addr string, streams int, watchers []int) *writeTarget {
 	// SocketAddress.address is field 2, a string: tag, length, bytes.
 	pattern := protowire.AppendTag(nil, 2, protowire.BytesType)
 	pattern = protowire.AppendString(pattern, addr)
-	t := &writeTarget{cluster: cluster, addr: addr, pattern: pattern, arrived: make([]atomic.Int64, streams), done: make(chan struct{}), watchers: watchers}
+	t := &writeTarget{cluster: cluster, object: object, addr: addr, pattern: pattern, arrived: make([]atomic.Int64, streams), bytes: make([]atomic.Int64, streams), done: make(chan struct{}), watchers: watchers}
 	t.left.Store(int64(len(watchers)))
 	if len(watchers) == 0 {
 		close(t.done)
@@ -114,12 +119,20 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	f.cds = map[string]bool{}
 	for _, s := range l.services {
-		f.cds[s.cluster] = true
+		if cfg.Shape == shapeIstiod {
+			f.cds[serviceEntryName(s.name)] = true
+		} else {
+			f.cds[s.cluster] = true
+		}
 	}
 	for i, svcs := range l.watched {
 		s := &stream{
 			f: f, idx: i, nodeID: fmt.Sprintf("hubbench-%05d", i), clusterID: l.memberIDs[i%len(l.memberIDs)],
 			watch: map[string]bool{},
+		}
+		if cfg.Shape == shapeIstiod {
+			// istiod sends no CLUSTER_ID (DESIGN.md §3.7).
+			s.nodeID, s.clusterID = fmt.Sprintf("istiod-%d", i), ""
 		}
 		for _, si := range svcs {
 			svc := l.services[si]
@@ -183,9 +196,9 @@ func (f *fleet) connect(concurrency int, timeout time.Duration, progress func(st
 		case <-f.ctx.Done():
 			return f.ctx.Err()
 		case <-tick.C:
-			progress("cold connect: %d/%d streams hold their full EDS", len(f.streams)-int(f.readyLeft.Load()), len(f.streams))
+			progress("cold connect: %d/%d streams hold their full config", len(f.streams)-int(f.readyLeft.Load()), len(f.streams))
 		case <-timer.C:
-			return fmt.Errorf("cold connect: after %s %d of %d streams still lack EDS for some of their services:\n%s",
+			return fmt.Errorf("cold connect: after %s %d of %d streams still lack some of their config:\n%s",
 				timeout, f.readyLeft.Load(), len(f.streams), f.describe(f.notReady(), 20))
 		}
 	}
@@ -218,6 +231,10 @@ func (f *fleet) describe(idx []int, n int) string {
 		if e := s.err.Load(); e != nil {
 			errText = "failed: " + (*e).Error()
 		}
+		if f.shape == shapeIstiod {
+			fmt.Fprintf(&b, "  stream %d (node %s): %s, %d responses in all, stream %s\n", i, s.nodeID, s.describeIstiod(), s.responses.Load(), errText)
+			continue
+		}
 		fmt.Fprintf(&b, "  stream %d (node %s, CLUSTER_ID %s): EDS for %d/%d services, %d EDS responses (last version %s), CDS %d/%d clusters (%d responses), %d responses in all, stream %s\n",
 			i, s.nodeID, s.clusterID, s.edsHeld.Load(), len(s.watch), s.typeResponses(resourcev3.EndpointType), last, s.cdsClusters.Load(), s.cdsWant, s.typeResponses(resourcev3.ClusterType), s.responses.Load(), errText)
 	}
@@ -241,6 +258,12 @@ var typeNames = []string{"LDS", "RDS", "CDS", "EDS"}
 func (f *fleet) byType() map[string]int64 {
 	out := map[string]int64{}
 	for _, s := range f.streams {
+		if f.shape == shapeIstiod {
+			for i, t := range istiodConfigTypes {
+				out[istiodKind(t)] += s.istiod.byKind[i].Load()
+			}
+			continue
+		}
 		for i, name := range typeNames {
 			out[name] += s.byType[i].Load()
 		}
@@ -292,6 +315,9 @@ func (s *stream) serve() error {
 	}
 	defer conn.Close()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	if s.f.shape == shapeIstiod {
+		return s.serveIstiod(ads)
+	}
 	node := &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"CLUSTER_ID": structpb.NewStringValue(s.clusterID),
 		"NAMESPACE":  structpb.NewStringValue(benchNamespace),

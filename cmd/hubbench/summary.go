@@ -13,7 +13,7 @@ import (
 type Summary struct {
 	Config   Config        `json:"config"`
 	Protocol string        `json:"protocol"` // SotW or Delta
-	Shape    string        `json:"shape"`    // named, envoy or grpc
+	Shape    string        `json:"shape"`    // named, envoy, grpc or istiod
 	Targets  Targets       `json:"targets"`
 	Machine  Machine       `json:"machine"`
 	Layout   LayoutSummary `json:"layout"`
@@ -37,6 +37,10 @@ type Summary struct {
 	// endpoint, over every (write, watching stream) pair.
 	Convergence Percentiles   `json:"convergence"`
 	Writes      []WriteResult `json:"writes"`
+	// ResponseBytes (istiod shape): over every (write, stream) pair, the
+	// size of the ServiceEntry response that brought the write to the
+	// stream (the full set of ServiceEntries: SotW is full state).
+	ResponseBytes *MinMax `json:"responseBytes,omitempty"`
 
 	// Resends: a SotW version (Delta: a resource version) received again on
 	// the same stream, although we never NACK. Must be 0.
@@ -112,6 +116,20 @@ type WriteResult struct {
 	Reached  int     `json:"reached"`
 	P50Ms    float64 `json:"p50Ms"`
 	MaxMs    float64 `json:"maxMs"`
+	// ResponseBytes (istiod shape) is the mean size, over the streams, of
+	// the ServiceEntry response that brought the write.
+	ResponseBytes int64 `json:"responseBytes,omitempty"`
+}
+
+// minMax is the range and mean of a non-empty set.
+func minMax(v []int) *MinMax {
+	out := &MinMax{Min: slices.Min(v), Max: slices.Max(v)}
+	total := 0
+	for _, x := range v {
+		total += x
+	}
+	out.Mean = float64(total) / float64(len(v))
+	return out
 }
 
 // Percentiles of a set of durations, in milliseconds (nearest rank).
@@ -171,9 +189,12 @@ type Targets struct {
 }
 
 // targetsFor are a shape's targets: issue 4's for the named shape (50
-// services per stream), issue 13's for the envoy and grpc shapes.
+// services per stream), issue 13's for the envoy and grpc shapes, issue
+// 14's for the istiod shape (10 streams).
 func targetsFor(shape string, delta bool) Targets {
 	switch shape {
+	case shapeIstiod:
+		return Targets{Source: "issue 14, istiod shape", P99Ms: 20}
 	case shapeEnvoy:
 		t := Targets{Source: "issue 13, envoy shape", P99Ms: 150, PeakRSSMiB: 600, CPUPerWriteMs: 15}
 		if delta {
@@ -235,8 +256,12 @@ func (s *Summary) Missed() []string {
 func (s *Summary) WriteText(w io.Writer) {
 	c := s.Config
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	p("hubbench: %s ADS, %d members + home, %d services (each in %d members), %d endpoints, %d streams × %d services (%s shape, CDS %s), %d writes",
-		s.Protocol, c.Members, c.Services, c.serviceMembers(), c.Endpoints, c.Streams, c.servicesPerStream(), s.Shape, c.CDS, c.Writes)
+	cds := "CDS " + c.CDS
+	if s.Shape == shapeIstiod {
+		cds = "MCP config, no CDS"
+	}
+	p("hubbench: %s ADS, %d members + home, %d services (each in %d members), %d endpoints, %d streams × %d services (%s shape, %s), %d writes",
+		s.Protocol, c.Members, c.Services, c.serviceMembers(), c.Endpoints, c.Streams, c.servicesPerStream(), s.Shape, cds, c.Writes)
 	p("shape:    %s", c.shapeText())
 	p("machine:  %d CPUs (%s), %.1f GiB, Linux %s, %s; load average %s at start, %s → %s around the writes",
 		s.Machine.CPUs, s.Machine.CPUModel, s.Machine.MemGiB, s.Machine.Kernel, s.Machine.GoVersion, s.Machine.LoadAvg, s.LoadBefore, s.LoadAfter)
@@ -248,13 +273,22 @@ func (s *Summary) WriteText(w io.Writer) {
 	p("")
 	p("  member sync time          %8.2f s    (hub start → %d clusters Ready and %d services listed with all endpoints)", s.MemberSyncSeconds, c.Members+1, c.Services)
 	byType := s.ConnectResponsesByType
-	p("  cold connect              %8.2f s    (first dial → all %d streams hold EDS for their services; %d responses: %d LDS, %d RDS, %d CDS, %d EDS)",
-		s.ColdConnectSeconds, c.Streams, s.ConnectResponses, byType["LDS"], byType["RDS"], byType["CDS"], byType["EDS"])
-	p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → full EDS, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
+	if s.Shape == shapeIstiod {
+		p("  cold connect              %8.2f s    (first dial → all %d streams got a response for each of the %d config types; %d responses, %d of them ServiceEntry)",
+			s.ColdConnectSeconds, c.Streams, len(istiodConfigTypes), s.ConnectResponses, byType[istiodKind(serviceEntryType)])
+		p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → every type answered, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
+	} else {
+		p("  cold connect              %8.2f s    (first dial → all %d streams hold EDS for their services; %d responses: %d LDS, %d RDS, %d CDS, %d EDS)",
+			s.ColdConnectSeconds, c.Streams, s.ConnectResponses, byType["LDS"], byType["RDS"], byType["CDS"], byType["EDS"])
+		p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → full EDS, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
+	}
 	p("  convergence p50           %8.1f ms", s.Convergence.P50Ms)
 	p("  convergence p90           %8.1f ms", s.Convergence.P90Ms)
 	p("  convergence p99           %8.1f ms", s.Convergence.P99Ms)
 	p("  convergence max           %8.1f ms   (%d (write, watching stream) pairs, all reached)", s.Convergence.MaxMs, s.Convergence.N)
+	if r := s.ResponseBytes; r != nil {
+		p("  bytes per push per stream %8.0f KiB  (ServiceEntry response that brought a write: min %d, mean %.0f, max %d bytes)", r.Mean/1024, r.Min, r.Mean, r.Max)
+	}
 	p("  pushes/s (client)         %8.1f      (%d responses in %.1fs of writes, gaps of %s included)", s.PushesPerSecond, s.WriteResponses, s.WritePhaseSeconds, c.WriteGap)
 	p("  pushes/s (hub /metrics)   %8.1f      (hub_xds_responses_total +%.0f)", s.HubPushesPerSecond, s.HubWriteResponses)
 	p("  resends                   %8d      (never NACKed; hub counted %.0f NACKs)", s.Resends, s.HubMetrics.Nacks)
@@ -272,9 +306,16 @@ func (s *Summary) WriteText(w io.Writer) {
 		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
 	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; /proc ticks are 10 ms)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
 	p("")
-	p("  write  service     member  watchers  reached   p50 ms   max ms   API ms")
-	for i, wr := range s.Writes {
-		p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
+	if s.Shape == shapeIstiod {
+		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms   bytes/stream")
+		for i, wr := range s.Writes {
+			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f   %12d", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs, wr.ResponseBytes)
+		}
+	} else {
+		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms")
+		for i, wr := range s.Writes {
+			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
+		}
 	}
 	p("")
 	verdicts, _ := s.check()
