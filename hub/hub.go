@@ -109,6 +109,7 @@ type Hub struct {
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
+	codec   *sharedCodec // the ADS servers' gRPC codec
 	servers atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
@@ -131,6 +132,7 @@ func New(opts Options) (*Hub, error) {
 		settled: opts.Settled,
 		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies: newProxyTracker(opts.Log, opts.Limits),
+		codec:   newSharedCodec(),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
@@ -277,6 +279,8 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		grpc.MaxRecvMsgSize(h.limits.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(h.limits.MaxStreamsPerConnection),
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		// One encoding per shared resource list, not one per stream.
+		grpc.ForceServerCodecV2(h.codec),
 	}
 	if tlsCfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
