@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -308,4 +309,28 @@ func TestIstioConfigOverDeltaIsRefused(t *testing.T) {
 	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Delta ServiceEntry subscription: %v; want InvalidArgument", err)
 	}
+}
+
+// Istio config type URLs are the client's words: one stream may open at
+// most maxTypesPerStream types, then it is refused with InvalidArgument.
+func TestConfigTypesPerStreamAreBounded(t *testing.T) {
+	_, addr, _ := serveHub(t, Options{})
+	c := dialADS(t, addr, insecure.NewCredentials())
+	for i := range maxTypesPerStream + 1 {
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: fmt.Sprintf("example.com/v1/Kind%d", i)}
+		if i == 0 {
+			req.Node = istiodNode()
+		}
+		c.send(t, req)
+	}
+	// The first types are answered (empty lists); then the stream ends.
+	for range maxTypesPerStream + 1 {
+		if _, err := c.next(t); err != nil {
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("the stream ended with %v; want InvalidArgument", err)
+			}
+			return
+		}
+	}
+	t.Fatalf("a stream asking for %d types was not refused", maxTypesPerStream+1)
 }

@@ -112,6 +112,8 @@ type streamState struct {
 	// named are the SotW types whose last request named its resources:
 	// responses of EDS, RDS and SDS then carry only what changed.
 	named map[string]bool
+	// asked are the type URLs the stream asked for (see check).
+	asked map[string]struct{}
 	// names identifies, per SotW type of named, the last request's list of
 	// names: an ACK that repeats them, in the same order, changes nothing
 	// and is recognised without a map (see subscriber.requested).
@@ -348,12 +350,31 @@ func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error 
 	p.mu.Lock()
 	st := p.streams[id]
 	known := st != nil && st.node == node
+	if st != nil {
+		// Istio config type URLs are the client's words (any
+		// <group>/<version>/<Kind> is answered): bound how many one
+		// stream may open, each costs the server and the tracker state.
+		if _, ok := st.asked[typeURL]; !ok {
+			if len(st.asked) >= maxTypesPerStream {
+				p.mu.Unlock()
+				return status.Errorf(codes.InvalidArgument, "more than %d resource types on one stream", maxTypesPerStream)
+			}
+			if st.asked == nil {
+				st.asked = map[string]struct{}{}
+			}
+			st.asked[typeURL] = struct{}{}
+		}
+	}
 	p.mu.Unlock()
 	if known {
 		return nil
 	}
 	return p.limits.checkNode(node)
 }
+
+// maxTypesPerStream bounds the resource types one stream may ask for:
+// Envoy asks for five, istiod for sixteen.
+const maxTypesPerStream = 64
 
 // authenticate reviews a stream's bearer token once, on its first request,
 // in the member cluster the proxy names (node metadata CLUSTER_ID, else the
