@@ -155,31 +155,7 @@ func (r *adscRun) wait(t *testing.T, timeout time.Duration) (int, []adscLine) {
 // waitLine waits until a line satisfies match, without polling.
 func (r *adscRun) waitLine(t *testing.T, timeout time.Duration, what string, match func(adscLine) bool) adscLine {
 	t.Helper()
-	deadline := time.After(timeout)
-	seen := 0
-	for {
-		r.mu.Lock()
-		lines, more := r.lines[seen:], r.more
-		seen = len(r.lines)
-		r.mu.Unlock()
-		for _, l := range lines {
-			if match(l) {
-				return l
-			}
-		}
-		select {
-		case <-more:
-		case <-r.done:
-			r.mu.Lock()
-			rest := len(r.lines) > seen
-			r.mu.Unlock()
-			if !rest {
-				t.Fatalf("adscclient %s exited (code %d) before %s", r.name, r.code, what)
-			}
-		case <-deadline:
-			t.Fatalf("adscclient %s: no %s within %s", r.name, what, timeout)
-		}
-	}
+	return r.waitLineAfter(t, 0, timeout, what, match)
 }
 
 // adscResult is what one adscclient run received.

@@ -469,9 +469,9 @@ func (r *adscRun) mark() int {
 	return len(r.lines)
 }
 
-// waitLineAfter is waitLine over only the lines printed after mark, so that
-// a state that held earlier (e.g. a CDS list before an object was added)
-// does not match.
+// waitLineAfter waits, without polling, until a line printed after mark
+// satisfies match, so that a state that held earlier (e.g. a CDS list
+// before an object was added) does not match.
 func (r *adscRun) waitLineAfter(t *testing.T, mark int, timeout time.Duration, what string, match func(adscLine) bool) adscLine {
 	t.Helper()
 	deadline := time.After(timeout)
