@@ -23,26 +23,8 @@ import (
 	"github.com/hubmesh/hub/mcp"
 )
 
-// istiodConfigTypes are the type URLs istiod subscribes to on its config
-// source stream, in its order (DESIGN.md §3.7).
-var istiodConfigTypes = []string{
-	"core/v1alpha1/MeshConfig",
-	"networking.istio.io/v1/DestinationRule",
-	"networking.istio.io/v1alpha3/EnvoyFilter",
-	"networking.istio.io/v1/Gateway",
-	"networking.istio.io/v1beta1/ProxyConfig",
-	"networking.istio.io/v1/ServiceEntry",
-	"networking.istio.io/v1/Sidecar",
-	"networking.istio.io/v1/VirtualService",
-	"networking.istio.io/v1/WorkloadEntry",
-	"networking.istio.io/v1/WorkloadGroup",
-	"security.istio.io/v1/AuthorizationPolicy",
-	"security.istio.io/v1/PeerAuthentication",
-	"security.istio.io/v1/RequestAuthentication",
-	"telemetry.istio.io/v1/Telemetry",
-	"extensions.istio.io/v1alpha1/WasmPlugin",
-	"extensions.istio.io/v1alpha1/TrafficExtension",
-}
+// istiodConfigTypes are the type URLs istiod subscribes to, in its order.
+var istiodConfigTypes = mcp.IstiodTypes()
 
 const serviceEntryType = "networking.istio.io/v1/ServiceEntry"
 
@@ -158,7 +140,7 @@ func TestIstiodConfigSource(t *testing.T) {
 	first := map[string]*discoveryv3.DiscoveryResponse{}
 	for len(first) < len(istiodConfigTypes) {
 		resp := istiod.recv()
-		if !slices.Contains(istiodConfigTypes, resp.TypeUrl) {
+		if !slices.Contains(istiodConfigTypes[:], resp.TypeUrl) {
 			t.Fatalf("response of type %q, which was not asked for", resp.TypeUrl)
 		}
 		if first[resp.TypeUrl] != nil {

@@ -179,7 +179,7 @@ func TestGeneratorEveryKind(t *testing.T) {
 	if old.Version != v1.Version || len(old.Resources) != 1 || old.Resources[0] != v1.Resources[0] {
 		t.Errorf("v1alpha3: %d resources version %s; want v1's", len(old.Resources), old.Version)
 	}
-	for _, typeURL := range istiodTypes {
+	for _, typeURL := range IstiodTypes() {
 		if typeURL == seType {
 			continue
 		}

@@ -82,3 +82,30 @@ func validKind(k string) bool {
 	}
 	return true
 }
+
+// IstiodTypeCount is how many config types istiod subscribes to.
+const IstiodTypeCount = 16
+
+// IstiodTypes returns the type URLs istiod (1.24 and later) subscribes to
+// on its config-source stream, in its order (DESIGN.md §3.7): the shape the
+// hub is tested and benchmarked against.
+func IstiodTypes() [IstiodTypeCount]string { return istiodTypes }
+
+var istiodTypes = [IstiodTypeCount]string{
+	"core/v1alpha1/MeshConfig",
+	"networking.istio.io/v1/DestinationRule",
+	"networking.istio.io/v1alpha3/EnvoyFilter",
+	"networking.istio.io/v1/Gateway",
+	"networking.istio.io/v1beta1/ProxyConfig",
+	"networking.istio.io/v1/ServiceEntry",
+	"networking.istio.io/v1/Sidecar",
+	"networking.istio.io/v1/VirtualService",
+	"networking.istio.io/v1/WorkloadEntry",
+	"networking.istio.io/v1/WorkloadGroup",
+	"security.istio.io/v1/AuthorizationPolicy",
+	"security.istio.io/v1/PeerAuthentication",
+	"security.istio.io/v1/RequestAuthentication",
+	"telemetry.istio.io/v1/Telemetry",
+	"extensions.istio.io/v1alpha1/WasmPlugin",
+	"extensions.istio.io/v1alpha1/TrafficExtension",
+}

@@ -2,29 +2,9 @@ package mcp
 
 import "testing"
 
-// istiodTypes are the type URLs istiod (1.24+) subscribes to on its
-// config-source stream, in its order (DESIGN.md §3.7).
-var istiodTypes = []string{
-	"core/v1alpha1/MeshConfig",
-	"networking.istio.io/v1/DestinationRule",
-	"networking.istio.io/v1alpha3/EnvoyFilter",
-	"networking.istio.io/v1/Gateway",
-	"networking.istio.io/v1beta1/ProxyConfig",
-	"networking.istio.io/v1/ServiceEntry",
-	"networking.istio.io/v1/Sidecar",
-	"networking.istio.io/v1/VirtualService",
-	"networking.istio.io/v1/WorkloadEntry",
-	"networking.istio.io/v1/WorkloadGroup",
-	"security.istio.io/v1/AuthorizationPolicy",
-	"security.istio.io/v1/PeerAuthentication",
-	"security.istio.io/v1/RequestAuthentication",
-	"telemetry.istio.io/v1/Telemetry",
-	"extensions.istio.io/v1alpha1/WasmPlugin",
-	"extensions.istio.io/v1alpha1/TrafficExtension",
-}
-
 func TestIsConfigType(t *testing.T) {
-	for _, typeURL := range append(istiodTypes,
+	istiod := IstiodTypes()
+	for _, typeURL := range append(istiod[:],
 		"networking.istio.io/v1alpha3/ServiceEntry", // pre-1.24 istiods
 		"networking.istio.io/v1beta1/ServiceEntry",
 		"gateway.networking.k8s.io/v1/HTTPRoute",

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
+
+	"github.com/hubmesh/hub/mcp"
 )
 
 // The istiod shape: a member's istiod taking the federation as Istio config
@@ -29,25 +31,8 @@ import (
 const shapeIstiod = "istiod"
 
 // istiodConfigTypes are the type URLs istiod (1.24 and later) subscribes
-// to on its config-source stream, in its order (DESIGN.md §3.7).
-var istiodConfigTypes = [...]string{
-	"core/v1alpha1/MeshConfig",
-	"networking.istio.io/v1/DestinationRule",
-	"networking.istio.io/v1alpha3/EnvoyFilter",
-	"networking.istio.io/v1/Gateway",
-	"networking.istio.io/v1beta1/ProxyConfig",
-	serviceEntryType,
-	"networking.istio.io/v1/Sidecar",
-	"networking.istio.io/v1/VirtualService",
-	"networking.istio.io/v1/WorkloadEntry",
-	"networking.istio.io/v1/WorkloadGroup",
-	"security.istio.io/v1/AuthorizationPolicy",
-	"security.istio.io/v1/PeerAuthentication",
-	"security.istio.io/v1/RequestAuthentication",
-	"telemetry.istio.io/v1/Telemetry",
-	"extensions.istio.io/v1alpha1/WasmPlugin",
-	"extensions.istio.io/v1alpha1/TrafficExtension",
-}
+// to on its config-source stream, in its order.
+var istiodConfigTypes = mcp.IstiodTypes()
 
 const (
 	serviceEntryType = "networking.istio.io/v1/ServiceEntry"

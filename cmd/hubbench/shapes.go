@@ -466,27 +466,4 @@ func edsServiceName(b []byte) string {
 }
 
 // subString is the last value of string field num of an encoded message.
-func subString(b []byte, num protowire.Number) string {
-	var out string
-	for len(b) > 0 {
-		n, typ, k := protowire.ConsumeTag(b)
-		if k < 0 {
-			return out
-		}
-		b = b[k:]
-		if n == num && typ == protowire.BytesType {
-			v, k := protowire.ConsumeString(b)
-			if k < 0 {
-				return out
-			}
-			out, b = v, b[k:]
-			continue
-		}
-		k = protowire.ConsumeFieldValue(n, typ, b)
-		if k < 0 {
-			return out
-		}
-		b = b[k:]
-	}
-	return out
-}
+func subString(b []byte, num protowire.Number) string { return string(subBytes(b, num)) }
