@@ -165,6 +165,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Registrar:  registrar,
 		Federation: h,
 		Trust:      fed,
+		CA:         h,
 		Auth:       auth,
 		Log:        log,
 	})
@@ -174,6 +175,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Federation:   h,
 		Trust:        fed,
 		Distribution: distributed,
+		CA:           h,
 		Auth:         auth,
 		Metrics:      metrics,
 		Log:          log,
