@@ -77,6 +77,8 @@ type Config struct {
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
+	// CADuration is how long the ca shape issues certificates (ca.go).
+	CADuration time.Duration `json:"caDurationNs,omitempty"`
 	// Seed makes the choice of services per stream and of written services
 	// reproducible.
 	Seed uint64 `json:"seed"`
@@ -94,7 +96,8 @@ func defaultConfig() Config {
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
-		Seed: 1,
+		CADuration: 20 * time.Second,
+		Seed:       1,
 	}
 }
 
@@ -139,7 +142,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
 	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod)")
-	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) or istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards)")
+	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards) or ca (istio-agents asking the hub's CA for certificates: --streams callers with RSA-2048 CSRs and real tokens for --ca-duration)")
 	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")
 	fs.IntVar(&c.Writes, "writes", c.Writes, "EndpointSlice writes whose convergence is measured, one at a time")
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
@@ -155,6 +158,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
+	fs.DurationVar(&c.CADuration, "ca-duration", c.CADuration, "ca shape: how long the callers (--streams, default 16) request certificates")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }
 
@@ -213,13 +217,21 @@ func (c *Config) validate() error {
 		if c.Delta {
 			errs = append(errs, fmt.Errorf("--shape istiod speaks State of the World only (istiod's config client does; the hub serves Istio config over SotW only): --delta does not apply"))
 		}
+	case shapeCA:
+		if c.CADuration <= 0 {
+			errs = append(errs, fmt.Errorf("--ca-duration must be positive, not %s", c.CADuration))
+		}
+		c.CDS = cdsWildcard // unused
 	default:
-		errs = append(errs, fmt.Errorf("--shape must be named, envoy, grpc or istiod, not %q", c.Shape))
+		errs = append(errs, fmt.Errorf("--shape must be named, envoy, grpc, istiod or ca, not %q", c.Shape))
 	}
 	if c.Streams == 0 {
 		c.Streams = 2000
-		if c.Shape == shapeIstiod {
+		switch c.Shape {
+		case shapeIstiod:
 			c.Streams = 10
+		case shapeCA:
+			c.Streams = 16
 		}
 	}
 	positive := map[string]int{

@@ -4,7 +4,7 @@
 // itself, one gRPC connection per stream, like a fleet of proxies.
 //
 //	hubbench [--members 10] [--services 1000] [--endpoints 20000] [--streams 2000]
-//	         [--shape named|envoy|grpc|istiod] [--services-per-stream N|all]
+//	         [--shape named|envoy|grpc|istiod|ca] [--services-per-stream N|all]
 //	         [--writes 20] [--delta] [--json]
 //
 // The shape is what every stream subscribes to, like a kind of client
@@ -12,7 +12,8 @@
 // returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS and EDS by
 // name), istiod (a member istiod taking Istio config over MCP-over-XDS: 16
 // config types as wildcards, measured on the ServiceEntry of the written
-// service; 10 streams by default) or named (the default: CDS wildcard and
+// service; 10 streams by default), ca (istio-agents asking the hub's CA for
+// certificates, ca.go) or named (the default: CDS wildcard and
 // EDS for 50 random services).
 //
 // It reports how long the hub takes to sync every member, how long every
@@ -65,6 +66,21 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%s hubbench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 	}
 
+	if cfg.Shape == shapeCA {
+		sum, err := runCA(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "hubbench: FAILED: %v\n", err)
+			os.Exit(1)
+		}
+		if asJSON {
+			enc := json.NewEncoder(os.Stdout)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(sum)
+		} else {
+			sum.WriteText(os.Stdout)
+		}
+		return
+	}
 	sum, err := run(ctx, cfg)
 	if err != nil {
 		if ctx.Err() != nil {
