@@ -36,7 +36,7 @@ X=istio.io/istio/pkg/version
 LD="-s -w -X $X.buildVersion=$VER -X $X.buildGitRevision=$REV -X $X.buildStatus=Clean -X $X.buildTag=$V"
 TMP=$(mktemp -d "$OUT/.build-XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-echo "building pilot-discovery and pilot-agent $VER ($V) into $OUT (cold: ~12 min on 2 cores, ~2.2 GB peak RSS)" >&2
+echo "building pilot-discovery and pilot-agent $VER ($V) into $OUT (cold: ~11 min on 2 cores, ~2.2 GB peak RSS)" >&2
 # One go command for both: they share most packages.
 CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LD" -o "$TMP/" \
   istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/pilot/cmd/pilot-agent
