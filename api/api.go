@@ -46,6 +46,13 @@ type Federation interface {
 	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
+// CertificateAuthority is the read model of the hub's CA (Istio's CA API):
+// certificates issued per member and namespace, requests refused per
+// reason (*hub.Hub implements it; ok is false when it serves no CA).
+type CertificateAuthority interface {
+	Certificates() (hub.CertificateStats, bool)
+}
+
 // Distribution is the state of the Istio objects distributed from the home
 // cluster to member istiods (distribute.Source).
 type Distribution interface {
@@ -61,7 +68,9 @@ type Config struct {
 	Trust Trust
 	// Distribution, if set, answers GET /api/v1/distribution.
 	Distribution Distribution
-	Auth         Authenticator
+	// CA, if set, answers GET /api/v1/certificates.
+	CA   CertificateAuthority
+	Auth Authenticator
 	// Metrics is the registry served at /metrics.
 	Metrics *prometheus.Registry
 	Log     *slog.Logger
@@ -111,6 +120,7 @@ func Mount(r chi.Router, cfg Config) {
 			r.Get("/trustdomains/{td}", s.getTrustDomain)
 			r.Get("/trustdomains/{td}/bundle", s.trustDomainBundle)
 			r.Get("/distribution", s.distribution)
+			r.Get("/certificates", s.certificates)
 			r.Get("/openapi.json", serveOpenAPI)
 		})
 		r.Group(func(r chi.Router) {
@@ -261,6 +271,21 @@ func (s *server) listServices(w http.ResponseWriter, _ *http.Request) {
 		out.Items = append(out.Items, ToService(sv))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// certificates shows the workload certificates the hub's CA issued and the
+// requests it refused.
+func (s *server) certificates(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.CA == nil {
+		WriteProblem(w, http.StatusNotFound, "the CA is not served by this hub")
+		return
+	}
+	st, ok := s.cfg.CA.Certificates()
+	if !ok {
+		WriteProblem(w, http.StatusNotFound, "the CA is not served by this hub")
+		return
+	}
+	writeJSON(w, http.StatusOK, ToCertificates(st))
 }
 
 // distribution shows which Istio kinds the home cluster serves and are

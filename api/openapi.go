@@ -94,6 +94,9 @@ var openAPI = obj{
 		"/api/v1/distribution": obj{
 			"get": op("Istio objects distributed from the home cluster to member istiods: kinds watched, kinds missing (no CRD), objects left out because their spec does not convert", obj{"200": obj{"description": "distribution status", "content": jsonContent(obj{"type": "object"})}}),
 		},
+		"/api/v1/certificates": obj{
+			"get": op("Workload certificates issued by the hub's CA (Istio CA API on the mTLS xDS port) per member and namespace, and requests refused per reason, since this replica started", obj{"200": obj{"description": "CA status", "content": jsonContent(ref("Certificates"))}}),
+		},
 		"/api/v1/openapi.json": obj{
 			"get": op("This document", obj{"200": obj{"description": "OpenAPI 3 document", "content": jsonContent(obj{"type": "object"})}}),
 		},
@@ -124,6 +127,20 @@ var openAPI = obj{
 				"bundleEndpointURL": str(), "profile": obj{"type": "string", "enum": []string{"https_web", "https_spiffe"}},
 				"endpointSPIFFEID": str(), "bundle": obj{"type": "string", "description": "https_spiffe bootstrap: the peer's SPIFFE bundle JSON"},
 				"caBundle": obj{"type": "string", "description": "PEM roots for an https_web endpoint not served from a public root"},
+			}},
+			"Certificates": obj{"type": "object", "required": []string{"defaultTTLSeconds", "maxTTLSeconds", "issued", "failures"}, "properties": obj{
+				"defaultTTLSeconds": obj{"type": "integer", "description": "lifetime of a certificate whose request asks for none"},
+				"maxTTLSeconds":     obj{"type": "integer", "description": "--max-workload-cert-ttl: longer requests are refused with InvalidArgument"},
+				"issued": obj{"type": "array", "description": "per member and namespace, sorted (member and namespace \"*\" count the pairs beyond 10000)", "items": obj{"type": "object", "properties": obj{
+					"member": str(), "namespace": str(), "issued": obj{"type": "integer", "description": "certificates issued since this replica started"},
+					"valid":      obj{"type": "integer", "description": "identities whose latest certificate has not expired (of the 50000 most recently issued to)"},
+					"nextExpiry": obj{"type": "string", "format": "date-time", "nullable": true, "description": "soonest expiry among those latest certificates: when the first of these workloads loses its identity unless it renews"},
+				}}},
+				"failures": obj{"type": "array", "description": "per reason, every reason listed", "items": obj{"type": "object", "properties": obj{
+					"reason": obj{"type": "string", "enum": []string{"no_credentials", "token_rejected", "certificate_rejected", "cluster_mismatch", "invalid_csr", "invalid_ttl", "signing_failed"}},
+					"total":  integer(), "lastHour": integer(), "last": timeStr(),
+					"lastMessage": obj{"type": "string", "description": "what the latest refused caller was told (never a token or a CSR)"},
+				}}},
 			}},
 			"Port": obj{"type": "object", "properties": obj{"name": str(), "port": integer(), "protocol": str(), "appProtocol": str()}},
 			"Service": obj{"type": "object", "properties": obj{

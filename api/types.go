@@ -186,3 +186,48 @@ func ToProxyConfig(c hub.ProxyConfig) (ProxyConfig, error) {
 	}
 	return out, nil
 }
+
+// Certificates is what the hub's CA (Istio's CA API on the mTLS xDS port)
+// issued and refused since this replica started (see hub.CertificateStats).
+type Certificates struct {
+	// DefaultTTLSeconds is the lifetime of a certificate whose request asks
+	// for none; MaxTTLSeconds the longest issued (--max-workload-cert-ttl).
+	DefaultTTLSeconds int64              `json:"defaultTTLSeconds"`
+	MaxTTLSeconds     int64              `json:"maxTTLSeconds"`
+	Issued            []CertificateGroup `json:"issued"`
+	Failures          []CAFailure        `json:"failures"`
+}
+
+// CertificateGroup is the certificates issued for one namespace of one
+// member.
+type CertificateGroup struct {
+	Member    string `json:"member"`
+	Namespace string `json:"namespace"`
+	Issued    uint64 `json:"issued"`
+	// Valid counts the identities whose latest certificate has not expired;
+	// NextExpiry is the soonest expiry among those latest certificates.
+	Valid      int        `json:"valid"`
+	NextExpiry *time.Time `json:"nextExpiry"`
+}
+
+// CAFailure counts the certificate requests refused for one reason.
+type CAFailure struct {
+	Reason      string     `json:"reason"`
+	Total       uint64     `json:"total"`
+	LastHour    uint64     `json:"lastHour"`
+	Last        *time.Time `json:"last"`
+	LastMessage string     `json:"lastMessage,omitempty"`
+}
+
+// ToCertificates converts the CA's read model.
+func ToCertificates(st hub.CertificateStats) Certificates {
+	out := Certificates{DefaultTTLSeconds: int64(st.DefaultTTL.Seconds()), MaxTTLSeconds: int64(st.MaxTTL.Seconds()),
+		Issued: []CertificateGroup{}, Failures: []CAFailure{}}
+	for _, g := range st.Groups {
+		out.Issued = append(out.Issued, CertificateGroup{Member: g.Member, Namespace: g.Namespace, Issued: g.Issued, Valid: g.Valid, NextExpiry: timePtr(g.NextExpiry)})
+	}
+	for _, f := range st.Failures {
+		out.Failures = append(out.Failures, CAFailure{Reason: f.Reason, Total: f.Total, LastHour: f.LastHour, Last: timePtr(f.Last), LastMessage: f.LastMessage})
+	}
+	return out
+}

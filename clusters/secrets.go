@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -185,6 +186,12 @@ func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (name
 	parts := strings.Split(tr.Status.User.Username, ":")
 	if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" || parts[2] == "" || parts[3] == "" {
 		return "", "", fmt.Errorf("%w: cluster %s: %q is not a service account", ErrTokenRejected, cluster, tr.Status.User.Username)
+	}
+	// As istiod: the username alone could come from another authenticator
+	// (a static token file may name any user); the API server puts only
+	// service-account tokens in this group.
+	if !slices.Contains(tr.Status.User.Groups, "system:serviceaccounts") {
+		return "", "", fmt.Errorf("%w: cluster %s: %q is not in group system:serviceaccounts", ErrTokenRejected, cluster, tr.Status.User.Username)
 	}
 	return parts[2], parts[3], nil
 }

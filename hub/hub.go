@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -67,6 +68,15 @@ type Options struct {
 	// Tokens, if set, authenticates proxies on the mTLS listener that
 	// present a Kubernetes service-account token instead of a certificate.
 	Tokens TokenReviewer
+	// Signer, if set, serves Istio's CA API
+	// (istio.v1.auth.IstioCertificateService) on the mTLS listener only:
+	// workload certificates for callers authenticated by Tokens or by a
+	// certificate it issued. It needs Roots.
+	Signer WorkloadSigner
+	// MaxWorkloadCertTTL is the longest workload certificate the CA API
+	// issues; a longer request is refused with InvalidArgument. Zero means
+	// DefaultMaxWorkloadCertTTL.
+	MaxWorkloadCertTTL time.Duration
 	// Namespace is the hub's own namespace: its Secrets are never served
 	// over SDS, in any member.
 	Namespace string
@@ -109,6 +119,7 @@ type Hub struct {
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
+	ca      *caServer    // nil: no CA API
 	codec   *sharedCodec // the ADS servers' gRPC codec
 	servers atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
@@ -165,6 +176,19 @@ func New(opts Options) (*Hub, error) {
 		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
 	}
 	h.proxies.identify = h.watcher.identify
+	if opts.Signer != nil {
+		if opts.Roots == nil {
+			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
+		}
+		h.ca = newCAServer(opts.Signer, opts.Roots, h.proxies.tokens, opts.MaxWorkloadCertTTL, opts.Log)
+		if opts.Metrics != nil {
+			for _, c := range h.ca.stats.collectors() {
+				if err := opts.Metrics.Register(c); err != nil {
+					return nil, fmt.Errorf("registering CA metrics: %w", err)
+				}
+			}
+		}
+	}
 	return h, nil
 }
 
@@ -198,6 +222,17 @@ func (h *Hub) PushLatency() LatencySummary { return h.watcher.latency.summary() 
 // PushesPerSecond returns the xDS responses sent in each of the last 60
 // seconds, oldest first.
 func (h *Hub) PushesPerSecond() []int { return h.proxies.pushesPerSecond() }
+
+// Certificates summarises the workload certificates the CA API issued and
+// the requests it refused; ok is false when the hub serves no CA API.
+func (h *Hub) Certificates() (CertificateStats, bool) {
+	if h.ca == nil {
+		return CertificateStats{}, false
+	}
+	st := h.ca.stats.snapshot()
+	st.DefaultTTL, st.MaxTTL = h.ca.defaultTTL, h.ca.maxTTL
+	return st, true
+}
 
 // ServiceSummary is one federated service with its endpoints per member.
 type ServiceSummary struct {
@@ -262,7 +297,8 @@ func (h *Hub) admitStream(ctx context.Context) error {
 // plaintext when tlsCfg is nil (never serving secrets), else mTLS with
 // tlsCfg deciding which client certificates are accepted; there a stream
 // without a verified certificate or a valid service-account token is
-// refused with Unauthenticated. When ctx ends it drains (see
+// refused with Unauthenticated, and Istio's CA API is served beside ADS
+// when the hub has a signer (Options.Signer); never in plaintext. When ctx ends it drains (see
 // Options.DrainGrace) and returns once every stream is gone; pushes keep
 // flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
@@ -327,6 +363,9 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)
 	listenerservice.RegisterListenerDiscoveryServiceServer(srv, xds)
 	routeservice.RegisterRouteDiscoveryServiceServer(srv, xds)
+	if tlsCfg != nil && h.ca != nil {
+		securityv1alpha1.RegisterIstioCertificateServiceServer(srv, h.ca)
+	}
 	served := make(chan struct{})
 	drained := make(chan struct{})
 	go func() {

@@ -72,12 +72,23 @@ func (ca *CA) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (
 // issue signs an X.509-SVID for id with a fresh key, the given DNS SANs and
 // extra extensions, valid for ttl but never beyond the CA's own certificate.
 func (ca *CA) issue(id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*x509svid.SVID, error) {
-	if id.TrustDomain() != ca.TrustDomain {
-		return nil, fmt.Errorf("SVID %s is outside trust domain %s", id, ca.TrustDomain)
-	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
+	}
+	leaf, err := ca.sign(&key.PublicKey, id, ttl, dnsNames, extra)
+	if err != nil {
+		return nil, err
+	}
+	return &x509svid.SVID{ID: id, Certificates: append([]*x509.Certificate{leaf}, ca.chainWithSigner()...), PrivateKey: key}, nil
+}
+
+// sign makes a leaf certificate for id with the given public key, DNS SANs
+// and extra extensions, valid for ttl but never beyond the CA's own
+// certificate, with serverAuth and clientAuth usages.
+func (ca *CA) sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*x509.Certificate, error) {
+	if id.TrustDomain() != ca.TrustDomain {
+		return nil, fmt.Errorf("SVID %s is outside trust domain %s", id, ca.TrustDomain)
 	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {
@@ -99,15 +110,11 @@ func (ca *CA) issue(id spiffeid.ID, ttl time.Duration, dnsNames []string, extra 
 		ExtKeyUsage:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		ExtraExtensions: extra,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.Key)
 	if err != nil {
 		return nil, fmt.Errorf("signing SVID for %s: %w", id, err)
 	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &x509svid.SVID{ID: id, Certificates: append([]*x509.Certificate{leaf}, ca.chainWithSigner()...), PrivateKey: key}, nil
+	return x509.ParseCertificate(der)
 }
 
 // chainWithSigner is the signing certificate followed by its chain, unless

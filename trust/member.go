@@ -1,9 +1,12 @@
 package trust
 
 import (
+	"bytes"
+	"crypto"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
+	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -63,12 +66,79 @@ func MemberOf(cert *x509.Certificate) (string, bool) {
 // Kubernetes Secrets over SDS to a certificate identity only when the
 // certificate carries that member's binding.
 func (ca *CA) IssueWorkloadSVID(id spiffeid.ID, member string, ttl time.Duration) (*x509svid.SVID, error) {
+	ext, err := memberExtension(member)
+	if err != nil {
+		return nil, err
+	}
+	return ca.issue(id, ttl, nil, []pkix.Extension{ext})
+}
+
+// SignWorkloadKey signs a workload certificate for the caller's own public
+// key (from a CSR whose signature the caller has checked): id as the only
+// SAN, bound to member as IssueWorkloadSVID does, serverAuth and clientAuth,
+// valid for ttl but never beyond the CA's own certificate. It returns the
+// leaf only; WorkloadChain completes it.
+func (ca *CA) SignWorkloadKey(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) (*x509.Certificate, error) {
+	ext, err := memberExtension(member)
+	if err != nil {
+		return nil, err
+	}
+	return ca.sign(pub, id, ttl, nil, []pkix.Extension{ext})
+}
+
+// memberExtension is the member binding extension (MemberOID) for member.
+func memberExtension(member string) (pkix.Extension, error) {
 	if !validMember(member) {
-		return nil, fmt.Errorf("member %q is not a valid cluster ID", member)
+		return pkix.Extension{}, fmt.Errorf("member %q is not a valid cluster ID", member)
 	}
 	value, err := asn1.MarshalWithParams(member, "utf8")
 	if err != nil {
-		return nil, fmt.Errorf("encoding member binding: %w", err)
+		return pkix.Extension{}, fmt.Errorf("encoding member binding: %w", err)
 	}
-	return ca.issue(id, ttl, nil, []pkix.Extension{{Id: MemberOID, Value: value}})
+	return pkix.Extension{Id: MemberOID, Value: value}, nil
+}
+
+// SignWorkload signs a workload certificate for pub with our CA (see
+// CA.SignWorkloadKey) and returns it with its chain up to our root, root
+// last (see CA.WorkloadChain).
+func (f *Federation) SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error) {
+	f.mu.RLock()
+	st := f.local
+	f.mu.RUnlock()
+	if st == nil {
+		return nil, errors.New("our CA is not loaded yet")
+	}
+	leaf, err := st.ca.SignWorkloadKey(pub, id, member, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return st.ca.WorkloadChain(leaf, st.roots)
+}
+
+// WorkloadChain is the chain Istio's CA API answers for leaf, one of ours:
+// leaf, the CA's signing certificate, its chain, and the root among roots
+// that anchors the last of them unless that already is a self-signed root.
+// The root is last and never twice, so the chain has at least two
+// certificates (istio-agent refuses a chain of one).
+func (ca *CA) WorkloadChain(leaf *x509.Certificate, roots []*x509.Certificate) ([]*x509.Certificate, error) {
+	chain := []*x509.Certificate{leaf, ca.Cert}
+	for _, c := range ca.Chain {
+		if !c.Equal(chain[len(chain)-1]) {
+			chain = append(chain, c)
+		}
+	}
+	last := chain[len(chain)-1]
+	if selfSigned(last) {
+		return chain, nil
+	}
+	for _, r := range roots {
+		if last.CheckSignatureFrom(r) == nil {
+			return append(chain, r), nil
+		}
+	}
+	return nil, fmt.Errorf("no root of trust domain %s signed %q: the CA chain is incomplete", ca.TrustDomain, last.Subject)
+}
+
+func selfSigned(c *x509.Certificate) bool {
+	return bytes.Equal(c.RawIssuer, c.RawSubject) && c.CheckSignatureFrom(c) == nil
 }

@@ -90,6 +90,9 @@ type Config struct {
 	Federation api.Federation
 	// Trust, if set, feeds the trust page.
 	Trust TrustDomains
+	// CA, if set, adds the workload certificates the hub's CA issued and
+	// refused to the trust page.
+	CA api.CertificateAuthority
 	// Auth checks the API tokens users sign in with; nil refuses every
 	// sign-in.
 	Auth api.Authenticator
@@ -491,6 +494,11 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 			}
 		}
 		m["TrustDomains"] = out
+		if a.CA != nil {
+			if st, ok := a.CA.Certificates(); ok {
+				m["CA"] = api.ToCertificates(st)
+			}
+		}
 	case "proxy":
 		cfg, ok := a.Federation.ProxyConfig(id)
 		if !ok {
@@ -617,6 +625,14 @@ var funcs = template.FuncMap{
 		return d.String() + " ago"
 	},
 	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	// expiry shows when a time comes, and how far away it is.
+	"expiry": func(t *time.Time) string {
+		if t == nil {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z") + " (in " + time.Until(*t).Round(time.Minute).String() + ")"
+	},
+	"seconds": func(s int64) string { return (time.Duration(s) * time.Second).String() },
 	"short": func(s string) string {
 		if len(s) > 12 {
 			return s[:12] + "…"

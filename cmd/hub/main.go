@@ -56,6 +56,7 @@ type config struct {
 	logLevel             string
 	newStreamsPerSecond  float64
 	shutdownGrace        time.Duration
+	maxWorkloadCertTTL   time.Duration
 	xdsLimits            xdsLimits
 }
 
@@ -102,6 +103,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxStreams, "xds-max-streams", hub.DefaultMaxStreams, "open xDS streams of this replica; more are refused with ResourceExhausted")
 	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
+	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", hub.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
 
@@ -126,6 +128,9 @@ func (c *config) validate() error {
 	}
 	if c.newStreamsPerSecond <= 0 {
 		return fmt.Errorf("--new-streams-per-second must be positive, not %v", c.newStreamsPerSecond)
+	}
+	if c.maxWorkloadCertTTL < time.Second {
+		return fmt.Errorf("--max-workload-cert-ttl must be at least 1s, not %s", c.maxWorkloadCertTTL)
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace must be positive, not %s", c.shutdownGrace)

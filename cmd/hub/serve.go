@@ -43,7 +43,8 @@ import (
 //     (distribute.Source), reporting changed kinds to the feed;
 //  7. the hub, consuming the feed and serving the index, with the registry
 //     as its Secret source, access authorizer, token reviewer and
-//     readiness, trust federation as its roots, and the distributed
+//     readiness, trust federation as its roots and the signer of its CA
+//     API (Istio's CreateCertificate), and the distributed
 //     objects as Istio config for member istiods;
 //  8. the admin server: the REST API (package api) and the dashboard
 //     (package web) on one router.
@@ -115,6 +116,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
 		Tokens:              registry,
+		Signer:              fed,
+		MaxWorkloadCertTTL:  cfg.maxWorkloadCertTTL,
 		Roots:               fed,
 		Namespace:           cfg.namespace,
 		Settled:             registry.Ready,
@@ -162,6 +165,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Registrar:  registrar,
 		Federation: h,
 		Trust:      fed,
+		CA:         h,
 		Auth:       auth,
 		Log:        log,
 	})
@@ -171,6 +175,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		Federation:   h,
 		Trust:        fed,
 		Distribution: distributed,
+		CA:           h,
 		Auth:         auth,
 		Metrics:      metrics,
 		Log:          log,

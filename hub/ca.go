@@ -1,0 +1,289 @@
+package hub
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+)
+
+// Istio's CA API (DESIGN.md §3.8): istio-agent sends a CSR to
+// istio.v1.auth.IstioCertificateService/CreateCertificate on the mTLS xDS
+// port and gets the certificate of its workload identity. The caller
+// proves who it is with a client certificate of our trust domain bound to
+// a member (renewal), else with a Kubernetes service-account token that
+// the member named by its ClusterID header reviews. The certificate names
+// exactly that identity, whatever the CSR asks for, and is bound to that
+// member (trust.MemberOID), which SDS relies on.
+
+// WorkloadSigner signs workload certificates for Istio's CA API
+// (trust.Federation implements it).
+type WorkloadSigner interface {
+	// SignWorkload signs pub for id, bound to member, valid for ttl (never
+	// beyond the CA's own certificate), and returns the chain: the leaf
+	// first, the root last.
+	SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error)
+}
+
+// Workload certificate lifetimes. The default is istiod's and what
+// istio-agent asks for unless SECRET_TTL says otherwise. The maximum is
+// a week rather than istiod's 90 days: a certificate cannot be revoked,
+// so the maximum is how long a leaked one stays good after its
+// ServiceAccount is gone, and agents renew at half their lifetime anyway;
+// a week still covers agents configured for multi-day certificates.
+const (
+	DefaultWorkloadCertTTL    = 24 * time.Hour
+	DefaultMaxWorkloadCertTTL = 7 * 24 * time.Hour
+)
+
+// maxCSRBytes bounds the CSR of one request (a PEM RSA-4096 CSR is ~1.7 KiB).
+const maxCSRBytes = 64 << 10
+
+// maxRSABits bounds an RSA CSR key: checking its signature costs more
+// with every bit.
+const maxRSABits = 8192
+
+// caServer is the IstioCertificateService of the mTLS listener.
+type caServer struct {
+	securityv1alpha1.UnimplementedIstioCertificateServiceServer
+	signer     WorkloadSigner
+	roots      RootSource
+	tokens     *tokenAuth // nil: tokens are not accepted
+	defaultTTL time.Duration
+	maxTTL     time.Duration
+	stats      *caStats
+	log        *slog.Logger
+}
+
+func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, maxTTL time.Duration, log *slog.Logger) *caServer {
+	if maxTTL <= 0 {
+		maxTTL = DefaultMaxWorkloadCertTTL
+	}
+	return &caServer{signer: signer, roots: roots, tokens: tokens,
+		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log}
+}
+
+// caError is a refused request: its gRPC code, the metrics reason (one of
+// the caReason* constants) and what the caller is told.
+type caError struct {
+	code   codes.Code
+	reason string
+	msg    string
+}
+
+func (e *caError) Error() string { return e.msg }
+
+func refuse(code codes.Code, reason, format string, args ...any) *caError {
+	return &caError{code: code, reason: reason, msg: fmt.Sprintf(format, args...)}
+}
+
+// Reasons a request is refused: the label values of
+// hub_ca_requests_failed_total, a fixed set.
+const (
+	caReasonNoCredentials       = "no_credentials"       // neither a certificate nor a token, or a token without ClusterID
+	caReasonTokenRejected       = "token_rejected"       // the member did not accept the token (or could not review it)
+	caReasonCertificateRejected = "certificate_rejected" // not a member-bound workload certificate of our trust domain
+	caReasonClusterMismatch     = "cluster_mismatch"     // a certificate bound to one member, ClusterID naming another
+	caReasonInvalidCSR          = "invalid_csr"
+	caReasonInvalidTTL          = "invalid_ttl"
+	caReasonSigning             = "signing_failed" // Internal
+)
+
+// caReasons lists every reason, for the read model's stable order.
+var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonCertificateRejected,
+	caReasonClusterMismatch, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
+
+// CreateCertificate signs the CSR's public key for the caller's
+// authenticated identity. Errors are Unauthenticated (who the caller is),
+// InvalidArgument (what it asked for) or Internal (signing); each is
+// logged with the member, the identity when known and the reason, never
+// with the token or the CSR.
+func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	start := time.Now()
+	id, claimed, err := s.authenticate(ctx)
+	if err != nil {
+		return nil, s.fail(ctx, id, claimed, err)
+	}
+	pub, err := parseCSR(req.GetCsr())
+	if err != nil {
+		return nil, s.fail(ctx, id, claimed, err)
+	}
+	ttl, err := s.ttl(req.GetValidityDuration())
+	if err != nil {
+		return nil, s.fail(ctx, id, claimed, err)
+	}
+	chain, err := s.signer.SignWorkload(pub, id.spiffeID, id.cluster, ttl)
+	if err != nil {
+		return nil, s.fail(ctx, id, claimed, refuse(codes.Internal, caReasonSigning, "signing the certificate of %s failed: %v", id.spiffeID, err))
+	}
+	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: make([]string, len(chain))}
+	for i, c := range chain {
+		resp.CertChain[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
+	}
+	s.stats.issued(id.cluster, id.namespace, id.spiffeID.String(), chain[0].NotAfter, time.Since(start))
+	s.log.Debug("workload certificate issued", "cluster", id.cluster, "identity", id.spiffeID.String(), "byToken", id.fromToken,
+		"notAfter", chain[0].NotAfter.UTC().Format(time.RFC3339), "peer", peerAddr(ctx))
+	return resp, nil
+}
+
+// fail counts and logs a refused request and returns its gRPC status.
+func (s *caServer) fail(ctx context.Context, id identity, claimed string, err error) error {
+	ce, ok := err.(*caError)
+	if !ok {
+		ce = refuse(codes.Internal, caReasonSigning, "%v", err)
+	}
+	s.stats.failed(ce.reason, ce.msg)
+	cluster := id.cluster
+	if cluster == "" {
+		cluster = truncate(claimed, 64)
+	}
+	ident := ""
+	if !id.spiffeID.IsZero() {
+		ident = id.spiffeID.String()
+	}
+	s.log.Warn("workload certificate refused", "cluster", cluster, "identity", ident, "reason", ce.reason,
+		"code", ce.code.String(), "error", ce.msg, "peer", peerAddr(ctx))
+	return status.Error(ce.code, ce.msg)
+}
+
+// authenticate returns the caller's identity and the member its ClusterID
+// header names (as sent, for logs): from a verified client certificate if
+// it presented one, else from its service-account token.
+func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	claimed := ""
+	if v := md.Get("clusterid"); len(v) > 0 {
+		claimed = v[0]
+	}
+	pr, _ := peer.FromContext(ctx)
+	var info credentials.TLSInfo
+	if pr != nil {
+		info, _ = pr.AuthInfo.(credentials.TLSInfo)
+	}
+	if !info.State.HandshakeComplete {
+		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials, "the CA is served only over TLS")
+	}
+	if len(info.State.PeerCertificates) > 0 {
+		id, err := s.fromCertificate(info.State.PeerCertificates, claimed)
+		return id, claimed, err
+	}
+	token := bearerToken(md)
+	if token == "" {
+		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
+			"a client certificate issued by this hub or a Kubernetes service-account token (authorization: Bearer) is required")
+	}
+	if claimed == "" {
+		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
+			"the ClusterID header is required with a service-account token: it names the member cluster that reviews the token")
+	}
+	id, err := s.tokens.authenticate(ctx, claimed, token)
+	if err != nil {
+		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
+			"the service-account token was not accepted by member %s: %v", truncate(claimed, 64), err)
+	}
+	return id, claimed, nil
+}
+
+// fromCertificate authenticates a client certificate the TLS listener has
+// verified (against the bundle of the trust domain it names): only a
+// workload certificate of our own trust domain bound to a member by our
+// CA may renew itself. A federated peer's certificate never gets one of
+// ours.
+func (s *caServer) fromCertificate(chain []*x509.Certificate, claimed string) (identity, error) {
+	sid, err := x509svid.IDFromCert(chain[0])
+	if err != nil {
+		return identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected, "the client certificate has no SPIFFE ID: %v", err)
+	}
+	local := s.roots.LocalTrustDomain()
+	if sid.TrustDomain().Name() != local {
+		return identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected,
+			"the client certificate is of trust domain %s: this CA issues certificates of %s to its own workloads only (use a service-account token)", sid.TrustDomain().Name(), local)
+	}
+	id := identity{spiffeID: sid, namespace: namespaceOf(sid)}
+	if id.namespace == "" || serviceAccountOf(sid) == "" {
+		return id, refuse(codes.Unauthenticated, caReasonCertificateRejected, "%s is not a workload identity (spiffe://%s/ns/<namespace>/sa/<service account>)", sid, local)
+	}
+	if id.cluster = memberBinding(chain, s.roots); id.cluster == "" {
+		return id, refuse(codes.Unauthenticated, caReasonCertificateRejected,
+			"the client certificate of %s is not bound to a member cluster by this hub's CA (use a service-account token)", sid)
+	}
+	if claimed != "" && claimed != id.cluster {
+		return id, refuse(codes.Unauthenticated, caReasonClusterMismatch,
+			"the client certificate of %s is bound to member %s, not to %s named by the ClusterID header", sid, id.cluster, truncate(claimed, 64))
+	}
+	return id, nil
+}
+
+// parseCSR returns the public key of a PEM CSR whose signature verifies:
+// RSA of 2048 to 8192 bits, or ECDSA on P-256 or P-384. Nothing else of the
+// CSR is used: its subject and SANs are ignored.
+func parseCSR(csrPEM string) (crypto.PublicKey, error) {
+	invalid := func(format string, args ...any) error {
+		return refuse(codes.InvalidArgument, caReasonInvalidCSR, format, args...)
+	}
+	if csrPEM == "" {
+		return nil, invalid("the request has no CSR")
+	}
+	if len(csrPEM) > maxCSRBytes {
+		return nil, invalid("the CSR is %d bytes; at most %d are accepted", len(csrPEM), maxCSRBytes)
+	}
+	block, _ := pem.Decode([]byte(csrPEM))
+	if block == nil || (block.Type != "CERTIFICATE REQUEST" && block.Type != "NEW CERTIFICATE REQUEST") {
+		return nil, invalid("the CSR is not a PEM CERTIFICATE REQUEST")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, invalid("the CSR cannot be parsed: %v", err)
+	}
+	switch k := csr.PublicKey.(type) {
+	case *rsa.PublicKey:
+		if bits := k.N.BitLen(); bits < 2048 || bits > maxRSABits {
+			return nil, invalid("the CSR's RSA key has %d bits; 2048 to %d are accepted", bits, maxRSABits)
+		}
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
+			return nil, invalid("the CSR's ECDSA key is on curve %s; P-256 and P-384 are accepted", k.Curve.Params().Name)
+		}
+	default:
+		return nil, invalid("the CSR's %s key is not accepted: RSA (2048 bits or more) and ECDSA (P-256, P-384) are", csr.PublicKeyAlgorithm)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, invalid("the CSR's signature does not verify: %v", err)
+	}
+	return csr.PublicKey, nil
+}
+
+// ttl is the lifetime of the certificate asked for: validity_duration
+// seconds, the default when it is not positive.
+func (s *caServer) ttl(seconds int64) (time.Duration, error) {
+	if seconds <= 0 {
+		return s.defaultTTL, nil
+	}
+	if seconds > int64(s.maxTTL/time.Second) {
+		return 0, refuse(codes.InvalidArgument, caReasonInvalidTTL,
+			"validity_duration %ds is above the maximum workload certificate lifetime %s (--max-workload-cert-ttl)", seconds, s.maxTTL)
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+func peerAddr(ctx context.Context) string {
+	if pr, ok := peer.FromContext(ctx); ok && pr.Addr != nil {
+		return pr.Addr.String()
+	}
+	return ""
+}

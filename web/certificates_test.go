@@ -1,0 +1,45 @@
+package web
+
+import (
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hubmesh/hub/hub"
+)
+
+func (fakeModels) Certificates() (hub.CertificateStats, bool) {
+	return hub.CertificateStats{DefaultTTL: 24 * time.Hour, MaxTTL: 168 * time.Hour,
+		Groups: []hub.CertificateGroup{{Member: "west", Namespace: "shop", Issued: 42, Valid: 7, NextExpiry: time.Now().Add(5 * time.Hour)}},
+		Failures: []hub.CAFailure{{Reason: "invalid_csr", Total: 3, LastHour: 2, Last: time.Now(),
+			LastMessage: `the CSR cannot be parsed: <script>alert(1)</script>`}, {Reason: "invalid_ttl"}},
+	}, true
+}
+
+// TestTrustPageShowsWorkloadCertificates: the trust page lists what the CA
+// issued per member and namespace and what it refused, escaped.
+func TestTrustPageShowsWorkloadCertificates(t *testing.T) {
+	m := fakeModels{}
+	h := New(Config{Membership: m, Registrar: m, Federation: m, CA: m, Auth: &fakeAuth{}})
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/signin", strings.NewReader(url.Values{"token": {"good"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	h.ServeHTTP(rec, req)
+	session := rec.Result().Cookies()[0]
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest("GET", "/trust", nil)
+	req.AddCookie(session)
+	h.ServeHTTP(rec, req)
+	body := rec.Body.String()
+	for _, want := range []string{"Workload certificates", "<td>west</td><td>shop</td><td>42</td><td>7</td>", "(in 5h0m0s)",
+		"at most 168h0m0s", "<code>invalid_csr</code></td><td>2</td><td>3</td>", "&lt;script&gt;"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("trust page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "<script>alert") {
+		t.Error("a refusal message is rendered unescaped")
+	}
+}
