@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -243,4 +244,120 @@ func TestPilotAgentWorkloadCertificate(t *testing.T) {
 	if a.logContains("registered overlapping stream") {
 		t.Errorf("the agent saw overlapping xDS streams from one grpc-go client (istio#53532)")
 	}
+}
+
+// TestPilotAgentRotatesCertificate: with a short certificate lifetime
+// (the agent's SECRET_TTL, under the hub's --max-workload-cert-ttl) the
+// real agent renews its certificate from the hub before it expires and
+// rewrites its cert files: each new certificate is another one (new
+// serial and key), for the same identity and member, valid now and chained
+// to the hub's root; the hub counts every issuance. An agent asking for
+// more than the maximum gets no certificate (InvalidArgument), and says so.
+func TestPilotAgentRotatesCertificate(t *testing.T) {
+	t.Parallel() // it mostly waits for the agent's timer
+	e := localcluster.Require(t, env)
+	west := e.Cluster("west")
+	dataPlaneIP(t)
+	pilotAgentBin(t)
+	app := "rotate-" + rand.String(5)
+	h := startAgentHub(t, e, spiffeid.RequireTrustDomainFromString("rotate.test"), "--max-workload-cert-ttl", "10m")
+
+	// 1 minute certificates, renewed when three quarters of the lifetime
+	// are left (the agent's grace period ratio, ±1% jitter): every ~15 s,
+	// each 45 s before the old one expires.
+	const ttl = time.Minute
+	a := h.agent(t, west, app, "rotating", "SECRET_TTL="+ttl.String(), "SECRET_GRACE_PERIOD_RATIO=0.75")
+	leaf := h.checkWorkloadCert(t, a, app, "rotating", "west")
+	// The hub backdates NotBefore (clock skew); NotAfter is issuance + TTL.
+	if left := time.Until(leaf.NotAfter); left > ttl+5*time.Second || left < ttl/2 {
+		t.Errorf("the new certificate expires in %s; want about SECRET_TTL %s", left, ttl)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(a.CertDir, "key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rotations = 2
+	for i := 1; i <= rotations; i++ {
+		eventually(t, 3*ttl, func() error {
+			if !a.alive() {
+				t.Fatalf("pilot-agent exited: %v", a.exitErr)
+			}
+			if c, err := x509.ParseCertificate(a.certChain(t)[0]); err != nil || c.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
+				return fmt.Errorf("rotation %d: cert-chain.pem still holds serial %x (%v)", i, leaf.SerialNumber, err)
+			}
+			return nil
+		})
+		// The agent writes key, chain and root one after the other: wait
+		// until the key matches the new leaf.
+		var next *x509.Certificate
+		eventually(t, 10*time.Second, func() error {
+			next = h.checkWorkloadCert(t, a, app, "rotating", "west")
+			if err := matchesKey(next, filepath.Join(a.CertDir, "key.pem")); err != nil {
+				return err
+			}
+			return nil
+		})
+		if now := time.Now(); now.Before(next.NotBefore) || now.After(next.NotAfter) {
+			t.Errorf("rotation %d: the new certificate is valid %s to %s, not now", i, next.NotBefore, next.NotAfter)
+		}
+		if leaf.NotAfter.Before(time.Now()) {
+			t.Errorf("rotation %d came after the old certificate expired (%s)", i, leaf.NotAfter)
+		}
+		t.Logf("rotation %d: serial %x → %x, %s before the old one expired", i, leaf.SerialNumber, next.SerialNumber, time.Until(leaf.NotAfter).Round(time.Second))
+		leaf = next
+	}
+	if newKey, err := os.ReadFile(filepath.Join(a.CertDir, "key.pem")); err != nil || bytes.Equal(newKey, keyPEM) {
+		t.Errorf("key.pem was not replaced (%v): a renewal must use a new key", err)
+	}
+	var st api.Certificates
+	h.getJSON(t, "/api/v1/certificates", &st)
+	for _, g := range st.Issued {
+		if g.Member == "west" && g.Namespace == app {
+			if g.Issued < 1+rotations || g.Valid != 1 {
+				t.Errorf("/api/v1/certificates: %+v; want ≥ %d issued, 1 valid", g, 1+rotations)
+			}
+		}
+	}
+
+	// Above the hub's maximum: refused, so no files, and the agent keeps
+	// retrying with backoff, logging why.
+	greedy := launchAgent(t, agentOptions{Member: west, Namespace: app, ServiceAccount: "greedy", HubAddr: h.addrs["xds-tls"],
+		HubName: agentHubName, RootPEM: h.rootPEM, TrustDomain: h.td.Name(), Env: []string{"SECRET_TTL=24h"}})
+	eventually(t, time.Minute, func() error {
+		if !greedy.logContains("InvalidArgument") {
+			return fmt.Errorf("the agent asking for 24h has not logged InvalidArgument")
+		}
+		return nil
+	})
+	if _, err := os.Stat(filepath.Join(greedy.CertDir, "cert-chain.pem")); err == nil {
+		t.Error("an agent asking for more than --max-workload-cert-ttl got a certificate")
+	}
+}
+
+// matchesKey checks that the private key in keyFile belongs to cert.
+func matchesKey(cert *x509.Certificate, keyFile string) error {
+	data, err := os.ReadFile(keyFile)
+	if err != nil {
+		return err
+	}
+	b, _ := pem.Decode(data)
+	if b == nil {
+		return fmt.Errorf("%s holds no PEM block", keyFile)
+	}
+	var key any
+	if key, err = x509.ParsePKCS8PrivateKey(b.Bytes); err != nil {
+		if key, err = x509.ParsePKCS1PrivateKey(b.Bytes); err != nil {
+			if key, err = x509.ParseECPrivateKey(b.Bytes); err != nil {
+				return fmt.Errorf("%s: %w", keyFile, err)
+			}
+		}
+	}
+	pub, ok := key.(interface{ Public() crypto.PublicKey })
+	if !ok {
+		return fmt.Errorf("%s: a %T has no public key", keyFile, key)
+	}
+	if eq, ok := pub.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !eq.Equal(cert.PublicKey) {
+		return fmt.Errorf("%s does not hold the key of the certificate with serial %x yet", keyFile, cert.SerialNumber)
+	}
+	return nil
 }
