@@ -190,7 +190,8 @@ func checkBootstrap(t *testing.T, a *agentProcess, ns, member string) {
 // identity of the token, bound to west, chained to the hub's root), writes
 // the cert files and the gRPC bootstrap, and proxies a grpc-go xds:///
 // client's xDS stream to the hub: the client calls a backend in west, and
-// the hub lists the stream under the token's identity.
+// the hub lists the stream under the token's identity. A second agent for
+// east runs beside it and gets east's binding.
 func TestPilotAgentWorkloadCertificate(t *testing.T) {
 	e := localcluster.Require(t, env)
 	west := e.Cluster("west")
@@ -217,6 +218,12 @@ func TestPilotAgentWorkloadCertificate(t *testing.T) {
 		t.Errorf("certificate lifetime %s; want the agent's default SECRET_TTL, 24h", ttl)
 	}
 	checkBootstrap(t, a, app, "west")
+	// A second agent side by side, for the same namespace and account name
+	// in east: its token is reviewed in east, so its certificate names the
+	// same identity bound to east.
+	ea := h.agent(t, e.Cluster("east"), app, "client")
+	h.checkWorkloadCert(t, ea, app, "client", "east")
+	checkBootstrap(t, ea, app, "east")
 
 	// The workload: a grpc-go xds:/// client with the agent's bootstrap
 	// (grpc-go reads GRPC_XDS_BOOTSTRAP before GRPC_XDS_BOOTSTRAP_CONFIG,
