@@ -16,8 +16,10 @@ build:
 k8s-bin:
 	$(K8S_BIN)
 
-# Istio's pilot-discovery (istiod) from e2e/interop's Istio module, for the
-# MCP-over-XDS e2e tests (cached outside the repo; prints the binary's path).
+# Istio's pilot-discovery (istiod) and pilot-agent from e2e/interop's Istio
+# module, for the MCP-over-XDS and workload-certificate e2e tests (cached
+# outside the repo; prints istiod's path, `e2e/interop/build-istiod.sh
+# pilot-agent` the agent's).
 istiod-bin:
 	$(ISTIOD_BIN)
 
@@ -33,11 +35,12 @@ lint:
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
 # address. Modules and binaries are fetched and built first, outside it:
-# also Istio's adsc client and istiod (e2e/interop, its own module) for the
-# e2e tests.
+# also Istio's adsc client, istiod and pilot-agent (e2e/interop, its own
+# module) for the e2e tests.
 test: lint
 	export HUB_K8S_BIN_DIR=$$($(K8S_BIN)) && \
 	HUB_ISTIOD_BIN=$$($(ISTIOD_BIN)) && export HUB_ISTIOD_BIN && \
+	HUB_PILOT_AGENT_BIN=$$($(ISTIOD_BIN) pilot-agent) && export HUB_PILOT_AGENT_BIN && \
 	(cd e2e/interop && $(GO) vet ./... && $(GO) build -o $(abspath bin)/adscclient ./cmd/adscclient) && \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient && \
 	$(GO) build ./... && $(GO) test -race -count=1 -exec /bin/true ./... >/dev/null && \

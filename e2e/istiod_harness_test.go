@@ -41,7 +41,7 @@ const istiodBinEnv = "HUB_ISTIOD_BIN"
 // elsewhere, saying how to get the binary.
 func istiodBin(t *testing.T) string {
 	t.Helper()
-	const how = "build it with `e2e/interop/build-istiod.sh` (~10 min cold on 2 cores; prints the cached binary's path) " +
+	const how = "build it with `e2e/interop/build-istiod.sh` (~11 min cold on 2 cores; prints the cached binary's path) " +
 		"and export " + istiodBinEnv + "=<that path>, or run `make test`"
 	bin := os.Getenv(istiodBinEnv)
 	var msg string
