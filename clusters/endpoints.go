@@ -1,7 +1,9 @@
 package clusters
 
 import (
+	"slices"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -21,6 +23,8 @@ const (
 // terminating ones Draining, and all others are left out (DESIGN.md §3.5).
 func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
+	out.KubernetesServiceAccounts = declaredServiceAccounts(svc.Annotations[AnnotationKubernetesServiceAccounts])
+	out.CanonicalServiceAccounts = declaredServiceAccounts(svc.Annotations[AnnotationCanonicalServiceAccounts])
 	for _, p := range svc.Spec.Ports {
 		sp := ServicePort{Name: p.Name, Port: p.Port, Protocol: string(p.Protocol)}
 		if p.AppProtocol != nil {
@@ -92,4 +96,32 @@ func endpointHealth(c discoveryv1.EndpointConditions) (Health, bool) {
 		return Healthy, true
 	}
 	return 0, false
+}
+
+// maxServiceAccountBytes bounds one declared identity (a SPIFFE ID of a
+// namespace and a service account is well under it).
+const maxServiceAccountBytes = 512
+
+// declaredServiceAccounts reads one of Istio's service-account annotations:
+// its comma-separated entries, trimmed, sorted, without duplicates. More
+// than MaxDeclaredServiceAccounts entries, or one longer than
+// maxServiceAccountBytes, declare nothing: a check against a truncated list
+// would refuse endpoints the Service says are its own.
+func declaredServiceAccounts(v string) []string {
+	if strings.TrimSpace(v) == "" || len(v) > MaxDeclaredServiceAccounts*(maxServiceAccountBytes+1) {
+		return nil
+	}
+	var out []string
+	for e := range strings.SplitSeq(v, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if len(e) > maxServiceAccountBytes || len(out) == MaxDeclaredServiceAccounts {
+			return nil
+		}
+		out = append(out, e)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

@@ -39,6 +39,10 @@ type viewService struct {
 	NotExported bool `json:"x,omitempty"`
 	// Network is Service.Network (absent: none).
 	Network string `json:"w,omitempty"`
+	// KSA and CSA are Service.KubernetesServiceAccounts and
+	// CanonicalServiceAccounts (absent: not declared).
+	KSA []string `json:"ksa,omitempty"`
+	CSA []string `json:"csa,omitempty"`
 }
 
 type viewPort struct {
@@ -69,7 +73,8 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	})
 	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
 	for _, s := range sorted {
-		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network}
+		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network,
+			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts}
 		if len(s.Ports) > 0 {
 			vs.Ports = make([]viewPort, len(s.Ports))
 			for i, p := range s.Ports {
@@ -103,7 +108,8 @@ func decodeView(data []byte) ([]*Service, error) {
 	}
 	out := make([]*Service, 0, len(doc.Services))
 	for _, vs := range doc.Services {
-		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network}
+		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
+			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA}
 		if len(vs.Ports) > 0 {
 			s.Ports = make([]ServicePort, len(vs.Ports))
 			for i, p := range vs.Ports {

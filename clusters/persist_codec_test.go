@@ -41,7 +41,8 @@ func syntheticView(services, endpoints int, seed uint64) []*Service {
 func TestViewCodecRoundTrip(t *testing.T) {
 	view := syntheticView(50, 400, 1)
 	view = append(view, &Service{Namespace: "a", Name: "no-ports"}, &Service{Namespace: "a", Name: "no-endpoints",
-		Ports: []ServicePort{{Port: 53, Protocol: "UDP"}}})
+		Ports: []ServicePort{{Port: 53, Protocol: "UDP"}}},
+		&Service{Namespace: "a", Name: "identities", KubernetesServiceAccounts: []string{"echo"}, CanonicalServiceAccounts: []string{"spiffe://x.org/ns/a/sa/b"}})
 	data, sum, err := encodeView(view)
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,29 @@ type Service struct {
 	// Network is the member's Istio network: the topology.istio.io/network
 	// label of its system namespace (SystemNamespace), "" when unset.
 	Network string
+	// KubernetesServiceAccounts and CanonicalServiceAccounts are the
+	// workload identities the Service declares for its endpoints with
+	// Istio's annotations (AnnotationKubernetesServiceAccounts: service
+	// account names in the Service's namespace; AnnotationCanonical
+	// ServiceAccounts: identities as they are), sorted, without duplicates,
+	// at most MaxDeclaredServiceAccounts of each; nil when not annotated.
+	KubernetesServiceAccounts []string
+	CanonicalServiceAccounts  []string
 }
+
+// Istio's Service annotations that declare the identities of its
+// endpoints (comma-separated): clients check the server's certificate
+// against them.
+const (
+	AnnotationKubernetesServiceAccounts = "alpha.istio.io/kubernetes-serviceaccounts"
+	AnnotationCanonicalServiceAccounts  = "alpha.istio.io/canonical-serviceaccounts"
+)
+
+// MaxDeclaredServiceAccounts bounds the identities read from each
+// annotation; an annotation with more, or with a value longer than
+// maxServiceAccountBytes, declares nothing (clients then accept any
+// identity of the trust domain).
+const MaxDeclaredServiceAccounts = 32
 
 // LabelExport on a Service set to "false" keeps it out of the config the
 // hub serves to member istiods (Service.NotExported).

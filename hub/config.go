@@ -24,7 +24,7 @@ const configLabel = "MCP"
 // config from the mcp generator (only the set version and the messages:
 // config types are served over SotW only), everything else from the
 // xDS generator.
-func (w *watcher) all(typeURL string) (wildcardSet, error) {
+func (w *watcher) all(typeURL string, fl flavour) (wildcardSet, error) {
 	if mcp.IsConfigType(typeURL) {
 		set, err := w.config.Set(typeURL)
 		if err != nil {
@@ -32,7 +32,7 @@ func (w *watcher) all(typeURL string) (wildcardSet, error) {
 		}
 		return wildcardSet{version: set.Version, anys: set.Resources}, nil
 	}
-	return w.gen.all(typeURL)
+	return w.gen.all(typeURL, fl)
 }
 
 // checkDeltaConfig refuses Istio config over Delta: istiod asks for it

@@ -195,17 +195,17 @@ func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
-	before, err := h.gen.all(resourcev3.ClusterType)
+	before, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
 	if err != nil || len(before.res) != 2 {
 		t.Fatalf("clusters: %d, %v; want 2", len(before.res), err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
 	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	after, err := h.gen.all(resourcev3.ClusterType)
+	after, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
 	if err != nil || &after.res[0] != &before.res[0] || after.version != before.version {
 		t.Fatalf("after an endpoint change the cluster set was rebuilt (%v)", err)
 	}
-	eds, err := h.gen.all(resourcev3.EndpointType)
+	eds, err := h.gen.all(resourcev3.EndpointType, flavourPlain)
 	if err != nil || len(eds.res) != 2 {
 		t.Fatalf("endpoints: %d, %v; want 2", len(eds.res), err)
 	}
@@ -213,13 +213,13 @@ func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, svc)
 	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	grown, err := h.gen.all(resourcev3.ClusterType)
+	grown, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
 	if err != nil || len(grown.res) != 3 || grown.version == before.version {
 		t.Fatalf("after a new port: %d clusters, version changed %v, %v; want 3 and a new version", len(grown.res), grown.version != before.version, err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
 	h.gen.invalidate(map[string]struct{}{"a.demo.svc.cluster.local": {}})
-	if shrunk, err := h.gen.all(resourcev3.ClusterType); err != nil || len(shrunk.res) != 2 {
+	if shrunk, err := h.gen.all(resourcev3.ClusterType, flavourPlain); err != nil || len(shrunk.res) != 2 {
 		t.Fatalf("after a service went away: %d clusters, %v; want 2", len(shrunk.res), err)
 	}
 }

@@ -54,6 +54,11 @@ const generatedHostnames = 20000
 // content hashes, so a resource rebuilt after eviction is not resent.
 type generator struct {
 	index *Index
+	// mtls is the mesh-wide mTLS mode of proxyless gRPC workloads and
+	// trustDomain ours, whose identities their clients accept (see
+	// flavourOf, peerSANs); both are fixed for the generator's life.
+	mtls        MTLSMode
+	trustDomain string
 
 	mu    sync.Mutex
 	cache *simplelru.LRU[string, map[resourceKey]*resource] // hostname → resource (only existing ones)
@@ -63,8 +68,12 @@ type generator struct {
 	// hostnames' resources and keeps the set when they are as it has them
 	// (an endpoint change leaves every Cluster as it is). allGen counts
 	// invalidations so a set built or checked before one is not stored.
-	wildcard map[string]wildcardSet
+	wildcard map[wildcardSetKey]wildcardSet
 	allGen   uint64
+	// inbound memoises proxyless gRPC servers' inbound listeners by name
+	// (they depend on the name and the mode only); cleared when it holds
+	// maxInbound, since the names are the clients' words.
+	inbound map[string]*resource
 	// gens stamps each hostname's last invalidation (from the counter
 	// stamp), so that a resource built from the index before an
 	// invalidation is never stored after it. Hostnames come and go: when
@@ -75,6 +84,15 @@ type generator struct {
 	stamp    uint64
 	genFloor uint64
 }
+
+// wildcardSetKey names a wildcard set: a type in one flavour.
+type wildcardSetKey struct {
+	typeURL string
+	fl      flavour
+}
+
+// maxInbound bounds the generator's memo of inbound listeners.
+const maxInbound = 4096
 
 // maxGens bounds the generator's per-hostname invalidation stamps.
 const maxGens = 2 * generatedHostnames
@@ -92,7 +110,7 @@ func newGenerator(index *Index) *generator {
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	return &generator{index: index, cache: cache, gens: map[string]uint64{}, wildcard: map[string]wildcardSet{}}
+	return &generator{index: index, mtls: DefaultMTLSMode, cache: cache, gens: map[string]uint64{}, wildcard: map[wildcardSetKey]wildcardSet{}, inbound: map[string]*resource{}}
 }
 
 // wildcardSet is every resource of one type, sorted by name, and the
@@ -111,11 +129,13 @@ type wildcardSet struct {
 // before it is rebuilt instead.
 const maxWildcardChanges = 256
 
-// all returns every resource of a type, built or checked once per change
-// of the index however many wildcard watches ask.
-func (g *generator) all(typeURL string) (wildcardSet, error) {
+// all returns every resource of a type in a flavour, built or checked
+// once per change of the index however many wildcard watches ask.
+func (g *generator) all(typeURL string, fl flavour) (wildcardSet, error) {
+	fl = g.flavourFor(typeURL, fl)
+	key := wildcardSetKey{typeURL, fl}
 	g.mu.Lock()
-	set, ok := g.wildcard[typeURL]
+	set, ok := g.wildcard[key]
 	changed := set.changed
 	if ok && changed == nil {
 		g.mu.Unlock()
@@ -124,7 +144,7 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 	gen := g.allGen
 	g.mu.Unlock()
 	if ok {
-		same, err := g.sameHosts(typeURL, set, changed)
+		same, err := g.sameHosts(typeURL, fl, set, changed)
 		if err != nil {
 			return wildcardSet{}, err
 		}
@@ -132,13 +152,13 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 			set.changed = nil
 			g.mu.Lock()
 			if g.allGen == gen {
-				g.wildcard[typeURL] = set
+				g.wildcard[key] = set
 			}
 			g.mu.Unlock()
 			return set, nil
 		}
 	}
-	res, err := g.resources(typeURL, g.allNames(typeURL))
+	res, err := g.resources(typeURL, g.allNames(typeURL), fl)
 	if err != nil {
 		return wildcardSet{}, err
 	}
@@ -151,7 +171,7 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 	}
 	g.mu.Lock()
 	if g.allGen == gen {
-		g.wildcard[typeURL] = set
+		g.wildcard[key] = set
 	}
 	g.mu.Unlock()
 	return set, nil
@@ -159,9 +179,9 @@ func (g *generator) all(typeURL string) (wildcardSet, error) {
 
 // sameHosts reports whether the resources of typeURL of these hostnames
 // are exactly the ones set has of them.
-func (g *generator) sameHosts(typeURL string, set wildcardSet, hosts map[string]struct{}) (bool, error) {
+func (g *generator) sameHosts(typeURL string, fl flavour, set wildcardSet, hosts map[string]struct{}) (bool, error) {
 	for host := range hosts {
-		res, err := g.resources(typeURL, hostNames(typeURL, host, g.index.Service(host)))
+		res, err := g.resources(typeURL, hostNames(typeURL, host, g.index.Service(host)), fl)
 		if err != nil {
 			return false, err
 		}
@@ -195,9 +215,9 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 		return
 	}
 	g.allGen++
-	for typeURL, set := range g.wildcard {
+	for key, set := range g.wildcard {
 		if len(set.changed)+len(hostnames) > maxWildcardChanges {
-			delete(g.wildcard, typeURL)
+			delete(g.wildcard, key)
 			continue
 		}
 		changed := make(map[string]struct{}, len(set.changed)+len(hostnames)) // sets handed out keep theirs
@@ -208,16 +228,16 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 			changed[h] = struct{}{}
 		}
 		set.changed = changed
-		g.wildcard[typeURL] = set
+		g.wildcard[key] = set
 	}
 }
 
-// resources returns the named resources of one type that exist, sorted by
-// name.
-func (g *generator) resources(typeURL string, names []string) ([]*resource, error) {
+// resources returns the named resources of one type in a flavour that
+// exist, sorted by name.
+func (g *generator) resources(typeURL string, names []string, fl flavour) ([]*resource, error) {
 	out := make([]*resource, 0, len(names))
 	for _, name := range names {
-		r, err := g.resource(typeURL, name)
+		r, err := g.resource(typeURL, name, fl)
 		if err != nil {
 			return nil, err
 		}
@@ -252,12 +272,27 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 	return names
 }
 
-func (g *generator) resource(typeURL, name string) (*resource, error) {
+// flavourFor is the flavour whose resources of typeURL a client of fl
+// gets: only Clusters differ between flavours, every other type is shared.
+func (g *generator) flavourFor(typeURL string, fl flavour) flavour {
+	if typeURL != resourcev3.ClusterType {
+		return flavourPlain
+	}
+	return fl
+}
+
+// resource returns the named resource of one type in a flavour, or nil
+// when it does not exist.
+func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error) {
+	if typeURL == resourcev3.ListenerType && strings.HasPrefix(name, InboundListenerPrefix) {
+		return g.inboundListener(name)
+	}
 	host, port, ok := parseName(typeURL, name)
 	if !ok {
 		return nil, nil
 	}
-	key := resourceKey{typeURL, name}
+	fl = g.flavourFor(typeURL, fl)
+	key := resourceKey{typeURL, name, fl}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
@@ -273,7 +308,11 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 	if sp, ok := findPort(federatedPorts(members), port); ok {
 		switch typeURL {
 		case resourcev3.ClusterType:
-			msg = buildCluster(name, sp)
+			c := buildCluster(name, sp)
+			if fl == flavourGRPCMTLS {
+				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members))
+			}
+			msg = c
 		case resourcev3.EndpointType:
 			msg = buildLoadAssignment(name, port, members)
 		case resourcev3.ListenerType:
@@ -306,7 +345,45 @@ func (g *generator) resource(typeURL, name string) (*resource, error) {
 }
 
 // resourceKey names a generated resource within its hostname's cache entry.
-type resourceKey struct{ typeURL, name string }
+type resourceKey struct {
+	typeURL, name string
+	fl            flavour
+}
+
+// inboundListener returns a proxyless gRPC server's inbound listener, or
+// nil when the name is not one (see parseInboundName).
+func (g *generator) inboundListener(name string) (*resource, error) {
+	addr, ok := parseInboundName(name)
+	if !ok {
+		return nil, nil
+	}
+	g.mu.Lock()
+	r := g.inbound[name]
+	g.mu.Unlock()
+	if r != nil {
+		return r, nil
+	}
+	r, err := marshalResource(name, resourcev3.ListenerType, buildInboundListener(name, addr, g.mtls))
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	if len(g.inbound) >= maxInbound {
+		clear(g.inbound)
+	}
+	g.inbound[name] = r
+	g.mu.Unlock()
+	return r, nil
+}
+
+// serviceNamespace is the namespace of a hostname's Service (the same in
+// every member: it is part of the hostname).
+func serviceNamespace(members map[string]*clusters.Service) string {
+	for _, svc := range members {
+		return svc.Namespace
+	}
+	return ""
+}
 
 func marshalResource(name, typeURL string, msg proto.Message) (*resource, error) {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)

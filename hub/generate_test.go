@@ -47,7 +47,7 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 		resourcev3.RouteType:    func() proto.Message { return &routev3.RouteConfiguration{} },
 	}
 	for typeURL, newMsg := range types {
-		res, err := g.resources(typeURL, g.allNames(typeURL))
+		res, err := g.resources(typeURL, g.allNames(typeURL), flavourPlain)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,9 +58,7 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 			if err := r.any.UnmarshalTo(msg); err != nil {
 				t.Fatalf("%s %s: %v", typeURL, r.name, err)
 			}
-			if err := msg.(validator).ValidateAll(); err != nil {
-				t.Errorf("%s %s fails Envoy validation: %v", typeURL, r.name, err)
-			}
+			validateDeep(t, typeURL+" "+r.name, msg) // packed messages too (HCM, filters)
 		}
 		want := []string{"outbound|7070||echo.demo.svc.cluster.local", "outbound|80||web.demo.svc.cluster.local"}
 		if typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType {
@@ -74,7 +72,7 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 
 func TestLoadAssignmentLocalities(t *testing.T) {
 	g := newGenerator(testIndex())
-	res, err := g.resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"})
+	res, err := g.resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, flavourPlain)
 	if err != nil || len(res) != 1 {
 		t.Fatalf("resources = %v, %v", res, err)
 	}
@@ -110,8 +108,8 @@ func TestLoadAssignmentLocalities(t *testing.T) {
 func TestListenerAndRouteForProxylessGRPC(t *testing.T) {
 	g := newGenerator(testIndex())
 	name := "echo.demo.svc.cluster.local:7070"
-	lres, _ := g.resources(resourcev3.ListenerType, []string{name})
-	rres, _ := g.resources(resourcev3.RouteType, []string{name})
+	lres, _ := g.resources(resourcev3.ListenerType, []string{name}, flavourPlain)
+	rres, _ := g.resources(resourcev3.RouteType, []string{name}, flavourPlain)
 	if len(lres) != 1 || len(rres) != 1 {
 		t.Fatalf("listener %v route %v", lres, rres)
 	}
@@ -144,7 +142,7 @@ func TestUnknownNamesAreAbsent(t *testing.T) {
 		resourcev3.ClusterType:  {"outbound|9999||echo.demo.svc.cluster.local", "inbound|7070||echo.demo.svc.cluster.local", "garbage", "outbound|x||h"},
 		resourcev3.ListenerType: {"echo.demo.svc.cluster.local", "nohost.demo.svc.cluster.local:80", ":80", "echo.demo.svc.cluster.local:99999"},
 	} {
-		res, err := g.resources(typeURL, names)
+		res, err := g.resources(typeURL, names, flavourPlain)
 		if err != nil || len(res) != 0 {
 			t.Errorf("%s %v: got %v, %v; want nothing", typeURL, names, res, err)
 		}
@@ -155,8 +153,8 @@ func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 	x := testIndex()
 	g := newGenerator(x)
 	name := []string{"outbound|80||web.demo.svc.cluster.local"}
-	a, _ := g.resources(resourcev3.EndpointType, name)
-	b, _ := g.resources(resourcev3.EndpointType, name)
+	a, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
+	b, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
 	if a[0] != b[0] {
 		t.Errorf("same inputs generated twice; want the memoised resource")
 	}
@@ -165,7 +163,7 @@ func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 		Endpoints: []clusters.Endpoint{{Address: "10.9.9.9", Port: 80, ServicePort: 80}},
 	})
 	g.invalidate(map[string]struct{}{"web.demo.svc.cluster.local": {}})
-	c, _ := g.resources(resourcev3.EndpointType, name)
+	c, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
 	if c[0].version == a[0].version {
 		t.Errorf("version unchanged after the endpoints changed")
 	}

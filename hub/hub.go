@@ -82,6 +82,10 @@ type Options struct {
 	Namespace string
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
+	// MTLSMode is the mesh-wide mTLS mode of proxyless gRPC workloads
+	// (see MTLSMode; "": DefaultMTLSMode). STRICT needs Roots: clients
+	// accept identities of its local trust domain.
+	MTLSMode MTLSMode
 	// Settled reports whether membership has settled: the home cluster and
 	// every member synced, timed out, or served from its persisted view
 	// (clusters.Registry.Ready). Until it first has, new streams are
@@ -154,6 +158,9 @@ func New(opts Options) (*Hub, error) {
 		h.index = NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = newGenerator(h.index)
+	if err := h.gen.setMTLS(opts.MTLSMode, opts.Roots); err != nil {
+		return nil, err
+	}
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config

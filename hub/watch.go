@@ -84,6 +84,8 @@ type watcher struct {
 type watch struct {
 	typeURL string
 	nodeID  string
+	// flavour is the shape of what the stream's client gets (flavourOf).
+	flavour flavour
 	// ident is the stream's identity when the watch was created; rec, the
 	// stream's record (nil: not announced), has the current one, which
 	// SDS evaluations read (see watcher.identityOf).
@@ -166,7 +168,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		return nil, err
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
@@ -203,7 +205,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -366,18 +368,19 @@ func (w *watcher) push(b *batch) {
 // subscribed to every cluster, an endpoint change is not re-checked
 // against every proxy's full cluster list.
 func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
-	versions := map[string]string{}
+	versions := map[wildcardSetKey]string{}
 	out := jobs[:0]
 	for _, j := range jobs {
 		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
-			v, ok := versions[wt.typeURL]
+			key := wildcardSetKey{wt.typeURL, wt.flavour}
+			v, ok := versions[key]
 			if !ok {
-				set, err := w.all(wt.typeURL)
+				set, err := w.all(wt.typeURL, wt.flavour)
 				if err == nil {
 					v = set.version
 				}
-				versions[wt.typeURL] = v
+				versions[key] = v
 			}
 			if v == wt.setVersion {
 				wt.busy.Done()
@@ -437,11 +440,11 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 		return w.secretResources(wt)
 	}
 	if wt.wildcard {
-		set, err := w.all(wt.typeURL)
+		set, err := w.all(wt.typeURL, wt.flavour)
 		wt.setVersion = set.version
 		return set.res, err
 	}
-	return w.gen.resources(wt.typeURL, wt.names)
+	return w.gen.resources(wt.typeURL, wt.names, wt.flavour)
 }
 
 // respondDelta builds a Delta response with the resources whose version
@@ -492,7 +495,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 	var changed []*resource
 	var removed []string
 	consider := func(name string) error {
-		r, err := w.gen.resource(wt.typeURL, name)
+		r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 		if err != nil {
 			return err
 		}
@@ -703,7 +706,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	case full:
 		for _, name := range wt.sub.list {
-			r, err := w.gen.resource(wt.typeURL, name)
+			r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 			if err != nil {
 				return nil, err
 			}
@@ -712,7 +715,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	default:
 		for host := range dirty {
 			for _, name := range wt.sub.namesOf(host) {
-				r, err := w.gen.resource(wt.typeURL, name)
+				r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 				if err != nil {
 					return nil, err
 				}
@@ -786,7 +789,7 @@ const wildcardKey = "\x00every resource"
 // respondWildcard answers a SotW wildcard watch from the shared set: one
 // slice of resources and one version for every stream.
 func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
-	set, err := w.all(wt.typeURL)
+	set, err := w.all(wt.typeURL, wt.flavour)
 	if err != nil {
 		return nil, err
 	}

@@ -130,6 +130,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		},
 		NewStreamsPerSecond: cfg.newStreamsPerSecond,
 		DrainGrace:          cfg.shutdownGrace,
+		MTLSMode:            hub.MTLSMode(cfg.mtlsMode),
 		Metrics:             metrics,
 		Log:                 log,
 	})

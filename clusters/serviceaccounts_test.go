@@ -1,0 +1,33 @@
+package clusters
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestBuildServiceDeclaredServiceAccounts(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  []string
+	}{
+		{"", nil},
+		{" , ", nil},
+		{"echo", []string{"echo"}},
+		{" echo-v2 ,echo,echo ", []string{"echo", "echo-v2"}},
+		{strings.Repeat("a,", MaxDeclaredServiceAccounts) + "b", nil}, // too many: declares nothing
+		{strings.Repeat("x", maxServiceAccountBytes+1), nil},
+		{strings.Repeat("x", 1<<20), nil},
+	} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "echo", Annotations: map[string]string{
+			AnnotationKubernetesServiceAccounts: tc.value, AnnotationCanonicalServiceAccounts: tc.value,
+		}}}
+		got := buildService(svc, nil, nil)
+		if !slices.Equal(got.KubernetesServiceAccounts, tc.want) || !slices.Equal(got.CanonicalServiceAccounts, tc.want) {
+			t.Errorf("%.40q: declared %v / %v; want %v", tc.value, got.KubernetesServiceAccounts, got.CanonicalServiceAccounts, tc.want)
+		}
+	}
+}

@@ -1,0 +1,269 @@
+package hub
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// MTLSMode is the mesh-wide mutual-TLS mode of proxyless gRPC workloads,
+// as Istio's PeerAuthentication modes apply to them (DESIGN.md §3.8).
+type MTLSMode string
+
+// The modes. Istio builds, for a proxyless gRPC server (grpcgen), an inbound
+// filter chain with a DownstreamTlsContext that requires client
+// certificates only in STRICT; PERMISSIVE serves plaintext, because a gRPC
+// server cannot tell TLS from plaintext on one port (gRFC A36 filter chain
+// matches have no useful transport_protocol), and so does DISABLE.
+// Clients get an UpstreamTlsContext only in STRICT here (Istio: with a
+// DestinationRule ISTIO_MUTUAL, which the hub does not read), so that
+// every mode is consistent on both ends.
+const (
+	MTLSStrict     MTLSMode = "STRICT"
+	MTLSPermissive MTLSMode = "PERMISSIVE"
+	MTLSDisable    MTLSMode = "DISABLE"
+)
+
+// DefaultMTLSMode is PERMISSIVE, Istio's mesh-wide default (no
+// PeerAuthentication), which for proxyless gRPC means plaintext on both
+// ends: workloads that do not use xDS credentials keep working.
+const DefaultMTLSMode = MTLSPermissive
+
+// ParseMTLSMode reads a mode name (case-insensitive); "" is DefaultMTLSMode.
+func ParseMTLSMode(s string) (MTLSMode, error) {
+	switch m := MTLSMode(strings.ToUpper(strings.TrimSpace(s))); m {
+	case "":
+		return DefaultMTLSMode, nil
+	case MTLSStrict, MTLSPermissive, MTLSDisable:
+		return m, nil
+	}
+	return "", fmt.Errorf("mTLS mode %q: must be STRICT, PERMISSIVE or DISABLE", s)
+}
+
+// flavour is the shape of the generated resources a client gets where
+// client kinds differ; resources of every flavour are marshalled once and
+// shared by the streams of that flavour.
+type flavour uint8
+
+const (
+	// flavourPlain is what Envoy sidecars (which get their TLS from SDS),
+	// istiod and every other client get, and proxyless gRPC clients when
+	// no mTLS is asked for.
+	flavourPlain flavour = iota
+	// flavourGRPCMTLS is a proxyless gRPC client under STRICT: its
+	// Clusters carry an UpstreamTlsContext built on certificate provider
+	// instances (grpc-go has no SDS).
+	flavourGRPCMTLS
+)
+
+// flavourOf is the flavour of a client: a proxyless gRPC client (node
+// metadata GENERATOR=grpc, which Istio's agent writes into the gRPC
+// bootstrap, or a gRPC library's user agent, e.g. "gRPC Go") under
+// STRICT gets flavourGRPCMTLS, every other client flavourPlain.
+func flavourOf(node *corev3.Node, mode MTLSMode) flavour {
+	if mode != MTLSStrict || !proxyless(node) {
+		return flavourPlain
+	}
+	return flavourGRPCMTLS
+}
+
+// proxyless reports whether a node is a proxyless gRPC client.
+func proxyless(node *corev3.Node) bool {
+	if node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "grpc" {
+		return true
+	}
+	return strings.HasPrefix(node.GetUserAgentName(), "gRPC ")
+}
+
+// transportSocketName is the only transport socket name grpc-go accepts
+// (gRFC A29; Istio's grpcgen uses it too).
+const transportSocketName = "envoy.transport_sockets.tls"
+
+// Certificate provider names, as Istio's agent writes them into the gRPC
+// bootstrap: one file_watcher instance "default" holds the workload's key,
+// certificate chain and roots; the certificate names "default" (identity)
+// and "ROOTCA" (roots) are passed to it and ignored by file_watcher.
+const (
+	certProviderInstance = "default"
+	identityCertName     = "default"
+	rootCertName         = "ROOTCA"
+)
+
+// commonTLSContext is Istio's grpcgen buildCommonTLSContext in the shape
+// every generated resource must have to pass Envoy's validation: the
+// identity and roots from certificate provider instances (gRFC A29's
+// fields, which grpc-go reads first), the roots and the peer SAN matchers
+// (clients only: a gRPC server NACKs them) in a validation_context. Istio
+// puts them in a combined_validation_context without an SDS config, with
+// its deprecated provider fields beside them for gRPC clients older than
+// 1.66; Envoy's validation refuses a combined context without SDS, so the
+// hub sends only the current fields.
+func commonTLSContext(sans []*matcherv3.StringMatcher) *tlsv3.CommonTlsContext {
+	return &tlsv3.CommonTlsContext{
+		TlsCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{
+			InstanceName: certProviderInstance, CertificateName: identityCertName,
+		},
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			//lint:ignore SA1019 grpc-go (1.85) reads only match_subject_alt_names, not the typed matchers that replace it
+			MatchSubjectAltNames: sans,
+			CaCertificateProviderInstance: &tlsv3.CertificateProviderPluginInstance{
+				InstanceName: certProviderInstance, CertificateName: rootCertName,
+			},
+		}},
+	}
+}
+
+// upstreamTLS is the transport socket of a proxyless gRPC client's
+// Cluster under STRICT: the peer must present a certificate our roots
+// validate with one of sans.
+func upstreamTLS(sans []*matcherv3.StringMatcher) *corev3.TransportSocket {
+	return &corev3.TransportSocket{
+		Name: transportSocketName,
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
+			CommonTlsContext: commonTLSContext(sans),
+		})},
+	}
+}
+
+// peerSANs are the identities a client accepts from a service's
+// endpoints: exactly those the Service declares (Istio's service-account
+// annotations) when every member's view of it declares some, else any
+// identity of our trust domain (a prefix match on spiffe://<td>/). Our CA
+// issues every member's workloads certificates of our trust domain, so a
+// peer of a federated trust domain never serves one of our clusters.
+func peerSANs(trustDomain, namespace string, members map[string]*clusters.Service) []*matcherv3.StringMatcher {
+	var exact []string
+	declared := len(members) > 0
+	for _, svc := range members {
+		if len(svc.KubernetesServiceAccounts) == 0 && len(svc.CanonicalServiceAccounts) == 0 {
+			declared = false
+			break
+		}
+		for _, sa := range svc.KubernetesServiceAccounts {
+			exact = append(exact, "spiffe://"+trustDomain+"/ns/"+namespace+"/sa/"+sa)
+		}
+		exact = append(exact, svc.CanonicalServiceAccounts...)
+	}
+	if !declared {
+		return []*matcherv3.StringMatcher{{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + trustDomain + "/"}}}
+	}
+	slices.Sort(exact)
+	exact = slices.Compact(exact)
+	out := make([]*matcherv3.StringMatcher, 0, len(exact))
+	for _, id := range exact {
+		out = append(out, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: id}})
+	}
+	return out
+}
+
+// InboundListenerPrefix starts the name of the Listener a proxyless gRPC
+// server asks for (Istio's agent writes
+// server_listener_resource_name_template "xds.istio.io/grpc/lds/inbound/%s"
+// into the gRPC bootstrap; grpc-go puts its listening ip:port in place of %s).
+const InboundListenerPrefix = "xds.istio.io/grpc/lds/inbound/"
+
+// maxInboundNameBytes bounds an inbound listener name: the prefix and the
+// longest ip:port ("[" IPv6 "]:" port) without a zone.
+const maxInboundNameBytes = len(InboundListenerPrefix) + len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535")
+
+// parseInboundName reads the address of an inbound listener name: an IPv4
+// or IPv6 address (no zone; unspecified addresses too, for servers
+// listening on every interface) and a port 1–65535. Anything else is not an
+// inbound listener the hub serves.
+func parseInboundName(name string) (netip.AddrPort, bool) {
+	rest, ok := strings.CutPrefix(name, InboundListenerPrefix)
+	if !ok || len(name) > maxInboundNameBytes {
+		return netip.AddrPort{}, false
+	}
+	ap, err := netip.ParseAddrPort(rest)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" || ap.String() != rest {
+		return netip.AddrPort{}, false
+	}
+	return ap, true
+}
+
+// buildInboundListener is Istio's grpcgen inbound listener for a proxyless
+// gRPC server: the address it listens on, one filter chain (mTLS requiring
+// a client certificate in STRICT, plaintext otherwise) whose HCM has an
+// inline route (virtual host "*", prefix "/", non_forwarding_action) and
+// the router filter last. The server's certificate and the roots it checks
+// clients with come from its certificate provider instance; a client of a
+// federated trust domain is accepted when those roots hold that domain's.
+func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *listenerv3.Listener {
+	suffix := "plaintext"
+	var ts *corev3.TransportSocket
+	if mode == MTLSStrict {
+		suffix = "mtls"
+		ts = &corev3.TransportSocket{
+			Name: transportSocketName,
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.DownstreamTlsContext{
+				CommonTlsContext:         commonTLSContext(nil),
+				RequireClientCertificate: wrapperspb.Bool(true),
+			})},
+		}
+	}
+	hcm := &hcmv3.HttpConnectionManager{
+		CodecType:  hcmv3.HttpConnectionManager_AUTO,
+		StatPrefix: "inbound_" + strconv.Itoa(int(addr.Port())),
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+			Name: "inbound",
+			VirtualHosts: []*routev3.VirtualHost{{
+				Name:    "inbound",
+				Domains: []string{"*"},
+				Routes: []*routev3.Route{{
+					Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+					Action: &routev3.Route_NonForwardingAction{NonForwardingAction: &routev3.NonForwardingAction{}},
+				}},
+			}},
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{
+			Name:       "envoy.filters.http.router",
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
+		}},
+	}
+	return &listenerv3.Listener{
+		Name: name,
+		Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+			Address:       addr.Addr().String(),
+			PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(addr.Port())},
+		}}},
+		FilterChains: []*listenerv3.FilterChain{{
+			Name: "inbound-" + suffix,
+			Filters: []*listenerv3.Filter{{
+				Name:       "inbound-hcm" + suffix,
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
+			}},
+			TransportSocket: ts,
+		}},
+	}
+}
+
+// setMTLS sets the generator's mTLS mode, before it serves anything.
+func (g *generator) setMTLS(mode MTLSMode, roots RootSource) error {
+	mode, err := ParseMTLSMode(string(mode))
+	if err != nil {
+		return err
+	}
+	g.mtls = mode
+	if roots != nil {
+		g.trustDomain = roots.LocalTrustDomain()
+	}
+	if mode == MTLSStrict && g.trustDomain == "" {
+		return errors.New("mTLS mode STRICT needs the local trust domain (Options.Roots)")
+	}
+	return nil
+}

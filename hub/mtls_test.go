@@ -1,0 +1,430 @@
+package hub
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// validateDeep runs Envoy's ValidateAll on msg and on every message packed
+// in an Any inside it (ValidateAll checks an Any's type URL only), as
+// Envoy unpacks them: transport sockets' TLS contexts, HCMs, filters.
+func validateDeep(t *testing.T, what string, msg proto.Message) {
+	t.Helper()
+	if v, ok := msg.(validator); ok {
+		if err := v.ValidateAll(); err != nil {
+			t.Errorf("%s: %T fails Envoy validation: %v", what, msg, err)
+		}
+	}
+	var walk func(m protoreflect.Message)
+	walk = func(m protoreflect.Message) {
+		if a, ok := m.Interface().(*anypb.Any); ok {
+			inner, err := a.UnmarshalNew()
+			if err != nil {
+				t.Errorf("%s: unpacking %s: %v", what, a.GetTypeUrl(), err)
+				return
+			}
+			validateDeep(t, what+" > "+a.GetTypeUrl(), inner)
+			return
+		}
+		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+			switch {
+			case fd.IsList() && fd.Message() != nil:
+				for i := range v.List().Len() {
+					walk(v.List().Get(i).Message())
+				}
+			case fd.IsMap() && fd.MapValue().Message() != nil:
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool { walk(mv.Message()); return true })
+			case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+				walk(v.Message())
+			}
+			return true
+		})
+	}
+	walk(msg.ProtoReflect())
+}
+
+var (
+	envoyNode   = &corev3.Node{Id: "sidecar~10.0.0.9~a.demo~demo.svc.cluster.local", UserAgentName: "envoy"}
+	grpcNode    = &corev3.Node{Id: "sidecar~10.0.0.8~b.demo~demo.svc.cluster.local", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"GENERATOR": structpb.NewStringValue("grpc")}}}
+	grpcUANode  = &corev3.Node{Id: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corev3.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
+	apiNode     = &corev3.Node{Id: "istiod", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"GENERATOR": structpb.NewStringValue("api")}}}
+	clientKinds = map[string]struct {
+		node      *corev3.Node
+		proxyless bool
+	}{"envoy": {envoyNode, false}, "grpc-generator": {grpcNode, true}, "grpc-user-agent": {grpcUANode, true}, "istiod": {apiNode, false}}
+)
+
+func mtlsGenerator(t *testing.T, mode MTLSMode) *generator {
+	t.Helper()
+	g := newGenerator(testIndex())
+	if err := g.setMTLS(mode, fakeRoots{}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func unpack[M proto.Message](t *testing.T, r *resource, m M) M {
+	t.Helper()
+	if err := r.any.UnmarshalTo(m); err != nil {
+		t.Fatalf("%s: %v", r.name, err)
+	}
+	return m
+}
+
+// upstreamContext returns a Cluster's UpstreamTlsContext, nil without one.
+func upstreamContext(t *testing.T, c *clusterv3.Cluster) *tlsv3.UpstreamTlsContext {
+	t.Helper()
+	ts := c.GetTransportSocket()
+	if ts == nil {
+		return nil
+	}
+	if ts.GetName() != "envoy.transport_sockets.tls" {
+		t.Errorf("%s: transport socket %q; grpc-go accepts only envoy.transport_sockets.tls", c.GetName(), ts.GetName())
+	}
+	u := &tlsv3.UpstreamTlsContext{}
+	if err := ts.GetTypedConfig().UnmarshalTo(u); err != nil {
+		t.Fatalf("%s: %v", c.GetName(), err)
+	}
+	return u
+}
+
+// checkProviders asserts Istio's grpcgen certificate provider shape.
+func checkProviders(t *testing.T, what string, c *tlsv3.CommonTlsContext) *tlsv3.CertificateValidationContext {
+	t.Helper()
+	id := c.GetTlsCertificateProviderInstance()
+	if id.GetInstanceName() != "default" || id.GetCertificateName() != "default" {
+		t.Errorf("%s: identity provider %v; want instance default, certificate default", what, id)
+	}
+	v := c.GetValidationContext()
+	ca := v.GetCaCertificateProviderInstance()
+	if ca.GetInstanceName() != "default" || ca.GetCertificateName() != "ROOTCA" {
+		t.Errorf("%s: ca_certificate_provider_instance %v; want instance default, certificate ROOTCA", what, ca)
+	}
+	return v
+}
+
+func TestMTLSModeAndClientKindDecideTLSContexts(t *testing.T) {
+	const cluster = "outbound|7070||echo.demo.svc.cluster.local"
+	inbound := InboundListenerPrefix + "198.18.0.1:8080"
+	plainCDS := map[string]*resource{}
+	for _, mode := range []MTLSMode{MTLSStrict, MTLSPermissive, MTLSDisable} {
+		for kind, c := range clientKinds {
+			t.Run(string(mode)+"/"+kind, func(t *testing.T) {
+				g := mtlsGenerator(t, mode)
+				fl := flavourOf(c.node, mode)
+				res, err := g.resources(resourcev3.ClusterType, []string{cluster}, fl)
+				if err != nil || len(res) != 1 {
+					t.Fatalf("CDS = %v, %v", res, err)
+				}
+				cl := unpack(t, res[0], &clusterv3.Cluster{})
+				validateDeep(t, cluster, cl)
+				u := upstreamContext(t, cl)
+				wantTLS := mode == MTLSStrict && c.proxyless
+				if (u != nil) != wantTLS {
+					t.Fatalf("cluster has UpstreamTlsContext: %v; want %v", u != nil, wantTLS)
+				}
+				if u != nil {
+					v := checkProviders(t, cluster, u.GetCommonTlsContext())
+					sans := sansOf(v)
+					if len(sans) != 1 || sans[0].GetPrefix() != "spiffe://example.org/" {
+						t.Errorf("SAN matchers %v; want the trust domain prefix spiffe://example.org/", sans)
+					}
+				} else {
+					// Whatever the mode, every client that is not a
+					// proxyless gRPC one under STRICT gets the very bytes
+					// Envoy always got.
+					b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(buildCluster(cluster, clusters.ServicePort{Name: "grpc", Port: 7070, Protocol: "TCP"}))
+					if !proto.Equal(res[0].any, &anypb.Any{TypeUrl: resourcev3.ClusterType, Value: b}) {
+						t.Error("plain Cluster differs from the one Envoy always got")
+					}
+					if prev := plainCDS[string(mode)]; prev != nil && prev.version != res[0].version {
+						t.Error("plain Cluster differs between client kinds")
+					}
+					plainCDS[string(mode)] = res[0]
+				}
+
+				lres, err := g.resources(resourcev3.ListenerType, []string{inbound}, fl)
+				if err != nil || len(lres) != 1 {
+					t.Fatalf("inbound LDS = %v, %v", lres, err)
+				}
+				l := unpack(t, lres[0], &listenerv3.Listener{})
+				validateDeep(t, inbound, l)
+				checkInbound(t, l, mode)
+			})
+		}
+	}
+}
+
+// checkInbound asserts the shape grpc-go's xDS server needs (gRFC A36) and
+// Istio's grpcgen builds.
+func checkInbound(t *testing.T, l *listenerv3.Listener, mode MTLSMode) {
+	t.Helper()
+	sa := l.GetAddress().GetSocketAddress()
+	if sa.GetAddress() != "198.18.0.1" || sa.GetPortValue() != 8080 {
+		t.Errorf("listener address %v; want 198.18.0.1:8080", sa)
+	}
+	if len(l.GetFilterChains()) != 1 || l.GetApiListener() != nil || len(l.GetListenerFilters()) != 0 {
+		t.Fatalf("listener = %v; want one filter chain, no api_listener, no listener filters", l)
+	}
+	fc := l.GetFilterChains()[0]
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := fc.GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	vh := hcm.GetRouteConfig().GetVirtualHosts()
+	if len(vh) != 1 || len(vh[0].GetDomains()) != 1 || vh[0].GetDomains()[0] != "*" ||
+		vh[0].GetRoutes()[0].GetMatch().GetPrefix() != "/" || vh[0].GetRoutes()[0].GetNonForwardingAction() == nil {
+		t.Errorf("inline route = %v; want vhost *, prefix /, non_forwarding_action", vh)
+	}
+	filters := hcm.GetHttpFilters()
+	if len(filters) == 0 || filters[len(filters)-1].GetName() != "envoy.filters.http.router" {
+		t.Errorf("HTTP filters %v; want the router last", filters)
+	}
+	ts := fc.GetTransportSocket()
+	if mode != MTLSStrict {
+		if ts != nil || fc.GetName() != "inbound-plaintext" {
+			t.Errorf("%s: filter chain %q has transport socket %v; want plaintext (gRPC servers cannot be permissive)", mode, fc.GetName(), ts)
+		}
+		return
+	}
+	if ts.GetName() != "envoy.transport_sockets.tls" {
+		t.Fatalf("STRICT: transport socket %v; want envoy.transport_sockets.tls", ts)
+	}
+	d := &tlsv3.DownstreamTlsContext{}
+	if err := ts.GetTypedConfig().UnmarshalTo(d); err != nil {
+		t.Fatal(err)
+	}
+	if !d.GetRequireClientCertificate().GetValue() {
+		t.Error("STRICT: DownstreamTlsContext does not require a client certificate")
+	}
+	v := checkProviders(t, "inbound", d.GetCommonTlsContext())
+	if len(sansOf(v)) != 0 {
+		t.Error("server-side SAN matchers: grpc-go NACKs them")
+	}
+}
+
+func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
+	svc := func(ksa, csa []string) *clusters.Service {
+		return &clusters.Service{Namespace: "demo", Name: "echo", KubernetesServiceAccounts: ksa, CanonicalServiceAccounts: csa}
+	}
+	prefix := []string{"prefix:spiffe://example.org/"}
+	for _, tc := range []struct {
+		name    string
+		members map[string]*clusters.Service
+		want    []string
+	}{
+		{"none declared", map[string]*clusters.Service{"west": svc(nil, nil)}, prefix},
+		{"declared in every member", map[string]*clusters.Service{
+			"west": svc([]string{"echo"}, nil),
+			"east": svc([]string{"echo", "echo-v2"}, []string{"spiffe://other.org/ns/demo/sa/echo"}),
+		}, []string{"exact:spiffe://example.org/ns/demo/sa/echo", "exact:spiffe://example.org/ns/demo/sa/echo-v2", "exact:spiffe://other.org/ns/demo/sa/echo"}},
+		{"one member silent", map[string]*clusters.Service{"west": svc([]string{"echo"}, nil), "east": svc(nil, nil)}, prefix},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, m := range peerSANs("example.org", "demo", tc.members) {
+				switch p := m.GetMatchPattern().(type) {
+				case *matcherv3.StringMatcher_Exact:
+					got = append(got, "exact:"+p.Exact)
+				case *matcherv3.StringMatcher_Prefix:
+					got = append(got, "prefix:"+p.Prefix)
+				}
+			}
+			if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+				t.Errorf("SAN matchers %v; want %v", got, tc.want)
+			}
+		})
+	}
+
+	// Through the generator: the annotated Service's clusters carry them.
+	x := NewIndex("cluster.local", nil)
+	s := echoService("10.0.0.1")
+	s.KubernetesServiceAccounts = []string{"echo"}
+	x.ReplaceCluster("west", []*clusters.Service{s})
+	g := newGenerator(x)
+	if err := g.setMTLS(MTLSStrict, fakeRoots{}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := g.resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, flavourGRPCMTLS)
+	if err != nil || len(res) != 1 {
+		t.Fatalf("CDS = %v, %v", res, err)
+	}
+	cl := unpack(t, res[0], &clusterv3.Cluster{})
+	validateDeep(t, "annotated cluster", cl)
+	sans := sansOf(checkProviders(t, "annotated", upstreamContext(t, cl).GetCommonTlsContext()))
+	if len(sans) != 1 || sans[0].GetExact() != "spiffe://example.org/ns/demo/sa/echo" {
+		t.Errorf("annotated Service's SAN matchers %v; want exactly spiffe://example.org/ns/demo/sa/echo", sans)
+	}
+}
+
+func TestInboundListenerNames(t *testing.T) {
+	g := mtlsGenerator(t, MTLSStrict)
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"198.18.0.1:50051", true},
+		{"0.0.0.0:8080", true}, // a server listening on every interface
+		{"[::]:8080", true},
+		{"[2001:db8::1]:443", true},
+		{"[::ffff:198.18.0.1]:80", true},
+		{"198.18.0.1:0", false},
+		{"198.18.0.1:65536", false},
+		{"198.18.0.1:080", false}, // not how grpc-go writes it
+		{"198.18.0.1", false},
+		{"echo.demo.svc.cluster.local:80", false},
+		{"[fe80::1%eth0]:80", false},
+		{"2001:db8::1:443", false},
+		{"198.18.0.1:80/x", false},
+		{"", false},
+		{strings.Repeat("1", 300) + ":80", false},
+	} {
+		name := InboundListenerPrefix + tc.addr
+		res, err := g.resources(resourcev3.ListenerType, []string{name}, flavourGRPCMTLS)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.addr, err)
+		}
+		if got := len(res) == 1; got != tc.ok {
+			t.Errorf("inbound listener %q served: %v; want %v", tc.addr, got, tc.ok)
+			continue
+		}
+		if tc.ok {
+			l := unpack(t, res[0], &listenerv3.Listener{})
+			validateDeep(t, name, l)
+			if l.GetName() != name {
+				t.Errorf("listener name %q; want %q", l.GetName(), name)
+			}
+		}
+	}
+	// Other names of the prefix's shape are not confused with services.
+	if res, _ := g.resources(resourcev3.ListenerType, []string{"xds.istio.io/grpc/lds/inbound:80"}, flavourPlain); len(res) != 0 {
+		t.Errorf("served %v for a garbage name", res[0].name)
+	}
+	// The memo of inbound listeners (clients' words) stays bounded.
+	for i := range maxInbound + 10 {
+		_, _ = g.inboundListener(InboundListenerPrefix + "10.0." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250) + ":80")
+	}
+	if n := len(g.inbound); n > maxInbound {
+		t.Errorf("inbound memo holds %d; want at most %d", n, maxInbound)
+	}
+}
+
+func TestFlavoursAreMarshalledOnceAndSharedWhereEqual(t *testing.T) {
+	g := mtlsGenerator(t, MTLSStrict)
+	get := func(typeURL, name string, fl flavour) *resource {
+		res, err := g.resources(typeURL, []string{name}, fl)
+		if err != nil || len(res) != 1 {
+			t.Fatalf("%s %s = %v, %v", typeURL, name, res, err)
+		}
+		return res[0]
+	}
+	const cds = "outbound|7070||echo.demo.svc.cluster.local"
+	first, again := get(resourcev3.ClusterType, cds, flavourGRPCMTLS), get(resourcev3.ClusterType, cds, flavourGRPCMTLS)
+	if first != again {
+		t.Error("a gRPC Cluster was marshalled twice")
+	}
+	if get(resourcev3.ClusterType, cds, flavourGRPCMTLS).version == get(resourcev3.ClusterType, cds, flavourPlain).version {
+		t.Error("gRPC and plain Clusters are the same")
+	}
+	if get(resourcev3.EndpointType, cds, flavourGRPCMTLS) != get(resourcev3.EndpointType, cds, flavourPlain) {
+		t.Error("EDS is not shared between flavours")
+	}
+	a, err := g.all(resourcev3.ClusterType, flavourGRPCMTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := g.all(resourcev3.ClusterType, flavourPlain)
+	if a.version == b.version {
+		t.Error("wildcard CDS sets of both flavours are the same")
+	}
+	for _, r := range a.res {
+		validateDeep(t, r.name, unpack(t, r, &clusterv3.Cluster{}))
+	}
+}
+
+// TestStreamsGetTheirClientKindsClusters runs one hub in STRICT: an
+// Envoy-shaped stream and a proxyless gRPC one ask for the same cluster
+// and each gets its own flavour.
+func TestStreamsGetTheirClientKindsClusters(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{MTLSMode: MTLSStrict, Roots: fakeRoots{}})
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	const cds = "outbound|7070||echo.demo.svc.cluster.local"
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	for kind, c := range clientKinds {
+		if kind == "istiod" {
+			continue
+		}
+		t.Run(kind, func(t *testing.T) {
+			for _, names := range [][]string{{cds}, nil} { // by name, and wildcard
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: c.node, TypeUrl: resourcev3.ClusterType, ResourceNames: names}); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := stream.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.GetResources()) != 1 {
+					t.Fatalf("names %v: %d clusters; want 1", names, len(resp.GetResources()))
+				}
+				cl := &clusterv3.Cluster{}
+				if err := resp.GetResources()[0].UnmarshalTo(cl); err != nil {
+					t.Fatal(err)
+				}
+				if got := upstreamContext(t, cl) != nil; got != c.proxyless {
+					t.Errorf("names %v: UpstreamTlsContext %v; want %v", names, got, c.proxyless)
+				}
+			}
+		})
+	}
+}
+
+func TestParseMTLSMode(t *testing.T) {
+	for in, want := range map[string]MTLSMode{"": MTLSPermissive, "strict": MTLSStrict, "PERMISSIVE": MTLSPermissive, " Disable ": MTLSDisable} {
+		if got, err := ParseMTLSMode(in); err != nil || got != want {
+			t.Errorf("ParseMTLSMode(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"UNSET", "mutual", "STRICT,DISABLE"} {
+		if _, err := ParseMTLSMode(in); err == nil {
+			t.Errorf("ParseMTLSMode(%q) accepted", in)
+		}
+	}
+	if _, err := New(Options{MTLSMode: MTLSStrict}); err == nil {
+		t.Error("STRICT without a trust domain was accepted")
+	}
+}
+
+// sansOf is a validation context's SAN matchers, the field grpc-go reads.
+func sansOf(v *tlsv3.CertificateValidationContext) []*matcherv3.StringMatcher {
+	//lint:ignore SA1019 grpc-go reads only match_subject_alt_names
+	return v.GetMatchSubjectAltNames()
+}
