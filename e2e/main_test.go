@@ -32,8 +32,12 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(clientRoleEnv) != "" {
-		runXDSClient() // child process: never returns
+	switch os.Getenv(clientRoleEnv) { // child processes: never return
+	case "":
+	case "xdsserver":
+		runXDSServer()
+	default:
+		runXDSClient()
 	}
 	var err error
 	binsDir, err = os.MkdirTemp("", "hub-e2e-bin-")

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	_ "google.golang.org/grpc/xds" // registers the xds:/// resolver and balancers
 )
@@ -30,17 +29,24 @@ const (
 )
 
 // runXDSClient calls the target's TestService in a loop and prints one line
-// per call: "ok <server id>" or "err <message>". The target may list several
-// (comma-separated): they are called in turn, over one xDS client. It exits
-// when stdin closes.
+// per call: "ok <server id>" (followed by " peer=<identity>" when the
+// server reports the caller's identity, see echoServer) or "err <message>".
+// The target may list several (comma-separated): they are called in turn,
+// over one xDS client. Its credentials are insecure, or xDS ones
+// (clientCredsEnv). It exits when stdin closes.
 func runXDSClient() {
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		os.Exit(0)
 	}()
+	creds, err := clientCreds()
+	if err != nil {
+		fmt.Printf("fatal %v\n", err)
+		os.Exit(1)
+	}
 	var clients []testgrpc.TestServiceClient
 	for _, target := range strings.Split(os.Getenv(clientTargetEnv), ",") {
-		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			fmt.Printf("fatal %v\n", err)
 			os.Exit(1)
@@ -57,7 +63,11 @@ func runXDSClient() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		fmt.Printf("ok %s\n", resp.GetServerId())
+		if caller := resp.GetUsername(); caller != "" {
+			fmt.Printf("ok %s peer=%s\n", resp.GetServerId(), caller)
+		} else {
+			fmt.Printf("ok %s\n", resp.GetServerId())
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }
