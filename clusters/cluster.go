@@ -600,7 +600,8 @@ func (c *Cluster) objectCounts() map[string]int {
 }
 
 // stripObject drops what the hub never reads from informer objects, to keep
-// memory per member small: managed fields, annotations and status
+// memory per member small: managed fields, annotations (but a Service's
+// service-account ones, see Service.KubernetesServiceAccounts) and status
 // everywhere, and all of a Node but its name and labels.
 func stripObject(obj any) (any, error) {
 	switch o := obj.(type) {
@@ -609,7 +610,16 @@ func stripObject(obj any) (any, error) {
 			Name: o.Name, Labels: o.Labels, ResourceVersion: o.ResourceVersion, UID: o.UID,
 		}}, nil
 	case *corev1.Service:
-		o.ManagedFields, o.Annotations, o.Status = nil, nil, corev1.ServiceStatus{}
+		var kept map[string]string
+		for _, k := range []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts} {
+			if v, ok := o.Annotations[k]; ok && len(v) <= maxDeclaredAnnotationBytes { // longer ones declare nothing
+				if kept == nil {
+					kept = map[string]string{}
+				}
+				kept[k] = v
+			}
+		}
+		o.ManagedFields, o.Annotations, o.Status = nil, kept, corev1.ServiceStatus{}
 		o.Spec.Selector = nil
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations = nil, nil

@@ -102,13 +102,17 @@ func endpointHealth(c discoveryv1.EndpointConditions) (Health, bool) {
 // namespace and a service account is well under it).
 const maxServiceAccountBytes = 512
 
+// maxDeclaredAnnotationBytes bounds a service-account annotation that can
+// declare anything.
+const maxDeclaredAnnotationBytes = MaxDeclaredServiceAccounts * (maxServiceAccountBytes + 1)
+
 // declaredServiceAccounts reads one of Istio's service-account annotations:
 // its comma-separated entries, trimmed, sorted, without duplicates. More
 // than MaxDeclaredServiceAccounts entries, or one longer than
 // maxServiceAccountBytes, declare nothing: a check against a truncated list
 // would refuse endpoints the Service says are its own.
 func declaredServiceAccounts(v string) []string {
-	if strings.TrimSpace(v) == "" || len(v) > MaxDeclaredServiceAccounts*(maxServiceAccountBytes+1) {
+	if strings.TrimSpace(v) == "" || len(v) > maxDeclaredAnnotationBytes {
 		return nil
 	}
 	var out []string

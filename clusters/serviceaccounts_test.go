@@ -31,3 +31,19 @@ func TestBuildServiceDeclaredServiceAccounts(t *testing.T) {
 		}
 	}
 }
+
+func TestStripKeepsOnlyServiceAccountAnnotations(t *testing.T) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "echo", Annotations: map[string]string{
+		AnnotationKubernetesServiceAccounts:                "echo",
+		AnnotationCanonicalServiceAccounts:                 strings.Repeat("x", maxDeclaredAnnotationBytes+1),
+		"kubectl.kubernetes.io/last-applied-configuration": "{}",
+	}}}
+	obj, err := stripObject(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obj.(*corev1.Service).Annotations
+	if len(got) != 1 || got[AnnotationKubernetesServiceAccounts] != "echo" {
+		t.Errorf("kept annotations %v; want only %s=echo", got, AnnotationKubernetesServiceAccounts)
+	}
+}

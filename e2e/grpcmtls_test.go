@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,11 +26,13 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/xds"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	xdscreds "google.golang.org/grpc/credentials/xds"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/trust"
 )
@@ -332,6 +335,24 @@ func TestProxylessGRPCMTLS(t *testing.T) {
 				if got := visitor.waitLine(t, 60*time.Second, "ok "); got != "ok west peer="+peerID.String() {
 					t.Fatalf("client of a federated trust domain: %q; want ok west peer=%s", got, peerID)
 				}
+
+				// The Service declares its identity (Istio's annotation):
+				// clients accept exactly it. Declaring another one makes
+				// new clients refuse the server; its own makes them accept.
+				for _, tc := range []struct {
+					sa string
+					ok bool
+				}{{"someone-else", false}, {"echo", true}} {
+					annotate(t, ctx, west, app, "echo", clusters.AnnotationKubernetesServiceAccounts, tc.sa)
+					waitClusterSAN(t, h, "sidecar~"+ip+"~caller."+app+"~"+app+".svc.cluster.local",
+						"spiffe://"+td.Name()+"/ns/"+app+"/sa/"+tc.sa)
+					c := startChild(t, "xdsclient", xdsEnv...)
+					l := c.waitLine(t, 60*time.Second, "")
+					if strings.HasPrefix(l, "ok ") != tc.ok {
+						t.Fatalf("service declaring %s: a new client's first call %q; want ok=%v", tc.sa, l, tc.ok)
+					}
+					t.Logf("service declaring %s: %s", tc.sa, l)
+				}
 				noNacks(t, h, app)
 				return
 			}
@@ -372,6 +393,31 @@ func noNacks(t *testing.T, h *hubProcess, app string) {
 		}
 		if !serverAcked {
 			return fmt.Errorf("the server's inbound listener is not acknowledged yet: %+v", proxies.Items)
+		}
+		return nil
+	})
+}
+
+// annotate sets an annotation of a Service.
+func annotate(t *testing.T, ctx context.Context, c *localcluster.Cluster, ns, name, key, value string) {
+	t.Helper()
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client(t, c).CoreV1().Services(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("annotating service %s/%s: %v", ns, name, err)
+	}
+}
+
+// waitClusterSAN waits until the Cluster the hub last sent to a proxy
+// (its newest stream) matches exactly san as the peer's identity.
+func waitClusterSAN(t *testing.T, h *hubProcess, proxyID, san string) {
+	t.Helper()
+	eventually(t, 30*time.Second, func() error {
+		_, body := h.do(t, "GET", "/api/v1/proxies/"+url.PathEscape(proxyID)+"/config", "")
+		if !strings.Contains(body, san) {
+			return fmt.Errorf("the Clusters of %s do not name %s yet", proxyID, san)
 		}
 		return nil
 	})
