@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -132,6 +133,8 @@ func clientCreds() (credentials.TransportCredentials, error) {
 type child struct {
 	lines chan string
 	stdin io.WriteCloser
+	// oks and errs count every "ok " and "err " line, read or dropped.
+	oks, errs atomic.Int64
 }
 
 // startChild runs this test binary in role with env, until the test ends.
@@ -158,6 +161,12 @@ func startChild(t *testing.T, role string, env ...string) *child {
 		defer close(c.lines)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
+			switch l := sc.Text(); {
+			case strings.HasPrefix(l, "ok "):
+				c.oks.Add(1)
+			case strings.HasPrefix(l, "err "):
+				c.errs.Add(1)
+			}
 			select {
 			case c.lines <- sc.Text():
 			default: // not read: drop
