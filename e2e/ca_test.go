@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"google.golang.org/grpc"
@@ -180,6 +181,26 @@ func TestCACertificatesForServiceAccountTokens(t *testing.T) {
 	}
 	if failures["token_rejected"] != 3 || failures["invalid_csr"] != 1 || failures["invalid_ttl"] != 1 || st.MaxTTLSeconds != 48*3600 {
 		t.Errorf("/api/v1/certificates failures %v, max TTL %ds; want 3 token_rejected, 1 invalid_csr, 1 invalid_ttl, 172800", failures, st.MaxTTLSeconds)
+	}
+
+	// The dashboard's Trust page shows the same, in a real browser, and
+	// never the token or the CSR.
+	bctx := browser(t)
+	run(t, bctx, "sign in", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SetValue(chromedp.ID("token"), home.AdminToken()), chromedp.Submit(chromedp.ID("token")),
+		chromedp.WaitVisible(chromedp.CSS("#members-total")))
+	run(t, bctx, "open trust", chromedp.Navigate(h.adminURL+"/trust"), chromedp.WaitVisible(chromedp.CSS("section.certificates")))
+	screenshot(t, bctx, artifacts(t), "ca-trust-certificates")
+	page := pageHTML(t, bctx)
+	for _, want := range []string{"<td>west</td><td>" + app + "</td><td>1</td><td>1</td>", "token_rejected", "invalid_ttl"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the Trust page does not show %q", want)
+		}
+	}
+	for what, secret := range map[string]string{"token": westToken, "CSR": strings.Split(csr, "\n")[1]} {
+		if strings.Contains(page, secret) {
+			t.Errorf("the Trust page shows the %s", what)
+		}
 	}
 
 	// The hub's log (at debug level) never holds a token or the CSR.
