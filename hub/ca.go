@@ -10,6 +10,8 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -58,6 +60,13 @@ const maxCSRBytes = 64 << 10
 // with every bit.
 const maxRSABits = 8192
 
+// caWorkers bounds the requests whose CSR is checked and signed at once:
+// an RSA-8192 CSR with a large public exponent costs ~4 ms of CPU to check
+// (120 times an RSA-2048 one), and authenticated callers sending many at
+// once must leave cores to the pushes. The others wait (until their
+// deadline).
+var caWorkers = max(1, runtime.GOMAXPROCS(0)/2)
+
 // caServer is the IstioCertificateService of the mTLS listener.
 type caServer struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
@@ -68,6 +77,8 @@ type caServer struct {
 	maxTTL     time.Duration
 	stats      *caStats
 	log        *slog.Logger
+	workers    chan struct{} // a slot per request being checked and signed (caWorkers)
+	waiting    atomic.Int64  // requests waiting for a slot
 }
 
 func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, maxTTL time.Duration, log *slog.Logger) *caServer {
@@ -75,7 +86,8 @@ func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, max
 		maxTTL = DefaultMaxWorkloadCertTTL
 	}
 	return &caServer{signer: signer, roots: roots, tokens: tokens,
-		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log}
+		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log,
+		workers: make(chan struct{}, caWorkers)}
 }
 
 // caError is a refused request: its gRPC code, the metrics reason (one of
@@ -119,6 +131,15 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
+	s.waiting.Add(1)
+	select {
+	case s.workers <- struct{}{}:
+		s.waiting.Add(-1)
+	case <-ctx.Done():
+		s.waiting.Add(-1)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-s.workers }()
 	pub, err := parseCSR(req.GetCsr())
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)

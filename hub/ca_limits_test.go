@@ -2,12 +2,19 @@ package hub
 
 import (
 	"context"
+	"crypto"
+	"crypto/x509"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 // blackholedReviewer never answers for west (its API server is
@@ -79,5 +86,69 @@ func TestTokenReviewsAreBoundedPerMember(t *testing.T) {
 	defer reviewer.mu.Unlock()
 	if reviewer.westMax > tokenReviewsPerMember {
 		t.Errorf("%d token reviews ran at once in west; want at most %d", reviewer.westMax, tokenReviewsPerMember)
+	}
+}
+
+// countingSigner signs as caSigner does, holding each signature until
+// release is closed, and records how many ran at once.
+type countingSigner struct {
+	caSigner
+	release  chan struct{}
+	started  chan struct{}
+	mu       sync.Mutex
+	now, max int
+}
+
+func (c *countingSigner) SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error) {
+	c.mu.Lock()
+	c.now++
+	c.max = max(c.max, c.now)
+	c.mu.Unlock()
+	c.started <- struct{}{}
+	<-c.release
+	c.mu.Lock()
+	c.now--
+	c.mu.Unlock()
+	return c.caSigner.SignWorkload(pub, id, member, ttl)
+}
+
+// Checking a CSR costs CPU (an RSA-8192 CSR with the largest public
+// exponent Go accepts takes ~4 ms, 120 times an RSA-2048 one) and so does
+// signing: an authenticated caller sending many at once must not take
+// every core from the pushes. The CA works on at most caWorkers requests
+// at once; the others wait.
+func TestCACPUWorkIsBounded(t *testing.T) {
+	signer := &countingSigner{release: make(chan struct{}), started: make(chan struct{}, 100)}
+	s := startSecureHub(t, Options{Tokens: caTokens, Signer: signer})
+	signer.ca = s.ca
+	anon := s.anonymous()
+	csr := newCSR(t, rsaKey())
+	callers := caWorkers + 4
+	var wg sync.WaitGroup
+	released := sync.OnceFunc(func() { close(signer.release) })
+	t.Cleanup(func() { released(); wg.Wait() }) // before the hub stops, also when the test fails
+	for range callers {
+		wg.Go(func() {
+			if _, err := s.createCertificate(t, s.secure, caCall{creds: anon, token: "west-token-a-gw", cluster: "west", csr: csr}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	for range caWorkers {
+		<-signer.started
+	}
+	// Every other caller's request reaches the hub and waits for a worker.
+	wait.Until(t, 30*time.Second, func() error {
+		if n := s.h.ca.waiting.Load(); n < int64(callers-caWorkers) {
+			return fmt.Errorf("%d requests wait for a worker; want %d", n, callers-caWorkers)
+		}
+		return nil
+	})
+	released()
+	wg.Wait()
+	signer.mu.Lock()
+	defer signer.mu.Unlock()
+	if signer.max > caWorkers {
+		t.Errorf("%d requests were signed at once; want at most %d", signer.max, caWorkers)
 	}
 }
