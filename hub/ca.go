@@ -42,6 +42,13 @@ type WorkloadSigner interface {
 	SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error)
 }
 
+// Members tells which cluster IDs are in the federation now
+// (clusters.Registry implements it).
+type Members interface {
+	// IsCluster reports whether id is the home cluster or a current member.
+	IsCluster(id string) bool
+}
+
 // Workload certificate lifetimes. The default is istiod's and what
 // istio-agent asks for unless SECRET_TTL says otherwise. The maximum is
 // a week rather than istiod's 90 days: a certificate cannot be revoked,
@@ -75,6 +82,7 @@ type caServer struct {
 	tokens     *tokenAuth // nil: tokens are not accepted
 	defaultTTL time.Duration
 	maxTTL     time.Duration
+	members    Members // nil: every member a credential proves is taken as current
 	stats      *caStats
 	log        *slog.Logger
 	workers    chan struct{} // a slot per request being checked and signed (caWorkers)
@@ -111,6 +119,7 @@ const (
 	caReasonTokenRejected       = "token_rejected"       // the member did not accept the token (or could not review it)
 	caReasonCertificateRejected = "certificate_rejected" // not a member-bound workload certificate of our trust domain
 	caReasonClusterMismatch     = "cluster_mismatch"     // a certificate bound to one member, ClusterID naming another
+	caReasonNotMember           = "not_member"           // the member a credential proves is no longer in the federation
 	caReasonInvalidCSR          = "invalid_csr"
 	caReasonInvalidTTL          = "invalid_ttl"
 	caReasonSigning             = "signing_failed" // Internal
@@ -118,7 +127,7 @@ const (
 
 // caReasons lists every reason, for the read model's stable order.
 var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonCertificateRejected,
-	caReasonClusterMismatch, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
+	caReasonClusterMismatch, caReasonNotMember, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
 
 // CreateCertificate signs the CSR's public key for the caller's
 // authenticated identity. Errors are Unauthenticated (who the caller is),
@@ -128,6 +137,11 @@ var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonC
 func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	start := time.Now()
 	id, claimed, err := s.authenticate(ctx)
+	if err == nil && s.members != nil && !s.members.IsCluster(id.cluster) {
+		// A renewal, or a token reviewed before the member was removed.
+		err = refuse(codes.Unauthenticated, caReasonNotMember,
+			"member %s, which the credential of %s proves, is not in the federation (removed or invalid)", id.cluster, id.spiffeID)
+	}
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
