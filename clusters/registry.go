@@ -663,6 +663,13 @@ func (r *Registry) activeCluster(id string) (*Cluster, error) {
 	return nil, fmt.Errorf("%w %q", ErrUnknownCluster, id)
 }
 
+// IsCluster reports whether id is the home cluster or a current member:
+// not a removed one, nor a key that is invalid or in conflict.
+func (r *Registry) IsCluster(id string) bool {
+	_, err := r.activeCluster(id)
+	return err == nil
+}
+
 // activeClusters returns the home cluster and every member's active client.
 func (r *Registry) activeClusters() []*Cluster {
 	r.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -20,6 +21,17 @@ type TokenReviewer interface {
 	ReviewToken(ctx context.Context, cluster, token string) (namespace, serviceAccount string, err error)
 }
 
+// Token reviews running at once, as for access reviews (review.go):
+// anyone who reaches the mTLS port can send a made-up token naming any
+// member, and each costs a TokenReview there. A caller waits for a slot
+// within its review's 5 seconds; a member that does not answer then holds
+// at most tokenReviewsPerMember of them and delays no other member's
+// callers.
+const (
+	tokenReviewsPerMember = 4
+	tokenReviewsOverall   = 32
+)
+
 // tokenAuth turns service-account tokens into workload identities of our
 // trust domain. Answers are cached by a hash of (cluster, token), never the
 // token itself: an accepted token for a minute, a rejected one for ten
@@ -29,6 +41,7 @@ type tokenAuth struct {
 	td       func() string
 	accepted *ttlcache.Cache[[32]byte, identity]
 	rejected *ttlcache.Cache[[32]byte, error]
+	slots    *reviewSlots
 }
 
 func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
@@ -36,6 +49,7 @@ func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 		reviewer: r, td: td,
 		accepted: ttlcache.New[[32]byte, identity](10000, time.Minute),
 		rejected: ttlcache.New[[32]byte, error](10000, 10*time.Second),
+		slots:    newReviewSlots(tokenReviewsPerMember, tokenReviewsOverall),
 	}
 }
 
@@ -57,7 +71,11 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (id
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if err := a.slots.acquire(ctx, cluster); err != nil {
+		return identity{}, err // not the token's fault: not remembered
+	}
 	ns, sa, err := a.reviewer.ReviewToken(ctx, cluster, token)
+	a.slots.release(cluster)
 	if err != nil {
 		if ctx.Err() == nil { // a timeout is not the token's fault
 			a.rejected.Add(key, err)
@@ -75,6 +93,55 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (id
 	id := identity{spiffeID: sid, namespace: ns, cluster: cluster, fromToken: true}
 	a.accepted.Add(key, id)
 	return id, nil
+}
+
+// reviewSlots bounds the reviews running at once, per member and overall.
+// Members are named by callers (any string): a member's count exists only
+// while it has reviews running.
+type reviewSlots struct {
+	perMember, overall int
+
+	mu      sync.Mutex
+	running map[string]int
+	total   int
+	freed   chan struct{} // closed (and replaced) when a slot is released
+}
+
+func newReviewSlots(perMember, overall int) *reviewSlots {
+	return &reviewSlots{perMember: perMember, overall: overall, running: map[string]int{}, freed: make(chan struct{})}
+}
+
+// acquire waits for a slot of member until ctx ends.
+func (r *reviewSlots) acquire(ctx context.Context, member string) error {
+	for {
+		r.mu.Lock()
+		if r.running[member] < r.perMember && r.total < r.overall {
+			r.running[member]++
+			r.total++
+			r.mu.Unlock()
+			return nil
+		}
+		freed, busy := r.freed, r.running[member]
+		r.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return fmt.Errorf("no token review slot free (%d running for member %s, at most %d per member and %d overall): %w",
+				busy, truncate(member, 64), r.perMember, r.overall, ctx.Err())
+		}
+	}
+}
+
+// release frees a slot of member taken by acquire.
+func (r *reviewSlots) release(member string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running[member]--; r.running[member] <= 0 {
+		delete(r.running, member)
+	}
+	r.total--
+	close(r.freed)
+	r.freed = make(chan struct{})
 }
 
 // bearerToken returns the token of an "authorization: Bearer <token>" gRPC

@@ -10,6 +10,8 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -40,6 +42,13 @@ type WorkloadSigner interface {
 	SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error)
 }
 
+// Members tells which cluster IDs are in the federation now
+// (clusters.Registry implements it).
+type Members interface {
+	// IsCluster reports whether id is the home cluster or a current member.
+	IsCluster(id string) bool
+}
+
 // Workload certificate lifetimes. The default is istiod's and what
 // istio-agent asks for unless SECRET_TTL says otherwise. The maximum is
 // a week rather than istiod's 90 days: a certificate cannot be revoked,
@@ -58,6 +67,13 @@ const maxCSRBytes = 64 << 10
 // with every bit.
 const maxRSABits = 8192
 
+// caWorkers bounds the requests whose CSR is checked and signed at once:
+// an RSA-8192 CSR with a large public exponent costs ~4 ms of CPU to check
+// (120 times an RSA-2048 one), and authenticated callers sending many at
+// once must leave cores to the pushes. The others wait (until their
+// deadline).
+var caWorkers = max(1, runtime.GOMAXPROCS(0)/2)
+
 // caServer is the IstioCertificateService of the mTLS listener.
 type caServer struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
@@ -66,8 +82,11 @@ type caServer struct {
 	tokens     *tokenAuth // nil: tokens are not accepted
 	defaultTTL time.Duration
 	maxTTL     time.Duration
+	members    Members // nil: every member a credential proves is taken as current
 	stats      *caStats
 	log        *slog.Logger
+	workers    chan struct{} // a slot per request being checked and signed (caWorkers)
+	waiting    atomic.Int64  // requests waiting for a slot
 }
 
 func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, maxTTL time.Duration, log *slog.Logger) *caServer {
@@ -75,7 +94,8 @@ func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, max
 		maxTTL = DefaultMaxWorkloadCertTTL
 	}
 	return &caServer{signer: signer, roots: roots, tokens: tokens,
-		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log}
+		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log,
+		workers: make(chan struct{}, caWorkers)}
 }
 
 // caError is a refused request: its gRPC code, the metrics reason (one of
@@ -99,6 +119,7 @@ const (
 	caReasonTokenRejected       = "token_rejected"       // the member did not accept the token (or could not review it)
 	caReasonCertificateRejected = "certificate_rejected" // not a member-bound workload certificate of our trust domain
 	caReasonClusterMismatch     = "cluster_mismatch"     // a certificate bound to one member, ClusterID naming another
+	caReasonNotMember           = "not_member"           // the member a credential proves is no longer in the federation
 	caReasonInvalidCSR          = "invalid_csr"
 	caReasonInvalidTTL          = "invalid_ttl"
 	caReasonSigning             = "signing_failed" // Internal
@@ -106,7 +127,7 @@ const (
 
 // caReasons lists every reason, for the read model's stable order.
 var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonCertificateRejected,
-	caReasonClusterMismatch, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
+	caReasonClusterMismatch, caReasonNotMember, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
 
 // CreateCertificate signs the CSR's public key for the caller's
 // authenticated identity. Errors are Unauthenticated (who the caller is),
@@ -116,9 +137,23 @@ var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonC
 func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	start := time.Now()
 	id, claimed, err := s.authenticate(ctx)
+	if err == nil && s.members != nil && !s.members.IsCluster(id.cluster) {
+		// A renewal, or a token reviewed before the member was removed.
+		err = refuse(codes.Unauthenticated, caReasonNotMember,
+			"member %s, which the credential of %s proves, is not in the federation (removed or invalid)", id.cluster, id.spiffeID)
+	}
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
+	s.waiting.Add(1)
+	select {
+	case s.workers <- struct{}{}:
+		s.waiting.Add(-1)
+	case <-ctx.Done():
+		s.waiting.Add(-1)
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-s.workers }()
 	pub, err := parseCSR(req.GetCsr())
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)

@@ -264,7 +264,7 @@ func TestCreateCertificateRefusals(t *testing.T) {
 		got[f.Reason] = f.LastHour
 	}
 	want := map[string]uint64{caReasonNoCredentials: 2, caReasonTokenRejected: 2, caReasonInvalidCSR: 7, caReasonInvalidTTL: 1,
-		caReasonCertificateRejected: 0, caReasonClusterMismatch: 0, caReasonSigning: 0}
+		caReasonCertificateRejected: 0, caReasonClusterMismatch: 0, caReasonNotMember: 0, caReasonSigning: 0}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("failures in the last hour %v; want %v", got, want)
 	}
@@ -300,15 +300,7 @@ func TestCreateCertificateRenewsWithOurCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	issued := parseChain(t, resp)
-	cert := tls.Certificate{PrivateKey: key, Leaf: issued[0]}
-	for _, c := range issued {
-		cert.Certificate = append(cert.Certificate, c.Raw)
-	}
-	hubID := tlsconfig.AuthorizeID(spiffeid.RequireFromPath(s.ca.TrustDomain, "/hub"))
-	cfg := tlsconfig.TLSClientConfig(s.bundle, hubID)
-	cfg.Certificates = []tls.Certificate{cert}
-	ours := credentials.NewTLS(cfg)
+	ours := s.withCertificate(t, key, parseChain(t, resp))
 
 	// Renewal: the certificate alone (agents send their ClusterID too).
 	newKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -342,6 +334,25 @@ func TestCreateCertificateRenewsWithOurCertificate(t *testing.T) {
 			t.Errorf("%s: no refusal logged with reason %s", tc.name, tc.reason)
 		}
 	}
+}
+
+// withCertificate is client TLS presenting the chain issued for key.
+func (s *secureHub) withCertificate(t *testing.T, key crypto.Signer, issued []*x509.Certificate) credentials.TransportCredentials {
+	t.Helper()
+	cert := tls.Certificate{PrivateKey: key, Leaf: issued[0]}
+	for _, c := range issued {
+		cert.Certificate = append(cert.Certificate, c.Raw)
+	}
+	cfg := tlsconfig.TLSClientConfig(s.bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(s.ca.TrustDomain, "/hub")))
+	cfg.Certificates = []tls.Certificate{cert}
+	return credentials.NewTLS(cfg)
+}
+
+// withIssued is client TLS presenting the certificate of resp, issued
+// for rsaKey's CSR.
+func (s *secureHub) withIssued(t *testing.T, resp *securityv1alpha1.IstioCertificateResponse) credentials.TransportCredentials {
+	t.Helper()
+	return s.withCertificate(t, rsaKey(), parseChain(t, resp))
 }
 
 func TestCreateCertificateIsNotServedInPlaintext(t *testing.T) {

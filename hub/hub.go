@@ -73,6 +73,10 @@ type Options struct {
 	// workload certificates for callers authenticated by Tokens or by a
 	// certificate it issued. It needs Roots.
 	Signer WorkloadSigner
+	// Members, if set, tells the CA API which members are in the
+	// federation: a certificate bound to one that is not (removed,
+	// invalid) is neither renewed nor issued for a remembered token.
+	Members Members
 	// MaxWorkloadCertTTL is the longest workload certificate the CA API
 	// issues; a longer request is refused with InvalidArgument. Zero means
 	// DefaultMaxWorkloadCertTTL.
@@ -188,6 +192,7 @@ func New(opts Options) (*Hub, error) {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
 		}
 		h.ca = newCAServer(opts.Signer, opts.Roots, h.proxies.tokens, opts.MaxWorkloadCertTTL, opts.Log)
+		h.ca.members = opts.Members
 		if opts.Metrics != nil {
 			for _, c := range h.ca.stats.collectors() {
 				if err := opts.Metrics.Register(c); err != nil {

@@ -85,7 +85,8 @@ func (ca *CA) issue(id spiffeid.ID, ttl time.Duration, dnsNames []string, extra 
 
 // sign makes a leaf certificate for id with the given public key, DNS SANs
 // and extra extensions, valid for ttl but never beyond the CA's own
-// certificate, with serverAuth and clientAuth usages.
+// certificate, with serverAuth and clientAuth usages. An expired CA signs
+// nothing.
 func (ca *CA) sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsNames []string, extra []pkix.Extension) (*x509.Certificate, error) {
 	if id.TrustDomain() != ca.TrustDomain {
 		return nil, fmt.Errorf("SVID %s is outside trust domain %s", id, ca.TrustDomain)
@@ -98,6 +99,9 @@ func (ca *CA) sign(pub crypto.PublicKey, id spiffeid.ID, ttl time.Duration, dnsN
 	notAfter := now.Add(ttl)
 	if notAfter.After(ca.Cert.NotAfter) {
 		notAfter = ca.Cert.NotAfter
+	}
+	if !notAfter.After(now) {
+		return nil, fmt.Errorf("signing SVID for %s: our CA certificate %q expired at %s", id, ca.Cert.Subject, ca.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:    serial,

@@ -117,6 +117,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		AccessReviewTimeout: cfg.accessReviewTimeout,
 		Tokens:              registry,
 		Signer:              fed,
+		Members:             registry,
 		MaxWorkloadCertTTL:  cfg.maxWorkloadCertTTL,
 		Roots:               fed,
 		Namespace:           cfg.namespace,
