@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/hubmesh/hub/internal/ttlcache"
@@ -72,14 +73,16 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (id
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.slots.acquire(ctx, cluster); err != nil {
-		return identity{}, err // not the token's fault: not remembered
+		// Not the token's fault: not remembered.
+		return identity{}, &ReviewUnavailableError{fmt.Errorf("waiting for a token review slot of member %s: %w", cluster, err)}
 	}
 	ns, sa, err := a.reviewer.ReviewToken(ctx, cluster, token)
 	a.slots.release(cluster)
 	if err != nil {
-		if ctx.Err() == nil { // a timeout is not the token's fault
-			a.rejected.Add(key, err)
+		if ctx.Err() != nil { // a timeout is not the token's fault
+			return identity{}, &ReviewUnavailableError{err}
 		}
+		a.rejected.Add(key, err)
 		return identity{}, err
 	}
 	td, err := spiffeid.TrustDomainFromString(a.td())
@@ -142,6 +145,27 @@ func (r *reviewSlots) release(member string) {
 	r.total--
 	close(r.freed)
 	r.freed = make(chan struct{})
+}
+
+// ReviewUnavailableError means a member could not review a token in time
+// (it did not answer, or its review slots stayed full): the caller should
+// try again; nothing is known about the token.
+type ReviewUnavailableError struct{ Err error }
+
+func (e *ReviewUnavailableError) Error() string {
+	return "the member could not review the token in time: " + e.Err.Error()
+}
+func (e *ReviewUnavailableError) Unwrap() error { return e.Err }
+
+// tokenErrorCode is the gRPC code of a token that was not accepted:
+// Unavailable when the member could not review it in time, else
+// Unauthenticated.
+func tokenErrorCode(err error) codes.Code {
+	var unavailable *ReviewUnavailableError
+	if errors.As(err, &unavailable) {
+		return codes.Unavailable
+	}
+	return codes.Unauthenticated
 }
 
 // bearerToken returns the token of an "authorization: Bearer <token>" gRPC

@@ -116,7 +116,8 @@ func refuse(code codes.Code, reason, format string, args ...any) *caError {
 // hub_ca_requests_failed_total, a fixed set.
 const (
 	caReasonNoCredentials       = "no_credentials"       // neither a certificate nor a token, or a token without ClusterID
-	caReasonTokenRejected       = "token_rejected"       // the member did not accept the token (or could not review it)
+	caReasonTokenRejected       = "token_rejected"       // the member did not accept the token
+	caReasonReviewUnavailable   = "review_unavailable"   // the member could not review the token in time (Unavailable)
 	caReasonCertificateRejected = "certificate_rejected" // not a member-bound workload certificate of our trust domain
 	caReasonClusterMismatch     = "cluster_mismatch"     // a certificate bound to one member, ClusterID naming another
 	caReasonNotMember           = "not_member"           // the member a credential proves is no longer in the federation
@@ -126,7 +127,7 @@ const (
 )
 
 // caReasons lists every reason, for the read model's stable order.
-var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonCertificateRejected,
+var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonReviewUnavailable, caReasonCertificateRejected,
 	caReasonClusterMismatch, caReasonNotMember, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
 
 // CreateCertificate signs the CSR's public key for the caller's
@@ -227,6 +228,10 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 			"the ClusterID header is required with a service-account token: it names the member cluster that reviews the token")
 	}
 	id, err := s.tokens.authenticate(ctx, claimed, token)
+	if code := tokenErrorCode(err); code == codes.Unavailable {
+		return identity{}, claimed, refuse(code, caReasonReviewUnavailable,
+			"member %s could not review the service-account token in time; try again: %v", truncate(claimed, 64), err)
+	}
 	if err != nil {
 		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
 			"the service-account token was not accepted by member %s: %v", truncate(claimed, 64), err)

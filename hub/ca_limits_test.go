@@ -77,10 +77,15 @@ func TestTokenReviewsAreBoundedPerMember(t *testing.T) {
 	}
 	wg.Wait()
 	close(codesSeen)
+	// West never answered: not the tokens' fault, so the callers are told
+	// to try again (Unavailable), not that their tokens are bad.
 	for c := range codesSeen {
-		if c != codes.Unauthenticated {
-			t.Errorf("a made-up token got %s; want Unauthenticated", c)
+		if c != codes.Unavailable {
+			t.Errorf("a token west could not review in time got %s; want Unavailable", c)
 		}
+	}
+	if st, _ := s.h.Certificates(); failuresOf(st)[caReasonReviewUnavailable] != callers {
+		t.Errorf("failures %v; want %d %s", failuresOf(st), callers, caReasonReviewUnavailable)
 	}
 	reviewer.mu.Lock()
 	defer reviewer.mu.Unlock()
@@ -151,4 +156,13 @@ func TestCACPUWorkIsBounded(t *testing.T) {
 	if signer.max > caWorkers {
 		t.Errorf("%d requests were signed at once; want at most %d", signer.max, caWorkers)
 	}
+}
+
+// failuresOf maps each refusal reason to its total.
+func failuresOf(st CertificateStats) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, f := range st.Failures {
+		m[f.Reason] = f.Total
+	}
+	return m
 }

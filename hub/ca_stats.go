@@ -103,7 +103,7 @@ func newCAStats() *caStats {
 		}, []string{"member", "namespace"}),
 		failedTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_ca_requests_failed_total",
-			Help: "Certificate requests the hub's CA refused, by reason: no_credentials, token_rejected, certificate_rejected, cluster_mismatch, not_member, invalid_csr, invalid_ttl, signing_failed.",
+			Help: "Certificate requests the hub's CA refused, by reason: no_credentials, token_rejected, review_unavailable, certificate_rejected, cluster_mismatch, not_member, invalid_csr, invalid_ttl, signing_failed.",
 		}, []string{"reason"}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "hub_ca_issue_seconds",

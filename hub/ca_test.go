@@ -264,7 +264,7 @@ func TestCreateCertificateRefusals(t *testing.T) {
 		got[f.Reason] = f.LastHour
 	}
 	want := map[string]uint64{caReasonNoCredentials: 2, caReasonTokenRejected: 2, caReasonInvalidCSR: 7, caReasonInvalidTTL: 1,
-		caReasonCertificateRejected: 0, caReasonClusterMismatch: 0, caReasonNotMember: 0, caReasonSigning: 0}
+		caReasonCertificateRejected: 0, caReasonClusterMismatch: 0, caReasonNotMember: 0, caReasonReviewUnavailable: 0, caReasonSigning: 0}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("failures in the last hour %v; want %v", got, want)
 	}

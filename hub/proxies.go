@@ -399,7 +399,7 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	ident, err := p.tokens.authenticate(ctx, cluster, token)
 	if err != nil {
 		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", truncate(cluster, 64), "error", err)
-		return status.Errorf(codes.Unauthenticated, "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)
+		return status.Errorf(tokenErrorCode(err), "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)
 	}
 	p.mu.Lock()
 	if st := p.streams[id]; st != nil {
