@@ -230,6 +230,11 @@ type picMember struct {
 	Clients   clientGroup
 }
 
+// HubLine says how many clients the hub serves, e.g. "3 proxies · 1 istiod".
+func (p picture) HubLine() string {
+	return plural(p.Proxies, "proxy", "proxies") + " · " + plural(p.Istiods, "istiod", "istiods")
+}
+
 // Title is the member's tooltip and accessible name.
 func (m picMember) Title() string {
 	s := fmt.Sprintf("%s%s: %s, %s, %s; %s", m.ID, map[bool]string{true: " (home)"}[m.Home], m.State,
@@ -324,7 +329,7 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 	for _, st := range sts {
 		t := clusterTone(st.State)
 		members = append(members, picMember{
-			ID: st.ID, Label: truncateRunes(st.ID, 18), Short: truncateRunes(st.ID, 10),
+			ID: st.ID, Label: truncateRunes(st.ID, 16), Short: truncateRunes(st.ID, 10),
 			Home: st.Secret == "", State: string(st.State), Tone: t,
 			Services: st.Services, Endpoints: st.Endpoints, Message: st.Message,
 		})
@@ -405,7 +410,10 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 	p.WideHidden = len(members) - len(drawn)
 	p.TrustX = 805
 	p.Cards = len(drawn) <= maxCardMembers
-	if p.Cards {
+	switch {
+	case len(drawn) == 0:
+		p.WideH, p.HubX, p.HubY = 200, 395, 70
+	case p.Cards:
 		// Cards on an ellipse around the hub, the home cluster at the top.
 		p.WideH, p.HubX, p.HubY = 530, 395, 265
 		const rx, ry = 290.0, 185.0
@@ -421,7 +429,7 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 			p.Wide = append(p.Wide, n)
 			p.Spokes = append(p.Spokes, line{p.HubX, p.HubY, x, y, "spoke tone-" + m.Tone.Class})
 		}
-	} else {
+	default:
 		// Dots in rows of ten, half the rows above the hub and half below.
 		rows := (len(drawn) + wideCols - 1) / wideCols
 		above := (rows + 1) / 2
@@ -442,7 +450,6 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 			p.Spokes = append(p.Spokes, line{p.HubX, p.HubY, x, y, "spoke faint tone-" + m.Tone.Class})
 		}
 		p.WideH = p.HubY + 84 + (rows-above)*rowH - 8
-		p.WideH = max(p.WideH, 420)
 	}
 	// Clients of no known member sit in the hub's box.
 	p.UnMarks = p.Unassigned.marks(p.HubX, p.HubY+30)
