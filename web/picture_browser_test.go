@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
 	"github.com/hubmesh/hub/clusters"
@@ -88,6 +91,50 @@ func waitJS(t *testing.T, ctx context.Context, js string, timeout time.Duration)
 	}
 }
 
+// pageErrors collects what the page's console reports as an error (a
+// Content-Security-Policy violation, say) and uncaught script exceptions.
+type pageErrors struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func watchErrors(t *testing.T, ctx context.Context) *pageErrors {
+	t.Helper()
+	pe := &pageErrors{}
+	err := chromedp.Listen(ctx, func(ev any) {
+		var msg string
+		switch e := ev.(type) {
+		case *cdplog.EventEntryAdded:
+			// The dashboard has no favicon; the browser asks anyway.
+			if (e.Entry.Level == cdplog.EntryLevelError || strings.Contains(e.Entry.Text, "Content Security Policy")) &&
+				!strings.HasSuffix(e.Entry.URL, "/favicon.ico") {
+				msg = e.Entry.Text + " " + e.Entry.URL
+			}
+		case *runtime.EventExceptionThrown:
+			msg = e.ExceptionDetails.Text
+		}
+		if msg != "" {
+			pe.mu.Lock()
+			pe.errs = append(pe.errs, msg)
+			pe.mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pe
+}
+
+func (pe *pageErrors) check(t *testing.T) {
+	t.Helper()
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	for _, e := range pe.errs {
+		t.Errorf("the page reported an error: %s", e)
+	}
+	pe.errs = nil
+}
+
 func shot(t *testing.T, ctx context.Context, dir, name string) {
 	t.Helper()
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -109,6 +156,7 @@ func TestPictureInChromium(t *testing.T) {
 	dir := artifacts(t)
 	models := federation(3)
 	s := startServer(t, models.config(), ServerOptions{}, nil)
+	errs := watchErrors(t, ctx)
 	do(t, ctx, "sign in", chromedp.Navigate(s.base+"/signin"), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SetValue(chromedp.ID("token"), "good"), chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.CSS("svg#federation")))
@@ -130,6 +178,7 @@ func TestPictureInChromium(t *testing.T) {
 		t.Errorf("the federated trust domain is not in the picture")
 	}
 	shot(t, ctx, dir, "01-desktop-3-members")
+	errs.check(t) // no CSP violation, no script error
 
 	// A member turns Stale in the read model: the picture follows, live.
 	eval[int](t, ctx, `window.__noReload = 1`)
@@ -177,6 +226,7 @@ func TestPictureInChromium(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll("main img, main script").length`); n != 0 {
 		t.Errorf("a member's ID made %d elements", n)
 	}
+	errs.check(t)
 	t.Logf("screenshots in %s", dir)
 }
 
