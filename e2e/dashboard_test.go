@@ -214,7 +214,12 @@ func TestDashboard(t *testing.T) {
 
 	run(t, ctx, "open services", chromedp.Navigate(h.adminURL+"/services"), chromedp.WaitVisible(chromedp.CSS("table")))
 	screenshot(t, ctx, dir, "09-services")
-	run(t, ctx, "open overview", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.CSS("#members-total")))
+	// The overview's picture shows the real members Ready and the proxy
+	// (of no member: it sends no CLUSTER_ID) connected to the hub.
+	run(t, ctx, "open overview", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.CSS("#members-total")),
+		chromedp.WaitReady(chromedp.CSS(`svg#federation g.member[data-cluster="primary"][data-state="Ready"][data-home="true"]`)),
+		chromedp.WaitReady(chromedp.CSS(`svg#federation g.member[data-cluster="west"][data-state="Ready"]`)),
+		chromedp.WaitReady(chromedp.CSS(`svg#federation g.proxies.unassigned[data-count="1"]`)))
 	screenshot(t, ctx, dir, "10-overview-after")
 
 	// Phone width.

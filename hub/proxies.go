@@ -56,6 +56,9 @@ type ProxyStatus struct {
 	// IstioVersion is its ISTIO_VERSION metadata (as sent, truncated).
 	ConfigSubscriber bool
 	IstioVersion     string
+	// Proxyless says the stream is a proxyless gRPC client (node metadata
+	// GENERATOR=grpc or a gRPC library's user agent), not an Envoy.
+	Proxyless bool
 	// Warning says why the proxy gets less than it asks for, e.g. a member
 	// claim that its credential does not prove.
 	Warning     string
@@ -430,6 +433,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
 			st.status.IstioVersion = truncate(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
+			st.status.Proxyless = proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		if p.identify != nil {

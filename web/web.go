@@ -149,7 +149,7 @@ func New(cfg Config) *Dashboard {
 	d := &Dashboard{
 		cfg:      cfg,
 		sessions: newSessionStore(cfg.Now),
-		tmpl:     template.Must(template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")),
+		tmpl:     template.Must(template.New("").Funcs(funcs).Funcs(pictureFuncs).ParseFS(templateFS, "templates/*.html")),
 		stop:     make(chan struct{}),
 	}
 	r := chi.NewRouter()
@@ -454,7 +454,13 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 		m["ByState"] = sortedCounts(byState)
 		m["Ready"], m["ReadyReason"] = ready, reason
 		m["Services"], m["Endpoints"] = len(svcs), endpoints
-		m["Proxies"] = len(a.Federation.Proxies())
+		proxies := a.Federation.Proxies()
+		m["Proxies"] = len(proxies)
+		var tds []trust.Status
+		if a.Trust != nil {
+			tds = a.Trust.TrustDomains()
+		}
+		m["Picture"] = layoutPicture(sts, proxies, tds)
 		if p, ok := a.Federation.(Pushes); ok {
 			per := p.PushesPerSecond()
 			total := 0

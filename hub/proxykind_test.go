@@ -1,0 +1,26 @@
+package hub
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+)
+
+// TestProxyStatusSaysProxyless: the proxy list tells proxyless gRPC clients
+// (GENERATOR=grpc or a gRPC user agent) from Envoys and istiods, as the
+// dashboard's picture groups them.
+func TestProxyStatusSaysProxyless(t *testing.T) {
+	for name, kind := range clientKinds {
+		t.Run(name, func(t *testing.T) {
+			p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
+			if err := p.onStreamOpen(context.Background(), 1, ""); err != nil {
+				t.Fatal(err)
+			}
+			p.request(1, kind.node, "", "", false)
+			ps := p.proxies()
+			if len(ps) != 1 || ps[0].Proxyless != kind.proxyless {
+				t.Errorf("proxies %+v; want one with Proxyless %v", ps, kind.proxyless)
+			}
+		})
+	}
+}

@@ -1,0 +1,101 @@
+package web
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/trust"
+)
+
+// pictureModels is a settable federation for the picture's tests: members,
+// connected xDS clients and trust domains.
+type pictureModels struct {
+	fakeModels
+	mu      sync.Mutex
+	members []clusters.Status
+	proxies []hub.ProxyStatus
+	tds     []trust.Status
+}
+
+func (m *pictureModels) Clusters() []clusters.Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]clusters.Status(nil), m.members...)
+}
+
+func (m *pictureModels) Proxies() []hub.ProxyStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]hub.ProxyStatus(nil), m.proxies...)
+}
+
+func (m *pictureModels) TrustDomains() []trust.Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]trust.Status(nil), m.tds...)
+}
+
+// setState changes one member's state.
+func (m *pictureModels) setState(id string, s clusters.State) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.members {
+		if m.members[i].ID == id {
+			m.members[i].State = s
+		}
+	}
+}
+
+func (m *pictureModels) config() Config {
+	return Config{Membership: m, Registrar: m, Federation: m, Trust: m, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+}
+
+// federation builds a federation of the home cluster "primary" and n
+// members: each member has proxyless gRPC clients, every third an Envoy,
+// every fourth an istiod; one istiod and one client of an unknown member
+// are not tied to any; two trust domains.
+func federation(n int) *pictureModels {
+	m := &pictureModels{}
+	m.members = append(m.members, clusters.Status{ID: "primary", State: clusters.StateReady, Services: 4, Endpoints: 9})
+	names := []string{"west", "east", "north"}
+	for i := range n {
+		id := fmt.Sprintf("member-%02d", i)
+		if i < len(names) {
+			id = names[i]
+		}
+		st := clusters.Status{ID: id, Secret: "istio-system/istio-remote-secret-" + id, State: clusters.StateReady,
+			Services: 3 + i%4, Endpoints: 6 + i*2}
+		switch {
+		case n > 3 && i%11 == 5:
+			st.State = clusters.StateStale
+		case n > 3 && i%17 == 7:
+			st.State = clusters.StateUnreachable
+		case n > 3 && i%13 == 9:
+			st.State = clusters.StateSyncing
+		}
+		m.members = append(m.members, st)
+		for j := range 1 + i%3 {
+			m.proxies = append(m.proxies, hub.ProxyStatus{ID: fmt.Sprintf("client-%d~%s", j, id), Cluster: id, Proxyless: true})
+		}
+		if i%3 == 0 {
+			m.proxies = append(m.proxies, hub.ProxyStatus{ID: "sidecar~10.0.0.1~envoy." + id, Cluster: id})
+		}
+		if i%4 == 1 {
+			m.proxies = append(m.proxies, hub.ProxyStatus{ID: "istiod-" + id, Cluster: id, ConfigSubscriber: true, IstioVersion: "1.31.1"})
+		}
+	}
+	m.proxies = append(m.proxies,
+		hub.ProxyStatus{ID: "istiod-unclaimed", ConfigSubscriber: true},
+		hub.ProxyStatus{ID: "client~of-nobody", Cluster: "not-registered", Proxyless: true})
+	m.tds = []trust.Status{
+		{Spec: trust.PeerSpec{TrustDomain: "cluster.local"}, Local: true, State: trust.StateReady},
+		{Spec: trust.PeerSpec{TrustDomain: "partner.example.org"}, State: trust.StateReady},
+	}
+	if n > 3 {
+		m.tds = append(m.tds, trust.Status{Spec: trust.PeerSpec{TrustDomain: "late.example.net"}, State: trust.StatePending})
+	}
+	return m
+}
