@@ -2,109 +2,349 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
+// `hub demo` is a live federation to watch and poke: three real local
+// clusters (primary is home; west and east are members registered with
+// remote Secrets), sample Services, and the hub on them. As root it also
+// runs real traffic (demo_workloads.go): gRPC backends answering with their
+// member's name, registered in each member's EndpointSlices, and grpc-go
+// xds:/// clients calling them through the hub, all with certificates from
+// the hub's CA, in a network namespace of the demo (demo_netns.go). A
+// scripted churn keeps the hub pushing (demo_churn.go), the clients' split
+// across members is printed once a second, and the demo prints what to try.
+
+// demoCluster is one cluster of the demo.
+type demoCluster struct{ name, region, zone, ipPrefix string }
+
 // demoClusters are the clusters `hub demo` starts; the first is home.
-var demoClusters = []struct{ name, region, zone, ipPrefix string }{
+// Backends of member n have addresses ipPrefix+"10", +"11", ...
+var demoClusters = []demoCluster{
 	{"primary", "eu-central", "eu-central-1a", "198.18.1."},
 	{"west", "us-west", "us-west-2b", "198.18.2."},
 	{"east", "us-east", "us-east-1c", "198.18.3."},
 }
 
-// demo starts three real local clusters, registers west and east with remote
-// Secrets in primary, seeds sample services and runs the hub against them.
-func demo(ctx context.Context, cfg config, log *slog.Logger) error {
+// The member whose echo backends the churn scales, and the one the demo
+// suggests pausing.
+const (
+	demoChurnMember = "west"
+	demoPauseMember = "east"
+)
+
+// demoOptions are the flags only `hub demo` has (not `hub serve`).
+type demoOptions struct {
+	churn   bool
+	traffic bool
+}
+
+func (o *demoOptions) register(fs *flag.FlagSet) {
+	fs.BoolVar(&o.churn, "demo-churn", true, fmt.Sprintf("scale %s's echo backends between 1 and 2 every %s, so the hub keeps pushing", demoChurnMember, demoChurnEvery))
+	fs.BoolVar(&o.traffic, "demo-traffic", true, "as root with iproute2: run real gRPC backends and xds:/// clients (mTLS with certificates from the hub) in a network namespace of the demo")
+}
+
+// echoBackends are the echo backends of a cluster: one, and in the churned
+// member a second one that the churn adds and removes.
+func echoBackends(dc demoCluster) []localcluster.Backend {
+	node := dc.name + "-node-1"
+	b := []localcluster.Backend{{IP: dc.ipPrefix + "10", Port: demoEchoPort, Node: node}}
+	if dc.name == demoChurnMember {
+		b = append(b, localcluster.Backend{IP: dc.ipPrefix + "11", Port: demoEchoPort, Node: node})
+	}
+	return b
+}
+
+// demo starts the clusters, registers the members, starts the network
+// namespace (when it can), runs the hub and, once it listens, the
+// workloads and the churn, until ctx is done. Everything it started is
+// stopped and removed when it returns, also when starting fails.
+func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) error {
+	work, err := os.MkdirTemp("", "hub-demo-")
+	if err != nil {
+		return fmt.Errorf("creating the demo's work directory: %w", err)
+	}
+	defer os.RemoveAll(work)
+	// The terminal is for the demo's own lines; the hub logs to a file.
+	log, closeLog, err := demoLogger(filepath.Join(work, "hub.log"), cfg.logLevel)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+
+	binDir, err := localcluster.BinDir(ctx)
+	if err != nil {
+		return fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+	}
 	names := make([]string, len(demoClusters))
 	for i, c := range demoClusters {
 		names[i] = c.name
 	}
-	fmt.Fprintln(os.Stderr, "starting local clusters (the first run builds kube-apiserver and etcd, ~10 min)...")
-	env, err := localcluster.Start(ctx, localcluster.Options{Names: names})
+	fmt.Fprintln(os.Stderr, "starting local clusters...")
+	clustersDir := filepath.Join(work, "clusters")
+	if err := os.MkdirAll(clustersDir, 0o700); err != nil {
+		return err
+	}
+	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
 	if err != nil {
 		return fmt.Errorf("starting local clusters: %w", err)
 	}
 	defer env.Stop()
-
-	home := env.Cluster("primary")
-	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
+	members, err := setUpDemoClusters(ctx, env, cfg, work)
 	if err != nil {
 		return err
 	}
-	if err := localcluster.EnsureNamespace(ctx, homeClient, cfg.namespace); err != nil {
+	cfg.kubeconfig = filepath.Join(work, demoClusters[0].name+".kubeconfig")
+
+	var netns *demoNetns
+	if opts.traffic {
+		if ok, why := canRunNetns(); !ok {
+			fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
+		} else {
+			var ips []string
+			for _, w := range demoWorkloads() {
+				if w.ip != "" {
+					ips = append(ips, w.ip)
+				}
+			}
+			if netns, err = newDemoNetns(ctx, ips); err != nil {
+				return fmt.Errorf("creating the demo's network namespace: %w", err)
+			}
+			defer func() {
+				if err := netns.Close(); err != nil {
+					fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", netns.name, err)
+				}
+			}()
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	listening := make(chan map[string]string, 1)
+	hubDone := make(chan error, 1)
+	go func() { hubDone <- serveNotify(ctx, cfg, log, func(addrs map[string]string) { listening <- addrs }) }()
+	var addrs map[string]string
+	select {
+	case addrs = <-listening:
+	case err := <-hubDone:
 		return err
 	}
+	adminURL := "http://" + addrs["admin"]
+	if cfg.adminTLSCert != "" {
+		adminURL = "https://" + addrs["admin"]
+	}
+	home := env.Cluster(demoClusters[0].name)
+	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, netns != nil)
+
+	// The parts beside the hub; one failing stops the demo.
+	var (
+		parts   sync.WaitGroup
+		partsMu sync.Mutex
+		partErr error
+	)
+	fail := func(what string, err error) {
+		partsMu.Lock()
+		partErr = errors.Join(partErr, fmt.Errorf("%s: %w", what, err))
+		partsMu.Unlock()
+		cancel()
+	}
+	if netns != nil {
+		parts.Go(func() {
+			var ca *demoCA
+			if cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE" {
+				if addrs["xds-tls"] == "" {
+					fail("workloads", errors.New("their certificates come from the hub's CA on --xds-tls-addr, which is disabled"))
+					return
+				}
+				var err error
+				if ca, err = newDemoCA(ctx, adminURL, home.AdminToken(), cfg.trustDomain, addrs["xds-tls"]); err != nil {
+					fail("workloads", err)
+					return
+				}
+				defer ca.Close()
+			}
+			memberIDs := make([]string, len(demoClusters))
+			for i, dc := range demoClusters {
+				memberIDs[i] = dc.name
+			}
+			err := runWorkloads(ctx, workloadsConfig{
+				netns: netns, workloads: demoWorkloads(), hubXDS: addrs["xds"], ca: ca, members: members,
+				dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
+				target: fmt.Sprintf("xds:///echo.%s.svc.%s:%d", demoNamespace, cfg.domainSuffix, demoEchoPort),
+			})
+			if err != nil {
+				fail("workloads", err)
+			}
+		})
+	}
+	if opts.churn {
+		for _, dc := range demoClusters {
+			if dc.name == demoChurnMember {
+				parts.Go(func() {
+					runChurn(ctx, members[dc.name], dc.name, demoNamespace, "echo", "grpc", echoBackends(dc), log)
+				})
+			}
+		}
+	}
+	hubErr := <-hubDone
+	cancel()
+	parts.Wait()
+	fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespace")
+	return errors.Join(hubErr, partErr)
+}
+
+// demoWorkloads are the demo's backends (one per member at
+// <ipPrefix>10, and the churned member's second one) and clients (one per
+// member).
+func demoWorkloads() []demoWorkload {
+	var ws []demoWorkload
 	for _, dc := range demoClusters {
-		c := env.Cluster(dc.name)
-		client, err := kubernetes.NewForConfig(c.RESTConfig())
+		for i, b := range echoBackends(dc) {
+			ws = append(ws, demoWorkload{role: "server", name: fmt.Sprintf("echo-%s-%d", dc.name, i+1), member: dc.name, ip: b.IP, sa: "echo"})
+		}
+	}
+	for _, dc := range demoClusters {
+		ws = append(ws, demoWorkload{role: "client", name: dc.name + "-1", member: dc.name, sa: "client"})
+	}
+	return ws
+}
+
+// setUpDemoClusters seeds every cluster, registers the members with remote
+// Secrets in the home cluster, and writes into work each cluster's
+// kubeconfig and each member's remote Secret (for re-registering it). It
+// returns a client per cluster.
+func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, work string) (map[string]kubernetes.Interface, error) {
+	clients := map[string]kubernetes.Interface{}
+	for _, dc := range demoClusters {
+		c, err := kubernetes.NewForConfig(env.Cluster(dc.name).RESTConfig())
 		if err != nil {
-			return err
+			return nil, fmt.Errorf("client of %s: %w", dc.name, err)
 		}
-		if err := seedDemo(ctx, client, dc.name, dc.region, dc.zone, dc.ipPrefix); err != nil {
-			return fmt.Errorf("seeding %s: %w", dc.name, err)
+		clients[dc.name] = c
+	}
+	homeClient := clients[demoClusters[0].name]
+	if err := localcluster.EnsureNamespace(ctx, homeClient, cfg.namespace); err != nil {
+		return nil, err
+	}
+	for i, dc := range demoClusters {
+		c := env.Cluster(dc.name)
+		if err := seedDemo(ctx, clients[dc.name], dc); err != nil {
+			return nil, fmt.Errorf("seeding %s: %w", dc.name, err)
 		}
-		if c == home {
+		if err := os.WriteFile(filepath.Join(work, dc.name+".kubeconfig"), c.Kubeconfig(), 0o600); err != nil {
+			return nil, err
+		}
+		if i == 0 {
 			continue
 		}
 		secret := localcluster.RemoteSecret(cfg.namespace, "istio-remote-secret-"+dc.name, map[string][]byte{dc.name: c.Kubeconfig()})
 		if _, err := homeClient.CoreV1().Secrets(cfg.namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("registering %s: %w", dc.name, err)
+			return nil, fmt.Errorf("registering %s: %w", dc.name, err)
+		}
+		secret.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}
+		manifest, err := yaml.Marshal(secret)
+		if err != nil {
+			return nil, fmt.Errorf("writing %s's remote Secret: %w", dc.name, err)
+		}
+		if err := os.WriteFile(filepath.Join(work, dc.name+"-remote-secret.yaml"), manifest, 0o600); err != nil {
+			return nil, err
 		}
 	}
+	return clients, nil
+}
 
-	kubeconfig := filepath.Join(env.Dir(), "primary.kubeconfig")
-	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
+// seedDemo creates a node with topology labels, the demo namespace with the
+// workloads' ServiceAccounts, and two sample services: echo (in every
+// cluster, with the demo's backends) and a per-cluster one whose endpoint
+// is a made-up address.
+func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error {
+	if err := localcluster.EnsureNamespace(ctx, c, demoNamespace); err != nil {
 		return err
 	}
-	for _, dc := range demoClusters[1:] {
-		if err := os.WriteFile(filepath.Join(env.Dir(), dc.name+".kubeconfig"), env.Cluster(dc.name).Kubeconfig(), 0o600); err != nil {
-			return err
+	for _, sa := range []string{"echo", "client"} {
+		if _, err := c.CoreV1().ServiceAccounts(demoNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating ServiceAccount %s/%s: %w", demoNamespace, sa, err)
 		}
 	}
-	cfg.kubeconfig = kubeconfig
-	fmt.Printf(`
+	node := dc.name + "-node-1"
+	if err := localcluster.ApplyNode(ctx, c, node, dc.region, dc.zone); err != nil {
+		return err
+	}
+	if err := localcluster.ApplyService(ctx, c, demoNamespace, "echo", "grpc", demoEchoPort, echoBackends(dc)); err != nil {
+		return err
+	}
+	return localcluster.ApplyService(ctx, c, demoNamespace, dc.name+"-api", "http", 80,
+		[]localcluster.Backend{{IP: dc.ipPrefix + "20", Port: 8000, Node: node}})
+}
+
+// printDemoBanner prints the URLs, credentials and things to try.
+func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, traffic bool) {
+	home := env.Cluster(demoClusters[0].name)
+	kubectl := filepath.Join(binDir, "kubectl") + " --kubeconfig " + filepath.Join(work, home.Name+".kubeconfig")
+	fmt.Fprintf(w, `
 hub demo is running (Ctrl-C stops everything)
-  dashboard:          http://%s/
-  admin token:        %s   (sign in with it; also: curl -H "Authorization: Bearer <token>" http://%s/api/v1/clusters)
-  readiness:          http://%s/readyz
-  ADS (plaintext):    %s   e.g. xds:///echo.demo.svc.%s:8080 from a grpc-go client
-  ADS/SDS (mTLS):     %s   SPIFFE bundle endpoint: https://%s (trust domain %s)
-  home cluster:       kubectl --kubeconfig %s get secrets -n %s
-  member kubeconfigs: %s/{west,east}.kubeconfig
-
-`, displayAddr(cfg.adminAddr), home.AdminToken(), displayAddr(cfg.adminAddr), displayAddr(cfg.adminAddr), cfg.xdsAddr, cfg.domainSuffix, cfg.xdsTLSAddr, cfg.bundleAddr, cfg.trustDomain, kubeconfig, cfg.namespace, env.Dir())
-	return serve(ctx, cfg, log)
+  dashboard:          %s/
+  admin token:        %s   (sign in with it; also: curl -H "Authorization: Bearer <token>" %s/api/v1/clusters)
+  readiness:          %s/readyz
+  ADS (plaintext):    %s   e.g. xds:///echo.%s.svc.%s:%d from a grpc-go client
+  ADS/SDS/CA (mTLS):  %s   SPIFFE bundle endpoint: https://%s (trust domain %s, mTLS mode %s)
+  home cluster:       %s get secrets -n %s
+  kubeconfigs:        %s/{%s,%s,%s}.kubeconfig
+  hub log:            %s
+`, adminURL, home.AdminToken(), adminURL, adminURL, addrs["xds"], demoNamespace, cfg.domainSuffix, demoEchoPort,
+		addrs["xds-tls"], addrs["bundle"], cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.namespace,
+		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name, filepath.Join(work, "hub.log"))
+	for _, dc := range demoClusters {
+		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())
+	}
+	if traffic {
+		fmt.Fprintf(w, "  workloads:          echo backends in every member and one xds:/// client per member (mTLS mode %s), logs in %s\n",
+			cfg.mtlsMode, filepath.Join(work, "workloads"))
+	}
+	pid := strconv.Itoa(env.Cluster(demoPauseMember).APIServerPID())
+	fmt.Fprintf(w, `
+Things to try (the "traffic" lines show how each client's calls split across the members):
+  1. Freeze %[1]s's API server: on the dashboard %[1]s turns Stale within ~15 s, and the clients keep
+     calling its backends (a Stale member keeps serving its last endpoints):
+       kill -STOP %[2]s        and later:   kill -CONT %[2]s
+  2. Remove member %[1]s: its endpoints are withdrawn and the clients' calls move to the others:
+       %[3]s -n %[4]s delete secret istio-remote-secret-%[1]s
+  3. Register it again:
+       %[3]s apply -f %[5]s
+`, demoPauseMember, pid, kubectl, cfg.namespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"))
+	if !traffic {
+		fmt.Fprintln(w, "  (without root there are no workloads: watch the dashboard's clusters and services instead)")
+	}
+	fmt.Fprintln(w)
 }
 
-// seedDemo creates a node with topology labels and two sample services:
-// echo (in every cluster) and a per-cluster one.
-func seedDemo(ctx context.Context, c kubernetes.Interface, cluster, region, zone, ipPrefix string) error {
-	if err := localcluster.EnsureNamespace(ctx, c, "demo"); err != nil {
-		return err
+// demoLogger is a JSON logger writing to path at level (already validated
+// by main), also used by client-go.
+func demoLogger(path, level string) (*slog.Logger, func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the hub's log: %w", err)
 	}
-	node := cluster + "-node-1"
-	if err := localcluster.ApplyNode(ctx, c, node, region, zone); err != nil {
-		return err
-	}
-	echo := []localcluster.Backend{{IP: ipPrefix + "10", Port: 8080, Node: node}, {IP: ipPrefix + "11", Port: 8080, Node: node}}
-	if err := localcluster.ApplyService(ctx, c, "demo", "echo", "grpc", 8080, echo); err != nil {
-		return err
-	}
-	return localcluster.ApplyService(ctx, c, "demo", cluster+"-api", "http", 80,
-		[]localcluster.Backend{{IP: ipPrefix + "20", Port: 8000, Node: node}})
-}
-
-func displayAddr(addr string) string {
-	if len(addr) > 0 && addr[0] == ':' {
-		return "localhost" + addr
-	}
-	return addr
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	log := slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: l}))
+	slog.SetDefault(log)
+	klog.SetSlogLogger(log)
+	return log, func() { f.Close() }, nil
 }

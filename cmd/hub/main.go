@@ -2,6 +2,10 @@
 //
 //	hub [serve] [flags]   run the hub (default)
 //	hub demo [flags]      start local clusters with sample workloads and run the hub on them
+//
+// `hub demo` also runs this binary as its workloads (gRPC backends and
+// clients) in a hidden role selected by the environment variable
+// HUB_DEMO_CHILD (see demo_child.go); that is not a command.
 package main
 
 import (
@@ -197,6 +201,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 }
 
 func main() {
+	if role := os.Getenv(demoChildEnv); role != "" {
+		os.Exit(runDemoChild(role))
+	}
 	args := os.Args[1:]
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -213,11 +220,15 @@ func main() {
 	case "serve":
 		run = serve
 	case "demo":
-		run = demo
-		// The demo is for a laptop: keep its listeners on loopback.
+		var opts demoOptions
+		opts.register(fs)
+		run = func(ctx context.Context, cfg config, log *slog.Logger) error { return demo(ctx, cfg, opts, log) }
+		// The demo is for a laptop: keep its listeners on loopback. Its
+		// workloads hold certificates from the hub's CA: mTLS is required.
 		for name, def := range map[string]string{
 			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
 			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
+			"mtls-mode": string(hub.MTLSStrict),
 		} {
 			f := fs.Lookup(name)
 			_ = f.Value.Set(def)

@@ -51,6 +51,13 @@ import (
 //
 // Then the listeners open and everything runs until ctx is done.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+	return serveNotify(ctx, cfg, log, nil)
+}
+
+// serveNotify is serve, calling listening (when not nil) with the address
+// of every listener (by name: xds, admin, xds-tls, bundle) once they are
+// all open, so that `hub demo` can print them and start its workloads.
+func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening func(addrs map[string]string)) error {
 	home, err := homeConfig(cfg.kubeconfig)
 	if err != nil {
 		return err
@@ -209,10 +216,15 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		return errors.New("--xds-addr and --admin-addr must not be empty")
 	}
 	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
+	opened := map[string]string{}
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())
+		opened[name] = l.Addr().String()
 	}
 	log.Info("hub listening", addrs...)
+	if listening != nil {
+		listening(opened)
+	}
 
 	// Shutdown (SIGTERM, or any part failing): readiness fails first, the
 	// xDS listeners drain their streams while everything else keeps running

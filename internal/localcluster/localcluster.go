@@ -427,6 +427,17 @@ func (c *Cluster) ResumeAPIServer() error {
 	return nil
 }
 
+// APIServerPID is the process ID of the cluster's API server, or 0 when
+// none runs (`hub demo` prints it for people to pause the member).
+func (c *Cluster) APIServerPID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil || !c.proc.alive() {
+		return 0
+	}
+	return c.proc.cmd.Process.Pid
+}
+
 // WaitReady waits until the API server answers /readyz.
 func (c *Cluster) WaitReady(ctx context.Context) error {
 	c.mu.Lock()

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The demo's workloads (gRPC backends and clients) run in a network
+// namespace of their own: member API servers refuse loopback addresses in
+// EndpointSlices (DESIGN.md §5), so each backend gets an address from the
+// benchmark range 198.18.0.0/15 on the namespace's loopback. A veth pair
+// joins the namespace to the network namespace the demo runs in (the host's,
+// or a test's); the hub, the clusters and the dashboard stay on loopback, and
+// a relay on the host side of the veth forwards the workloads' xDS
+// connections to the hub. The demo touches only the namespace and the veth
+// pair it created.
+const (
+	// demoNetnsPrefix names the demo's namespaces: hub-demo-<pid of the demo>.
+	demoNetnsPrefix = "hub-demo-"
+	// demoVethPrefix names the host side of the veth pair: hubdemo<pid>
+	// (at most 14 characters; interface names are limited to 15).
+	demoVethPrefix = "hubdemo"
+)
+
+// The veth pair's /30, chosen away from 198.18.0.1 (the address
+// internal/localcluster/netns.sh gives the test namespace) and from the
+// backends' 198.18.<n>.0/24 addresses.
+var (
+	demoVethHostIP = net.IPv4(198, 19, 254, 1)
+	demoVethNsIP   = net.IPv4(198, 19, 254, 2)
+)
+
+const demoVethPrefixLen = 30
+
+// demoNetns is the demo's network namespace and veth pair.
+type demoNetns struct {
+	name     string // the namespace, as `ip netns` knows it
+	hostLink string // host side of the veth pair; the other side is eth0 in the namespace
+}
+
+// canRunNetns reports whether the demo can create a network namespace, and
+// why not when it cannot.
+func canRunNetns() (bool, string) {
+	if os.Geteuid() != 0 {
+		return false, "not root"
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return false, "no iproute2 (ip) on PATH"
+	}
+	return true, ""
+}
+
+// newDemoNetns removes namespaces left behind by earlier demos that
+// crashed, then creates this demo's namespace with its loopback up and
+// carrying addrs, and the veth pair. On error everything it created is
+// removed again.
+func newDemoNetns(ctx context.Context, addrs []string) (_ *demoNetns, err error) {
+	removeStaleDemoNetns(ctx)
+	if owner := interfaceWith(demoVethHostIP); owner != "" {
+		return nil, fmt.Errorf("%s is already on interface %s (another hub demo running?)", demoVethHostIP, owner)
+	}
+	pid := os.Getpid()
+	n := &demoNetns{name: demoNetnsPrefix + strconv.Itoa(pid), hostLink: demoVethPrefix + strconv.Itoa(pid)}
+	if err := ipCmd(ctx, "netns", "add", n.name); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	hostAddr := fmt.Sprintf("%s/%d", demoVethHostIP, demoVethPrefixLen)
+	nsAddr := fmt.Sprintf("%s/%d", demoVethNsIP, demoVethPrefixLen)
+	steps := [][]string{
+		{"link", "add", n.hostLink, "type", "veth", "peer", "name", "eth0", "netns", n.name},
+		{"addr", "add", hostAddr, "dev", n.hostLink},
+		{"link", "set", n.hostLink, "up"},
+		{"-n", n.name, "link", "set", "lo", "up"},
+		{"-n", n.name, "addr", "add", nsAddr, "dev", "eth0"},
+		{"-n", n.name, "link", "set", "eth0", "up"},
+	}
+	for _, a := range addrs {
+		steps = append(steps, []string{"-n", n.name, "addr", "add", a + "/32", "dev", "lo"})
+	}
+	for _, args := range steps {
+		if err := ipCmd(ctx, args...); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// Command returns a command that runs name with args inside the namespace.
+func (n *demoNetns) Command(name string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.name, name}, args...)...)
+}
+
+// Close removes the veth pair and the namespace. It runs on a fresh
+// context: it must also work while the demo is being stopped.
+func (n *demoNetns) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var errs []error
+	// Deleting one end deletes both; the namespace itself goes away
+	// asynchronously in the kernel, so its veth is not left to it.
+	if linkExists(n.hostLink) {
+		errs = append(errs, ipCmd(ctx, "link", "del", n.hostLink))
+	}
+	errs = append(errs, ipCmd(ctx, "netns", "del", n.name))
+	return errors.Join(errs...)
+}
+
+// removeStaleDemoNetns removes the namespaces (and veth pairs) of earlier
+// demos whose process is gone, e.g. after a SIGKILL. A namespace whose
+// demo process still runs, and every other namespace, are left alone.
+func removeStaleDemoNetns(ctx context.Context) {
+	out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		pidText, ok := strings.CutPrefix(name, demoNetnsPrefix)
+		if !ok {
+			continue
+		}
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
+			continue
+		}
+		stale := &demoNetns{name: name, hostLink: demoVethPrefix + pidText}
+		if err := stale.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "removing the network namespace %s of an earlier demo: %v\n", name, err)
+		} else {
+			fmt.Fprintf(os.Stderr, "removed the network namespace %s of an earlier demo (process %d is gone)\n", name, pid)
+		}
+	}
+}
+
+// processAlive reports whether a process with that ID exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// interfaceWith returns the name of the interface holding ip, or "".
+func interfaceWith(ip net.IP) string {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return ""
+	}
+	for _, iface := range ifaces {
+		addrs, err := iface.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.Equal(ip) {
+				return iface.Name
+			}
+		}
+	}
+	return ""
+}
+
+func linkExists(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
+
+// ipCmd runs `ip args...` and returns its error output as the error.
+func ipCmd(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// relay forwards every TCP connection accepted on lis to target until ctx
+// is done; then it closes lis and every open connection and returns when
+// all its goroutines have ended. The workloads in the namespace reach the
+// hub's xDS port on loopback through it.
+func relay(ctx context.Context, lis net.Listener, target string) {
+	var (
+		mu    sync.Mutex
+		open  = map[net.Conn]struct{}{}
+		conns sync.WaitGroup
+	)
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctx.Err() != nil {
+			c.Close()
+			return false
+		}
+		open[c] = struct{}{}
+		return true
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		lis.Close()
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	for {
+		in, err := lis.Accept()
+		if err != nil {
+			break
+		}
+		conns.Go(func() {
+			var d net.Dialer
+			out, err := d.DialContext(ctx, "tcp", target)
+			if err != nil {
+				in.Close()
+				return
+			}
+			if !track(in) || !track(out) {
+				in.Close()
+				out.Close()
+				return
+			}
+			var pipes sync.WaitGroup
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				// Half-close so the other direction can finish.
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+				}
+			}
+			pipes.Go(func() { pipe(out, in) })
+			pipes.Go(func() { pipe(in, out) })
+			pipes.Wait()
+			mu.Lock()
+			delete(open, in)
+			delete(open, out)
+			mu.Unlock()
+			in.Close()
+			out.Close()
+		})
+	}
+	<-stopped
+	conns.Wait()
+}

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+)
+
+// demoWorkload is one backend ("server") or client of the demo, pretending
+// to run in member as ServiceAccount demo/<sa>.
+type demoWorkload struct {
+	role   string // "server" or "client"
+	name   string // its pod name, e.g. echo-west-1 or west-1 (clients)
+	member string
+	ip     string // server: its address on the namespace's loopback
+	sa     string
+}
+
+// Where the demo's workloads are and what they call.
+const (
+	demoNamespace  = "demo"
+	demoEchoPort   = 8080 // the echo Service's port and every backend's
+	demoClientRate = 50   // calls per second of each client
+)
+
+// workloadsConfig is what runWorkloads needs.
+type workloadsConfig struct {
+	netns     *demoNetns
+	workloads []demoWorkload
+	hubXDS    string  // the hub's plaintext xDS address (on loopback)
+	ca        *demoCA // nil: plaintext workloads
+	members   map[string]kubernetes.Interface
+	dir       string    // where certificates, bootstraps and logs go
+	target    string    // the clients' xds:/// target
+	memberIDs []string  // members in display order, for the traffic view
+	out       io.Writer // the traffic view's lines
+}
+
+// runWorkloads runs the demo's workloads in the network namespace until
+// ctx is done: the relay from the namespace to the hub's xDS port, each
+// workload's certificate (from the hub's CA) and bootstrap, the backends,
+// the clients, and the traffic view that prints how each client's calls
+// split across members once a second. When ctx is done (or starting
+// fails) it stops every child and goroutine it started before returning.
+func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var parts sync.WaitGroup
+	defer parts.Wait()
+
+	lis, err := net.Listen("tcp", net.JoinHostPort(demoVethHostIP.String(), "0"))
+	if err != nil {
+		return fmt.Errorf("listening on the host side of the veth pair: %w", err)
+	}
+	parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
+	xdsAddr := lis.Addr().String()
+
+	view := newTrafficView(cfg.memberIDs)
+	var children []*demoChild
+	defer func() {
+		for _, c := range children {
+			c.stop()
+		}
+	}()
+	for _, w := range cfg.workloads {
+		dir := filepath.Join(cfg.dir, w.name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		if cfg.ca != nil {
+			if err := issueWithRetry(ctx, cfg.ca, cfg.members[w.member], w, dir); err != nil {
+				return err
+			}
+		}
+		nodeIP := demoVethNsIP.String()
+		if w.ip != "" {
+			nodeIP = w.ip
+		}
+		nodeID := fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", nodeIP, w.name, demoNamespace, demoNamespace)
+		bootstrap, err := writeDemoBootstrap(dir, xdsAddr, nodeID, w.member, demoNamespace, cfg.ca != nil)
+		if err != nil {
+			return err
+		}
+		env := []string{demoChildEnv + "=" + w.role, "GRPC_XDS_BOOTSTRAP=" + bootstrap}
+		if w.role == "server" {
+			env = append(env, demoListenEnv+"="+net.JoinHostPort(w.ip, strconv.Itoa(demoEchoPort)), demoMemberEnv+"="+w.member)
+		} else {
+			env = append(env, demoTargetEnv+"="+cfg.target, demoRateEnv+"="+strconv.Itoa(demoClientRate))
+		}
+		c, err := startDemoChild(cfg.netns, w.name, filepath.Join(dir, w.role+".log"), env, w.role == "client")
+		if err != nil {
+			return err
+		}
+		children = append(children, c)
+		if w.role == "client" {
+			name := w.name
+			parts.Go(func() { c.readStats(func(s demoStats) { view.update(name, s) }) })
+		}
+	}
+	parts.Go(func() { view.run(ctx, cfg.out) })
+	<-ctx.Done()
+	return nil
+}
+
+// issueWithRetry issues a workload's certificate, retrying for two minutes
+// while the hub does not know the member yet (it has just started).
+func issueWithRetry(ctx context.Context, ca *demoCA, c kubernetes.Interface, w demoWorkload, dir string) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := ca.issue(ctx, c, w.member, demoNamespace, w.sa, dir)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// demoChild is a workload: this binary in a hidden role (demo_child.go),
+// run inside the namespace. It dies with the demo (Pdeathsig) and is
+// stopped by closing its stdin.
+type demoChild struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout io.ReadCloser // clients only
+	done   chan struct{}
+	once   sync.Once
+}
+
+// startDemoChild starts a workload with env added to ours; its stderr (and
+// stdout, unless pipeStdout) goes to logPath.
+func startDemoChild(netns *demoNetns, name, logPath string, env []string, pipeStdout bool) (*demoChild, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("locating the hub binary: %w", err)
+	}
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := netns.Command(self)
+	cmd.Env = append(os.Environ(), env...)
+	// Its own process group: Ctrl-C reaches the demo, which stops it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = logFile
+	c := &demoChild{name: name, cmd: cmd, done: make(chan struct{})}
+	if pipeStdout {
+		if c.stdout, err = cmd.StdoutPipe(); err != nil {
+			logFile.Close()
+			return nil, err
+		}
+	} else {
+		cmd.Stdout = logFile
+	}
+	if c.stdin, err = cmd.StdinPipe(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting workload %s: %w", name, err)
+	}
+	go func() { // owned by the child: ends when the process does
+		_ = cmd.Wait()
+		logFile.Close()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// readStats calls fn with every report of a client child until it exits.
+func (c *demoChild) readStats(fn func(demoStats)) {
+	sc := bufio.NewScanner(c.stdout)
+	for sc.Scan() {
+		var s demoStats
+		if json.Unmarshal(sc.Bytes(), &s) == nil {
+			fn(s)
+		}
+	}
+}
+
+// stop closes the child's stdin and waits for it to exit, killing it
+// after five seconds.
+func (c *demoChild) stop() {
+	c.once.Do(func() {
+		c.stdin.Close()
+		select {
+		case <-c.done:
+		case <-time.After(5 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	})
+}
+
+// trafficView keeps the newest report of each client and prints them as
+// one line a second:
+//
+//	traffic 15:04:05  client west-1: primary 25% west 50% east 25% (50 calls/s, 0 errors) | client east-1: ...
+type trafficView struct {
+	members []string
+	mu      sync.Mutex
+	order   []string // clients in the order they first reported
+	latest  map[string]demoStats
+	fresh   bool // a report arrived since the last line
+}
+
+func newTrafficView(members []string) *trafficView {
+	return &trafficView{members: members, latest: map[string]demoStats{}}
+}
+
+func (v *trafficView) update(client string, s demoStats) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.latest[client]; !ok {
+		v.order = append(v.order, client)
+	}
+	v.latest[client] = s
+	v.fresh = true
+}
+
+// run prints a line every second with news until ctx is done.
+func (v *trafficView) run(ctx context.Context, out io.Writer) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			if line := v.line(now); line != "" {
+				fmt.Fprintln(out, line)
+			}
+		}
+	}
+}
+
+// line is the traffic line for now, or "" when no client reported since
+// the last one.
+func (v *trafficView) line(now time.Time) string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.fresh {
+		return ""
+	}
+	v.fresh = false
+	parts := make([]string, 0, len(v.order))
+	for _, client := range v.order {
+		parts = append(parts, formatStats(client, v.latest[client], v.members))
+	}
+	return "traffic " + now.Format("15:04:05") + "  " + strings.Join(parts, " | ")
+}
+
+// formatStats is one client's part of a traffic line: the share of its
+// successful calls each member answered, then its calls and errors.
+func formatStats(client string, s demoStats, members []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "client %s:", client)
+	ok := s.Calls - s.Errors
+	shown := map[string]bool{}
+	share := func(m string) {
+		pct := 0
+		if ok > 0 {
+			pct = (s.ByMember[m]*100 + ok/2) / ok
+		}
+		fmt.Fprintf(&b, " %s %d%%", m, pct)
+		shown[m] = true
+	}
+	for _, m := range members {
+		share(m)
+	}
+	for _, m := range slices.Sorted(maps.Keys(s.ByMember)) {
+		if !shown[m] {
+			share(m)
+		}
+	}
+	fmt.Fprintf(&b, " (%d calls/s, %d errors", s.Calls, s.Errors)
+	if s.LastError != "" {
+		msg := s.LastError
+		if len(msg) > 80 {
+			msg = msg[:80] + "…"
+		}
+		fmt.Fprintf(&b, ": %s", msg)
+	}
+	b.WriteString(")")
+	return b.String()
+}
