@@ -215,7 +215,7 @@ func (c *demoChild) stop() {
 // trafficView keeps the newest report of each client and prints them as
 // one line a second:
 //
-//	traffic 15:04:05  client west-1: primary 25% west 50% east 25% (50 calls/s, 0 errors) | client east-1: ...
+//	traffic 15:04:05  client west-1: primary 25% west 50% east 25% (50 calls/s, 0 errors, 100% mTLS) | client east-1: ...
 type trafficView struct {
 	members []string
 	mu      sync.Mutex
@@ -294,6 +294,9 @@ func formatStats(client string, s demoStats, members []string) string {
 		}
 	}
 	fmt.Fprintf(&b, " (%d calls/s, %d errors", s.Calls, s.Errors)
+	if ok > 0 {
+		fmt.Fprintf(&b, ", %d%% mTLS", (s.MTLS*100+ok/2)/ok)
+	}
 	if s.LastError != "" {
 		msg := s.LastError
 		if len(msg) > 80 {
