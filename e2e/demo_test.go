@@ -26,7 +26,7 @@ type demoRun struct {
 	exitErr error
 
 	mu      sync.Mutex
-	banner  []string              // every line before the first traffic line
+	banner  []string                  // every line before the first traffic line
 	traffic chan map[string]trafficOf // parsed traffic lines, newest dropped when unread
 }
 

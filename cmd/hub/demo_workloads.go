@@ -70,7 +70,13 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
 	xdsAddr := lis.Addr().String()
 
-	view := newTrafficView(cfg.memberIDs)
+	var clients []string
+	for _, w := range cfg.workloads {
+		if w.role == "client" {
+			clients = append(clients, w.name)
+		}
+	}
+	view := newTrafficView(cfg.memberIDs, clients)
 	var children []*demoChild
 	defer func() {
 		for _, c := range children {
@@ -217,23 +223,20 @@ func (c *demoChild) stop() {
 //
 //	traffic 15:04:05  client west-1: primary 25% west 50% east 25% (50 calls/s, 0 errors, 100% mTLS) | client east-1: ...
 type trafficView struct {
-	members []string
+	members []string // in display order
+	clients []string // in display order
 	mu      sync.Mutex
-	order   []string // clients in the order they first reported
 	latest  map[string]demoStats
 	fresh   bool // a report arrived since the last line
 }
 
-func newTrafficView(members []string) *trafficView {
-	return &trafficView{members: members, latest: map[string]demoStats{}}
+func newTrafficView(members, clients []string) *trafficView {
+	return &trafficView{members: members, clients: clients, latest: map[string]demoStats{}}
 }
 
 func (v *trafficView) update(client string, s demoStats) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if _, ok := v.latest[client]; !ok {
-		v.order = append(v.order, client)
-	}
 	v.latest[client] = s
 	v.fresh = true
 }
@@ -263,9 +266,11 @@ func (v *trafficView) line(now time.Time) string {
 		return ""
 	}
 	v.fresh = false
-	parts := make([]string, 0, len(v.order))
-	for _, client := range v.order {
-		parts = append(parts, formatStats(client, v.latest[client], v.members))
+	parts := make([]string, 0, len(v.clients))
+	for _, client := range v.clients {
+		if s, ok := v.latest[client]; ok {
+			parts = append(parts, formatStats(client, s, v.members))
+		}
 	}
 	return "traffic " + now.Format("15:04:05") + "  " + strings.Join(parts, " | ")
 }

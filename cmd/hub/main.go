@@ -200,6 +200,35 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return errors.Join(errs...)
 }
 
+// command returns the flag set of a subcommand, filling cfg (and the
+// command's own options) when parsed, and the function that runs it; ok
+// is false for an unknown command. Flags of `hub demo` alone (demoOptions)
+// are not flags of `hub serve`.
+func command(cmd string, cfg *config) (fs *flag.FlagSet, run func(context.Context, config, *slog.Logger) error, ok bool) {
+	fs = flag.NewFlagSet("hub "+cmd, flag.ContinueOnError)
+	cfg.register(fs)
+	switch cmd {
+	case "serve":
+		return fs, serve, true
+	case "demo":
+		opts := new(demoOptions)
+		opts.register(fs)
+		// The demo is for a laptop: keep its listeners on loopback. Its
+		// workloads hold certificates from the hub's CA: mTLS is required.
+		for name, def := range map[string]string{
+			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
+			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
+			"mtls-mode": string(hub.MTLSStrict),
+		} {
+			f := fs.Lookup(name)
+			_ = f.Value.Set(def)
+			f.DefValue = def
+		}
+		return fs, func(ctx context.Context, cfg config, log *slog.Logger) error { return demo(ctx, cfg, *opts, log) }, true
+	}
+	return nil, nil, false
+}
+
 func main() {
 	if role := os.Getenv(demoChildEnv); role != "" {
 		os.Exit(runDemoChild(role))
@@ -212,29 +241,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	var cfg config
-	fs := flag.NewFlagSet("hub "+cmd, flag.ContinueOnError)
-	cfg.register(fs)
-	var run func(context.Context, config, *slog.Logger) error
-	switch cmd {
-	case "serve":
-		run = serve
-	case "demo":
-		var opts demoOptions
-		opts.register(fs)
-		run = func(ctx context.Context, cfg config, log *slog.Logger) error { return demo(ctx, cfg, opts, log) }
-		// The demo is for a laptop: keep its listeners on loopback. Its
-		// workloads hold certificates from the hub's CA: mTLS is required.
-		for name, def := range map[string]string{
-			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
-			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
-			"mtls-mode": string(hub.MTLSStrict),
-		} {
-			f := fs.Lookup(name)
-			_ = f.Value.Set(def)
-			f.DefValue = def
-		}
-	default:
+	cfg := new(config)
+	fs, run, ok := command(cmd, cfg)
+	if !ok {
 		fmt.Fprintf(os.Stderr, "hub: unknown command %q (want serve or demo)\n", cmd)
 		os.Exit(2)
 	}
@@ -257,7 +266,7 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(log)
 	klog.SetSlogLogger(log) // client-go's own messages (leader election, reflectors) as JSON too
-	if err := run(ctx, cfg, log); err != nil {
+	if err := run(ctx, *cfg, log); err != nil {
 		log.Error("hub stopped", "error", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// TestDemoFlagsStayInDemo: the demo's own flags exist for `hub demo` only,
+// and the demo defaults to loopback listeners and STRICT mTLS.
+func TestDemoFlagsStayInDemo(t *testing.T) {
+	var cfg config
+	serveFlags, _, ok := command("serve", &cfg)
+	if !ok {
+		t.Fatal("no serve command")
+	}
+	for _, name := range []string{"demo-churn", "demo-traffic"} {
+		if serveFlags.Lookup(name) != nil {
+			t.Errorf("hub serve has the demo's flag --%s", name)
+		}
+	}
+	if err := parseFlags(serveFlags, []string{"--demo-churn=false"}); err == nil {
+		t.Error("hub serve accepted --demo-churn")
+	}
+	var dcfg config
+	demoFlags, _, ok := command("demo", &dcfg)
+	if !ok {
+		t.Fatal("no demo command")
+	}
+	if err := parseFlags(demoFlags, []string{"--demo-churn=false", "--admin-addr", "127.0.0.1:0"}); err != nil {
+		t.Fatal(err)
+	}
+	if dcfg.mtlsMode != "STRICT" || dcfg.xdsAddr != "127.0.0.1:15010" || dcfg.adminAddr != "127.0.0.1:0" {
+		t.Errorf("demo defaults: mtls %q, xds %q, admin %q; want STRICT, 127.0.0.1:15010, 127.0.0.1:0", dcfg.mtlsMode, dcfg.xdsAddr, dcfg.adminAddr)
+	}
+	if _, _, ok := command("bogus", &cfg); ok {
+		t.Error("an unknown command was accepted")
+	}
+}
+
+// TestTrafficLine: one line for every client that reported (in the given
+// order), each member's
+// share of the successful calls (in member order, unknown members after),
+// the calls, errors and mTLS share; nothing when no client reported since
+// the last line.
+func TestTrafficLine(t *testing.T) {
+	v := newTrafficView([]string{"primary", "west", "east"}, []string{"primary-1", "west-1", "east-1"})
+	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+	if l := v.line(now); l != "" {
+		t.Errorf("line before any report: %q", l)
+	}
+	v.update("east-1", demoStats{Calls: 40, Errors: 20, MTLS: 20, ByMember: map[string]int{"west": 10, "mars": 10}, LastError: "rpc error: code = Unavailable"})
+	v.update("west-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"primary": 12, "west": 25, "east": 13}})
+	want := "traffic 15:04:05  client west-1: primary 24% west 50% east 26% (50 calls/s, 0 errors, 100% mTLS)" +
+		" | client east-1: primary 0% west 50% east 0% mars 50% (40 calls/s, 20 errors, 100% mTLS: rpc error: code = Unavailable)"
+	if l := v.line(now); l != want {
+		t.Errorf("line:\n got %q\nwant %q", l, want)
+	}
+	if l := v.line(now); l != "" {
+		t.Errorf("line without news: %q", l)
+	}
+}
