@@ -58,10 +58,12 @@ type workloadsConfig struct {
 // split across members once a second. When ctx is done (or starting
 // fails) it stops every child and goroutine it started before returning.
 func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
+	// On return: the children stop (deferred below), then ctx is
+	// cancelled, then the goroutines are waited for.
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var parts sync.WaitGroup
 	defer parts.Wait()
+	defer cancel()
 
 	lis, err := net.Listen("tcp", net.JoinHostPort(demoVethHostIP.String(), "0"))
 	if err != nil {
