@@ -205,7 +205,11 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 	hubErr := <-hubDone
 	cancel()
 	parts.Wait()
-	fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespace")
+	if netns != nil {
+		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespace")
+	} else {
+		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
+	}
 	return errors.Join(hubErr, partErr)
 }
 
@@ -318,8 +322,12 @@ hub demo is running (Ctrl-C stops everything)
 			cfg.mtlsMode, filepath.Join(work, "workloads"))
 	}
 	pid := strconv.Itoa(env.Cluster(demoPauseMember).APIServerPID())
+	if traffic {
+		fmt.Fprint(w, "\nThings to try (the \"traffic\" lines show how each client's calls split across the members):")
+	} else {
+		fmt.Fprint(w, "\nThings to try (no workloads run: watch the dashboard's clusters and services):")
+	}
 	fmt.Fprintf(w, `
-Things to try (the "traffic" lines show how each client's calls split across the members):
   1. Freeze %[1]s's API server: on the dashboard %[1]s turns Stale within ~15 s, and the clients keep
      calling its backends (a Stale member keeps serving its last endpoints):
        kill -STOP %[2]s        and later:   kill -CONT %[2]s
@@ -328,9 +336,6 @@ Things to try (the "traffic" lines show how each client's calls split across the
   3. Register it again:
        %[3]s apply -f %[5]s
 `, demoPauseMember, pid, kubectl, cfg.namespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"))
-	if !traffic {
-		fmt.Fprintln(w, "  (without root there are no workloads: watch the dashboard's clusters and services instead)")
-	}
 	fmt.Fprintln(w)
 }
 
