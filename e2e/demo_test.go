@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -113,8 +114,9 @@ func (d *demoRun) drainTraffic() {
 // binary, its own three real clusters, its network namespace inside the
 // test's, real Chromium): its grpc-go clients' calls succeed over mTLS and
 // reach backends in at least two members; the dashboard shows three members
-// Ready and connected proxies; freezing a member's API server (SIGSTOP)
-// turns it Stale on the overview without a reload while the calls keep
+// Ready and their workloads as connected proxies in the overview's
+// picture; freezing a member's API server (SIGSTOP) turns it Stale in the
+// picture without a reload while the calls keep
 // succeeding and keep reaching the members; on SIGTERM the demo exits 0
 // and leaves no network namespace, workload or API server behind.
 func TestDemo(t *testing.T) {
@@ -168,12 +170,13 @@ func TestDemo(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("token"), token), chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.CSS("#members-total")))
 	waitText(t, bctx, "#live-status", "Live", 10*time.Second)
-	// TODO(lead, issue 16 item 3): once the federation picture is merged,
-	// check it instead of the state list: for each of primary, west, east
-	// svg#federation g.member[data-cluster="<id>"][data-state="Ready"], and
-	// at least one connected proxy in the picture.
-	waitText(t, bctx, "#members-total", "3", 30*time.Second)
-	waitText(t, bctx, "ul.states", "Ready 3", 60*time.Second)
+	// The picture: three members Ready, each with its workloads as
+	// connected proxyless gRPC proxies (west: 2 backends and a client).
+	waitSelector(t, bctx, `svg#federation[data-members="3"]`, 30*time.Second)
+	for id, n := range map[string]int{"primary": 2, "west": 3, "east": 2} {
+		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-state="Ready"]`, id), 60*time.Second)
+		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.proxies[data-cluster=%q][data-count="%d"][data-grpc="%d"]`, id, n, n), 60*time.Second)
+	}
 	screenshot(t, bctx, dir, "01-overview-traffic")
 
 	// Freeze east's API server: east turns Stale on the overview without
@@ -194,8 +197,8 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	t.Cleanup(resume)
-	// TODO(lead, issue 16 item 3): svg#federation g.member[data-cluster="east"][data-state="Stale"].
-	waitText(t, bctx, "ul.states", "Stale 1", 90*time.Second)
+	waitSelector(t, bctx, `svg#federation g.member[data-cluster="east"][data-state="Stale"]`, 90*time.Second)
+	waitText(t, bctx, "ul.states", "Stale 1", 10*time.Second)
 	requireNoReload(t, bctx)
 	if st := h.clusters(t)["east"].State; st != "Stale" {
 		t.Errorf("the API says east is %q; want Stale", st)
@@ -237,6 +240,22 @@ func TestDemo(t *testing.T) {
 		t.Errorf("after SIGTERM the demo's work directory %s is still there (%v)", workDir, err)
 	}
 	t.Logf("screenshots in %s", dir)
+}
+
+// waitSelector waits until an element matches sel, without reloading.
+func waitSelector(t *testing.T, ctx context.Context, sel string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		found, err := chromedp.Run(tctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q) !== null`, sel)))
+		cancel()
+		if err == nil && found {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no element %s within %s", sel, timeout)
 }
 
 // trafficFlows checks that a traffic line has wantClients clients whose
