@@ -123,14 +123,19 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 					ips = append(ips, w.ip)
 				}
 			}
+			// Root is not always enough (a container without
+			// CAP_NET_ADMIN, another demo holding the veth address): the
+			// demo then runs as without root, saying why.
 			if netns, err = newDemoNetns(ctx, ips); err != nil {
-				return fmt.Errorf("creating the demo's network namespace: %w", err)
+				netns = nil
+				fmt.Fprintf(os.Stderr, "no real traffic: creating the demo's network namespace: %v; the sample endpoints are made-up addresses\n", err)
+			} else {
+				defer func() {
+					if err := netns.Close(); err != nil {
+						fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", netns.name, err)
+					}
+				}()
 			}
-			defer func() {
-				if err := netns.Close(); err != nil {
-					fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", netns.name, err)
-				}
-			}()
 		}
 	}
 
