@@ -251,3 +251,26 @@ func testContext(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// missing ends a test that needs a real component this machine lacks
+// (DESIGN.md §2): it fails in CI and skips elsewhere, saying so.
+func missing(t *testing.T, msg string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg + " (skipping outside CI; in CI this fails)")
+}
+
+// binaryFromEnv returns the executable the environment variable env names,
+// or ends the test (see missing) with how to build it.
+func binaryFromEnv(t *testing.T, env, how string) string {
+	t.Helper()
+	bin := os.Getenv(env)
+	if bin == "" {
+		missing(t, env+" is not set: "+how)
+	} else if _, err := os.Stat(bin); err != nil {
+		missing(t, fmt.Sprintf("%s: %v: %s", env, err, how))
+	}
+	return bin
+}
