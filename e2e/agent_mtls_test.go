@@ -14,59 +14,83 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// TestPilotAgentProxylessMTLS: the workloads of TestProxylessGRPCMTLS run
-// as Istio runs proxyless gRPC, each next to a real pilot-agent that got
-// its certificate from the hub's CA with a real token and wrote the cert
-// files and the gRPC bootstrap the workload reads (GRPC_XDS_BOOTSTRAP);
-// their xDS goes through the agents' proxies to the hub's mTLS port. In
-// STRICT an xDS-credentials client in east calls the xDS-enabled server in
-// west over mTLS, the server sees the client's SPIFFE ID, and a client
-// without a certificate (insecure credentials, behind its own agent) is
-// refused.
-func TestPilotAgentProxylessMTLS(t *testing.T) {
+// agentMTLS is a hub in STRICT mode with the workloads of
+// TestProxylessGRPCMTLS run as Istio runs proxyless gRPC: an xDS-enabled
+// echo server in west and an xDS-credentials client in east, each next to
+// its own real pilot-agent that got its certificate from the hub's CA with
+// a real token and wrote the cert files and the gRPC bootstrap the
+// workload reads (GRPC_XDS_BOOTSTRAP); their xDS goes through the agents'
+// proxies to the hub's mTLS port.
+type agentMTLS struct {
+	h                   *agentHub
+	server, clientAgent *agentProcess // west's and east's agents
+	calls               *child        // the client, calling continuously
+	app, target, caller string        // namespace; xds:/// target; the client's SPIFFE ID
+}
+
+// startAgentMTLS starts them (agentEnv: extra environment of both agents)
+// and returns once the client's first call came back over mTLS.
+func startAgentMTLS(t *testing.T, td, prefix string, agentEnv ...string) *agentMTLS {
+	t.Helper()
 	e := localcluster.Require(t, env)
 	west := e.Cluster("west")
 	ctx := testContext(t)
 	ip := dataPlaneIP(t)
 	pilotAgentBin(t)
-	app := "amtls-" + rand.String(5)
-	if err := localcluster.EnsureNamespace(ctx, client(t, west), app); err != nil {
+	m := &agentMTLS{app: prefix + rand.String(5)}
+	if err := localcluster.EnsureNamespace(ctx, client(t, west), m.app); err != nil {
 		t.Fatal(err)
 	}
-	h := startAgentHub(t, e, spiffeid.RequireTrustDomainFromString("amtls.test"), "--mtls-mode", "STRICT")
+	m.h = startAgentHub(t, e, spiffeid.RequireTrustDomainFromString(td), "--mtls-mode", "STRICT")
 
-	sa := h.agent(t, west, app, "echo")
-	srv := startChild(t, "xdsserver", serverListenEnv+"="+net.JoinHostPort(ip, "0"), serverIDEnv+"=west", "GRPC_XDS_BOOTSTRAP="+sa.BootstrapPath)
+	m.server = m.h.agent(t, west, m.app, "echo", agentEnv...)
+	srv := startChild(t, "xdsserver", serverListenEnv+"="+net.JoinHostPort(ip, "0"), serverIDEnv+"=west", "GRPC_XDS_BOOTSTRAP="+m.server.BootstrapPath)
 	addr, err := net.ResolveTCPAddr("tcp", strings.TrimPrefix(srv.waitLine(t, 30*time.Second, "listening "), "listening "))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := localcluster.ApplyService(ctx, client(t, west), app, "echo", "grpc", 7070,
+	if err := localcluster.ApplyService(ctx, client(t, west), m.app, "echo", "grpc", 7070,
 		[]localcluster.Backend{{IP: addr.IP.String(), Port: int32(addr.Port)}}); err != nil {
 		t.Fatal(err)
 	}
 	srv.waitLine(t, 60*time.Second, "serving")
 
-	ca := h.agent(t, e.Cluster("east"), app, "caller")
-	target := fmt.Sprintf("xds:///echo.%s.svc.cluster.local:7070", app)
-	caller := spiffeid.RequireFromPath(h.td, "/ns/"+app+"/sa/caller").String()
-	mtls := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_XDS_BOOTSTRAP="+ca.BootstrapPath)
-	if got := mtls.waitLine(t, 60*time.Second, "ok "); got != "ok west peer="+caller {
-		t.Fatalf("xDS-credentials client behind its agent: %q; want ok west peer=%s", got, caller)
+	m.clientAgent = m.h.agent(t, e.Cluster("east"), m.app, "caller", agentEnv...)
+	m.target = fmt.Sprintf("xds:///echo.%s.svc.cluster.local:7070", m.app)
+	m.caller = spiffeid.RequireFromPath(m.h.td, "/ns/"+m.app+"/sa/caller").String()
+	m.calls = m.startClient(t)
+	return m
+}
+
+// startClient starts an xDS-credentials client behind east's agent and
+// waits for its first call to come back from west over mTLS with the
+// client's identity. One workload per agent, as in a pod: an agent's xDS
+// proxy serves one downstream stream at a time ("registered overlapping
+// stream; closing previous"), so a running client must be stopped first.
+func (m *agentMTLS) startClient(t *testing.T) *child {
+	t.Helper()
+	c := startChild(t, "xdsclient", clientTargetEnv+"="+m.target, clientCredsEnv+"=xds", "GRPC_XDS_BOOTSTRAP="+m.clientAgent.BootstrapPath)
+	if got := c.waitLine(t, 60*time.Second, "ok "); got != "ok west peer="+m.caller {
+		t.Fatalf("xDS-credentials client behind its agent: %q; want ok west peer=%s", got, m.caller)
 	}
-	// One agent per workload, as in a pod: an agent's xDS proxy serves
-	// one downstream stream at a time ("registered overlapping stream;
-	// closing previous"), so two workloads behind one agent would take
-	// turns losing their xDS stream.
-	pa := h.agent(t, e.Cluster("east"), app, "plain")
-	plain := startChild(t, "xdsclient", clientTargetEnv+"="+target, "GRPC_XDS_BOOTSTRAP="+pa.BootstrapPath)
+	return c
+}
+
+// TestPilotAgentProxylessMTLS: in STRICT the client in east calls the
+// server in west over mTLS and the server sees the client's SPIFFE ID
+// (startAgentMTLS); a client without a certificate (insecure credentials,
+// behind its own agent) is refused.
+func TestPilotAgentProxylessMTLS(t *testing.T) {
+	m := startAgentMTLS(t, "amtls.test", "amtls-")
+	pa := m.h.agent(t, localcluster.Require(t, env).Cluster("east"), m.app, "plain")
+	plain := startChild(t, "xdsclient", clientTargetEnv+"="+m.target, "GRPC_XDS_BOOTSTRAP="+pa.BootstrapPath)
 	for range 3 {
 		if l := plain.waitLine(t, 60*time.Second, ""); !strings.HasPrefix(l, "err ") {
 			t.Fatalf("client without a certificate in STRICT: %q; want its calls refused", l)
 		}
 	}
-	mtls.waitLine(t, 30*time.Second, "ok west peer="+caller)
-	noNacks(t, h.hubProcess, app)
+	m.calls.waitLine(t, 30*time.Second, "ok west peer="+m.caller)
+	noNacks(t, m.h.hubProcess, m.app)
 }
 
 // TestPilotAgentRotationKeepsMTLSCallsFlowing: with two-minute
@@ -83,44 +107,14 @@ func TestPilotAgentProxylessMTLS(t *testing.T) {
 // workload certificates well above 15 minutes).
 func TestPilotAgentRotationKeepsMTLSCallsFlowing(t *testing.T) {
 	t.Parallel() // it mostly waits for the agents' timers
-	e := localcluster.Require(t, env)
-	west := e.Cluster("west")
-	ctx := testContext(t)
-	ip := dataPlaneIP(t)
-	pilotAgentBin(t)
-	app := "arot-" + rand.String(5)
-	if err := localcluster.EnsureNamespace(ctx, client(t, west), app); err != nil {
-		t.Fatal(err)
-	}
-	h := startAgentHub(t, e, spiffeid.RequireTrustDomainFromString("arot.test"), "--mtls-mode", "STRICT")
 	// Renewed when 85% of the lifetime is left (±1% jitter): ~18 s after
 	// issuance, 100 s before the old certificate expires.
-	short := []string{"SECRET_TTL=2m", "SECRET_GRACE_PERIOD_RATIO=0.85"}
-
-	sa := h.agent(t, west, app, "echo", short...)
-	srv := startChild(t, "xdsserver", serverListenEnv+"="+net.JoinHostPort(ip, "0"), serverIDEnv+"=west", "GRPC_XDS_BOOTSTRAP="+sa.BootstrapPath)
-	addr, err := net.ResolveTCPAddr("tcp", strings.TrimPrefix(srv.waitLine(t, 30*time.Second, "listening "), "listening "))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := localcluster.ApplyService(ctx, client(t, west), app, "echo", "grpc", 7070,
-		[]localcluster.Backend{{IP: addr.IP.String(), Port: int32(addr.Port)}}); err != nil {
-		t.Fatal(err)
-	}
-	srv.waitLine(t, 60*time.Second, "serving")
-
-	ca := h.agent(t, e.Cluster("east"), app, "caller", short...)
-	target := fmt.Sprintf("xds:///echo.%s.svc.cluster.local:7070", app)
-	caller := spiffeid.RequireFromPath(h.td, "/ns/"+app+"/sa/caller").String()
-	calls := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_XDS_BOOTSTRAP="+ca.BootstrapPath)
-	if got := calls.waitLine(t, 60*time.Second, "ok "); got != "ok west peer="+caller {
-		t.Fatalf("xDS-credentials client behind its agent: %q; want ok west peer=%s", got, caller)
-	}
-	errsBefore, oksBefore := calls.errs.Load(), calls.oks.Load()
+	m := startAgentMTLS(t, "arot.test", "arot-", "SECRET_TTL=2m", "SECRET_GRACE_PERIOD_RATIO=0.85")
+	errsBefore, oksBefore := m.calls.errs.Load(), m.calls.oks.Load()
 
 	first := map[*agentProcess]*x509.Certificate{
-		sa: h.checkWorkloadCert(t, sa, app, "echo", "west"),
-		ca: h.checkWorkloadCert(t, ca, app, "caller", "east"),
+		m.server:      m.h.checkWorkloadCert(t, m.server, m.app, "echo", "west"),
+		m.clientAgent: m.h.checkWorkloadCert(t, m.clientAgent, m.app, "caller", "east"),
 	}
 	eventually(t, 3*time.Minute, func() error {
 		for a, leaf := range first {
@@ -133,29 +127,24 @@ func TestPilotAgentRotationKeepsMTLSCallsFlowing(t *testing.T) {
 		}
 		return nil
 	})
-	h.checkWorkloadCert(t, sa, app, "echo", "west")
-	h.checkWorkloadCert(t, ca, app, "caller", "east")
+	m.h.checkWorkloadCert(t, m.server, m.app, "echo", "west")
+	m.h.checkWorkloadCert(t, m.clientAgent, m.app, "caller", "east")
 	// A few more calls after both rotations, then count.
-	want := calls.oks.Load() + 20
+	want := m.calls.oks.Load() + 20
 	eventually(t, 30*time.Second, func() error {
-		if n := calls.oks.Load(); n < want {
+		if n := m.calls.oks.Load(); n < want {
 			return fmt.Errorf("%d calls succeeded; want %d", n, want)
 		}
 		return nil
 	})
-	if n := calls.errs.Load() - errsBefore; n != 0 {
+	if n := m.calls.errs.Load() - errsBefore; n != 0 {
 		t.Errorf("%d calls failed across the rotations; want none", n)
 	}
-	t.Logf("%d calls succeeded across both agents' rotations, none failed", calls.oks.Load()-oksBefore)
+	t.Logf("%d calls succeeded across both agents' rotations, none failed", m.calls.oks.Load()-oksBefore)
 
-	// One workload per agent (its xDS proxy serves one downstream stream):
-	// the first client goes before the next one starts.
-	calls.stdin.Close()
-	for range calls.lines {
+	m.calls.stdin.Close()
+	for range m.calls.lines { // until it exited
 	}
-	fresh := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_XDS_BOOTSTRAP="+ca.BootstrapPath)
-	if got := fresh.waitLine(t, 60*time.Second, "ok "); got != "ok west peer="+caller {
-		t.Fatalf("a client started after the rotation: %q; want ok west peer=%s", got, caller)
-	}
-	noNacks(t, h.hubProcess, app)
+	m.startClient(t)
+	noNacks(t, m.h.hubProcess, m.app)
 }
