@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/trust"
 )
@@ -185,13 +186,13 @@ func TestCACertificatesForServiceAccountTokens(t *testing.T) {
 
 	// The dashboard's Trust page shows the same, in a real browser, and
 	// never the token or the CSR.
-	bctx := browser(t)
-	run(t, bctx, "sign in", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+	bctx := chromium.Start(t)
+	chromium.Do(t, bctx, "sign in", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SetValue(chromedp.ID("token"), home.AdminToken()), chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.CSS("#members-total")))
-	run(t, bctx, "open trust", chromedp.Navigate(h.adminURL+"/trust"), chromedp.WaitVisible(chromedp.CSS("section.certificates")))
-	screenshot(t, bctx, artifacts(t), "ca-trust-certificates")
-	page := pageHTML(t, bctx)
+	chromium.Do(t, bctx, "open trust", chromedp.Navigate(h.adminURL+"/trust"), chromedp.WaitVisible(chromedp.CSS("section.certificates")))
+	chromium.Screenshot(t, bctx, chromium.Artifacts(t), "ca-trust-certificates")
+	page := chromium.PageHTML(t, bctx)
 	for _, want := range []string{"<td>west</td><td>" + app + "</td><td>1</td><td>1</td>", "token_rejected", "invalid_ttl"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the Trust page does not show %q", want)

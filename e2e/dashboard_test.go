@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,103 +19,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
+	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// browser starts headless Chromium for the test (DESIGN.md §6).
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	path, err := exec.LookPath("chromium")
-	if err != nil {
-		missing(t, "chromium not found on PATH (apt-get install -y chromium)")
-	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 800))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	if err := chromedp.Do(ctx); err != nil { // start the browser without a timeout
-		t.Fatalf("starting chromium: %v", err)
-	}
-	t.Cleanup(func() { cancel(); cancelAlloc() })
-	return ctx
-}
-
-// browserIfAvailable is browser for tests whose main subject is not the
-// dashboard: outside CI without Chromium it returns nil instead of skipping.
+// browserIfAvailable is chromium.Start for tests whose main subject is
+// not the dashboard: outside CI without Chromium it returns nil instead of
+// skipping.
 func browserIfAvailable(t *testing.T) context.Context {
 	t.Helper()
-	if _, err := exec.LookPath("chromium"); err != nil && os.Getenv("CI") == "" {
+	if !chromium.Available() && os.Getenv("CI") == "" {
 		t.Log("chromium not found; skipping the dashboard part of this test (outside CI only)")
 		return nil
 	}
-	return browser(t)
-}
-
-// artifacts is where screenshots go: HUB_ARTIFACTS_DIR or the test's temp dir.
-func artifacts(t *testing.T) string {
-	dir := os.Getenv("HUB_ARTIFACTS_DIR")
-	if dir == "" {
-		return t.TempDir()
-	}
-	dir = filepath.Join(dir, t.Name())
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
-	t.Helper()
-	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	if err := chromedp.Do(tctx, steps...); err != nil {
-		loc, _ := chromedp.Run(ctx, chromedp.Location())
-		body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 2000) : ""`))
-		t.Fatalf("%s: %v\nat %s:\n%s", what, err, loc, body)
-	}
-}
-
-func screenshot(t *testing.T, ctx context.Context, dir, name string) {
-	t.Helper()
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	png, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot %s: %v", name, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// waitText waits until the element's text contains want, without reloading.
-func waitText(t *testing.T, ctx context.Context, sel, want string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		text, err := chromedp.Run(tctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q)||{}).textContent||""`, sel)))
-		cancel()
-		if err == nil && strings.Contains(text, want) {
-			return
-		}
-		last = text
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s never contained %q (last %q)", sel, want, strings.TrimSpace(last))
-}
-
-func pageHTML(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	html, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return html
+	return chromium.Start(t)
 }
 
 // hubNamespace creates a fresh namespace in the home cluster for one hub.
@@ -132,25 +47,25 @@ func hubNamespace(t *testing.T, home *localcluster.Cluster) string {
 
 func TestDashboard(t *testing.T) {
 	e := localcluster.Require(t, env)
-	ctx := browser(t)
-	dir := artifacts(t)
+	ctx := chromium.Start(t)
+	dir := chromium.Artifacts(t)
 	kctx := testContext(t)
 	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
 	ns := hubNamespace(t, home)
 	h := startHub(t, home, "--namespace", ns)
 
 	// Sign in.
-	run(t, ctx, "open the dashboard", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
-	screenshot(t, ctx, dir, "01-signin")
-	run(t, ctx, "sign in",
+	chromium.Do(t, ctx, "open the dashboard", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")))
+	chromium.Screenshot(t, ctx, dir, "01-signin")
+	chromium.Do(t, ctx, "sign in",
 		chromedp.SetValue(chromedp.ID("token"), home.AdminToken()),
 		chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.CSS("#members-total")))
-	waitText(t, ctx, "#live-status", "Live", 10*time.Second)
-	screenshot(t, ctx, dir, "02-overview")
+	chromium.WaitText(t, ctx, "#live-status", "Live", 10*time.Second)
+	chromium.Screenshot(t, ctx, dir, "02-overview")
 
 	// A member applied with kubectl appears live on the clusters page.
-	run(t, ctx, "open clusters", chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="primary"]`)))
+	chromium.Do(t, ctx, "open clusters", chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="primary"]`)))
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload = 1`)); err != nil {
 		t.Fatal(err)
 	}
@@ -158,30 +73,30 @@ func TestDashboard(t *testing.T) {
 	if _, err := secrets.Create(kctx, localcluster.RemoteSecret(ns, "west", map[string][]byte{"west": west.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitText(t, ctx, `tr[data-cluster="west"]`, "Ready", 30*time.Second)
+	chromium.WaitText(t, ctx, `tr[data-cluster="west"]`, "Ready", 30*time.Second)
 	requireNoReload(t, ctx)
-	screenshot(t, ctx, dir, "03-clusters-live")
+	chromium.Screenshot(t, ctx, dir, "03-clusters-live")
 
 	// A bad registration through the form shows the sanitiser's message.
-	run(t, ctx, "register a bad member",
+	chromium.Do(t, ctx, "register a bad member",
 		chromedp.SetValue(chromedp.ID("reg-id"), "evil"),
 		chromedp.SetValue(chromedp.ID("reg-kc"), "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://1.2.3.4'}}]\nusers: [{name: u, user: {exec: {command: /bin/sh}}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"),
 		chromedp.Click(chromedp.CSS(`form.register button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("form-error")))
-	waitText(t, ctx, "#form-error", "exec credential plugins are not allowed", 5*time.Second)
-	screenshot(t, ctx, dir, "04-register-rejected")
+	chromium.WaitText(t, ctx, "#form-error", "exec credential plugins are not allowed", 5*time.Second)
+	chromium.Screenshot(t, ctx, dir, "04-register-rejected")
 
 	// Register east through the form.
-	run(t, ctx, "register east",
+	chromium.Do(t, ctx, "register east",
 		chromedp.SetValue(chromedp.ID("reg-id"), "east"),
 		chromedp.SetValue(chromedp.ID("reg-kc"), string(east.Kubeconfig())),
 		chromedp.Click(chromedp.CSS(`form.register button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.ID("cluster-state")))
-	waitText(t, ctx, "#cluster-state", "Ready", 30*time.Second)
+	chromium.WaitText(t, ctx, "#cluster-state", "Ready", 30*time.Second)
 	if _, err := secrets.Get(kctx, "istio-remote-secret-east", metav1.GetOptions{}); err != nil {
 		t.Fatalf("the form did not write the remote secret: %v", err)
 	}
-	screenshot(t, ctx, dir, "05-cluster-east")
+	chromium.Screenshot(t, ctx, dir, "05-cluster-east")
 
 	// Kill east's API server: the page turns Stale without a reload.
 	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.__noReload = 1`)); err != nil {
@@ -192,40 +107,40 @@ func TestDashboard(t *testing.T) {
 		_ = east.StartAPIServer()
 		_ = east.WaitReady(context.Background())
 	})
-	waitText(t, ctx, "#cluster-state", "Stale", 60*time.Second)
+	chromium.WaitText(t, ctx, "#cluster-state", "Stale", 60*time.Second)
 	requireNoReload(t, ctx)
-	screenshot(t, ctx, dir, "06-cluster-east-stale")
+	chromium.Screenshot(t, ctx, dir, "06-cluster-east-stale")
 	if err := east.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
 
 	// A proxy that NACKs shows up with its error.
 	nackingProxy(t, h.xdsAddr, "nack-proxy", "cluster rejected by test proxy")
-	run(t, ctx, "open proxies", chromedp.Navigate(h.adminURL+"/proxies"), chromedp.WaitVisible(chromedp.CSS("table")))
-	waitText(t, ctx, "main", "cluster rejected by test proxy", 30*time.Second)
-	waitText(t, ctx, "main", "NACK", 5*time.Second)
-	screenshot(t, ctx, dir, "07-proxies-nack")
-	run(t, ctx, "open the proxy", chromedp.Navigate(h.adminURL+"/proxies/nack-proxy"), chromedp.WaitVisible(chromedp.CSS("pre.config")))
-	screenshot(t, ctx, dir, "08-proxy")
+	chromium.Do(t, ctx, "open proxies", chromedp.Navigate(h.adminURL+"/proxies"), chromedp.WaitVisible(chromedp.CSS("table")))
+	chromium.WaitText(t, ctx, "main", "cluster rejected by test proxy", 30*time.Second)
+	chromium.WaitText(t, ctx, "main", "NACK", 5*time.Second)
+	chromium.Screenshot(t, ctx, dir, "07-proxies-nack")
+	chromium.Do(t, ctx, "open the proxy", chromedp.Navigate(h.adminURL+"/proxies/nack-proxy"), chromedp.WaitVisible(chromedp.CSS("pre.config")))
+	chromium.Screenshot(t, ctx, dir, "08-proxy")
 
-	run(t, ctx, "open services", chromedp.Navigate(h.adminURL+"/services"), chromedp.WaitVisible(chromedp.CSS("table")))
-	screenshot(t, ctx, dir, "09-services")
+	chromium.Do(t, ctx, "open services", chromedp.Navigate(h.adminURL+"/services"), chromedp.WaitVisible(chromedp.CSS("table")))
+	chromium.Screenshot(t, ctx, dir, "09-services")
 	// The overview's picture shows the real members Ready and the proxy
 	// (of no member: it sends no CLUSTER_ID) connected to the hub.
-	run(t, ctx, "open overview", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.CSS("#members-total")),
+	chromium.Do(t, ctx, "open overview", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.CSS("#members-total")),
 		chromedp.WaitReady(chromedp.CSS(`svg#federation g.member[data-cluster="primary"][data-state="Ready"][data-home="true"]`)),
 		chromedp.WaitReady(chromedp.CSS(`svg#federation g.member[data-cluster="west"][data-state="Ready"]`)),
 		chromedp.WaitReady(chromedp.CSS(`svg#federation g.proxies.unassigned[data-count="1"]`)))
-	screenshot(t, ctx, dir, "10-overview-after")
+	chromium.Screenshot(t, ctx, dir, "10-overview-after")
 
 	// Phone width.
-	run(t, ctx, "phone", chromedp.EmulateViewport(390, 844), chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS("table")))
-	screenshot(t, ctx, dir, "11-clusters-phone")
+	chromium.Do(t, ctx, "phone", chromedp.EmulateViewport(390, 844), chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS("table")))
+	chromium.Screenshot(t, ctx, dir, "11-clusters-phone")
 
 	// No page ever shows credentials.
 	for _, path := range []string{"/", "/clusters", "/clusters/east", "/clusters/west", "/services", "/proxies", "/proxies/nack-proxy"} {
-		run(t, ctx, "open "+path, chromedp.Navigate(h.adminURL+path), chromedp.WaitVisible(chromedp.CSS("h1")))
-		requireNoSecrets(t, path, pageHTML(t, ctx), home, west, east)
+		chromium.Do(t, ctx, "open "+path, chromedp.Navigate(h.adminURL+path), chromedp.WaitVisible(chromedp.CSS("h1")))
+		requireNoSecrets(t, path, chromium.PageHTML(t, ctx), home, west, east)
 	}
 
 	// Forms without the session's CSRF token are refused.
@@ -235,7 +150,7 @@ func TestDashboard(t *testing.T) {
 	}
 
 	// Remove west through its page.
-	run(t, ctx, "remove west", chromedp.Navigate(h.adminURL+"/clusters/west"), chromedp.WaitVisible(chromedp.CSS("button.danger")),
+	chromium.Do(t, ctx, "remove west", chromedp.Navigate(h.adminURL+"/clusters/west"), chromedp.WaitVisible(chromedp.CSS("button.danger")),
 		chromedp.Click(chromedp.CSS("button.danger")), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="primary"]`)))
 	eventually(t, 30*time.Second, func() error {
 		if _, err := secrets.Get(kctx, "west", metav1.GetOptions{}); err == nil {
@@ -243,10 +158,10 @@ func TestDashboard(t *testing.T) {
 		}
 		return nil
 	})
-	run(t, ctx, "west gone", chromedp.WaitNotPresent(chromedp.CSS(`tr[data-cluster="west"]`)))
+	chromium.Do(t, ctx, "west gone", chromedp.WaitNotPresent(chromedp.CSS(`tr[data-cluster="west"]`)))
 
 	// Sign out ends the session.
-	run(t, ctx, "sign out", chromedp.Click(chromedp.CSS(".signout button")), chromedp.WaitVisible(chromedp.ID("token")))
+	chromium.Do(t, ctx, "sign out", chromedp.Click(chromedp.CSS(".signout button")), chromedp.WaitVisible(chromedp.ID("token")))
 	t.Logf("screenshots in %s", dir)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/chromium"
 )
 
 // demoRun is a running `hub demo` and what it printed.
@@ -130,8 +131,8 @@ func TestDemo(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Fatalf("the demo's workloads need iproute2: %v", err)
 	}
-	bctx := browser(t)
-	dir := artifacts(t)
+	bctx := chromium.Start(t)
+	dir := chromium.Artifacts(t)
 	d := startDemo(t)
 
 	// Traffic flows: every client's calls succeed over mTLS and reach
@@ -166,10 +167,10 @@ func TestDemo(t *testing.T) {
 		t.Errorf("%d proxies connected; want the demo's 4 backends and 3 clients", len(proxies.Items))
 	}
 
-	run(t, bctx, "sign in", chromedp.Navigate(adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+	chromium.Do(t, bctx, "sign in", chromedp.Navigate(adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SetValue(chromedp.ID("token"), token), chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.CSS("#members-total")))
-	waitText(t, bctx, "#live-status", "Live", 10*time.Second)
+	chromium.WaitText(t, bctx, "#live-status", "Live", 10*time.Second)
 	// The picture: three members Ready, each with its workloads as
 	// connected proxyless gRPC proxies (west: 2 backends and a client).
 	waitSelector(t, bctx, `svg#federation[data-members="3"]`, 30*time.Second)
@@ -177,7 +178,7 @@ func TestDemo(t *testing.T) {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-state="Ready"]`, id), 60*time.Second)
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.proxies[data-cluster=%q][data-count="%d"][data-grpc="%d"]`, id, n, n), 60*time.Second)
 	}
-	screenshot(t, bctx, dir, "01-overview-traffic")
+	chromium.Screenshot(t, bctx, dir, "01-overview-traffic")
 
 	// Freeze east's API server: east turns Stale on the overview without
 	// a reload, and the calls keep succeeding and reaching the members
@@ -198,12 +199,12 @@ func TestDemo(t *testing.T) {
 	}
 	t.Cleanup(resume)
 	waitSelector(t, bctx, `svg#federation g.member[data-cluster="east"][data-state="Stale"]`, 90*time.Second)
-	waitText(t, bctx, "ul.states", "Stale 1", 10*time.Second)
+	chromium.WaitText(t, bctx, "ul.states", "Stale 1", 10*time.Second)
 	requireNoReload(t, bctx)
 	if st := h.clusters(t)["east"].State; st != "Stale" {
 		t.Errorf("the API says east is %q; want Stale", st)
 	}
-	screenshot(t, bctx, dir, "02-overview-east-stale")
+	chromium.Screenshot(t, bctx, dir, "02-overview-east-stale")
 	d.drainTraffic()
 	for range 5 {
 		tr := d.nextTraffic(t, time.Minute)
@@ -212,9 +213,9 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	t.Logf("traffic with east Stale: %v", d.nextTraffic(t, time.Minute))
-	run(t, bctx, "open clusters", chromedp.Navigate(adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="east"]`)))
-	waitText(t, bctx, `tr[data-cluster="east"]`, "Stale", 10*time.Second)
-	screenshot(t, bctx, dir, "03-clusters-east-stale")
+	chromium.Do(t, bctx, "open clusters", chromedp.Navigate(adminURL+"/clusters"), chromedp.WaitVisible(chromedp.CSS(`tr[data-cluster="east"]`)))
+	chromium.WaitText(t, bctx, `tr[data-cluster="east"]`, "Stale", 10*time.Second)
+	chromium.Screenshot(t, bctx, dir, "03-clusters-east-stale")
 	resume()
 
 	// SIGTERM: a clean exit, nothing left behind.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -52,7 +53,7 @@ func TestSecurityWebCrossSiteSignIn(t *testing.T) {
 		t.Fatalf("the hub's admin URL %s is not on 127.0.0.1: the attacker's page would not be on another site", h.adminURL)
 	}
 
-	run(t, ctx, "open the attacker's page", chromedp.Navigate(attackerURL))
+	chromium.Do(t, ctx, "open the attacker's page", chromedp.Navigate(attackerURL))
 	// The form submits itself; wait until the browser is on the hub's answer.
 	wait.Until(t, 30*time.Second, func() error {
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -63,7 +64,7 @@ func TestSecurityWebCrossSiteSignIn(t *testing.T) {
 		}
 		return nil
 	})
-	run(t, ctx, "load the hub's answer", chromedp.WaitReady(chromedp.CSS("body")))
+	chromium.Do(t, ctx, "load the hub's answer", chromedp.WaitReady(chromedp.CSS("body")))
 	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	body, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
@@ -74,7 +75,7 @@ func TestSecurityWebCrossSiteSignIn(t *testing.T) {
 		t.Errorf("the hub did not refuse the cross-site sign-in; it answered %q", body)
 	}
 	// The browser holds no session: the dashboard sends it to sign in.
-	run(t, ctx, "open the dashboard", chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitReady(chromedp.CSS("body")))
+	chromium.Do(t, ctx, "open the dashboard", chromedp.Navigate(h.adminURL+"/clusters"), chromedp.WaitReady(chromedp.CSS("body")))
 	if loc, err := chromedp.Run(tctx, chromedp.Location()); err != nil || !strings.HasPrefix(loc, h.adminURL+"/signin") {
 		t.Errorf("after the attacker's sign-in the dashboard is at %s (%v); want the sign-in page", loc, err)
 	}

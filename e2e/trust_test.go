@@ -36,6 +36,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/trust"
 )
@@ -273,13 +274,13 @@ func TestTrustFederation(t *testing.T) {
 
 	// The dashboard shows both trust domains with their authorities.
 	if ctx := browserIfAvailable(t); ctx != nil {
-		dir := artifacts(t)
-		run(t, ctx, "sign in", chromedp.Navigate(b.adminURL+"/trust"), chromedp.WaitVisible(chromedp.ID("token")),
+		dir := chromium.Artifacts(t)
+		chromium.Do(t, ctx, "sign in", chromedp.Navigate(b.adminURL+"/trust"), chromedp.WaitVisible(chromedp.ID("token")),
 			chromedp.SetValue(chromedp.ID("token"), homeB.AdminToken()), chromedp.Submit(chromedp.ID("token")),
 			chromedp.WaitVisible(chromedp.CSS("section.trust")))
-		waitText(t, ctx, "main", "a.test", 10*time.Second)
-		waitText(t, ctx, "main", newSum[:12], 10*time.Second)
-		screenshot(t, ctx, dir, "trust")
+		chromium.WaitText(t, ctx, "main", "a.test", 10*time.Second)
+		chromium.WaitText(t, ctx, "main", newSum[:12], 10*time.Second)
+		chromium.Screenshot(t, ctx, dir, "trust")
 	}
 
 	// B's bundle endpoint goes away: A keeps B's last bundle, marked Stale, also across A's restart.
