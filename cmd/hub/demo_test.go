@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -57,5 +59,23 @@ func TestTrafficLine(t *testing.T) {
 	}
 	if l := v.line(now); l != "" {
 		t.Errorf("line without news: %q", l)
+	}
+}
+
+// TestTrafficLineClientExited: a client that exits is shown as exited,
+// not with the figures of its last report as if it still called.
+func TestTrafficLineClientExited(t *testing.T) {
+	v := newTrafficView([]string{"primary", "west"}, []string{"primary-1", "west-1"})
+	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+	v.update("primary-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"primary": 50}})
+	v.update("west-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"west": 50}})
+	_ = v.line(now)
+	// west-1's process ends: its output closes.
+	c := &demoChild{name: "west-1", stdout: io.NopCloser(strings.NewReader(""))}
+	followClient(c, v)
+	v.update("primary-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"primary": 50}})
+	want := "traffic 15:04:05  client primary-1: primary 100% west 0% (50 calls/s, 0 errors, 100% mTLS) | client west-1: exited"
+	if l := v.line(now); !strings.HasPrefix(l, want) {
+		t.Errorf("line:\n got %q\nwant %q…", l, want)
 	}
 }
