@@ -74,8 +74,17 @@ func echoBackends(dc demoCluster) []localcluster.Backend {
 // demo starts the clusters, registers the members, starts the network
 // namespace (when it can), runs the hub and, once it listens, the
 // workloads and the churn, until ctx is done. Everything it started is
-// stopped and removed when it returns, also when starting fails.
-func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) error {
+// stopped and removed when it returns, also when starting fails. Stopped
+// (ctx done: Ctrl-C, SIGTERM) while starting, it returns nil: what was cut
+// short did not fail.
+func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (err error) {
+	parent, starting := ctx, true
+	defer func() {
+		if starting && err != nil && parent.Err() != nil {
+			fmt.Fprintln(os.Stderr, "hub demo: stopped while starting")
+			err = nil
+		}
+	}()
 	work, err := os.MkdirTemp("", "hub-demo-")
 	if err != nil {
 		return fmt.Errorf("creating the demo's work directory: %w", err)
@@ -150,6 +159,7 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 	case err := <-hubDone:
 		return err
 	}
+	starting = false
 	adminURL := "http://" + addrs["admin"]
 	if cfg.adminTLSCert != "" {
 		adminURL = "https://" + addrs["admin"]
@@ -164,6 +174,9 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 		partErr error
 	)
 	fail := func(what string, err error) {
+		if ctx.Err() != nil {
+			return // the demo is stopping: the part was cut short, it did not fail
+		}
 		partsMu.Lock()
 		partErr = errors.Join(partErr, fmt.Errorf("%s: %w", what, err))
 		partsMu.Unlock()
