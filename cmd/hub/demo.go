@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -97,6 +98,11 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	}
 	defer closeLog()
 
+	// Its listeners default to fixed ports: one taken fails now, not after
+	// the clusters have started.
+	if err := demoPortsFree(cfg); err != nil {
+		return err
+	}
 	binDir, err := localcluster.BinDir(ctx)
 	if err != nil {
 		return fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
@@ -229,6 +235,24 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
 	}
 	return errors.Join(hubErr, partErr)
+}
+
+// demoPortsFree checks that every listener's address can be bound now
+// (a port left 0 always can), naming the flag that moves one that cannot.
+func demoPortsFree(cfg config) error {
+	for _, l := range []struct{ flag, addr string }{
+		{"admin-addr", cfg.adminAddr}, {"xds-addr", cfg.xdsAddr}, {"xds-tls-addr", cfg.xdsTLSAddr}, {"bundle-addr", cfg.bundleAddr},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			return fmt.Errorf("--%s %s cannot be used (%w); choose another address, e.g. --%s 127.0.0.1:0 (the banner prints the one taken)", l.flag, l.addr, err, l.flag)
+		}
+		lis.Close()
+	}
+	return nil
 }
 
 // demoWorkloads are the demo's backends (one per member at

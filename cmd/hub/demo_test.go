@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +78,24 @@ func TestTrafficLineClientExited(t *testing.T) {
 	want := "traffic 15:04:05  client primary-1: primary 100% west 0% (50 calls/s, 0 errors, 100% mTLS) | client west-1: exited"
 	if l := v.line(now); !strings.HasPrefix(l, want) {
 		t.Errorf("line:\n got %q\nwant %q…", l, want)
+	}
+}
+
+// TestDemoPortsFree: a listener address that is taken is reported with
+// its flag before anything starts; free and disabled ones pass.
+func TestDemoPortsFree(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := config{adminAddr: taken.Addr().String(), xdsAddr: "127.0.0.1:0", xdsTLSAddr: "127.0.0.1:0"}
+	err = demoPortsFree(cfg)
+	if err == nil || !strings.Contains(err.Error(), "--admin-addr "+taken.Addr().String()) {
+		t.Errorf("with the admin port taken: %v; want an error naming --admin-addr", err)
+	}
+	cfg.adminAddr = "127.0.0.1:0"
+	if err := demoPortsFree(cfg); err != nil {
+		t.Errorf("with free ports: %v", err)
 	}
 }
