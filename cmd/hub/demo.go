@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,8 +75,17 @@ func echoBackends(dc demoCluster) []localcluster.Backend {
 // demo starts the clusters, registers the members, starts the network
 // namespace (when it can), runs the hub and, once it listens, the
 // workloads and the churn, until ctx is done. Everything it started is
-// stopped and removed when it returns, also when starting fails.
-func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) error {
+// stopped and removed when it returns, also when starting fails. Stopped
+// (ctx done: Ctrl-C, SIGTERM) while starting, it returns nil: what was cut
+// short did not fail.
+func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (err error) {
+	parent, starting := ctx, true
+	defer func() {
+		if starting && err != nil && parent.Err() != nil {
+			fmt.Fprintln(os.Stderr, "hub demo: stopped while starting")
+			err = nil
+		}
+	}()
 	work, err := os.MkdirTemp("", "hub-demo-")
 	if err != nil {
 		return fmt.Errorf("creating the demo's work directory: %w", err)
@@ -88,6 +98,11 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 	}
 	defer closeLog()
 
+	// Its listeners default to fixed ports: one taken fails now, not after
+	// the clusters have started.
+	if err := demoPortsFree(cfg); err != nil {
+		return err
+	}
 	binDir, err := localcluster.BinDir(ctx)
 	if err != nil {
 		return fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
@@ -150,6 +165,7 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 	case err := <-hubDone:
 		return err
 	}
+	starting = false
 	adminURL := "http://" + addrs["admin"]
 	if cfg.adminTLSCert != "" {
 		adminURL = "https://" + addrs["admin"]
@@ -164,6 +180,9 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 		partErr error
 	)
 	fail := func(what string, err error) {
+		if ctx.Err() != nil {
+			return // the demo is stopping: the part was cut short, it did not fail
+		}
 		partsMu.Lock()
 		partErr = errors.Join(partErr, fmt.Errorf("%s: %w", what, err))
 		partsMu.Unlock()
@@ -216,6 +235,24 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) err
 		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
 	}
 	return errors.Join(hubErr, partErr)
+}
+
+// demoPortsFree checks that every listener's address can be bound now
+// (a port left 0 always can), naming the flag that moves one that cannot.
+func demoPortsFree(cfg config) error {
+	for _, l := range []struct{ flag, addr string }{
+		{"admin-addr", cfg.adminAddr}, {"xds-addr", cfg.xdsAddr}, {"xds-tls-addr", cfg.xdsTLSAddr}, {"bundle-addr", cfg.bundleAddr},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			return fmt.Errorf("--%s %s cannot be used (%w); choose another address, e.g. --%s 127.0.0.1:0 (the banner prints the one taken)", l.flag, l.addr, err, l.flag)
+		}
+		lis.Close()
+	}
+	return nil
 }
 
 // demoWorkloads are the demo's backends (one per member at

@@ -56,8 +56,11 @@ func newDemoCA(ctx context.Context, adminURL, token, trustDomain, tlsAddr string
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("reading our trust bundle: %s %w", resp.Status, err)
+	if err != nil {
+		return nil, fmt.Errorf("reading our trust bundle: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading our trust bundle: %s: %s", resp.Status, strings.TrimSpace(string(body[:min(len(body), 200)])))
 	}
 	bundle, err := spiffebundle.Parse(td, body)
 	if err != nil {

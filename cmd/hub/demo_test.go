@@ -1,6 +1,9 @@
 package main
 
 import (
+	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -57,5 +60,42 @@ func TestTrafficLine(t *testing.T) {
 	}
 	if l := v.line(now); l != "" {
 		t.Errorf("line without news: %q", l)
+	}
+}
+
+// TestTrafficLineClientExited: a client that exits is shown as exited,
+// not with the figures of its last report as if it still called.
+func TestTrafficLineClientExited(t *testing.T) {
+	v := newTrafficView([]string{"primary", "west"}, []string{"primary-1", "west-1"})
+	now := time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+	v.update("primary-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"primary": 50}})
+	v.update("west-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"west": 50}})
+	_ = v.line(now)
+	// west-1's process ends: its output closes.
+	c := &demoChild{name: "west-1", stdout: io.NopCloser(strings.NewReader(""))}
+	followClient(c, v)
+	v.update("primary-1", demoStats{Calls: 50, MTLS: 50, ByMember: map[string]int{"primary": 50}})
+	want := "traffic 15:04:05  client primary-1: primary 100% west 0% (50 calls/s, 0 errors, 100% mTLS) | client west-1: exited"
+	if l := v.line(now); !strings.HasPrefix(l, want) {
+		t.Errorf("line:\n got %q\nwant %q…", l, want)
+	}
+}
+
+// TestDemoPortsFree: a listener address that is taken is reported with
+// its flag before anything starts; free and disabled ones pass.
+func TestDemoPortsFree(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := config{adminAddr: taken.Addr().String(), xdsAddr: "127.0.0.1:0", xdsTLSAddr: "127.0.0.1:0"}
+	err = demoPortsFree(cfg)
+	if err == nil || !strings.Contains(err.Error(), "--admin-addr "+taken.Addr().String()) {
+		t.Errorf("with the admin port taken: %v; want an error naming --admin-addr", err)
+	}
+	cfg.adminAddr = "127.0.0.1:0"
+	if err := demoPortsFree(cfg); err != nil {
+		t.Errorf("with free ports: %v", err)
 	}
 }

@@ -116,8 +116,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		}
 		children = append(children, c)
 		if w.role == "client" {
-			name := w.name
-			parts.Go(func() { c.readStats(func(s demoStats) { view.update(name, s) }) })
+			parts.Go(func() { followClient(c, view) })
 		}
 	}
 	parts.Go(func() { view.run(ctx, cfg.out) })
@@ -206,6 +205,13 @@ func (c *demoChild) readStats(fn func(demoStats)) {
 	}
 }
 
+// followClient feeds a client's reports to the view until the client's
+// output ends (it exited, or is being stopped), then marks it exited there.
+func followClient(c *demoChild, view *trafficView) {
+	c.readStats(func(s demoStats) { view.update(c.name, s) })
+	view.exited(c.name)
+}
+
 // stop closes the child's stdin and waits for it to exit, killing it
 // after five seconds.
 func (c *demoChild) stop() {
@@ -229,11 +235,21 @@ type trafficView struct {
 	clients []string // in display order
 	mu      sync.Mutex
 	latest  map[string]demoStats
-	fresh   bool // a report arrived since the last line
+	gone    map[string]bool // clients whose process has exited
+	fresh   bool            // a report (or an exit) arrived since the last line
 }
 
 func newTrafficView(members, clients []string) *trafficView {
-	return &trafficView{members: members, clients: clients, latest: map[string]demoStats{}}
+	return &trafficView{members: members, clients: clients, latest: map[string]demoStats{}, gone: map[string]bool{}}
+}
+
+// exited marks a client whose process ended: its last report no longer
+// stands for what it does.
+func (v *trafficView) exited(client string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.gone[client] = true
+	v.fresh = true
 }
 
 func (v *trafficView) update(client string, s demoStats) {
@@ -252,6 +268,9 @@ func (v *trafficView) run(ctx context.Context, out io.Writer) {
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
+			if ctx.Err() != nil { // stopping: the clients exit, not worth a line
+				return
+			}
 			if line := v.line(now); line != "" {
 				fmt.Fprintln(out, line)
 			}
@@ -270,7 +289,9 @@ func (v *trafficView) line(now time.Time) string {
 	v.fresh = false
 	parts := make([]string, 0, len(v.clients))
 	for _, client := range v.clients {
-		if s, ok := v.latest[client]; ok {
+		if v.gone[client] {
+			parts = append(parts, "client "+client+": exited (see its log)")
+		} else if s, ok := v.latest[client]; ok {
 			parts = append(parts, formatStats(client, s, v.members))
 		}
 	}
