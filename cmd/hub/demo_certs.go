@@ -83,21 +83,22 @@ func (ca *demoCA) Close() error { return ca.conn.Close() }
 
 // issue obtains a certificate for ServiceAccount ns/sa of member (whose
 // API server c issues the token) and writes what istio-agent writes for a
-// workload into dir: cert-chain.pem, key.pem and root-cert.pem.
-func (ca *demoCA) issue(ctx context.Context, c kubernetes.Interface, member, ns, sa, dir string) error {
+// workload into dir: cert-chain.pem, key.pem and root-cert.pem, each
+// replaced atomically. It returns the certificate's validity.
+func (ca *demoCA) issue(ctx context.Context, c kubernetes.Interface, member, ns, sa, dir string) (validity, error) {
 	expiry := int64(time.Hour / time.Second)
 	tr, err := c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}, ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("requesting a token of %s/%s in %s: %w", ns, sa, member, err)
+		return validity{}, fmt.Errorf("requesting a token of %s/%s in %s: %w", ns, sa, member, err)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		return validity{}, err
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	if err != nil {
-		return fmt.Errorf("creating a CSR: %w", err)
+		return validity{}, fmt.Errorf("creating a CSR: %w", err)
 	}
 	csr := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -106,35 +107,77 @@ func (ca *demoCA) issue(ctx context.Context, c kubernetes.Interface, member, ns,
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(ca.conn).CreateCertificate(cctx,
 		&securityv1alpha1.IstioCertificateRequest{Csr: string(csr)})
 	if err != nil {
-		return fmt.Errorf("certificate for %s/%s in %s from the hub's CA: %w", ns, sa, member, err)
+		return validity{}, fmt.Errorf("certificate for %s/%s in %s from the hub's CA: %w", ns, sa, member, err)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return err
+		return validity{}, err
 	}
 	var chain strings.Builder
 	for _, p := range resp.GetCertChain() {
 		chain.WriteString(strings.TrimRight(p, "\n") + "\n")
+	}
+	block, _ := pem.Decode([]byte(chain.String()))
+	if block == nil {
+		return validity{}, fmt.Errorf("the hub's CA answered %s/%s in %s without a certificate", ns, sa, member)
+	}
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return validity{}, fmt.Errorf("the certificate of %s/%s in %s: %w", ns, sa, member, err)
 	}
 	files := map[string][]byte{
 		"cert-chain.pem": []byte(chain.String()),
 		"key.pem":        pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
 		"root-cert.pem":  ca.rootsPEM,
 	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return fmt.Errorf("writing %s: %w", name, err)
+	// The key first, then the chain (as istio-agent): a reader that sees
+	// the new chain also sees its key.
+	for _, name := range []string{"key.pem", "cert-chain.pem", "root-cert.pem"} {
+		if err := writeAtomically(filepath.Join(dir, name), files[name]); err != nil {
+			return validity{}, err
 		}
+	}
+	return validity{issued: time.Now(), notAfter: leaf.NotAfter}, nil
+}
+
+// validity is when a certificate was received and when it expires (its
+// NotBefore is backdated for clock skew, so the lifetime counts from
+// receipt).
+type validity struct{ issued, notAfter time.Time }
+
+// renewAt is when a certificate is renewed: half-way through its lifetime,
+// as istio-agent does by default.
+func (v validity) renewAt() time.Time { return v.issued.Add(v.notAfter.Sub(v.issued) / 2) }
+
+// refreshInterval is how often grpc-go re-reads the certificate files:
+// istio-agent's 15 minutes, or a quarter of the lifetime when that is
+// shorter, so that a renewed certificate is in use well before the old one
+// expires.
+func (v validity) refreshInterval() time.Duration {
+	return min(15*time.Minute, max(time.Second, v.notAfter.Sub(v.issued)/4))
+}
+
+// writeAtomically replaces path with data (mode 0600) through a rename, so
+// that a file watcher never reads half a file.
+func writeAtomically(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replacing %s: %w", path, err)
 	}
 	return nil
 }
 
+
 // writeDemoBootstrap writes the gRPC xDS bootstrap of a workload as
 // istio-agent writes it for proxyless gRPC (a file_watcher certificate
 // provider "default" on the files in dir, the inbound listener name
-// template), connecting to the hub at xdsAddr in plaintext. Without mtls
-// it names no certificate provider. It returns the file's path.
-func writeDemoBootstrap(dir, xdsAddr, nodeID, member, namespace string, mtls bool) (string, error) {
+// template), connecting to the hub at xdsAddr in plaintext; grpc-go
+// re-reads the files every refresh. Without mtls it names no certificate
+// provider. It returns the file's path.
+func writeDemoBootstrap(dir, xdsAddr, nodeID, member, namespace string, mtls bool, refresh time.Duration) (string, error) {
 	bootstrap := map[string]any{
 		"xds_servers": []any{map[string]any{"server_uri": xdsAddr, "channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []string{"xds_v3"}}},
 		"node": map[string]any{
@@ -146,7 +189,7 @@ func writeDemoBootstrap(dir, xdsAddr, nodeID, member, namespace string, mtls boo
 	if mtls {
 		bootstrap["certificate_providers"] = map[string]any{"default": map[string]any{"plugin_name": "file_watcher", "config": map[string]any{
 			"certificate_file": filepath.Join(dir, "cert-chain.pem"), "private_key_file": filepath.Join(dir, "key.pem"),
-			"ca_certificate_file": filepath.Join(dir, "root-cert.pem"), "refresh_interval": "900s",
+			"ca_certificate_file": filepath.Join(dir, "root-cert.pem"), "refresh_interval": fmt.Sprintf("%ds", int(refresh/time.Second)),
 		}}}
 	}
 	data, err := json.MarshalIndent(bootstrap, "", "  ")

@@ -90,17 +90,28 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
+		refresh := 15 * time.Minute
 		if cfg.ca != nil {
-			if err := issueWithRetry(ctx, cfg.ca, cfg.members[w.member], w, dir); err != nil {
+			issue := func(ctx context.Context) (validity, error) {
+				return cfg.ca.issue(ctx, cfg.members[w.member], w.member, demoNamespace, w.sa, dir)
+			}
+			v, err := issueWithRetry(ctx, issue)
+			if err != nil {
 				return err
 			}
+			refresh = v.refreshInterval()
+			parts.Go(func() {
+				renewCertificate(ctx, v, issue, func(err error) {
+					fmt.Fprintf(os.Stderr, "hub demo: renewing the certificate of %s: %v\n", w.name, err)
+				})
+			})
 		}
 		nodeIP := demoVethNsIP.String()
 		if w.ip != "" {
 			nodeIP = w.ip
 		}
 		nodeID := fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", nodeIP, w.name, demoNamespace, demoNamespace)
-		bootstrap, err := writeDemoBootstrap(dir, xdsAddr, nodeID, w.member, demoNamespace, cfg.ca != nil)
+		bootstrap, err := writeDemoBootstrap(dir, xdsAddr, nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
 		if err != nil {
 			return err
 		}
@@ -126,18 +137,46 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 
 // issueWithRetry issues a workload's certificate, retrying for two minutes
 // while the hub does not know the member yet (it has just started).
-func issueWithRetry(ctx context.Context, ca *demoCA, c kubernetes.Interface, w demoWorkload, dir string) error {
+func issueWithRetry(ctx context.Context, issue func(context.Context) (validity, error)) (validity, error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		err := ca.issue(ctx, c, w.member, demoNamespace, w.sa, dir)
+		v, err := issue(ctx)
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			return err
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return validity{}, ctx.Err()
 		case <-time.After(time.Second):
 		}
+	}
+}
+
+// renewCertificate keeps a workload's certificate fresh as istio-agent
+// does, until ctx ends: it asks again half-way through the current one's
+// lifetime and, after a failure (reported to failed), again after a tenth
+// of that lifetime (at most 10 s) until it succeeds.
+func renewCertificate(ctx context.Context, v validity, issue func(context.Context) (validity, error), failed func(error)) {
+	next := v.renewAt()
+	for {
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		nv, err := issue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			failed(err)
+			next = time.Now().Add(min(10*time.Second, max(10*time.Millisecond, v.notAfter.Sub(v.issued)/10)))
+			continue
+		}
+		v = nv
+		next = v.renewAt()
 	}
 }
 
