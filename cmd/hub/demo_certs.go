@@ -170,7 +170,6 @@ func writeAtomically(path string, data []byte) error {
 	return nil
 }
 
-
 // writeDemoBootstrap writes the gRPC xDS bootstrap of a workload as
 // istio-agent writes it for proxyless gRPC (a file_watcher certificate
 // provider "default" on the files in dir, the inbound listener name
