@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hubmesh/hub/internal/istiomod"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -43,19 +41,13 @@ var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version:
 // by Kind.
 func istioCRDs(t *testing.T) map[string]*unstructured.Unstructured {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio")
-	cmd.Dir = filepath.Join("..", "e2e", "interop")
-	out, err := cmd.Output()
+	data, err := istiomod.CRDs()
 	if err != nil {
-		msg := fmt.Sprintf("locating the Istio module of e2e/interop: %v", err)
+		msg := fmt.Sprintf("reading the Istio CRDs: %v", err)
 		if os.Getenv("CI") != "" {
 			t.Fatal(msg)
 		}
 		t.Skip(msg + " (skipping outside CI; in CI this fails)")
-	}
-	data, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "manifests", "charts", "base", "files", "crd-all.gen.yaml"))
-	if err != nil {
-		t.Fatal(err)
 	}
 	crds := map[string]*unstructured.Unstructured{}
 	for _, doc := range bytes.Split(data, []byte("\n---\n")) {

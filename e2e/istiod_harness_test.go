@@ -30,12 +30,13 @@ import (
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/hubmesh/hub/internal/istiomod"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
 // istiodBinEnv names the pilot-discovery binary; `make test` builds it with
 // e2e/interop/build-istiod.sh and exports it.
-const istiodBinEnv = "HUB_ISTIOD_BIN"
+const istiodBinEnv = istiomod.IstiodBinEnv
 
 // istiodBin returns $HUB_ISTIOD_BIN, or fails the test in CI and skips it
 // elsewhere, saying how to get the binary.
@@ -368,23 +369,11 @@ func (p *istiodProcess) stop(t *testing.T) {
 	})
 }
 
-// istioCRDs locates the Istio CRD manifest of the Istio module istiod is
-// built from: next to $HUB_ISTIOD_BIN (build-istiod.sh copies it there), else
-// in the module cache through e2e/interop's go.mod.
+// istioCRDs reads the Istio CRD manifest of the Istio module istiod is
+// built from (next to $HUB_ISTIOD_BIN, else in the module cache).
 func istioCRDs(t *testing.T) []byte {
 	t.Helper()
-	if data, err := os.ReadFile(filepath.Join(filepath.Dir(os.Getenv(istiodBinEnv)), "istio-crds.yaml")); err == nil {
-		return data
-	}
-	cmd := exec.Command("go", "list", "-mod=readonly", "-m", "-f", "{{.Dir}}", "istio.io/istio")
-	cmd.Dir = "interop"
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOPROXY=off")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("locating the istio.io/istio module of e2e/interop: %v", err)
-	}
-	path := filepath.Join(strings.TrimSpace(string(out)), "manifests", "charts", "base", "files", "crd-all.gen.yaml")
-	data, err := os.ReadFile(path)
+	data, err := istiomod.CRDs()
 	if err != nil {
 		t.Fatalf("reading the Istio CRDs: %v", err)
 	}

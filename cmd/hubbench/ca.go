@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -35,7 +37,8 @@ import (
 // port): --streams callers, each with its own gRPC connection, its own
 // real ServiceAccount token (audience istio-ca) of one member and one
 // pre-generated RSA-2048 CSR, call CreateCertificate back to back for
-// --ca-duration, as istio-agents renewing at once would. Each caller's
+// --ca-duration (calls in flight then finish and count), as istio-agents
+// renewing at once would. Each caller's
 // first call (its token review) is made before the measurement starts, so
 // reviews are answered from the hub's cache, as for a fleet that renews.
 // It reports certificates per second, latency and the hub's CPU per
@@ -43,31 +46,39 @@ import (
 // machine and take CPU from the hub: the figures are a lower bound.
 const shapeCA = "ca"
 
+// caCallTimeout bounds one CreateCertificate call: a certificate not
+// issued within it counts as failed (DeadlineExceeded).
+const caCallTimeout = 30 * time.Second
+
 // caTrustDomain is the hub's trust domain in the ca shape.
 const caTrustDomain = "bench.local"
 
 // CASummary is the result of the ca shape.
 type CASummary struct {
-	Machine         Machine `json:"machine"`
-	HubBuild        string  `json:"hubBuild"`
-	Callers         int     `json:"callers"`
-	Seconds         float64 `json:"seconds"`
-	Issued          int     `json:"issued"`
-	Failed          int     `json:"failed"`
-	PerSecond       float64 `json:"certificatesPerSecond"`
-	P50Ms           float64 `json:"p50Ms"`
-	P99Ms           float64 `json:"p99Ms"`
-	HubCPUSeconds   float64 `json:"hubCpuSeconds"`
-	HubCPUMsPerCert float64 `json:"hubCpuMsPerCertificate"`
-	HubCores        float64 `json:"hubCores"` // hub CPU seconds per wall second
-	HubRSSMiB       float64 `json:"hubRssMiB"`
-	FirstError      string  `json:"firstError,omitempty"`
+	Machine         Machine        `json:"machine"`
+	HubBuild        string         `json:"hubBuild"`
+	Callers         int            `json:"callers"`
+	Seconds         float64        `json:"seconds"`
+	Issued          int            `json:"issued"`
+	Failed          int            `json:"failed"`
+	FailedByCode    map[string]int `json:"failedByCode,omitempty"` // gRPC code → calls
+	PerSecond       float64        `json:"certificatesPerSecond"`
+	P50Ms           float64        `json:"p50Ms"`
+	P99Ms           float64        `json:"p99Ms"`
+	HubCPUSeconds   float64        `json:"hubCpuSeconds"`
+	HubCPUMsPerCert float64        `json:"hubCpuMsPerCertificate"`
+	HubCores        float64        `json:"hubCores"` // hub CPU seconds per wall second
+	HubRSSMiB       float64        `json:"hubRssMiB"`
+	FirstError      string         `json:"firstError,omitempty"`
 }
 
 // WriteText prints the summary for people.
 func (s *CASummary) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "hub CA (Istio CreateCertificate, RSA-2048 CSRs, token reviews cached) on %d CPUs (%s), hub %s\n", s.Machine.CPUs, s.Machine.CPUModel, s.HubBuild)
 	fmt.Fprintf(w, "  callers %d, %.1f s: %d certificates issued, %d failed\n", s.Callers, s.Seconds, s.Issued, s.Failed)
+	for _, code := range slices.Sorted(maps.Keys(s.FailedByCode)) {
+		fmt.Fprintf(w, "    %s: %d\n", code, s.FailedByCode[code])
+	}
 	fmt.Fprintf(w, "  %.0f certificates/s; latency p50 %.2f ms, p99 %.2f ms\n", s.PerSecond, s.P50Ms, s.P99Ms)
 	fmt.Fprintf(w, "  hub CPU %.2f s = %.3f ms per certificate (%.2f cores busy); hub RSS %.0f MiB\n", s.HubCPUSeconds, s.HubCPUMsPerCert, s.HubCores, s.HubRSSMiB)
 	if s.FirstError != "" {
@@ -214,25 +225,31 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 	if err != nil {
 		return nil, err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, cfg.CADuration)
-	defer cancel()
+	// The window only stops callers from starting calls: a call in flight
+	// when it ends finishes under its own caCallTimeout. (Calls that shared
+	// the window's deadline failed with DeadlineExceeded when it passed,
+	// before the context said so, and counted as failures on a busy
+	// machine.) So every failure counted is one the hub returned.
 	var mu sync.Mutex
 	var latencies []time.Duration
 	var wg sync.WaitGroup
 	start := time.Now()
+	end := start.Add(cfg.CADuration)
 	for i := range clients {
 		wg.Go(func() {
 			var mine []time.Duration
-			failed := 0
+			failed := map[string]int{}
 			var first error
-			for runCtx.Err() == nil {
+			for ctx.Err() == nil && time.Now().Before(end) {
+				callCtx, cancel := context.WithTimeout(ctx, caCallTimeout)
 				t0 := time.Now()
-				err := call(runCtx, i)
+				err := call(callCtx, i)
+				cancel()
 				switch {
 				case err == nil:
 					mine = append(mine, time.Since(t0))
-				case runCtx.Err() == nil:
-					failed++
+				case ctx.Err() == nil:
+					failed[status.Code(err).String()]++
 					if first == nil {
 						first = err
 					}
@@ -241,7 +258,13 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			latencies = append(latencies, mine...)
-			sum.Failed += failed
+			for code, n := range failed {
+				sum.Failed += n
+				if sum.FailedByCode == nil {
+					sum.FailedByCode = map[string]int{}
+				}
+				sum.FailedByCode[code] += n
+			}
 			if first != nil && sum.FirstError == "" {
 				sum.FirstError = first.Error()
 			}

@@ -26,11 +26,20 @@ CRDS=$OUT/istio-crds.yaml
 if [ -x "$OUT/pilot-discovery" ] && [ -x "$OUT/pilot-agent" ] && [ -f "$CRDS" ]; then
   echo "$OUT/$NAME"; exit 0
 fi
-mkdir -p "$OUT"
+# Download the module first: `go list -m -f {{.Dir}}` prints an empty
+# directory for a module not yet in the module cache (a fresh machine), and
+# the CRDs and the version stamp come from that directory.
+go mod download istio.io/istio
 DIR=$(go list -mod=readonly -m -f '{{.Dir}}' istio.io/istio)
 V=$(go list -mod=readonly -m -f '{{.Version}}' istio.io/istio)
+SRC_CRDS=$DIR/manifests/charts/base/files/crd-all.gen.yaml
+if [ -z "$DIR" ] || [ ! -f "$DIR/VERSION" ] || [ ! -f "$SRC_CRDS" ]; then
+  echo "$0: istio.io/istio $V is not in the module cache after 'go mod download' (directory '$DIR'; GOMODCACHE=$(go env GOMODCACHE), GOPROXY=$(go env GOPROXY))" >&2
+  exit 1
+fi
 # Istio's own build stamps <VERSION file>-dev on a development snapshot.
-VER="$(cat "$DIR/VERSION" 2>/dev/null || echo unknown)-dev"
+VER="$(cat "$DIR/VERSION")-dev"
+mkdir -p "$OUT"
 REV=${V##*-}
 X=istio.io/istio/pkg/version
 LD="-s -w -X $X.buildVersion=$VER -X $X.buildGitRevision=$REV -X $X.buildStatus=Clean -X $X.buildTag=$V"
@@ -40,8 +49,9 @@ echo "building pilot-discovery and pilot-agent $VER ($V) into $OUT (cold: ~11 mi
 # One go command for both: they share most packages.
 CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LD" -o "$TMP/" \
   istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/pilot/cmd/pilot-agent
-install -m 0644 "$DIR/manifests/charts/base/files/crd-all.gen.yaml" "$TMP/istio-crds.yaml"
+install -m 0644 "$SRC_CRDS" "$TMP/istio-crds.yaml"
 mv "$TMP/istio-crds.yaml" "$CRDS"
 mv "$TMP/pilot-agent" "$OUT/pilot-agent"
 mv "$TMP/pilot-discovery" "$OUT/pilot-discovery"
+echo "built pilot-discovery and pilot-agent in ${SECONDS}s" >&2
 echo "$OUT/$NAME"

@@ -15,4 +15,6 @@ ip netns add "$NS"
 trap 'ip netns del "$NS" 2>/dev/null || true' EXIT INT TERM
 ip netns exec "$NS" ip link set lo up
 ip netns exec "$NS" ip addr add "$IP/32" dev lo
-HUB_TEST_DATAPLANE_IP=$IP ip netns exec "$NS" env HUB_TEST_DATAPLANE_IP="$IP" GOPROXY=off GOFLAGS=-mod=readonly "$@"
+# No network inside: the Go command must find every module in the cache
+# (GOPROXY=off), keeping the caller's other GOFLAGS.
+HUB_TEST_DATAPLANE_IP=$IP ip netns exec "$NS" env HUB_TEST_DATAPLANE_IP="$IP" GOPROXY=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly" "$@"

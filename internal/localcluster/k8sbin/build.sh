@@ -20,4 +20,5 @@ CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LD" -o "$TMP/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3
 mv "$TMP/server" "$OUT/etcd"
 mv "$TMP/kube-apiserver" "$TMP/kubectl" "$OUT/"
+echo "built kube-apiserver, kubectl and etcd in ${SECONDS}s" >&2
 echo "$OUT"
