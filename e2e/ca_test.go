@@ -4,6 +4,7 @@ import (
 	"context"
 	cryptorand "crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
@@ -226,4 +227,104 @@ func containsAuthority(list []*x509.Certificate, c *x509.Certificate) bool {
 		}
 	}
 	return false
+}
+
+// TestCAAccountDeletedAfterUse: a ServiceAccount whose token got a
+// certificate is deleted in its member. Its token gets nothing within
+// seconds (the CA re-reviews tokens older than 5 s and the member says no),
+// and the certificate it got renews only up to its own expiry: a leaked
+// certificate does not outlive itself by renewing.
+func TestCAAccountDeletedAfterUse(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home, west := e.Cluster("primary"), e.Cluster("west")
+	ns := hubNamespace(t, home)
+	app := "ca-del-" + rand.String(5)
+	ctx := testContext(t)
+	wc := client(t, west)
+	if err := localcluster.EnsureNamespace(ctx, wc, app); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wc.CoreV1().ServiceAccounts(app).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "leaky"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client(t, home).CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "members", map[string][]byte{
+		"west": west.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("ca-del.test")
+	h := startHub(t, home, "--namespace", ns, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0")
+	eventually(t, 30*time.Second, func() error {
+		if cl := h.clusters(t); cl["west"].State != "Ready" {
+			return fmt.Errorf("members: %+v", cl)
+		}
+		return nil
+	})
+	bundle := h.bundle(t, td)
+	verify := tlsconfig.TLSClientConfig(bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub")))
+	addr := h.addrs["xds-tls"]
+	tr, err := wc.CoreV1().ServiceAccounts(app).CreateToken(ctx, "leaky", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCSR := func() (*rsa.PrivateKey, string) {
+		key, err := rsa.GenerateKey(cryptorand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.CreateCertificateRequest(cryptorand.Reader, &x509.CertificateRequest{}, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	}
+	leaf := func(resp *securityv1alpha1.IstioCertificateResponse) tls.Certificate {
+		var cert tls.Certificate
+		for _, p := range resp.GetCertChain() {
+			block, _ := pem.Decode([]byte(p))
+			if block == nil {
+				t.Fatalf("cert_chain element is not PEM: %q", p)
+			}
+			cert.Certificate = append(cert.Certificate, block.Bytes)
+		}
+		l, err := x509.ParseCertificate(cert.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert.Leaf = l
+		return cert
+	}
+	key, csr := newCSR()
+	resp, err := createCertificate(addr, credentials.NewTLS(verify), tr.Status.Token, "west", csr, 600)
+	if err != nil {
+		t.Fatalf("the account's token before its deletion: %v", err)
+	}
+	issued := leaf(resp)
+	issued.PrivateKey = key
+
+	if err := wc.CoreV1().ServiceAccounts(app).Delete(ctx, "leaky", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The member's API server caches accepted tokens itself (10 s in
+	// kube-apiserver); the CA's own cache adds at most 5 s.
+	eventually(t, 30*time.Second, func() error {
+		_, csr := newCSR()
+		_, err := createCertificate(addr, credentials.NewTLS(verify), tr.Status.Token, "west", csr, 600)
+		if status.Code(err) != codes.Unauthenticated {
+			return fmt.Errorf("the deleted account's token: %v; want Unauthenticated", err)
+		}
+		return nil
+	})
+
+	// The certificate alone renews (key rotation), never beyond itself.
+	withCert := verify.Clone()
+	withCert.Certificates = []tls.Certificate{issued}
+	_, csr = newCSR()
+	resp, err = createCertificate(addr, credentials.NewTLS(withCert), "", "west", csr, 48*3600)
+	if err != nil {
+		t.Fatalf("renewal by certificate: %v", err)
+	}
+	if got := leaf(resp).Leaf.NotAfter; got.After(issued.Leaf.NotAfter) {
+		t.Errorf("the renewed certificate ends %s, after the one presented (%s)", got, issued.Leaf.NotAfter)
+	}
 }

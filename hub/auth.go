@@ -36,36 +36,52 @@ const (
 // tokenAuth turns service-account tokens into workload identities of our
 // trust domain. Answers are cached by a hash of (cluster, token), never the
 // token itself: an accepted token for a minute, a rejected one for ten
-// seconds, so a reconnecting fleet does not flood members with reviews.
+// seconds, so a reconnecting fleet does not flood members with reviews. A
+// caller may ask for a fresher acceptance (the CA does: caTokenMaxAge); a
+// rejection then also ends the cached acceptance, for every caller.
 type tokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
-	accepted *ttlcache.Cache[[32]byte, identity]
+	accepted *ttlcache.Cache[[32]byte, reviewed]
 	rejected *ttlcache.Cache[[32]byte, error]
 	slots    *reviewSlots
+	now      func() time.Time
 }
+
+// reviewed is an accepted token's identity and when its member said so.
+type reviewed struct {
+	id identity
+	at time.Time
+}
+
+// tokenAcceptedTTL is how long an accepted token is believed without
+// asking its member again (by callers that take any cached answer).
+const tokenAcceptedTTL = time.Minute
 
 func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 	return &tokenAuth{
 		reviewer: r, td: td,
-		accepted: ttlcache.New[[32]byte, identity](10000, time.Minute),
+		accepted: ttlcache.New[[32]byte, reviewed](10000, tokenAcceptedTTL),
 		rejected: ttlcache.New[[32]byte, error](10000, 10*time.Second),
 		slots:    newReviewSlots(tokenReviewsPerMember, tokenReviewsOverall),
+		now:      time.Now,
 	}
 }
 
 // authenticate reviews token in cluster and returns the identity it proves:
-// spiffe://<our td>/ns/<ns>/sa/<sa> in that cluster. It runs on the calling
-// stream's goroutine (its first request) and holds no lock while the
-// member is asked: a member that does not answer delays only that stream,
-// for at most 5 seconds, never another stream or a push.
-func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (identity, error) {
+// spiffe://<our td>/ns/<ns>/sa/<sa> in that cluster. A cached acceptance
+// younger than maxAge (≤ 0: any within tokenAcceptedTTL) is taken as it
+// is. It runs on the calling stream's goroutine (its first request) and
+// holds no lock while the member is asked: a member that does not answer
+// delays only that stream, for at most 5 seconds, never another stream or
+// a push.
+func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, maxAge time.Duration) (identity, error) {
 	if a == nil || a.reviewer == nil {
 		return identity{}, errors.New("service-account token authentication is not configured on this hub")
 	}
 	key := sha256.Sum256([]byte(cluster + "\x00" + token))
-	if id, ok := a.accepted.Get(key); ok {
-		return id, nil
+	if r, ok := a.accepted.Get(key); ok && (maxAge <= 0 || a.now().Sub(r.at) < maxAge) {
+		return r.id, nil
 	}
 	if err, ok := a.rejected.Get(key); ok {
 		return identity{}, err
@@ -82,6 +98,9 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (id
 		if ctx.Err() != nil { // a timeout is not the token's fault
 			return identity{}, &ReviewUnavailableError{err}
 		}
+		// The member said no (the account is gone, the token revoked or
+		// expired): no caller may go on believing an earlier yes.
+		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
 		return identity{}, err
 	}
@@ -94,7 +113,7 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string) (id
 		return identity{}, fmt.Errorf("service account %s/%s is not a valid SPIFFE path: %w", ns, sa, err)
 	}
 	id := identity{spiffeID: sid, namespace: ns, cluster: cluster, fromToken: true}
-	a.accepted.Add(key, id)
+	a.accepted.Add(key, reviewed{id: id, at: a.now()})
 	return id, nil
 }
 

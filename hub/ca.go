@@ -60,6 +60,17 @@ const (
 	DefaultMaxWorkloadCertTTL = 7 * 24 * time.Hour
 )
 
+// What a renewal may prove. A certificate proves its identity only until
+// it expires, so a renewal by certificate rotates the key and ends no
+// later than the certificate presented: a leaked certificate is good for
+// at most its own lifetime, however often it renews. A token proves the
+// account exists now, so the CA takes a token review at most
+// caTokenMaxAge old (SDS takes any within a minute): an account deleted
+// in its member stops getting certificates within that (plus the member
+// API server's own token cache, 10 s in kube-apiserver), and the member's
+// "no" also ends SDS's cached acceptance.
+const caTokenMaxAge = 5 * time.Second
+
 // maxCSRBytes bounds the CSR of one request (a PEM RSA-4096 CSR is ~1.7 KiB).
 const maxCSRBytes = 64 << 10
 
@@ -163,6 +174,14 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
+	if !id.notAfter.IsZero() {
+		// A renewal by certificate: never beyond it (X.509 keeps whole
+		// seconds, truncated, so the new one ends at the same second).
+		if ttl = min(ttl, time.Until(id.notAfter)); ttl <= 0 {
+			return nil, s.fail(ctx, id, claimed, refuse(codes.Unauthenticated, caReasonCertificateRejected,
+				"the client certificate of %s has expired", id.spiffeID))
+		}
+	}
 	chain, err := s.signer.SignWorkload(pub, id.spiffeID, id.cluster, ttl)
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, refuse(codes.Internal, caReasonSigning, "signing the certificate of %s failed: %v", id.spiffeID, err))
@@ -227,7 +246,7 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
 			"the ClusterID header is required with a service-account token: it names the member cluster that reviews the token")
 	}
-	id, err := s.tokens.authenticate(ctx, claimed, token)
+	id, err := s.tokens.authenticate(ctx, claimed, token, caTokenMaxAge)
 	if code := tokenErrorCode(err); code == codes.Unavailable {
 		return identity{}, claimed, refuse(code, caReasonReviewUnavailable,
 			"member %s could not review the service-account token in time; try again: %v", truncate(claimed, 64), err)
@@ -266,6 +285,7 @@ func (s *caServer) fromCertificate(chain []*x509.Certificate, claimed string) (i
 		return id, refuse(codes.Unauthenticated, caReasonClusterMismatch,
 			"the client certificate of %s is bound to member %s, not to %s named by the ClusterID header", sid, id.cluster, truncate(claimed, 64))
 	}
+	id.notAfter = chain[0].NotAfter
 	return id, nil
 }
 

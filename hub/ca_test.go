@@ -11,10 +11,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,4 +393,79 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A renewal by certificate rotates the key but never extends the
+// lifetime: whatever it asks for and however often it renews, the new
+// certificate ends no later than the one presented.
+func TestRenewalNeverOutlivesThePresentedCertificate(t *testing.T) {
+	s := startCAHub(t)
+	var key crypto.Signer = rsaKey()
+	resp, err := s.createCertificate(t, s.secure, caCall{creds: s.anonymous(), token: "west-token-a-gw", cluster: "west", csr: newCSR(t, key), ttl: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := parseChain(t, resp)
+	presented := first
+	for i := range 3 {
+		newKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.createCertificate(t, s.secure, caCall{creds: s.withCertificate(t, key, presented), cluster: "west", csr: newCSR(t, newKey), ttl: 3600})
+		if err != nil {
+			t.Fatalf("renewal %d: %v", i+1, err)
+		}
+		renewed := parseChain(t, resp)
+		checkWorkloadCert(t, s, renewed, "spiffe://example.org/ns/a/sa/gw", "west", newKey.Public())
+		if renewed[0].NotAfter.After(first[0].NotAfter) {
+			t.Fatalf("renewal %d ends %s, after the first certificate (%s)", i+1, renewed[0].NotAfter, first[0].NotAfter)
+		}
+		key, presented = newKey, renewed
+	}
+	// A token proves the account exists now: it gets the lifetime asked for.
+	resp, err = s.createCertificate(t, s.secure, caCall{creds: s.anonymous(), token: "west-token-a-gw", cluster: "west", csr: newCSR(t, rsaKey()), ttl: 1800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := parseChain(t, resp)[0].NotAfter; !got.After(first[0].NotAfter) {
+		t.Errorf("a token's certificate asking for 30 min ends %s, not after the first 2-min one (%s)", got, first[0].NotAfter)
+	}
+}
+
+// The CA believes a token review for caTokenMaxAge, SDS for a minute; once
+// the member says no (its account was deleted), neither believes the
+// earlier yes.
+func TestTokenRejectionEndsTheCachedAcceptance(t *testing.T) {
+	var deleted atomic.Bool
+	var reviews atomic.Int32
+	reviewer := TokenReviewerFunc(func(_ context.Context, cluster, token string) (string, string, error) {
+		reviews.Add(1)
+		if deleted.Load() {
+			return "", "", errors.New(`serviceaccounts "gw" not found`)
+		}
+		return "a", "gw", nil
+	})
+	a := newTokenAuth(reviewer, func() string { return "example.org" })
+	now := time.Unix(1_800_000_000, 0)
+	a.now = func() time.Time { return now }
+	ctx := context.Background()
+	if _, err := a.authenticate(ctx, "west", "tok", caTokenMaxAge); err != nil {
+		t.Fatal(err)
+	}
+	deleted.Store(true)
+	now = now.Add(caTokenMaxAge / 2)
+	if _, err := a.authenticate(ctx, "west", "tok", caTokenMaxAge); err != nil || reviews.Load() != 1 {
+		t.Fatalf("within caTokenMaxAge: %v after %d reviews; want the cached acceptance", err, reviews.Load())
+	}
+	now = now.Add(caTokenMaxAge)
+	if _, err := a.authenticate(ctx, "west", "tok", 0); err != nil {
+		t.Fatalf("SDS within a minute: %v; want the cached acceptance", err)
+	}
+	if _, err := a.authenticate(ctx, "west", "tok", caTokenMaxAge); err == nil || reviews.Load() != 2 {
+		t.Fatalf("after caTokenMaxAge: %v after %d reviews; want a new review refusing the deleted account", err, reviews.Load())
+	}
+	if _, err := a.authenticate(ctx, "west", "tok", 0); err == nil {
+		t.Fatal("SDS after the member's refusal: accepted from the cache")
+	}
 }

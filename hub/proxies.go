@@ -399,7 +399,7 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	if cluster == "" {
 		return status.Error(codes.Unauthenticated, "a service-account token is checked in the proxy's own member cluster: set node metadata CLUSTER_ID or the ClusterID header")
 	}
-	ident, err := p.tokens.authenticate(ctx, cluster, token)
+	ident, err := p.tokens.authenticate(ctx, cluster, token, 0)
 	if err != nil {
 		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", truncate(cluster, 64), "error", err)
 		return status.Errorf(tokenErrorCode(err), "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)

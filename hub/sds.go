@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -55,6 +56,9 @@ type identity struct {
 	// from our own CA. Empty when it proves none: no Kubernetes Secrets.
 	cluster   string
 	fromToken bool // proven by a service-account token reviewed in cluster
+	// notAfter is when the client certificate that proves it expires
+	// (zero for a token): a renewal by certificate never outlives it.
+	notAfter time.Time
 	// conflict is the other member a certificate-bound proxy claims to be
 	// in; it then gets no Kubernetes Secrets.
 	conflict string

@@ -51,3 +51,8 @@ func (c *Cache[K, V]) Get(k K) (V, bool) {
 func (c *Cache[K, V]) Add(k K, v V) {
 	c.entries.Add(k, entry[V]{value: v, expires: c.now().Add(c.ttl)})
 }
+
+// Remove drops k's value, if any.
+func (c *Cache[K, V]) Remove(k K) {
+	c.entries.Remove(k)
+}
