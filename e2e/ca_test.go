@@ -112,18 +112,7 @@ func TestCACertificatesForServiceAccountTokens(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a west token asking in west: %v", err)
 	}
-	var chain []*x509.Certificate
-	for _, p := range resp.CertChain {
-		block, _ := pem.Decode([]byte(p))
-		if block == nil {
-			t.Fatalf("cert_chain element is not PEM: %q", p)
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chain = append(chain, c)
-	}
+	chain := parseCertChain(t, resp)
 	want := "spiffe://" + td.Name() + "/ns/" + app + "/sa/gateway"
 	if len(chain) < 2 || len(chain[0].URIs) != 1 || chain[0].URIs[0].String() != want {
 		t.Fatalf("issued chain of %d, leaf URIs %v; want leaf for %s and the root", len(chain), chain[0].URIs, want)
@@ -220,6 +209,24 @@ func TestCACertificatesForServiceAccountTokens(t *testing.T) {
 	}
 }
 
+// parseCertChain parses the PEM certificates of a CreateCertificate answer.
+func parseCertChain(t *testing.T, resp *securityv1alpha1.IstioCertificateResponse) []*x509.Certificate {
+	t.Helper()
+	var chain []*x509.Certificate
+	for _, p := range resp.GetCertChain() {
+		block, _ := pem.Decode([]byte(p))
+		if block == nil {
+			t.Fatalf("cert_chain element is not PEM: %q", p)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain = append(chain, c)
+	}
+	return chain
+}
+
 func containsAuthority(list []*x509.Certificate, c *x509.Certificate) bool {
 	for _, a := range list {
 		if a.Equal(c) {
@@ -278,29 +285,16 @@ func TestCAAccountDeletedAfterUse(t *testing.T) {
 		}
 		return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 	}
-	leaf := func(resp *securityv1alpha1.IstioCertificateResponse) tls.Certificate {
-		var cert tls.Certificate
-		for _, p := range resp.GetCertChain() {
-			block, _ := pem.Decode([]byte(p))
-			if block == nil {
-				t.Fatalf("cert_chain element is not PEM: %q", p)
-			}
-			cert.Certificate = append(cert.Certificate, block.Bytes)
-		}
-		l, err := x509.ParseCertificate(cert.Certificate[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		cert.Leaf = l
-		return cert
-	}
 	key, csr := newCSR()
 	resp, err := createCertificate(addr, credentials.NewTLS(verify), tr.Status.Token, "west", csr, 600)
 	if err != nil {
 		t.Fatalf("the account's token before its deletion: %v", err)
 	}
-	issued := leaf(resp)
-	issued.PrivateKey = key
+	chain := parseCertChain(t, resp)
+	issued := tls.Certificate{PrivateKey: key, Leaf: chain[0]}
+	for _, c := range chain {
+		issued.Certificate = append(issued.Certificate, c.Raw)
+	}
 
 	if err := wc.CoreV1().ServiceAccounts(app).Delete(ctx, "leaky", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -324,7 +318,7 @@ func TestCAAccountDeletedAfterUse(t *testing.T) {
 	if err != nil {
 		t.Fatalf("renewal by certificate: %v", err)
 	}
-	if got := leaf(resp).Leaf.NotAfter; got.After(issued.Leaf.NotAfter) {
+	if got := parseCertChain(t, resp)[0].NotAfter; got.After(issued.Leaf.NotAfter) {
 		t.Errorf("the renewed certificate ends %s, after the one presented (%s)", got, issued.Leaf.NotAfter)
 	}
 }

@@ -38,9 +38,9 @@ import (
 // real ServiceAccount token (audience istio-ca) of one member and one
 // pre-generated RSA-2048 CSR, call CreateCertificate back to back for
 // --ca-duration (calls in flight then finish and count), as istio-agents
-// renewing at once would. Each caller's
-// first call (its token review) is made before the measurement starts, so
-// reviews are answered from the hub's cache, as for a fleet that renews.
+// renewing at once would. Each caller's first call (its token review) is
+// made before the measurement starts, so reviews are answered from the
+// hub's cache, as for a fleet that renews.
 // It reports certificates per second, latency and the hub's CPU per
 // certificate (from /proc/<pid>/stat). The callers run on the same
 // machine and take CPU from the hub: the figures are a lower bound.
@@ -233,6 +233,7 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 	var mu sync.Mutex
 	var latencies []time.Duration
 	var wg sync.WaitGroup
+	sum.FailedByCode = map[string]int{} // empty: omitted from the JSON
 	start := time.Now()
 	end := start.Add(cfg.CADuration)
 	for i := range clients {
@@ -260,9 +261,6 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 			latencies = append(latencies, mine...)
 			for code, n := range failed {
 				sum.Failed += n
-				if sum.FailedByCode == nil {
-					sum.FailedByCode = map[string]int{}
-				}
 				sum.FailedByCode[code] += n
 			}
 			if first != nil && sum.FirstError == "" {
