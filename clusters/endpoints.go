@@ -1,6 +1,8 @@
 package clusters
 
 import (
+	"time"
+
 	"slices"
 	"sort"
 	"strings"
@@ -23,6 +25,9 @@ const (
 // terminating ones Draining, and all others are left out (DESIGN.md §3.5).
 func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
+	if !svc.CreationTimestamp.IsZero() {
+		out.Created = time.Unix(svc.CreationTimestamp.Unix(), 0).UTC()
+	}
 	out.KubernetesServiceAccounts = declaredServiceAccounts(svc.Annotations[AnnotationKubernetesServiceAccounts])
 	out.CanonicalServiceAccounts = declaredServiceAccounts(svc.Annotations[AnnotationCanonicalServiceAccounts])
 	for _, p := range svc.Spec.Ports {

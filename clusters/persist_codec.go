@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"time"
 )
 
 // The persisted form of a member's view: JSON with short field names,
@@ -31,8 +32,10 @@ type viewDoc struct {
 }
 
 type viewService struct {
-	Namespace string         `json:"ns"`
-	Name      string         `json:"n"`
+	Namespace string `json:"ns"`
+	Name      string `json:"n"`
+	// Created is Service.Created in Unix seconds (absent: unknown).
+	Created   int64          `json:"c,omitempty"`
 	Ports     []viewPort     `json:"p,omitempty"`
 	Endpoints []viewEndpoint `json:"e,omitempty"`
 	// NotExported is Service.NotExported (absent: exported).
@@ -75,6 +78,9 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	for _, s := range sorted {
 		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network,
 			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts}
+		if !s.Created.IsZero() {
+			vs.Created = s.Created.Unix()
+		}
 		if len(s.Ports) > 0 {
 			vs.Ports = make([]viewPort, len(s.Ports))
 			for i, p := range s.Ports {
@@ -110,6 +116,9 @@ func decodeView(data []byte) ([]*Service, error) {
 	for _, vs := range doc.Services {
 		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
 			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA}
+		if vs.Created > 0 {
+			s.Created = time.Unix(vs.Created, 0).UTC()
+		}
 		if len(vs.Ports) > 0 {
 			s.Ports = make([]ServicePort, len(vs.Ports))
 			for i, p := range vs.Ports {

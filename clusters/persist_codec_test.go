@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // syntheticView builds services with endpoints spread over them, as an
@@ -17,6 +18,9 @@ func syntheticView(services, endpoints int, seed uint64) []*Service {
 	for i := range services {
 		s := &Service{Namespace: fmt.Sprintf("team-%d", i%25), Name: fmt.Sprintf("svc-%04d", i),
 			Ports: []ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}}, NotExported: i%7 == 3}
+		if i%3 == 0 {
+			s.Created = time.Unix(1_700_000_000+int64(i)*3600, 0).UTC()
+		}
 		if i%4 == 0 {
 			s.Ports = append(s.Ports, ServicePort{Name: "grpc", Port: 9090, Protocol: "TCP", AppProtocol: "grpc"})
 		}

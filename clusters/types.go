@@ -15,7 +15,11 @@ type ServiceKey = types.NamespacedName
 type Service struct {
 	Namespace string
 	Name      string
-	Ports     []ServicePort
+	// Created is the Service's creationTimestamp in this member (UTC,
+	// whole seconds; zero when unknown). The oldest across members stamps
+	// the generated ServiceEntry, so its age survives restarts.
+	Created time.Time
+	Ports   []ServicePort
 	// Endpoints holds one entry per (address, service port).
 	Endpoints []Endpoint
 	// NotExported says the Service is labelled hub.federation/export:

@@ -49,7 +49,8 @@ type Options struct {
 	// FederatedDomain makes ServiceEntry hosts
 	// <name>.<namespace>.svc.<FederatedDomain>; empty: DefaultFederatedDomain.
 	FederatedDomain string
-	// Now stamps new objects' create_time; nil: time.Now.
+	// Now stamps the create_time of a ServiceEntry whose Service no member
+	// gave a creation time for (clusters.Service.Created); nil: time.Now.
 	Now func() time.Time
 	// Policy, if set, has the Istio objects distributed from the home
 	// cluster: served unchanged, each under its kind.
@@ -192,12 +193,15 @@ func (g *Generator) rebuildLocked(host string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if old != nil && old.name == name && old.version == version {
-		return false, nil
+	created := se.created
+	if created.IsZero() { // no member knows when it was created: keep the first stamp
+		created = g.now()
+		if old != nil && old.name == name {
+			created = old.created
+		}
 	}
-	created := g.now()
-	if old != nil && old.name == name {
-		created = old.created
+	if old != nil && old.name == name && old.version == version && old.created.Equal(created) {
+		return false, nil
 	}
 	e, err := marshalEntry(name, version, created, se)
 	if err != nil {
@@ -223,8 +227,9 @@ func (g *Generator) sortedEntriesLocked() []*entry {
 // deterministic marshals maps in key order: equal content, equal bytes.
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// contentVersion hashes what istiod compares an object by: its spec,
-// labels and annotations (not its create_time).
+// contentVersion hashes what istiod compares an object by: its spec and
+// labels, and its creation time when known (istiod takes a new
+// create_time only with a new version).
 func contentVersion(se *serviceEntry) (string, error) {
 	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: se.labels})
 	if err != nil {
@@ -238,6 +243,10 @@ func contentVersion(se *serviceEntry) (string, error) {
 	h.Write(meta)
 	h.Write([]byte{0})
 	h.Write(spec)
+	if !se.created.IsZero() {
+		h.Write([]byte{0})
+		h.Write([]byte(se.created.UTC().Format(time.RFC3339)))
+	}
 	return hex.EncodeToString(h.Sum(nil)[:8]), nil
 }
 

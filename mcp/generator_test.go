@@ -192,3 +192,52 @@ func TestGeneratorEveryKind(t *testing.T) {
 		t.Error("Set of an Envoy type: want an error")
 	}
 }
+
+// The generated ServiceEntry's create_time is the oldest creation time of
+// the Service among the members: the same from every generator (a
+// restarted hub, another replica), whatever the clock says, so an object
+// created later cannot win its host by age in istiod.
+func TestGeneratorCreateTimeIsTheOldestServiceCreation(t *testing.T) {
+	older := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+	newer := older.Add(48 * time.Hour)
+	x := &fakeIndex{}
+	west := echoView("demo", "echo", "10.0.0.1")
+	west.Created = newer
+	x.set("west", west, "demo", "echo")
+
+	createTime := func(g *Generator) (time.Time, string) {
+		t.Helper()
+		s, err := g.Set(seType)
+		if err != nil {
+			t.Fatal(err)
+		}
+		metas, _ := decode(t, s)
+		m := metas["demo/hub-echo"]
+		if m == nil {
+			t.Fatalf("no demo/hub-echo in %v", metas)
+		}
+		return m.CreateTime.AsTime(), m.Version
+	}
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	g1 := New(x, Options{Now: func() time.Time { return clock }})
+	got, v1 := createTime(g1)
+	if !got.Equal(newer) {
+		t.Fatalf("create_time %v, want the Service's creation %v", got, newer)
+	}
+
+	// Another hub (a restart, a replica) with another clock agrees.
+	g2 := New(x, Options{Now: func() time.Time { return clock.Add(time.Hour) }})
+	if got2, v2 := createTime(g2); !got2.Equal(got) || v2 != v1 {
+		t.Errorf("second generator: create_time %v version %s; want %v %s", got2, v2, got, v1)
+	}
+
+	// A member with an older copy joins: the older time wins, with a new
+	// version so that istiod takes it.
+	east := echoView("demo", "echo", "10.1.0.1")
+	east.Created = older
+	host := x.set("east", east, "demo", "echo")
+	g1.Invalidate(map[string]struct{}{host: {}})
+	if got3, v3 := createTime(g1); !got3.Equal(older) || v3 == v1 {
+		t.Errorf("after an older member joined: create_time %v version %s; want %v and a new version", got3, v3, older)
+	}
+}

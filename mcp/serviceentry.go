@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	networking "istio.io/api/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -32,6 +33,11 @@ type serviceEntry struct {
 	namespace, name string
 	labels          map[string]string
 	spec            *networking.ServiceEntry
+	// created is the oldest creation time of the Service among the members
+	// it is built from (zero when none knows it): its create_time, so
+	// that no object made later wins its host by age in istiod, and no
+	// hub restart or replica changes it.
+	created time.Time
 }
 
 // buildServiceEntry turns every member's view of one Service into a
@@ -111,11 +117,18 @@ func buildServiceEntry(members map[string]*clusters.Service, domain string) *ser
 			se.Endpoints = append(se.Endpoints, byAddr[a])
 		}
 	}
+	var created time.Time
+	for _, id := range ids {
+		if c := members[id].Created; !c.IsZero() && (created.IsZero() || c.Before(created)) {
+			created = c
+		}
+	}
 	return &serviceEntry{
 		namespace: first.Namespace,
 		name:      NamePrefix + first.Name,
 		labels:    map[string]string{LabelManagedBy: ManagedBy},
 		spec:      se,
+		created:   created,
 	}
 }
 
