@@ -66,7 +66,7 @@ type trackedView struct {
 func newViewPersister(cfg Config, client kubernetes.Interface) (*viewPersister, error) {
 	p := &viewPersister{
 		next:      cfg.Sink,
-		store:     &viewStore{cms: client.CoreV1().ConfigMaps(cfg.Namespace), chunkSize: defaultChunkSize},
+		store:     &viewStore{cms: client.CoreV1().ConfigMaps(cfg.stateNamespace()), chunkSize: defaultChunkSize},
 		home:      cfg.HomeID,
 		isLeader:  cfg.IsLeader,
 		log:       cfg.Log,

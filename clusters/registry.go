@@ -42,14 +42,25 @@ type SecretEvents interface {
 	SecretsSynced(cluster string)
 }
 
+// stateNamespace is where the Registry keeps its own state.
+func (c Config) stateNamespace() string {
+	if c.StateNamespace != "" {
+		return c.StateNamespace
+	}
+	return c.Namespace
+}
+
 // Config holds the Registry's dependencies.
 type Config struct {
 	// Home is the home cluster: it holds the remote Secrets and is a member itself.
 	Home *rest.Config
 	// HomeID is the home cluster's own cluster ID.
 	HomeID string
-	// Namespace is where remote Secrets live.
+	// Namespace is where remote Secrets live (and their Events go).
 	Namespace string
+	// StateNamespace is the hub's own namespace, where member views are
+	// persisted; empty means Namespace.
+	StateNamespace string
 	// SyncTimeout is how long a member may take to sync before it stops
 	// blocking readiness.
 	SyncTimeout time.Duration

@@ -98,6 +98,22 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 	}
 	// Every listener binds port 0; the hub logs the addresses it got, so no
 	// port is ever picked here and then lost to another process.
+	// Tests that name a namespace keep the hub's state and the remote
+	// Secrets there; the others use the defaults (hub-system and
+	// istio-system), which must exist.
+	if ns, ok := flagValue(extraArgs, "--namespace"); ok {
+		if _, given := flagValue(extraArgs, "--remote-secrets-namespace"); !given {
+			extraArgs = append(extraArgs, "--remote-secrets-namespace", ns)
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, ns := range []string{"hub-system", "istio-system"} {
+			if err := localcluster.EnsureNamespace(ctx, kubernetes.NewForConfigOrDie(home.RESTConfig()), ns); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	args := append([]string{"serve",
 		"--kubeconfig", kubeconfig, "--cluster-id", home.Name,
 		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
@@ -273,4 +289,17 @@ func binaryFromEnv(t *testing.T, env, how string) string {
 		missing(t, fmt.Sprintf("%s: %v: %s", env, err, how))
 	}
 	return bin
+}
+
+// flagValue is the value following name in args, if name is there.
+func flagValue(args []string, name string) (string, bool) {
+	for i, a := range args {
+		if a == name && i+1 < len(args) {
+			return args[i+1], true
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
 }

@@ -285,8 +285,10 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 		clients[dc.name] = c
 	}
 	homeClient := clients[demoClusters[0].name]
-	if err := localcluster.EnsureNamespace(ctx, homeClient, cfg.namespace); err != nil {
-		return nil, err
+	for _, ns := range []string{cfg.namespace, cfg.secretsNamespace} {
+		if err := localcluster.EnsureNamespace(ctx, homeClient, ns); err != nil {
+			return nil, err
+		}
 	}
 	for i, dc := range demoClusters {
 		c := env.Cluster(dc.name)
@@ -299,8 +301,8 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 		if i == 0 {
 			continue
 		}
-		secret := localcluster.RemoteSecret(cfg.namespace, "istio-remote-secret-"+dc.name, map[string][]byte{dc.name: c.Kubeconfig()})
-		if _, err := homeClient.CoreV1().Secrets(cfg.namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		secret := localcluster.RemoteSecret(cfg.secretsNamespace, "istio-remote-secret-"+dc.name, map[string][]byte{dc.name: c.Kubeconfig()})
+		if _, err := homeClient.CoreV1().Secrets(cfg.secretsNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 			return nil, fmt.Errorf("registering %s: %w", dc.name, err)
 		}
 		secret.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}
@@ -354,7 +356,7 @@ hub demo is running (Ctrl-C stops everything)
   kubeconfigs:        %s/{%s,%s,%s}.kubeconfig
   hub log:            %s
 `, adminURL, home.AdminToken(), adminURL, adminURL, addrs["xds"], demoNamespace, cfg.domainSuffix, demoEchoPort,
-		addrs["xds-tls"], addrs["bundle"], cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.namespace,
+		addrs["xds-tls"], addrs["bundle"], cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.secretsNamespace,
 		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name, filepath.Join(work, "hub.log"))
 	for _, dc := range demoClusters {
 		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())
@@ -377,7 +379,7 @@ hub demo is running (Ctrl-C stops everything)
        %[3]s -n %[4]s delete secret istio-remote-secret-%[1]s
   3. Register it again:
        %[3]s apply -f %[5]s
-`, demoPauseMember, pid, kubectl, cfg.namespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"))
+`, demoPauseMember, pid, kubectl, cfg.secretsNamespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"))
 	fmt.Fprintln(w)
 }
 

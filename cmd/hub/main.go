@@ -17,6 +17,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -34,6 +35,9 @@ type config struct {
 	kubeconfig           string
 	clusterID            string
 	namespace            string
+	secretsNamespace     string
+	rootNamespace        string
+	distributeFrom       string
 	trustDomain          string
 	domainSuffix         string
 	federatedDomain      string
@@ -77,7 +81,10 @@ type xdsLimits struct {
 func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig of the home cluster (default: in-cluster, else $KUBECONFIG)")
 	fs.StringVar(&c.clusterID, "cluster-id", "primary", "the home cluster's own cluster ID")
-	fs.StringVar(&c.namespace, "namespace", "istio-system", "namespace of remote secrets and hub state")
+	fs.StringVar(&c.namespace, "namespace", "hub-system", "the hub's own namespace: its state (leader Lease, CA key Secret, persisted member views, federation ConfigMaps); never the root namespace by default")
+	fs.StringVar(&c.secretsNamespace, "remote-secrets-namespace", "istio-system", "namespace of the remote Secrets (label istio/multiCluster=true) that register members, where istioctl create-remote-secret puts them")
+	fs.StringVar(&c.rootNamespace, "root-namespace", "istio-system", "Istio's root namespace in the members (meshConfig.rootNamespace): objects there apply mesh-wide")
+	fs.StringVar(&c.distributeFrom, "distribute-namespaces", "", "comma-separated namespaces of the home cluster whose objects labelled hub.federation/distribute=true are served to member istiods (default: the root namespace alone)")
 	fs.StringVar(&c.trustDomain, "trust-domain", "cluster.local", "our SPIFFE trust domain")
 	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")
 	fs.StringVar(&c.federatedDomain, "federated-domain", "clusterset.local", "hostname suffix of the ServiceEntries served to member istiods (<name>.<namespace>.svc.<suffix>); must differ from --domain-suffix")
@@ -119,6 +126,14 @@ func (c *config) validate() error {
 	}
 	if c.debounceAfter < 0 || c.debounceMax < c.debounceAfter {
 		return fmt.Errorf("--debounce-max (%s) must be at least --debounce-after (%s), both non-negative", c.debounceMax, c.debounceAfter)
+	}
+	for flag, ns := range map[string]string{"--namespace": c.namespace, "--remote-secrets-namespace": c.secretsNamespace, "--root-namespace": c.rootNamespace} {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return fmt.Errorf("%s %q is not a namespace name: %s", flag, ns, strings.Join(errs, "; "))
+		}
+	}
+	if _, err := c.distributeNamespaces(); err != nil {
+		return fmt.Errorf("--distribute-namespaces: %w", err)
 	}
 	if _, err := trust.ParseDNSNames(c.tlsDNSNames); err != nil {
 		return fmt.Errorf("--tls-dns-names: %w", err)
@@ -175,6 +190,25 @@ func (c *config) validate() error {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)
 	}
 	return nil
+}
+
+// distributeNamespaces lists the namespaces distributed objects may come
+// from: --distribute-namespaces, else the root namespace alone.
+func (c *config) distributeNamespaces() ([]string, error) {
+	if strings.TrimSpace(c.distributeFrom) == "" {
+		return []string{c.rootNamespace}, nil
+	}
+	var out []string
+	for ns := range strings.SplitSeq(c.distributeFrom, ",") {
+		ns = strings.TrimSpace(ns)
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return nil, fmt.Errorf("%q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+		if !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out, nil
 }
 
 // parseFlags parses args, then fills every flag not given on the command line

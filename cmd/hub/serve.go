@@ -96,16 +96,17 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames})
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
-		Home:         home,
-		HomeID:       cfg.clusterID,
-		Namespace:    cfg.namespace,
-		SyncTimeout:  cfg.remoteClusterTimeout,
-		Policy:       policy,
-		Sink:         index,
-		SecretEvents: changes,
-		Metrics:      metrics,
-		Log:          log,
-		IsLeader:     elector.IsLeader,
+		Home:           home,
+		HomeID:         cfg.clusterID,
+		Namespace:      cfg.secretsNamespace,
+		StateNamespace: cfg.namespace,
+		SyncTimeout:    cfg.remoteClusterTimeout,
+		Policy:         policy,
+		Sink:           index,
+		SecretEvents:   changes,
+		Metrics:        metrics,
+		Log:            log,
+		IsLeader:       elector.IsLeader,
 	})
 	if err != nil {
 		return err
@@ -149,7 +150,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	if cfg.apiAudience != "" {
 		audiences = []string{cfg.apiAudience}
 	}
-	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.namespace, api.KubeAuthOptions{Audiences: audiences})
+	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.secretsNamespace, api.KubeAuthOptions{Audiences: audiences})
 	if cfg.apiTokenFile != "" {
 		if auth, err = api.LoadStaticTokens(cfg.apiTokenFile); err != nil {
 			return err
@@ -168,7 +169,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	}
 	var draining atomic.Bool
 	membership := readiness{registry, &draining}
-	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.namespace), cfg.namespace, cfg.clusterID, policy)
+	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.secretsNamespace), cfg.secretsNamespace, cfg.clusterID, policy)
 	dashboard := web.New(web.Config{
 		Membership: membership,
 		Registrar:  registrar,
@@ -215,7 +216,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		}
 		return errors.New("--xds-addr and --admin-addr must not be empty")
 	}
-	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
+	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "remoteSecretsNamespace", cfg.secretsNamespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
 	opened := map[string]string{}
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())

@@ -106,7 +106,7 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 		return nil, err
 	}
 	args := append([]string{"serve",
-		"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace,
+		"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace, "--remote-secrets-namespace", hubNamespace,
 		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--xds-tls-addr", "", "--bundle-addr", "",
 		"--api-token-file", tokenFile,
