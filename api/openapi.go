@@ -92,7 +92,7 @@ var openAPI = obj{
 			"get": op("The trust domain's SPIFFE bundle document (ours, or a peer's last accepted one)", obj{"200": obj{"description": "SPIFFE bundle (JWKS)", "content": jsonContent(obj{"type": "object"})}}, pathParam("td", "trust domain name")),
 		},
 		"/api/v1/distribution": obj{
-			"get": op("Istio objects distributed from the home cluster to member istiods: kinds watched, kinds missing (no CRD), objects left out because their spec does not convert", obj{"200": obj{"description": "distribution status", "content": jsonContent(obj{"type": "object"})}}),
+			"get": op("Istio objects distributed from the home cluster to member istiods: kinds watched, kinds missing (no CRD), and the objects refused, each with its reason (NamespaceNotAllowed: not in --distribute-namespaces; HostNotAllowed: names a host the hub owns; InvalidSpec: does not convert) and a message", obj{"200": obj{"description": "distribution status", "content": jsonContent(obj{"type": "object"})}}),
 		},
 		"/api/v1/certificates": obj{
 			"get": op("Workload certificates issued by the hub's CA (Istio CA API on the mTLS xDS port) per member and namespace, and requests refused per reason, since this replica started", obj{"200": obj{"description": "CA status", "content": jsonContent(ref("Certificates"))}}),

@@ -134,11 +134,22 @@ func (c *changes) count(kind string) int {
 	return c.n[kind]
 }
 
-// runSource runs a Source on the cluster until the test ends.
-func runSource(t *testing.T, c *localcluster.Cluster, log *slog.Logger) (*Source, *changes) {
+// runSource runs a Source on the cluster, distributing from namespaces,
+// until the test ends.
+func runSource(t *testing.T, c *localcluster.Cluster, log *slog.Logger, namespaces ...string) (*Source, *changes) {
 	t.Helper()
 	ch := &changes{n: map[string]int{}}
-	s, err := New(c.RESTConfig(), Options{Rediscover: 100 * time.Millisecond, OnChange: ch.on, Log: log})
+	return runSourceWith(t, c, Options{OnChange: ch.on, Log: log, Namespaces: namespaces}), ch
+}
+
+// runSourceWith runs a Source with opts (Rediscover 100 ms unless set) on
+// the cluster until the test ends.
+func runSourceWith(t *testing.T, c *localcluster.Cluster, opts Options) *Source {
+	t.Helper()
+	if opts.Rediscover == 0 {
+		opts.Rediscover = 100 * time.Millisecond
+	}
+	s, err := New(c.RESTConfig(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +162,7 @@ func runSource(t *testing.T, c *localcluster.Cluster, log *slog.Logger) (*Source
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return s, ch
+	return s
 }
 
 // objectsOf returns a kind's objects in namespace ns by name once it is

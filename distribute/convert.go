@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -34,6 +35,9 @@ type Object struct {
 	// changes exactly when one of them does (istiod updates an object only
 	// when its version changes).
 	Version string
+
+	ref        corev1.ObjectReference // for Events
+	generation int64
 }
 
 // convert turns an object of the home cluster into an Object: its spec is
@@ -60,6 +64,8 @@ func convert(k kindInfo, u *unstructured.Unstructured) (Object, error) {
 		Annotations:       u.GetAnnotations(),
 		CreationTimestamp: u.GetCreationTimestamp().Time,
 		Spec:              spec,
+		ref:               refOf(u),
+		generation:        u.GetGeneration(),
 	}
 	o.Version, err = contentVersion(spec, o.Labels, o.Annotations)
 	if err != nil {

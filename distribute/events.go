@@ -17,12 +17,25 @@ const eventComponent = "hub"
 // offending JSON).
 const maxEventMessage = 1024
 
-// reject logs an object left out and records a Warning Event on it. The
-// error stays out of Status: it may quote the spec, which only those who can
-// read the object (and so its Events) should see.
-func (s *Source) reject(ctx context.Context, k kindInfo, u *unstructured.Unstructured, err error) {
-	s.log.Warn("object not distributed: its spec does not convert", "kind", k.name(),
-		"namespace", u.GetNamespace(), "name", u.GetName(), "generation", u.GetGeneration())
+// refOf is the reference an Event names an object by.
+func refOf(u *unstructured.Unstructured) corev1.ObjectReference {
+	return corev1.ObjectReference{
+		APIVersion:      u.GetAPIVersion(),
+		Kind:            u.GetKind(),
+		Namespace:       u.GetNamespace(),
+		Name:            u.GetName(),
+		UID:             u.GetUID(),
+		ResourceVersion: u.GetResourceVersion(),
+	}
+}
+
+// reject logs an object left out and records a Warning Event on it. A
+// conversion error stays out of the log and of Status: it may quote the
+// spec, which only those who can read the object (and so its Events)
+// should see.
+func (s *Source) reject(ctx context.Context, kind string, ref corev1.ObjectReference, generation int64, reason string, err error) {
+	s.log.Warn("object not distributed", "kind", kind, "namespace", ref.Namespace, "name", ref.Name,
+		"generation", generation, "reason", reason, "why", statusMessage(reason, err))
 	msg := fmt.Sprintf("not distributed to member istiods: %v", err)
 	if len(msg) > maxEventMessage {
 		msg = msg[:maxEventMessage-3] + "..."
@@ -30,17 +43,10 @@ func (s *Source) reject(ctx context.Context, k kindInfo, u *unstructured.Unstruc
 	now := metav1.NewTime(time.Now())
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      fmt.Sprintf("%s.%x", u.GetName(), now.UnixNano()),
-			Namespace: u.GetNamespace(),
+			Name:      fmt.Sprintf("%s.%x", ref.Name, now.UnixNano()),
+			Namespace: ref.Namespace,
 		},
-		InvolvedObject: corev1.ObjectReference{
-			APIVersion:      u.GetAPIVersion(),
-			Kind:            u.GetKind(),
-			Namespace:       u.GetNamespace(),
-			Name:            u.GetName(),
-			UID:             u.GetUID(),
-			ResourceVersion: u.GetResourceVersion(),
-		},
+		InvolvedObject:      ref,
 		Reason:              RejectedReason,
 		Message:             msg,
 		Type:                corev1.EventTypeWarning,
@@ -52,8 +58,8 @@ func (s *Source) reject(ctx context.Context, k kindInfo, u *unstructured.Unstruc
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := s.kube.CoreV1().Events(u.GetNamespace()).Create(ctx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-		s.log.Warn("recording the rejection Event failed", "kind", k.name(),
-			"namespace", u.GetNamespace(), "name", u.GetName(), "err", err)
+	if _, err := s.kube.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+		s.log.Warn("recording the rejection Event failed", "kind", kind,
+			"namespace", ref.Namespace, "name", ref.Name, "err", err)
 	}
 }

@@ -48,6 +48,15 @@ type Options struct {
 	// from the Source's goroutines, concurrently for different kinds, and
 	// must not block.
 	OnChange func(kind string)
+	// Namespaces are the namespaces objects are distributed from; an
+	// object labelled in any other is left out and reported. Empty: none.
+	Namespaces []string
+	// Hosts refuses objects that name hosts the hub owns.
+	Hosts HostGuard
+	// Recheck is how often the objects that name hosts are checked again
+	// against Hosts.Federated (the federated Services change); zero
+	// means 5 s.
+	Recheck time.Duration
 	// MayWrite, when set, tells whether this replica may record Events
 	// (e.g. leader.Elector.IsLeader): a rejection seen while it returns
 	// false is recorded on the object's next change seen as leader. Nil
@@ -85,12 +94,21 @@ type kindState struct {
 	rejected map[string]rejection // by namespace/name
 }
 
-// rejection is an object left out, by uid and generation, so that each
-// generation is reported once.
+// rejection is an object left out, by uid, generation and reason, so
+// that each is reported once.
 type rejection struct {
 	uid        types.UID
 	generation int64
-	reported   bool // its Event was recorded (or attempted)
+	reason     string  // Reason*
+	message    string  // for Status
+	object     *Object // the converted object, when its hosts are what is refused
+	reported   bool    // its Event was recorded (or attempted)
+}
+
+// sameAs reports whether r is the same rejection as o, already reported
+// or not.
+func (r rejection) sameAs(o rejection) bool {
+	return r.uid == o.uid && r.generation == o.generation && r.reason == o.reason && r.message == o.message
 }
 
 // mayWrite reports whether this replica records Events.
@@ -113,6 +131,9 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 	if opts.Rediscover <= 0 {
 		opts.Rediscover = 30 * time.Second
 	}
+	if opts.Recheck <= 0 {
+		opts.Recheck = 5 * time.Second
+	}
 	log := opts.Log
 	if log == nil {
 		log = slog.Default()
@@ -126,17 +147,23 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 }
 
 // Run discovers the served Istio kinds now and every Options.Rediscover,
-// watching each, until ctx is done; it returns after every watch stopped.
+// watching each, and checks the objects that name hosts again every
+// Options.Recheck, until ctx is done; it returns after every watch stopped.
 func (s *Source) Run(ctx context.Context) error {
 	defer s.stopAll()
 	t := time.NewTicker(s.opts.Rediscover)
 	defer t.Stop()
+	recheck := time.NewTicker(s.opts.Recheck)
+	defer recheck.Stop()
+	s.refresh(ctx)
 	for {
-		s.refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			s.refresh(ctx)
+		case <-recheck.C:
+			s.recheckHosts(ctx)
 		}
 	}
 }

@@ -38,7 +38,7 @@ func TestDistributesLabelledObjects(t *testing.T) {
 	})...)
 	ctx := context.Background()
 	ns := testNamespace(t, kube, "pa-test")
-	s, ch := runSource(t, home, nil)
+	s, ch := runSource(t, home, nil, ns)
 	wait.Until(t, time.Minute, func() error { _, err := objectsOf(s, paKind, ns); return err })
 
 	pas := dyn.Resource(paGVR).Namespace(ns)
@@ -183,7 +183,7 @@ func TestRejectsInvalidSpec(t *testing.T) {
 	installCRDs(t, dyn, "DestinationRule")
 	ctx := context.Background()
 	ns := testNamespace(t, kube, "dr-test")
-	s, _ := runSource(t, home, nil)
+	s, _ := runSource(t, home, nil, ns)
 	drs := dyn.Resource(drGVR).Namespace(ns)
 	// The CRD schema types idleTimeout as a plain string; the proto wants a
 	// Duration.
@@ -277,7 +277,8 @@ func TestMissingCRDs(t *testing.T) {
 	dyn, kube := clients(t, partial)
 	installCRDs(t, dyn, "PeerAuthentication")
 	logs := &recordingHandler{}
-	s, ch := runSource(t, partial, slog.New(logs))
+	late := testNamespace(t, kube, "late")
+	s, ch := runSource(t, partial, slog.New(logs), late)
 	wait.Until(t, time.Minute, func() error {
 		if _, err := objectsOf(s, paKind, ""); err != nil {
 			return err
@@ -318,7 +319,7 @@ func TestMissingCRDs(t *testing.T) {
 
 	// Installed later: picked up.
 	ctx := context.Background()
-	ns := testNamespace(t, kube, "late")
+	ns := late
 	installCRDs(t, dyn, "DestinationRule")
 	if _, err := dyn.Resource(drGVR).Namespace(ns).Create(ctx, istioObject(drGVR, "DestinationRule", ns, "late", true, map[string]any{"host": "echo"}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -358,9 +359,9 @@ func idleOf(o Object) time.Duration {
 // rejectedIn lists the rejected objects of a kind in namespace ns.
 func rejectedIn(st Status, kind, ns string) []string {
 	var out []string
-	for _, id := range kindStatus(st, kind).Rejected {
-		if strings.HasPrefix(id, ns+"/") {
-			out = append(out, id)
+	for _, r := range kindStatus(st, kind).Rejected {
+		if strings.HasPrefix(r.Object, ns+"/") {
+			out = append(out, r.Object)
 		}
 	}
 	return out
@@ -408,14 +409,7 @@ func TestRejectionEventsOnlyWhenMayWrite(t *testing.T) {
 	ctx := context.Background()
 	ns := testNamespace(t, kube, "follower")
 	var leader atomic.Bool
-	s, err := New(home.RESTConfig(), Options{Rediscover: 100 * time.Millisecond, MayWrite: leader.Load})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- s.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
+	s := runSourceWith(t, home, Options{MayWrite: leader.Load, Namespaces: []string{ns}})
 
 	drs := dyn.Resource(drGVR).Namespace(ns)
 	bad := map[string]any{"host": "echo", "trafficPolicy": map[string]any{"connectionPool": map[string]any{"tcp": map[string]any{"idleTimeout": "soon"}}}}
@@ -423,7 +417,7 @@ func TestRejectionEventsOnlyWhenMayWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait.Until(t, time.Minute, func() error {
-		if !slices.Contains(kindStatus(s.Status(), drKind).Rejected, ns+"/bad") {
+		if !slices.Contains(rejectedIn(s.Status(), drKind, ns), ns+"/bad") {
 			return errNotYet
 		}
 		return nil

@@ -31,12 +31,23 @@ type KindStatus struct {
 	// Ready is true once the kind is complete (see Source.Objects).
 	Ready   bool `json:"ready"`
 	Objects int  `json:"objects"`
-	// Rejected lists namespace/name of the objects left out because their
-	// spec does not convert (the error is in an Event on each).
-	Rejected []string `json:"rejected,omitempty"`
+	// Rejected lists the objects left out, sorted by namespace/name.
+	Rejected []Rejected `json:"rejected,omitempty"`
 	// Message says why the kind is not watched (its CRD is missing), or
 	// the latest error of its watch.
 	Message string `json:"message,omitempty"`
+}
+
+// Rejected is one object left out, and why (an Event on the object, reason
+// DistributionRejected, says the same).
+type Rejected struct {
+	// Object is its namespace/name.
+	Object string `json:"object"`
+	// Reason is ReasonNamespace, ReasonHost or ReasonSpec.
+	Reason string `json:"reason"`
+	// Message says what is refused (never a conversion error, which may
+	// quote the spec: that is only in the Event).
+	Message string `json:"message"`
 }
 
 // Status returns the Source's current state.
@@ -51,10 +62,10 @@ func (s *Source) Status() Status {
 		if st.w != nil {
 			ks.Served = st.info.group + "/" + st.served
 		}
-		for id := range st.rejected {
-			ks.Rejected = append(ks.Rejected, id)
+		for id, r := range st.rejected {
+			ks.Rejected = append(ks.Rejected, Rejected{Object: id, Reason: r.reason, Message: r.message})
 		}
-		sort.Strings(ks.Rejected)
+		sort.Slice(ks.Rejected, func(i, j int) bool { return ks.Rejected[i].Object < ks.Rejected[j].Object })
 		out.Objects += ks.Objects
 		out.Rejected += len(ks.Rejected)
 		out.Kinds = append(out.Kinds, ks)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -96,13 +97,18 @@ func (s *Source) watchFailed(w *watcher, k kindInfo, gvr schema.GroupVersionReso
 func key(namespace, name string) string { return namespace + "/" + name }
 
 // apply converts an added or updated object and stores it, or, when its
-// spec does not convert, leaves it out and reports it once per generation.
+// spec does not convert or it may not be distributed (Source.authorize),
+// leaves it out and reports it once per generation.
 func (s *Source) apply(ctx context.Context, w *watcher, k kindInfo, obj any) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return
 	}
 	o, err := convert(k, u)
+	reason := ReasonSpec
+	if err == nil {
+		reason, err = s.authorize(o)
+	}
 	id := key(u.GetNamespace(), u.GetName())
 	s.mu.Lock()
 	st, cur := s.current(w, k)
@@ -110,30 +116,60 @@ func (s *Source) apply(ctx context.Context, w *watcher, k kindInfo, obj any) {
 		s.mu.Unlock()
 		return
 	}
-	prev, had := st.objects[id]
 	var changed, report bool
 	if err != nil {
-		delete(st.objects, id)
-		changed = had
-		r := rejection{uid: u.GetUID(), generation: u.GetGeneration(), reported: true}
-		report = st.rejected[id] != r && s.mayWrite()
-		r.reported = report || st.rejected[id] == r
-		st.rejected[id] = r
-	} else {
-		delete(st.rejected, id)
-		if !had || prev.Version != o.Version {
-			st.objects[id] = o
-			changed = true
+		r := rejection{uid: u.GetUID(), generation: u.GetGeneration(), reason: reason, message: statusMessage(reason, err)}
+		if reason == ReasonHost {
+			r.object = &o // checked again when the federated hosts change
 		}
+		changed, report = s.rejectLocked(st, id, r)
+	} else {
+		changed = s.acceptLocked(st, id, o)
 	}
 	ready := st.ready
 	s.mu.Unlock()
 	if report {
-		s.reject(ctx, k, u, err)
+		s.reject(ctx, k.name(), refOf(u), u.GetGeneration(), reason, err)
 	}
 	if changed && ready {
 		s.notify(k.name())
 	}
+}
+
+// acceptLocked stores o as distributed and reports whether what is
+// distributed changed; s.mu must be held.
+func (s *Source) acceptLocked(st *kindState, id string, o Object) bool {
+	delete(st.rejected, id)
+	if prev, had := st.objects[id]; had && prev.Version == o.Version {
+		return false
+	}
+	st.objects[id] = o
+	return true
+}
+
+// rejectLocked leaves an object out and reports whether what is
+// distributed changed and whether this rejection is to be recorded as an
+// Event (once per uid, generation and reason, and only by a replica that
+// may write); s.mu must be held.
+func (s *Source) rejectLocked(st *kindState, id string, r rejection) (changed, report bool) {
+	_, changed = st.objects[id]
+	delete(st.objects, id)
+	prev, seen := st.rejected[id]
+	r.reported = seen && prev.sameAs(r) && prev.reported
+	report = !r.reported && s.mayWrite()
+	r.reported = r.reported || report
+	st.rejected[id] = r
+	return changed, report
+}
+
+// statusMessage is what Status says of a rejection: why, but never a
+// conversion error, which may quote the spec (it is in the object's Event,
+// readable by those who can read the object).
+func statusMessage(reason string, err error) string {
+	if reason == ReasonSpec {
+		return "its spec does not convert to its kind's proto; the error is in a " + RejectedReason + " Event on the object"
+	}
+	return err.Error()
 }
 
 // remove drops an object that was deleted or lost the label.
@@ -158,5 +194,52 @@ func (s *Source) remove(w *watcher, k kindInfo, obj any) {
 	s.mu.Unlock()
 	if changed && ready {
 		s.notify(k.name())
+	}
+}
+
+// recheckHosts checks again every object whose hosts were checked against
+// the federated Services, which change: one now naming a federated host is
+// left out and reported; one that was left out for that alone and no
+// longer does is distributed again.
+func (s *Source) recheckHosts(ctx context.Context) {
+	type report struct {
+		kind string
+		ref  corev1.ObjectReference
+		gen  int64
+		err  error
+	}
+	var reports []report
+	var changedKinds []string
+	s.mu.Lock()
+	for name, st := range s.states {
+		changed := false
+		for id, o := range st.objects {
+			if !namesHosts(o.Spec) {
+				continue
+			}
+			if err := s.opts.Hosts.check(o.Namespace, o.Spec); err != nil {
+				r := rejection{uid: o.ref.UID, generation: o.generation, reason: ReasonHost, message: err.Error(), object: &o}
+				ch, rep := s.rejectLocked(st, id, r)
+				changed = changed || ch
+				if rep {
+					reports = append(reports, report{name, o.ref, o.generation, err})
+				}
+			}
+		}
+		for id, r := range st.rejected {
+			if r.reason == ReasonHost && r.object != nil && s.opts.Hosts.check(r.object.Namespace, r.object.Spec) == nil {
+				changed = s.acceptLocked(st, id, *r.object) || changed
+			}
+		}
+		if changed && st.ready {
+			changedKinds = append(changedKinds, name)
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range reports {
+		s.reject(ctx, r.kind, r.ref, r.gen, ReasonHost, r.err)
+	}
+	for _, k := range changedKinds {
+		s.notify(k)
 	}
 }

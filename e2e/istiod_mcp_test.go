@@ -74,7 +74,7 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test")
+	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test", "--distribute-namespaces", ns)
 	eventually(t, 60*time.Second, func() error {
 		if cl := h.clusters(t); cl[west.Name].State != "Ready" || cl[east.Name].State != "Ready" {
 			return fmt.Errorf("members: %+v", cl)

@@ -129,6 +129,13 @@ func (x *Index) Service(hostname string) map[string]*clusters.Service {
 	return out
 }
 
+// Has reports whether a hostname is federated (some member has it).
+func (x *Index) Has(hostname string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.byHost[hostname]) > 0
+}
+
 // Hostnames returns every federated hostname, sorted.
 func (x *Index) Hostnames() []string {
 	x.mu.RLock()

@@ -1,8 +1,6 @@
 package web
 
 import (
-	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -23,16 +21,7 @@ func (fakeModels) Certificates() (hub.CertificateStats, bool) {
 func TestTrustPageShowsWorkloadCertificates(t *testing.T) {
 	m := fakeModels{}
 	h := New(Config{Membership: m, Registrar: m, Federation: m, CA: m, Auth: &fakeAuth{}})
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest("POST", "/signin", strings.NewReader(url.Values{"token": {"good"}}.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	h.ServeHTTP(rec, req)
-	session := rec.Result().Cookies()[0]
-	rec = httptest.NewRecorder()
-	req = httptest.NewRequest("GET", "/trust", nil)
-	req.AddCookie(session)
-	h.ServeHTTP(rec, req)
-	body := rec.Body.String()
+	body := signedInGet(t, h, "/trust")
 	for _, want := range []string{"Workload certificates", "<td>west</td><td>shop</td><td>42</td><td>7</td>", "(in 5h0m0s)",
 		"at most 168h0m0s", "<code>invalid_csr</code></td><td>2</td><td>3</td>", "&lt;script&gt;"} {
 		if !strings.Contains(body, want) {

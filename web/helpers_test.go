@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -334,4 +335,20 @@ func selfSigned(t *testing.T, dir, name string) *tls.Config {
 	pool := x509.NewCertPool()
 	pool.AddCert(cert)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+}
+
+// signedInGet signs in to h with the token "good" (fakeAuth) and returns
+// the body of GET path in that session.
+func signedInGet(t *testing.T, h http.Handler, path string) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("POST", "/signin", strings.NewReader(url.Values{"token": {"good"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	h.ServeHTTP(rec, req)
+	session := rec.Result().Cookies()[0]
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest("GET", path, nil)
+	req.AddCookie(session)
+	h.ServeHTTP(rec, req)
+	return rec.Body.String()
 }

@@ -32,7 +32,7 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case path == "/":
 		name = "overview"
-	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust":
+	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust" || path == "/distribution":
 		name = strings.TrimPrefix(path, "/")
 	case strings.HasPrefix(path, "/clusters/"):
 		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")

@@ -90,6 +90,8 @@ type Config struct {
 	Federation api.Federation
 	// Trust, if set, feeds the trust page.
 	Trust TrustDomains
+	// Distribution, if set, feeds the distribution page.
+	Distribution api.Distribution
 	// CA, if set, adds the workload certificates the hub's CA issued and
 	// refused to the trust page.
 	CA api.CertificateAuthority
@@ -169,6 +171,7 @@ func New(cfg Config) *Dashboard {
 		r.Get("/proxies", d.page("proxies"))
 		r.Get("/proxies/{id}", d.page("proxy"))
 		r.Get("/trust", d.page("trust"))
+		r.Get("/distribution", d.page("distribution"))
 		r.Get("/events", d.events)
 	})
 	d.handler = securityHeaders(pageCSP, crossOriginProtection(r))
@@ -504,6 +507,10 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 			if st, ok := a.CA.Certificates(); ok {
 				m["CA"] = api.ToCertificates(st)
 			}
+		}
+	case "distribution":
+		if a.Distribution != nil {
+			m["Distribution"] = a.Distribution.Status()
 		}
 	case "proxy":
 		cfg, ok := a.Federation.ProxyConfig(id)

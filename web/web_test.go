@@ -13,6 +13,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 )
 
@@ -166,13 +167,34 @@ func TestTemplatesRender(t *testing.T) {
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	h.ServeHTTP(rec, req)
 	c := rec.Result().Cookies()[0]
-	for _, path := range []string{"/", "/clusters", "/clusters/nope", "/services", "/proxies", "/proxies/nope", "/trust", "/signin"} {
+	for _, path := range []string{"/", "/clusters", "/clusters/nope", "/services", "/proxies", "/proxies/nope", "/trust", "/distribution", "/signin"} {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", path, nil)
 		req.AddCookie(c)
 		h.ServeHTTP(rec, req)
 		if rec.Code >= 500 || !strings.Contains(rec.Body.String(), "</html>") {
 			t.Errorf("%s: %d %s", path, rec.Code, rec.Body.String())
+		}
+	}
+}
+
+type fakeDistribution distribute.Status
+
+func (f fakeDistribution) Status() distribute.Status { return distribute.Status(f) }
+
+// The distribution page lists every refused object with its reason.
+func TestDistributionPageShowsRefusals(t *testing.T) {
+	m := fakeModels{}
+	st := distribute.Status{Discovered: true, Objects: 1, Rejected: 1, Kinds: []distribute.KindStatus{{
+		Kind: "networking.istio.io/v1/ServiceEntry", Served: "networking.istio.io/v1", Ready: true, Objects: 1,
+		Rejected: []distribute.Rejected{{Object: "tenant/claim", Reason: distribute.ReasonHost,
+			Message: `host "echo.demo.svc.clusterset.local" is under the federated domain <clusterset.local>`}},
+	}}}
+	h := New(Config{Membership: m, Registrar: m, Federation: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
+	body := signedInGet(t, h, "/distribution")
+	for _, want := range []string{"tenant/claim", distribute.ReasonHost, "echo.demo.svc.clusterset.local", "&lt;clusterset.local&gt;"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %q:\n%s", want, body)
 		}
 	}
 }

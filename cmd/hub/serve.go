@@ -111,7 +111,17 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	if err != nil {
 		return err
 	}
-	distributed, err := distribute.New(home, distribute.Options{OnChange: changes.ConfigChanged, MayWrite: elector.IsLeader, Log: log})
+	distributeFrom, err := cfg.distributeNamespaces()
+	if err != nil {
+		return fmt.Errorf("--distribute-namespaces: %w", err)
+	}
+	distributed, err := distribute.New(home, distribute.Options{
+		Namespaces: distributeFrom,
+		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has},
+		OnChange:   changes.ConfigChanged,
+		MayWrite:   elector.IsLeader,
+		Log:        log,
+	})
 	if err != nil {
 		return fmt.Errorf("watching Istio objects to distribute: %w", err)
 	}
@@ -171,13 +181,14 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	membership := readiness{registry, &draining}
 	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.secretsNamespace), cfg.secretsNamespace, cfg.clusterID, policy)
 	dashboard := web.New(web.Config{
-		Membership: membership,
-		Registrar:  registrar,
-		Federation: h,
-		Trust:      fed,
-		CA:         h,
-		Auth:       auth,
-		Log:        log,
+		Membership:   membership,
+		Registrar:    registrar,
+		Federation:   h,
+		Trust:        fed,
+		Distribution: distributed,
+		CA:           h,
+		Auth:         auth,
+		Log:          log,
 	})
 	admin, err := web.NewServer(adminHandler(api.Config{
 		Membership:   membership,

@@ -1,0 +1,124 @@
+package distribute
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	networking "istio.io/api/networking/v1alpha3"
+)
+
+// Why an object is left out (Rejection.Reason).
+const (
+	// ReasonNamespace: the object is not in a namespace distribution is
+	// allowed from (Options.Namespaces).
+	ReasonNamespace = "NamespaceNotAllowed"
+	// ReasonHost: the object names a host the hub owns (HostGuard).
+	ReasonHost = "HostNotAllowed"
+	// ReasonSpec: the object's spec does not convert to its kind's proto.
+	ReasonSpec = "InvalidSpec"
+)
+
+// HostGuard refuses distributed objects that name a host the hub owns:
+// any host under the federated domain (the hosts of the ServiceEntries the
+// hub generates, <name>.<namespace>.svc.<FederatedDomain>), and the hosts
+// of the Services it federates (<name>.<namespace>.svc.<DomainSuffix>).
+// A distributed object reaches every member's istiod; one that defined
+// such a host would take the hub's own traffic there (istiod gives a host
+// defined in several namespaces to the oldest object).
+//
+// The hosts checked are those that define or take traffic for a host:
+// ServiceEntry hosts, VirtualService hosts, DestinationRule host and
+// Sidecar egress hosts (namespace/host). A short name (no dot) is read as
+// Istio reads it, in the object's namespace. A wildcard is refused when
+// it lies within the federated domain ("*.svc.clusterset.local"); broader
+// ones ("*", "*.local") are not claims: istiod prefers the most specific
+// host.
+type HostGuard struct {
+	// FederatedDomain is the suffix of the generated ServiceEntries' hosts.
+	FederatedDomain string
+	// DomainSuffix is the members' service domain, for short names.
+	DomainSuffix string
+	// Federated reports whether the hub federates a hostname (in the
+	// DomainSuffix form); nil: none. It must be safe for concurrent use
+	// and not block.
+	Federated func(host string) bool
+}
+
+// check returns why spec (of an object in namespace) may not be
+// distributed, or nil.
+func (g HostGuard) check(namespace string, spec proto.Message) error {
+	for _, h := range namedHosts(spec) {
+		if err := g.checkHost(namespace, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkHost refuses one host named by an object in namespace.
+func (g HostGuard) checkHost(namespace, host string) error {
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	if h != "*" && !strings.Contains(h, ".") && g.DomainSuffix != "" {
+		h = h + "." + namespace + ".svc." + g.DomainSuffix
+	}
+	if fd := strings.ToLower(g.FederatedDomain); fd != "" && (h == fd || strings.HasSuffix(h, "."+fd)) {
+		return fmt.Errorf("host %q is under the federated domain %s: only the hub defines those hosts", host, fd)
+	}
+	if g.Federated != nil && !strings.HasPrefix(h, "*") && g.Federated(h) {
+		return fmt.Errorf("host %q is a Service the hub federates: only its own cluster's objects may define it", host)
+	}
+	return nil
+}
+
+// namedHosts lists the hosts an object's spec defines or takes traffic
+// for (see HostGuard).
+func namedHosts(spec proto.Message) []string {
+	switch s := spec.(type) {
+	case *networking.ServiceEntry:
+		return s.GetHosts()
+	case *networking.VirtualService:
+		return s.GetHosts()
+	case *networking.DestinationRule:
+		if s.GetHost() == "" {
+			return nil
+		}
+		return []string{s.GetHost()}
+	case *networking.Sidecar:
+		var out []string
+		for _, l := range s.GetEgress() {
+			for _, nh := range l.GetHosts() {
+				_, h, ok := strings.Cut(nh, "/")
+				if !ok {
+					h = nh
+				}
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// namesHosts reports whether objects of a kind can name hosts (and so need
+// checking again when the federated hosts change).
+func namesHosts(spec proto.Message) bool {
+	switch spec.(type) {
+	case *networking.ServiceEntry, *networking.VirtualService, *networking.DestinationRule, *networking.Sidecar:
+		return true
+	}
+	return false
+}
+
+// authorize returns why o may not be distributed: its namespace is not
+// allowed, or it names a host the hub owns.
+func (s *Source) authorize(o Object) (reason string, err error) {
+	if !slices.Contains(s.opts.Namespaces, o.Namespace) {
+		return ReasonNamespace, fmt.Errorf("namespace %s is not one distribution is allowed from (%s)", o.Namespace, strings.Join(s.opts.Namespaces, ", "))
+	}
+	if err := s.opts.Hosts.check(o.Namespace, o.Spec); err != nil {
+		return ReasonHost, err
+	}
+	return "", nil
+}
