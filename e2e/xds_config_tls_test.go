@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/api"
@@ -83,7 +84,16 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 	if !strings.Contains(string(logData), `"msg":"listener disabled","listener":"xds"`) {
 		t.Errorf("the hub did not log the plaintext listener as disabled")
 	}
-	creds := simpleTLS(t, hubRootsPEM(t, h, td), dnsName)
+	rootsPEM := hubRootsPEM(t, h, td)
+	// README's way to get them for an istiod: the state Secret's roots.pem.
+	state, err := client(t, home).CoreV1().Secrets(ns).Get(ctx, "hub-trust-state", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := state.Data["roots.pem"]; !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(rootsPEM)) {
+		t.Errorf("hub-trust-state roots.pem:\n%s\nwant the bundle's roots:\n%s", got, rootsPEM)
+	}
+	creds := simpleTLS(t, rootsPEM, dnsName)
 	istiodNode := nodeIn("~~istiod-cfgtls.istio-system~istio-system.svc.cluster.local", "", map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.1"})
 	delete(istiodNode.Metadata.Fields, "CLUSTER_ID") // istiod sends none
 
