@@ -30,7 +30,8 @@ import (
 )
 
 const (
-	deployNS      = "istio-system" // the kustomization's namespace
+	deployNS      = "hub-system"   // the hub's own namespace in deploy/
+	secretsNS     = "istio-system" // where deploy/ lets it read the remote Secrets
 	deployManager = "hub-deploy-e2e"
 	// The identity remote-member-rbac.yaml binds (istioctl's remote secrets).
 	memberSA = "istio-reader-service-account"
@@ -38,10 +39,14 @@ const (
 
 // TestDeploy applies deploy/ with the real kubectl to a real API server, then
 // runs the real hub with nothing but the ServiceAccount token that base
-// creates: it must become ready, federate the home cluster and a member
-// registered through its API (with a token limited to remote-member-rbac.yaml),
-// write its Secrets, ConfigMaps and Events, and never be forbidden anything;
-// SubjectAccessReviews pin down what it must not be able to do.
+// creates and the Deployment's own flags (plaintext xDS off): it must become
+// ready, federate the home cluster and a member registered through its API
+// (a remote Secret in istio-system, with a token limited to
+// remote-member-rbac.yaml), write its Secrets, ConfigMaps and Events, and
+// never be forbidden anything but the home cluster's Secrets (opt-in:
+// home-sds-rbac.yaml); SubjectAccessReviews pin down what it must not be able
+// to do. The example istiod mesh config names the Service's TLS port by a
+// name on the hub's certificate.
 func TestDeploy(t *testing.T) {
 	e := localcluster.Require(t, env)
 	ctx := testContext(t)
@@ -62,30 +67,52 @@ func TestDeploy(t *testing.T) {
 	// 1. The base applies for real (server-side, strict field validation) and
 	// every object it lists is there.
 	requireListedManifests(t, deployDir)
-	want := []string{
-		"namespace/" + deployNS,
-		"serviceaccount/hub",
-		"role.rbac.authorization.k8s.io/hub",
-		"clusterrole.rbac.authorization.k8s.io/hub",
-		"rolebinding.rbac.authorization.k8s.io/hub",
-		"clusterrolebinding.rbac.authorization.k8s.io/hub",
-		"service/hub",
-		"service/hub-bundle",
-		"deployment.apps/hub",
-		"poddisruptionbudget.policy/hub",
-		"networkpolicy.networking.k8s.io/hub",
+	byNamespace := map[string][]string{ // "" is cluster-scoped
+		deployNS: {
+			"serviceaccount/hub",
+			"role.rbac.authorization.k8s.io/hub",
+			"rolebinding.rbac.authorization.k8s.io/hub",
+			"service/hub",
+			"service/hub-bundle",
+			"deployment.apps/hub",
+			"poddisruptionbudget.policy/hub",
+			"networkpolicy.networking.k8s.io/hub",
+		},
+		secretsNS: {
+			"role.rbac.authorization.k8s.io/hub-remote-secrets",
+			"rolebinding.rbac.authorization.k8s.io/hub-remote-secrets",
+		},
+		"": {
+			"namespace/" + deployNS,
+			"clusterrole.rbac.authorization.k8s.io/hub",
+			"clusterrolebinding.rbac.authorization.k8s.io/hub",
+		},
+	}
+	var want []string
+	for _, names := range byNamespace {
+		want = append(want, names...)
 	}
 	t.Cleanup(func() {
-		// Everything but the namespace: other tests use istio-system, and
+		// Everything but the namespace: other tests use hub-system, and
 		// without a controller-manager a deleted namespace never goes away.
-		var names []string
-		for _, n := range want {
-			if !strings.HasPrefix(n, "namespace/") {
-				names = append(names, n)
+		for ns, names := range byNamespace {
+			var objs []string
+			for _, n := range names {
+				if !strings.HasPrefix(n, "namespace/") {
+					objs = append(objs, n)
+				}
 			}
+			args := []string{"delete", "--ignore-not-found", "--wait=false"}
+			if ns != "" {
+				args = append(args, "-n", ns)
+			}
+			homeKubectl(context.Background(), append(args, objs...)...)
 		}
-		homeKubectl(context.Background(), append([]string{"delete", "-n", deployNS, "--ignore-not-found", "--wait=false"}, names...)...)
 	})
+	// istio-system is Istio's: the base does not create it (namespace.yaml).
+	if err := localcluster.EnsureNamespace(ctx, homeClient, secretsNS); err != nil {
+		t.Fatal(err)
+	}
 	homeKubectl(ctx, "apply", "-k", deployDir, "--server-side", "--field-manager="+deployManager)
 	got := strings.Fields(homeKubectl(ctx, "get", "-k", deployDir, "-o", "name"))
 	slices.Sort(got)
@@ -113,19 +140,24 @@ func TestDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := dep.Spec.Template.Spec.Containers[0].Args
-	for _, flag := range []string{"--xds-addr=:15010", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443"} {
+	for _, flag := range []string{"--xds-addr=", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443", "--remote-secrets-namespace=" + secretsNS} {
 		if !slices.Contains(args, flag) {
-			t.Errorf("Deployment args %q lack %s (DESIGN.md §3.1)", args, flag)
+			t.Errorf("Deployment args %q lack %s (plaintext xDS off, DESIGN.md §3.1, §3.7)", args, flag)
 		}
 	}
+	dnsNames, _ := flagValue(args, "--tls-dns-names")
+	requireIstiodExample(t, deployDir, strings.Split(dnsNames, ","))
+	// The Deployment's --xds-addr= stays: the hub runs without plaintext xDS.
 	args = append(slices.Clone(args),
 		"--kubeconfig", writeTemp(t, dir, "hub-sa.kubeconfig", home.TokenKubeconfig(tok.Status.Token)),
-		"--namespace", deployNS, "--cluster-id", home.Name,
-		"--xds-addr", "127.0.0.1:0", "--xds-tls-addr", "127.0.0.1:0",
+		"--namespace", deployNS, "--cluster-id", home.Name, "--xds-tls-addr", "127.0.0.1:0",
 		"--admin-addr", "127.0.0.1:0", "--bundle-addr", "127.0.0.1:0", "--log-level", "debug")
 	podName := "hub-deploy-e2e-" + rand.String(5)
 	t.Setenv("POD_NAME", podName)   // the leader-election identity, from the downward API in the Deployment
 	h := startHub(t, home, args...) // waits for /readyz 200
+	if h.addrs["xds"] != "" || h.addrs["xds-tls"] == "" {
+		t.Errorf("listeners %v; want xds-tls and no plaintext xds", h.addrs)
+	}
 	eventually(t, 30*time.Second, func() error {
 		if c := h.clusters(t)[home.Name]; c.State != "Ready" {
 			return fmt.Errorf("home cluster %s is %q (%s), want Ready", home.Name, c.State, c.Message)
@@ -143,22 +175,23 @@ func TestDeploy(t *testing.T) {
 
 	// A member registered through the API (remote Secret created in
 	// istio-system), whose credentials have only remote-member-rbac.yaml.
+	// (The member's istio-reader-service-account lives in its istio-system.)
 	westKubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", memberRBAC)
-	if err := localcluster.EnsureNamespace(ctx, westClient, deployNS); err != nil {
+	if err := localcluster.EnsureNamespace(ctx, westClient, secretsNS); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := westClient.CoreV1().ServiceAccounts(deployNS).Create(ctx,
+	if _, err := westClient.CoreV1().ServiceAccounts(secretsNS).Create(ctx,
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	memberTok, err := westClient.CoreV1().ServiceAccounts(deployNS).CreateToken(ctx, memberSA,
+	memberTok, err := westClient.CoreV1().ServiceAccounts(secretsNS).CreateToken(ctx, memberSA,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const remoteSecret = "istio-remote-secret-west" // the Registrar's name for "west"
 	t.Cleanup(func() {
-		_ = homeClient.CoreV1().Secrets(deployNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
+		_ = homeClient.CoreV1().Secrets(secretsNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
 	})
 	body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(west.TokenKubeconfig(memberTok.Status.Token))})
 	if code, resp := h.do(t, http.MethodPost, "/api/v1/clusters", string(body)); code != http.StatusCreated && code != http.StatusOK {
@@ -171,7 +204,7 @@ func TestDeploy(t *testing.T) {
 		return nil
 	})
 	eventually(t, 30*time.Second, func() error { // Events on the remote Secret
-		evs, err := homeClient.CoreV1().Events(deployNS).List(ctx, metav1.ListOptions{
+		evs, err := homeClient.CoreV1().Events(secretsNS).List(ctx, metav1.ListOptions{
 			FieldSelector: fields.Set{"involvedObject.name": remoteSecret, "reason": "ClusterReady"}.AsSelector().String()})
 		if err != nil {
 			return err
@@ -181,12 +214,12 @@ func TestDeploy(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("no ClusterReady Event from the hub on %s/%s yet", deployNS, remoteSecret)
+		return fmt.Errorf("no ClusterReady Event from the hub on %s/%s yet", secretsNS, remoteSecret)
 	})
 	if code, resp := h.do(t, http.MethodDelete, "/api/v1/clusters/"+west.Name, ""); code != http.StatusNoContent {
 		t.Fatalf("DELETE /api/v1/clusters/%s: %d %s", west.Name, code, resp)
 	}
-	if _, err := homeClient.CoreV1().Secrets(deployNS).Get(ctx, remoteSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := homeClient.CoreV1().Secrets(secretsNS).Get(ctx, remoteSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("remote Secret after DELETE: %v, want NotFound", err)
 	}
 	eventually(t, 30*time.Second, func() error {
@@ -211,7 +244,8 @@ func TestDeploy(t *testing.T) {
 	}
 
 	// Nothing the hub did was forbidden (client-go logs refused list/watch
-	// and Event writes; the hub logs failed reads and writes).
+	// and Event writes; the hub logs failed reads and writes) but the home
+	// cluster's Secrets for SDS, which the base does not grant.
 	h.stop(t)
 	if holder := leaseHolder(ctx, homeClient); holder == podName {
 		t.Errorf("Lease %s/hub-leader still held by the stopped hub %q, want it released", deployNS, holder)
@@ -221,11 +255,21 @@ func TestDeploy(t *testing.T) {
 		t.Fatal(err)
 	}
 	forbidden := regexp.MustCompile(`(?i)forbidden`)
+	homeSecrets := regexp.MustCompile(`cannot (list|watch) resource \\?"secrets\\?" in API group \\?"\\?" at the cluster scope`)
+	tolerated := 0
 	for _, line := range strings.Split(string(logData), "\n") {
-		if forbidden.MatchString(line) {
+		if homeSecrets.MatchString(line) {
+			tolerated++
+		}
+		if forbidden.MatchString(line) && !homeSecrets.MatchString(line) {
 			t.Errorf("hub was forbidden something with the deploy/ RBAC: %s", line)
 		}
 	}
+	// The one refusal the base means: the home cluster's Secrets (opt-in).
+	if tolerated == 0 {
+		t.Error("the hub's log shows no forbidden list/watch of the home cluster's Secrets: does the base grant them?")
+	}
+	t.Logf("%d log lines of the home cluster's Secrets watch being forbidden (home-sds-rbac.yaml is opt-in)", tolerated)
 
 	// 3. ... and it may do no more than it needs.
 	requireAccess(t, ctx, homeClient, "system:serviceaccount:"+deployNS+":hub", deployNS, []access{
@@ -236,16 +280,40 @@ func TestDeploy(t *testing.T) {
 		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "other"},
 		{allow: false, verb: "delete", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
 		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: "kube-system", name: "kube-controller-manager"},
-		{allow: true, verb: "patch", resource: "events", ns: deployNS},
-		// Secrets: written only in its namespace, never read one by one elsewhere.
+		// Events: on the remote Secrets and the root namespace's objects only.
+		{allow: true, verb: "patch", resource: "events", ns: secretsNS},
+		{allow: true, verb: "create", resource: "events", ns: secretsNS},
+		{allow: false, verb: "create", resource: "events", ns: deployNS},
+		{allow: false, verb: "create", resource: "events", ns: "kube-system"},
+		// Its own Secrets: by name, but for create (RBAC cannot restrict it).
+		{allow: true, verb: "get", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
+		{allow: true, verb: "update", resource: "secrets", ns: deployNS, name: "hub-view-key"},
+		{allow: false, verb: "update", resource: "secrets", ns: deployNS, name: "anything"},
+		{allow: false, verb: "delete", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
+		{allow: false, verb: "patch", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
+		// Remote Secrets: read, and written for the API's registration; never
+		// patched or deleted wholesale.
+		{allow: true, verb: "list", resource: "secrets", ns: secretsNS},
+		{allow: true, verb: "create", resource: "secrets", ns: secretsNS},
+		{allow: false, verb: "patch", resource: "secrets", ns: secretsNS, name: "anything"},
+		{allow: false, verb: "deletecollection", resource: "secrets", ns: secretsNS},
+		// No Secret of any other namespace, not even by list (home-sds-rbac.yaml
+		// is opt-in).
+		{allow: false, verb: "list", resource: "secrets"},
+		{allow: false, verb: "watch", resource: "secrets"},
+		{allow: false, verb: "list", resource: "secrets", ns: "default"},
+		{allow: false, verb: "get", resource: "secrets", ns: "kube-system", name: "anything"},
 		{allow: false, verb: "delete", resource: "secrets", ns: "kube-system", name: "anything"},
 		{allow: false, verb: "create", resource: "secrets", ns: "kube-system"},
 		{allow: false, verb: "update", resource: "secrets", ns: "default", name: "anything"},
-		{allow: false, verb: "get", resource: "secrets", ns: "kube-system", name: "anything"},
-		{allow: false, verb: "patch", resource: "secrets", ns: deployNS, name: "anything"},
-		{allow: false, verb: "deletecollection", resource: "secrets", ns: deployNS},
+		// ConfigMaps: its own namespace only.
+		{allow: true, verb: "update", resource: "configmaps", ns: deployNS, name: "anything"},
 		{allow: false, verb: "update", resource: "configmaps", ns: "kube-system", name: "anything"},
-		{allow: false, verb: "create", resource: "events", ns: "kube-system"},
+		{allow: false, verb: "list", resource: "configmaps", ns: secretsNS},
+		// Distributed Istio policy is read, never written.
+		{allow: true, verb: "list", group: "security.istio.io", resource: "peerauthentications"},
+		{allow: false, verb: "create", group: "security.istio.io", resource: "peerauthentications", ns: secretsNS},
+		{allow: false, verb: "update", group: "networking.istio.io", resource: "virtualservices", ns: "default", name: "anything"},
 		// Members' objects are read-only.
 		{allow: false, verb: "update", resource: "nodes", name: "anything"},
 		{allow: false, verb: "update", resource: "services", ns: "default", name: "kubernetes"},
@@ -302,18 +370,60 @@ func requireListedManifests(t *testing.T, deployDir string) {
 	if err := yaml.Unmarshal(data, &k); err != nil {
 		t.Fatalf("kustomization.yaml: %v", err)
 	}
-	if k.Namespace != deployNS {
-		t.Errorf("kustomization namespace %q, want %q", k.Namespace, deployNS)
+	if k.Namespace != "" {
+		t.Errorf("kustomization namespace %q; want none (rbac.yaml spans %s and %s, each object names its own)", k.Namespace, deployNS, secretsNS)
 	}
 	files, err := filepath.Glob(filepath.Join(deployDir, "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	notInBase := []string{"kustomization.yaml", "remote-secret-example.yaml", "remote-member-rbac.yaml"}
+	notInBase := []string{"kustomization.yaml", "remote-secret-example.yaml", "remote-member-rbac.yaml", "home-sds-rbac.yaml", "istiod-meshconfig-example.yaml"}
 	for _, f := range files {
 		name := filepath.Base(f)
 		if slices.Contains(k.Resources, name) == slices.Contains(notInBase, name) {
 			t.Errorf("deploy/%s: in kustomization resources = %v, want %v", name, slices.Contains(k.Resources, name), !slices.Contains(notInBase, name))
+		}
+	}
+}
+
+// requireIstiodExample checks deploy/istiod-meshconfig-example.yaml: its
+// hub config source is the Service's TLS port over SIMPLE TLS, checked
+// (sni, subjectAltNames) for a name on the hub's certificate (dnsNames, the
+// Deployment's --tls-dns-names), as e2e/istiod_mcp_test.go runs it.
+func requireIstiodExample(t *testing.T, deployDir string, dnsNames []string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(deployDir, "istiod-meshconfig-example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(data, &cm); err != nil {
+		t.Fatalf("istiod-meshconfig-example.yaml: %v", err)
+	}
+	var mesh struct {
+		ConfigSources []istiodConfigSource `json:"configSources"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["mesh"]), &mesh); err != nil {
+		t.Fatalf("istiod-meshconfig-example.yaml mesh: %v", err)
+	}
+	var hub *istiodConfigSource
+	for i, src := range mesh.ConfigSources {
+		if strings.HasPrefix(src.Address, "xds://") {
+			hub = &mesh.ConfigSources[i]
+		}
+	}
+	if hub == nil || len(mesh.ConfigSources) != 2 || mesh.ConfigSources[0].Address != "k8s://" {
+		t.Fatalf("example configSources %+v; want k8s:// first, then the hub's xds://", mesh.ConfigSources)
+	}
+	sans, _ := hub.TLSSettings["subjectAltNames"].([]any)
+	if hub.Address != "xds://hub."+deployNS+".svc:15012" || hub.TLSSettings["mode"] != "SIMPLE" ||
+		!slices.Contains(dnsNames, fmt.Sprint(hub.TLSSettings["sni"])) || len(sans) == 0 ||
+		!strings.Contains(fmt.Sprint(hub.TLSSettings["caCertificates"]), "BEGIN CERTIFICATE") {
+		t.Errorf("example hub config source %+v; want xds://hub.%s.svc:15012, mode SIMPLE, caCertificates, sni and subjectAltNames among %v", hub, deployNS, dnsNames)
+	}
+	for _, san := range sans {
+		if !slices.Contains(dnsNames, fmt.Sprint(san)) {
+			t.Errorf("example subjectAltNames %v: %v is not on the hub's certificate (%v)", sans, san, dnsNames)
 		}
 	}
 }

@@ -5,8 +5,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc/codes"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -19,9 +25,12 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// TestIstiodTakesFederationFromHub (issue 14): a real istiod (pilot-discovery
-// built from the Istio module of e2e/interop) runs against member east's
-// API server with configSources [k8s://, xds://<hub>]. The hub federates
+// TestIstiodTakesFederationFromHub (issues 14, 21): a real istiod
+// (pilot-discovery built from the Istio module of e2e/interop) runs against
+// member east's API server with configSources [k8s://, xds://<hub>], the
+// latter over SIMPLE TLS to the hub's mTLS port (see istiodTLSSource; the
+// hub's plaintext port is off), while an anonymous CDS request on that same
+// port is refused. The hub federates
 // echo, a Service of two other members (the home cluster, a member too, and
 // west); an xDS client of that istiod (Istio's adsc as a sidecar) receives
 // the cluster outbound|8080||echo.<ns>.svc.clusterset.local with both
@@ -74,7 +83,11 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test", "--distribute-namespaces", ns)
+	td := spiffeid.RequireTrustDomainFromString("mcp.test")
+	hubArgs := []string{"--namespace", hubNS, "--trust-domain", td.Name(), "--xds-addr", "", "--tls-dns-names", hubDNSName,
+		"--distribute-namespaces", ns}
+	h := startHub(t, home, append(hubArgs, "--xds-tls-addr", "127.0.0.1:0")...)
+	tlsAddr := h.addrs["xds-tls"]
 	eventually(t, 60*time.Second, func() error {
 		if cl := h.clusters(t); cl[west.Name].State != "Ready" || cl[east.Name].State != "Ready" {
 			return fmt.Errorf("members: %+v", cl)
@@ -83,8 +96,13 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	})
 
 	installIstioCRDs(t, home) // the distributed policy is authored there
-	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, {Address: "xds://" + h.xdsAddr}}})
+	rootsPEM := hubRootsPEM(t, h, td)
+	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(tlsAddr, rootsPEM)}})
 	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
+	// What istiod reads there is all an anonymous client gets: CDS is refused.
+	anon := openADS(t, tlsAddr, simpleTLS(t, rootsPEM, hubDNSName))
+	anon.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", east.Name, nil), TypeUrl: resourcev3.ClusterType})
+	anon.refused(t, "an anonymous CDS stream on the port istiod reads its config from", codes.Unauthenticated)
 	if se.Metadata.Labels["app.kubernetes.io/managed-by"] != "hub" {
 		t.Errorf("the federated ServiceEntry in istiod has labels %v; want app.kubernetes.io/managed-by=hub", se.Metadata.Labels)
 	}
@@ -199,7 +217,6 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	// The hub restarted under istiod: istiod keeps its config while the hub
 	// is down (its client still holds the endpoints), reconnects, and
 	// resyncs what changed meanwhile.
-	addr := h.xdsAddr
 	h.stop(t)
 	if err := localcluster.ApplyEndpoints(ctx, client(t, west), ns, "echo", "http",
 		[]localcluster.Backend{{IP: "198.18.40.3", Port: 8080}}); err != nil {
@@ -210,7 +227,7 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	}
 	p.waitConfig(t, time.Second, "ServiceEntry/"+ns+"/hub-echo", false) // still there
 	mark = sidecar.mark()
-	startHub(t, home, "--namespace", hubNS, "--trust-domain", "mcp.test", "--xds-addr", addr)
+	startHub(t, home, append(hubArgs, "--xds-tls-addr", tlsAddr)...)
 	sidecar.waitLineAfter(t, mark, 2*time.Minute, cluster+" resynced after the hub's restart",
 		hasEndpoints("198.18.40.3:8080", "198.18.41.1:8080"))
 
@@ -221,4 +238,46 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 		}
 	}
 	p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", true)
+}
+
+// hubDNSName is the name on the hub's serving certificate (--tls-dns-names)
+// that istiod checks; it is never resolved (see istiodTLSSource).
+const hubDNSName = "hub.hub-system.svc"
+
+// istiodTLSSource is the config source of an istiod that reads the hub over
+// SIMPLE TLS, as README recommends: istiod (pilot/pkg/bootstrap/
+// configcontroller.go, getTransportCredentials) dials the address's host and
+// verifies the hub's certificate against caCertificates (inline PEM only; or
+// credentialName, a Secret of istiod's namespace with ca.crt) for the name
+// in sni, else the address's host, and then requires a DNS SAN among
+// subjectAltNames. The test dials the loopback address, so sni carries the
+// name the certificate is checked for and no resolver is involved.
+func istiodTLSSource(addr string, rootsPEM []byte) istiodConfigSource {
+	return istiodConfigSource{Address: "xds://" + addr, TLSSettings: map[string]any{
+		"mode": "SIMPLE", "caCertificates": string(rootsPEM), "subjectAltNames": []string{hubDNSName}, "sni": hubDNSName,
+	}}
+}
+
+// TestIstiodTakesFederationOverPlaintext: the plaintext port, for in-cluster
+// use, still serves istiod's config source: the federated ServiceEntry
+// reaches a real istiod reading xds://<hub --xds-addr>.
+func TestIstiodTakesFederationOverPlaintext(t *testing.T) {
+	istiodBin(t)
+	e := localcluster.Require(t, env)
+	ctx := testContext(t)
+	home, east := e.Cluster("primary"), e.Cluster("east")
+	ns := "mcpplain-" + rand.String(5)
+	kc := client(t, home)
+	if err := localcluster.EnsureNamespace(ctx, kc, ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.ApplyService(ctx, kc, ns, "echo", "http", 8080, []localcluster.Backend{{IP: "198.18.42.1", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	h := startHub(t, home, "--namespace", hubNamespace(t, home), "--trust-domain", "mcpplain.test")
+	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, {Address: "xds://" + h.xdsAddr}}})
+	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
+	if !strings.Contains(string(se.Spec), "198.18.42.1") {
+		t.Errorf("the ServiceEntry istiod took over plaintext: %s; want endpoint 198.18.42.1", se.Spec)
+	}
 }

@@ -121,7 +121,9 @@ func nodeIn(id, cluster string, extra map[string]any) *corev3.Node {
 
 // TestXDSAttacksAreRefused replays, against the real hub binary on real
 // clusters, what an attacker on the network can try against the xDS ports
-// (issue 12): read config anonymously from the mTLS port, read another
+// (issue 12): read proxy config (CDS, EDS, LDS, RDS, SDS) anonymously from
+// the mTLS port (Istio config is all an anonymous stream may read there,
+// issue 21: TestIstioConfigOverTLSWithPlaintextOff), read another
 // member's Secrets with a certificate of our CA, exhaust the hub with
 // oversize input, and mint Prometheus series with invented type URLs.
 func TestXDSAttacksAreRefused(t *testing.T) {

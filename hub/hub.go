@@ -308,8 +308,9 @@ func (h *Hub) admitStream(ctx context.Context) error {
 // ServeADS serves ADS (and the per-type discovery services) on lis:
 // plaintext when tlsCfg is nil (never serving secrets), else mTLS with
 // tlsCfg deciding which client certificates are accepted; there a stream
-// without a verified certificate or a valid service-account token is
-// refused with Unauthenticated, and Istio's CA API is served beside ADS
+// without a verified certificate or a valid service-account token may read
+// Istio config only (istiod's config sources over SIMPLE TLS; anything else
+// is refused with Unauthenticated), and Istio's CA API is served beside ADS
 // when the hub has a signer (Options.Signer); never in plaintext. When ctx ends it drains (see
 // Options.DrainGrace) and returns once every stream is gone; pushes keep
 // flowing to the streams not yet closed as long as Run runs.

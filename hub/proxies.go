@@ -121,6 +121,10 @@ type streamState struct {
 	// names: an ACK that repeats them, in the same order, changes nothing
 	// and is recognised without a map (see subscriber.requested).
 	names map[string]digest
+	// anonymous is a stream on the mTLS listener with neither a client
+	// certificate nor a bearer token: it may read Istio config and nothing
+	// else (see checkAnonymous).
+	anonymous bool
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -160,11 +164,14 @@ func shortType(typeURL string) string {
 	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
 
-// onStreamOpen registers a stream. On the mTLS listener a stream must
-// present a verified client certificate or a service-account token (checked
-// on its first request), as istiod requires: anything else is refused with
-// Unauthenticated before it is served.
-func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) error {
+// onStreamOpen registers a stream. On the mTLS listener a stream that
+// presents neither a verified client certificate nor a service-account token
+// (checked on its first request) is anonymous: an istiod reading its config
+// sources over SIMPLE TLS, which can present neither (istio#33143). It may
+// open Istio config types only (checkAnonymous); a per-type discovery
+// service (CDS, EDS, LDS, RDS) is refused with Unauthenticated at once.
+// Anonymous streams count against the stream limit like any other.
+func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding{}, sotw: map[string][]*anypb.Any{},
@@ -195,7 +202,10 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, _ string) err
 		}
 	}
 	if secure && st.ident.spiffeID.IsZero() && st.token == "" {
-		return status.Error(codes.Unauthenticated, "the mTLS xDS port serves only clients that present a client certificate of a trusted trust domain or a Kubernetes service-account token (authorization: Bearer)")
+		st.anonymous = true
+		if typ != resourcev3.AnyType {
+			return errAnonymousType(typ)
+		}
 	}
 	p.mu.Lock()
 	if len(p.streams) >= p.limits.MaxStreams {
@@ -341,17 +351,23 @@ func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryR
 }
 
 // check refuses, before anything of it is kept, a request for a type the
-// hub does not serve and a node larger than any real client's (measured
+// hub does not serve, one an anonymous stream may not read (checkAnonymous)
+// and a node larger than any real client's (measured
 // once per node: the server stamps later requests with the stream's node).
 func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
 	}
-	if node == nil {
-		return nil
-	}
 	p.mu.Lock()
 	st := p.streams[id]
+	if err := checkAnonymous(st, typeURL); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	if node == nil {
+		p.mu.Unlock()
+		return nil
+	}
 	known := st != nil && st.node == node
 	if st != nil {
 		// Istio config type URLs are the client's words (any
@@ -373,6 +389,21 @@ func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error 
 		return nil
 	}
 	return p.limits.checkNode(node)
+}
+
+// checkAnonymous refuses, on an anonymous stream of the mTLS listener, any
+// type URL but Istio config's (mcp.IsConfigType): that is all istiod's
+// config-source client asks for, and all such a stream may read. The refusal
+// ends the stream, whatever it opened before.
+func checkAnonymous(st *streamState, typeURL string) error {
+	if st == nil || !st.anonymous || mcp.IsConfigType(typeURL) {
+		return nil
+	}
+	return errAnonymousType(typeURL)
+}
+
+func errAnonymousType(typeURL string) error {
+	return status.Errorf(codes.Unauthenticated, "xDS type %s on the mTLS port needs a client certificate of a trusted trust domain or a Kubernetes service-account token (authorization: Bearer); without either a stream may read only Istio config (<group>/<version>/<Kind>, as istiod's configSources do)", typeLabel(typeURL))
 }
 
 // maxTypesPerStream bounds the resource types one stream may ask for:

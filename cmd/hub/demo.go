@@ -190,6 +190,10 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	}
 	if netns != nil {
 		parts.Go(func() {
+			if addrs["xds"] == "" {
+				fail("workloads", errors.New("they read xDS from the hub's plaintext --xds-addr, which is disabled"))
+				return
+			}
 			var ca *demoCA
 			if cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE" {
 				if addrs["xds-tls"] == "" {
@@ -235,6 +239,15 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
 	}
 	return errors.Join(hubErr, partErr)
+}
+
+// orDisabled is a listener's address for the banner, "(disabled)" when
+// its flag is empty.
+func orDisabled(addr string) string {
+	if addr == "" {
+		return "(disabled)"
+	}
+	return addr
 }
 
 // demoPortsFree checks that every listener's address can be bound now
@@ -355,8 +368,8 @@ hub demo is running (Ctrl-C stops everything)
   home cluster:       %s get secrets -n %s
   kubeconfigs:        %s/{%s,%s,%s}.kubeconfig
   hub log:            %s
-`, adminURL, home.AdminToken(), adminURL, adminURL, addrs["xds"], demoNamespace, cfg.domainSuffix, demoEchoPort,
-		addrs["xds-tls"], addrs["bundle"], cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.secretsNamespace,
+`, adminURL, home.AdminToken(), adminURL, adminURL, orDisabled(addrs["xds"]), demoNamespace, cfg.domainSuffix, demoEchoPort,
+		orDisabled(addrs["xds-tls"]), orDisabled(addrs["bundle"]), cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.secretsNamespace,
 		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name, filepath.Join(work, "hub.log"))
 	for _, dc := range demoClusters {
 		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())

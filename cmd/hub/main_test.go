@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"net"
 	"strings"
 	"testing"
 )
@@ -36,5 +37,29 @@ func TestFederatedDomainFlag(t *testing.T) {
 	c.register(fs)
 	if err := parseFlags(fs, nil); err != nil || c.federatedDomain != "clusterset.local" {
 		t.Errorf("default --federated-domain %q (%v), want clusterset.local", c.federatedDomain, err)
+	}
+}
+
+func TestRequireListeners(t *testing.T) {
+	lis := func(names ...string) map[string]net.Listener {
+		out := map[string]net.Listener{}
+		for _, n := range names {
+			out[n] = &net.TCPListener{}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		open []string
+		ok   bool
+	}{
+		{[]string{"admin", "xds", "xds-tls"}, true},
+		{[]string{"admin", "xds-tls"}, true}, // --xds-addr=""
+		{[]string{"admin", "xds"}, true},     // --xds-tls-addr=""
+		{[]string{"admin"}, false},
+		{[]string{"xds", "xds-tls"}, false},
+	} {
+		if err := requireListeners(lis(tc.open...)); (err == nil) != tc.ok {
+			t.Errorf("listeners %v: %v; want ok %v", tc.open, err, tc.ok)
+		}
 	}
 }

@@ -29,7 +29,8 @@ import (
 )
 
 // serve runs the hub until ctx is done: membership from the home cluster,
-// the federated index with ADS on --xds-addr, and the admin server (REST API
+// the federated index with ADS on --xds-addr and --xds-tls-addr (either may
+// be off), and the admin server (REST API
 // and dashboard) on --admin-addr.
 //
 // The parts are built in dependency order, each complete when it is made:
@@ -221,11 +222,11 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		}
 		listeners[name] = lis
 	}
-	if listeners["xds"] == nil || listeners["admin"] == nil {
+	if err := requireListeners(listeners); err != nil {
 		for _, l := range listeners {
 			l.Close()
 		}
-		return errors.New("--xds-addr and --admin-addr must not be empty")
+		return err
 	}
 	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "remoteSecretsNamespace", cfg.secretsNamespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
 	opened := map[string]string{}
@@ -263,7 +264,9 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	run(&coreParts, "trust", func() error { return fed.Run(coreCtx) })
 	run(&coreParts, "distribute", func() error { return distributed.Run(coreCtx) })
 	run(&coreParts, "leader election", func() error { return elector.Run(coreCtx) })
-	run(&xdsParts, "xds", func() error { return h.ServeADS(xdsCtx, listeners["xds"], nil) })
+	if l := listeners["xds"]; l != nil {
+		run(&xdsParts, "xds", func() error { return h.ServeADS(xdsCtx, l, nil) })
+	}
 	if l := listeners["xds-tls"]; l != nil {
 		run(&xdsParts, "xds-tls", func() error { return h.ServeADS(xdsCtx, l, fed.ServerTLSConfig()) })
 	}
@@ -279,6 +282,19 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	coreParts.Wait()
 	log.Info("hub stopped")
 	return errors.Join(errs...)
+}
+
+// requireListeners checks that the hub has an admin port and at least one
+// xDS port: --xds-addr="" turns the plaintext port off, --xds-tls-addr=""
+// the mTLS one, not both.
+func requireListeners(listeners map[string]net.Listener) error {
+	if listeners["admin"] == nil {
+		return errors.New("--admin-addr must not be empty")
+	}
+	if listeners["xds"] == nil && listeners["xds-tls"] == nil {
+		return errors.New("--xds-addr and --xds-tls-addr are both empty: the hub needs at least one xDS port")
+	}
+	return nil
 }
 
 // readiness fails /readyz as soon as the hub starts shutting down, so that
