@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -70,7 +72,7 @@ func TestTenantCannotClaimFederatedHosts(t *testing.T) {
 
 	// The tenant: a ServiceAccount that may create ServiceEntries in its
 	// namespace and nothing else.
-	tenantDyn := tenantClient(t, home, tenant)
+	tenantDyn, tenantToken := tenantClient(t, home, tenant)
 	federatedHost := "echo." + app + ".svc.clusterset.local"
 	serviceEntry := func(ns, name string, hosts ...string) *unstructured.Unstructured {
 		h := make([]any, len(hosts))
@@ -173,11 +175,31 @@ func TestTenantCannotClaimFederatedHosts(t *testing.T) {
 			return nil
 		})
 	}
+
+	// The refusals' new paths (log, API, dashboard) carry no credentials.
+	logData, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	where := dashboardPages(t, h.adminURL, home.AdminToken(), "/distribution")
+	var status json.RawMessage
+	h.getJSON(t, "/api/v1/distribution", &status)
+	where["GET /api/v1/distribution"] = string(status)
+	for name, text := range where {
+		requireNoSecrets(t, name, text, home, west)
+		if !strings.Contains(text, "HostNotAllowed") {
+			t.Errorf("%s does not show the refusals' reason", name)
+		}
+	}
+	if strings.Contains(string(logData), tenantToken) || strings.Contains(string(logData), home.AdminToken()) {
+		t.Error("the hub log contains a token")
+	}
 }
 
 // tenantClient is a dynamic client of a ServiceAccount in namespace ns of
-// c whose only right is creating and reading ServiceEntries there.
-func tenantClient(t *testing.T, c *localcluster.Cluster, ns string) dynamic.Interface {
+// c whose only right is creating and reading ServiceEntries there, and
+// its token.
+func tenantClient(t *testing.T, c *localcluster.Cluster, ns string) (dynamic.Interface, string) {
 	t.Helper()
 	ctx := testContext(t)
 	cs := client(t, c)
@@ -204,7 +226,7 @@ func tenantClient(t *testing.T, c *localcluster.Cluster, ns string) dynamic.Inte
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dc
+	return dc, tok.Status.Token
 }
 
 // sameInstant compares two RFC 3339 times.
