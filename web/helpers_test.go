@@ -40,7 +40,12 @@ type testServer struct {
 // until the test ends.
 func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Config) *testServer {
 	t.Helper()
-	dash := New(cfg)
+	return serveDashboard(t, New(cfg), opts, tlsClient)
+}
+
+// serveDashboard is startServer for a dashboard the test keeps.
+func serveDashboard(t *testing.T, dash *Dashboard, opts ServerOptions, tlsClient *tls.Config) *testServer {
+	t.Helper()
 	srv, err := NewServer(dash, opts)
 	if err != nil {
 		t.Fatal(err)
