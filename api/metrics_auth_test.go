@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,14 +16,7 @@ import (
 // a Bearer challenge) and any valid token with the metrics; with
 // OpenMetrics (--metrics-auth=none) it needs none.
 func TestMetricsNeedATokenByDefault(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("reader-token,rita,read\nwriter-token,walt,write\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	auth, err := LoadStaticTokens(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	auth := staticAuth(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "hub_test_member_secret", Help: "a series naming a member"}))
 	serve := func(open bool) string {

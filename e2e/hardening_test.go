@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
@@ -33,24 +30,23 @@ func (h *hubProcess) scrapeMetrics(t *testing.T) string {
 	return body
 }
 
-// metricsScraperToken creates a service account bound, cluster-wide, to a
+// metricsScraperToken returns the token of a service account in a
+// namespace of its own whose service accounts are bound, cluster-wide, to a
 // ClusterRole allowing get on the non-resource URL /metrics (what a
-// Prometheus scraping Kubernetes components has) and returns its token.
-func metricsScraperToken(t *testing.T, home *localcluster.Cluster, ns string) string {
+// Prometheus scraping Kubernetes components has).
+func metricsScraperToken(t *testing.T, home *localcluster.Cluster) string {
 	t.Helper()
 	ctx := testContext(t)
 	cs := client(t, home)
-	name := "metrics-scraper-" + rand.String(5)
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := hubNamespace(t, home)
+	name := "metrics-scraper-" + ns
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: name},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		Subjects: []rbacv1.Subject{{Kind: "Group", Name: "system:serviceaccounts:" + ns}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -58,12 +54,7 @@ func metricsScraperToken(t *testing.T, home *localcluster.Cluster, ns string) st
 		_ = cs.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{})
 		_ = cs.RbacV1().ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{})
 	})
-	exp := int64(3600)
-	tok, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tok.Status.Token
+	return serviceAccountToken(t, home, ns)
 }
 
 // TestMetricsAuth: the real hub with Kubernetes TokenReview and
@@ -81,7 +72,7 @@ func TestMetricsAuth(t *testing.T) {
 	c.expect(t, "GET", "/metrics", "not-a-token", "", 401, "the bearer token is not valid")
 	nobody := serviceAccountToken(t, home, ns)
 	c.expect(t, "GET", "/metrics", nobody, "", 403, "may not get /metrics (non-resource URL) nor get secrets in namespace "+ns)
-	scraper := metricsScraperToken(t, home, ns)
+	scraper := metricsScraperToken(t, home)
 	reader := serviceAccountToken(t, home, ns, "get")
 	for who, tok := range map[string]string{"scraper": scraper, "reader": reader, "admin": home.AdminToken()} {
 		if code, body, _ := c.call(t, "GET", "/metrics", tok, ""); code != 200 || !strings.Contains(body, "hub_xds_connected_streams") {

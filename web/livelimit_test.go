@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -77,15 +76,7 @@ func TestLiveStreamsBounded(t *testing.T) {
 // status and Retry-After; a 200 stream stays open until ctx is done.
 func (s *testServer) tryStream(t *testing.T, ctx context.Context, cookie *http.Cookie) (int, string) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/events?page="+url.QueryEscape("/"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.AddCookie(cookie)
-	resp, err := s.client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := s.requestEvents(t, ctx, "/", cookie)
 	if resp.StatusCode != http.StatusOK {
 		resp.Body.Close()
 	} else {
