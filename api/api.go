@@ -73,7 +73,11 @@ type Config struct {
 	Auth Authenticator
 	// Metrics is the registry served at /metrics.
 	Metrics *prometheus.Registry
-	Log     *slog.Logger
+	// OpenMetrics serves /metrics without a token (--metrics-auth=none);
+	// otherwise it needs a bearer token with Metrics access, as the API's
+	// routes need theirs.
+	OpenMetrics bool
+	Log         *slog.Logger
 }
 
 // maxBody bounds request bodies.
@@ -90,7 +94,8 @@ func NewHandler(cfg Config) http.Handler {
 // Mount adds the API's routes to r, so that another handler (the dashboard)
 // can serve r's other paths, and a recoverer that answers 500 for a panic
 // on any route of r. As it adds middleware, r must have no routes yet.
-// Every /api/v1 route authenticates its bearer token itself.
+// Every /api/v1 route authenticates its bearer token itself, and so does
+// /metrics unless Config.OpenMetrics.
 func Mount(r chi.Router, cfg Config) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -100,7 +105,11 @@ func Mount(r chi.Router, cfg Config) {
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok") })
 	r.Get("/readyz", s.readyz)
 	if cfg.Metrics != nil {
-		r.Handle("/metrics", promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{}))
+		metrics := promhttp.HandlerFor(cfg.Metrics, promhttp.HandlerOpts{})
+		if !cfg.OpenMetrics {
+			metrics = s.require(Metrics)(metrics)
+		}
+		r.Handle("/metrics", metrics)
 	}
 	r.Route("/api/v1", func(r chi.Router) {
 		r.NotFound(func(w http.ResponseWriter, r *http.Request) {

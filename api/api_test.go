@@ -192,9 +192,6 @@ func TestHealthAndReadiness(t *testing.T) {
 	if rec := do(t, h, "GET", "/readyz", "", ""); rec.Code != http.StatusOK {
 		t.Errorf("readyz when ready = %d", rec.Code)
 	}
-	if rec := do(t, h, "GET", "/metrics", "", ""); rec.Code != http.StatusOK {
-		t.Errorf("metrics = %d", rec.Code)
-	}
 }
 
 func TestUnknownRoutesAreProblems(t *testing.T) {

@@ -35,13 +35,18 @@ type User struct {
 	Extra  map[string]authenticationv1.ExtraValue
 }
 
-// Access is what a request needs: reading the hub's state or changing it.
+// Access is what a request needs: reading the hub's state, changing it, or
+// scraping its metrics.
 type Access int
 
 // Access levels.
 const (
 	Read Access = iota
 	Write
+	// Metrics is reading /metrics: granted by the non-resource URL /metrics
+	// (verb get, as Prometheus scrapes every Kubernetes component), or by
+	// Read access.
+	Metrics
 )
 
 // Errors of Authenticator.
@@ -165,8 +170,9 @@ func (s *StaticTokens) Authenticate(_ context.Context, token string) (User, erro
 }
 
 // Authorize implements Authenticator.
+// Every valid token, read or write, may scrape /metrics.
 func (s *StaticTokens) Authorize(_ context.Context, u User, a Access) error {
-	if a == Read || len(u.Groups) == 1 && u.Groups[0] == "hub:write" {
+	if a == Read || a == Metrics || len(u.Groups) == 1 && u.Groups[0] == "hub:write" {
 		return nil
 	}
 	return fmt.Errorf("%w: %s may only read", ErrForbidden, u.Name)
@@ -175,11 +181,13 @@ func (s *StaticTokens) Authorize(_ context.Context, u User, a Access) error {
 // KubeAuth authenticates with TokenReview and authorises with
 // SubjectAccessReview against the home cluster: reading needs "get secrets"
 // in the hub's namespace, writing "create", "update" and "delete" secrets
-// there. Token reviews (by the token's SHA-256) and decisions (per verb and
+// there, scraping /metrics "get" on the non-resource URL /metrics (or read
+// access). Token reviews (by the token's SHA-256) and decisions (per verb and
 // whole identity: name, UID, groups, extra) are cached for
 // KubeAuthOptions.CacheTTL (a minute) so that
-// the dashboard's live pages do not hammer the API server; a revoked token or
-// a removed permission takes effect when its cached decision expires.
+// the dashboard's live pages and Prometheus do not hammer the API server; a
+// revoked token or a removed permission takes effect when its cached
+// decision expires.
 type KubeAuth struct {
 	client    kubernetes.Interface
 	namespace string
@@ -233,31 +241,58 @@ func (k *KubeAuth) Authenticate(ctx context.Context, token string) (User, error)
 
 // Authorize implements Authenticator.
 func (k *KubeAuth) Authorize(ctx context.Context, u User, a Access) error {
+	if a == Metrics {
+		ok, err := k.allowed(ctx, u, metricsKey, authorizationv1.SubjectAccessReviewSpec{
+			NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: metricsPath, Verb: "get"}})
+		if err != nil || ok {
+			return err
+		}
+		if err := k.Authorize(ctx, u, Read); err != nil {
+			if errors.Is(err, ErrForbidden) {
+				return fmt.Errorf("%w: %s may not get %s (non-resource URL) nor get secrets in namespace %s", ErrForbidden, u.Name, metricsPath, k.namespace)
+			}
+			return err
+		}
+		return nil
+	}
 	verbs := []string{"get"}
 	if a == Write {
 		verbs = []string{"create", "update", "delete"}
 	}
 	for _, verb := range verbs {
-		key := decisionKey(u, verb)
-		allowed, ok := k.decisions.Get(key)
-		if !ok {
-			sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-				Spec: authorizationv1.SubjectAccessReviewSpec{
-					User: u.Name, Groups: u.Groups, UID: u.UID, Extra: extraValues(u.Extra),
-					ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: k.namespace, Verb: verb, Resource: "secrets"},
-				},
-			}, metav1.CreateOptions{})
-			if err != nil {
-				return fmt.Errorf("subject access review: %w", err)
-			}
-			allowed = sar.Status.Allowed
-			k.decisions.Add(key, allowed)
+		ok, err := k.allowed(ctx, u, verb, authorizationv1.SubjectAccessReviewSpec{
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: k.namespace, Verb: verb, Resource: "secrets"}})
+		if err != nil {
+			return err
 		}
-		if !allowed {
+		if !ok {
 			return fmt.Errorf("%w: %s may not %s secrets in namespace %s", ErrForbidden, u.Name, verb, k.namespace)
 		}
 	}
 	return nil
+}
+
+// metricsPath is the non-resource URL a metrics scraper needs "get" on;
+// metricsKey keys its decisions apart from the secrets verbs'.
+const (
+	metricsPath = "/metrics"
+	metricsKey  = "get " + metricsPath
+)
+
+// allowed asks (or recalls from the cache under decisionKey(u, key)) whether
+// u may do what spec's attributes say; the user's fields are filled in here.
+func (k *KubeAuth) allowed(ctx context.Context, u User, key string, spec authorizationv1.SubjectAccessReviewSpec) (bool, error) {
+	dk := decisionKey(u, key)
+	if allowed, ok := k.decisions.Get(dk); ok {
+		return allowed, nil
+	}
+	spec.User, spec.Groups, spec.UID, spec.Extra = u.Name, u.Groups, u.UID, extraValues(u.Extra)
+	sar, err := k.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		return false, fmt.Errorf("subject access review: %w", err)
+	}
+	k.decisions.Add(dk, sar.Status.Allowed)
+	return sar.Status.Allowed, nil
 }
 
 // decisionKey identifies one access decision: the verb and everything of

@@ -20,7 +20,7 @@ func (f fakeCA) Certificates() (hub.CertificateStats, bool) { return f.st, true 
 func staticAuth(t *testing.T) Authenticator {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("reader-token,rita,read\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("reader-token,rita,read\nwriter-token,walt,write\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	auth, err := LoadStaticTokens(path)

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/hubmesh/hub/internal/dialguard"
 )
 
 var clusterIDPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
@@ -84,7 +86,7 @@ const DefaultMaxObjects = 200000
 
 // DefaultDenyCIDRs are the ranges member servers may not be in by default:
 // link-local, where cloud metadata services live.
-var DefaultDenyCIDRs = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fe80::/10")}
+var DefaultDenyCIDRs = dialguard.DefaultDeny
 
 // KubeconfigOptions are the names accepted by ParsePolicy.
 const KubeconfigOptions = "exec, auth-provider, files, proxy-url"
@@ -112,25 +114,7 @@ func ParsePolicy(list string) (KubeconfigPolicy, error) {
 
 // ParseCIDRs parses a comma-separated list of CIDR prefixes (a bare address
 // is its own /32 or /128). An empty list gives an empty, non-nil slice.
-func ParseCIDRs(list string) ([]netip.Prefix, error) {
-	out := []netip.Prefix{}
-	for _, s := range strings.Split(list, ",") {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			a, aerr := netip.ParseAddr(s)
-			if aerr != nil {
-				return nil, fmt.Errorf("%q is not a CIDR prefix or address: %w", s, err)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		out = append(out, p.Masked())
-	}
-	return out, nil
-}
+func ParseCIDRs(list string) ([]netip.Prefix, error) { return dialguard.ParseCIDRs(list) }
 
 func (p KubeconfigPolicy) denyCIDRs() []netip.Prefix {
 	if p.DenyCIDRs == nil {

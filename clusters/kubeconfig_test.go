@@ -180,19 +180,6 @@ func TestParseKubeconfigHashIdentifiesBytes(t *testing.T) {
 	}
 }
 
-func TestParseCIDRs(t *testing.T) {
-	got, err := ParseCIDRs(" 10.0.0.0/8, 192.168.1.7 ,fe80::1/10")
-	if err != nil || len(got) != 3 || got[1].String() != "192.168.1.7/32" || got[2].String() != "fe80::/10" {
-		t.Errorf("ParseCIDRs = %v, %v", got, err)
-	}
-	if got, err := ParseCIDRs(""); err != nil || got == nil || len(got) != 0 {
-		t.Errorf("empty list = %#v, %v; want empty, non-nil", got, err)
-	}
-	if _, err := ParseCIDRs("10.0.0.0/33"); err == nil {
-		t.Error("accepted 10.0.0.0/33")
-	}
-}
-
 func TestValidateClusterID(t *testing.T) {
 	for _, id := range []string{"a", "west", "us-east-1", "c_1.prod", strings.Repeat("x", 63)} {
 		if err := ValidateClusterID(id); err != nil {

@@ -170,7 +170,7 @@ func TestAPIOnRealClusters(t *testing.T) {
 	}
 	// Only east's readiness was waited for above: wait for west's gauge too.
 	eventually(t, 30*time.Second, func() error {
-		_, metrics, _ := c.call(t, "GET", "/metrics", "", "")
+		_, metrics, _ := c.call(t, "GET", "/metrics", admin, "")
 		for _, m := range []string{`hub_cluster_state{cluster="west",secret="` + ns + `/istio-remote-secret-west",state="Ready"} 1`, "hub_xds_nacks_total", "hub_xds_connected_streams"} {
 			if !strings.Contains(metrics, m) {
 				return fmt.Errorf("/metrics lacks %s", m)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -280,13 +279,7 @@ func TestGracefulShutdown(t *testing.T) {
 // metric returns the value of an unlabelled metric on the hub's /metrics.
 func metric(t *testing.T, h *hubProcess, name string) string {
 	t.Helper()
-	resp, err := http.Get(h.adminURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(h.scrapeMetrics(t), "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			return v
 		}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -292,12 +291,7 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 		}
 		s.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: invented, ResponseNonce: r.Nonce, ErrorDetail: &rpcstatus.Status{Message: "rejected"}})
 		s.refused(t, "a NACK with an invented type URL", codes.InvalidArgument)
-		resp, err := http.Get(h.adminURL + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
+		body := []byte(h.scrapeMetrics(t))
 		if bytes.Contains(body, []byte("Invented")) {
 			t.Errorf("/metrics has a series for the invented type")
 		}

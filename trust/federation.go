@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/hubmesh/hub/internal/dialguard"
 )
 
 // PeerLabel marks a ConfigMap in the hub's namespace that declares a
@@ -104,6 +106,11 @@ type Config struct {
 	// ID (ParseDNSNames), for clients that verify a server by name
 	// (istiod's SIMPLE TLS, istio-agent).
 	DNSNames []string
+	// EndpointGuard checks every address a peer's bundle endpoint is
+	// fetched from (after name resolution) and IP literals in
+	// bundleEndpointURL when a relationship is applied; nil means
+	// DefaultEndpointGuard.
+	EndpointGuard *dialguard.Guard
 }
 
 // Federation is our trust domain and every peer we federate with.
@@ -132,6 +139,9 @@ type peer struct {
 func New(cfg Config) *Federation {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.EndpointGuard == nil {
+		cfg.EndpointGuard = DefaultEndpointGuard
 	}
 	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}}
 }
@@ -312,7 +322,7 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 		f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid trust domain: "+err.Error() })
 		return
 	}
-	ep := Endpoint{TrustDomain: td, URL: p.spec.BundleEndpointURL, Profile: p.spec.Profile}
+	ep := Endpoint{TrustDomain: td, URL: p.spec.BundleEndpointURL, Profile: p.spec.Profile, Guard: f.cfg.EndpointGuard}
 	var auth, last *spiffebundle.Bundle
 	if p.spec.Profile == ProfileHTTPSSPIFFE {
 		if ep.EndpointID, err = spiffeid.FromString(p.spec.EndpointSPIFFEID); err != nil {
@@ -359,7 +369,11 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 			}
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(backoff*2, 5*time.Minute)
-			log.Warn("peer bundle rejected", "error", err, "retry", wait.Round(time.Second).String())
+			reason := "other"
+			if fe := (*FetchError)(nil); errors.As(err, &fe) {
+				reason = fe.Reason
+			}
+			log.Warn("peer bundle rejected", "reason", reason, "error", err, "retry", wait.Round(time.Second).String())
 			stale := last != nil
 			f.setStatus(p, func(s *Status) {
 				s.LastFetch, s.NextRefresh, s.Message = now, now.Add(wait), err.Error()

@@ -7,12 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+
+	"github.com/hubmesh/hub/internal/dialguard"
 )
 
 // Limits on what a peer's bundle endpoint may send (go-spiffe's own
@@ -42,7 +45,27 @@ type Endpoint struct {
 	Roots *x509.CertPool
 	// Timeout bounds the whole fetch; zero means FetchTimeout.
 	Timeout time.Duration
+	// Guard checks every address the fetch connects to, after name
+	// resolution; nil means DefaultEndpointGuard.
+	Guard *dialguard.Guard
 }
+
+// EndpointGuardNames name bundle endpoints and the flags that set their
+// allowed and denied ranges in a guard's refusals.
+var EndpointGuardNames = dialguard.Names{
+	Target: "a bundle endpoint", AllowFlag: "--bundle-endpoint-cidrs", DenyFlag: "--bundle-endpoint-deny-cidrs",
+}
+
+// DefaultEndpointGuard allows bundle endpoints anywhere but in
+// dialguard.DefaultDeny (link-local: cloud metadata) and unspecified
+// addresses.
+var DefaultEndpointGuard = func() *dialguard.Guard {
+	g, err := dialguard.New(nil, dialguard.DefaultDeny, EndpointGuardNames)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}()
 
 // FetchError is a rejected fetch; Reason is a short machine-friendly cause.
 type FetchError struct {
@@ -78,10 +101,18 @@ func Fetch(ctx context.Context, ep Endpoint, auth *spiffebundle.Bundle, last *sp
 	if timeout <= 0 {
 		timeout = FetchTimeout
 	}
+	guard := ep.Guard
+	if guard == nil {
+		guard = DefaultEndpointGuard
+	}
+	// Direct connections only (no HTTPS_PROXY of the hub's environment):
+	// through a proxy the guard would see only the proxy's address, and the
+	// proxy would resolve and connect the peer's host wherever it points.
+	dialer := &net.Dialer{Timeout: timeout, ControlContext: guard.Control}
 	client := &http.Client{
 		Timeout: timeout,
 		Transport: &http.Transport{
-			TLSClientConfig: tlsCfg, Proxy: http.ProxyFromEnvironment,
+			TLSClientConfig: tlsCfg, DialContext: dialer.DialContext,
 			ResponseHeaderTimeout: timeout, DisableKeepAlives: true,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return errors.New("redirects are not followed") },
@@ -94,6 +125,10 @@ func Fetch(ctx context.Context, ep Endpoint, auth *spiffebundle.Bundle, last *sp
 	}
 	resp, err := client.Do(req)
 	if err != nil {
+		var refused *dialguard.RefusedError
+		if errors.As(err, &refused) {
+			return nil, reject("address_refused", "fetching %s: refusing to connect to a bundle endpoint: %v", ep.URL, refused)
+		}
 		if ctx.Err() != nil {
 			return nil, reject("timeout", "fetching %s: no answer within %s", ep.URL, timeout)
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"sort"
@@ -20,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/hubmesh/hub/internal/dialguard"
 )
 
 // InvalidError is a federation request the hub refuses; its message says why.
@@ -67,6 +70,24 @@ func (s PeerSpec) Validate(local spiffeid.TrustDomain) error {
 		}
 	default:
 		return invalid("profile must be https_web or https_spiffe, not %q", s.Profile)
+	}
+	return nil
+}
+
+// checkEndpointAddress refuses a bundle endpoint URL whose host is an IP
+// literal the guard denies; a DNS name is checked when it is dialled, on
+// every fetch.
+func checkEndpointAddress(rawURL string, guard *dialguard.Guard) error {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return invalid("bundleEndpointURL does not parse")
+	}
+	a, err := netip.ParseAddr(u.Hostname())
+	if err != nil {
+		return nil
+	}
+	if err := guard.Check(a); err != nil {
+		return invalid("bundleEndpointURL: the hub refuses to connect to a bundle endpoint at %v", err)
 	}
 	return nil
 }
@@ -121,6 +142,9 @@ func (f *Federation) peerConfigMaps(ctx context.Context, td spiffeid.TrustDomain
 // PeerConfigMapName is created. It reports whether the relationship is new.
 func (f *Federation) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool, err error) {
 	if err := spec.Validate(f.cfg.TrustDomain); err != nil {
+		return false, err
+	}
+	if err := checkEndpointAddress(spec.BundleEndpointURL, f.cfg.EndpointGuard); err != nil {
 		return false, err
 	}
 	td, err := spiffeid.TrustDomainFromString(spec.TrustDomain)

@@ -41,7 +41,12 @@ type testServer struct {
 // until the test ends.
 func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Config) *testServer {
 	t.Helper()
-	dash := New(cfg)
+	return serveDashboard(t, New(cfg), opts, tlsClient)
+}
+
+// serveDashboard is startServer for a dashboard the test keeps.
+func serveDashboard(t *testing.T, dash *Dashboard, opts ServerOptions, tlsClient *tls.Config) *testServer {
+	t.Helper()
 	srv, err := NewServer(dash, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +85,19 @@ func startServer(t *testing.T, cfg Config, opts ServerOptions, tlsClient *tls.Co
 // to be read as bytes (openStream parses events).
 func (s *testServer) rawStream(t *testing.T, page string, cookie *http.Cookie) *bufio.Reader {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, s.base+"/events?page="+url.QueryEscape(page), nil)
+	resp := s.requestEvents(t, context.Background(), page, cookie)
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /events: %s", resp.Status)
+	}
+	return bufio.NewReader(resp.Body)
+}
+
+// requestEvents sends GET /events for page with cookie, for as long as ctx
+// lasts, and returns the response, whatever its status.
+func (s *testServer) requestEvents(t *testing.T, ctx context.Context, page string, cookie *http.Cookie) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/events?page="+url.QueryEscape(page), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +106,7 @@ func (s *testServer) rawStream(t *testing.T, page string, cookie *http.Cookie) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { resp.Body.Close() })
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /events: %s", resp.Status)
-	}
-	return bufio.NewReader(resp.Body)
+	return resp
 }
 
 // signIn signs in with token and returns the session cookie and the CSRF

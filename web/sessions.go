@@ -23,6 +23,9 @@ const (
 	endRevoked   = "session revoked"
 	endEvicted   = "too many newer sessions"
 	endFull      = "too many sessions on the hub"
+	// endDisplaced ends the oldest live stream of a session that opened
+	// more than %d: that page stops updating, the newer ones go on.
+	endDisplaced = "more than %d pages of this session are live; this one stopped updating"
 )
 
 // session is one signed-in browser. Its fields never change after sign-in;

@@ -3,6 +3,7 @@ package web
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -18,9 +19,10 @@ const sseWriteTimeout = 15 * time.Second
 // The stream re-checks its session on every tick (Config.Refresh, at most
 // 5s) and ends at once on sign-out: it ends with an "end" event saying why
 // when the session is signed out, expires, is revoked or is evicted by newer
-// sessions, and without one (so the
-// browser reconnects) when the session cannot be checked right now or the
-// server shuts down.
+// sessions, or when a newer stream of the session displaced it (see
+// liveStreams), and without one (so the browser reconnects) when the
+// session cannot be checked right now or the server shuts down. When the
+// hub holds its maximum of streams it answers 503.
 func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
 	if !ok {
@@ -43,6 +45,14 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := sessionOf(r)
+	live, err := d.live.open(s.id)
+	if err != nil {
+		d.cfg.Log.Warn("refusing a live stream", "user", s.user.Name, "limit", d.cfg.MaxLiveStreams)
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "the hub has too many live pages open; reload later", http.StatusServiceUnavailable)
+		return
+	}
+	defer d.live.close(s.id, live)
 	// The server's read and write timeouts are for ordinary requests; this
 	// one lasts, so lift them and bound each write instead.
 	rc := http.NewResponseController(w)
@@ -94,6 +104,9 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-s.ended:
 			end(s.endReason())
+			return
+		case <-live.displaced:
+			end(fmt.Sprintf(endDisplaced, d.cfg.MaxLiveStreamsPerSession))
 			return
 		case <-tick.C:
 		}

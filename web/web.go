@@ -109,6 +109,13 @@ type Config struct {
 	Heartbeat time.Duration
 	// Now is the clock of session expiry (default time.Now).
 	Now func() time.Time
+	// MaxLiveStreamsPerSession bounds the live streams (open tabs) of one
+	// session; a newer one displaces the oldest (default
+	// DefaultMaxLiveStreamsPerSession).
+	MaxLiveStreamsPerSession int
+	// MaxLiveStreams bounds the live streams of all sessions; more are
+	// refused with 503 (default DefaultMaxLiveStreams).
+	MaxLiveStreams int
 }
 
 const (
@@ -125,6 +132,7 @@ type Dashboard struct {
 	cfg      Config
 	handler  http.Handler
 	sessions *sessionStore
+	live     *liveStreams
 	tmpl     *template.Template
 	stop     chan struct{} // closed by Shutdown: live streams end
 	stopOnce sync.Once
@@ -148,9 +156,16 @@ func New(cfg Config) *Dashboard {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
+	if cfg.MaxLiveStreamsPerSession <= 0 {
+		cfg.MaxLiveStreamsPerSession = DefaultMaxLiveStreamsPerSession
+	}
+	if cfg.MaxLiveStreams <= 0 {
+		cfg.MaxLiveStreams = DefaultMaxLiveStreams
+	}
 	d := &Dashboard{
 		cfg:      cfg,
 		sessions: newSessionStore(cfg.Now),
+		live:     newLiveStreams(cfg.MaxLiveStreamsPerSession, cfg.MaxLiveStreams),
 		tmpl:     template.Must(template.New("").Funcs(funcs).Funcs(pictureFuncs).ParseFS(templateFS, "templates/*.html")),
 		stop:     make(chan struct{}),
 	}

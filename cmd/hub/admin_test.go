@@ -111,7 +111,8 @@ func TestAdminServesAPIAndDashboard(t *testing.T) {
 	}{
 		{"health", "GET", "/healthz", nil, "", 200, "text/plain", "default-src 'none'"},
 		{"readiness", "GET", "/readyz", nil, "", 200, "text/plain", "default-src 'none'"},
-		{"metrics", "GET", "/metrics", nil, "", 200, "text/plain", "default-src 'none'"},
+		{"metrics without a token", "GET", "/metrics", nil, "", 401, "application/problem+json", "default-src 'none'"},
+		{"metrics with a token", "GET", "/metrics", bearer, "", 200, "text/plain", "default-src 'none'"},
 		{"API without a token", "GET", "/api/v1/clusters", nil, "", 401, "application/problem+json", "default-src 'none'"},
 		{"API with a token", "GET", "/api/v1/clusters", bearer, "", 200, "application/json", "default-src 'none'"},
 		{"API unknown route", "GET", "/api/v1/nothing", bearer, "", 404, "application/problem+json", "default-src 'none'"},

@@ -9,11 +9,15 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The demo's workloads (gRPC backends and clients) run in a network
@@ -21,10 +25,14 @@ import (
 // EndpointSlices (DESIGN.md §5), so each backend gets an address from the
 // benchmark range 198.18.0.0/15 on the namespace's loopback. A veth pair
 // joins the namespace to the network namespace the demo runs in (the host's,
-// or a test's); the hub, the clusters and the dashboard stay on loopback, and
-// a relay on the host side of the veth forwards the workloads' xDS
-// connections to the hub. The demo touches only the namespace and the veth
-// pair it created.
+// or a test's); the hub, the clusters and the dashboard stay on loopback. The
+// workloads reach the hub's plaintext xDS port through a relay whose
+// listener is opened inside their namespace, on its loopback: no other
+// network namespace, and so no other host, can connect to it (a listener on
+// the host side of the veth could be reached from the LAN: Linux accepts a
+// packet for any local address on any interface, so a neighbour routing
+// 198.19.254.1 via this host would reach the hub's xDS port). The demo
+// touches only the namespace and the veth pair it created.
 const (
 	// demoNetnsPrefix names the demo's namespaces: hub-demo-<pid of the demo>.
 	demoNetnsPrefix = "hub-demo-"
@@ -100,6 +108,47 @@ func newDemoNetns(ctx context.Context, addrs []string) (_ *demoNetns, err error)
 	}
 	return n, nil
 }
+
+// Listen opens a TCP listener on addr inside the namespace (e.g.
+// 127.0.0.1:0 for its loopback): only processes in the namespace can
+// connect to it, while this process accepts and serves its connections.
+func (n *demoNetns) Listen(addr string) (net.Listener, error) {
+	var lis net.Listener
+	err := n.do(func() (err error) {
+		lis, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s in the network namespace %s: %w", addr, n.name, err)
+	}
+	return lis, nil
+}
+
+// do runs fn on an OS thread that joined the namespace. A socket keeps the
+// namespace it was made in, whichever thread uses it later. The thread is
+// never handed back to the Go scheduler (its goroutine ends while locked, so
+// the runtime discards it): no other goroutine ever runs in the namespace.
+func (n *demoNetns) do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked, on purpose (see above)
+		f, err := os.Open(filepath.Join(netnsDir, n.name))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("joining the network namespace %s: %w", n.name, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// netnsDir is where `ip netns add` binds its namespaces.
+const netnsDir = "/run/netns"
 
 // Command returns a command that runs name with args inside the namespace.
 func (n *demoNetns) Command(name string, args ...string) *exec.Cmd {
@@ -193,7 +242,7 @@ func ipCmd(ctx context.Context, args ...string) error {
 // relay forwards every TCP connection accepted on lis to target until ctx
 // is done; then it closes lis and every open connection and returns when
 // all its goroutines have ended. The workloads in the namespace reach the
-// hub's xDS port on loopback through it.
+// hub's xDS port on loopback through it (lis from demoNetns.Listen).
 func relay(ctx context.Context, lis net.Listener, target string) {
 	var (
 		mu    sync.Mutex

@@ -65,9 +65,11 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	defer parts.Wait()
 	defer cancel()
 
-	lis, err := net.Listen("tcp", net.JoinHostPort(demoVethHostIP.String(), "0"))
+	// The relay listens on the namespace's own loopback: reachable from the
+	// workloads alone (see demo_netns.go).
+	lis, err := cfg.netns.Listen("127.0.0.1:0")
 	if err != nil {
-		return fmt.Errorf("listening on the host side of the veth pair: %w", err)
+		return err
 	}
 	parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
 	xdsAddr := lis.Addr().String()

@@ -67,6 +67,7 @@ type config struct {
 	maxWorkloadCertTTL   time.Duration
 	xdsLimits            xdsLimits
 	mtlsMode             string
+	hardening            hardeningFlags
 }
 
 // xdsLimits are the bounds on xDS input (hub.Limits).
@@ -117,6 +118,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
 	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", hub.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
 	fs.StringVar(&c.mtlsMode, "mtls-mode", string(hub.DefaultMTLSMode), "mesh-wide mTLS of proxyless gRPC workloads (xDS credentials), as Istio's modes apply to them: STRICT (clusters carry an UpstreamTlsContext, inbound listeners require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port)")
+	c.hardening.register(fs)
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
 
@@ -185,6 +187,9 @@ func (c *config) validate() error {
 	}
 	if c.memberMaxObjects <= 0 {
 		return fmt.Errorf("--member-max-objects must be positive, not %d", c.memberMaxObjects)
+	}
+	if err := c.hardening.validate(); err != nil {
+		return err
 	}
 	if c.remoteClusterTimeout <= 0 {
 		return fmt.Errorf("--remote-cluster-timeout must be positive, not %s", c.remoteClusterTimeout)

@@ -93,8 +93,12 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 	if err != nil {
 		return fmt.Errorf("--tls-dns-names: %w", err)
 	}
+	endpointGuard, err := cfg.hardening.endpointGuard()
+	if err != nil {
+		return err
+	}
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames})
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard})
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
 		Home:           home,
@@ -200,6 +204,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		CA:           h,
 		Auth:         auth,
 		Metrics:      metrics,
+		OpenMetrics:  cfg.hardening.metricsAuth == metricsAuthNone,
 		Log:          log,
 	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log})
 	if err != nil {

@@ -28,11 +28,18 @@
     if (status) { status.textContent = "Live · updated " + new Date().toLocaleTimeString(); }
   });
   // The server ends the stream for good when the session is over (signed
-  // out elsewhere, expired or revoked); the reason is plain text.
+  // out elsewhere, expired or revoked) or when newer pages of the session
+  // took its place; the reason is plain text.
   src.addEventListener("end", function (ev) {
     src.close();
-    if (status) { status.textContent = "Live updates stopped: " + ev.data + ". Reload to sign in again."; }
+    if (status) { status.textContent = "Live updates stopped: " + ev.data + ". Reload the page to resume."; }
   });
   src.onopen = function () { if (status) { status.textContent = "Live updates on"; } };
-  src.onerror = function () { if (status) { status.textContent = "Live updates reconnecting…"; } };
+  // A refused stream (the hub at its limit of live pages) is closed by the
+  // browser for good; a dropped one is retried.
+  src.onerror = function () {
+    if (!status) { return; }
+    status.textContent = src.readyState === EventSource.CLOSED ?
+      "Live updates unavailable right now. Reload the page later." : "Live updates reconnecting…";
+  };
 })();
