@@ -329,6 +329,7 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 	case code == codes.ResourceExhausted:
 		return identity{}, claimed, refuse(code, caReasonRateLimited, "%v", err)
 	case code == codes.PermissionDenied:
+		s.scope.count("ca", err)
 		return identity{}, claimed, refuse(code, err.(*scopeError).reason, "%v", err)
 	default:
 		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
