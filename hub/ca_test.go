@@ -78,7 +78,7 @@ type caCall struct {
 	ttl     int64 // seconds
 }
 
-func (s *secureHub) createCertificate(t *testing.T, addr string, c caCall) (*securityv1alpha1.IstioCertificateResponse, error) {
+func (s *secureHub) createCertificate(t testing.TB, addr string, c caCall) (*securityv1alpha1.IstioCertificateResponse, error) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds))
 	if err != nil {
@@ -99,7 +99,7 @@ func (s *secureHub) createCertificate(t *testing.T, addr string, c caCall) (*sec
 
 // newCSR makes a PEM CSR signed by key that asks for identities the
 // caller does not have: the CA must ignore them.
-func newCSR(t *testing.T, key crypto.Signer) string {
+func newCSR(t testing.TB, key crypto.Signer) string {
 	t.Helper()
 	other, _ := url.Parse("spiffe://example.org/ns/kube-system/sa/admin")
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
@@ -114,7 +114,7 @@ func newCSR(t *testing.T, key crypto.Signer) string {
 // posingCSR is a PEM CSR for an RSA public key of bits bits and exponent
 // e that nobody holds (a random odd modulus), with a signature of zeros:
 // the CA must refuse such a key before it checks the signature.
-func posingCSR(t *testing.T, bits, e int) string {
+func posingCSR(t testing.TB, bits, e int) string {
 	t.Helper()
 	buf := make([]byte, bits/8)
 	if _, err := rand.Read(buf); err != nil {
@@ -173,7 +173,7 @@ var rsaKey = sync.OnceValue(func() *rsa.PrivateKey {
 })
 
 // parseChain decodes a response: one PEM certificate per element.
-func parseChain(t *testing.T, resp *securityv1alpha1.IstioCertificateResponse) []*x509.Certificate {
+func parseChain(t testing.TB, resp *securityv1alpha1.IstioCertificateResponse) []*x509.Certificate {
 	t.Helper()
 	var out []*x509.Certificate
 	for i, p := range resp.GetCertChain() {
@@ -399,7 +399,7 @@ func TestCreateCertificateRenewsWithOurCertificate(t *testing.T) {
 }
 
 // withCertificate is client TLS presenting the chain issued for key.
-func (s *secureHub) withCertificate(t *testing.T, key crypto.Signer, issued []*x509.Certificate) credentials.TransportCredentials {
+func (s *secureHub) withCertificate(t testing.TB, key crypto.Signer, issued []*x509.Certificate) credentials.TransportCredentials {
 	t.Helper()
 	cert := tls.Certificate{PrivateKey: key, Leaf: issued[0]}
 	for _, c := range issued {
