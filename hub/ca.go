@@ -197,6 +197,9 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 		return nil, s.fail(ctx, id, claimed, err)
 	}
 	release, err := s.acquire(ctx, !id.notAfter.IsZero())
+	if ctx.Err() != nil {
+		return nil, status.FromContextError(ctx.Err()).Err() // the caller gave up: not a refusal
+	}
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
@@ -241,9 +244,9 @@ func (s *caServer) inScope(id identity) error {
 	return nil
 }
 
-// acquire waits for a worker slot until ctx ends, a renewal also for a
-// renewal slot, and returns its release. Past maxWaiting waiting requests
-// it refuses at once.
+// acquire waits for a worker slot until ctx ends (then it returns
+// ctx's error), a renewal also for a renewal slot, and returns the slot's
+// release. Past maxWaiting waiting requests it refuses at once.
 func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
 	select { // a free slot: no queueing
 	case s.workers <- struct{}{}:
@@ -253,7 +256,7 @@ func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
 	if s.waiting.Add(1) > s.maxWaiting {
 		s.waiting.Add(-1)
 		return nil, refuse(codes.ResourceExhausted, caReasonOverloaded,
-			"the CA has %d requests waiting (at most %d): try again later", s.maxWaiting, s.maxWaiting)
+			"the CA already has %d requests waiting for a worker: try again later", s.maxWaiting)
 	}
 	defer s.waiting.Add(-1)
 	renewals := s.renewals
@@ -266,7 +269,7 @@ func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
 	case renewals <- struct{}{}:
 		return func() { <-s.renewals }, nil
 	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, ctx.Err()
 	}
 }
 
