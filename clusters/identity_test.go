@@ -47,14 +47,24 @@ func (e *syncedEvents) count(cluster string) int {
 // startScopedRegistry is startRegistry with SecretEvents recorded.
 func startScopedRegistry(t *testing.T) (*Registry, *syncedEvents, string) {
 	t.Helper()
+	ev := &syncedEvents{synced: map[string]int{}}
+	r, ns := startRegistryWith(t, func(c *Config) { c.SyncTimeout, c.SecretEvents = time.Minute, ev })
+	return r, ev, ns
+}
+
+// startRegistryWith runs a Registry of the home cluster, its namespace
+// fresh for this test, with a recording sink and what configure sets,
+// until the test ends.
+func startRegistryWith(t *testing.T, configure func(*Config)) (*Registry, string) {
+	t.Helper()
 	e := localcluster.Require(t, env)
 	ns := "hub-" + rand.String(6)
 	if err := localcluster.EnsureNamespace(context.Background(), kube(t, e.Cluster("home")), ns); err != nil {
 		t.Fatal(err)
 	}
-	ev := &syncedEvents{synced: map[string]int{}}
-	r, err := NewRegistry(Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: time.Minute,
-		Sink: newRecordingSink(), SecretEvents: ev})
+	cfg := Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, Sink: newRecordingSink()}
+	configure(&cfg)
+	r, err := NewRegistry(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +77,7 @@ func startScopedRegistry(t *testing.T) (*Registry, *syncedEvents, string) {
 			t.Errorf("registry: %v", err)
 		}
 	})
-	return r, ev, ns
+	return r, ns
 }
 
 func wantScope(r *Registry, id string, check func(IdentityScope) error) func() error {

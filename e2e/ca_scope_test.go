@@ -121,12 +121,7 @@ func TestCAMemberIdentityScope(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("scope.test")
 	root := "root-" + rand.String(5) // Istio's root namespace of this test
 	h := startHub(t, home, "--namespace", ns, "--root-namespace", root, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0")
-	eventually(t, 30*time.Second, func() error {
-		if cl := h.clusters(t); cl["west"].State != "Ready" {
-			return fmt.Errorf("members: %+v", cl)
-		}
-		return nil
-	})
+	h.clusterState(t, 30*time.Second, "west", "Ready")
 	creds := credentials.NewTLS(tlsconfig.TLSClientConfig(h.bundle(t, td), tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 	addr := h.addrs["xds-tls"]
 	issue := func(token, cluster string) (string, error) {
@@ -277,12 +272,7 @@ func TestCAMadeUpTokensAreLimited(t *testing.T) {
 	}
 	td := spiffeid.RequireTrustDomainFromString("flood.test")
 	h := startHub(t, home, "--namespace", ns, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0")
-	eventually(t, 30*time.Second, func() error {
-		if cl := h.clusters(t); cl["west"].State != "Ready" {
-			return fmt.Errorf("members: %+v", cl)
-		}
-		return nil
-	})
+	h.clusterState(t, 30*time.Second, "west", "Ready")
 	creds := credentials.NewTLS(tlsconfig.TLSClientConfig(h.bundle(t, td), tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 	csr := scopeCSR(t)
 	before := tokenReviewsServed(t, west)
