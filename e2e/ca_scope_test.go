@@ -30,8 +30,8 @@ import (
 	"github.com/hubmesh/hub/trust"
 )
 
-// scopeCSR is a fresh RSA-2048 CSR.
-func scopeCSR(t *testing.T) string {
+// rsaCSR is a fresh RSA-2048 key and a CSR of it.
+func rsaCSR(t *testing.T) (*rsa.PrivateKey, string) {
 	t.Helper()
 	key, err := rsa.GenerateKey(cryptorand.Reader, 2048)
 	if err != nil {
@@ -41,7 +41,14 @@ func scopeCSR(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+}
+
+// scopeCSR is a fresh RSA-2048 CSR.
+func scopeCSR(t *testing.T) string {
+	t.Helper()
+	_, csr := rsaCSR(t)
+	return csr
 }
 
 // workloadToken creates ServiceAccount ns/sa in cs (and ns) and
