@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -239,5 +240,23 @@ func TestReviewTokenChecksAudiences(t *testing.T) {
 	}
 	if _, ok := reviews.Load(TokenAudience); !ok {
 		t.Error("the review did not ask for audience istio-ca")
+	}
+}
+
+// A member served from its persisted view (after a restart) shows Stale
+// but asserts no identity until it syncs in this process.
+func TestRestoredMemberAssertsNothing(t *testing.T) {
+	e := localcluster.Require(t, env)
+	kc, err := KubeconfigPolicy{}.ParseKubeconfig(e.Cluster("member1").Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newCluster("restored", "ns/members", kc, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.servePersisted(time.Now(), nil)
+	if synced, st := c.identitySynced(); synced || st != StateStale {
+		t.Errorf("a member restored from its persisted view: synced %v, state %s; want not synced, Stale", synced, st)
 	}
 }
