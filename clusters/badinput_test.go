@@ -245,25 +245,8 @@ func TestBadInputs(t *testing.T) {
 // startRegistryWithPolicy is startRegistry with a kubeconfig policy.
 func startRegistryWithPolicy(t *testing.T, timeout time.Duration, policy KubeconfigPolicy) (*Registry, *recordingSink, string) {
 	t.Helper()
-	e := localcluster.Require(t, env)
-	ns := "hub-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(context.Background(), kube(t, e.Cluster("home")), ns); err != nil {
-		t.Fatal(err)
-	}
 	sink := newRecordingSink()
-	r, err := NewRegistry(Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: timeout, Sink: sink, Policy: policy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("registry: %v", err)
-		}
-	})
+	r, ns := startRegistryWith(t, func(c *Config) { c.SyncTimeout, c.Sink, c.Policy = timeout, sink, policy })
 	return r, sink, ns
 }
 

@@ -87,8 +87,12 @@ type Cluster struct {
 	lastSync     time.Time
 	syncDuration time.Duration
 	everSynced   bool
-	lastErr      string
-	endpoints    map[ServiceKey]int
+	// informersSynced is set once the informers have synced, before the
+	// first publish (and before a new kubeconfig's client is promoted):
+	// from then on the member may assert identities (IdentityScope).
+	informersSynced bool
+	lastErr         string
+	endpoints       map[ServiceKey]int
 	// persistedAt is when the view it serves until its first sync was
 	// persisted (zero: it was not restored; see persist.go).
 	persistedAt time.Time
@@ -257,6 +261,9 @@ func (c *Cluster) run(ctx context.Context) {
 		return
 	}
 	timer.Stop()
+	c.mu.Lock()
+	c.informersSynced = true
+	c.mu.Unlock()
 	if c.beforePublish != nil && !c.beforePublish() || ctx.Err() != nil {
 		return // superseded, or stopped while swapping: publish nothing
 	}
@@ -269,6 +276,11 @@ func (c *Cluster) run(ctx context.Context) {
 		}
 	})
 	c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
+	if c.secretsSynced != nil {
+		// The member may assert identities from now on (IdentityScope):
+		// SDS answers withheld until it synced go out.
+		c.secretsSynced()
+	}
 	for c.processNext() {
 	}
 }

@@ -36,9 +36,10 @@ const MultiClusterLabel = "istio/multiCluster"
 type SecretEvents interface {
 	// SecretChanged: one Secret of a member changed or went away.
 	SecretChanged(cluster string, key ServiceKey)
-	// SecretsSynced: a member's Secret cache (re)synced, or the member
-	// switched to its new client (kubeconfig rotation), so any of its
-	// Secrets may differ from what was served before.
+	// SecretsSynced: a member's Secret cache (re)synced, the member
+	// switched to its new client (kubeconfig rotation), first synced, or
+	// its remote Secret's identity annotations changed (IdentityScope), so
+	// any of its Secrets may differ from what was served before.
 	SecretsSynced(cluster string)
 }
 
@@ -113,6 +114,8 @@ type member struct {
 	// rejected is set when the Secret's current kubeconfig for this ID was
 	// rejected while the previous, valid one keeps serving.
 	rejected string
+	// identity is the Secret's identity annotations (IdentityScope).
+	identity identityAnnotations
 }
 
 // NewRegistry creates a Registry. Call Run to start it.
@@ -255,6 +258,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	var data map[string][]byte
 	var ref *corev1.ObjectReference
+	var ann identityAnnotations
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -263,6 +267,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	default:
 		data = secret.Data
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
+		ann = readIdentityAnnotations(secret)
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
@@ -319,7 +324,9 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		}
 	}
 	r.pruneHistoryLocked(gone)
+	rescoped := r.setIdentityLocked(key, ann)
 	r.mu.Unlock()
+	r.identityChanged(key, ann, rescoped)
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
 		r.requeueConflicts(key)
@@ -428,6 +435,35 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	}
 	c.start(ctx)
 	return st, true
+}
+
+// setIdentityLocked records the identity annotations of Secret key on
+// the members it owns and returns those whose annotations changed.
+func (r *Registry) setIdentityLocked(key string, ann identityAnnotations) []string {
+	var changed []string
+	for id, m := range r.members {
+		if m.secret == key && !m.identity.equal(ann) {
+			m.identity = ann
+			changed = append(changed, id)
+		}
+	}
+	sort.Strings(changed)
+	return changed
+}
+
+// identityChanged logs changed identity annotations and tells SecretEvents,
+// so that SDS re-evaluates what the members' proxies may have.
+func (r *Registry) identityChanged(key string, ann identityAnnotations, ids []string) {
+	for _, id := range ids {
+		r.log.Info("member identity scope changed", "cluster", id, "secret", key, "allowRootNamespace", ann.allowRoot,
+			"namespaces", ann.namespaces, "invalid", ann.invalid)
+		if ann.invalid != "" {
+			r.log.Warn("remote secret has an invalid identity annotation; its members may assert no identity", "cluster", id, "secret", key, "error", ann.invalid)
+		}
+		if ev := r.cfg.SecretEvents; ev != nil {
+			ev.SecretsSynced(id)
+		}
+	}
 }
 
 // olderSecret reports whether Secret a (namespace/name) was created before

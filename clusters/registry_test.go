@@ -102,25 +102,8 @@ func (s *recordingSink) service(cluster string, key ServiceKey) *Service {
 // startRegistry runs a Registry whose namespace is fresh for this test.
 func startRegistry(t *testing.T, timeout time.Duration) (*Registry, *recordingSink, string) {
 	t.Helper()
-	e := localcluster.Require(t, env)
-	ns := "hub-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(context.Background(), kube(t, e.Cluster("home")), ns); err != nil {
-		t.Fatal(err)
-	}
 	sink := newRecordingSink()
-	r, err := NewRegistry(Config{Home: e.Cluster("home").RESTConfig(), HomeID: "home", Namespace: ns, SyncTimeout: timeout, Sink: sink})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("registry: %v", err)
-		}
-	})
+	r, ns := startRegistryWith(t, func(c *Config) { c.SyncTimeout, c.Sink = timeout, sink })
 	return r, sink, ns
 }
 

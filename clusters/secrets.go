@@ -170,8 +170,9 @@ func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (name
 	if err != nil {
 		return "", "", err
 	}
+	audiences := []string{TokenAudience}
 	tr, err := c.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
-		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{TokenAudience}},
+		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		return "", "", fmt.Errorf("token review in cluster %s: %w", cluster, err)
@@ -182,6 +183,13 @@ func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (name
 			reason = "not authenticated"
 		}
 		return "", "", fmt.Errorf("%w: cluster %s: %s", ErrTokenRejected, cluster, reason)
+	}
+	// As istiod: the answer must say the token is for one of the
+	// audiences asked for. An API server that authenticates it without
+	// (one that ignores spec.audiences, or answers for a token of its own
+	// audience) proves nothing about the CA's audience.
+	if !slices.ContainsFunc(tr.Status.Audiences, func(a string) bool { return slices.Contains(audiences, a) }) {
+		return "", "", fmt.Errorf("%w: cluster %s: the token's audiences %q do not include %q", ErrTokenRejected, cluster, truncateList(tr.Status.Audiences), TokenAudience)
 	}
 	parts := strings.Split(tr.Status.User.Username, ":")
 	if len(parts) != 4 || parts[0] != "system" || parts[1] != "serviceaccount" || parts[2] == "" || parts[3] == "" {
@@ -194,6 +202,20 @@ func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (name
 		return "", "", fmt.Errorf("%w: cluster %s: %q is not in group system:serviceaccounts", ErrTokenRejected, cluster, tr.Status.User.Username)
 	}
 	return parts[2], parts[3], nil
+}
+
+// truncateList bounds what a member's answer puts in an error: at most 8
+// audiences of at most 64 bytes each.
+func truncateList(list []string) []string {
+	out := make([]string, 0, min(len(list), 8))
+	for i, s := range list {
+		if i == 8 {
+			out = append(out, "…")
+			break
+		}
+		out = append(out, truncateName(s))
+	}
+	return out
 }
 
 // ErrTokenRejected means a member cluster did not authenticate a token.

@@ -274,17 +274,7 @@ func TestCAAccountDeletedAfterUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newCSR := func() (*rsa.PrivateKey, string) {
-		key, err := rsa.GenerateKey(cryptorand.Reader, 2048)
-		if err != nil {
-			t.Fatal(err)
-		}
-		der, err := x509.CreateCertificateRequest(cryptorand.Reader, &x509.CertificateRequest{}, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return key, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
-	}
+	newCSR := func() (*rsa.PrivateKey, string) { return rsaCSR(t) }
 	key, csr := newCSR()
 	resp, err := createCertificate(addr, credentials.NewTLS(verify), tr.Status.Token, "west", csr, 600)
 	if err != nil {

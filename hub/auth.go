@@ -5,13 +5,18 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/hubmesh/hub/internal/ttlcache"
 )
@@ -35,17 +40,30 @@ const (
 
 // tokenAuth turns service-account tokens into workload identities of our
 // trust domain. Answers are cached by a hash of (cluster, token), never the
-// token itself: an accepted token for a minute, a rejected one for ten
-// seconds, so a reconnecting fleet does not flood members with reviews. A
-// caller may ask for a fresher acceptance (the CA does: caTokenMaxAge); a
-// rejection then also ends the cached acceptance, for every caller.
+// token itself: an accepted token for a minute, a rejected one for
+// tokenRejectedTTL, so a reconnecting fleet does not flood members with
+// reviews. A caller may ask for a fresher acceptance (the CA does:
+// caTokenMaxAge); a rejection then also ends the cached acceptance, for
+// every caller.
+//
+// A member that has not synced asserts nothing (identityScope.memberMay):
+// its tokens are not even reviewed. Tokens a member rejects are charged to
+// the caller's source address (failures): a source that keeps sending
+// tokens its member rejects gets ResourceExhausted instead of more reviews,
+// so anonymous callers cannot make the hub flood a member's API server.
+// Accepted tokens are never charged: a fleet behind one NAT address that
+// reconnects with new tokens is not limited.
 type tokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
+	scope    *identityScope // nil: every member may assert identities
 	accepted *ttlcache.Cache[[32]byte, reviewed]
 	rejected *ttlcache.Cache[[32]byte, error]
 	slots    *reviewSlots
+	failures *sourceLimiter
 	now      func() time.Time
+	reviews  *prometheus.CounterVec // TokenReviews sent, by result
+	refusals *prometheus.CounterVec // tokens refused without a review, by reason
 }
 
 // reviewed is an accepted token's identity and when its member said so.
@@ -55,17 +73,62 @@ type reviewed struct {
 }
 
 // tokenAcceptedTTL is how long an accepted token is believed without
-// asking its member again (by callers that take any cached answer).
-const tokenAcceptedTTL = time.Minute
+// asking its member again (by callers that take any cached answer);
+// tokenRejectedTTL how long a rejected one is refused without asking.
+const (
+	tokenAcceptedTTL = time.Minute
+	tokenRejectedTTL = 15 * time.Second
+)
+
+// Rejected tokens a source may cause: tokenFailureBurst at once, then one
+// every tokenFailureEvery. Sources are the callers' IP addresses (IPv6 by
+// /64), at most maxTokenSources remembered (least recently seen forgotten
+// first, which at worst gives a forgotten source a new burst).
+const (
+	tokenFailureBurst = 20
+	tokenFailureEvery = time.Second
+	maxTokenSources   = 10000
+)
+
+// Label values of hub_token_reviews_total and hub_token_refusals_total.
+const (
+	tokenReviewAccepted    = "accepted"
+	tokenReviewRejected    = "rejected"
+	tokenReviewUnavailable = "unavailable"
+
+	tokenRefusedRateLimited     = "rate_limited"
+	tokenRefusedCachedRejection = "cached_rejection"
+	tokenRefusedNotSynced       = scopeMemberNotSynced
+)
 
 func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
-	return &tokenAuth{
+	a := &tokenAuth{
 		reviewer: r, td: td,
 		accepted: ttlcache.New[[32]byte, reviewed](10000, tokenAcceptedTTL),
-		rejected: ttlcache.New[[32]byte, error](10000, 10*time.Second),
+		rejected: ttlcache.New[[32]byte, error](10000, tokenRejectedTTL),
 		slots:    newReviewSlots(tokenReviewsPerMember, tokenReviewsOverall),
+		failures: newSourceLimiter(rate.Every(tokenFailureEvery), tokenFailureBurst, maxTokenSources),
 		now:      time.Now,
+		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_token_reviews_total",
+			Help: "TokenReviews the hub sent to members for service-account tokens (CA and mTLS xDS), by result: accepted, rejected, unavailable (no answer in time).",
+		}, []string{"result"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_token_refusals_total",
+			Help: "Service-account tokens refused without a TokenReview, by reason: rate_limited (the caller's source sent too many rejected tokens), cached_rejection (rejected within the last seconds), member_not_synced.",
+		}, []string{"reason"}),
 	}
+	for _, v := range []string{tokenReviewAccepted, tokenReviewRejected, tokenReviewUnavailable} {
+		a.reviews.WithLabelValues(v)
+	}
+	for _, v := range []string{tokenRefusedRateLimited, tokenRefusedCachedRejection, tokenRefusedNotSynced} {
+		a.refusals.WithLabelValues(v)
+	}
+	return a
+}
+
+func (a *tokenAuth) collectors() []prometheus.Collector {
+	return []prometheus.Collector{a.reviews, a.refusals}
 }
 
 // authenticate reviews token in cluster and returns the identity it proves:
@@ -74,17 +137,29 @@ func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 // is. It runs on the calling stream's goroutine (its first request) and
 // holds no lock while the member is asked: a member that does not answer
 // delays only that stream, for at most 5 seconds, never another stream or
-// a push.
+// a push. The identity's namespace is not checked here (the CA and SDS
+// check it: identityScope.allow), only that its member may assert any.
 func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, maxAge time.Duration) (identity, error) {
 	if a == nil || a.reviewer == nil {
 		return identity{}, errors.New("service-account token authentication is not configured on this hub")
+	}
+	if err := a.scope.memberMay(cluster); err != nil {
+		a.refusals.WithLabelValues(tokenRefusedNotSynced).Inc()
+		return identity{}, err
 	}
 	key := sha256.Sum256([]byte(cluster + "\x00" + token))
 	if r, ok := a.accepted.Get(key); ok && (maxAge <= 0 || a.now().Sub(r.at) < maxAge) {
 		return r.id, nil
 	}
 	if err, ok := a.rejected.Get(key); ok {
+		a.refusals.WithLabelValues(tokenRefusedCachedRejection).Inc()
 		return identity{}, err
+	}
+	source := sourceOf(ctx)
+	if !a.failures.mayFail(source) {
+		a.refusals.WithLabelValues(tokenRefusedRateLimited).Inc()
+		return identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s (at most %d, then one every %s): not reviewed",
+			source, tokenFailureBurst, tokenFailureEvery)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -96,14 +171,18 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 	a.slots.release(cluster)
 	if err != nil {
 		if ctx.Err() != nil { // a timeout is not the token's fault
+			a.reviews.WithLabelValues(tokenReviewUnavailable).Inc()
 			return identity{}, &ReviewUnavailableError{err}
 		}
 		// The member said no (the account is gone, the token revoked or
 		// expired): no caller may go on believing an earlier yes.
+		a.reviews.WithLabelValues(tokenReviewRejected).Inc()
+		a.failures.failed(source)
 		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
 		return identity{}, err
 	}
+	a.reviews.WithLabelValues(tokenReviewAccepted).Inc()
 	td, err := spiffeid.TrustDomainFromString(a.td())
 	if err != nil {
 		return identity{}, fmt.Errorf("our trust domain: %w", err)
@@ -115,6 +194,60 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 	id := identity{spiffeID: sid, namespace: ns, cluster: cluster, fromToken: true}
 	a.accepted.Add(key, reviewed{id: id, at: a.now()})
 	return id, nil
+}
+
+// sourceLimiter limits, per source address, how many failures it may
+// cause: a token bucket per source in a bounded LRU. A source may try
+// while its bucket has a token; each failure takes one. Tries running at
+// once may overshoot by the review slots of their members.
+type sourceLimiter struct {
+	every rate.Limit
+	burst int
+	lims  *lru.Cache[string, *rate.Limiter]
+}
+
+func newSourceLimiter(every rate.Limit, burst, size int) *sourceLimiter {
+	lims, _ := lru.New[string, *rate.Limiter](size) // size > 0: no error
+	return &sourceLimiter{every: every, burst: burst, lims: lims}
+}
+
+func (l *sourceLimiter) limiter(source string) *rate.Limiter {
+	lim := rate.NewLimiter(l.every, l.burst)
+	if prev, found, _ := l.lims.PeekOrAdd(source, lim); found {
+		l.lims.Get(source) // recently used
+		return prev
+	}
+	return lim
+}
+
+// mayFail reports whether source has a failure left.
+func (l *sourceLimiter) mayFail(source string) bool {
+	return l.limiter(source).Tokens() >= 1
+}
+
+// failed charges a failure to source.
+func (l *sourceLimiter) failed(source string) {
+	l.limiter(source).Allow()
+}
+
+// sourceOf is the caller's address for rate limits: its IP (an IPv6
+// address by its /64, which one host usually has whole), else the peer
+// address as given.
+func sourceOf(ctx context.Context) string {
+	pr, ok := peer.FromContext(ctx)
+	if !ok || pr.Addr == nil {
+		return "unknown"
+	}
+	ap, err := netip.ParseAddrPort(pr.Addr.String())
+	if err != nil {
+		return pr.Addr.String()
+	}
+	ip := ap.Addr().Unmap()
+	if ip.Is4() {
+		return ip.String()
+	}
+	p, _ := ip.Prefix(64)
+	return p.String()
 }
 
 // reviewSlots bounds the reviews running at once, per member and overall.
@@ -176,13 +309,27 @@ func (e *ReviewUnavailableError) Error() string {
 }
 func (e *ReviewUnavailableError) Unwrap() error { return e.Err }
 
+// RateLimitedError means a token was not reviewed because its caller's
+// source sent too many tokens that were rejected.
+type RateLimitedError struct{ msg string }
+
+func (e *RateLimitedError) Error() string { return e.msg }
+
 // tokenErrorCode is the gRPC code of a token that was not accepted:
-// Unavailable when the member could not review it in time, else
-// Unauthenticated.
+// Unavailable when the member could not review it in time,
+// ResourceExhausted when its source is rate limited, PermissionDenied when
+// its member may assert no identity yet, else Unauthenticated.
 func tokenErrorCode(err error) codes.Code {
 	var unavailable *ReviewUnavailableError
-	if errors.As(err, &unavailable) {
+	var limited *RateLimitedError
+	var scope *scopeError
+	switch {
+	case errors.As(err, &unavailable):
 		return codes.Unavailable
+	case errors.As(err, &limited):
+		return codes.ResourceExhausted
+	case errors.As(err, &scope):
+		return codes.PermissionDenied
 	}
 	return codes.Unauthenticated
 }

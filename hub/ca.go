@@ -74,16 +74,33 @@ const caTokenMaxAge = 5 * time.Second
 // maxCSRBytes bounds the CSR of one request (a PEM RSA-4096 CSR is ~1.7 KiB).
 const maxCSRBytes = 64 << 10
 
-// maxRSABits bounds an RSA CSR key: checking its signature costs more
-// with every bit.
-const maxRSABits = 8192
+// maxRSABits bounds an RSA CSR key, and its public exponent must be
+// 65537 (what every RSA key generator in use, Go's and so istio-agent's
+// included, makes): checking a signature costs more with every bit of
+// either. An RSA-8192 CSR with the largest exponent Go accepts costs ~4 ms
+// of CPU to check, 120 times an RSA-2048 one; RSA-4096 with 65537 costs
+// well under a millisecond. istio-agent makes RSA-2048 keys (or ECDSA
+// P-256) unless told otherwise; 4096 bits is the largest that Istio's own
+// key options offer.
+const (
+	maxRSABits     = 4096
+	rsaExponent    = 65537
+	minRSABits     = 2048
+	caQueuePerSlot = 64 // requests that may wait, per worker slot
+)
 
-// caWorkers bounds the requests whose CSR is checked and signed at once:
-// an RSA-8192 CSR with a large public exponent costs ~4 ms of CPU to check
-// (120 times an RSA-2048 one), and authenticated callers sending many at
-// once must leave cores to the pushes. The others wait (until their
-// deadline).
-var caWorkers = max(1, runtime.GOMAXPROCS(0)/2)
+// caWorkers bounds the requests whose CSR is checked and signed at once
+// (one per core: with the key limits above each is short, and a push is
+// not starved for long), caRenewalWorkers more slots only renewals by
+// certificate may take: a flood of token-authenticated requests (new
+// workloads, or one caller with many tokens) cannot hold up the renewals
+// that keep the running fleet's certificates valid. At most caQueuePerSlot
+// requests per slot wait; the next are refused with ResourceExhausted
+// (istio-agent retries with backoff) rather than piling up goroutines.
+var (
+	caWorkers        = max(1, runtime.GOMAXPROCS(0))
+	caRenewalWorkers = max(1, runtime.GOMAXPROCS(0)/2)
+)
 
 // caServer is the IstioCertificateService of the mTLS listener.
 type caServer struct {
@@ -96,8 +113,11 @@ type caServer struct {
 	members    Members // nil: every member a credential proves is taken as current
 	stats      *caStats
 	log        *slog.Logger
-	workers    chan struct{} // a slot per request being checked and signed (caWorkers)
-	waiting    atomic.Int64  // requests waiting for a slot
+	scope      *identityScope // nil: any identity a credential proves
+	workers    chan struct{}  // a slot per request being checked and signed (caWorkers)
+	renewals   chan struct{}  // more slots for renewals by certificate (caRenewalWorkers)
+	waiting    atomic.Int64   // requests waiting for a slot
+	maxWaiting int64
 }
 
 func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, maxTTL time.Duration, log *slog.Logger) *caServer {
@@ -106,7 +126,8 @@ func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, max
 	}
 	return &caServer{signer: signer, roots: roots, tokens: tokens,
 		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log,
-		workers: make(chan struct{}, caWorkers)}
+		workers: make(chan struct{}, caWorkers), renewals: make(chan struct{}, caRenewalWorkers),
+		maxWaiting: int64(caQueuePerSlot * (caWorkers + caRenewalWorkers))}
 }
 
 // caError is a refused request: its gRPC code, the metrics reason (one of
@@ -132,6 +153,13 @@ const (
 	caReasonCertificateRejected = "certificate_rejected" // not a member-bound workload certificate of our trust domain
 	caReasonClusterMismatch     = "cluster_mismatch"     // a certificate bound to one member, ClusterID naming another
 	caReasonNotMember           = "not_member"           // the member a credential proves is no longer in the federation
+	caReasonRateLimited         = "rate_limited"         // the caller's source sent too many rejected tokens (ResourceExhausted)
+	caReasonOverloaded          = "overloaded"           // too many requests waiting for a worker (ResourceExhausted)
+	// PermissionDenied: an identity its member may not assert (scope*).
+	caReasonMemberNotSynced     = scopeMemberNotSynced
+	caReasonHubNamespace        = scopeHubNamespace
+	caReasonRootNamespace       = scopeRootNamespace
+	caReasonNamespaceNotAllowed = scopeNamespaceNotAllowed
 	caReasonInvalidCSR          = "invalid_csr"
 	caReasonInvalidTTL          = "invalid_ttl"
 	caReasonSigning             = "signing_failed" // Internal
@@ -139,13 +167,17 @@ const (
 
 // caReasons lists every reason, for the read model's stable order.
 var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonReviewUnavailable, caReasonCertificateRejected,
-	caReasonClusterMismatch, caReasonNotMember, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
+	caReasonClusterMismatch, caReasonNotMember, caReasonRateLimited, caReasonOverloaded, caReasonMemberNotSynced,
+	caReasonHubNamespace, caReasonRootNamespace, caReasonNamespaceNotAllowed, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
 
 // CreateCertificate signs the CSR's public key for the caller's
-// authenticated identity. Errors are Unauthenticated (who the caller is),
-// InvalidArgument (what it asked for) or Internal (signing); each is
-// logged with the member, the identity when known and the reason, never
-// with the token or the CSR.
+// authenticated identity if its member may assert it (identityScope).
+// Errors are Unauthenticated (who the caller is), PermissionDenied (an
+// identity its member may not assert), ResourceExhausted (rate limited or
+// overloaded), Unavailable (the member did not answer), InvalidArgument
+// (what it asked for) or Internal (signing); each is logged with the
+// member, the identity when known and the reason, never with the token or
+// the CSR.
 func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	start := time.Now()
 	id, claimed, err := s.authenticate(ctx)
@@ -154,22 +186,28 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 		err = refuse(codes.Unauthenticated, caReasonNotMember,
 			"member %s, which the credential of %s proves, is not in the federation (removed or invalid)", id.cluster, id.spiffeID)
 	}
+	if err == nil {
+		err = s.inScope(id)
+	}
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
-	s.waiting.Add(1)
-	select {
-	case s.workers <- struct{}{}:
-		s.waiting.Add(-1)
-	case <-ctx.Done():
-		s.waiting.Add(-1)
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	defer func() { <-s.workers }()
-	pub, err := parseCSR(req.GetCsr())
+	csr, err := parseCSR(req.GetCsr())
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
+	release, err := s.acquire(ctx, !id.notAfter.IsZero())
+	if ctx.Err() != nil {
+		return nil, status.FromContextError(ctx.Err()).Err() // the caller gave up: not a refusal
+	}
+	if err != nil {
+		return nil, s.fail(ctx, id, claimed, err)
+	}
+	defer release()
+	if err := csr.CheckSignature(); err != nil {
+		return nil, s.fail(ctx, id, claimed, refuse(codes.InvalidArgument, caReasonInvalidCSR, "the CSR's signature does not verify: %v", err))
+	}
+	pub := csr.PublicKey
 	ttl, err := s.ttl(req.GetValidityDuration())
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
@@ -194,6 +232,45 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 	s.log.Debug("workload certificate issued", "cluster", id.cluster, "identity", id.spiffeID.String(), "byToken", id.fromToken,
 		"notAfter", chain[0].NotAfter.UTC().Format(time.RFC3339), "peer", peerAddr(ctx))
 	return resp, nil
+}
+
+// inScope refuses an identity its member may not assert.
+func (s *caServer) inScope(id identity) error {
+	if err := s.scope.allow(id.cluster, id.namespace); err != nil {
+		s.scope.count("ca", err)
+		se := err.(*scopeError)
+		return refuse(codes.PermissionDenied, se.reason, "%s may not be issued: %s", id.spiffeID, se.msg)
+	}
+	return nil
+}
+
+// acquire waits for a worker slot until ctx ends (then it returns
+// ctx's error), a renewal also for a renewal slot, and returns the slot's
+// release. Past maxWaiting waiting requests it refuses at once.
+func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
+	select { // a free slot: no queueing
+	case s.workers <- struct{}{}:
+		return func() { <-s.workers }, nil
+	default:
+	}
+	if s.waiting.Add(1) > s.maxWaiting {
+		s.waiting.Add(-1)
+		return nil, refuse(codes.ResourceExhausted, caReasonOverloaded,
+			"the CA already has %d requests waiting for a worker: try again later", s.maxWaiting)
+	}
+	defer s.waiting.Add(-1)
+	renewals := s.renewals
+	if !renewal {
+		renewals = nil // a nil channel never receives: tokens use the shared slots only
+	}
+	select {
+	case s.workers <- struct{}{}:
+		return func() { <-s.workers }, nil
+	case renewals <- struct{}{}:
+		return func() { <-s.renewals }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // fail counts and logs a refused request and returns its gRPC status.
@@ -247,11 +324,17 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 			"the ClusterID header is required with a service-account token: it names the member cluster that reviews the token")
 	}
 	id, err := s.tokens.authenticate(ctx, claimed, token, caTokenMaxAge)
-	if code := tokenErrorCode(err); code == codes.Unavailable {
+	switch code := tokenErrorCode(err); {
+	case err == nil:
+	case code == codes.Unavailable:
 		return identity{}, claimed, refuse(code, caReasonReviewUnavailable,
 			"member %s could not review the service-account token in time; try again: %v", truncate(claimed, 64), err)
-	}
-	if err != nil {
+	case code == codes.ResourceExhausted:
+		return identity{}, claimed, refuse(code, caReasonRateLimited, "%v", err)
+	case code == codes.PermissionDenied:
+		s.scope.count("ca", err)
+		return identity{}, claimed, refuse(code, err.(*scopeError).reason, "%v", err)
+	default:
 		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
 			"the service-account token was not accepted by member %s: %v", truncate(claimed, 64), err)
 	}
@@ -289,10 +372,11 @@ func (s *caServer) fromCertificate(chain []*x509.Certificate, claimed string) (i
 	return id, nil
 }
 
-// parseCSR returns the public key of a PEM CSR whose signature verifies:
-// RSA of 2048 to 8192 bits, or ECDSA on P-256 or P-384. Nothing else of the
-// CSR is used: its subject and SANs are ignored.
-func parseCSR(csrPEM string) (crypto.PublicKey, error) {
+// parseCSR parses a PEM CSR whose key is RSA of 2048 to 4096 bits with
+// exponent 65537, or ECDSA on P-256 or P-384; its signature is not checked
+// yet (the caller does, in a worker slot: it costs CPU). Nothing else of
+// the CSR is used: its subject and SANs are ignored.
+func parseCSR(csrPEM string) (*x509.CertificateRequest, error) {
 	invalid := func(format string, args ...any) error {
 		return refuse(codes.InvalidArgument, caReasonInvalidCSR, format, args...)
 	}
@@ -312,8 +396,11 @@ func parseCSR(csrPEM string) (crypto.PublicKey, error) {
 	}
 	switch k := csr.PublicKey.(type) {
 	case *rsa.PublicKey:
-		if bits := k.N.BitLen(); bits < 2048 || bits > maxRSABits {
-			return nil, invalid("the CSR's RSA key has %d bits; 2048 to %d are accepted", bits, maxRSABits)
+		if bits := k.N.BitLen(); bits < minRSABits || bits > maxRSABits {
+			return nil, invalid("the CSR's RSA key has %d bits; %d to %d are accepted", bits, minRSABits, maxRSABits)
+		}
+		if k.E != rsaExponent {
+			return nil, invalid("the CSR's RSA key has public exponent %d; only %d is accepted", k.E, rsaExponent)
 		}
 	case *ecdsa.PublicKey:
 		if k.Curve != elliptic.P256() && k.Curve != elliptic.P384() {
@@ -322,10 +409,7 @@ func parseCSR(csrPEM string) (crypto.PublicKey, error) {
 	default:
 		return nil, invalid("the CSR's %s key is not accepted: RSA (2048 bits or more) and ECDSA (P-256, P-384) are", csr.PublicKeyAlgorithm)
 	}
-	if err := csr.CheckSignature(); err != nil {
-		return nil, invalid("the CSR's signature does not verify: %v", err)
-	}
-	return csr.PublicKey, nil
+	return csr, nil
 }
 
 // ttl is the lifetime of the certificate asked for: validity_duration

@@ -10,9 +10,11 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net/url"
 	"strings"
 	"sync"
@@ -76,7 +78,7 @@ type caCall struct {
 	ttl     int64 // seconds
 }
 
-func (s *secureHub) createCertificate(t *testing.T, addr string, c caCall) (*securityv1alpha1.IstioCertificateResponse, error) {
+func (s *secureHub) createCertificate(t testing.TB, addr string, c caCall) (*securityv1alpha1.IstioCertificateResponse, error) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds))
 	if err != nil {
@@ -97,7 +99,7 @@ func (s *secureHub) createCertificate(t *testing.T, addr string, c caCall) (*sec
 
 // newCSR makes a PEM CSR signed by key that asks for identities the
 // caller does not have: the CA must ignore them.
-func newCSR(t *testing.T, key crypto.Signer) string {
+func newCSR(t testing.TB, key crypto.Signer) string {
 	t.Helper()
 	other, _ := url.Parse("spiffe://example.org/ns/kube-system/sa/admin")
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
@@ -105,6 +107,59 @@ func newCSR(t *testing.T, key crypto.Signer) string {
 	}, key)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+}
+
+// posingCSR is a PEM CSR for an RSA public key of bits bits and exponent
+// e that nobody holds (a random odd modulus), with a signature of zeros:
+// the CA must refuse such a key before it checks the signature.
+func posingCSR(t testing.TB, bits, e int) string {
+	t.Helper()
+	buf := make([]byte, bits/8)
+	if _, err := rand.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	buf[0] |= 0x80
+	buf[len(buf)-1] |= 1
+	pkcs1 := x509.MarshalPKCS1PublicKey(&rsa.PublicKey{N: new(big.Int).SetBytes(buf), E: e})
+	rsaEncryption := asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 1, 1}
+	sha256WithRSA := asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 1, 11}
+	type algorithm struct {
+		OID    asn1.ObjectIdentifier
+		Params asn1.RawValue
+	}
+	null := asn1.RawValue{Tag: asn1.TagNull}
+	info, err := asn1.Marshal(struct {
+		Version   int
+		Subject   asn1.RawValue
+		PublicKey struct {
+			Algorithm algorithm
+			Key       asn1.BitString
+		}
+		Attributes asn1.RawValue `asn1:"tag:0"`
+	}{
+		Subject: asn1.RawValue{Class: asn1.ClassUniversal, Tag: asn1.TagSequence, IsCompound: true, Bytes: []byte{}},
+		PublicKey: struct {
+			Algorithm algorithm
+			Key       asn1.BitString
+		}{algorithm{rsaEncryption, null}, asn1.BitString{Bytes: pkcs1, BitLength: 8 * len(pkcs1)}},
+		Attributes: asn1.RawValue{Class: asn1.ClassContextSpecific, Tag: 0, IsCompound: true, Bytes: []byte{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := make([]byte, bits/8)
+	der, err := asn1.Marshal(struct {
+		Info      asn1.RawValue
+		Algorithm algorithm
+		Signature asn1.BitString
+	}{asn1.RawValue{FullBytes: info}, algorithm{sha256WithRSA, null}, asn1.BitString{Bytes: sig, BitLength: 8 * len(sig)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x509.ParseCertificateRequest(der); err != nil {
+		t.Fatalf("the posing CSR does not parse: %v", err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 }
@@ -118,7 +173,7 @@ var rsaKey = sync.OnceValue(func() *rsa.PrivateKey {
 })
 
 // parseChain decodes a response: one PEM certificate per element.
-func parseChain(t *testing.T, resp *securityv1alpha1.IstioCertificateResponse) []*x509.Certificate {
+func parseChain(t testing.TB, resp *securityv1alpha1.IstioCertificateResponse) []*x509.Certificate {
 	t.Helper()
 	var out []*x509.Certificate
 	for i, p := range resp.GetCertChain() {
@@ -252,6 +307,9 @@ func TestCreateCertificateRefusals(t *testing.T) {
 		}), codes.InvalidArgument, caReasonInvalidCSR, "cannot be parsed"},
 		{"bad CSR signature", with(func(c *caCall) { c.csr = badSig }), codes.InvalidArgument, caReasonInvalidCSR, "signature does not verify"},
 		{"RSA-1024", with(func(c *caCall) { c.csr = newCSR(t, weak) }), codes.InvalidArgument, caReasonInvalidCSR, "1024 bits"},
+		// Refused before its signature is checked (which would cost ~4 ms).
+		{"RSA-8192", with(func(c *caCall) { c.csr = posingCSR(t, 8192, 65537) }), codes.InvalidArgument, caReasonInvalidCSR, "8192 bits; 2048 to 4096"},
+		{"RSA exponent 2^31-1", with(func(c *caCall) { c.csr = posingCSR(t, 2048, 1<<31-1) }), codes.InvalidArgument, caReasonInvalidCSR, "public exponent 2147483647; only 65537"},
 		{"Ed25519", with(func(c *caCall) { c.csr = newCSR(t, edKey) }), codes.InvalidArgument, caReasonInvalidCSR, "Ed25519 key is not accepted"},
 		{"TTL above the maximum", with(func(c *caCall) { c.ttl = 3 * 3600 }), codes.InvalidArgument, caReasonInvalidTTL, "above the maximum"},
 	} {
@@ -265,13 +323,15 @@ func TestCreateCertificateRefusals(t *testing.T) {
 	for _, f := range st.Failures {
 		got[f.Reason] = f.LastHour
 	}
-	want := map[string]uint64{caReasonNoCredentials: 2, caReasonTokenRejected: 2, caReasonInvalidCSR: 7, caReasonInvalidTTL: 1,
-		caReasonCertificateRejected: 0, caReasonClusterMismatch: 0, caReasonNotMember: 0, caReasonReviewUnavailable: 0, caReasonSigning: 0}
+	want := map[string]uint64{caReasonNoCredentials: 2, caReasonTokenRejected: 2, caReasonInvalidCSR: 9, caReasonInvalidTTL: 1}
+	for _, r := range caReasons {
+		want[r] += 0 // every reason is reported, most with none
+	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("failures in the last hour %v; want %v", got, want)
 	}
-	if n := counterValue(t, s, "hub_ca_requests_failed_total", map[string]string{"reason": caReasonInvalidCSR}); n != 7 {
-		t.Errorf("hub_ca_requests_failed_total{reason=invalid_csr} = %v; want 7", n)
+	if n := counterValue(t, s, "hub_ca_requests_failed_total", map[string]string{"reason": caReasonInvalidCSR}); n != 9 {
+		t.Errorf("hub_ca_requests_failed_total{reason=invalid_csr} = %v; want 9", n)
 	}
 	if len(st.Groups) != 0 {
 		t.Errorf("groups %+v after refusals only", st.Groups)
@@ -339,7 +399,7 @@ func TestCreateCertificateRenewsWithOurCertificate(t *testing.T) {
 }
 
 // withCertificate is client TLS presenting the chain issued for key.
-func (s *secureHub) withCertificate(t *testing.T, key crypto.Signer, issued []*x509.Certificate) credentials.TransportCredentials {
+func (s *secureHub) withCertificate(t testing.TB, key crypto.Signer, issued []*x509.Certificate) credentials.TransportCredentials {
 	t.Helper()
 	cert := tls.Certificate{PrivateKey: key, Leaf: issued[0]}
 	for _, c := range issued {

@@ -82,8 +82,18 @@ type Options struct {
 	// DefaultMaxWorkloadCertTTL.
 	MaxWorkloadCertTTL time.Duration
 	// Namespace is the hub's own namespace: its Secrets are never served
-	// over SDS, in any member.
+	// over SDS, in any member, and no member asserts identities in it.
 	Namespace string
+	// RootNamespace is Istio's root namespace in the members: only the
+	// home cluster and members whose remote Secret allows it
+	// (clusters.AnnotationAllowRootNamespaceIdentities) assert identities
+	// in it. Empty: no namespace is the root namespace.
+	RootNamespace string
+	// IdentityScopes, if set, tells which identities each member may
+	// assert (synced, and its remote Secret's annotations): the CA signs
+	// and SDS serves only those. Nil: every member counts as synced,
+	// without annotations.
+	IdentityScopes IdentityScopes
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
 	// MTLSMode is the mesh-wide mTLS mode of proxyless gRPC workloads
@@ -183,8 +193,13 @@ func New(opts Options) (*Hub, error) {
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
+	scope := newIdentityScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
+	h.watcher.scope = scope
+	collectors := []prometheus.Collector{scope.refused}
 	if opts.Tokens != nil && opts.Roots != nil {
 		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
+		h.proxies.tokens.scope = scope
+		collectors = append(collectors, h.proxies.tokens.collectors()...)
 	}
 	h.proxies.identify = h.watcher.identify
 	if opts.Signer != nil {
@@ -192,12 +207,13 @@ func New(opts Options) (*Hub, error) {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
 		}
 		h.ca = newCAServer(opts.Signer, opts.Roots, h.proxies.tokens, opts.MaxWorkloadCertTTL, opts.Log)
-		h.ca.members = opts.Members
-		if opts.Metrics != nil {
-			for _, c := range h.ca.stats.collectors() {
-				if err := opts.Metrics.Register(c); err != nil {
-					return nil, fmt.Errorf("registering CA metrics: %w", err)
-				}
+		h.ca.members, h.ca.scope = opts.Members, scope
+		collectors = append(collectors, h.ca.stats.collectors()...)
+	}
+	if opts.Metrics != nil {
+		for _, c := range collectors {
+			if err := opts.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("registering CA and token metrics: %w", err)
 			}
 		}
 	}

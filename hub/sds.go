@@ -234,6 +234,7 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 			wt.awaiting = true
 		} else if err != nil {
 			if first, last := id.withheld.first(name, err.Error()); first {
+				w.scope.count("sds", err)
 				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", id.cluster, "identity", id.spiffeID.String(), "resource", name, "reason", err,
 					"moreNotLogged", last)
 			}
@@ -369,6 +370,12 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 	}
 	if id.conflict != "" {
 		return nil, nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
+	}
+	if err := w.scope.allow(id.cluster, id.namespace); err != nil {
+		if err.(*scopeError).reason == scopeMemberNotSynced {
+			return nil, nil, err // transient: served once the member syncs (SecretsSynced)
+		}
+		return nil, nil, fmt.Errorf("%w: %w", errDenied, err)
 	}
 	sn := parseSecretName(name, id.namespace)
 	if !sn.wellFormed {

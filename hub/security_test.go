@@ -87,7 +87,7 @@ func (b *syncBuffer) count(msg string, fields map[string]string) int {
 	return n
 }
 
-func startSecureHub(t *testing.T, opts Options) *secureHub {
+func startSecureHub(t testing.TB, opts Options) *secureHub {
 	t.Helper()
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	ca, err := trust.NewSelfSignedCA(td, time.Hour)

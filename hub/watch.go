@@ -45,6 +45,9 @@ type watcher struct {
 	sar *accessReviews
 	// hubNamespace is the hub's own namespace, whose Secrets are never served.
 	hubNamespace string
+	// scope decides which identities a member may assert; SDS serves
+	// Kubernetes Secrets only to those (nil: any).
+	scope *identityScope
 	// maxNames bounds the names a stream subscribes to per type.
 	maxNames int
 	log      *slog.Logger

@@ -144,6 +144,8 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		MaxWorkloadCertTTL:  cfg.maxWorkloadCertTTL,
 		Roots:               fed,
 		Namespace:           cfg.namespace,
+		RootNamespace:       cfg.rootNamespace,
+		IdentityScopes:      registry,
 		Settled:             registry.Ready,
 		Limits: hub.Limits{
 			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
