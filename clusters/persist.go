@@ -181,10 +181,12 @@ func (p *viewPersister) trackedLocked(cluster string) *trackedView {
 
 // load reads the view key and every persisted view once, before any member
 // starts. A failure leaves members to start empty, as they would without
-// persistence; so does a missing or malformed key (restore then refuses
-// every view).
+// persistence; so does a malformed key (restore then refuses every view)
+// or one that cannot be read (views are then not even read).
 func (p *viewPersister) load(ctx context.Context) {
-	p.loadKey(ctx)
+	if !p.loadKey(ctx) {
+		return
+	}
 	var views map[string]*storedView
 	var bad []error
 	var err error
@@ -233,29 +235,32 @@ const (
 )
 
 // loadKey reads (or creates) the view key, retrying failures other than a
-// malformed Secret a few times. Without a key no view is restored.
-func (p *viewPersister) loadKey(ctx context.Context) {
+// malformed Secret a few times. Without a key no view is restored; it
+// reports whether views are worth reading (a key, or a malformed one, so
+// that each refused view is reported).
+func (p *viewPersister) loadKey(ctx context.Context) bool {
 	for attempt := 1; attempt <= viewLoadAttempts; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, viewLoadTimeout)
 		err := p.fetchKey(actx)
 		cancel()
 		switch {
 		case err == nil:
-			return
+			return true
 		case errors.Is(err, errViewKeyMalformed):
 			p.log.Error("persisted member views are neither restored nor written until the view key Secret is fixed or deleted", "error", err)
 			if p.event != nil {
 				p.event(&corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: p.namespace, Name: ViewKeySecret},
 					corev1.EventTypeWarning, ReasonViewKeyInvalid, "%v; persisted member views are neither restored nor written", err)
 			}
-			return
+			return true
 		}
 		p.log.Warn("reading the view key", "attempt", attempt, "error", err)
 		if !sleepCtx(ctx, time.Duration(attempt)*time.Second) {
-			return
+			return false
 		}
 	}
 	p.log.Error("members whose API server is unreachable start without their persisted views: the view key is unavailable")
+	return false
 }
 
 // fetchKey reads (or creates) the view key and keeps it.
