@@ -74,7 +74,7 @@ func ensureViewKey(ctx context.Context, secrets typedcorev1.SecretInterface, nam
 	}
 	key := s.Data[viewKeySecretData]
 	if len(key) != viewKeyLen {
-		return nil, fmt.Errorf("Secret %s/%s is %w: its data key %q holds %d bytes; want %d random bytes",
+		return nil, fmt.Errorf("the view key Secret %s/%s is %w: its data key %q holds %d bytes; want %d random bytes",
 			namespace, ViewKeySecret, errViewKeyMalformed, viewKeySecretData, len(key), viewKeyLen)
 	}
 	return key, nil
