@@ -2,6 +2,7 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -9,8 +10,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
 // Stale-not-empty across restarts (DESIGN.md §4): the leader persists each
@@ -45,10 +48,23 @@ type viewPersister struct {
 	// rounds counts the loop's rounds, leader or not (tests wait on it).
 	rounds atomic.Int64
 
-	writes *prometheus.CounterVec
-	bytes  *prometheus.GaugeVec
+	writes   *prometheus.CounterVec
+	bytes    *prometheus.GaugeVec
+	rejected *prometheus.CounterVec
 
-	mu        sync.Mutex
+	// secrets is the hub namespace's Secrets, holding ViewKeySecret.
+	secrets   typedcorev1.SecretInterface
+	namespace string
+	// event records an Event (about a refused view, on its manifest; about
+	// a malformed key, on its Secret); nil until the registry runs.
+	event func(ref *corev1.ObjectReference, typ, reason, format string, args ...any)
+
+	mu sync.Mutex
+	// key authenticates views (nil until read); keyTried is the last
+	// attempt to read it and keyErr what that attempt said.
+	key       []byte
+	keyTried  time.Time
+	keyErr    string
 	members   map[string]*trackedView
 	loaded    map[string]*storedView // read at start, until the member is created
 	deletions map[string]bool        // IDs whose persisted view must go
@@ -67,6 +83,8 @@ func newViewPersister(cfg Config, client kubernetes.Interface) (*viewPersister, 
 	p := &viewPersister{
 		next:      cfg.Sink,
 		store:     &viewStore{cms: client.CoreV1().ConfigMaps(cfg.stateNamespace()), chunkSize: defaultChunkSize},
+		secrets:   client.CoreV1().Secrets(cfg.stateNamespace()),
+		namespace: cfg.stateNamespace(),
 		home:      cfg.HomeID,
 		isLeader:  cfg.IsLeader,
 		log:       cfg.Log,
@@ -84,9 +102,16 @@ func newViewPersister(cfg Config, client kubernetes.Interface) (*viewPersister, 
 			Name: "hub_member_view_bytes",
 			Help: "Size of a member's last persisted endpoint view, by encoding (json, gzip).",
 		}, []string{"cluster", "encoding"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hub_member_view_rejected_total",
+			Help: "Persisted member views refused at start, by reason: unauthenticated (no or a wrong MAC, or no view key), invalid (content that fails validation), unreadable (chunks missing or malformed).",
+		}, []string{"reason"}),
+	}
+	for _, reason := range []string{rejectUnauthenticated, rejectInvalid, rejectUnreadable} {
+		p.rejected.WithLabelValues(reason) // present at 0 from the start
 	}
 	if cfg.Metrics != nil {
-		for _, c := range []prometheus.Collector{p.writes, p.bytes} {
+		for _, c := range []prometheus.Collector{p.writes, p.bytes, p.rejected} {
 			if err := cfg.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("registering metrics: %w", err)
 			}
@@ -154,9 +179,14 @@ func (p *viewPersister) trackedLocked(cluster string) *trackedView {
 	return t
 }
 
-// load reads every persisted view once, before any member starts. A failure
-// leaves members to start empty, as they would without persistence.
+// load reads the view key and every persisted view once, before any member
+// starts. A failure leaves members to start empty, as they would without
+// persistence; so does a malformed key (restore then refuses every view)
+// or one that cannot be read (views are then not even read).
 func (p *viewPersister) load(ctx context.Context) {
+	if !p.loadKey(ctx) {
+		return
+	}
 	var views map[string]*storedView
 	var bad []error
 	var err error
@@ -168,10 +198,8 @@ func (p *viewPersister) load(ctx context.Context) {
 			break
 		}
 		p.log.Warn("reading persisted member views", "attempt", attempt, "error", err)
-		select {
-		case <-ctx.Done():
+		if !sleepCtx(ctx, time.Duration(attempt)*time.Second) {
 			return
-		case <-time.After(time.Duration(attempt) * time.Second):
 		}
 	}
 	if err != nil {
@@ -179,6 +207,7 @@ func (p *viewPersister) load(ctx context.Context) {
 		return
 	}
 	for _, e := range bad {
+		p.rejected.WithLabelValues(rejectUnreadable).Inc()
 		p.log.Warn("ignoring a persisted member view", "error", e)
 	}
 	p.mu.Lock()
@@ -189,6 +218,94 @@ func (p *viewPersister) load(ctx context.Context) {
 		}
 	}
 	p.log.Info("read persisted member views", "views", len(views))
+}
+
+// Reasons a persisted view is refused (hub_member_view_rejected_total).
+const (
+	rejectUnauthenticated = "unauthenticated"
+	rejectInvalid         = "invalid"
+	rejectUnreadable      = "unreadable"
+
+	// ReasonViewRejected is the reason of the Warning Event on the manifest
+	// of a persisted view that is refused.
+	ReasonViewRejected = "PersistedViewRejected"
+	// ReasonViewKeyInvalid is the reason of the Warning Event on the key
+	// Secret when it exists but holds no usable key.
+	ReasonViewKeyInvalid = "ViewKeyInvalid"
+)
+
+// loadKey reads (or creates) the view key, retrying failures other than a
+// malformed Secret a few times. Without a key no view is restored; it
+// reports whether views are worth reading (a key, or a malformed one, so
+// that each refused view is reported).
+func (p *viewPersister) loadKey(ctx context.Context) bool {
+	for attempt := 1; attempt <= viewLoadAttempts; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, viewLoadTimeout)
+		err := p.fetchKey(actx)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, errViewKeyMalformed):
+			p.log.Error("persisted member views are neither restored nor written until the view key Secret is fixed or deleted", "error", err)
+			if p.event != nil {
+				p.event(&corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: p.namespace, Name: ViewKeySecret},
+					corev1.EventTypeWarning, ReasonViewKeyInvalid, "%v; persisted member views are neither restored nor written", err)
+			}
+			return true
+		}
+		p.log.Warn("reading the view key", "attempt", attempt, "error", err)
+		if !sleepCtx(ctx, time.Duration(attempt)*time.Second) {
+			return false
+		}
+	}
+	p.log.Error("members whose API server is unreachable start without their persisted views: the view key is unavailable")
+	return false
+}
+
+// fetchKey reads (or creates) the view key and keeps it.
+func (p *viewPersister) fetchKey(ctx context.Context) error {
+	key, err := ensureViewKey(ctx, p.secrets, p.namespace)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keyTried = time.Now()
+	if err != nil {
+		p.keyErr = err.Error()
+		return err
+	}
+	p.key, p.keyErr = key, ""
+	return nil
+}
+
+// writeKey returns the view key for a write, reading it again (at most once
+// per interval) while it is missing; nil means no view can be written.
+func (p *viewPersister) writeKey(ctx context.Context) []byte {
+	p.mu.Lock()
+	key, tried, last := p.key, p.keyTried, p.keyErr
+	p.mu.Unlock()
+	if key != nil || time.Since(tried) < p.interval {
+		return key
+	}
+	if err := p.fetchKey(ctx); err != nil {
+		if err.Error() != last && ctx.Err() == nil {
+			p.log.Warn("member views are not persisted: the view key is unavailable", "error", err)
+		}
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.key
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // setServer records the API server a member's views now come from (its
@@ -205,18 +322,23 @@ func (p *viewPersister) setServer(id, server string) {
 }
 
 // restore hands a new member's persisted view, if there is one from the
-// member's current API server, to the Sink and marks c as serving it. Call
-// it before c starts.
+// member's current API server that is authentic and valid, to the Sink and
+// marks c as serving it. Call it before c starts. A view that fails its MAC
+// or validation is refused (rejectView) and the member starts as if it had
+// none.
 func (p *viewPersister) restore(id string, c *Cluster) {
 	p.setServer(id, c.server)
 	p.mu.Lock()
 	v := p.loaded[id]
 	delete(p.loaded, id)
-	if v != nil && v.Server == c.server {
-		p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
-	}
+	key := p.key
 	p.mu.Unlock()
 	if v == nil {
+		return
+	}
+	services, unauthenticated, err := v.open(key, time.Now(), c.maxObjects)
+	if err != nil {
+		p.rejectView(v, unauthenticated, err)
 		return
 	}
 	if v.Server != c.server {
@@ -226,11 +348,9 @@ func (p *viewPersister) restore(id string, c *Cluster) {
 			"persistedFrom", v.Server, "server", c.server, "persistedAt", v.WrittenAt.Format(time.RFC3339))
 		return
 	}
-	services, err := v.services()
-	if err != nil {
-		p.log.Warn("ignoring the persisted view of a member", "cluster", id, "error", err)
-		return
-	}
+	p.mu.Lock()
+	p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
+	p.mu.Unlock()
 	p.next.ReplaceCluster(id, services)
 	c.servePersisted(v.WrittenAt, services)
 	endpoints := 0
@@ -239,6 +359,25 @@ func (p *viewPersister) restore(id string, c *Cluster) {
 	}
 	p.log.Info("serving the persisted view until the member syncs", "cluster", id,
 		"persistedAt", v.WrittenAt.Format(time.RFC3339), "services", len(services), "endpoints", endpoints)
+}
+
+// rejectView reports a refused view: a metric, a log line and a Warning
+// Event on its manifest ConfigMap (the object at fault, which every view
+// has, whichever Secret names its member). Every replica that refuses a
+// view says so, leader or not: each one decided on its own. Neither names
+// key material.
+func (p *viewPersister) rejectView(v *storedView, unauthenticated bool, err error) {
+	reason := rejectInvalid
+	if unauthenticated {
+		reason = rejectUnauthenticated
+	}
+	p.rejected.WithLabelValues(reason).Inc()
+	p.log.Warn("refusing the persisted view of a member; it starts as if it had none", "cluster", v.ID,
+		"configMap", v.Manifest.Namespace+"/"+v.Manifest.Name, "reason", reason, "error", err)
+	if p.event != nil {
+		p.event(v.Manifest, corev1.EventTypeWarning, ReasonViewRejected,
+			"persisted view of cluster %s refused (%s): %v; the member starts without it", v.ID, reason, err)
+	}
 }
 
 // run writes changed views (on the leader) and deletes those of removed
@@ -270,6 +409,10 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 		sum      string
 		server   string
 	}
+	key := p.writeKey(ctx)
+	if key == nil {
+		return // changes stay dirty until there is a key
+	}
 	now := time.Now()
 	var jobs []job
 	p.mu.Lock()
@@ -297,7 +440,7 @@ func (p *viewPersister) writeDue(ctx context.Context) {
 		if sum == j.sum {
 			continue // changed and changed back: nothing new to write
 		}
-		res, err := p.store.write(ctx, j.id, content, sum, j.server, now)
+		res, err := p.store.write(ctx, key, j.id, content, sum, j.server, now)
 		p.mu.Lock()
 		if t := p.members[j.id]; t != nil {
 			t.lastWrite = now

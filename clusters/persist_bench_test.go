@@ -54,7 +54,7 @@ func benchmarkPersistView(b *testing.B, members, services, endpoints int) {
 				b.Fatal(err)
 			}
 			encoding += time.Since(start)
-			res, err := store.write(ctx, fmt.Sprintf("member-%d", m), data, sum, "https://member.example", time.Now())
+			res, err := store.write(ctx, testViewKey, fmt.Sprintf("member-%d", m), data, sum, "https://member.example", time.Now())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -116,7 +116,7 @@ func decodeView(data []byte) ([]*Service, error) {
 	for _, vs := range doc.Services {
 		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
 			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA}
-		if vs.Created > 0 {
+		if vs.Created != 0 { // validateService refuses a time before 1970
 			s.Created = time.Unix(vs.Created, 0).UTC()
 		}
 		if len(vs.Ports) > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -23,9 +24,11 @@ import (
 // base32 SHA-256 of the cluster ID, so that no two IDs share objects and
 // every name and label value is valid):
 //
-//   - the manifest hub-member-view-<key> names the content's SHA-256, when
-//     it was written and how many chunks hold it; a small view (at most one
-//     chunk) is inline in the manifest itself;
+//   - the manifest hub-member-view-<key> names the content's SHA-256 (and
+//     that of its compressed bytes), when it was written, the API server it
+//     was read from and how many chunks hold it, with an HMAC over all of
+//     it (persist_key.go); a small view (at most one chunk) is inline in
+//     the manifest itself;
 //   - a larger one is in chunks hub-member-view-<key>-<version>-<n>, where
 //     version is a prefix of the content's SHA-256.
 //
@@ -48,6 +51,8 @@ const (
 	viewKeyBytes     = "bytes"        // uncompressed size
 	viewKeyIndex     = "index"        // a chunk's position
 	viewKeyServer    = "server"       // the member's API server the view was read from
+	viewKeyGzSHA256  = "gzSHA256"     // hex SHA-256 of the compressed view (all chunks)
+	viewKeyMAC       = "hmacSHA256"   // viewMAC of the manifest, hex
 
 	// defaultChunkSize keeps every object well below the API server's 1 MiB
 	// ConfigMap limit.
@@ -71,13 +76,38 @@ func chunkName(id, version string, i int) string {
 }
 
 // storedView is one member's view as read from the home cluster, still
-// compressed.
+// compressed and not yet authenticated (see open).
 type storedView struct {
-	ID        string
-	SHA256    string
-	Server    string // the API server it was read from
-	WrittenAt time.Time
-	gz        []byte
+	viewManifest
+	MAC string
+	// Manifest names the manifest ConfigMap, for Events about the view.
+	Manifest *corev1.ObjectReference
+	gz       []byte
+}
+
+// open authenticates the view under key, then decompresses, decodes and
+// validates it (validateView, with at most maxServices services). Its error
+// says why the view is refused; unauthenticated tells a view that fails its
+// MAC (or when there is no key) from one whose authenticated content is
+// invalid.
+func (v *storedView) open(key []byte, now time.Time, maxServices int) (services []*Service, unauthenticated bool, err error) {
+	if key == nil {
+		return nil, true, errors.New("the view key is unavailable, so no view can be authenticated")
+	}
+	if err := v.verify(key, v.MAC); err != nil {
+		return nil, true, err
+	}
+	gzSum := sha256.Sum256(v.gz)
+	if got := hex.EncodeToString(gzSum[:]); got != v.GzSHA256 {
+		return nil, true, fmt.Errorf("its compressed content has SHA-256 %s; its manifest says %s", got, v.GzSHA256)
+	}
+	if services, err = v.services(); err != nil {
+		return nil, false, err
+	}
+	if err := validateView(services, now, maxServices); err != nil {
+		return nil, false, fmt.Errorf("invalid view: %w", err)
+	}
+	return services, false, nil
 }
 
 // services decompresses and decodes the view, checking its SHA-256.
@@ -108,10 +138,13 @@ type writeResult struct {
 }
 
 // write stores content (the encoding of a member's view, with SHA-256 sum,
-// read from API server server) unless the stored view already has that
-// content from that server. Conflicts are retried.
-func (s *viewStore) write(ctx context.Context, id string, content []byte, sum, server string, at time.Time) (writeResult, error) {
+// read from API server server), authenticated with key, unless the stored
+// view already has that content from that server under a valid MAC.
+// Conflicts are retried.
+func (s *viewStore) write(ctx context.Context, key []byte, id string, content []byte, sum, server string, at time.Time) (writeResult, error) {
 	gz := compress(content)
+	gzSum := sha256.Sum256(gz)
+	manifest := viewManifest{ID: id, Server: server, WrittenAt: at, SHA256: sum, GzSHA256: hex.EncodeToString(gzSum[:])}
 	parts := splitChunks(gz, s.chunkSize)
 	res := writeResult{Bytes: len(content), Compressed: len(gz), Objects: 1}
 	if len(parts) > 1 {
@@ -126,7 +159,7 @@ func (s *viewStore) write(ctx context.Context, id string, content []byte, sum, s
 			cur = nil
 		case err != nil:
 			return fmt.Errorf("reading %s: %w", name, err)
-		case cur.Data[viewKeySHA256] == sum && cur.Data[viewKeyServer] == server:
+		case cur.Data[viewKeySHA256] == sum && cur.Data[viewKeyServer] == server && manifestValid(key, id, cur):
 			res.Skipped = true // another replica (or an earlier term) wrote it
 			return nil
 		}
@@ -141,6 +174,7 @@ func (s *viewStore) write(ctx context.Context, id string, content []byte, sum, s
 		m.Data = map[string]string{
 			viewKeySHA256: sum, viewKeyWrittenAt: at.UTC().Format(time.RFC3339Nano),
 			viewKeyBytes: strconv.Itoa(len(content)), viewKeyChunks: "0", viewKeyServer: server,
+			viewKeyGzSHA256: manifest.GzSHA256, viewKeyMAC: viewMAC(key, manifest),
 		}
 		if len(parts) > 1 {
 			m.Data[viewKeyChunks] = strconv.Itoa(len(parts))
@@ -322,11 +356,12 @@ func assemble(key string, m *corev1.ConfigMap, chunks map[string]map[int][]byte)
 	if memberKey(id) != key || m.Name != manifestName(id) {
 		return nil, fmt.Errorf("persisted view %s does not belong to cluster %q", m.Name, id)
 	}
-	v := &storedView{ID: id, SHA256: m.Data[viewKeySHA256], Server: m.Data[viewKeyServer]}
-	var err error
-	if v.WrittenAt, err = time.Parse(time.RFC3339Nano, m.Data[viewKeyWrittenAt]); err != nil {
-		return nil, fmt.Errorf("persisted view of %s: bad %s: %w", id, viewKeyWrittenAt, err)
+	manifest, err := parseManifest(id, m)
+	if err != nil {
+		return nil, err
 	}
+	v := &storedView{viewManifest: manifest, MAC: m.Data[viewKeyMAC], Manifest: &corev1.ObjectReference{
+		Kind: "ConfigMap", APIVersion: "v1", Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}}
 	n, err := strconv.Atoi(m.Data[viewKeyChunks])
 	if err != nil || n < 0 {
 		return nil, fmt.Errorf("persisted view of %s: bad chunk count %q", id, m.Data[viewKeyChunks])
@@ -344,4 +379,21 @@ func assemble(key string, m *corev1.ConfigMap, chunks map[string]map[int][]byte)
 		v.gz = append(v.gz, data...)
 	}
 	return v, nil
+}
+
+// parseManifest reads what the manifest m of member id says of its view.
+func parseManifest(id string, m *corev1.ConfigMap) (viewManifest, error) {
+	at, err := time.Parse(time.RFC3339Nano, m.Data[viewKeyWrittenAt])
+	if err != nil {
+		return viewManifest{}, fmt.Errorf("persisted view of %s: bad %s: %w", id, viewKeyWrittenAt, err)
+	}
+	return viewManifest{ID: id, Server: m.Data[viewKeyServer], WrittenAt: at,
+		SHA256: m.Data[viewKeySHA256], GzSHA256: m.Data[viewKeyGzSHA256]}, nil
+}
+
+// manifestValid reports whether the manifest m of member id carries a valid
+// MAC under key.
+func manifestValid(key []byte, id string, m *corev1.ConfigMap) bool {
+	manifest, err := parseManifest(id, m)
+	return err == nil && manifest.verify(key, m.Data[viewKeyMAC]) == nil
 }

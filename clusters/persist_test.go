@@ -95,7 +95,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 
 	a := syntheticView(200, 3000, 2)
 	data, sum := mustEncode(t, a)
-	res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now())
+	res, err := s.write(ctx, testViewKey, "west", data, sum, "https://member.example", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,14 +123,14 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	}
 
 	// The same content again is not written.
-	if res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now()); err != nil || !res.Skipped {
+	if res, err := s.write(ctx, testViewKey, "west", data, sum, "https://member.example", time.Now()); err != nil || !res.Skipped {
 		t.Fatalf("rewriting the same view: %+v, %v; want skipped", res, err)
 	}
 
 	// A new version replaces the old one, whose chunks are deleted.
 	b := syntheticView(200, 3000, 3)
 	data, sumB := mustEncode(t, b)
-	if _, err := s.write(ctx, "west", data, sumB, "https://member.example", time.Now()); err != nil {
+	if _, err := s.write(ctx, testViewKey, "west", data, sumB, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameServices(readBack(t, s, "west"), b); err != nil {
@@ -143,7 +143,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	// A small view is inline in the manifest, and no chunk is left.
 	c := syntheticView(2, 4, 4)
 	data, sum = mustEncode(t, c)
-	if res, err := s.write(ctx, "west", data, sum, "https://member.example", time.Now()); err != nil || res.Objects != 1 {
+	if res, err := s.write(ctx, testViewKey, "west", data, sum, "https://member.example", time.Now()); err != nil || res.Objects != 1 {
 		t.Fatalf("small view: %+v, %v; want one object", res, err)
 	}
 	if err := sameServices(readBack(t, s, "west"), c); err != nil {
@@ -156,7 +156,7 @@ func TestPersistedViewChunkedRoundTrip(t *testing.T) {
 	// IDs that sanitise alike keep separate views.
 	for i, id := range []string{"a_b.x", "a-b.x"} {
 		data, sum := mustEncode(t, syntheticView(1, i+1, uint64(i)))
-		if _, err := s.write(ctx, id, data, sum, "https://member.example", time.Now()); err != nil {
+		if _, err := s.write(ctx, testViewKey, id, data, sum, "https://member.example", time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,7 +179,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	s := &viewStore{cms: home.CoreV1().ConfigMaps(ns), chunkSize: 2 << 10}
 	a := syntheticView(100, 1500, 5)
 	dataA, sumA := mustEncode(t, a)
-	if _, err := s.write(ctx, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
+	if _, err := s.write(ctx, testViewKey, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -203,7 +203,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	}
 
 	// The manifest switched, the old chunks were not deleted: the new view is read.
-	if _, err := s.write(ctx, "east", dataB, sumB, "https://member.example", time.Now()); err != nil {
+	if _, err := s.write(ctx, testViewKey, "east", dataB, sumB, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for i, p := range splitChunks(compress(dataA), s.chunkSize) {
@@ -227,7 +227,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	}
 
 	// Chunks whose bytes were altered fail the manifest's SHA-256.
-	if _, err := s.write(ctx, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
+	if _, err := s.write(ctx, testViewKey, "east", dataA, sumA, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	cm, err := home.CoreV1().ConfigMaps(ns).Get(ctx, chunkName("east", sumA[:versionLen], 0), metav1.GetOptions{})
@@ -248,7 +248,7 @@ func TestPersistedViewTornWrite(t *testing.T) {
 	// The next complete write repairs everything and leaves only its own chunks.
 	c := syntheticView(100, 1500, 7)
 	dataC, sumC := mustEncode(t, c)
-	if _, err := s.write(ctx, "east", dataC, sumC, "https://member.example", time.Now()); err != nil {
+	if _, err := s.write(ctx, testViewKey, "east", dataC, sumC, "https://member.example", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := sameServices(readBack(t, s, "east"), c); err != nil {

@@ -171,11 +171,18 @@ func NewRegistry(cfg Config) (*Registry, error) {
 // stops every member and returns.
 func (r *Registry) Run(ctx context.Context) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.homeClient.CoreV1().Events(r.cfg.Namespace)})
+	// Events go to their object's namespace: the remote Secrets' and, for
+	// refused persisted views, the hub's own.
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.homeClient.CoreV1().Events(metav1.NamespaceAll)})
 	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "hub"})
 	r.mu.Lock()
-	r.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "hub"})
+	r.recorder = recorder
 	r.mu.Unlock()
+	// Before load; every replica reports the views it refuses.
+	r.views.event = func(ref *corev1.ObjectReference, typ, reason, format string, args ...any) {
+		recorder.Eventf(ref, typ, reason, format, args...)
+	}
 
 	factory := informers.NewSharedInformerFactoryWithOptions(r.homeClient, 0,
 		informers.WithNamespace(r.cfg.Namespace),

@@ -280,14 +280,15 @@ func TestDeploy(t *testing.T) {
 		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "other"},
 		{allow: false, verb: "delete", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
 		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: "kube-system", name: "kube-controller-manager"},
-		// Events: on the remote Secrets and the root namespace's objects only.
+		// Events: on the remote Secrets, the root namespace's objects and
+		// the hub's own (refused persisted views) only.
 		{allow: true, verb: "patch", resource: "events", ns: secretsNS},
 		{allow: true, verb: "create", resource: "events", ns: secretsNS},
-		{allow: false, verb: "create", resource: "events", ns: deployNS},
+		{allow: true, verb: "create", resource: "events", ns: deployNS},
 		{allow: false, verb: "create", resource: "events", ns: "kube-system"},
 		// Its own Secrets: by name, but for create (RBAC cannot restrict it).
 		{allow: true, verb: "get", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
-		{allow: true, verb: "update", resource: "secrets", ns: deployNS, name: "hub-view-key"},
+		{allow: false, verb: "update", resource: "secrets", ns: deployNS, name: "hub-view-key"},
 		{allow: false, verb: "update", resource: "secrets", ns: deployNS, name: "anything"},
 		{allow: false, verb: "delete", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
 		{allow: false, verb: "patch", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
