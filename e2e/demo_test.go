@@ -91,6 +91,7 @@ func (d *demoRun) nextTraffic(t *testing.T, timeout time.Duration) map[string]tr
 	select {
 	case tr, ok := <-d.traffic:
 		if !ok {
+			<-d.done // exitErr is set before done closes
 			t.Fatalf("the demo exited (%v)", d.exitErr)
 		}
 		return tr

@@ -5,7 +5,9 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -24,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -206,6 +209,28 @@ func TestRestartRefusesForgedViews(t *testing.T) {
 			}
 			return nil
 		})
+	}
+
+	// The view key never leaves its Secret: not in the log, /metrics, the
+	// API or the dashboard.
+	keySecret, err := client(t, home).CoreV1().Secrets(ns).Get(ctx, clusters.ViewKeySecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := keySecret.Data["key"]
+	logData, _ := os.ReadFile(h2.logPath)
+	where := dashboardPages(t, h2.adminURL, home.AdminToken(), "/", "/clusters")
+	where["hub log"] = string(logData)
+	where["/metrics"] = h2.scrapeMetrics(t)
+	var list json.RawMessage
+	h2.getJSON(t, "/api/v1/clusters", &list)
+	where["GET /api/v1/clusters"] = string(list)
+	for name, text := range where {
+		for _, form := range []string{string(key), base64.StdEncoding.EncodeToString(key), hex.EncodeToString(key)} {
+			if len(key) == 0 || strings.Contains(text, form) {
+				t.Errorf("%s contains the view key (or the key is empty)", name)
+			}
+		}
 	}
 }
 

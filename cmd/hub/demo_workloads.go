@@ -97,7 +97,9 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 			issue := func(ctx context.Context) (validity, error) {
 				return cfg.ca.issue(ctx, cfg.members[w.member], w.member, demoNamespace, w.sa, dir)
 			}
-			v, err := issueWithRetry(ctx, issue)
+			v, err := issueWithRetry(ctx, issue, func(err error) {
+				fmt.Fprintf(os.Stderr, "hub demo: the certificate of %s (retrying): %v\n", w.name, err)
+			})
 			if err != nil {
 				return err
 			}
@@ -138,13 +140,19 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 }
 
 // issueWithRetry issues a workload's certificate, retrying for two minutes
-// while the hub does not know the member yet (it has just started).
-func issueWithRetry(ctx context.Context, issue func(context.Context) (validity, error)) (validity, error) {
+// while the hub does not know the member yet (it has just started). Each
+// new error is reported to failed.
+func issueWithRetry(ctx context.Context, issue func(context.Context) (validity, error), failed func(error)) (validity, error) {
 	deadline := time.Now().Add(2 * time.Minute)
+	var last string
 	for {
 		v, err := issue(ctx)
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return v, err
+		}
+		if err.Error() != last {
+			last = err.Error()
+			failed(err)
 		}
 		select {
 		case <-ctx.Done():
