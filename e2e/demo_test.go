@@ -360,6 +360,13 @@ func startDemo(t *testing.T) *demoRun {
 		if data, err := os.ReadFile(logPath); err == nil {
 			t.Logf("hub log:\n%s", tail(string(data), 60))
 		}
+		select {
+		case <-d.done: // it failed on its own and kept its work directory
+			if d.exitErr != nil && logPath != "" {
+				os.RemoveAll(filepath.Dir(logPath))
+			}
+		default: // still running: stopped below, it removes its files
+		}
 	})
 	select {
 	case <-bannerDone:

@@ -75,7 +75,8 @@ func echoBackends(dc demoCluster) []localcluster.Backend {
 // demo starts the clusters, registers the members, starts the network
 // namespace (when it can), runs the hub and, once it listens, the
 // workloads and the churn, until ctx is done. Everything it started is
-// stopped and removed when it returns, also when starting fails. Stopped
+// stopped and removed when it returns, also when starting fails (but for
+// its work directory with the logs, when it failed). Stopped
 // (ctx done: Ctrl-C, SIGTERM) while starting, it returns nil: what was cut
 // short did not fail.
 func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (err error) {
@@ -90,7 +91,13 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	if err != nil {
 		return fmt.Errorf("creating the demo's work directory: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer func() {
+		if err != nil && parent.Err() == nil { // failed, not stopped: keep what tells why
+			fmt.Fprintf(os.Stderr, "hub demo: failed; the hub's log and the workloads' logs are kept in %s\n", work)
+			return
+		}
+		os.RemoveAll(work)
+	}()
 	// The terminal is for the demo's own lines; the hub logs to a file.
 	log, closeLog, err := demoLogger(filepath.Join(work, "hub.log"), cfg.logLevel)
 	if err != nil {
