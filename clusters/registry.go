@@ -306,7 +306,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		st, ok := r.apply(ctx, key, ref, id, data[id])
+		st, ok := r.apply(ctx, key, ref, ann, id, data[id])
 		if ok {
 			continue
 		}
@@ -343,7 +343,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 
 // apply starts, keeps or replaces the member for one data key. It returns
 // ok=false with a status when the key runs no cluster of its own.
-func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, id string, kubeconfig []byte) (Status, bool) {
+func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, id string, kubeconfig []byte) (Status, bool) {
 	st := Status{ID: id, Secret: secret}
 	if id == r.cfg.HomeID {
 		st.State, st.Message = StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", id)
@@ -423,7 +423,9 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	r.mu.Lock()
 	if existing == nil {
 		c.setObserver(r.observer(ref, ""))
-		r.members[id] = &member{secret: secret, ref: ref, active: c}
+		// The Secret's identity annotations from the start: a member never
+		// runs unscoped, not even before the whole Secret is applied.
+		r.members[id] = &member{secret: secret, ref: ref, active: c, identity: ann}
 		r.log.Info("cluster added", "cluster", id, "secret", secret, "server", kc.Server)
 	} else {
 		// Make-before-break: the old client keeps serving until the new one

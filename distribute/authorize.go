@@ -32,9 +32,10 @@ const (
 // ServiceEntry hosts, VirtualService hosts, DestinationRule host and
 // Sidecar egress hosts (namespace/host). A short name (no dot) is read as
 // Istio reads it, in the object's namespace. A wildcard is refused when
-// it lies within the federated domain ("*.svc.clusterset.local"); broader
-// ones ("*", "*.local") are not claims: istiod prefers the most specific
-// host.
+// it lies within the federated domain ("*.svc.clusterset.local") or covers
+// it from inside a label ("*clusterset.local", "*set.local"); whole-label
+// ones above it ("*", "*.local") are not claims: istiod prefers the most
+// specific host.
 type HostGuard struct {
 	// FederatedDomain is the suffix of the generated ServiceEntries' hosts.
 	FederatedDomain string
@@ -63,13 +64,22 @@ func (g HostGuard) checkHost(namespace, host string) error {
 	if h != "*" && !strings.Contains(h, ".") && g.DomainSuffix != "" {
 		h = h + "." + namespace + ".svc." + g.DomainSuffix
 	}
-	if fd := strings.ToLower(g.FederatedDomain); fd != "" && (h == fd || strings.HasSuffix(h, "."+fd)) {
+	if fd := strings.ToLower(g.FederatedDomain); fd != "" && (h == fd || strings.HasSuffix(h, "."+fd) || partialWildcardOver(h, fd)) {
 		return fmt.Errorf("host %q is under the federated domain %s: only the hub defines those hosts", host, fd)
 	}
 	if g.Federated != nil && !strings.HasPrefix(h, "*") && g.Federated(h) {
 		return fmt.Errorf("host %q is a Service the hub federates: only its own cluster's objects may define it", host)
 	}
 	return nil
+}
+
+// partialWildcardOver reports whether h is a wildcard with text after its
+// "*" in the first label ("*clusterset.local", "*set.local": Istio accepts
+// them and matches every host ending in what follows the "*") that matches
+// every host under domain, as "*.<domain>" would.
+func partialWildcardOver(h, domain string) bool {
+	rest, ok := strings.CutPrefix(h, "*")
+	return ok && rest != "" && !strings.HasPrefix(rest, ".") && strings.HasSuffix("."+domain, rest)
 }
 
 // namedHosts lists the hosts an object's spec defines or takes traffic

@@ -33,6 +33,10 @@ func TestHostGuard(t *testing.T) {
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"api.example.com", "ECHO.demo.svc.ClusterSet.local."}}, false},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"*.svc.clusterset.local"}}, false},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"clusterset.local"}}, false},
+		{"tenant", &networking.ServiceEntry{Hosts: []string{"*clusterset.local"}}, false},
+		{"tenant", &networking.ServiceEntry{Hosts: []string{"*set.local"}}, false},
+		{"tenant", &networking.ServiceEntry{Hosts: []string{"*-clusterset.local"}}, true}, // matches no host under it
+		{"tenant", &networking.ServiceEntry{Hosts: []string{"*.example.com"}}, true},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"api.example.com"}}, true},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"notclusterset.local"}}, true},
 		{"tenant", &networking.VirtualService{Hosts: []string{"echo.demo.svc.cluster.local"}}, false},

@@ -48,8 +48,9 @@ const (
 //
 // A member that has not synced asserts nothing (identityScope.memberMay):
 // its tokens are not even reviewed. Tokens a member rejects are charged to
-// the caller's source address (failures): a source that keeps sending
-// tokens its member rejects gets ResourceExhausted instead of more reviews,
+// the caller's source address and that member (failures): a source that
+// keeps sending tokens a member rejects gets ResourceExhausted for that
+// member instead of more reviews,
 // so anonymous callers cannot make the hub flood a member's API server.
 // Accepted tokens are never charged: a fleet behind one NAT address that
 // reconnects with new tokens is not limited.
@@ -155,11 +156,15 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 		a.refusals.WithLabelValues(tokenRefusedCachedRejection).Inc()
 		return identity{}, err
 	}
+	// Failures are charged to the caller's address for the member it
+	// names: an address that sends made-up tokens naming one member stops
+	// reviews in that member only, not those of its neighbours behind the
+	// same address naming others.
 	source := sourceOf(ctx)
-	if !a.failures.mayFail(source) {
+	if !a.failures.mayFail(source + "\x00" + cluster) {
 		a.refusals.WithLabelValues(tokenRefusedRateLimited).Inc()
-		return identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s (at most %d, then one every %s): not reviewed",
-			source, tokenFailureBurst, tokenFailureEvery)}
+		return identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s for member %s (at most %d, then one every %s): not reviewed",
+			source, truncate(cluster, 64), tokenFailureBurst, tokenFailureEvery)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -177,7 +182,7 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 		// The member said no (the account is gone, the token revoked or
 		// expired): no caller may go on believing an earlier yes.
 		a.reviews.WithLabelValues(tokenReviewRejected).Inc()
-		a.failures.failed(source)
+		a.failures.failed(source + "\x00" + cluster)
 		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
 		return identity{}, err
@@ -196,9 +201,9 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 	return id, nil
 }
 
-// sourceLimiter limits, per source address, how many failures it may
-// cause: a token bucket per source in a bounded LRU. A source may try
-// while its bucket has a token; each failure takes one. Tries running at
+// sourceLimiter limits how many failures each key (a source address and
+// the member it names) may cause: a token bucket per key in a bounded LRU.
+// A key may try while its bucket has a token; each failure takes one. Tries running at
 // once may overshoot by the review slots of their members.
 type sourceLimiter struct {
 	every rate.Limit

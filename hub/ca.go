@@ -197,13 +197,15 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 		return nil, s.fail(ctx, id, claimed, err)
 	}
 	release, err := s.acquire(ctx, !id.notAfter.IsZero())
+	if release != nil {
+		defer release() // also when the caller gave up meanwhile: a slot is never lost
+	}
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err() // the caller gave up: not a refusal
 	}
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
-	defer release()
 	if err := csr.CheckSignature(); err != nil {
 		return nil, s.fail(ctx, id, claimed, refuse(codes.InvalidArgument, caReasonInvalidCSR, "the CSR's signature does not verify: %v", err))
 	}
@@ -246,8 +248,13 @@ func (s *caServer) inScope(id identity) error {
 
 // acquire waits for a worker slot until ctx ends (then it returns
 // ctx's error), a renewal also for a renewal slot, and returns the slot's
-// release. Past maxWaiting waiting requests it refuses at once.
+// release. Past maxWaiting waiting requests it refuses at once. A caller
+// whose ctx has ended gets no slot: whenever it returns a release, the
+// caller must call it.
 func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	select { // a free slot: no queueing
 	case s.workers <- struct{}{}:
 		return func() { <-s.workers }, nil

@@ -129,11 +129,17 @@ func (x *Index) Service(hostname string) map[string]*clusters.Service {
 	return out
 }
 
-// Has reports whether a hostname is federated (some member has it).
+// Has reports whether a hostname is federated: some member has it and
+// does not keep it home (clusters.Service.NotExported).
 func (x *Index) Has(hostname string) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return len(x.byHost[hostname]) > 0
+	for _, s := range x.byHost[hostname] {
+		if !s.NotExported {
+			return true
+		}
+	}
+	return false
 }
 
 // Hostnames returns every federated hostname, sorted.

@@ -46,3 +46,21 @@ func TestIndexReportsOnlyRealChanges(t *testing.T) {
 		t.Fatalf("hostnames after every member left: %v", hs)
 	}
 }
+
+// Has: a hostname is federated while some member offers it; a Service
+// every member keeps home (hub.federation/export: "false") is not.
+func TestIndexHas(t *testing.T) {
+	x := NewIndex("cluster.local", nil)
+	home := &clusters.Service{Namespace: "ns", Name: "a", NotExported: true}
+	x.ReplaceCluster("west", []*clusters.Service{home})
+	if x.Has("a.ns.svc.cluster.local") {
+		t.Error("a Service kept home everywhere is federated")
+	}
+	x.ReplaceCluster("east", []*clusters.Service{{Namespace: "ns", Name: "a"}})
+	if !x.Has("a.ns.svc.cluster.local") {
+		t.Error("a Service east offers is not federated")
+	}
+	if x.Has("b.ns.svc.cluster.local") {
+		t.Error("an unknown Service is federated")
+	}
+}

@@ -23,7 +23,7 @@ const (
 )
 
 func (h *hardeningFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&h.metricsAuth, "metrics-auth", metricsAuthToken, "who may read /metrics on --admin-addr: token (a bearer token like the REST API's: with TokenReview, one allowed get on the non-resource URL /metrics or get on secrets in --namespace; with --api-token-file, any token in it) or none (anyone who reaches the port)")
+	fs.StringVar(&h.metricsAuth, "metrics-auth", metricsAuthToken, "who may read /metrics on --admin-addr: token (a bearer token like the REST API's: with TokenReview, one allowed get on the non-resource URL /metrics or get on secrets in --remote-secrets-namespace; with --api-token-file, any token in it) or none (anyone who reaches the port)")
 	fs.StringVar(&h.bundleEndpointCIDR, "bundle-endpoint-cidrs", "", "comma-separated CIDRs peers' SPIFFE bundle endpoints must be in, checked on every connection after DNS (empty: anywhere not denied)")
 	fs.StringVar(&h.bundleEndpointDeny, "bundle-endpoint-deny-cidrs", "169.254.0.0/16,fe80::/10", "comma-separated CIDRs peers' SPIFFE bundle endpoints may never be in, checked on every connection after DNS (unspecified addresses are always refused)")
 }
