@@ -83,6 +83,12 @@ type Config struct {
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
+	// Bulk is the number of services the bulk phase creates (bulk.go; 0:
+	// no bulk phase), BulkWriters how many concurrent writers create them,
+	// BulkTimeout how long every stream may take to hold them all.
+	Bulk        int           `json:"bulk,omitempty"`
+	BulkWriters int           `json:"bulkWriters,omitempty"`
+	BulkTimeout time.Duration `json:"bulkTimeoutNs,omitempty"`
 	// CADuration is how long the ca shape issues certificates (ca.go).
 	CADuration time.Duration `json:"caDurationNs,omitempty"`
 	// Seed makes the choice of services per stream and of written services
@@ -102,8 +108,9 @@ func defaultConfig() Config {
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
-		CADuration: 20 * time.Second,
-		Seed:       1,
+		CADuration:  20 * time.Second,
+		BulkWriters: 8, BulkTimeout: 10 * time.Minute,
+		Seed: 1,
 	}
 }
 
@@ -165,6 +172,9 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
+	fs.IntVar(&c.Bulk, "bulk", c.Bulk, "envoy shape: after the writes, create this many new services (Service + EndpointSlice in --service-members members each) while the streams watch, and report responses per stream, hub CPU, API write time and time to converge (0: no bulk phase)")
+	fs.IntVar(&c.BulkWriters, "bulk-writers", c.BulkWriters, "concurrent writers creating the --bulk services")
+	fs.DurationVar(&c.BulkTimeout, "bulk-timeout", c.BulkTimeout, "how long every stream may take, from the first bulk create, to hold every new service")
 	fs.DurationVar(&c.CADuration, "ca-duration", c.CADuration, "ca shape: how long the callers (--streams, default 16) request certificates")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }
@@ -268,10 +278,34 @@ func (c *Config) validate() error {
 	if c.Endpoints+c.Writes > maxAddresses {
 		errs = append(errs, fmt.Errorf("--endpoints + --writes (%d) exceeds the %d addresses of 198.18.0.0/15", c.Endpoints+c.Writes, maxAddresses))
 	}
+	errs = append(errs, c.validateBulk()...)
 	if c.WriteTimeout <= 0 || c.SyncTimeout <= 0 || c.ConnectTimeout <= 0 || c.WriteGap < 0 {
 		errs = append(errs, errors.New("timeouts must be positive and --write-gap not negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// validateBulk checks the bulk phase's flags.
+func (c *Config) validateBulk() []error {
+	var errs []error
+	switch {
+	case c.Bulk < 0:
+		errs = append(errs, fmt.Errorf("--bulk must not be negative, not %d", c.Bulk))
+	case c.Bulk == 0:
+		return nil
+	case c.Shape != shapeEnvoy:
+		errs = append(errs, fmt.Errorf("--bulk needs --shape envoy (the only shape that follows new clusters on its own), not %s", c.Shape))
+	}
+	if c.BulkWriters < 1 {
+		errs = append(errs, fmt.Errorf("--bulk-writers must be at least 1, not %d", c.BulkWriters))
+	}
+	if c.BulkTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--bulk-timeout must be positive, not %s", c.BulkTimeout))
+	}
+	if n := c.Endpoints + c.Writes + c.Bulk*bulkEndpoints(*c); n > maxAddresses {
+		errs = append(errs, fmt.Errorf("--endpoints + --writes + the bulk services' endpoints (%d) exceed the %d addresses of 198.18.0.0/15", n, maxAddresses))
+	}
+	return errs
 }
 
 // serviceMembers is how many members each service really exists in.

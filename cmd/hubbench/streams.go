@@ -35,7 +35,10 @@ type fleet struct {
 	nodeEveryRequest bool
 	services         int             // benchmark CDS clusters every stream should hold
 	cds              map[string]bool // their names (the hub also serves e.g. kubernetes.default); istiod: their ServiceEntries' names
-	streams          []*stream
+	// bulk are the clusters the bulk phase creates, with their endpoint
+	// counts (bulk.go); nil without --bulk.
+	bulk    map[string]int
+	streams []*stream
 
 	// target is the write being measured, if any.
 	target atomic.Pointer[writeTarget]
@@ -75,9 +78,14 @@ type stream struct {
 	resends     atomic.Int64
 	cdsClusters atomic.Int64 // benchmark clusters in the stream's current CDS view
 	edsHeld     atomic.Int64 // of its services, how many it holds EDS for
-	lastEDS     atomic.Pointer[string]
-	err         atomic.Pointer[error]
-	istiod      istiodState // the istiod shape's counters (istiod.go)
+	// bulkCDS and bulkEDS are how many of the bulk phase's clusters it
+	// holds in CDS, and in EDS with all their endpoints; bulkDoneAt is
+	// when it first held all of them in both (unix ns, 0 until then).
+	bulkCDS, bulkEDS atomic.Int64
+	bulkDoneAt       atomic.Int64
+	lastEDS          atomic.Pointer[string]
+	err              atomic.Pointer[error]
+	istiod           istiodState // the istiod shape's counters (istiod.go)
 }
 
 // writeTarget is one measured write: the EDS cluster it changes (for the
@@ -120,6 +128,12 @@ func (t *writeTarget) arrive(idx int, at time.Time) {
 func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	f := &fleet{addr: addr, delta: cfg.Delta, shape: cfg.Shape, namedCDS: cfg.CDS == cdsNamed, services: cfg.Services, allReady: make(chan struct{}), failed: make(chan struct{})}
 	f.nodeEveryRequest = cfg.Delta && cfg.Shape == shapeEnvoy && cfg.DeltaNodeEveryRequest
+	if len(l.bulk) > 0 {
+		f.bulk = map[string]int{}
+		for _, s := range l.bulk {
+			f.bulk[s.cluster] = s.endpoints()
+		}
+	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	f.cds = map[string]bool{}
 	for _, s := range l.services {
@@ -487,7 +501,9 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 }
 
 func (s *stream) newClient() *client {
-	return newClient(s.f.shape, s.f.namedCDS, s.targets, s.watch, s.f.cds)
+	c := newClient(s.f.shape, s.f.namedCDS, s.targets, s.watch, s.f.cds)
+	c.bulk = s.f.bulk
+	return c
 }
 
 // observe records what a response changed: the counters describe shows,
@@ -496,6 +512,13 @@ func (s *stream) newClient() *client {
 func (s *stream) observe(c *client, typeURL, version string, values [][]byte, now time.Time) {
 	if i := slices.Index(subscriptionOrder, typeURL); i >= 0 {
 		s.byType[i].Add(1)
+	}
+	if len(s.f.bulk) > 0 {
+		s.bulkCDS.Store(int64(c.bulkCDS))
+		s.bulkEDS.Store(int64(c.bulkEDS))
+		if n := len(s.f.bulk); c.bulkCDS == n && c.bulkEDS == n {
+			s.bulkDoneAt.CompareAndSwap(0, now.UnixNano())
+		}
 	}
 	switch typeURL {
 	case resourcev3.ClusterType:
