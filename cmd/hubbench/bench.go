@@ -144,6 +144,12 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
 
+	// Live heap before the streams (heap.go).
+	heapBefore, err := h.heapNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+
 	// Cold connect.
 	f := newFleet(ctx, h.xdsAddr, cfg, l)
 	defer f.close()
@@ -167,6 +173,12 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	sum.ConnectResponses, _ = f.totals()
 	sum.ConnectResponsesByType = f.byType()
 	cfg.progress("cold connect: all %d streams hold their config after %.2fs", cfg.Streams, sum.ColdConnectSeconds)
+	heapAfter, err := h.heapNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sum.Heap = heapPerStream(heapBefore, heapAfter, cfg.Streams)
+	cfg.progress("hub live heap %d → %d MiB: %.1f KiB per stream", sum.Heap.LiveBeforeMiB, sum.Heap.LiveAfterMiB, sum.Heap.LivePerStreamKiB)
 	if sum.Hub.AfterConnect, err = procStats(h.pid()); err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
@@ -221,6 +233,14 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	sum.HubMetrics, sum.HubMetricsAfterConnect = after, before
 	if sum.Hub.AfterWrites, err = procStats(h.pid()); err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+	if cfg.Bulk > 0 {
+		if sum.Bulk, err = runBulk(ctx, cfg, l, clients, f, h); err != nil {
+			return nil, err
+		}
+		if sum.Hub.AfterBulk, err = procStats(h.pid()); err != nil {
+			return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+		}
 	}
 	if e := h.exited(); e != nil {
 		return nil, e

@@ -49,6 +49,12 @@ type Config struct {
 	WriteTimeout time.Duration `json:"writeTimeoutNs"`
 	// Delta uses Delta (incremental) ADS instead of State of the World.
 	Delta bool `json:"delta"`
+	// DeltaNodeEveryRequest makes the envoy shape's Delta streams send
+	// their node (an Istio sidecar's, ~17 KB, envoynode.go) in every
+	// request, ACKs included, as Envoy before 1.38 does; false sends it in
+	// the first request only, as Envoy 1.38 does. SotW streams send it in
+	// their first request only (set_node_on_first_message_only).
+	DeltaNodeEveryRequest bool `json:"deltaNodeEveryRequest"`
 	// CDS is how streams subscribe to clusters: "wildcard" (every cluster,
 	// like Envoy sidecars without a Sidecar scope) or "named" (only the
 	// clusters of their services, like proxyless gRPC). Only the named
@@ -77,6 +83,12 @@ type Config struct {
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
+	// Bulk is the number of services the bulk phase creates (bulk.go; 0:
+	// no bulk phase), BulkWriters how many concurrent writers create them,
+	// BulkTimeout how long every stream may take to hold them all.
+	Bulk        int           `json:"bulk,omitempty"`
+	BulkWriters int           `json:"bulkWriters,omitempty"`
+	BulkTimeout time.Duration `json:"bulkTimeoutNs,omitempty"`
 	// CADuration is how long the ca shape issues certificates (ca.go).
 	CADuration time.Duration `json:"caDurationNs,omitempty"`
 	// Seed makes the choice of services per stream and of written services
@@ -92,12 +104,13 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{
 		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000,
-		Shape: shapeNamed, Writes: 20,
+		Shape: shapeNamed, Writes: 20, DeltaNodeEveryRequest: true,
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
-		CADuration: 20 * time.Second,
-		Seed:       1,
+		CADuration:  20 * time.Second,
+		BulkWriters: 8, BulkTimeout: 10 * time.Minute,
+		Seed: 1,
 	}
 }
 
@@ -148,6 +161,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", c.WriteTimeout, "how long one write may take to reach every watcher")
 	fs.BoolVar(&c.Delta, "delta", c.Delta, "use Delta ADS instead of State of the World")
+	fs.BoolVar(&c.DeltaNodeEveryRequest, "delta-node-every-request", c.DeltaNodeEveryRequest, "envoy shape with --delta: send the Istio sidecar's node (~17 KB with its extensions) in every Delta request, ACKs included, as Envoy < 1.38 does; false: in the first request only, as Envoy 1.38 (SotW always sends it once: set_node_on_first_message_only)")
 	fs.StringVar(&c.CDS, "cds", c.CDS, "named shape's CDS subscription: wildcard (all clusters, the default) or named (only the stream's services)")
 	fs.IntVar(&c.ConnectConcurrency, "connect-concurrency", c.ConnectConcurrency, "streams connecting at once (until each holds its full config)")
 	fs.IntVar(&c.CreateWorkers, "create-workers", c.CreateWorkers, "concurrent API requests while creating services")
@@ -158,6 +172,9 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
+	fs.IntVar(&c.Bulk, "bulk", c.Bulk, "envoy shape: after the writes, create this many new services (Service + EndpointSlice in --service-members members each) while the streams watch, and report responses per stream, hub CPU, API write time and time to converge (0: no bulk phase)")
+	fs.IntVar(&c.BulkWriters, "bulk-writers", c.BulkWriters, "concurrent writers creating the --bulk services")
+	fs.DurationVar(&c.BulkTimeout, "bulk-timeout", c.BulkTimeout, "how long every stream may take, from the first bulk create, to hold every new service")
 	fs.DurationVar(&c.CADuration, "ca-duration", c.CADuration, "ca shape: how long the callers (--streams, default 16) request certificates")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }
@@ -261,10 +278,34 @@ func (c *Config) validate() error {
 	if c.Endpoints+c.Writes > maxAddresses {
 		errs = append(errs, fmt.Errorf("--endpoints + --writes (%d) exceeds the %d addresses of 198.18.0.0/15", c.Endpoints+c.Writes, maxAddresses))
 	}
+	errs = append(errs, c.validateBulk()...)
 	if c.WriteTimeout <= 0 || c.SyncTimeout <= 0 || c.ConnectTimeout <= 0 || c.WriteGap < 0 {
 		errs = append(errs, errors.New("timeouts must be positive and --write-gap not negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// validateBulk checks the bulk phase's flags.
+func (c *Config) validateBulk() []error {
+	var errs []error
+	switch {
+	case c.Bulk < 0:
+		errs = append(errs, fmt.Errorf("--bulk must not be negative, not %d", c.Bulk))
+	case c.Bulk == 0:
+		return nil
+	case c.Shape != shapeEnvoy:
+		errs = append(errs, fmt.Errorf("--bulk needs --shape envoy (the only shape that follows new clusters on its own), not %s", c.Shape))
+	}
+	if c.BulkWriters < 1 {
+		errs = append(errs, fmt.Errorf("--bulk-writers must be at least 1, not %d", c.BulkWriters))
+	}
+	if c.BulkTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--bulk-timeout must be positive, not %s", c.BulkTimeout))
+	}
+	if n := c.Endpoints + c.Writes + c.Bulk*bulkEndpoints(*c); n > maxAddresses {
+		errs = append(errs, fmt.Errorf("--endpoints + --writes + the bulk services' endpoints (%d) exceed the %d addresses of 198.18.0.0/15", n, maxAddresses))
+	}
+	return errs
 }
 
 // serviceMembers is how many members each service really exists in.

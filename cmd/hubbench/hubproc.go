@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -112,7 +113,7 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 		"--api-token-file", tokenFile,
 	}, extra...)
 	h.cmd = exec.Command(bin, args...)
-	h.cmd.Env = append(os.Environ(), env...)
+	h.cmd.Env = withGCTrace(append(os.Environ(), env...))
 	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
 	// The hub dies with us even if we are killed with SIGKILL.
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -146,6 +147,77 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 		if time.Now().After(deadline) {
 			h.stop()
 			return nil, fmt.Errorf("the hub did not log \"hub listening\" within 2 minutes; log tail:\n%s", h.tail(30))
+		}
+	}
+}
+
+// withGCTrace adds gctrace=1 to GODEBUG (the last GODEBUG of env wins, as
+// in exec), so that the hub's log has the live heap after every GC
+// (liveHeap).
+func withGCTrace(env []string) []string {
+	godebug := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			godebug = v
+		}
+	}
+	if godebug != "" {
+		godebug += ","
+	}
+	return append(env, "GODEBUG="+godebug+"gctrace=1")
+}
+
+// gcLine is one GODEBUG=gctrace=1 line: "gc 12 @3.210s 2%: ... 40->41->20 MB,
+// 42 MB goal, ...": the GC's number and the heap it found live, in MB
+// (2^20 bytes; the runtime prints whole MB).
+var gcLine = regexp.MustCompile(`^gc (\d+) @.* \d+->\d+->(\d+) MB`)
+
+// lastGC is the number and live heap (MiB) of the last GC in the hub's log.
+func (h *hubProcess) lastGC() (num, liveMiB int, err error) {
+	f, err := os.Open(h.logPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		if m := gcLine.FindSubmatch(sc.Bytes()); m != nil {
+			num, _ = strconv.Atoi(string(m[1]))
+			liveMiB, _ = strconv.Atoi(string(m[2]))
+		}
+	}
+	return num, liveMiB, sc.Err()
+}
+
+// liveHeap is the hub's live heap (MiB) as found by a GC that ends after
+// the call: the hub has no endpoint that forces one, so we make it
+// allocate by reading its API until the runtime collects (bounded by
+// timeout).
+func (h *hubProcess) liveHeap(ctx context.Context, timeout time.Duration) (int, error) {
+	first, _, err := h.lastGC()
+	if err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(timeout)
+	paths := []string{"/api/v1/proxies", "/api/v1/services", "/metrics"}
+	for i := 0; ; i++ {
+		if _, err := h.get(ctx, paths[i%len(paths)]); err != nil {
+			return 0, err
+		}
+		if i%10 != 9 {
+			continue
+		}
+		num, live, err := h.lastGC()
+		if err != nil {
+			return 0, err
+		}
+		// A GC that ends after the call marked what the hub holds now.
+		if num > first {
+			return live, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the hub ran no GC within %s of reading its API (GODEBUG gctrace lines in %s)", timeout, h.logPath)
 		}
 	}
 }

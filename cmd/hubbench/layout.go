@@ -75,6 +75,8 @@ type layout struct {
 	watched [][]int
 	// watchers[s] lists the streams that subscribe to service s.
 	watchers [][]int
+	// bulk are the services the bulk phase creates (bulk.go).
+	bulk []*service
 }
 
 func memberID(i int) string { return fmt.Sprintf("m%02d", i+1) }
@@ -99,28 +101,13 @@ func newLayout(cfg Config) *layout {
 	sm := cfg.serviceMembers()
 	next := 0 // next address index
 	for i := range cfg.Services {
-		name := fmt.Sprintf("svc-%05d", i)
-		s := &service{name: name, cluster: clusterName(name)}
 		total := cfg.Endpoints / cfg.Services
 		if i < cfg.Endpoints%cfg.Services {
 			total++
 		}
-		for k := range sm {
-			m := (i + k) % cfg.Members
-			n := total / sm
-			if k < total%sm {
-				n++
-			}
-			var backends []localcluster.Backend
-			for e := range n {
-				backends = append(backends, localcluster.Backend{IP: address(next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)})
-				next++
-			}
-			s.members = append(s.members, m)
-			s.backend = append(s.backend, backends)
-		}
-		l.services = append(l.services, s)
+		l.services = append(l.services, placeService(fmt.Sprintf("svc-%05d", i), i, total, sm, cfg.Members, &next))
 	}
+	l.bulk = bulkServices(cfg)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
 	per := cfg.servicesPerStream()
 	l.watchers = make([][]int, cfg.Services)
@@ -144,6 +131,27 @@ func newLayout(cfg Config) *layout {
 	return l
 }
 
+// placeService is service number i, name, with total endpoints split
+// between sm consecutive members from member i mod members, on addresses
+// from *next on.
+func placeService(name string, i, total, sm, members int, next *int) *service {
+	s := &service{name: name, cluster: clusterName(name)}
+	for k := range sm {
+		n := total / sm
+		if k < total%sm {
+			n++
+		}
+		var backends []localcluster.Backend
+		for e := range n {
+			backends = append(backends, localcluster.Backend{IP: address(*next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)})
+			*next++
+		}
+		s.members = append(s.members, (i+k)%members)
+		s.backend = append(s.backend, backends)
+	}
+	return s
+}
+
 // endpoints is the number of endpoints of a service in all members.
 func (s *service) endpoints() int {
 	n := 0
@@ -153,13 +161,29 @@ func (s *service) endpoints() int {
 	return n
 }
 
+// job is one object to create in a member.
+type job struct {
+	member int
+	run    func(context.Context, kubernetes.Interface) error
+}
+
+// serviceJobs create the services' Service and EndpointSlice in each of
+// their members.
+func serviceJobs(services []*service) []job {
+	var out []job
+	for _, s := range services {
+		for k, m := range s.members {
+			out = append(out, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+				return localcluster.ApplyService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
+			}})
+		}
+	}
+	return out
+}
+
 // create makes the namespaces, nodes, Services and EndpointSlices in the
 // members with at most workers concurrent objects in flight.
 func (l *layout) create(ctx context.Context, clients []kubernetes.Interface, workers int, progress func(string, ...any)) error {
-	type job struct {
-		member int
-		run    func(context.Context, kubernetes.Interface) error
-	}
 	var prep []job
 	for m := range clients {
 		prep = append(prep, job{m, func(ctx context.Context, c kubernetes.Interface) error {
@@ -171,53 +195,55 @@ func (l *layout) create(ctx context.Context, clients []kubernetes.Interface, wor
 			}})
 		}
 	}
-	var objs []job
-	for _, s := range l.services {
-		for k, m := range s.members {
-			objs = append(objs, job{m, func(ctx context.Context, c kubernetes.Interface) error {
-				return localcluster.ApplyService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
-			}})
-		}
+	if err := runJobs(ctx, clients, workers, prep, nil); err != nil {
+		return err
 	}
-	for i, batch := range [][]job{prep, objs} {
-		jobs := make(chan job)
-		bctx, cancel := context.WithCancel(ctx)
-		var (
-			wg    sync.WaitGroup
-			once  sync.Once
-			first error
-			done  atomic.Int64
-		)
-		for range workers {
-			wg.Go(func() {
-				for j := range jobs {
-					if err := j.run(bctx, clients[j.member]); err != nil {
-						once.Do(func() { first = fmt.Errorf("member %s: %w", memberID(j.member), err); cancel() })
-						continue
-					}
-					if n := done.Add(1); i == 1 && n%1000 == 0 {
-						progress("created %d/%d (service, member) pairs", n, len(batch))
-					}
+	objs := serviceJobs(l.services)
+	return runJobs(ctx, clients, workers, objs, func(n int64) {
+		if n%1000 == 0 {
+			progress("created %d/%d (service, member) pairs", n, len(objs))
+		}
+	})
+}
+
+// runJobs runs every job with at most workers at once and stops at the
+// first error; done, if set, is called with the count of jobs done after
+// each one.
+func runJobs(ctx context.Context, clients []kubernetes.Interface, workers int, batch []job, done func(n int64)) error {
+	jobs := make(chan job)
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+		count atomic.Int64
+	)
+	for range workers {
+		wg.Go(func() {
+			for j := range jobs {
+				if err := j.run(bctx, clients[j.member]); err != nil {
+					once.Do(func() { first = fmt.Errorf("member %s: %w", memberID(j.member), err); cancel() })
+					continue
 				}
-			})
-		}
-	feed:
-		for _, j := range batch {
-			select {
-			case jobs <- j:
-			case <-bctx.Done():
-				break feed
+				if n := count.Add(1); done != nil {
+					done(n)
+				}
 			}
-		}
-		close(jobs)
-		wg.Wait()
-		cancel()
-		if first != nil {
-			return first
-		}
-		if err := ctx.Err(); err != nil {
-			return err
+		})
+	}
+feed:
+	for _, j := range batch {
+		select {
+		case jobs <- j:
+		case <-bctx.Done():
+			break feed
 		}
 	}
-	return nil
+	close(jobs)
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	return ctx.Err()
 }

@@ -5,7 +5,8 @@
 //
 //	hubbench [--members 10] [--services 1000] [--endpoints 20000] [--streams 2000]
 //	         [--shape named|envoy|grpc|istiod|ca] [--services-per-stream N|all]
-//	         [--writes 20] [--delta] [--json]
+//	         [--writes 20] [--delta] [--delta-node-every-request=true]
+//	         [--bulk N --bulk-writers 8] [--json]
 //
 // The shape is what every stream subscribes to, like a kind of client
 // (shapes.go): envoy (CDS wildcard, then EDS for every cluster CDS
@@ -19,8 +20,11 @@
 // It reports how long the hub takes to sync every member, how long every
 // stream takes to receive its first full configuration (cold connect), how
 // long an EndpointSlice write takes to reach every stream that watches it
-// (convergence), how many responses were resent, and the hub process's memory
-// and CPU, also per write. See docs/performance.md for the figures and how to read them.
+// (convergence), how many responses were resent, the hub process's memory
+// and CPU, also per write, and its live heap per stream. With --bulk (envoy
+// shape), W writers then create N new services while the streams watch
+// (bulk.go): responses per stream, hub CPU, API write time and time to
+// converge. See docs/performance.md for the figures and how to read them.
 package main
 
 import (

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,6 +64,65 @@ func TestRunTiny(t *testing.T) {
 				checkTiny(t, cfg, sum, protocol)
 			})
 		}
+	}
+}
+
+// TestRunBulk runs the envoy shape with a bulk phase (5 new services by 2
+// writers while 3 streams watch), SotW and Delta, against real local
+// clusters and the real hub, and checks that the report is complete and
+// every stream converged. The figures are printed, never judged.
+func TestRunBulk(t *testing.T) {
+	requireK8sBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	hubBin, _, err := buildHub(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, delta := range []bool{false, true} {
+		protocol := map[bool]string{false: "SotW", true: "Delta"}[delta]
+		t.Run(protocol, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 2, 4, 20, 3, 2
+			cfg.Shape, cfg.Delta, cfg.Bulk, cfg.BulkWriters = shapeEnvoy, delta, 5, 2
+			cfg.HubBin = hubBin
+			cfg.WriteGap = 150 * time.Millisecond
+			cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout, cfg.BulkTimeout = 20*time.Second, time.Minute, time.Minute, 2*time.Minute
+			cfg.Progress = t.Logf
+			if err := cfg.validate(); err != nil {
+				t.Fatal(err)
+			}
+			sum, err := run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkTiny(t, cfg, sum, protocol)
+			var text strings.Builder
+			sum.WriteText(&text)
+			t.Logf("summary:\n%s", text.String())
+			b := sum.Bulk
+			if b == nil {
+				t.Fatal("no bulk phase in the summary")
+			}
+			if b.Services != 5 || b.Objects != 10 || b.Writers != 2 {
+				t.Errorf("bulk of %d services, %d objects, %d writers; want 5, 10 (2 members each), 2", b.Services, b.Objects, b.Writers)
+			}
+			if b.StreamConverge.N != cfg.Streams || b.ConvergeSeconds <= 0 || b.APIWriteSeconds <= 0 {
+				t.Errorf("bulk: %d streams converged in %.2fs, API writes %.2fs; want all %d and positive times", b.StreamConverge.N, b.ConvergeSeconds, b.APIWriteSeconds, cfg.Streams)
+			}
+			for _, typ := range []string{"CDS", "EDS"} {
+				r, q := b.Responses[typ], b.ResponsesToQuiet[typ]
+				if r.Mean < 1 || r.Max < 1 || q.Mean < r.Mean || q.Max < r.Max {
+					t.Errorf("bulk %s responses per stream: %+v to convergence, %+v to quiet; want at least one, and no fewer until quiet", typ, r, q)
+				}
+			}
+			if b.HubCPUSeconds < 0 || b.HubCPUSecondsToQuiet < b.HubCPUSeconds || b.HubResponses < 1 {
+				t.Errorf("bulk: hub CPU %.2f s (to quiet %.2f s), %v hub responses", b.HubCPUSeconds, b.HubCPUSecondsToQuiet, b.HubResponses)
+			}
+			if b.LoadBefore == "" || b.LoadAfter == "" || sum.Hub.AfterBulk.RSSMiB <= 0 {
+				t.Errorf("bulk: load %q → %q, hub RSS after %.0f MiB", b.LoadBefore, b.LoadAfter, sum.Hub.AfterBulk.RSSMiB)
+			}
+		})
 	}
 }
 
@@ -136,6 +196,9 @@ func checkTiny(t *testing.T, cfg Config, sum *Summary, protocol string) {
 	}
 	if sum.WriteResponses < int64(pairs) {
 		t.Errorf("%d responses during the writes, want at least %d", sum.WriteResponses, pairs)
+	}
+	if h := sum.Heap; h.LiveBeforeMiB <= 0 || h.LiveAfterMiB <= 0 || h.InuseBeforeMiB <= 0 || h.InuseAfterMiB <= 0 {
+		t.Errorf("heap not measured: %+v", h)
 	}
 	if want := targetsFor(cfg.Shape, cfg.Delta); sum.Targets != want {
 		t.Errorf("targets %+v, want %+v", sum.Targets, want)

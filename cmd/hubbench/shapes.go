@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -113,6 +114,14 @@ type client struct {
 
 	edsHeld int // names of watch held in EDS
 	cdsHeld int // names of bench held in CDS
+
+	// bulk are the clusters the bulk phase creates (bulk.go), each with
+	// its number of endpoints; shared, read only. bulkCDS counts those
+	// held in CDS, bulkEDS those held in EDS with all their endpoints
+	// (bulkFull).
+	bulk             map[string]int
+	bulkCDS, bulkEDS int
+	bulkFull         map[string]bool
 }
 
 func newClient(shape string, namedCDS bool, targets []string, watch, bench map[string]bool) *client {
@@ -269,6 +278,10 @@ func (c *client) put(typeURL, name, version string, value []byte) (resend bool, 
 		}
 	case resourcev3.ClusterType:
 		h.ref = edsServiceName(value)
+	case resourcev3.EndpointType:
+		if want, ok := c.bulk[name]; ok {
+			c.setBulkFull(name, claEndpoints(value) == want)
+		}
 	}
 	old, had := c.held[typeURL][name]
 	c.held[typeURL][name] = h
@@ -291,7 +304,43 @@ func (c *client) count(typeURL, name string, d int) {
 		c.edsHeld += d
 	case typeURL == resourcev3.ClusterType && c.bench[name]:
 		c.cdsHeld += d
+	case typeURL == resourcev3.ClusterType && c.bulk[name] > 0:
+		c.bulkCDS += d
+	case typeURL == resourcev3.EndpointType && d < 0 && c.bulk[name] > 0:
+		c.setBulkFull(name, false)
 	}
+}
+
+// setBulkFull records whether the client holds a bulk cluster's assignment
+// with all its endpoints.
+func (c *client) setBulkFull(name string, full bool) {
+	if c.bulkFull[name] == full {
+		return
+	}
+	if full {
+		if c.bulkFull == nil {
+			c.bulkFull = map[string]bool{}
+		}
+		c.bulkFull[name] = true
+		c.bulkEDS++
+		return
+	}
+	delete(c.bulkFull, name)
+	c.bulkEDS--
+}
+
+// claEndpoints counts the endpoints of an encoded ClusterLoadAssignment
+// (0 if it does not decode).
+func claEndpoints(b []byte) int {
+	var cla endpointv3.ClusterLoadAssignment
+	if proto.Unmarshal(b, &cla) != nil {
+		return 0
+	}
+	n := 0
+	for _, loc := range cla.GetEndpoints() {
+		n += len(loc.GetLbEndpoints())
+	}
+	return n
 }
 
 // applySotW takes a SotW response's resources. Resources the stream did

@@ -240,3 +240,64 @@ func TestValidateShapes(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateBulk(t *testing.T) {
+	for _, tc := range []struct {
+		shape   string
+		bulk    int
+		writers int
+		wantErr bool
+	}{
+		{shapeEnvoy, 0, 8, false},
+		{shapeNamed, 0, 0, false}, // no bulk phase: the writers do not matter
+		{shapeEnvoy, 5, 2, false},
+		{shapeEnvoy, -1, 8, true},
+		{shapeEnvoy, 5, 0, true},
+		{shapeNamed, 5, 2, true},
+		{shapeGRPC, 5, 2, true},
+		{shapeEnvoy, maxAddresses, 8, true},
+	} {
+		cfg := defaultConfig()
+		cfg.Shape, cfg.Bulk, cfg.BulkWriters = tc.shape, tc.bulk, tc.writers
+		if err := cfg.validate(); (err != nil) != tc.wantErr {
+			t.Errorf("%+v: error %v", tc, err)
+		}
+	}
+}
+
+func TestBulkLayout(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes, cfg.Bulk = 3, 4, 40, 2, 3, 5
+	cfg.Shape = shapeEnvoy
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	l := newLayout(cfg)
+	if len(l.bulk) != 5 {
+		t.Fatalf("%d bulk services, want 5", len(l.bulk))
+	}
+	seen := map[string]bool{}
+	for _, s := range l.services {
+		for _, b := range s.backend {
+			for _, e := range b {
+				seen[e.IP] = true
+			}
+		}
+	}
+	for w := range cfg.Writes {
+		seen[address(cfg.Endpoints+w)] = true
+	}
+	for i, s := range l.bulk {
+		if s.endpoints() != 10 || len(s.members) != 2 || s.members[0] == s.members[1] {
+			t.Errorf("bulk service %d: %d endpoints in members %v, want 10 in 2 distinct", i, s.endpoints(), s.members)
+		}
+		for _, b := range s.backend {
+			for _, e := range b {
+				if seen[e.IP] {
+					t.Errorf("bulk service %d reuses address %s", i, e.IP)
+				}
+				seen[e.IP] = true
+			}
+		}
+	}
+}

@@ -30,9 +30,15 @@ type fleet struct {
 	delta    bool
 	shape    string
 	namedCDS bool
-	services int             // benchmark CDS clusters every stream should hold
-	cds      map[string]bool // their names (the hub also serves e.g. kubernetes.default); istiod: their ServiceEntries' names
-	streams  []*stream
+	// nodeEveryRequest sends the node in every Delta request, ACKs
+	// included, as Envoy < 1.38 does (envoynode.go).
+	nodeEveryRequest bool
+	services         int             // benchmark CDS clusters every stream should hold
+	cds              map[string]bool // their names (the hub also serves e.g. kubernetes.default); istiod: their ServiceEntries' names
+	// bulk are the clusters the bulk phase creates, with their endpoint
+	// counts (bulk.go); nil without --bulk.
+	bulk    map[string]int
+	streams []*stream
 
 	// target is the write being measured, if any.
 	target atomic.Pointer[writeTarget]
@@ -72,9 +78,14 @@ type stream struct {
 	resends     atomic.Int64
 	cdsClusters atomic.Int64 // benchmark clusters in the stream's current CDS view
 	edsHeld     atomic.Int64 // of its services, how many it holds EDS for
-	lastEDS     atomic.Pointer[string]
-	err         atomic.Pointer[error]
-	istiod      istiodState // the istiod shape's counters (istiod.go)
+	// bulkCDS and bulkEDS are how many of the bulk phase's clusters it
+	// holds in CDS, and in EDS with all their endpoints; bulkDoneAt is
+	// when it first held all of them in both (unix ns, 0 until then).
+	bulkCDS, bulkEDS atomic.Int64
+	bulkDoneAt       atomic.Int64
+	lastEDS          atomic.Pointer[string]
+	err              atomic.Pointer[error]
+	istiod           istiodState // the istiod shape's counters (istiod.go)
 }
 
 // writeTarget is one measured write: the EDS cluster it changes (for the
@@ -116,6 +127,13 @@ func (t *writeTarget) arrive(idx int, at time.Time) {
 
 func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	f := &fleet{addr: addr, delta: cfg.Delta, shape: cfg.Shape, namedCDS: cfg.CDS == cdsNamed, services: cfg.Services, allReady: make(chan struct{}), failed: make(chan struct{})}
+	f.nodeEveryRequest = cfg.Delta && cfg.Shape == shapeEnvoy && cfg.DeltaNodeEveryRequest
+	if len(l.bulk) > 0 {
+		f.bulk = map[string]int{}
+		for _, s := range l.bulk {
+			f.bulk[s.cluster] = s.endpoints()
+		}
+	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	f.cds = map[string]bool{}
 	for _, s := range l.services {
@@ -318,14 +336,36 @@ func (s *stream) serve() error {
 	if s.f.shape == shapeIstiod {
 		return s.serveIstiod(ads)
 	}
-	node := &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		"CLUSTER_ID": structpb.NewStringValue(s.clusterID),
-		"NAMESPACE":  structpb.NewStringValue(benchNamespace),
-	}}}
+	node := s.node()
 	if s.f.delta {
 		return s.serveDelta(ads, node)
 	}
 	return s.serveSotW(ads, node)
+}
+
+// node is the node the stream sends: an Istio sidecar's for the envoy
+// shape (envoynode.go), else a minimal one.
+func (s *stream) node() *corev3.Node {
+	if s.f.shape == shapeEnvoy {
+		return envoyNode(s.idx, s.clusterID)
+	}
+	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"CLUSTER_ID": structpb.NewStringValue(s.clusterID),
+		"NAMESPACE":  structpb.NewStringValue(benchNamespace),
+	}}}
+}
+
+// nodeOnce returns the node for the stream's first request and nil after,
+// as clients with set_node_on_first_message_only (Istio's bootstrap) do.
+func nodeOnce(node *corev3.Node) func() *corev3.Node {
+	sent := false
+	return func() *corev3.Node {
+		if sent {
+			return nil
+		}
+		sent = true
+		return node
+	}
 }
 
 func ended(err error) error {
@@ -341,16 +381,14 @@ func (s *stream) serveSotW(ads discoveryv3.AggregatedDiscoveryServiceClient, nod
 		return err
 	}
 	c := s.newClient()
+	nodeFor := nodeOnce(node)
 	acked := map[string][2]string{} // typeURL → last ACKed version and nonce
 	// subscribe sends every subscription change, each with the type's last
 	// ACKed version and nonce, as a client changing its names does.
 	subscribe := func() error {
 		for _, ch := range c.changes() {
 			req := &discoveryv3.DiscoveryRequest{TypeUrl: ch.typeURL, ResourceNames: ch.sub.names,
-				VersionInfo: acked[ch.typeURL][0], ResponseNonce: acked[ch.typeURL][1]}
-			if ch.first {
-				req.Node = node
-			}
+				VersionInfo: acked[ch.typeURL][0], ResponseNonce: acked[ch.typeURL][1], Node: nodeFor()}
 			if err := st.Send(req); err != nil {
 				return fmt.Errorf("subscribing to %d %s names: %w", len(ch.sub.names), ch.typeURL, err)
 			}
@@ -405,14 +443,15 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 		return err
 	}
 	c := s.newClient()
+	nodeFor := nodeOnce(node)
+	if s.f.nodeEveryRequest {
+		nodeFor = func() *corev3.Node { return node }
+	}
 	subscribe := func() error {
 		for _, ch := range c.changes() {
 			// A first wildcard request subscribes nothing by name (the
 			// legacy wildcard), as Envoy's first CDS request does.
-			req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: ch.typeURL, ResourceNamesSubscribe: ch.added, ResourceNamesUnsubscribe: ch.removed}
-			if ch.first {
-				req.Node = node
-			}
+			req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: ch.typeURL, ResourceNamesSubscribe: ch.added, ResourceNamesUnsubscribe: ch.removed, Node: nodeFor()}
 			if err := st.Send(req); err != nil {
 				return fmt.Errorf("subscribing to %d and unsubscribing %d %s names: %w", len(ch.added), len(ch.removed), ch.typeURL, err)
 			}
@@ -455,14 +494,16 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 		if err := subscribe(); err != nil {
 			return err
 		}
-		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
+		if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce(), Node: nodeFor()}); err != nil {
 			return fmt.Errorf("sending an ACK: %w", err)
 		}
 	}
 }
 
 func (s *stream) newClient() *client {
-	return newClient(s.f.shape, s.f.namedCDS, s.targets, s.watch, s.f.cds)
+	c := newClient(s.f.shape, s.f.namedCDS, s.targets, s.watch, s.f.cds)
+	c.bulk = s.f.bulk
+	return c
 }
 
 // observe records what a response changed: the counters describe shows,
@@ -471,6 +512,13 @@ func (s *stream) newClient() *client {
 func (s *stream) observe(c *client, typeURL, version string, values [][]byte, now time.Time) {
 	if i := slices.Index(subscriptionOrder, typeURL); i >= 0 {
 		s.byType[i].Add(1)
+	}
+	if len(s.f.bulk) > 0 {
+		s.bulkCDS.Store(int64(c.bulkCDS))
+		s.bulkEDS.Store(int64(c.bulkEDS))
+		if n := len(s.f.bulk); c.bulkCDS == n && c.bulkEDS == n {
+			s.bulkDoneAt.CompareAndSwap(0, now.UnixNano())
+		}
 	}
 	switch typeURL {
 	case resourcev3.ClusterType:

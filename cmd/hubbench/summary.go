@@ -66,10 +66,16 @@ type Summary struct {
 	HubMetrics             hubMetrics `json:"hubMetrics"`
 	HubMetricsAfterConnect hubMetrics `json:"hubMetricsAfterConnect"`
 
+	// Heap is the hub's heap before and after cold connect, per stream.
+	Heap HeapSummary `json:"heap"`
+	// Bulk is the bulk phase (--bulk), if any.
+	Bulk *BulkSummary `json:"bulk,omitempty"`
+
 	Hub struct {
 		AfterSync    ProcStats `json:"afterSync"`
 		AfterConnect ProcStats `json:"afterConnect"`
 		AfterWrites  ProcStats `json:"afterWrites"`
+		AfterBulk    ProcStats `json:"afterBulk"`
 	} `json:"hub"`
 	HubPID   int    `json:"hubPid"`
 	HubBuild string `json:"hubBuild"`
@@ -302,6 +308,8 @@ func (s *Summary) WriteText(w io.Writer) {
 		p("  hub Go runtime %s heap in use %.0f MiB (GC goal %.0f), stacks %.0f MiB, runtime total %.0f MiB, %.0f goroutines, %.0f GCs",
 			m.when, m.m.HeapInuseMiB, m.m.NextGCMiB, m.m.StackInuseMiB, m.m.GoSysMiB, m.m.Goroutines, m.m.GCs)
 	}
+	p("  hub live heap per stream  %8.1f KiB  (live heap at a GC %d → %d MiB, before → after cold connect; heap in use %.0f → %.0f MiB, %.1f KiB per stream)",
+		s.Heap.LivePerStreamKiB, s.Heap.LiveBeforeMiB, s.Heap.LiveAfterMiB, s.Heap.InuseBeforeMiB, s.Heap.InuseAfterMiB, s.Heap.InusePerStreamKiB)
 	p("  hub CPU                   %8.1f s    (after sync %.1f s, after connect %.1f s; %d threads)",
 		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
 	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; /proc ticks are 10 ms)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
@@ -316,6 +324,9 @@ func (s *Summary) WriteText(w io.Writer) {
 		for i, wr := range s.Writes {
 			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
 		}
+	}
+	if b := s.Bulk; b != nil {
+		b.writeText(p, s.Hub.AfterBulk)
 	}
 	p("")
 	verdicts, _ := s.check()
