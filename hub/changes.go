@@ -45,6 +45,7 @@ type batch struct {
 	kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
 	reviews map[reviewKey]struct{} // access reviews whose decision changed
 	since   time.Time              // when the oldest of these was reported
+	latest  time.Time              // when the newest of these was reported
 }
 
 // secretRef names one Secret of one member.
@@ -67,6 +68,9 @@ func (b *batch) merge(o *batch) {
 	b.roots = b.roots || o.roots
 	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
 		b.since = o.since
+	}
+	if o.latest.After(b.latest) {
+		b.latest = o.latest
 	}
 }
 
@@ -131,6 +135,7 @@ func (c *Changes) report(change func(*batch)) {
 	if c.incoming.since.IsZero() {
 		c.incoming.since = now
 	}
+	c.incoming.latest = now
 	c.mu.Unlock()
 	select {
 	case c.signal <- struct{}{}:
@@ -150,10 +155,10 @@ func (c *Changes) take() batch {
 // consumer and owns the debounce state.
 func (c *Changes) run(ctx context.Context, push func(*batch)) {
 	var (
-		pending   batch
-		first     time.Time // when run took the oldest pending change
-		lastEvent time.Time
-		timer     = time.NewTimer(time.Hour)
+		pending    batch
+		first      time.Time // when run took the oldest pending change
+		lastChange time.Time // when the newest change taken so far was reported
+		timer      = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
 	flush := func() {
@@ -175,8 +180,14 @@ func (c *Changes) run(ctx context.Context, push func(*batch)) {
 				continue
 			}
 			now := time.Now()
-			quiet := pending.empty() && now.Sub(lastEvent) >= c.after
-			lastEvent = now
+			// Quiet means no change was made for `after` before this one:
+			// judged by when changes were reported, not when they were
+			// taken, so that changes made during a long push are not
+			// mistaken for the first after a quiet period (under sustained
+			// churn every batch would take the leading edge: back-to-back
+			// pushes, never coalesced).
+			quiet := pending.empty() && in.since.Sub(lastChange) >= c.after
+			lastChange = in.latest
 			if pending.empty() {
 				first = now
 			}

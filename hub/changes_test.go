@@ -126,3 +126,48 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 		t.Fatalf("push of %d since %v; want since b was added, between %v and %v", b.n, b.since, before, after)
 	}
 }
+
+// Changes made while a push runs longer than the quiet period are not a
+// leading edge when it returns: they were made right after the pushed
+// ones, so they wait for quiet and coalesce with what follows (judged by
+// when changes were made, not when they were taken). Otherwise sustained
+// churn with slow pushes pushes every batch at once, back to back.
+func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
+	const after = time.Second
+	c := NewChanges(after, time.Hour)
+	d := debouncer{c}
+	release := make(chan struct{})
+	pushes := make(chan []string, 16)
+	slow := true
+	startChanges(t, c, func(b *batch) {
+		var hosts []string
+		for k := range b.hosts {
+			hosts = append(hosts, k)
+		}
+		sort.Strings(hosts)
+		pushes <- hosts
+		if slow {
+			slow = false
+			<-release // the first push lasts longer than the quiet period
+		}
+	})
+	d.add([]string{"a"})
+	if got := nextPush(t, pushes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("first push = %v; want [a] at once", got)
+	}
+	d.add([]string{"b"})        // made during the slow push, right after a
+	time.Sleep(after + after/5) // the push outlasts the quiet period
+	close(release)
+	for taken := false; !taken; { // the consumer takes b
+		c.mu.Lock()
+		taken = c.incoming.empty()
+		c.mu.Unlock()
+		if !taken {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	d.add([]string{"c"}) // within the quiet period of b: one push with both
+	if got := nextPush(t, pushes); len(got) != 2 || got[0] != "b" || got[1] != "c" {
+		t.Fatalf("push after the slow one = %v; want [b c] coalesced (b was no leading edge)", got)
+	}
+}
