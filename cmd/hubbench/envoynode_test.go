@@ -54,6 +54,22 @@ type recordingADS struct {
 	doneOnce sync.Once
 }
 
+// reply is what the fake answers a request of typeURL with ackNonce: the
+// CDS or EDS resource (and its nonce) for a subscription, nothing for an
+// ACK; the EDS ACK ends the exchange.
+func (r *recordingADS) reply(typeURL, ackNonce string, cds, eds *anypb.Any) (*anypb.Any, string) {
+	switch {
+	case ackNonce == "eds":
+		r.doneOnce.Do(func() { close(r.done) })
+	case ackNonce != "":
+	case typeURL == resourcev3.ClusterType:
+		return cds, "cds"
+	case typeURL == resourcev3.EndpointType:
+		return eds, "eds"
+	}
+	return nil, ""
+}
+
 func (r *recordingADS) DeltaAggregatedResources(st discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	cds, eds, err := r.encoded()
 	if err != nil {
@@ -67,20 +83,10 @@ func (r *recordingADS) DeltaAggregatedResources(st discoveryv3.AggregatedDiscove
 		r.mu.Lock()
 		r.delta = append(r.delta, req)
 		r.mu.Unlock()
-		var res *anypb.Any
-		switch {
-		case req.GetResponseNonce() == "eds":
-			r.doneOnce.Do(func() { close(r.done) })
-		case req.GetResponseNonce() != "":
-		case req.GetTypeUrl() == resourcev3.ClusterType:
-			res = cds
-		case req.GetTypeUrl() == resourcev3.EndpointType:
-			res = eds
-		}
+		res, nonce := r.reply(req.GetTypeUrl(), req.GetResponseNonce(), cds, eds)
 		if res == nil {
 			continue
 		}
-		nonce := map[*anypb.Any]string{cds: "cds", eds: "eds"}[res]
 		if err := st.Send(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: req.GetTypeUrl(), Nonce: nonce, SystemVersionInfo: "1",
 			Resources: []*discoveryv3.Resource{{Name: r.cluster, Version: "1", Resource: res}}}); err != nil {
 			return err
@@ -101,20 +107,10 @@ func (r *recordingADS) StreamAggregatedResources(st discoveryv3.AggregatedDiscov
 		r.mu.Lock()
 		r.sotw = append(r.sotw, req)
 		r.mu.Unlock()
-		var res *anypb.Any
-		switch {
-		case req.GetResponseNonce() == "eds":
-			r.doneOnce.Do(func() { close(r.done) })
-		case req.GetResponseNonce() != "":
-		case req.GetTypeUrl() == resourcev3.ClusterType:
-			res = cds
-		case req.GetTypeUrl() == resourcev3.EndpointType:
-			res = eds
-		}
+		res, nonce := r.reply(req.GetTypeUrl(), req.GetResponseNonce(), cds, eds)
 		if res == nil {
 			continue
 		}
-		nonce := map[*anypb.Any]string{cds: "cds", eds: "eds"}[res]
 		if err := st.Send(&discoveryv3.DiscoveryResponse{TypeUrl: req.GetTypeUrl(), Nonce: nonce, VersionInfo: "1", Resources: []*anypb.Any{res}}); err != nil {
 			return err
 		}
