@@ -55,6 +55,16 @@ const demoVethPrefixLen = 30
 type demoNetns struct {
 	name     string // the namespace, as `ip netns` knows it
 	hostLink string // host side of the veth pair; the other side is eth0 in the namespace
+
+	closed    chan struct{} // closed by Close; see do
+	closeOnce sync.Once
+}
+
+// demoNetnsOf returns the namespace and veth pair of the demo with that
+// process ID (this one's, or an earlier demo's left behind).
+func demoNetnsOf(pid int) *demoNetns {
+	id := strconv.Itoa(pid)
+	return &demoNetns{name: demoNetnsPrefix + id, hostLink: demoVethPrefix + id, closed: make(chan struct{})}
 }
 
 // canRunNetns reports whether the demo can create a network namespace, and
@@ -78,8 +88,7 @@ func newDemoNetns(ctx context.Context, addrs []string) (_ *demoNetns, err error)
 	if owner := interfaceWith(demoVethHostIP); owner != "" {
 		return nil, fmt.Errorf("%s is already on interface %s (another hub demo running?)", demoVethHostIP, owner)
 	}
-	pid := os.Getpid()
-	n := &demoNetns{name: demoNetnsPrefix + strconv.Itoa(pid), hostLink: demoVethPrefix + strconv.Itoa(pid)}
+	n := demoNetnsOf(os.Getpid())
 	if err := ipCmd(ctx, "netns", "add", n.name); err != nil {
 		return nil, err
 	}
@@ -124,25 +133,48 @@ func (n *demoNetns) Listen(addr string) (net.Listener, error) {
 	return lis, nil
 }
 
-// do runs fn on an OS thread that joined the namespace. A socket keeps the
-// namespace it was made in, whichever thread uses it later. The thread is
-// never handed back to the Go scheduler (its goroutine ends while locked, so
-// the runtime discards it): no other goroutine ever runs in the namespace.
+// do runs fn on an OS thread that joined the namespace, then moves the
+// thread back to the network namespace it came from and hands it back to
+// the Go scheduler. A socket keeps the namespace it was made in, whichever
+// thread uses it later.
+//
+// The thread must not end: the demo's clusters and workloads are started
+// with Pdeathsig, which Linux sends when the *thread* that forked a child
+// exits, and any thread of the runtime may have forked one. A goroutine
+// that ends while locked to its thread ends that thread (and so killed the
+// demo's API servers mid-run). Should the way back fail, the thread stays
+// locked, off the scheduler, until the namespace is closed.
 func (n *demoNetns) do(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked, on purpose (see above)
-		f, err := os.Open(filepath.Join(netnsDir, n.name))
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("opening this thread's network namespace: %w", err)
+			return
+		}
+		defer home.Close()
+		target, err := os.Open(filepath.Join(netnsDir, n.name))
+		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- err
 			return
 		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("joining the network namespace %s: %w", n.name, err)
 			return
 		}
-		errc <- fn()
+		fnErr := fn()
+		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(fnErr, fmt.Errorf("leaving the network namespace %s: %w", n.name, err))
+			<-n.closed // still locked: no other goroutine runs in the namespace
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- fnErr
 	}()
 	return <-errc
 }
@@ -158,6 +190,7 @@ func (n *demoNetns) Command(name string, args ...string) *exec.Cmd {
 // Close removes the veth pair and the namespace. It runs on a fresh
 // context: it must also work while the demo is being stopped.
 func (n *demoNetns) Close() error {
+	n.closeOnce.Do(func() { close(n.closed) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
@@ -188,7 +221,7 @@ func removeStaleDemoNetns(ctx context.Context) {
 		if err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
 			continue
 		}
-		stale := &demoNetns{name: name, hostLink: demoVethPrefix + pidText}
+		stale := demoNetnsOf(pid)
 		if err := stale.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "removing the network namespace %s of an earlier demo: %v\n", name, err)
 		} else {

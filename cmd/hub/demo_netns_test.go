@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestDemoRelayOnlyFromTheNamespace: the relay to the hub's plaintext xDS
@@ -90,5 +92,54 @@ func TestDemoRelayOnlyFromTheNamespace(t *testing.T) {
 		} else if !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Errorf("%s from outside the namespace: %v; want connection refused", addr, err)
 		}
+	}
+}
+
+// TestDemoNetnsHandsBackItsThread: the thread that ran fn in the namespace
+// is back in this process's network namespace and still alive when do
+// returns. A thread that ended would SIGKILL every child it had forked with
+// Pdeathsig (the demo's API servers, etcd and workloads); one left in the
+// namespace would run other goroutines there.
+func TestDemoNetnsHandsBackItsThread(t *testing.T) {
+	if ok, why := canRunNetns(); !ok {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the demo's network namespace cannot be made here (%s)", why)
+		}
+		t.Skipf("outside CI: the demo's network namespace cannot be made here (%s)", why)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns, err := newDemoNetns(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ns.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	home, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tid int
+	var inside string
+	err = ns.do(func() (err error) {
+		tid = unix.Gettid()
+		inside, err = os.Readlink("/proc/thread-self/ns/net")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inside == home {
+		t.Fatalf("fn ran in this process's network namespace %s, not the demo's", home)
+	}
+	after, err := os.Readlink("/proc/self/task/" + strconv.Itoa(tid) + "/ns/net")
+	if err != nil {
+		t.Fatalf("the thread that ran fn is gone: %v", err)
+	}
+	if after != home {
+		t.Fatalf("the thread that ran fn is in %s after do, want %s", after, home)
 	}
 }
