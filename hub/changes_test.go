@@ -14,6 +14,12 @@ func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
 
 // startChanges runs c's consumer until the test ends.
 func startChanges(t *testing.T, c *Changes, push func(*batch)) {
+	startPacedChanges(t, c, func(b *batch) *delivery { push(b); return nil })
+}
+
+// startPacedChanges runs c's consumer with a push that returns its
+// delivery until the test ends.
+func startPacedChanges(t *testing.T, c *Changes, push func(*batch) *delivery) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.run(ctx, push); close(done) }()
@@ -170,4 +176,141 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	if got := nextPush(t, pushes); len(got) != 2 || got[0] != "b" || got[1] != "c" {
 		t.Fatalf("push after the slow one = %v; want [b c] coalesced (b was no leading edge)", got)
 	}
+}
+
+// pacedFeed runs a Changes whose pushes return deliveries the test
+// completes: each push gets a delivery holding one response, sent on
+// deliveries with the pushed hostnames.
+type pacedPush struct {
+	hosts []string
+	tok   *deliveryToken
+	d     *delivery
+}
+
+func startPacedFeed(t *testing.T, c *Changes) chan pacedPush {
+	t.Helper()
+	pushes := make(chan pacedPush, 16)
+	startPacedChanges(t, c, func(b *batch) *delivery {
+		var hosts []string
+		for k := range b.hosts {
+			hosts = append(hosts, k)
+		}
+		sort.Strings(hosts)
+		d := newDelivery()
+		tok := d.token()
+		d.sealed()
+		pushes <- pacedPush{hosts, tok, d}
+		return d
+	})
+	return pushes
+}
+
+func nextPaced(t *testing.T, pushes chan pacedPush) pacedPush {
+	t.Helper()
+	select {
+	case p := <-pushes:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no push within 10s")
+		return pacedPush{}
+	}
+}
+
+func expectNoPaced(t *testing.T, pushes chan pacedPush, within time.Duration, why string) {
+	t.Helper()
+	select {
+	case p := <-pushes:
+		t.Fatalf("push of %v %s", p.hosts, why)
+	case <-time.After(within):
+	}
+}
+
+// A change the debounce would push at once (a leading edge) waits while
+// the previous push is being delivered, and goes out as soon as it is,
+// with everything changed meanwhile.
+func TestPushWaitsForThePreviousDelivery(t *testing.T) {
+	c := NewChanges(10*time.Millisecond, time.Hour)
+	c.stall = time.Hour
+	pushes := startPacedFeed(t, c)
+	d := debouncer{c}
+	d.add([]string{"a"})
+	first := nextPaced(t, pushes)
+	time.Sleep(20 * time.Millisecond) // b is a leading edge by time
+	d.add([]string{"b"})
+	d.add([]string{"c"})
+	expectNoPaced(t, pushes, 200*time.Millisecond, "while the previous push is being delivered")
+	first.tok.release()
+	if got := nextPaced(t, pushes); len(got.hosts) != 2 || got.hosts[0] != "b" || got.hosts[1] != "c" {
+		t.Fatalf("push after the delivery = %v; want [b c]", got.hosts)
+	}
+}
+
+// A delivery that never ends (a stream that stopped reading) holds the
+// next push back for at most debounce-max ...
+func TestPushWaitsForADeliveryAtMostMax(t *testing.T) {
+	const maxWait = 300 * time.Millisecond
+	c := NewChanges(10*time.Millisecond, maxWait)
+	c.stall = time.Hour
+	pushes := startPacedFeed(t, c)
+	d := debouncer{c}
+	d.add([]string{"a"})
+	nextPaced(t, pushes) // never delivered
+	start := time.Now()
+	d.add([]string{"b"})
+	if got := nextPaced(t, pushes); len(got.hosts) != 1 || got.hosts[0] != "b" {
+		t.Fatalf("push = %v; want [b]", got.hosts)
+	}
+	if waited := time.Since(start); waited < maxWait-20*time.Millisecond {
+		t.Fatalf("b went out after %v; want it held for debounce-max (%v)", waited, maxWait)
+	}
+}
+
+// ... and for no longer than it makes progress: once no stream took a
+// response for a whole stall period, the rest do not hold anyone back.
+func TestPushStopsWaitingForAStalledDelivery(t *testing.T) {
+	const stall = 150 * time.Millisecond
+	c := NewChanges(10*time.Millisecond, time.Hour)
+	c.stall = stall
+	pushes := startPacedFeed(t, c)
+	d := debouncer{c}
+	d.add([]string{"a"})
+	nextPaced(t, pushes) // never delivered
+	start := time.Now()
+	d.add([]string{"b"})
+	if got := nextPaced(t, pushes); len(got.hosts) != 1 || got.hosts[0] != "b" {
+		t.Fatalf("push = %v; want [b]", got.hosts)
+	}
+	if waited := time.Since(start); waited < stall-20*time.Millisecond {
+		t.Fatalf("b went out after %v; want it held for a stall period (%v)", waited, stall)
+	}
+}
+
+// A delivery counts each response once, whether the stream took it, its
+// watch was cancelled (the response dropped), or both.
+func TestDeliveryCountsEachResponseOnce(t *testing.T) {
+	d := newDelivery()
+	a, b := d.token(), d.token()
+	d.sealed()
+	a.release()
+	a.release()
+	select {
+	case <-d.done:
+		t.Fatal("done with one of two responses taken")
+	default:
+	}
+	w := newWatcher(nil, 1, nil)
+	wt := &watch{sub: &subscriber{}}
+	wt.token.Store(b)
+	w.cancel(wt) // dropped: the watch was cancelled with the response queued
+	b.release()  // and taken after all
+	select {
+	case <-d.done:
+	default:
+		t.Fatal("not done with every response taken or dropped")
+	}
+	if n := d.taken.Load(); n != 3 {
+		t.Fatalf("taken = %d; want 3 (two responses and the push's own hold)", n)
+	}
+	var none *deliveryToken
+	none.release() // a response no push queued
 }
