@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -101,6 +102,10 @@ type Registry struct {
 	history map[string][]Transition      // by cluster ID, newest last, at most maxHistory
 	members map[string]*member           // by cluster ID: the Secret key that owns the ID
 	extra   map[string]map[string]Status // by Secret: keys that run no cluster (invalid, conflicting, ignored)
+	// reconciled are the remote Secrets (namespace/name) reconciled at
+	// least once, whatever the outcome: readiness waits for every listed
+	// one, so that its members exist before anything is served.
+	reconciled map[string]struct{}
 }
 
 // member is a cluster ID owned by one Secret key.
@@ -248,7 +253,14 @@ func (r *Registry) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer r.queue.Done(key)
-	if err := r.reconcile(ctx, key); err != nil {
+	err := r.reconcile(ctx, key)
+	r.mu.Lock()
+	if r.reconciled == nil {
+		r.reconciled = map[string]struct{}{}
+	}
+	r.reconciled[key] = struct{}{}
+	r.mu.Unlock()
+	if err != nil {
 		r.log.Error("reconciling remote secret", "secret", key, "error", err)
 		r.queue.AddRateLimited(key)
 		return true
@@ -668,8 +680,14 @@ func (r *Registry) Cluster(id string) (Status, bool) {
 	return Status{}, false
 }
 
+// has reports whether the remote Secret key was reconciled; r.mu is held.
+func (r *Registry) has(key string) bool {
+	_, ok := r.reconciled[key]
+	return ok
+}
+
 // Ready reports whether the hub has a complete picture: remote Secrets are
-// listed, the home cluster is synced and every member is synced, stale or
+// listed and read, the home cluster is synced and every member is synced, stale or
 // timed out. The reason says what is still missing.
 func (r *Registry) Ready() (bool, string) {
 	r.mu.Lock()
@@ -677,6 +695,24 @@ func (r *Registry) Ready() (bool, string) {
 	r.mu.Unlock()
 	if synced == nil || !synced() {
 		return false, "remote secrets not listed yet"
+	}
+	// Listed is not reconciled: the informer's handlers only queue the
+	// Secrets, whose members the queue's worker creates.
+	listed, err := r.secrets.List(labels.Everything())
+	if err != nil {
+		return false, "listing remote secrets: " + err.Error()
+	}
+	var unread []string
+	r.mu.Lock()
+	for _, s := range listed {
+		if key := s.Namespace + "/" + s.Name; !r.has(key) {
+			unread = append(unread, key)
+		}
+	}
+	r.mu.Unlock()
+	if len(unread) > 0 {
+		sort.Strings(unread)
+		return false, "remote secrets not read yet: " + strings.Join(unread, ", ")
 	}
 	var waiting []string
 	for _, st := range r.Clusters() {

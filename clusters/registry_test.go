@@ -331,3 +331,39 @@ func TestOlderSecretOwnsContestedID(t *testing.T) {
 		<-done
 	}
 }
+
+// Readiness waits until the remote Secrets listed at start have been read:
+// the informer's handlers only queue them, and a hub that turned ready
+// before creating their members would serve proxies a mesh without them
+// (an empty first EDS response). Whenever Ready says yes, the members of
+// a Secret that existed before the start are there.
+func TestReadyWaitsForListedSecretsToBeRead(t *testing.T) {
+	m1 := env.Cluster("member1")
+	r, _ := startRegistryWith(t, func(c *Config) {
+		c.SyncTimeout = time.Minute
+		secret := localcluster.RemoteSecret(c.Namespace, "before-start", map[string][]byte{"m1": m1.Kubeconfig()})
+		if _, err := kube(t, env.Cluster("home")).CoreV1().Secrets(c.Namespace).Create(context.Background(), secret, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if ok, _ := r.Ready(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			_, reason := r.Ready()
+			t.Fatalf("not ready within 60s: %s", reason)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, st := range r.Clusters() {
+		if st.ID == "m1" {
+			if st.State != StateReady {
+				t.Errorf("m1 is %s when the registry turned ready", st.State)
+			}
+			return
+		}
+	}
+	t.Fatal("the registry turned ready before the member of a Secret listed at start existed")
+}
