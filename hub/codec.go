@@ -58,8 +58,17 @@ var _ encoding.CodecV2 = (*sharedCodec)(nil)
 // Name is the proto codec's: clients see no difference.
 func (c *sharedCodec) Name() string { return grpcproto.Name }
 
-// Unmarshal is the proto codec's.
-func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+// Unmarshal is the proto codec's, except that a rawRequest gets the
+// message's bytes as they are (see requestStream).
+func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*rawRequest); ok {
+		for _, buf := range data {
+			r.b = append(r.b, buf.ReadOnlyData()...)
+		}
+		return nil
+	}
+	return c.proto.Unmarshal(data, v)
+}
 
 // Marshal encodes v; see sharedCodec.
 func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {

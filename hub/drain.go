@@ -22,7 +22,8 @@ type streamSet struct {
 
 func newStreamSet() *streamSet { return &streamSet{cancels: map[uint64]context.CancelFunc{}} }
 
-// interceptor gives every stream a context the set can cancel. A stream
+// interceptor gives every stream a context the set can cancel, and its
+// own request decoding (requestStream). A stream
 // closed by a drain ends with Unavailable, which every xDS client retries.
 func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel := context.WithCancel(ss.Context())
@@ -37,7 +38,7 @@ func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamSer
 		delete(s.cancels, id)
 		s.mu.Unlock()
 	}()
-	err := handler(srv, &drainableStream{ServerStream: ss, ctx: ctx})
+	err := handler(srv, &drainableStream{ServerStream: &requestStream{ServerStream: ss}, ctx: ctx})
 	if ctx.Err() != nil && ss.Context().Err() == nil {
 		return status.Error(codes.Unavailable, "hub replica is shutting down; reconnect")
 	}

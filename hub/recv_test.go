@@ -1,0 +1,117 @@
+package hub
+
+import (
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+func deltaBytes(t testing.TB, r *discoveryv3.DeltaDiscoveryRequest) []byte {
+	t.Helper()
+	b, err := proto.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// After the stream's first node, the node of a Delta request is not
+// decoded: the request gets the stream's node, the same pointer, and
+// otherwise decodes as a whole would.
+func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
+	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "west", "NAMESPACE": "demo"})
+	node := &corev3.Node{Id: "sidecar~10.0.0.1~a.demo~demo.svc.cluster.local", Metadata: meta}
+	var s requestStream
+	// No node yet: a request without one leaves the stream without one.
+	none := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType}), none); err != nil || none.Node != nil || s.node != nil {
+		t.Fatalf("request without node = %v, %v", none, err)
+	}
+	first := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*"}}), first); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(first.Node, node) || s.node != first.Node {
+		t.Fatalf("first node = %v", first.Node)
+	}
+	ackMsg := &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResponseNonce: "7"}
+	ack := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := s.decodeDelta(deltaBytes(t, ackMsg), ack); err != nil {
+		t.Fatal(err)
+	}
+	if ack.Node != first.Node {
+		t.Fatal("the repeated node was decoded again (a new pointer)")
+	}
+	if !proto.Equal(ack, ackMsg) {
+		t.Fatalf("ACK decoded as %v; want %v", ack, ackMsg)
+	}
+	// Fields on both sides of the node.
+	b := protowire.AppendTag(nil, 3, protowire.BytesType) // resource_names_subscribe, before the node
+	b = protowire.AppendString(b, "outbound|80||a.demo.svc.cluster.local")
+	nb, _ := proto.Marshal(node)
+	b = protowire.AppendTag(b, deltaNodeField, protowire.BytesType)
+	b = protowire.AppendBytes(b, nb)
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendString(b, "outbound|80||b.demo.svc.cluster.local")
+	mixed := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := s.decodeDelta(b, mixed); err != nil {
+		t.Fatal(err)
+	}
+	if mixed.Node != first.Node || len(mixed.ResourceNamesSubscribe) != 2 || mixed.ResourceNamesSubscribe[1] != "outbound|80||b.demo.svc.cluster.local" {
+		t.Fatalf("fields around the node = %v (same node: %v)", mixed.ResourceNamesSubscribe, mixed.Node == first.Node)
+	}
+	// Another node on the same stream: the stream keeps its first.
+	other := proto.Clone(node).(*corev3.Node)
+	other.Id = "sidecar~10.0.0.2~b.demo~demo.svc.cluster.local"
+	changed := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{Node: other, TypeUrl: resourcev3.ClusterType}), changed); err != nil {
+		t.Fatal(err)
+	}
+	if changed.Node != first.Node {
+		t.Fatalf("a later node replaced the stream's: %v", changed.Node.GetId())
+	}
+}
+
+// Whatever the bytes, a Delta request on a stream that has its node
+// decodes as proto.Unmarshal decodes it without its node field (or fails
+// where that fails), with the stream's node when it carried one.
+func FuzzDeltaRequestDecode(f *testing.F) {
+	node := &corev3.Node{Id: "sidecar~10.0.0.1~a.demo~demo.svc.cluster.local", Cluster: "c"}
+	prime := deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{Node: node})
+	f.Add(deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResponseNonce: "1"}))
+	f.Add(deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesUnsubscribe: []string{"x"}}))
+	f.Add(append(append([]byte{}, prime...), prime...)) // the node twice
+	f.Add([]byte{0x0a, 0x05, 0x0a})                     // truncated node
+	f.Add([]byte{0x0a, 0x02, 0xff, 0xff})               // a node whose content is malformed
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s requestStream
+		if err := s.decodeDelta(prime, &discoveryv3.DeltaDiscoveryRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		got := &discoveryv3.DeltaDiscoveryRequest{}
+		gotErr := s.decodeDelta(b, got)
+		stripped, carried := b, false
+		if start, end, ok := nodeField(b); ok && start >= 0 {
+			stripped, carried = append(append([]byte{}, b[:start]...), b[end:]...), true
+		}
+		want := &discoveryv3.DeltaDiscoveryRequest{}
+		wantErr := proto.Unmarshal(stripped, want)
+		if !carried && wantErr == nil && want.Node != nil {
+			want.Node, carried = nil, true // the node in pieces: decoded, then replaced
+		}
+		if carried {
+			want.Node = s.node
+		}
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Fatalf("error %v; proto.Unmarshal's %v", gotErr, wantErr)
+		}
+		if wantErr == nil && (!proto.Equal(got, want) || carried && got.Node != s.node) {
+			t.Fatalf("decoded %v; want %v", got, want)
+		}
+	})
+}
