@@ -21,23 +21,9 @@ import (
 // into the namespace from this host, or from the LAN were it forwarded) and
 // its host-side address (where the relay listened before).
 func TestDemoRelayOnlyFromTheNamespace(t *testing.T) {
-	if ok, why := canRunNetns(); !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the demo's network namespace cannot be made here (%s)", why)
-		}
-		t.Skipf("outside CI: the demo's network namespace cannot be made here (%s)", why)
-	}
+	ns := testDemoNetns(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ns, err := newDemoNetns(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ns.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
 
 	// The "hub": on this namespace's loopback, greeting whoever connects.
 	hub, err := net.Listen("tcp", "127.0.0.1:0")
@@ -101,23 +87,7 @@ func TestDemoRelayOnlyFromTheNamespace(t *testing.T) {
 // Pdeathsig (the demo's API servers, etcd and workloads); one left in the
 // namespace would run other goroutines there.
 func TestDemoNetnsHandsBackItsThread(t *testing.T) {
-	if ok, why := canRunNetns(); !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("the demo's network namespace cannot be made here (%s)", why)
-		}
-		t.Skipf("outside CI: the demo's network namespace cannot be made here (%s)", why)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	ns, err := newDemoNetns(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ns.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	ns := testDemoNetns(t)
 	home, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
@@ -142,4 +112,28 @@ func TestDemoNetnsHandsBackItsThread(t *testing.T) {
 	if after != home {
 		t.Fatalf("the thread that ran fn is in %s after do, want %s", after, home)
 	}
+}
+
+// testDemoNetns makes a demo network namespace, removed when the test
+// ends; outside CI the test skips where none can be made.
+func testDemoNetns(t *testing.T) *demoNetns {
+	t.Helper()
+	if ok, why := canRunNetns(); !ok {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the demo's network namespace cannot be made here (%s)", why)
+		}
+		t.Skipf("outside CI: the demo's network namespace cannot be made here (%s)", why)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns, err := newDemoNetns(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ns.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return ns
 }
