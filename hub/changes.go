@@ -158,15 +158,15 @@ func (c *Changes) take() batch {
 // consumer and owns the debounce state.
 //
 // Pushes are paced by what they cost: a batch the debounce would push
-// waits while the previous push is still being delivered (its streams have
-// not all taken their responses, see delivery), and goes out as soon as
-// that one is, so under churn the pushes follow each other no faster than
-// the hub can deliver them and the changes made meanwhile coalesce. It
-// waits no longer than `max` from its oldest change, and no longer than
-// the previous push keeps making progress: streams that took nothing for a
-// whole stall period (clients that stopped reading) hold nobody back. On a
-// quiet mesh the previous push was delivered long ago, and the leading
-// edge goes out at once.
+// waits while the previous push is still being delivered (see delivery),
+// and goes out as soon as that one is, so under churn the pushes follow
+// each other no faster than the hub can deliver them and the changes made
+// meanwhile coalesce. It waits no longer than `max` from its oldest
+// change, no longer than the previous push keeps making progress (no
+// stream took a response for a whole stall period), and no longer than
+// slowFactor times what the first half of that push took: slow streams
+// hold nobody back for long. On a quiet mesh the previous push was
+// delivered long ago, and the leading edge goes out at once.
 func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 	var (
 		pending    batch
@@ -180,7 +180,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 		// done); progress is its count of taken responses at the last
 		// stall check, made every stall period.
 		inflight *delivery
-		progress int64
+		progress int
 		stall    = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
@@ -196,7 +196,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 		pending = batch{}
 		inflight = push(&b)
 		if inflight != nil {
-			progress = inflight.taken.Load()
+			progress, _ = inflight.progress()
 			stall.Reset(c.stall)
 		}
 	}
@@ -261,13 +261,15 @@ func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 			if inflight == nil {
 				continue
 			}
-			if n := inflight.taken.Load(); n != progress {
+			if n, slow := inflight.progress(); n != progress && !slow {
 				progress = n
 				stall.Reset(c.stall)
 				continue
 			}
-			// No stream took a response for a whole stall period: the
-			// rest are streams that do not read. Do not wait for them.
+			// No stream took a response for a whole stall period, or the
+			// rest take far longer than the first half did: the streams
+			// still to take theirs are slow or do not read. Do not wait
+			// for them.
 			delivered()
 		}
 	}

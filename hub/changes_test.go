@@ -198,7 +198,7 @@ func startPacedFeed(t *testing.T, c *Changes) chan pacedPush {
 		sort.Strings(hosts)
 		d := newDelivery()
 		tok := d.token()
-		d.sealed()
+		d.seal()
 		pushes <- pacedPush{hosts, tok, d}
 		return d
 	})
@@ -281,7 +281,7 @@ func TestPushWaitsForAStuckDeliveryOnlySoLong(t *testing.T) {
 func TestDeliveryCountsEachResponseOnce(t *testing.T) {
 	d := newDelivery()
 	a, b := d.token(), d.token()
-	d.sealed()
+	d.seal()
 	a.release()
 	a.release()
 	select {
@@ -299,9 +299,50 @@ func TestDeliveryCountsEachResponseOnce(t *testing.T) {
 	default:
 		t.Fatal("not done with every response taken or dropped")
 	}
-	if n := d.taken.Load(); n != 3 {
-		t.Fatalf("taken = %d; want 3 (two responses and the push's own hold)", n)
+	if n, _ := d.progress(); n != 2 {
+		t.Fatalf("taken = %d; want 2", n)
 	}
 	var none *deliveryToken
 	none.release() // a response no push queued
+}
+
+// The slowest streams do not hold a push's delivery: it is delivered once
+// deliveredShare of its responses are taken, and reports itself slow once
+// the rest take slowFactor times what the first half took.
+func TestDeliveryDoesNotWaitForTheSlowest(t *testing.T) {
+	d := newDelivery()
+	toks := make([]*deliveryToken, 40)
+	for i := range toks {
+		toks[i] = d.token()
+	}
+	d.seal()
+	for _, tok := range toks[:37] {
+		tok.release()
+	}
+	select {
+	case <-d.done:
+		t.Fatal("delivered with 37 of 40 responses taken")
+	default:
+	}
+	toks[37].release()
+	select {
+	case <-d.done:
+	default:
+		t.Fatal("not delivered with 38 of 40 (95 %) taken")
+	}
+
+	d = newDelivery()
+	a, _ := d.token(), d.token()
+	d.seal()
+	start := time.Now()
+	a.release() // half, at once
+	for {
+		if _, slow := d.progress(); slow {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("a delivery whose second half takes far longer than its first is never slow")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

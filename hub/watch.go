@@ -296,11 +296,10 @@ type job struct {
 // It answers the watches whose stream lacks something. Subscribers without
 // a parked watch just note the change, for their next request. At most
 // w.workers watches are evaluated at once; sends never block (see
-// reply.send). It returns the push's delivery, done once the streams took
-// every response it queued.
+// reply.send). It returns the push's delivery (see delivery).
 func (w *watcher) push(b *batch) *delivery {
 	d := newDelivery()
-	defer d.sealed()
+	defer d.seal()
 	w.mu.Lock()
 	w.epoch++
 	var jobs []job
