@@ -22,19 +22,16 @@ import (
 // is measured. Reporting never blocks, also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
-	// stall is how long a push being delivered may make no progress
-	// before it no longer holds the next one back (see run).
-	stall time.Duration
 
 	mu       sync.Mutex
 	incoming batch         // reported, not yet taken by the consumer
 	signal   chan struct{} // one slot: "incoming is not empty"
 }
 
-// NewChanges creates a change feed whose batches wait at most maxWait and close
+// NewChanges creates a change feed whose batches wait at most max and close
 // after a quiet period of after.
-func NewChanges(after, maxWait time.Duration) *Changes {
-	return &Changes{after: after, max: maxWait, stall: max(after, minStallPeriod), signal: make(chan struct{}, 1)}
+func NewChanges(after, max time.Duration) *Changes {
+	return &Changes{after: after, max: max, signal: make(chan struct{}, 1)}
 }
 
 // batch is what changed since the previous push.
@@ -156,75 +153,26 @@ func (c *Changes) take() batch {
 
 // run hands batches to push until ctx is done; it is the feed's one
 // consumer and owns the debounce state.
-//
-// Pushes are paced by what they cost: a batch the debounce would push
-// waits while the previous push is still being delivered (see delivery),
-// and goes out as soon as that one is, so under churn the pushes follow
-// each other no faster than the hub can deliver them and the changes made
-// meanwhile coalesce. It waits no longer than `max` from its oldest
-// change, no longer than the previous push keeps making progress (no
-// stream took a response for a whole stall period), and no longer than
-// slowFactor times what the first half of that push took: slow streams
-// hold nobody back for long. On a quiet mesh the previous push was
-// delivered long ago, and the leading edge goes out at once.
-func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
+func (c *Changes) run(ctx context.Context, push func(*batch)) {
 	var (
 		pending    batch
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
 		timer      = time.NewTimer(time.Hour)
-		// due says the debounce would push pending now, but the previous
-		// push is still being delivered.
-		due bool
-		// inflight is the previous push until its delivery is done (nil:
-		// done); progress is its count of taken responses at the last
-		// stall check, made every stall period.
-		inflight *delivery
-		progress int
-		stall    = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
-	stall.Stop()
-	defer timer.Stop()
-	defer stall.Stop()
 	flush := func() {
-		due = false
 		if pending.empty() {
 			return
 		}
 		b := pending
 		pending = batch{}
-		inflight = push(&b)
-		if inflight != nil {
-			progress, _ = inflight.progress()
-			stall.Reset(c.stall)
-		}
-	}
-	// ready is the debounce's decision to push: at once unless the
-	// previous push is still being delivered and pending is younger than
-	// max.
-	ready := func(now time.Time) {
-		if limit := first.Add(c.max); inflight != nil && now.Before(limit) {
-			due = true
-			timer.Reset(limit.Sub(now))
-			return
-		}
-		flush()
-	}
-	delivered := func() {
-		inflight = nil
-		stall.Stop()
-		if due {
-			flush()
-		}
+		push(&b)
 	}
 	for {
-		var deliveredC <-chan struct{}
-		if inflight != nil {
-			deliveredC = inflight.done
-		}
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
 		case <-c.signal:
 			in := c.take()
@@ -245,7 +193,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 			}
 			pending.merge(&in)
 			if quiet {
-				ready(now)
+				flush()
 				continue
 			}
 			deadline := now.Add(c.after)
@@ -254,27 +202,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch) *delivery) {
 			}
 			timer.Reset(time.Until(deadline))
 		case <-timer.C:
-			ready(time.Now())
-		case <-deliveredC:
-			delivered()
-		case <-stall.C:
-			if inflight == nil {
-				continue
-			}
-			if n, slow := inflight.progress(); n != progress && !slow {
-				progress = n
-				stall.Reset(c.stall)
-				continue
-			}
-			// No stream took a response for a whole stall period, or the
-			// rest take far longer than the first half did: the streams
-			// still to take theirs are slow or do not read. Do not wait
-			// for them.
-			delivered()
+			flush()
 		}
 	}
 }
-
-// minStallPeriod is the shortest time without progress after which a push
-// still being delivered no longer holds the next one back (see run).
-const minStallPeriod = 250 * time.Millisecond

@@ -295,11 +295,11 @@ func (h *Hub) Run(ctx context.Context) {
 
 // push sends what changed: regenerates the changed services' resources
 // (xDS and Istio config) and answers the watches they, the Secrets, roots
-// and access decisions in b affect. It returns the push's delivery.
-func (h *Hub) push(b *batch) *delivery {
+// and access decisions in b affect.
+func (h *Hub) push(b *batch) {
 	h.gen.invalidate(b.hosts)
 	h.config.Invalidate(b.hosts)
-	return h.watcher.push(b)
+	h.watcher.push(b)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

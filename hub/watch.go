@@ -119,11 +119,6 @@ type watch struct {
 	// awaiting says an access review an SDS watch needs was pending when
 	// it was last evaluated: a first SotW response waits for it.
 	awaiting bool
-
-	// token is the delivery token of the push response queued to the
-	// watch, released when the stream takes it or, failing that, when the
-	// watch is cancelled (the response was dropped).
-	token atomic.Pointer[deliveryToken]
 }
 
 // incremental reports whether wt's responses carry only what changed.
@@ -271,7 +266,6 @@ func (w *watcher) cancel(wt *watch) {
 	}
 	w.mu.Unlock()
 	wt.busy.Wait()
-	wt.token.Swap(nil).release()
 }
 
 // Fetch implements cache.ConfigFetcher; REST xDS is not served.
@@ -296,10 +290,8 @@ type job struct {
 // It answers the watches whose stream lacks something. Subscribers without
 // a parked watch just note the change, for their next request. At most
 // w.workers watches are evaluated at once; sends never block (see
-// reply.send). It returns the push's delivery (see delivery).
-func (w *watcher) push(b *batch) *delivery {
-	d := newDelivery()
-	defer d.seal()
+// reply.send).
+func (w *watcher) push(b *batch) {
 	w.mu.Lock()
 	w.epoch++
 	var jobs []job
@@ -363,7 +355,7 @@ func (w *watcher) push(b *batch) *delivery {
 	for range min(w.workers, len(jobs)) {
 		wg.Go(func() {
 			for j := range work {
-				w.pushTo(j, d)
+				w.pushTo(j)
 			}
 		})
 	}
@@ -372,7 +364,6 @@ func (w *watcher) push(b *batch) *delivery {
 	}
 	close(work)
 	wg.Wait()
-	return d
 }
 
 // skipUnchangedWildcards drops the wildcard watches whose type's set is
@@ -407,8 +398,7 @@ func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
 // pushTo answers one parked watch if its stream lacks something. Sending
 // while holding busy cannot block the stream's cancel: it sends only if the
 // watch was still parked, and such a send never blocks (see reply.send).
-// The response counts towards d until the stream takes it.
-func (w *watcher) pushTo(j job, d *delivery) {
+func (w *watcher) pushTo(j job) {
 	wt, s := j.wt, j.wt.sub
 	defer wt.busy.Done()
 	resp, err := w.evaluate(wt, j.dirty, j.full)
@@ -441,9 +431,7 @@ func (w *watcher) pushTo(j job, d *delivery) {
 	}
 	w.mu.Unlock()
 	if open {
-		tok := d.token()
-		wt.token.Store(tok)
-		resp.track(tok).send(wt)
+		resp.send(wt)
 		w.latency.observe(wt.typeURL, j.since)
 	}
 }
@@ -637,29 +625,6 @@ type reply struct {
 
 func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
 
-// track makes the response release tok when its stream takes it to send.
-func (r reply) track(tok *deliveryToken) reply {
-	if r.delta != nil {
-		r.delta = trackedDelta{r.delta, tok}
-	} else {
-		r.sotw.token = tok
-	}
-	return r
-}
-
-// trackedDelta is a Delta response of a push (see delivery).
-type trackedDelta struct {
-	cachev3.DeltaResponse
-	token *deliveryToken
-}
-
-// GetDeltaDiscoveryResponse implements cache.DeltaResponse; the Delta
-// server calls it when it sends the response.
-func (r trackedDelta) GetDeltaDiscoveryResponse() (*discoveryv3.DeltaDiscoveryResponse, error) {
-	r.token.release()
-	return r.DeltaResponse.GetDeltaDiscoveryResponse()
-}
-
 // send hands the reply to the stream. It never blocks: a watch sends at
 // most once, SotW gives every watch its own one-slot channel, and Delta's
 // shared channel (20 slots) is drained before each request, after which at
@@ -689,15 +654,13 @@ type sotwResponse struct {
 	held        map[string]string
 	changed     []*resource
 	sent        atomic.Bool
-	typeSent    *atomic.Bool   // the stream's flag for the type's first response (may be nil)
-	token       *deliveryToken // the push's, when a push queued it (see delivery)
+	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
 
 // GetReturnedResources implements cache.Response; go-control-plane's SotW
 // server calls it when it sends the response, and only then.
 func (r *sotwResponse) GetReturnedResources() map[string]string {
 	r.sent.Store(true)
-	r.token.release()
 	if r.typeSent != nil {
 		r.typeSent.Store(true)
 	}
