@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"fmt"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -96,7 +97,7 @@ func FuzzDeltaRequestDecode(f *testing.F) {
 		got := &discoveryv3.DeltaDiscoveryRequest{}
 		gotErr := s.decodeDelta(b, got)
 		stripped, carried := b, false
-		if start, end, ok := nodeField(b); ok && start >= 0 {
+		if start, end, ok := fieldRun(b, deltaNodeField); ok && start >= 0 {
 			stripped, carried = append(append([]byte{}, b[:start]...), b[end:]...), true
 		}
 		want := &discoveryv3.DeltaDiscoveryRequest{}
@@ -111,6 +112,78 @@ func FuzzDeltaRequestDecode(f *testing.F) {
 			t.Fatalf("error %v; proto.Unmarshal's %v", gotErr, wantErr)
 		}
 		if wantErr == nil && (!proto.Equal(got, want) || carried && got.Node != s.node) {
+			t.Fatalf("decoded %v; want %v", got, want)
+		}
+	})
+}
+
+func sotwNames(n int, prefix string) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("outbound|80||%s-%04d.bench.svc.cluster.local", prefix, i)
+	}
+	return names
+}
+
+// A SotW request whose resource_names run was decoded before gets the same
+// names, shared, and otherwise decodes as a whole would; another run is
+// decoded and interned in turn.
+func TestSotWRequestSharesRepeatedNames(t *testing.T) {
+	names := sotwNames(100, "shared")
+	first := &discoveryv3.DiscoveryRequest{}
+	if err := decodeSotW(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names}), first); err != nil {
+		t.Fatal(err)
+	}
+	ackMsg := &discoveryv3.DiscoveryRequest{VersionInfo: "v1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "3"}
+	ack := &discoveryv3.DiscoveryRequest{}
+	if err := decodeSotW(mustMarshal(t, ackMsg), ack); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(ack, ackMsg) {
+		t.Fatalf("ACK decoded as %v", ack)
+	}
+	if &ack.ResourceNames[0] != &first.ResourceNames[0] {
+		t.Fatal("the repeated names were decoded again")
+	}
+	other := &discoveryv3.DiscoveryRequest{}
+	otherNames := sotwNames(100, "other")
+	if err := decodeSotW(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: otherNames}), other); err != nil {
+		t.Fatal(err)
+	}
+	if len(other.ResourceNames) != 100 || other.ResourceNames[0] != otherNames[0] {
+		t.Fatalf("other names decoded as %v", other.ResourceNames[:1])
+	}
+}
+
+func mustMarshal(t testing.TB, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Whatever the bytes, a SotW request decodes as proto.Unmarshal decodes it
+// (or fails where it fails), also when its names were interned before.
+func FuzzSotWRequestDecode(f *testing.F) {
+	names := sotwNames(60, "fuzz")
+	primed := mustMarshal(f, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+	f.Add(mustMarshal(f, &discoveryv3.DiscoveryRequest{VersionInfo: "1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "1"}))
+	f.Add(append(append([]byte{}, primed...), primed...)) // the run twice, apart
+	f.Add(primed[:len(primed)-3])                         // truncated
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if err := decodeSotW(primed, &discoveryv3.DiscoveryRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		want := &discoveryv3.DiscoveryRequest{}
+		wantErr := proto.Unmarshal(b, want)
+		got := &discoveryv3.DiscoveryRequest{}
+		gotErr := decodeSotW(b, got)
+		if (wantErr == nil) != (gotErr == nil) {
+			t.Fatalf("error %v; proto.Unmarshal's %v", gotErr, wantErr)
+		}
+		if wantErr == nil && !proto.Equal(got, want) {
 			t.Fatalf("decoded %v; want %v", got, want)
 		}
 	})
