@@ -72,9 +72,15 @@ func (s *requestStream) RecvMsg(m any) error {
 // sotwNamesField is DiscoveryRequest.resource_names' field number.
 const sotwNamesField = 3
 
-// minInternedRun is the smallest resource_names run (bytes) that is
-// interned: smaller ones decode as fast as they are looked up.
-const minInternedRun = 1 << 10
+// Resource_names runs between these sizes (bytes) are interned: smaller
+// ones decode as fast as they are looked up; larger ones (a client may
+// send up to --xds-max-request-bytes) would let made-up runs hold the
+// table's memory (64 × 128 KiB of runs and their names at most; 1,000
+// Envoy cluster names are ~48 KB).
+const (
+	minInternedRun = 1 << 10
+	maxInternedRun = 128 << 10
+)
 
 // internedNames are recent resource_names runs of SotW requests, by a
 // hash of their bytes (the process's secret seed), with the names they
@@ -98,7 +104,7 @@ type namesRun struct {
 // internedNames when the same run was decoded before.
 func decodeSotW(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	start, end, ok := fieldRun(b, sotwNamesField)
-	if !ok || end-start < minInternedRun {
+	if !ok || end-start < minInternedRun || end-start > maxInternedRun {
 		return proto.Unmarshal(b, m)
 	}
 	run := b[start:end]

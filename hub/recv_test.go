@@ -153,6 +153,18 @@ func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	if len(other.ResourceNames) != 100 || other.ResourceNames[0] != otherNames[0] {
 		t.Fatalf("other names decoded as %v", other.ResourceNames[:1])
 	}
+	// A run larger than maxInternedRun is decoded every time, never kept.
+	huge := mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: sotwNames(3000, "huge")})
+	a, b := &discoveryv3.DiscoveryRequest{}, &discoveryv3.DiscoveryRequest{}
+	if err := decodeSotW(huge, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := decodeSotW(huge, b); err != nil {
+		t.Fatal(err)
+	}
+	if len(huge) <= maxInternedRun || len(a.ResourceNames) != 3000 || &a.ResourceNames[0] == &b.ResourceNames[0] {
+		t.Fatalf("a %d-byte request's names were interned (or not decoded: %d)", len(huge), len(a.ResourceNames))
+	}
 }
 
 func mustMarshal(t testing.TB, m proto.Message) []byte {
