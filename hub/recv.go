@@ -110,12 +110,7 @@ func decodeSotW(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	run := b[start:end]
 	key := maphash.Bytes(namesSeed, run)
 	if e, hit := internedNames.Get(key); hit && bytes.Equal(e.run, run) {
-		// A message's encoding is the concatenation of its fields': the
-		// parts before and after the run decode to the rest of it.
-		if err := proto.Unmarshal(b[:start], m); err != nil {
-			return err
-		}
-		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[end:], m); err != nil {
+		if err := unmarshalAround(b, start, end, m); err != nil {
 			return err
 		}
 		m.ResourceNames = e.names
@@ -185,14 +180,20 @@ func (s *requestStream) decodeDelta(b []byte, m *discoveryv3.DeltaDiscoveryReque
 	case start < 0:
 		return proto.Unmarshal(b, m)
 	}
-	// A message's encoding is the concatenation of its fields': the parts
-	// before and after the node decode to the rest of it.
-	if err := proto.Unmarshal(b[:start], m); err != nil {
-		return err
-	}
-	if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(b[end:], m); err != nil {
+	if err := unmarshalAround(b, start, end, m); err != nil {
 		return err
 	}
 	m.Node = s.node
 	return nil
+}
+
+// unmarshalAround decodes the encoded message b without its bytes
+// b[start:end], a run of whole fields, into m. A message's encoding is
+// the concatenation of its fields': the parts before and after the run
+// decode to the rest of it.
+func unmarshalAround(b []byte, start, end int, m proto.Message) error {
+	if err := proto.Unmarshal(b[:start], m); err != nil {
+		return err
+	}
+	return proto.UnmarshalOptions{Merge: true}.Unmarshal(b[end:], m)
 }

@@ -12,15 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-func deltaBytes(t testing.TB, r *discoveryv3.DeltaDiscoveryRequest) []byte {
-	t.Helper()
-	b, err := proto.Marshal(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // After the stream's first node, the node of a Delta request is not
 // decoded: the request gets the stream's node, the same pointer, and
 // otherwise decodes as a whole would.
@@ -30,11 +21,11 @@ func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
 	var s requestStream
 	// No node yet: a request without one leaves the stream without one.
 	none := &discoveryv3.DeltaDiscoveryRequest{}
-	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType}), none); err != nil || none.Node != nil || s.node != nil {
+	if err := s.decodeDelta(mustMarshal(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType}), none); err != nil || none.Node != nil || s.node != nil {
 		t.Fatalf("request without node = %v, %v", none, err)
 	}
 	first := &discoveryv3.DeltaDiscoveryRequest{}
-	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*"}}), first); err != nil {
+	if err := s.decodeDelta(mustMarshal(t, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*"}}), first); err != nil {
 		t.Fatal(err)
 	}
 	if !proto.Equal(first.Node, node) || s.node != first.Node {
@@ -42,7 +33,7 @@ func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
 	}
 	ackMsg := &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType, ResponseNonce: "7"}
 	ack := &discoveryv3.DeltaDiscoveryRequest{}
-	if err := s.decodeDelta(deltaBytes(t, ackMsg), ack); err != nil {
+	if err := s.decodeDelta(mustMarshal(t, ackMsg), ack); err != nil {
 		t.Fatal(err)
 	}
 	if ack.Node != first.Node {
@@ -70,7 +61,7 @@ func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
 	other := proto.Clone(node).(*corev3.Node)
 	other.Id = "sidecar~10.0.0.2~b.demo~demo.svc.cluster.local"
 	changed := &discoveryv3.DeltaDiscoveryRequest{}
-	if err := s.decodeDelta(deltaBytes(t, &discoveryv3.DeltaDiscoveryRequest{Node: other, TypeUrl: resourcev3.ClusterType}), changed); err != nil {
+	if err := s.decodeDelta(mustMarshal(t, &discoveryv3.DeltaDiscoveryRequest{Node: other, TypeUrl: resourcev3.ClusterType}), changed); err != nil {
 		t.Fatal(err)
 	}
 	if changed.Node != first.Node {
@@ -83,9 +74,9 @@ func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
 // where that fails), with the stream's node when it carried one.
 func FuzzDeltaRequestDecode(f *testing.F) {
 	node := &corev3.Node{Id: "sidecar~10.0.0.1~a.demo~demo.svc.cluster.local", Cluster: "c"}
-	prime := deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{Node: node})
-	f.Add(deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResponseNonce: "1"}))
-	f.Add(deltaBytes(f, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesUnsubscribe: []string{"x"}}))
+	prime := mustMarshal(f, &discoveryv3.DeltaDiscoveryRequest{Node: node})
+	f.Add(mustMarshal(f, &discoveryv3.DeltaDiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResponseNonce: "1"}))
+	f.Add(mustMarshal(f, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesUnsubscribe: []string{"x"}}))
 	f.Add(append(append([]byte{}, prime...), prime...)) // the node twice
 	f.Add([]byte{0x0a, 0x05, 0x0a})                     // truncated node
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xff})               // a node whose content is malformed
