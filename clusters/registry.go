@@ -149,6 +149,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},
 		extra:      map[string]map[string]Status{},
+		reconciled: map[string]struct{}{},
 		history:    map[string][]Transition{},
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_cluster_state_transitions_total",
@@ -255,9 +256,6 @@ func (r *Registry) processNext(ctx context.Context) bool {
 	defer r.queue.Done(key)
 	err := r.reconcile(ctx, key)
 	r.mu.Lock()
-	if r.reconciled == nil {
-		r.reconciled = map[string]struct{}{}
-	}
 	r.reconciled[key] = struct{}{}
 	r.mu.Unlock()
 	if err != nil {
@@ -680,8 +678,9 @@ func (r *Registry) Cluster(id string) (Status, bool) {
 	return Status{}, false
 }
 
-// has reports whether the remote Secret key was reconciled; r.mu is held.
-func (r *Registry) has(key string) bool {
+// reconciledLocked reports whether the remote Secret key was reconciled
+// at least once; r.mu is held.
+func (r *Registry) reconciledLocked(key string) bool {
 	_, ok := r.reconciled[key]
 	return ok
 }
@@ -705,7 +704,7 @@ func (r *Registry) Ready() (bool, string) {
 	var unread []string
 	r.mu.Lock()
 	for _, s := range listed {
-		if key := s.Namespace + "/" + s.Name; !r.has(key) {
+		if key := s.Namespace + "/" + s.Name; !r.reconciledLocked(key) {
 			unread = append(unread, key)
 		}
 	}

@@ -15,12 +15,16 @@ import (
 // behind the Service) while the rest are still served, instead of the whole
 // fleet reconnecting in the same second.
 type streamSet struct {
+	names *internedNames // the streams' SotW resource_names (requestStream)
+
 	mu      sync.Mutex
 	next    uint64
 	cancels map[uint64]context.CancelFunc
 }
 
-func newStreamSet() *streamSet { return &streamSet{cancels: map[uint64]context.CancelFunc{}} }
+func newStreamSet() *streamSet {
+	return &streamSet{names: newInternedNames(), cancels: map[uint64]context.CancelFunc{}}
+}
 
 // interceptor gives every stream a context the set can cancel, and its
 // own request decoding (requestStream). A stream
@@ -38,7 +42,7 @@ func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamSer
 		delete(s.cancels, id)
 		s.mu.Unlock()
 	}()
-	err := handler(srv, &drainableStream{ServerStream: &requestStream{ServerStream: ss}, ctx: ctx})
+	err := handler(srv, &drainableStream{ServerStream: &requestStream{ServerStream: ss, names: s.names}, ctx: ctx})
 	if ctx.Err() != nil && ss.Context().Err() == nil {
 		return status.Error(codes.Unavailable, "hub replica is shutting down; reconnect")
 	}

@@ -27,13 +27,14 @@ import (
 //     stream's first node, the same pointer, so the tracker does not
 //     check and identify it again, and a stream cannot switch nodes;
 //   - the resource_names of a SotW request are looked up by their bytes
-//     (internedNames) instead of decoded: Envoy's SotW ACK repeats every
+//     (names, the server's internedNames) instead of decoded: Envoy's SotW ACK repeats every
 //     name it subscribes to (1,000 clusters: 48 KB, ~100 µs and ~1,000
 //     allocations to decode), and streams of one kind subscribe to the
 //     same names.
 type requestStream struct {
 	grpc.ServerStream
-	node *corev3.Node // the stream's first Delta node
+	names *internedNames // shared by the server's streams
+	node  *corev3.Node   // the stream's first Delta node
 }
 
 // rawRequest is a request's encoding, which the codec copies as it is
@@ -66,7 +67,7 @@ func (s *requestStream) RecvMsg(m any) error {
 	if d, ok := m.(*discoveryv3.DeltaDiscoveryRequest); ok {
 		return s.decodeDelta(raw.b, d)
 	}
-	return decodeSotW(raw.b, m.(*discoveryv3.DiscoveryRequest))
+	return s.names.decode(raw.b, m.(*discoveryv3.DiscoveryRequest))
 }
 
 // sotwNamesField is DiscoveryRequest.resource_names' field number.
@@ -83,16 +84,19 @@ const (
 )
 
 // internedNames are recent resource_names runs of SotW requests, by a
-// hash of their bytes (the process's secret seed), with the names they
-// decode to. The names are shared by every request that carries the same
-// bytes and are never changed (the hub and go-control-plane only read
-// them). Bounded: each entry holds its run's bytes and names.
-var internedNames = func() *lru.Cache[uint64, namesRun] {
-	c, _ := lru.New[uint64, namesRun](64) // only a size ≤ 0 fails
-	return c
-}()
+// hash of their bytes (a secret seed), with the names they decode to. The
+// names are shared by every request that carries the same bytes and are
+// never changed (the hub and go-control-plane only read them). Bounded:
+// each entry holds its run's bytes and names. Safe for concurrent use.
+type internedNames struct {
+	seed  maphash.Seed
+	cache *lru.Cache[uint64, namesRun]
+}
 
-var namesSeed = maphash.MakeSeed()
+func newInternedNames() *internedNames {
+	c, _ := lru.New[uint64, namesRun](64) // only a size ≤ 0 fails
+	return &internedNames{seed: maphash.MakeSeed(), cache: c}
+}
 
 // namesRun is an interned resource_names run.
 type namesRun struct {
@@ -100,16 +104,16 @@ type namesRun struct {
 	names []string
 }
 
-// decodeSotW decodes b into m, taking its resource_names from
-// internedNames when the same run was decoded before.
-func decodeSotW(b []byte, m *discoveryv3.DiscoveryRequest) error {
+// decode decodes the SotW request b into m, taking its resource_names
+// from the table when the same run was decoded before.
+func (t *internedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	start, end, ok := fieldRun(b, sotwNamesField)
 	if !ok || end-start < minInternedRun || end-start > maxInternedRun {
 		return proto.Unmarshal(b, m)
 	}
 	run := b[start:end]
-	key := maphash.Bytes(namesSeed, run)
-	if e, hit := internedNames.Get(key); hit && bytes.Equal(e.run, run) {
+	key := maphash.Bytes(t.seed, run)
+	if e, hit := t.cache.Get(key); hit && bytes.Equal(e.run, run) {
 		if err := unmarshalAround(b, start, end, m); err != nil {
 			return err
 		}
@@ -119,7 +123,7 @@ func decodeSotW(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	if err := proto.Unmarshal(b, m); err != nil {
 		return err
 	}
-	internedNames.Add(key, namesRun{run: bytes.Clone(run), names: m.ResourceNames})
+	t.cache.Add(key, namesRun{run: bytes.Clone(run), names: m.ResourceNames})
 	return nil
 }
 

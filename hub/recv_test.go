@@ -121,13 +121,14 @@ func sotwNames(n int, prefix string) []string {
 // decoded and interned in turn.
 func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	names := sotwNames(100, "shared")
+	table := newInternedNames()
 	first := &discoveryv3.DiscoveryRequest{}
-	if err := decodeSotW(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names}), first); err != nil {
+	if err := table.decode(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names}), first); err != nil {
 		t.Fatal(err)
 	}
 	ackMsg := &discoveryv3.DiscoveryRequest{VersionInfo: "v1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "3"}
 	ack := &discoveryv3.DiscoveryRequest{}
-	if err := decodeSotW(mustMarshal(t, ackMsg), ack); err != nil {
+	if err := table.decode(mustMarshal(t, ackMsg), ack); err != nil {
 		t.Fatal(err)
 	}
 	if !proto.Equal(ack, ackMsg) {
@@ -138,7 +139,7 @@ func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	}
 	other := &discoveryv3.DiscoveryRequest{}
 	otherNames := sotwNames(100, "other")
-	if err := decodeSotW(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: otherNames}), other); err != nil {
+	if err := table.decode(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: otherNames}), other); err != nil {
 		t.Fatal(err)
 	}
 	if len(other.ResourceNames) != 100 || other.ResourceNames[0] != otherNames[0] {
@@ -147,10 +148,10 @@ func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	// A run larger than maxInternedRun is decoded every time, never kept.
 	huge := mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: sotwNames(3000, "huge")})
 	a, b := &discoveryv3.DiscoveryRequest{}, &discoveryv3.DiscoveryRequest{}
-	if err := decodeSotW(huge, a); err != nil {
+	if err := table.decode(huge, a); err != nil {
 		t.Fatal(err)
 	}
-	if err := decodeSotW(huge, b); err != nil {
+	if err := table.decode(huge, b); err != nil {
 		t.Fatal(err)
 	}
 	if len(huge) <= maxInternedRun || len(a.ResourceNames) != 3000 || &a.ResourceNames[0] == &b.ResourceNames[0] {
@@ -171,18 +172,19 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 // (or fails where it fails), also when its names were interned before.
 func FuzzSotWRequestDecode(f *testing.F) {
 	names := sotwNames(60, "fuzz")
+	table := newInternedNames()
 	primed := mustMarshal(f, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
 	f.Add(mustMarshal(f, &discoveryv3.DiscoveryRequest{VersionInfo: "1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "1"}))
 	f.Add(append(append([]byte{}, primed...), primed...)) // the run twice, apart
 	f.Add(primed[:len(primed)-3])                         // truncated
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if err := decodeSotW(primed, &discoveryv3.DiscoveryRequest{}); err != nil {
+		if err := table.decode(primed, &discoveryv3.DiscoveryRequest{}); err != nil {
 			t.Fatal(err)
 		}
 		want := &discoveryv3.DiscoveryRequest{}
 		wantErr := proto.Unmarshal(b, want)
 		got := &discoveryv3.DiscoveryRequest{}
-		gotErr := decodeSotW(b, got)
+		gotErr := table.decode(b, got)
 		if (wantErr == nil) != (gotErr == nil) {
 			t.Fatalf("error %v; proto.Unmarshal's %v", gotErr, wantErr)
 		}
