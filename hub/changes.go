@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hubmesh/hub/clusters"
@@ -17,11 +18,15 @@ import (
 // Changes batch without delaying the first change after a quiet period: a
 // change arriving when nothing happened for `after` is pushed at once
 // (leading edge); later changes are collected until `after` passes without
-// another one, but never longer than `max` (DESIGN.md §4). Each batch
+// another one, but never longer than `max` (DESIGN.md §4); changes made
+// while a push is being delivered wait for it and for a quiet period as long
+// as its delivery took (see run). Each batch
 // carries the time its oldest change was reported, from which push latency
 // is measured. Reporting never blocks, also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
+
+	quiet atomic.Int64 // the current quiet period (time.Duration), see run
 
 	mu       sync.Mutex
 	incoming batch         // reported, not yet taken by the consumer
@@ -153,26 +158,76 @@ func (c *Changes) take() batch {
 
 // run hands batches to push until ctx is done; it is the feed's one
 // consumer and owns the debounce state.
-func (c *Changes) run(ctx context.Context, push func(*batch)) {
+//
+// Pushes are paced by what they cost (fleet, nil: not paced): after a push
+// the feed waits until the fleet answered most of what it was handed
+// (deliveries). A change made when that push is delivered and nothing
+// changed for `after` is a leading edge and goes at once, so a quiet mesh
+// and one-off writes are never held back. Changes made while a push is
+// being delivered wait for it, then for a quiet period as long as its
+// delivery took (never shorter than `after`): under sustained churn on a
+// loaded fleet they coalesce into few, large pushes instead of each taking
+// the leading edge (congestion collapse: every push slows the next and
+// stretches the churn, so every gap looks quiet). A batch never waits
+// longer than `max` from its first change, delivered or not; a push not
+// delivered within `max` stops being waited for, and pacing starts over.
+func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries) {
 	var (
 		pending    batch
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
+		lastTaken  time.Time // when run took it
+		quiet      = c.after // the quiet period a batch waits for
+		delivering <-chan struct{}
+		pushedAt   time.Time // when the push being delivered started
 		timer      = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
+	c.quiet.Store(int64(quiet))
+	setQuiet := func(d time.Duration) {
+		quiet = min(max(d, c.after), c.max)
+		c.quiet.Store(int64(quiet))
+	}
 	flush := func() {
 		if pending.empty() {
 			return
 		}
 		b := pending
 		pending = batch{}
+		timer.Stop()
+		if fleet == nil {
+			push(&b)
+			return
+		}
+		m := fleet.mark()
+		pushedAt = time.Now()
 		push(&b)
+		if delivering = fleet.await(m); delivering == nil {
+			setQuiet(time.Since(pushedAt)) // nothing handed out: the push cost its own time
+		}
 	}
+	// schedule sets the timer for when pending may go: the quiet period
+	// after its newest change was taken once the last push is delivered,
+	// and at the latest `max` from its first change.
+	schedule := func(now time.Time) {
+		if pending.empty() {
+			return
+		}
+		due := first.Add(c.max)
+		if q := lastTaken.Add(quiet); delivering == nil && q.Before(due) {
+			due = q
+		}
+		timer.Reset(max(due.Sub(now), 0))
+	}
+	defer func() {
+		timer.Stop()
+		if fleet != nil {
+			fleet.stopWaiting()
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return
 		case <-c.signal:
 			in := c.take()
@@ -180,29 +235,38 @@ func (c *Changes) run(ctx context.Context, push func(*batch)) {
 				continue
 			}
 			now := time.Now()
-			// Quiet means no change was made for `after` before this one:
-			// judged by when changes were reported, not when they were
-			// taken, so that changes made during a long push are not
-			// mistaken for the first after a quiet period (under sustained
-			// churn every batch would take the leading edge: back-to-back
-			// pushes, never coalesced).
-			quiet := pending.empty() && in.since.Sub(lastChange) >= c.after
-			lastChange = in.latest
+			if delivering != nil && now.Sub(pushedAt) >= c.max {
+				delivering = nil // not delivered within max: stop waiting for it
+				fleet.stopWaiting()
+				setQuiet(c.after)
+			}
+			// Quiet means the last push is delivered and no change was
+			// made for `after` before this one: judged by when changes
+			// were reported, not when they were taken, so that changes
+			// made during a long push are not mistaken for the first after
+			// a quiet period (under sustained churn every batch would take
+			// the leading edge: back-to-back pushes, never coalesced).
+			isQuiet := pending.empty() && delivering == nil && in.since.Sub(lastChange) >= c.after
+			lastChange, lastTaken = in.latest, now
 			if pending.empty() {
 				first = now
 			}
 			pending.merge(&in)
-			if quiet {
+			if isQuiet {
 				flush()
 				continue
 			}
-			deadline := now.Add(c.after)
-			if limit := first.Add(c.max); deadline.After(limit) {
-				deadline = limit
-			}
-			timer.Reset(time.Until(deadline))
+			schedule(now)
+		case <-delivering:
+			delivering = nil
+			setQuiet(time.Since(pushedAt))
+			schedule(time.Now())
 		case <-timer.C:
 			flush()
 		}
 	}
 }
+
+// Quiet returns the quiet period batches currently wait for: the time the
+// last push took to be delivered, within the feed's bounds (see run).
+func (c *Changes) Quiet() time.Duration { return time.Duration(c.quiet.Load()) }

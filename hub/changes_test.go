@@ -16,7 +16,7 @@ func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
 func startChanges(t *testing.T, c *Changes, push func(*batch)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { c.run(ctx, push); close(done) }()
+	go func() { c.run(ctx, push, nil); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -169,5 +169,157 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	d.add([]string{"c"}) // within the quiet period of b: one push with both
 	if got := nextPush(t, pushes); len(got) != 2 || got[0] != "b" || got[1] != "c" {
 		t.Fatalf("push after the slow one = %v; want [b c] coalesced (b was no leading edge)", got)
+	}
+}
+
+// startPaced runs c's consumer paced by fleet; every push hands `handed`
+// responses to the fleet and reports its hostnames and when it ran.
+func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pacedPush {
+	pushes := make(chan pacedPush, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx, func(b *batch) {
+			var hosts []string
+			for k := range b.hosts {
+				hosts = append(hosts, k)
+			}
+			sort.Strings(hosts)
+			for range handed {
+				fleet.hand()
+			}
+			pushes <- pacedPush{hosts, time.Now()}
+		}, fleet)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return pushes
+}
+
+type pacedPush struct {
+	hosts []string
+	at    time.Time
+}
+
+func nextPaced(t *testing.T, pushes chan pacedPush) pacedPush {
+	t.Helper()
+	select {
+	case p := <-pushes:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatal("no push within 10s")
+		return pacedPush{}
+	}
+}
+
+// A push is paced by what the last one cost: changes wait while the fleet
+// still takes in the last push, and then for a quiet period as long as its
+// delivery took; they coalesce into one push meanwhile.
+func TestDebouncePacedByDelivery(t *testing.T) {
+	const after = 5 * time.Millisecond
+	c := NewChanges(after, time.Hour)
+	fleet := &deliveries{}
+	pushes := startPaced(t, c, fleet, 100)
+	d := debouncer{c}
+
+	d.add([]string{"a"})
+	first := nextPaced(t, pushes) // leading edge
+	d.add([]string{"b"})
+	d.add([]string{"c"})
+	// Undelivered: nothing goes (with plain debouncing b and c would go
+	// after 5 ms; give them forty times that).
+	select {
+	case p := <-pushes:
+		t.Fatalf("pushed %v while the last push was undelivered", p.hosts)
+	case <-time.After(200 * time.Millisecond):
+	}
+	fleet.answer(80) // 80%: still undelivered
+	select {
+	case p := <-pushes:
+		t.Fatalf("pushed %v with 80 of 100 responses answered", p.hosts)
+	case <-time.After(50 * time.Millisecond):
+	}
+	answered := time.Now()
+	fleet.answer(4) // all but 16: delivered
+	second := nextPaced(t, pushes)
+	if len(second.hosts) != 2 || second.hosts[0] != "b" || second.hosts[1] != "c" {
+		t.Fatalf("push after delivery = %v; want [b c] coalesced", second.hosts)
+	}
+	if cost, q := answered.Sub(first.at), c.Quiet(); q < cost {
+		t.Fatalf("quiet period after a push delivered in %v = %v; want at least the delivery time", cost, q)
+	}
+	// The fleet takes 150 ms to answer the second push, while d and e
+	// are made: they go together, the new quiet period (150 ms, not 5 ms)
+	// after e.
+	const cost = 150 * time.Millisecond
+	d.add([]string{"d"})
+	time.Sleep(cost)
+	d.add([]string{"e"})
+	added := time.Now()
+	fleet.answer(84)
+	third := nextPaced(t, pushes)
+	if len(third.hosts) != 2 || third.hosts[0] != "d" || third.hosts[1] != "e" {
+		t.Fatalf("push after the second delivery = %v; want [d e] coalesced", third.hosts)
+	}
+	if waited := third.at.Sub(added); waited < cost*9/10 {
+		t.Fatalf("push %v went %v after its newest change; want the last delivery time, %v", third.hosts, waited, cost)
+	}
+}
+
+// A push its fleet never answers is waited for at most `max`: then batches
+// go by the plain debounce again.
+func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
+	const after, maxWait = 5 * time.Millisecond, 300 * time.Millisecond
+	c := NewChanges(after, maxWait)
+	fleet := &deliveries{}
+	pushes := startPaced(t, c, fleet, 100)
+	d := debouncer{c}
+
+	d.add([]string{"a"})
+	first := nextPaced(t, pushes)
+	d.add([]string{"b"}) // waits for the push: at most maxWait from its first change
+	second := nextPaced(t, pushes)
+	if waited := second.at.Sub(first.at); waited < maxWait {
+		t.Fatalf("push of %v went %v after an undelivered push; want it held up to %v", second.hosts, waited, maxWait)
+	}
+	// Neither push is ever answered: once maxWait passed since the last,
+	// the next change is a leading edge with the plain quiet period.
+	time.Sleep(maxWait + 50*time.Millisecond)
+	d.add([]string{"c"})
+	added := time.Now()
+	third := nextPaced(t, pushes)
+	if waited := third.at.Sub(added); waited > maxWait/2 {
+		t.Fatalf("push of %v waited %v after a push given up on; want it at once", third.hosts, waited)
+	}
+	if q := c.Quiet(); q != after {
+		t.Fatalf("quiet period = %v after giving up on a push; want %v", q, after)
+	}
+}
+
+// A push that hands nothing out is delivered when it returns; so is one
+// to a small fleet, or one already answered.
+func TestDeliveriesSmallOrAnswered(t *testing.T) {
+	fleet := &deliveries{}
+	m := fleet.mark()
+	if ch := fleet.await(m); ch != nil {
+		t.Fatal("await with nothing handed returned a channel; want nil")
+	}
+	for range 16 {
+		fleet.hand()
+	}
+	select {
+	case <-fleet.await(m):
+	default:
+		t.Fatal("a push of 16 responses, none answered, is waited for; want a small fleet never paced")
+	}
+	m = fleet.mark()
+	for range 1000 {
+		fleet.hand()
+	}
+	fleet.answer(900) // answered before the push returned
+	select {
+	case <-fleet.await(m):
+	default:
+		t.Fatal("await of a push already answered did not return at once")
 	}
 }

@@ -139,6 +139,7 @@ type Hub struct {
 	proxies *proxyTracker
 	ca      *caServer    // nil: no CA API
 	codec   *sharedCodec // the ADS servers' gRPC codec
+	fleet   *deliveries  // what the streams take in: paces the pushes
 	servers atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
@@ -162,6 +163,7 @@ func New(opts Options) (*Hub, error) {
 		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies: newProxyTracker(opts.Log, opts.Limits),
 		codec:   newSharedCodec(),
+		fleet:   &deliveries{},
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
@@ -179,8 +181,13 @@ func New(opts Options) (*Hub, error) {
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
 	h.watcher.latency = latency
+	h.watcher.fleet, h.proxies.fleet = h.fleet, h.fleet
 	if opts.Metrics != nil {
-		for _, c := range append(h.proxies.collectors(), latency.hist, h.watcher.evaluations) {
+		quiet := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hub_xds_push_quiet_seconds",
+			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
+		}, func() float64 { return h.changes.Quiet().Seconds() })
+		for _, c := range append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, quiet) {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("registering xDS metrics: %w", err)
 			}
@@ -290,7 +297,7 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.run(ctx, h.push)
+	h.changes.run(ctx, h.push, h.fleet)
 }
 
 // push sends what changed: regenerates the changed services' resources

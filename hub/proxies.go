@@ -94,6 +94,8 @@ type proxyTracker struct {
 	// our own CA; nil honours no binding.
 	roots  RootSource
 	limits Limits
+	// fleet counts the responses clients answered (may be nil).
+	fleet *deliveries
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -253,6 +255,7 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 		for _, held := range st.held {
 			p.holdings.release(held)
 		}
+		p.fleet.answer(len(st.nonces)) // lost with the stream
 	}
 	delete(p.streams, id)
 	p.mu.Unlock()
@@ -480,6 +483,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 		return
 	}
 	delete(st.nonces, nonce)
+	p.fleet.answer(1)
 	ts := st.typeStatus(s.typeURL)
 	if nack {
 		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, truncate(nackMsg, maxNackDetailBytes), time.Now()
@@ -552,6 +556,7 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 	ts.Sends++
 	st.nonces[nonce] = sent{typeURL, version}
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
+		p.fleet.answer(len(st.nonces) - 1) // given up on
 		clear(st.nonces)
 		st.nonces[nonce] = sent{typeURL, version}
 	}

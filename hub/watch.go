@@ -55,6 +55,8 @@ type watcher struct {
 	workers int
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
+	// fleet counts the responses handed to streams (may be nil).
+	fleet *deliveries
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
@@ -236,6 +238,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			s.last = resp.sotw
 			w.mu.Unlock()
 			resp.send(wt) // never blocks: see reply.send
+			w.fleet.hand()
 			return func() {}, nil
 		}
 		w.mu.Lock()
@@ -432,6 +435,7 @@ func (w *watcher) pushTo(j job) {
 	w.mu.Unlock()
 	if open {
 		resp.send(wt)
+		w.fleet.hand()
 		w.latency.observe(wt.typeURL, j.since)
 	}
 }

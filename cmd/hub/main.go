@@ -98,7 +98,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.bundleCert, "bundle-cert", "", "serving certificate for the https_web bundle profile")
 	fs.StringVar(&c.bundleKey, "bundle-key", "", "serving key for the https_web bundle profile")
 	fs.DurationVar(&c.remoteClusterTimeout, "remote-cluster-timeout", 30*time.Second, "after this a member that has not synced stops blocking readiness")
-	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "push debounce quiet period")
+	fs.DurationVar(&c.debounceAfter, "debounce-after", 100*time.Millisecond, "shortest push debounce quiet period; it grows to the time the last push took until its proxies acknowledged it")
 	fs.DurationVar(&c.debounceMax, "debounce-max", 10*time.Second, "longest a change waits for a push")
 	fs.DurationVar(&c.accessReviewTimeout, "access-review-timeout", 5*time.Second, "longest a member may take to answer one SubjectAccessReview (SDS of another namespace); meanwhile the proxy asking keeps what it has")
 	fs.StringVar(&c.apiTokenFile, "api-token-file", "", "file of static API bearer tokens (default: Kubernetes TokenReview)")
