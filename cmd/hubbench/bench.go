@@ -49,13 +49,17 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	// Build the hub while the clusters start.
 	hubBin := cfg.HubBin
 	built := make(chan error, 1)
-	if hubBin == "" {
+	switch {
+	case cfg.Peer != "":
+		sum.HubBuild = "istiod " + cfg.istiodBin()
+		built <- nil
+	case hubBin == "":
 		go func() {
 			var err error
 			hubBin, sum.HubBuild, err = buildHub(ctx, work)
 			built <- err
 		}()
-	} else {
+	default:
 		sum.HubBuild = hubBuild(hubBin)
 		built <- nil
 	}
@@ -116,12 +120,21 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	}
 
 	hubDir := filepath.Join(work, "hub-run")
+	if cfg.Peer != "" {
+		hubDir = peerDir(work)
+	}
 	if err := os.MkdirAll(hubDir, 0o755); err != nil {
 		return nil, err
 	}
-	cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
 	hubStart := time.Now()
-	h, err := startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs, cfg.HubEnv)
+	var h *hubProcess
+	if cfg.Peer != "" {
+		cfg.progress("starting istiod in the hub's place (%s)", sum.HubBuild)
+		h, err = startIstiodPeer(ctx, cfg, home, kubeconfigs, hubDir)
+	} else {
+		cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
+		h, err = startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs, cfg.HubEnv)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +148,12 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		sum.HubLog = h.logPath
 	}
 	sum.HubPID = h.pid()
-	if err := waitSynced(ctx, h, cfg, l); err != nil {
+	if cfg.Peer != "" {
+		err = waitIstiodSynced(ctx, h, cfg, l)
+	} else {
+		err = waitSynced(ctx, h, cfg, l)
+	}
+	if err != nil {
 		return nil, err
 	}
 	sum.MemberSyncSeconds = time.Since(hubStart).Seconds()
@@ -270,7 +288,6 @@ func raiseFileLimit(streams int) error {
 // waitSynced waits until every cluster is Ready in /api/v1/clusters and
 // /api/v1/services lists every service with its endpoints in every member.
 func waitSynced(ctx context.Context, h *hubProcess, cfg Config, l *layout) error {
-	deadline := time.Now().Add(cfg.SyncTimeout)
 	want := map[string]map[string]int{} // hostname → member → endpoints
 	for _, s := range l.services {
 		m := map[string]int{}
@@ -279,23 +296,30 @@ func waitSynced(ctx context.Context, h *hubProcess, cfg Config, l *layout) error
 		}
 		want[hostname(s.name)] = m
 	}
+	return waitServer(ctx, h, cfg, "the hub", func() (string, error) { return syncProblem(ctx, h, cfg, want) })
+}
+
+// waitServer polls problem until it says nothing is missing (""), the
+// server under test exits or cfg.SyncTimeout passes.
+func waitServer(ctx context.Context, h *hubProcess, cfg Config, server string, problem func() (string, error)) error {
+	deadline := time.Now().Add(cfg.SyncTimeout)
 	lastReport := time.Now()
 	for {
-		problem, err := syncProblem(ctx, h, cfg, want)
+		missing, err := problem()
 		if err != nil {
 			return err
 		}
-		if problem == "" {
+		if missing == "" {
 			return nil
 		}
 		if e := h.exited(); e != nil {
 			return e
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the hub did not sync within %s: %s", cfg.SyncTimeout, problem)
+			return fmt.Errorf("%s did not sync within %s: %s", server, cfg.SyncTimeout, missing)
 		}
 		if time.Since(lastReport) > 10*time.Second {
-			cfg.progress("waiting for the hub to sync: %s", problem)
+			cfg.progress("waiting for %s to sync: %s", server, missing)
 			lastReport = time.Now()
 		}
 		select {

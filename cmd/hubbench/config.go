@@ -72,6 +72,11 @@ type Config struct {
 	ConnectTimeout time.Duration `json:"connectTimeoutNs"`
 	// HubBin is a prebuilt hub binary; empty builds ./cmd/hub.
 	HubBin string `json:"hubBin,omitempty"`
+	// Peer, if "istiod", serves the clients from a real istiod instead
+	// of the hub (see peerIstiod); IstiodBin is its pilot-discovery
+	// (empty: $HUB_ISTIOD_BIN). HubEnv applies to it too.
+	Peer      string `json:"peer,omitempty"`
+	IstiodBin string `json:"istiodBin,omitempty"`
 	// HubArgs are extra arguments for `hub serve`.
 	HubArgs []string `json:"hubArgs,omitempty"`
 	// HubEnv are extra NAME=value environment variables for the hub only,
@@ -168,6 +173,8 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SyncTimeout, "sync-timeout", c.SyncTimeout, "how long the hub may take to sync every member")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "how long all streams may take to get their config")
 	fs.StringVar(&c.HubBin, "hub-bin", c.HubBin, "prebuilt hub binary (default: go build ./cmd/hub into a temp dir)")
+	fs.StringVar(&c.Peer, "peer", c.Peer, "istiod: serve the same clusters to the same clients from a real istiod instead of the hub (envoy shape), to put its figures beside the hub's")
+	fs.StringVar(&c.IstiodBin, "istiod-bin", c.IstiodBin, "--peer istiod: the pilot-discovery binary (default $HUB_ISTIOD_BIN; e2e/interop/build-istiod.sh builds it)")
 	fs.Var((*stringList)(&c.HubArgs), "hub-arg", "extra argument for `hub serve` (repeatable), e.g. --hub-arg=--debounce-after=50ms")
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
@@ -184,6 +191,15 @@ func (c *Config) register(fs *flag.FlagSet) {
 // CDS subscription.
 func (c *Config) validate() error {
 	var errs []error
+	switch {
+	case c.Peer == "":
+	case c.Peer != peerIstiod:
+		errs = append(errs, fmt.Errorf("--peer %q: the one peer is istiod", c.Peer))
+	case c.Shape != shapeEnvoy && c.ServicesPerStream != allServices:
+		errs = append(errs, fmt.Errorf("--peer istiod serves the envoy shape (Envoy's SotW or Delta ADS), not --shape %s", c.Shape))
+	case len(c.HubArgs) > 0 || c.HubPerf != "":
+		errs = append(errs, errors.New("--hub-arg and --hub-perf are the hub's; --peer istiod runs istiod"))
+	}
 	if c.ServicesPerStream == allServices {
 		switch c.Shape {
 		case "", shapeNamed, shapeEnvoy:

@@ -286,7 +286,9 @@ func envoyNode(idx int, clusterID string) *corev3.Node {
 			"drainDuration": str("45s"), "proxyAdminPort": structpb.NewNumberValue(15000),
 			"serviceCluster": str("istio-proxy"), "statNameLength": structpb.NewNumberValue(189),
 			"statusPort": structpb.NewNumberValue(15020), "terminationDrainDuration": str("5s"),
-			"tracing":                         strs("zipkin", `{"address":"zipkin.istio-system:9411"}`),
+			"tracing": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				"zipkin": strs("address", "zipkin.istio-system:9411"), // an object, as istiod's ProxyConfig reads it
+			}}),
 			"holdApplicationUntilProxyStarts": structpb.NewBoolValue(false),
 			"meshId":                          str("cluster.local"),
 			"image":                           strs("imageType", "default"),

@@ -21,10 +21,13 @@ import (
 	"time"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/istiod"
 )
 
-// hubProcess is the real hub binary running as our child.
+// hubProcess is the real hub binary running as our child, or with --peer
+// istiod the real istiod standing in its place (peer set, cmd nil).
 type hubProcess struct {
+	peer     *istiod.Process
 	cmd      *exec.Cmd
 	logPath  string
 	adminURL string
@@ -201,6 +204,9 @@ func (h *hubProcess) liveHeap(ctx context.Context, timeout time.Duration) (int, 
 	}
 	deadline := time.Now().Add(timeout)
 	paths := []string{"/api/v1/proxies", "/api/v1/services", "/metrics"}
+	if h.peer != nil {
+		paths = []string{"/debug/syncz", "/debug/registryz", "/metrics"}
+	}
 	for i := 0; ; i++ {
 		if _, err := h.get(ctx, paths[i%len(paths)]); err != nil {
 			return 0, err
@@ -247,9 +253,20 @@ func listening(logPath string) map[string]string {
 	return nil
 }
 
-func (h *hubProcess) pid() int { return h.cmd.Process.Pid }
+func (h *hubProcess) pid() int {
+	if h.peer != nil {
+		return h.peer.PID()
+	}
+	return h.cmd.Process.Pid
+}
 
 func (h *hubProcess) exited() error {
+	if h.peer != nil {
+		if err := h.peer.Exited(); err != nil {
+			return fmt.Errorf("%w; log tail:\n%s", err, h.tail(30))
+		}
+		return nil
+	}
 	select {
 	case <-h.done:
 		return fmt.Errorf("the hub exited: %v; log tail:\n%s", h.waitErr, h.tail(30))
@@ -260,6 +277,10 @@ func (h *hubProcess) exited() error {
 
 // stop sends SIGTERM, then SIGKILL after 15 s, and waits.
 func (h *hubProcess) stop() {
+	if h.peer != nil {
+		h.peer.Stop()
+		return
+	}
 	select {
 	case <-h.done:
 		return
@@ -375,6 +396,12 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 			continue
 		}
 		switch {
+		case strings.HasPrefix(series, "pilot_xds_pushes{"): // istiod (--peer)
+			m.Responses[istiodPushType(label(series, "type"))] += v
+		case strings.HasPrefix(series, "pilot_total_xds_rejects{"):
+			m.Nacks += v
+		case series == "pilot_xds" || strings.HasPrefix(series, "pilot_xds{"):
+			m.Streams += v
 		case strings.HasPrefix(series, "hub_xds_responses_total{"):
 			m.Responses[label(series, "type")] += v
 		case strings.HasPrefix(series, "hub_xds_nacks_total{"):
@@ -396,6 +423,25 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// istiodPushType names istiod's pilot_xds_pushes type label as the hub's
+// hub_xds_responses_total does ("cds" → "Cluster"); send errors
+// ("cds_senderr") and other types keep istiod's name.
+func istiodPushType(t string) string {
+	switch t {
+	case "cds":
+		return "Cluster"
+	case "eds":
+		return "ClusterLoadAssignment"
+	case "lds":
+		return "Listener"
+	case "rds":
+		return "RouteConfiguration"
+	case "sds":
+		return "Secret"
+	}
+	return t
 }
 
 // label returns a label's value from a series like name{a="x",b="y"}.

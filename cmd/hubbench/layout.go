@@ -174,7 +174,9 @@ func serviceJobs(services []*service) []job {
 	for _, s := range services {
 		for k, m := range s.members {
 			out = append(out, job{m, func(ctx context.Context, c kubernetes.Interface) error {
-				return localcluster.ApplyService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
+				// Cluster IPs, as real Services have, so that istiod (--peer)
+				// serves them over EDS as it would in a mesh.
+				return localcluster.ApplyClusterIPService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
 			}})
 		}
 	}

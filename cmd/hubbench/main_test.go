@@ -82,16 +82,8 @@ func TestRunBulk(t *testing.T) {
 	for _, delta := range []bool{false, true} {
 		protocol := map[bool]string{false: "SotW", true: "Delta"}[delta]
 		t.Run(protocol, func(t *testing.T) {
-			cfg := defaultConfig()
-			cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 2, 4, 20, 3, 2
-			cfg.Shape, cfg.Delta, cfg.Bulk, cfg.BulkWriters = shapeEnvoy, delta, 5, 2
+			cfg := tinyBulkConfig(t, delta)
 			cfg.HubBin = hubBin
-			cfg.WriteGap = 150 * time.Millisecond
-			cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout, cfg.BulkTimeout = 20*time.Second, time.Minute, time.Minute, 2*time.Minute
-			cfg.Progress = t.Logf
-			if err := cfg.validate(); err != nil {
-				t.Fatal(err)
-			}
 			sum, err := run(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -263,5 +255,77 @@ func TestLayout(t *testing.T) {
 	}
 	if got := address(maxAddresses - 1); got != "198.19.255.254" {
 		t.Errorf("last address = %s", got)
+	}
+}
+
+// TestRunPeerIstiod runs the envoy shape, SotW and Delta, with a bulk phase
+// against a real istiod in the hub's place (--peer istiod), so that the
+// figures the hub is judged against come from the same harness. It needs
+// $HUB_ISTIOD_BIN (`make test` builds it): in CI it fails without, elsewhere
+// it skips.
+func TestRunPeerIstiod(t *testing.T) {
+	requireK8sBinaries(t)
+	if os.Getenv("HUB_ISTIOD_BIN") == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("--peer istiod needs HUB_ISTIOD_BIN (e2e/interop/build-istiod.sh)")
+		}
+		t.Skip("HUB_ISTIOD_BIN is not set: build istiod with e2e/interop/build-istiod.sh (skipping outside CI; in CI this fails)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for _, delta := range []bool{false, true} {
+		protocol := map[bool]string{false: "SotW", true: "Delta"}[delta]
+		t.Run(protocol, func(t *testing.T) {
+			cfg := tinyBulkConfig(t, delta)
+			cfg.Peer = peerIstiod
+			sum, err := run(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkTiny(t, cfg, sum, protocol)
+			var text strings.Builder
+			sum.WriteText(&text)
+			if !strings.Contains(text.String(), "SERVER:   istiod, not the hub") {
+				t.Errorf("the summary does not say istiod served:\n%s", text.String())
+			}
+			if sum.Bulk == nil || sum.Bulk.StreamConverge.N != cfg.Streams {
+				t.Errorf("bulk phase against istiod incomplete: %+v", sum.Bulk)
+			}
+			t.Logf("summary:\n%s", text.String())
+		})
+	}
+}
+
+// tinyBulkConfig is the envoy shape with a bulk phase of 5 new services by
+// 2 writers while 3 streams watch.
+func tinyBulkConfig(t *testing.T, delta bool) Config {
+	cfg := defaultConfig()
+	cfg.Members, cfg.Services, cfg.Endpoints, cfg.Streams, cfg.Writes = 2, 4, 20, 3, 2
+	cfg.Shape, cfg.Delta, cfg.Bulk, cfg.BulkWriters = shapeEnvoy, delta, 5, 2
+	cfg.WriteGap = 150 * time.Millisecond
+	cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout, cfg.BulkTimeout = 20*time.Second, time.Minute, time.Minute, 2*time.Minute
+	cfg.Progress = t.Logf
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// A peer other than istiod, or the hub's own flags with it, are refused.
+func TestPeerFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"unknown peer", func(c *Config) { c.Peer = "kuma" }},
+		{"istiod shape", func(c *Config) { c.Peer, c.Shape = peerIstiod, shapeIstiod }},
+		{"hub args", func(c *Config) { c.Peer, c.HubArgs = peerIstiod, []string{"--debounce-after=1s"} }},
+	} {
+		cfg := defaultConfig()
+		cfg.Shape = shapeEnvoy
+		tc.edit(&cfg)
+		if err := cfg.validate(); err == nil {
+			t.Errorf("%s: validate accepted it", tc.name)
+		}
 	}
 }

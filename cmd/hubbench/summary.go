@@ -274,7 +274,11 @@ func (s *Summary) WriteText(w io.Writer) {
 	p("layout:   ≤%d services per member, ≤%d endpoints per service, %d EndpointSlices, %d–%d watchers per service (mean %.1f)",
 		s.Layout.ServicesPerMember, s.Layout.EndpointsPerService, s.Layout.SlicesCreated,
 		s.Layout.WatchersPerService.Min, s.Layout.WatchersPerService.Max, s.Layout.WatchersPerService.Mean)
-	p("hub:      %s", s.HubBuild)
+	if c.Peer != "" {
+		p("SERVER:   %s, not the hub: every \"hub\" figure below is istiod's (%s)", c.Peer, s.HubBuild)
+	} else {
+		p("hub:      %s", s.HubBuild)
+	}
 	p("setup:    API servers started in %.1fs, objects created in %.1fs", s.ClustersStartSeconds, s.CreateSeconds)
 	p("")
 	p("  member sync time          %8.2f s    (hub start → %d clusters Ready and %d services listed with all endpoints)", s.MemberSyncSeconds, c.Members+1, c.Services)

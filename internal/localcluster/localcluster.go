@@ -354,7 +354,7 @@ func (c *Cluster) startAPIServer(port int, logName string) (*process, error) {
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+p.saPubFile, "--service-account-signing-key-file="+p.saKeyFile,
-		"--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none", "--profiling=false")
+		"--service-cluster-ip-range=10.0.0.0/16", "--endpoint-reconciler-type=none", "--profiling=false")
 	if err != nil {
 		return nil, fmt.Errorf("starting API server %s: %w", c.Name, err)
 	}

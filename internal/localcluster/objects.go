@@ -34,14 +34,24 @@ type Backend struct {
 }
 
 // ApplyService creates or replaces a headless Service with one named port
-// and the EndpointSlice <name>-hub holding the given backends. Headless, so
-// that thousands of them fit the local clusters' /24 service range; the hub
+// and the EndpointSlice <name>-hub holding the given backends. The hub
 // never uses cluster IPs.
 func ApplyService(ctx context.Context, c kubernetes.Interface, namespace, name, portName string, port int32, backends []Backend) error {
+	return applyService(ctx, c, namespace, name, portName, port, backends, corev1.ClusterIPNone)
+}
+
+// ApplyClusterIPService is ApplyService with a cluster IP the API server
+// allocates (from 10.0.0.0/16): istiod gives a headless Service an
+// ORIGINAL_DST cluster without EDS, a Service with a cluster IP an EDS one.
+func ApplyClusterIPService(ctx context.Context, c kubernetes.Interface, namespace, name, portName string, port int32, backends []Backend) error {
+	return applyService(ctx, c, namespace, name, portName, port, backends, "")
+}
+
+func applyService(ctx context.Context, c kubernetes.Interface, namespace, name, portName string, port int32, backends []Backend, clusterIP string) error {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.ServiceSpec{
-			ClusterIP: corev1.ClusterIPNone,
+			ClusterIP: clusterIP,
 			Ports:     []corev1.ServicePort{{Name: portName, Port: port, Protocol: corev1.ProtocolTCP}},
 		},
 	}
