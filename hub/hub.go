@@ -232,6 +232,9 @@ func New(opts Options) (*Hub, error) {
 // seconds without starving the streams already served.
 const DefaultNewStreamsPerSecond = 200
 
+// adsWindowBytes is the ADS servers' HTTP/2 stream and connection window.
+const adsWindowBytes = 1 << 20
+
 // DefaultDrainGrace is how long a listener drains its streams on shutdown
 // unless told otherwise.
 const DefaultDrainGrace = 10 * time.Second
@@ -347,6 +350,13 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		// buffer small (requests are ACKs of a few hundred bytes; grpc-go
 		// already releases write buffers after each flush).
 		grpc.ReadBufferSize(8 << 10),
+		// A fixed HTTP/2 window instead of grpc-go's BDP estimation, which
+		// pings and grows windows up to 16 MiB per connection: 1 MiB holds
+		// an Envoy SotW ACK of 1,000 names (~48 KB) many times over,
+		// costs no pings, and bounds what a client can have buffered on a
+		// connection.
+		grpc.InitialWindowSize(adsWindowBytes),
+		grpc.InitialConnWindowSize(adsWindowBytes),
 		// Bounded input (see Limits).
 		grpc.MaxRecvMsgSize(h.limits.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(h.limits.MaxStreamsPerConnection),

@@ -180,6 +180,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, err
 	}
 	sum.ColdConnectSeconds = time.Since(connectStart).Seconds()
+	sum.ConnectRefused = f.refused.Load()
 	var perStream []time.Duration
 	for _, s := range f.streams {
 		perStream = append(perStream, time.Unix(0, s.readyAt.Load()).Sub(s.dialAt))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,7 +17,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -45,6 +48,9 @@ type fleet struct {
 
 	readyLeft atomic.Int64
 	allReady  chan struct{}
+	// refused counts streams the server refused before answering them
+	// (istiod's new-stream rate limit), dialled again after a backoff.
+	refused atomic.Int64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -312,7 +318,20 @@ func (s *stream) markReady(at time.Time) {
 
 func (s *stream) run() {
 	s.dialAt = time.Now()
+	backoff := 250 * time.Millisecond
 	err := s.serve()
+	for refusedBeforeAnswer(err) && s.responses.Load() == 0 && s.f.ctx.Err() == nil {
+		// A server that refuses new streams at its rate limit (istiod:
+		// ResourceExhausted) is dialled again after a jittered backoff,
+		// as Envoy does; the stream's connect time includes the wait.
+		s.f.refused.Add(1)
+		select {
+		case <-time.After(backoff/2 + rand.N(backoff)):
+		case <-s.f.ctx.Done():
+		}
+		backoff = min(2*backoff, 4*time.Second)
+		err = s.serve()
+	}
 	if s.f.ctx.Err() != nil {
 		return // we are closing
 	}
@@ -322,6 +341,13 @@ func (s *stream) run() {
 	err = fmt.Errorf("stream %d (node %s): %w", s.idx, s.nodeID, err)
 	s.err.Store(&err)
 	s.f.fail(err)
+}
+
+// refusedBeforeAnswer reports whether err is a server's refusal of a new
+// stream: ResourceExhausted or Unavailable.
+func refusedBeforeAnswer(err error) bool {
+	c := status.Code(err)
+	return c == codes.ResourceExhausted || c == codes.Unavailable
 }
 
 func (s *stream) serve() error {

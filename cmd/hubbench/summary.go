@@ -26,6 +26,9 @@ type Summary struct {
 	// ColdConnectSeconds: first dial → every stream holds EDS for all its
 	// services.
 	ColdConnectSeconds float64 `json:"coldConnectSeconds"`
+	// ConnectRefused counts new streams the server refused (its rate
+	// limit) and hubbench dialled again.
+	ConnectRefused int64 `json:"connectRefused"`
 	// StreamConnect: per stream, its dial → it holds EDS for all its services.
 	StreamConnect    Percentiles `json:"streamConnect"`
 	ConnectResponses int64       `json:"connectResponses"`
@@ -291,6 +294,9 @@ func (s *Summary) WriteText(w io.Writer) {
 		p("  cold connect              %8.2f s    (first dial → all %d streams hold EDS for their services; %d responses: %d LDS, %d RDS, %d CDS, %d EDS)",
 			s.ColdConnectSeconds, c.Streams, s.ConnectResponses, byType["LDS"], byType["RDS"], byType["CDS"], byType["EDS"])
 		p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → full EDS, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
+	}
+	if s.ConnectRefused > 0 {
+		p("    refused and redialled   %d times (the server's new-stream rate limit; jittered backoff from 250 ms, as Envoy retries)", s.ConnectRefused)
 	}
 	p("  convergence p50           %8.1f ms", s.Convergence.P50Ms)
 	p("  convergence p90           %8.1f ms", s.Convergence.P90Ms)
