@@ -344,10 +344,12 @@ func (s *stream) run() {
 }
 
 // refusedBeforeAnswer reports whether err is a server's refusal of a new
-// stream: ResourceExhausted or Unavailable.
+// stream: ResourceExhausted or Unavailable, or the stream closed under a
+// send (io.EOF: the status is not read, and the caller checks that nothing
+// was answered yet).
 func refusedBeforeAnswer(err error) bool {
 	c := status.Code(err)
-	return c == codes.ResourceExhausted || c == codes.Unavailable
+	return c == codes.ResourceExhausted || c == codes.Unavailable || errors.Is(err, io.EOF)
 }
 
 func (s *stream) serve() error {
