@@ -269,7 +269,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 // A push its fleet never answers is waited for at most `max`: then batches
 // go by the plain debounce again.
 func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
-	const after, maxWait = 5 * time.Millisecond, 300 * time.Millisecond
+	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
 	c := NewChanges(after, maxWait)
 	fleet := &deliveries{}
 	pushes := startPaced(t, c, fleet, 100)
@@ -284,7 +284,7 @@ func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 	}
 	// Neither push is ever answered: once maxWait passed since the last,
 	// the next change is a leading edge with the plain quiet period.
-	time.Sleep(maxWait + 50*time.Millisecond)
+	time.Sleep(maxWait + 100*time.Millisecond)
 	d.add([]string{"c"})
 	added := time.Now()
 	third := nextPaced(t, pushes)
