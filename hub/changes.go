@@ -206,18 +206,34 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			setQuiet(time.Since(pushedAt)) // nothing handed out: the push cost its own time
 		}
 	}
-	// schedule sets the timer for when pending may go: the quiet period
-	// after its newest change was taken once the last push is delivered,
-	// and at the latest `max` from its first change.
+	// giveUp stops waiting for a push not delivered within max.
+	giveUp := func(now time.Time) {
+		if delivering != nil && now.Sub(pushedAt) >= c.max {
+			delivering = nil
+			fleet.stopWaiting()
+			setQuiet(c.after)
+		}
+	}
+	// due is when pending may go: the quiet period after its newest change
+	// was taken once the last push is delivered (or given up on), and at
+	// the latest `max` from its first change.
+	due := func() time.Time {
+		d := first.Add(c.max)
+		if delivering != nil {
+			if g := pushedAt.Add(c.max); g.Before(d) {
+				return g // then given up on, and due again
+			}
+			return d
+		}
+		if q := lastTaken.Add(quiet); q.Before(d) {
+			d = q
+		}
+		return d
+	}
 	schedule := func(now time.Time) {
-		if pending.empty() {
-			return
+		if !pending.empty() {
+			timer.Reset(max(due().Sub(now), 0))
 		}
-		due := first.Add(c.max)
-		if q := lastTaken.Add(quiet); delivering == nil && q.Before(due) {
-			due = q
-		}
-		timer.Reset(max(due.Sub(now), 0))
 	}
 	defer func() {
 		timer.Stop()
@@ -235,11 +251,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 				continue
 			}
 			now := time.Now()
-			if delivering != nil && now.Sub(pushedAt) >= c.max {
-				delivering = nil // not delivered within max: stop waiting for it
-				fleet.stopWaiting()
-				setQuiet(c.after)
-			}
+			giveUp(now)
 			// Quiet means the last push is delivered and no change was
 			// made for `after` before this one: judged by when changes
 			// were reported, not when they were taken, so that changes
@@ -262,6 +274,12 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			setQuiet(time.Since(pushedAt))
 			schedule(time.Now())
 		case <-timer.C:
+			now := time.Now()
+			giveUp(now)
+			if now.Before(due()) {
+				schedule(now)
+				continue
+			}
 			flush()
 		}
 	}

@@ -254,8 +254,9 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 	const cost = 150 * time.Millisecond
 	d.add([]string{"d"})
 	time.Sleep(cost)
-	d.add([]string{"e"})
 	added := time.Now()
+	d.add([]string{"e"})
+	waitTaken(c)
 	fleet.answer(84)
 	third := nextPaced(t, pushes)
 	if len(third.hosts) != 2 || third.hosts[0] != "d" || third.hosts[1] != "e" {
@@ -263,6 +264,19 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 	}
 	if waited := third.at.Sub(added); waited < cost*9/10 {
 		t.Fatalf("push %v went %v after its newest change; want the last delivery time, %v", third.hosts, waited, cost)
+	}
+}
+
+// waitTaken waits until c's consumer took every reported change.
+func waitTaken(c *Changes) {
+	for {
+		c.mu.Lock()
+		taken := c.incoming.empty()
+		c.mu.Unlock()
+		if taken {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -321,5 +335,24 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 	case <-fleet.await(m):
 	default:
 		t.Fatal("await of a push already answered did not return at once")
+	}
+}
+
+// A change made late in an undelivered push's wait goes when the push is
+// given up on, `max` after it, not `max` after the change.
+func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
+	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
+	c := NewChanges(after, maxWait)
+	fleet := &deliveries{}
+	pushes := startPaced(t, c, fleet, 100)
+	d := debouncer{c}
+
+	d.add([]string{"a"})
+	first := nextPaced(t, pushes)
+	time.Sleep(maxWait * 7 / 10)
+	d.add([]string{"b"}) // never answered push: b waits until it is given up on
+	second := nextPaced(t, pushes)
+	if waited := second.at.Sub(first.at); waited < maxWait || waited >= maxWait*3/2 {
+		t.Fatalf("push of %v went %v after the undelivered push; want when it is given up on, %v after it (not %v after b)", second.hosts, waited, maxWait, maxWait)
 	}
 }

@@ -241,6 +241,40 @@ type streamRecord struct {
 	// first request of a type is answered even when there is nothing for
 	// it, which a client's nonce cannot tell (Istio's adsc makes one up).
 	sent map[string]*atomic.Bool
+	// handed is, per type, the last SotW response handed to the stream
+	// (guarded by watcher.mu): one the server dropped for a newer request,
+	// or never sent before the stream closed, is counted as answered for
+	// the pacing (deliveries), since no client will answer it.
+	handed map[string]*sotwResponse
+}
+
+// handedLocked records r as the last SotW response handed to rec's stream
+// for typeURL, with w.mu held.
+func (rec *streamRecord) handedLocked(typeURL string, r *sotwResponse) {
+	if rec == nil || r == nil {
+		return
+	}
+	if rec.handed == nil {
+		rec.handed = map[string]*sotwResponse{}
+	}
+	rec.handed[typeURL] = r
+}
+
+// unsentLocked forgets the last SotW response handed to rec's stream for
+// typeURL (every type when typeURL is "") and returns how many of those
+// the server never sent, with w.mu held.
+func (rec *streamRecord) unsentLocked(typeURL string) int {
+	n := 0
+	for t, r := range rec.handed {
+		if typeURL != "" && t != typeURL {
+			continue
+		}
+		if !r.sent.Load() {
+			n++
+		}
+		delete(rec.handed, t)
+	}
+	return n
 }
 
 // sentFlag returns the stream's flag for typeURL's first response.
@@ -271,6 +305,7 @@ func (w *watcher) identify(old, new *corev3.Node, id identity) {
 			for _, s := range rec.subs {
 				w.unindexLocked(s)
 			}
+			w.fleet.answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
 		}
 		return
 	}

@@ -173,6 +173,13 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		return nil, err
 	}
 	rec, ident := w.record(req.GetNode())
+	if rec != nil {
+		// The server sent the type's last response before it took this
+		// request, or dropped it for this request: then nobody answers it.
+		w.mu.Lock()
+		w.fleet.answer(rec.unsentLocked(req.GetTypeUrl()))
+		w.mu.Unlock()
+	}
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
@@ -236,6 +243,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		if resp.ok() {
 			w.mu.Lock()
 			s.last = resp.sotw
+			wt.rec.handedLocked(wt.typeURL, resp.sotw)
 			w.mu.Unlock()
 			resp.send(wt) // never blocks: see reply.send
 			w.fleet.hand()
@@ -421,6 +429,7 @@ func (w *watcher) pushTo(j job) {
 	if open {
 		s.parked = nil
 		s.last = resp.sotw
+		wt.rec.handedLocked(wt.typeURL, resp.sotw)
 		if !s.persistent {
 			w.unindexLocked(s)
 		}

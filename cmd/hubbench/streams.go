@@ -344,12 +344,12 @@ func (s *stream) run() {
 }
 
 // refusedBeforeAnswer reports whether err is a server's refusal of a new
-// stream: ResourceExhausted or Unavailable, or the stream closed under a
-// send (io.EOF: the status is not read, and the caller checks that nothing
-// was answered yet).
+// stream at its rate limit: ResourceExhausted, or the stream closed under a
+// send (io.EOF: istiod ends a refused Delta stream so; the caller checks
+// that nothing was answered yet). A server that is down (Unavailable) is
+// not redialled: the run fails.
 func refusedBeforeAnswer(err error) bool {
-	c := status.Code(err)
-	return c == codes.ResourceExhausted || c == codes.Unavailable || errors.Is(err, io.EOF)
+	return status.Code(err) == codes.ResourceExhausted || errors.Is(err, io.EOF)
 }
 
 func (s *stream) serve() error {
