@@ -10,10 +10,15 @@ import "sync/atomic"
 // changes made meanwhile wait for it and then for a quiet period that long
 // (see Changes.run).
 //
-// A client that never answers is handed nothing more of that type (a
-// response is handed only to a stream that answered the previous one), so it
-// slows at most the push that reached it; a stream that closes counts as
-// having answered what it was sent.
+// A SotW client that never answers is handed nothing more of that type (a
+// response is handed only to a stream that asked again), so it slows at
+// most the push that reached it; a Delta stream is answered on every request,
+// so up to 64 of its responses may be unanswered. What a stream was sent
+// counts as answered when it closes, and so does a SotW response the server
+// dropped for a newer request or never sent (streamRecord.handed). Clients
+// that answer late, on more than a tenth of the responses of every push,
+// hold every push back up to `max`: that bound is all pacing guarantees
+// against them.
 type deliveries struct {
 	handed   atomic.Int64
 	answered atomic.Int64
