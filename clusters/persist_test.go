@@ -390,12 +390,18 @@ func TestPersistLeaderThrottleRemoval(t *testing.T) {
 		}
 	}()
 	churnUntil := time.Now().Add(3 * interval)
+	lastIP := ""
 	for i := 0; time.Now().Before(churnUntil); i++ {
-		ip := fmt.Sprintf("198.18.6.%d", 10+i%200)
-		if err := localcluster.ApplyEndpoints(ctx, kube(t, m1), appNS, "web", "http", []localcluster.Backend{{IP: ip, Port: 8080}}); err != nil {
+		lastIP = fmt.Sprintf("198.18.6.%d", 10+i%200)
+		if err := localcluster.ApplyEndpoints(ctx, kube(t, m1), appNS, "web", "http", []localcluster.Backend{{IP: lastIP, Port: 8080}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The hub has seen the last write before the settled view is compared
+	// with it: else a view of an earlier write matches, and the last one's
+	// view, written an interval later, looks like an unchanged view
+	// written again.
+	eventually(t, 10*time.Second, wantEndpoint(sink, "m1", key, lastIP))
 	persistedMatchesSink(t, r, sink, "m1")
 	settled := r.views.store
 	last, err := settled.readOne(ctx, "m1")
