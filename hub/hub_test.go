@@ -28,7 +28,10 @@ import (
 // stop ends ServeADS earlier and returns its error once it has returned.
 func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() error) {
 	t.Helper()
-	opts.DomainSuffix, opts.Changes = "cluster.local", NewChanges(10*time.Millisecond, time.Second)
+	opts.DomainSuffix = "cluster.local"
+	if opts.Changes == nil {
+		opts.Changes = NewChanges(10*time.Millisecond, time.Second)
+	}
 	h, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

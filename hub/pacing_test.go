@@ -4,9 +4,16 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hubmesh/hub/clusters"
 )
 
 // The tracker counts what clients answer: an ACK or a NACK of a sent
@@ -43,5 +50,86 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	p.onStreamClosed(1, nil) // nothing left unanswered
 	if got := fleet.answered.Load(); got != 4 {
 		t.Fatalf("answered %d after a stream with nothing unanswered closed; want 4", got)
+	}
+}
+
+// TestPushWaitsForTheFleetsACKs runs the pacing end to end on real gRPC
+// streams: 40 SotW streams watch every cluster; a change is pushed to all
+// of them; while 30 hold their ACK, a second change is not pushed (not
+// even to the 10 that answered), and once they answer it is.
+func TestPushWaitsForTheFleetsACKs(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{Changes: NewChanges(10*time.Millisecond, time.Minute)})
+	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	const streams, holding = 40, 30
+	type client struct {
+		stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+		in     <-chan *discoveryv3.DiscoveryResponse
+	}
+	ack := func(c client, r *discoveryv3.DiscoveryResponse) {
+		t.Helper()
+		if err := c.stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(c client, what string) *discoveryv3.DiscoveryResponse {
+		t.Helper()
+		select {
+		case r, ok := <-c.in:
+			if !ok {
+				t.Fatalf("%s: stream ended", what)
+			}
+			return r
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: no response within 20s", what)
+			return nil
+		}
+	}
+	var fleet []client
+	for range streams {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := client{s, receiver(t, s)}
+		ack(c, &discoveryv3.DiscoveryResponse{}) // the first request
+		ack(c, next(c, "first response"))        // parks the stream's watch
+		fleet = append(fleet, c)
+	}
+
+	// Change 1 (a new port: a new cluster) reaches every stream.
+	svc := echoService("10.0.0.1")
+	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
+	h.index.ReplaceCluster("west", []*clusters.Service{svc})
+	first := make([]*discoveryv3.DiscoveryResponse, streams)
+	for i := range fleet {
+		first[i] = next(fleet[i], "change 1")
+	}
+	for i := holding; i < streams; i++ {
+		ack(fleet[i], first[i]) // 10 answer, 30 hold
+	}
+	// Change 2 while 30 of 40 responses are unanswered (more than 16): held.
+	svc2 := echoService("10.0.0.1")
+	svc2.Name = "echo2"
+	h.index.ReplaceCluster("west", []*clusters.Service{svc, svc2})
+	select {
+	case r := <-fleet[streams-1].in:
+		t.Fatalf("change 2 was pushed (version %s) while 30 of 40 streams had not answered change 1", r.GetVersionInfo())
+	case <-time.After(time.Second): // a hundred debounce periods
+	}
+	for i := range holding {
+		ack(fleet[i], first[i])
+	}
+	for i := range fleet {
+		if r := next(fleet[i], "change 2"); len(r.GetResources()) != 3 {
+			t.Fatalf("stream %d got %d clusters after change 2; want 3", i, len(r.GetResources()))
+		}
 	}
 }
