@@ -196,6 +196,13 @@ func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pa
 	return pushes
 }
 
+// startPacedChanges runs a paced feed whose pushes hand out 100 responses
+// each (more than the allowance of 16).
+func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *deliveries, chan pacedPush) {
+	c, fleet := NewChanges(after, max), &deliveries{}
+	return c, fleet, startPaced(t, c, fleet, 100)
+}
+
 type pacedPush struct {
 	hosts []string
 	at    time.Time
@@ -217,9 +224,7 @@ func nextPaced(t *testing.T, pushes chan pacedPush) pacedPush {
 // delivery took; they coalesce into one push meanwhile.
 func TestDebouncePacedByDelivery(t *testing.T) {
 	const after = 5 * time.Millisecond
-	c := NewChanges(after, time.Hour)
-	fleet := &deliveries{}
-	pushes := startPaced(t, c, fleet, 100)
+	c, fleet, pushes := startPacedChanges(t, after, time.Hour)
 	d := debouncer{c}
 
 	d.add([]string{"a"})
@@ -284,9 +289,7 @@ func waitTaken(c *Changes) {
 // go by the plain debounce again.
 func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
-	c := NewChanges(after, maxWait)
-	fleet := &deliveries{}
-	pushes := startPaced(t, c, fleet, 100)
+	c, _, pushes := startPacedChanges(t, after, maxWait)
 	d := debouncer{c}
 
 	d.add([]string{"a"})
@@ -342,9 +345,7 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 // given up on, `max` after it, not `max` after the change.
 func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
 	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
-	c := NewChanges(after, maxWait)
-	fleet := &deliveries{}
-	pushes := startPaced(t, c, fleet, 100)
+	c, _, pushes := startPacedChanges(t, after, maxWait)
 	d := debouncer{c}
 
 	d.add([]string{"a"})

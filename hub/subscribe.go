@@ -277,10 +277,14 @@ func (rec *streamRecord) unsentLocked(typeURL string) int {
 	return n
 }
 
-// sentFlag returns the stream's flag for typeURL's first response.
-func (w *watcher) sentFlag(rec *streamRecord, typeURL string) *atomic.Bool {
+// requested records a new SotW request of typeURL on rec's stream and
+// returns the stream's flag for the type's first response. The type's last
+// response was sent before the server took the request, or dropped for it:
+// then nobody answers it, and it counts as answered (deliveries).
+func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.fleet.answer(rec.unsentLocked(typeURL))
 	f := rec.sent[typeURL]
 	if f == nil {
 		if rec.sent == nil {

@@ -173,20 +173,13 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		return nil, err
 	}
 	rec, ident := w.record(req.GetNode())
-	if rec != nil {
-		// The server sent the type's last response before it took this
-		// request, or dropped it for this request: then nobody answers it.
-		w.mu.Lock()
-		w.fleet.answer(rec.unsentLocked(req.GetTypeUrl()))
-		w.mu.Unlock()
-	}
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
 	wt.first = req.GetResponseNonce() == ""
 	if rec != nil {
-		wt.sent = w.sentFlag(rec, wt.typeURL)
+		wt.sent = w.requested(rec, wt.typeURL)
 		wt.first = !wt.sent.Load()
 	}
 	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())

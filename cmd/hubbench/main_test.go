@@ -84,14 +84,7 @@ func TestRunBulk(t *testing.T) {
 		t.Run(protocol, func(t *testing.T) {
 			cfg := tinyBulkConfig(t, delta)
 			cfg.HubBin = hubBin
-			sum, err := run(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkTiny(t, cfg, sum, protocol)
-			var text strings.Builder
-			sum.WriteText(&text)
-			t.Logf("summary:\n%s", text.String())
+			sum, _ := runTiny(t, ctx, cfg, protocol)
 			b := sum.Bulk
 			if b == nil {
 				t.Fatal("no bulk phase in the summary")
@@ -278,22 +271,30 @@ func TestRunPeerIstiod(t *testing.T) {
 		t.Run(protocol, func(t *testing.T) {
 			cfg := tinyBulkConfig(t, delta)
 			cfg.Peer = peerIstiod
-			sum, err := run(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkTiny(t, cfg, sum, protocol)
-			var text strings.Builder
-			sum.WriteText(&text)
-			if !strings.Contains(text.String(), "SERVER:   istiod, not the hub") {
-				t.Errorf("the summary does not say istiod served:\n%s", text.String())
+			sum, text := runTiny(t, ctx, cfg, protocol)
+			if !strings.Contains(text, "SERVER:   istiod, not the hub") {
+				t.Errorf("the summary does not say istiod served:\n%s", text)
 			}
 			if sum.Bulk == nil || sum.Bulk.StreamConverge.N != cfg.Streams {
 				t.Errorf("bulk phase against istiod incomplete: %+v", sum.Bulk)
 			}
-			t.Logf("summary:\n%s", text.String())
 		})
 	}
+}
+
+// runTiny runs cfg, checks it as TestRunTiny does and logs and returns its
+// summary and the summary's text.
+func runTiny(t *testing.T, ctx context.Context, cfg Config, protocol string) (*Summary, string) {
+	t.Helper()
+	sum, err := run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTiny(t, cfg, sum, protocol)
+	var text strings.Builder
+	sum.WriteText(&text)
+	t.Logf("summary:\n%s", text.String())
+	return sum, text.String()
 }
 
 // tinyBulkConfig is the envoy shape with a bulk phase of 5 new services by
