@@ -53,7 +53,9 @@ func openDelta(t *testing.T, addr string) *deltaClient {
 
 func (c *deltaClient) send(req *discoveryv3.DeltaDiscoveryRequest) {
 	c.t.Helper()
-	req.TypeUrl = resourcev3.EndpointType
+	if req.TypeUrl == "" {
+		req.TypeUrl = resourcev3.EndpointType
+	}
 	if err := c.stream.Send(req); err != nil {
 		c.t.Fatal(err)
 	}

@@ -91,22 +91,11 @@ func (s *streamSet) closeSpread(ctx context.Context, spread time.Duration) int {
 	return len(cancels)
 }
 
-// drainableStream is a server stream whose Context and RecvMsg end when
-// the stream set cancels it, even while a receive is blocked.
+// drainableStream is a server stream whose Context ends when the stream
+// set cancels it; the stream loops (adsServer) end with it.
 type drainableStream struct {
 	grpc.ServerStream
 	ctx context.Context
 }
 
 func (d *drainableStream) Context() context.Context { return d.ctx }
-
-func (d *drainableStream) RecvMsg(m any) error {
-	errc := make(chan error, 1)
-	go func() { errc <- d.ServerStream.RecvMsg(m) }() // ends with the RPC at the latest
-	select {
-	case err := <-errc:
-		return err
-	case <-d.ctx.Done():
-		return status.Error(codes.Unavailable, "stream closed by the hub")
-	}
-}

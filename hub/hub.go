@@ -1,6 +1,6 @@
 // Package hub is the federation core: the federated index of every member's
-// services, the push debounce, xDS generation and the ADS gRPC server built
-// on go-control-plane.
+// services, the push debounce, xDS generation and the ADS gRPC server (its
+// own stream loops over go-control-plane's generated types).
 package hub
 
 import (
@@ -11,16 +11,15 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -368,42 +367,17 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
 	srv := grpc.NewServer(opts...)
-	// go-control-plane ends every stream when its context ends: it gets one
-	// that outlives ctx until the drain is over.
-	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	// Streams outlive ctx until the drain is over: then done ends them.
+	done := make(chan struct{})
+	var endStreams sync.Once
+	stopServing := func() { endStreams.Do(func() { close(done) }) }
 	defer stopServing()
 	seq := h.servers.Add(1)
-	sotw := func(id int64) int64 { return seq<<40 | id }
-	delta := func(id int64) int64 { return seq<<40 | 1<<39 | id }
-	p := h.proxies
-	xds := serverv3.NewServer(serveCtx, h.watcher, serverv3.CallbackFuncs{
-		StreamOpenFunc: func(sctx context.Context, id int64, typ string) error {
-			if err := h.admitStream(sctx); err != nil {
-				return err
-			}
-			return p.onStreamOpen(sctx, sotw(id), typ)
-		},
-		StreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(sotw(id), n) },
-		StreamRequestFunc: func(id int64, req *discoveryv3.DiscoveryRequest) error {
-			return p.onStreamRequest(sotw(id), req)
-		},
-		StreamResponseFunc: func(ctx context.Context, id int64, req *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
-			p.onStreamResponse(ctx, sotw(id), req, resp)
-		},
-		DeltaStreamOpenFunc: func(sctx context.Context, id int64, typ string) error {
-			if err := h.admitStream(sctx); err != nil {
-				return err
-			}
-			return p.onStreamOpen(sctx, delta(id), typ)
-		},
-		DeltaStreamClosedFunc: func(id int64, n *corev3.Node) { p.onStreamClosed(delta(id), n) },
-		StreamDeltaRequestFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-			return p.onDeltaRequest(delta(id), req)
-		},
-		StreamDeltaResponseFunc: func(id int64, req *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
-			p.onDeltaResponse(delta(id), req, resp)
-		},
-	})
+	xds := &adsServer{
+		tracker: h.proxies, watcher: h.watcher, admit: h.admitStream, done: done,
+		sotwID:  func(id int64) int64 { return seq<<40 | id },
+		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
+	}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)

@@ -10,9 +10,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -148,34 +146,36 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
 	h.watcher.identify(nil, node, identity{})
-	sub := streamv3.NewSotwSubscription([]string{a, b}, true)
-	out := make(chan cachev3.Response, 1)
-	sendTo := func(r cachev3.Response) { sub.SetReturnedResources(r.GetReturnedResources()) } // what the server does
+	sub := newSotwSubscription([]string{a, b})
+	out := newOutbox()
+	next := func() *sotwResponse {
+		q := out.take()
+		if len(q) != 1 {
+			t.Fatalf("%d responses handed over; want 1", len(q))
+		}
+		return q[0].sotw
+	}
+	sendTo := func(r *sotwResponse) { sub.returned = r.GetReturnedResources() } // what the stream loop does
 	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}}
-	if _, err := h.watcher.CreateWatch(req, sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(req, &sub, out); err != nil {
 		t.Fatal(err)
 	}
-	sendTo(<-out) // the server sends the first response
+	sendTo(next()) // the stream loop sends the first response
 	ackReq := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}, ResponseNonce: "1"}
-	cancel, err := h.watcher.CreateWatch(ackReq, sub, out)
+	cancel, err := h.watcher.CreateWatch(ackReq, &sub, out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
 	h.push(&batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
-	<-out // handed over, then dropped: a newer request arrives first
+	next() // handed over, then dropped: a newer request arrives first
 	cancel()
-	if _, err := h.watcher.CreateWatch(ackReq, sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(ackReq, &sub, out); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case r := <-out:
-		resp, _ := r.GetDiscoveryResponse()
-		if got := claNames(t, resp); len(got) != 1 || got[b] != "10.0.1.2" {
-			t.Fatalf("after a dropped response the stream got %v; want b again", got)
-		}
-	default:
-		t.Fatal("a dropped response was not sent again")
+	resp := next().DiscoveryResponse
+	if got := claNames(t, resp); len(got) != 1 || got[b] != "10.0.1.2" {
+		t.Fatalf("after a dropped response the stream got %v; want b again", got)
 	}
 	if names := slices.Sorted(maps.Keys(sub.ReturnedResources())); !slices.Equal(names, []string{a, b}) {
 		t.Fatalf("returned resources = %v", names)

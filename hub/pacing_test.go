@@ -29,7 +29,7 @@ func TestTrackerCountsAnswers(t *testing.T) {
 		}
 	}
 	send := func(id int64, typeURL, nonce string) {
-		p.onStreamResponse(context.Background(), id, nil, &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "v" + nonce, Nonce: nonce})
+		p.onStreamResponse(id, &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "v" + nonce, Nonce: nonce})
 	}
 	send(1, resourcev3.ClusterType, "1")
 	send(1, resourcev3.EndpointType, "2")
@@ -43,11 +43,11 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	if got := fleet.answered.Load(); got != 2 {
 		t.Fatalf("answered %d after an ACK, a repeat, an unknown nonce and a NACK; want 2", got)
 	}
-	p.onStreamClosed(2, nil) // two responses unanswered, lost with it
+	p.onStreamClosed(2) // two responses unanswered, lost with it
 	if got := fleet.answered.Load(); got != 4 {
 		t.Fatalf("answered %d after a stream with 2 unanswered responses closed; want 4", got)
 	}
-	p.onStreamClosed(1, nil) // nothing left unanswered
+	p.onStreamClosed(1) // nothing left unanswered
 	if got := fleet.answered.Load(); got != 4 {
 		t.Fatalf("answered %d after a stream with nothing unanswered closed; want 4", got)
 	}

@@ -74,8 +74,8 @@ type ProxyConfig struct {
 	Resources map[string][]*anypb.Any // by type URL; shared, do not modify
 }
 
-// proxyTracker follows every ADS stream through go-control-plane's server
-// callbacks: who is connected, what was sent, what was ACKed or NACKed.
+// proxyTracker follows every ADS stream as its loop (adsServer) reports
+// it: who is connected, what was sent, what was ACKed or NACKed.
 type proxyTracker struct {
 	log      *slog.Logger
 	mu       sync.Mutex
@@ -243,9 +243,9 @@ func (p *proxyTracker) claim(st *streamState, member string) {
 	}
 }
 
-// onStreamClosed forgets a stream. go-control-plane calls it also for
-// streams whose open was refused (rate limit), which were never counted.
-func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
+// onStreamClosed forgets a stream. It is called also for streams whose
+// open was refused (rate limit), which were never counted.
+func (p *proxyTracker) onStreamClosed(id int64) {
 	p.mu.Lock()
 	st := p.streams[id]
 	if st != nil && p.identify != nil {
@@ -264,18 +264,25 @@ func (p *proxyTracker) onStreamClosed(id int64, _ *corev3.Node) {
 	}
 }
 
-func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest) error {
+// onStreamRequest checks and records a SotW request. repeated says its
+// names are the very list of its type's last request on the stream (an
+// ACK's interned names, see requestStream): checked and recorded then.
+func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest, repeated bool) error {
 	if err := p.check(id, req.GetNode(), req.GetTypeUrl()); err != nil {
 		return err
 	}
-	if err := p.limits.checkNames(req.GetTypeUrl(), len(req.GetResourceNames()), req.GetResourceNames()); err != nil {
-		return err
+	if !repeated {
+		if err := p.limits.checkNames(req.GetTypeUrl(), len(req.GetResourceNames()), req.GetResourceNames()); err != nil {
+			return err
+		}
 	}
 	if err := p.authenticate(id, req.GetNode()); err != nil {
 		return err
 	}
 	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
-	p.subscribe(id, req.GetTypeUrl(), req.GetResourceNames())
+	if !repeated {
+		p.subscribe(id, req.GetTypeUrl(), req.GetResourceNames())
+	}
 	return nil
 }
 
@@ -494,7 +501,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 	ts.AckedVersion, ts.AckedAt = s.version, time.Now()
 }
 
-func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discoveryv3.DiscoveryRequest, resp *discoveryv3.DiscoveryResponse) {
+func (p *proxyTracker) onStreamResponse(id int64, resp *discoveryv3.DiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	if st == nil {
@@ -520,7 +527,7 @@ func (p *proxyTracker) onStreamResponse(_ context.Context, id int64, _ *discover
 	st.typeStatus(typeURL).Resources = len(held.res) // what it holds, not what this response carried
 }
 
-func (p *proxyTracker) onDeltaResponse(id int64, _ *discoveryv3.DeltaDiscoveryRequest, resp *discoveryv3.DeltaDiscoveryResponse) {
+func (p *proxyTracker) onDeltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	if st == nil {

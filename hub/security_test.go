@@ -178,6 +178,8 @@ type adsClient struct {
 	s   discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	ch  chan *discoveryv3.DiscoveryResponse
 	err chan error // the stream's end
+	// barriers counts the barrier types asked for (see barrier).
+	barriers int
 }
 
 func dialADS(t *testing.T, addr string, creds credentials.TransportCredentials, opts ...grpc.DialOption) *adsClient {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
 
@@ -42,6 +43,9 @@ type subscriber struct {
 	// hashing the list rather than by a lookup per name. The digest's seed
 	// is secret, and a collision could only affect the stream that sent it.
 	requested digest
+	// asked is that list itself (SotW; shared, read only): an ACK of the
+	// same interned list (requestStream) is the same subscription.
+	asked []string
 	// SDS: the Secrets (of the identity's member) and whether roots the
 	// names ask for; a change of one of them re-evaluates the subscriber.
 	secrets []secretRef
@@ -340,22 +344,31 @@ func (w *watcher) record(node *corev3.Node) (*streamRecord, identity) {
 	return rec, rec.ident
 }
 
-// subscriberFor returns the subscriber a new watch belongs to: the
+// subscriberFor returns the subscriber a new SotW watch belongs to: the
 // stream's persistent one when it still asks for the same names, else a
-// new one (full evaluation).
-func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
-	if rec == nil || wt.deltaOut != nil || wt.wildcard {
-		if rec != nil && wt.deltaOut == nil {
+// new one (full evaluation). An ACK that repeats the interned list of
+// names its subscriber was built from (requestStream) is recognised
+// without looking at the names.
+func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscription) *subscriber {
+	if rec == nil || wt.wildcard {
+		if rec != nil {
 			w.dropSubscriber(rec, wt.typeURL)
 		}
-		return newSubscriber(wt.typeURL, names, wt.wildcard, false)
+		return newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
 	}
+	requested := wt.req.GetResourceNames()
 	w.mu.Lock()
 	s := rec.subs[wt.typeURL]
 	w.mu.Unlock()
 	// s is replaced only here, on the stream's own goroutine, and its names
 	// never change: reading them unlocked is safe.
-	if s != nil && s.sameNames(names, wt.req.GetResourceNames(), false) {
+	var names map[string]struct{}
+	same := s != nil && sameSlice(requested, s.asked)
+	if s != nil && !same {
+		names = sub.SubscribedResources()
+		same = s.sameNames(names, requested, false)
+	}
+	if same {
 		w.mu.Lock()
 		if s.last != nil && !s.last.sent.Load() {
 			s.full = true // a response was dropped for a newer request: the stream lacks it
@@ -364,9 +377,12 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, names map[string]s
 		w.mu.Unlock()
 		return s
 	}
+	if names == nil {
+		names = sub.SubscribedResources()
+	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
 	ns.aim(wt.ident)
-	ns.requested = digestOf(wt.req.GetResourceNames())
+	ns.requested, ns.asked = digestOf(requested), requested
 	w.keep(rec, s, ns)
 	return ns
 }

@@ -1,10 +1,8 @@
 package hub
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"log/slog"
 	"maps"
 	"sort"
@@ -24,8 +22,8 @@ import (
 	"github.com/hubmesh/hub/mcp"
 )
 
-// watcher implements go-control-plane's cache.Cache (DESIGN.md §3.6): it
-// decides what each stream gets and when. A request is answered at once when
+// watcher decides what each stream gets and when (DESIGN.md §3.6); the
+// stream loops (adsServer) hand it every request as a watch. A request is answered at once when
 // the stream lacks something it subscribes to; otherwise the watch is parked
 // until a push changes it. Because the comparison is against what was sent
 // (not what was acknowledged), a NACKed version is never resent until an
@@ -108,7 +106,8 @@ type watch struct {
 	busy       sync.WaitGroup    // pushes evaluating this watch; cancelling waits for them
 
 	req *cachev3.Request // SotW
-	out chan cachev3.Response
+	// out is the stream's: the response goes there (adsServer sends it).
+	out *outbox
 	// first says no response of the watch's type has gone out on its
 	// stream yet (a stream not announced: its request has no nonce); sent
 	// is the stream's flag that says so once one has (nil: not announced).
@@ -116,7 +115,6 @@ type watch struct {
 	sent  *atomic.Bool
 
 	deltaReq *cachev3.DeltaRequest // Delta
-	deltaOut chan cachev3.DeltaResponse
 
 	// awaiting says an access review an SDS watch needs was pending when
 	// it was last evaluated: a first SotW response waits for it.
@@ -125,7 +123,7 @@ type watch struct {
 
 // incremental reports whether wt's responses carry only what changed.
 func (wt *watch) incremental() bool {
-	if wt.deltaOut != nil || wt.wildcard {
+	if wt.deltaReq != nil || wt.wildcard {
 		return false
 	}
 	switch wt.typeURL {
@@ -134,8 +132,6 @@ func (wt *watch) incremental() bool {
 	}
 	return false
 }
-
-var _ cachev3.Cache = (*watcher)(nil)
 
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
@@ -167,8 +163,10 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// CreateWatch implements cache.ConfigWatcher for State-of-the-World streams.
-func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
+// CreateWatch takes a State-of-the-World request with its stream's
+// subscription to its type; the response, now or on a later push, goes to
+// out. The returned function cancels the watch.
+func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out *outbox) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -182,7 +180,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		wt.sent = w.requested(rec, wt.typeURL)
 		wt.first = !wt.sent.Load()
 	}
-	wt.sub = w.subscriberFor(rec, wt, sub.SubscribedResources())
+	wt.sub = w.subscriberFor(rec, wt, sub)
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
 		wt.sub.full = true // SDS is re-evaluated on every request: access decisions age
@@ -192,10 +190,10 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 	return w.watch(wt)
 }
 
-// CreateDeltaWatch implements cache.ConfigWatcher for Delta (incremental)
-// streams: only resources whose version differs from what the stream holds
-// are sent, and resources that disappeared are named as removed.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
+// CreateDeltaWatch is CreateWatch for Delta (incremental) streams: only
+// resources whose version differs from what the stream holds are sent, and
+// resources that disappeared are named as removed.
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out *outbox) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -210,7 +208,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, deltaOut: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -270,11 +268,6 @@ func (w *watcher) cancel(wt *watch) {
 	}
 	w.mu.Unlock()
 	wt.busy.Wait()
-}
-
-// Fetch implements cache.ConfigFetcher; REST xDS is not served.
-func (w *watcher) Fetch(context.Context, *cachev3.Request) (cachev3.Response, error) {
-	return nil, errors.New("REST xDS is not supported; use ADS over gRPC")
 }
 
 // job is a parked watch a push evaluates, with the hostnames that changed for it.
@@ -597,7 +590,7 @@ func (r *deltaResponse) GetNextVersionMap() map[string]string {
 // for it since its last evaluation (every name when full), or an empty reply.
 func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
 	switch {
-	case wt.deltaOut != nil:
+	case wt.deltaReq != nil:
 		var resp cachev3.DeltaResponse
 		var err error
 		if wt.sub.persistent {
@@ -631,17 +624,8 @@ type reply struct {
 
 func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
 
-// send hands the reply to the stream. It never blocks: a watch sends at
-// most once, SotW gives every watch its own one-slot channel, and Delta's
-// shared channel (20 slots) is drained before each request, after which at
-// most one watch per served type can answer.
-func (r reply) send(wt *watch) {
-	if r.delta != nil {
-		wt.deltaOut <- r.delta
-		return
-	}
-	wt.out <- r.sotw
-}
+// send hands the reply to the stream's loop; it never blocks (outbox).
+func (r reply) send(wt *watch) { wt.out.put(r) }
 
 // sotwResponse is a SotW response that tells whether the server sent it:
 // the server asks a response for the resources the stream now holds

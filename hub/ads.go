@@ -1,0 +1,454 @@
+package hub
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
+// and of the per-type discovery services, each running one stream's loop.
+// A loop takes the stream's requests in order, has the tracker check and
+// record them (proxyTracker), hands each one to the watcher as a watch
+// (watcher.CreateWatch, CreateDeltaWatch) and sends what the watcher
+// answers, one response at a time, from the stream's own goroutine.
+//
+// It keeps go-control-plane's protocol behaviour (a stale SotW nonce is
+// ignored; a request replaces its type's watch; SotW and Delta wildcard
+// semantics, legacy wildcard included, through go-control-plane's
+// stream.Subscription for Delta and sotwSubscription for SotW) without
+// its per-request work: a SotW ACK that repeats its type's last names (the
+// same interned slice, see requestStream) is neither re-checked nor turned
+// into a new map of names, and there is no select over a channel per
+// watch.
+type adsServer struct {
+	// REST xDS (Fetch*) is not served: Unimplemented.
+	clusterservice.UnimplementedClusterDiscoveryServiceServer
+	endpointservice.UnimplementedEndpointDiscoveryServiceServer
+	listenerservice.UnimplementedListenerDiscoveryServiceServer
+	routeservice.UnimplementedRouteDiscoveryServiceServer
+
+	tracker *proxyTracker
+	watcher *watcher
+	admit   func(context.Context) error
+	// done ends every stream (nil error): the listener's drain is over.
+	done <-chan struct{}
+	// sotwID and deltaID make a stream's key, unique across listeners.
+	sotwID, deltaID func(int64) int64
+	count           atomic.Int64
+}
+
+// StreamAggregatedResources implements ADS over SotW.
+func (a *adsServer) StreamAggregatedResources(st grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
+	return a.serveSotw(st, resourcev3.AnyType)
+}
+
+// DeltaAggregatedResources implements ADS over Delta (incremental) xDS.
+func (a *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
+	return a.serveDelta(st, resourcev3.AnyType)
+}
+
+// The per-type discovery services (CDS, EDS, LDS, RDS) are the same loops
+// with a default type URL.
+type (
+	sotwStream  = grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
+	deltaStream = grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
+)
+
+func (a *adsServer) StreamClusters(st sotwStream) error {
+	return a.serveSotw(st, resourcev3.ClusterType)
+}
+func (a *adsServer) StreamEndpoints(st sotwStream) error {
+	return a.serveSotw(st, resourcev3.EndpointType)
+}
+func (a *adsServer) StreamListeners(st sotwStream) error {
+	return a.serveSotw(st, resourcev3.ListenerType)
+}
+func (a *adsServer) StreamRoutes(st sotwStream) error { return a.serveSotw(st, resourcev3.RouteType) }
+func (a *adsServer) DeltaClusters(st deltaStream) error {
+	return a.serveDelta(st, resourcev3.ClusterType)
+}
+func (a *adsServer) DeltaEndpoints(st deltaStream) error {
+	return a.serveDelta(st, resourcev3.EndpointType)
+}
+func (a *adsServer) DeltaListeners(st deltaStream) error {
+	return a.serveDelta(st, resourcev3.ListenerType)
+}
+func (a *adsServer) DeltaRoutes(st deltaStream) error { return a.serveDelta(st, resourcev3.RouteType) }
+
+var errNoType = status.Error(codes.InvalidArgument, "type URL is required for ADS")
+
+// outbox is where a stream's watches put their responses for the stream's
+// loop to send. put never blocks: a watch answers at most once, and a
+// stream has at most one watch per type.
+type outbox struct {
+	mu    sync.Mutex
+	queue []reply
+	wake  chan struct{} // one slot: something was put
+}
+
+func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
+
+func (o *outbox) put(r reply) {
+	o.mu.Lock()
+	o.queue = append(o.queue, r)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was put since the last take, oldest first.
+func (o *outbox) take() []reply {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.queue
+	o.queue = nil
+	return q
+}
+
+// receive reads a stream's requests on a goroutine of its own (gRPC's
+// RecvMsg blocks) and hands them over one at a time; the channel closes
+// when the stream ends or the loop is gone.
+func receive[R any](st interface{ Recv() (*R, error) }, stop <-chan struct{}) <-chan *R {
+	reqs := make(chan *R)
+	go func() {
+		defer close(reqs)
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return reqs
+}
+
+// sotwConn is one SotW stream's state, owned by its loop.
+type sotwConn struct {
+	a      *adsServer
+	st     sotwStream
+	id     int64
+	node   *corev3.Node // the first node the stream sent (an empty one until then)
+	named  bool         // node is the client's
+	nonce  int64
+	types  map[string]*sotwType
+	outbox *outbox
+}
+
+// sotwType is a SotW stream's state for one type.
+type sotwType struct {
+	sub    sotwSubscription
+	req    *discoveryv3.DiscoveryRequest // the current watch's
+	cancel func()                        // the current watch's (nil: none)
+	nonce  string                        // the last response's
+	// seen is the resource_names of the last request of the type, stale
+	// ones included, as the tracker has recorded them.
+	seen []string
+}
+
+func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
+	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, outbox: newOutbox()}
+	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+}
+
+// streamConn is a stream's state as its loop (serveStream) drives it.
+type streamConn[R any] interface {
+	handle(req *R, defaultType string) error
+	sendQueued() error
+	close()
+}
+
+// serveStream is a stream's loop: it admits and registers the stream,
+// then takes its requests in order and sends what its watches answer,
+// until the stream, its listener's drain or an error ends it.
+func serveStream[R any](a *adsServer, st interface {
+	Context() context.Context
+	Recv() (*R, error)
+}, id int64, defaultType string, out *outbox, c streamConn[R]) error {
+	defer c.close()
+	ctx := st.Context()
+	if err := a.admit(ctx); err != nil {
+		return err
+	}
+	if err := a.tracker.onStreamOpen(ctx, id, defaultType); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	reqs := receive(st, stop)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.done:
+			return nil
+		case <-out.wake:
+			if err := c.sendQueued(); err != nil {
+				return err
+			}
+		case req, ok := <-reqs:
+			if !ok {
+				return nil
+			}
+			// What the watches answered before this request goes first:
+			// the request may acknowledge it.
+			if err := c.sendQueued(); err != nil {
+				return err
+			}
+			if err := c.handle(req, defaultType); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle takes one request: the tracker checks and records it; unless its
+// nonce is stale, it replaces its type's watch.
+func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string) error {
+	// The xDS protocol: a node sent again on a stream is the same node;
+	// the stream's first one stands for it (the tracker and the watcher
+	// know the stream by that pointer).
+	if req.Node != nil && !c.named {
+		c.node, c.named = req.Node, true
+	} else {
+		req.Node = c.node
+	}
+	if req.TypeUrl == "" {
+		if defaultType == resourcev3.AnyType {
+			return errNoType
+		}
+		req.TypeUrl = defaultType
+	}
+	t := c.types[req.TypeUrl]
+	repeated := t != nil && sameSlice(req.ResourceNames, t.seen)
+	if err := c.a.tracker.onStreamRequest(c.id, req, repeated); err != nil {
+		return err
+	}
+	if t == nil {
+		t = &sotwType{sub: newSotwSubscription(req.ResourceNames)}
+		c.types[req.TypeUrl] = t
+	} else {
+		t.seen = req.ResourceNames
+		if t.nonce != "" && req.ResponseNonce != t.nonce {
+			return nil // stale: the client has not seen the type's last response yet
+		}
+		if t.cancel != nil {
+			t.cancel()
+		}
+		t.sub.set(req.ResourceNames)
+	}
+	t.seen, t.req = req.ResourceNames, req
+	var err error
+	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.outbox)
+	return err
+}
+
+// sendQueued sends what the watches answered; a response whose watch a
+// newer request replaced is dropped (the new watch answers for it).
+func (c *sotwConn) sendQueued() error {
+	for _, r := range c.outbox.take() {
+		resp := r.sotw
+		t := c.types[resp.Request.GetTypeUrl()]
+		if t == nil || resp.Request != t.req {
+			continue
+		}
+		out := resp.DiscoveryResponse
+		c.nonce++
+		out.Nonce = strconv.FormatInt(c.nonce, 10)
+		t.sub.returned = resp.GetReturnedResources()
+		t.nonce = out.Nonce
+		c.a.tracker.onStreamResponse(c.id, out)
+		if err := c.st.Send(out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *sotwConn) close() {
+	for _, t := range c.types {
+		if t.cancel != nil {
+			t.cancel()
+		}
+	}
+	c.a.tracker.onStreamClosed(c.id)
+}
+
+// sameSlice reports whether a and b are the same slice (not only equal):
+// an interned resource_names list (requestStream) repeated by an ACK.
+func sameSlice(a, b []string) bool {
+	return len(a) == len(b) && (len(a) == 0 || unsafe.SliceData(a) == unsafe.SliceData(b))
+}
+
+// sotwSubscription is a SotW stream's subscription to one type, with the
+// semantics of go-control-plane's stream.Subscription (the xDS protocol's
+// "how the client specifies what resources to return"): until a request
+// names a resource, an empty request is a wildcard (legacy wildcard); "*"
+// is one explicitly. It keeps the request's list of names rather than a
+// map of them (a map is built only when asked for, see
+// SubscribedResources), and it changes only when a request's names do.
+type sotwSubscription struct {
+	names    []string // the last request's, shared (read only)
+	wildcard bool
+	legacy   bool              // no request named a resource yet
+	returned map[string]string // what the stream was last sent; the watcher's
+}
+
+var _ cachev3.Subscription = (*sotwSubscription)(nil)
+
+func newSotwSubscription(names []string) sotwSubscription {
+	s := sotwSubscription{wildcard: len(names) == 0, legacy: true, returned: map[string]string{}}
+	s.set(names)
+	return s
+}
+
+// set takes a request's names (see stream.Subscription.SetResourceSubscription).
+func (s *sotwSubscription) set(names []string) {
+	if sameSlice(names, s.names) && !s.legacy {
+		return // an ACK of the same names: nothing changes
+	}
+	s.names = names
+	if s.legacy {
+		if len(names) == 0 {
+			return
+		}
+		s.legacy = false
+	}
+	s.wildcard = slices.Contains(names, "*")
+	if s.wildcard || len(s.returned) == 0 {
+		return
+	}
+	// Forget what was returned of names no longer subscribed: subscribing
+	// to them again gets them again.
+	keep := s.SubscribedResources()
+	for name := range s.returned {
+		if _, ok := keep[name]; !ok {
+			delete(s.returned, name)
+		}
+	}
+}
+
+// ReturnedResources implements cache.Subscription.
+func (s *sotwSubscription) ReturnedResources() map[string]string { return s.returned }
+
+// IsWildcard implements cache.Subscription.
+func (s *sotwSubscription) IsWildcard() bool { return s.wildcard }
+
+// SubscribedResources implements cache.Subscription: a new map of the
+// names ("*" left out) on every call.
+func (s *sotwSubscription) SubscribedResources() map[string]struct{} {
+	m := make(map[string]struct{}, len(s.names))
+	for _, n := range s.names {
+		if n != "*" {
+			m[n] = struct{}{}
+		}
+	}
+	return m
+}
+
+// deltaConn is one Delta stream's state, owned by its loop.
+type deltaConn struct {
+	a      *adsServer
+	st     deltaStream
+	id     int64
+	node   *corev3.Node
+	nonce  int64
+	types  map[string]*deltaType
+	outbox *outbox
+}
+
+// deltaType is a Delta stream's state for one type.
+type deltaType struct {
+	sub    streamv3.Subscription
+	cancel func() // the current watch's (nil: none)
+}
+
+func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
+	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
+	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+}
+
+// handle takes one request: the tracker checks and records it, and it
+// updates its type's subscription and replaces its watch. (Delta has no
+// stale nonces: every request says what changes.)
+func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType string) error {
+	if err := c.a.tracker.onDeltaRequest(c.id, req); err != nil {
+		return err
+	}
+	if req.Node != nil {
+		c.node = req.Node // requestStream hands every request the stream's first node
+	} else {
+		req.Node = c.node
+	}
+	if req.TypeUrl == "" {
+		if defaultType == resourcev3.AnyType {
+			return errNoType
+		}
+		req.TypeUrl = defaultType
+	}
+	t := c.types[req.TypeUrl]
+	if t == nil {
+		t = &deltaType{sub: streamv3.NewDeltaSubscription(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe, req.InitialResourceVersions, true)}
+		c.types[req.TypeUrl] = t
+	} else {
+		if t.cancel != nil {
+			t.cancel()
+		}
+		t.sub.UpdateResourceSubscriptions(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
+	}
+	var err error
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, t.sub, c.outbox)
+	return err
+}
+
+func (c *deltaConn) sendQueued() error {
+	for _, r := range c.outbox.take() {
+		resp := r.delta
+		out, err := resp.GetDeltaDiscoveryResponse()
+		if err != nil {
+			return err
+		}
+		c.nonce++
+		out.Nonce = strconv.FormatInt(c.nonce, 10)
+		c.a.tracker.onDeltaResponse(c.id, out)
+		if err := c.st.Send(out); err != nil {
+			return err
+		}
+		if t := c.types[resp.GetDeltaRequest().GetTypeUrl()]; t != nil {
+			t.sub.SetReturnedResources(resp.GetNextVersionMap())
+		}
+	}
+	return nil
+}
+
+func (c *deltaConn) close() {
+	for _, t := range c.types {
+		if t.cancel != nil {
+			t.cancel()
+		}
+	}
+	c.a.tracker.onStreamClosed(c.id)
+}

@@ -1,0 +1,269 @@
+package hub
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// The stream loop's protocol behaviour, in the xDS spec's own terms, on
+// real gRPC streams. A stream's requests are taken in order and what its
+// watches answered goes out before the next request is taken, so "no
+// response" is proved without waiting: a barrier (the first request of a
+// type nobody asked for, always answered) must be the next response.
+
+const edsA, edsB = "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
+
+// barrier asks for a fresh Istio config type and fails unless its answer
+// is the next response: nothing else was on its way.
+func (c *adsClient) barrier(t *testing.T, what string) {
+	t.Helper()
+	c.barriers++
+	typeURL := fmt.Sprintf("barrier.test/v1/B%d", c.barriers)
+	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: typeURL})
+	r, err := c.next(t)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if r.TypeUrl != typeURL {
+		t.Fatalf("%s: got a %s response with %d resources; want nothing before the barrier", what, r.TypeUrl, len(r.Resources))
+	}
+}
+
+// expect returns the next response, which must be of typeURL.
+func (c *adsClient) expect(t *testing.T, typeURL, what string) *discoveryv3.DiscoveryResponse {
+	t.Helper()
+	r, err := c.next(t)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if r.TypeUrl != typeURL {
+		t.Fatalf("%s: got a %s response; want %s", what, r.TypeUrl, typeURL)
+	}
+	return r
+}
+
+func ack(typeURL string, names []string, r *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo}
+}
+
+func twoServices(h *Hub) {
+	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
+}
+
+// TestStaleNonceIsIgnored: a SotW request whose nonce is not its type's
+// last response's is ignored (its names too); the same request with the
+// right nonce is taken.
+func TestStaleNonceIsIgnored(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	twoServices(h)
+	c := dialADS(t, addr, insecure.NewCredentials())
+	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("stale", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
+	r1 := c.expect(t, resourcev3.EndpointType, "first request")
+	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA, edsB}, ResponseNonce: "not-" + r1.Nonce})
+	c.barrier(t, "a request with a stale nonce")
+	c.send(t, ack(resourcev3.EndpointType, []string{edsA, edsB}, r1))
+	if got := claNames(t, c.expect(t, resourcev3.EndpointType, "the same request, nonce right")); len(got) != 1 || got[edsB] == "" {
+		t.Fatalf("got %v; want b only (a is held)", got)
+	}
+}
+
+// TestOneResponseInFlightPerType: while a response of a type is not
+// acknowledged, changes to it wait and coalesce; the ACK gets one response
+// with all of them. A second stream that acknowledges shows each push
+// happened.
+func TestOneResponseInFlightPerType(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	twoServices(h)
+	names := []string{edsA, edsB}
+	slow := dialADS(t, addr, insecure.NewCredentials())
+	quick := dialADS(t, addr, insecure.NewCredentials())
+	slow.send(t, &discoveryv3.DiscoveryRequest{Node: node("slow", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+	inflight := slow.expect(t, resourcev3.EndpointType, "slow: first request")
+	quick.send(t, &discoveryv3.DiscoveryRequest{Node: node("quick", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+	quick.send(t, ack(resourcev3.EndpointType, names, quick.expect(t, resourcev3.EndpointType, "quick: first request")))
+	for i, svc := range []*clusters.Service{namedService("a", "10.0.0.2"), namedService("b", "10.0.1.2")} {
+		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: svc.Name}, svc)
+		r := quick.expect(t, resourcev3.EndpointType, fmt.Sprintf("quick: push %d", i))
+		quick.send(t, ack(resourcev3.EndpointType, names, r))
+	}
+	slow.barrier(t, "slow: two pushes while its first response is unacknowledged")
+	slow.send(t, ack(resourcev3.EndpointType, names, inflight))
+	got := claNames(t, slow.expect(t, resourcev3.EndpointType, "slow: its ACK"))
+	if want := map[string]string{edsA: "10.0.0.2", edsB: "10.0.1.2"}; !maps.Equal(got, want) {
+		t.Fatalf("after the ACK: %v; want both changes in one response: %v", got, want)
+	}
+	slow.barrier(t, "slow: after the coalesced response")
+}
+
+// TestSotWWildcardSemantics: the xDS protocol's "how the client specifies
+// what resources to return", step by step on one CDS stream (the whole
+// state in every response).
+func TestSotWWildcardSemantics(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	twoServices(h)
+	c := dialADS(t, addr, insecure.NewCredentials())
+	var last *discoveryv3.DiscoveryResponse
+	for i, step := range []struct {
+		what  string
+		names []string
+		want  []string // nil: no response
+	}{
+		{"empty first request: legacy wildcard", nil, []string{edsA, edsB}},
+		{"again empty: still wildcard, nothing new", nil, nil},
+		{"a name: no longer wildcard", []string{edsA}, []string{edsA}},
+		{"empty after a name: nothing (what it held is forgotten, nothing to send)", []string{}, nil},
+		{"explicit wildcard", []string{"*"}, []string{edsA, edsB}},
+		{"wildcard and a name: still every cluster", []string{"*", edsA}, nil},
+		{"a name alone", []string{edsB}, []string{edsB}},
+		{"a name that does not exist beside it", []string{edsB, "outbound|1||nothing.demo.svc.cluster.local"}, nil},
+		{"wildcard again", []string{"*"}, []string{edsA, edsB}},
+	} {
+		req := &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNames: step.names}
+		if i == 0 {
+			req.Node = node("wildcard", "west")
+		} else {
+			req.ResponseNonce, req.VersionInfo = last.Nonce, last.VersionInfo
+		}
+		c.send(t, req)
+		if step.want == nil {
+			c.barrier(t, step.what)
+			continue
+		}
+		last = c.expect(t, resourcev3.ClusterType, step.what)
+		if got := clusterNames(t, last); !slices.Equal(got, step.want) {
+			t.Fatalf("%s: got clusters %q; want %q", step.what, got, step.want)
+		}
+	}
+}
+
+// clusterNames decodes a CDS response's cluster names, sorted.
+func clusterNames(t *testing.T, r *discoveryv3.DiscoveryResponse) []string {
+	t.Helper()
+	var out []string
+	for _, a := range r.Resources {
+		var c clusterv3.Cluster
+		if err := a.UnmarshalTo(&c); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestSotWSubscriptionIsGoControlPlanes: the stream loop's SotW
+// subscription follows go-control-plane's stream.Subscription through any
+// sequence of requests: the same wildcard state, subscribed names and
+// (after the names change) returned resources.
+func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
+	pool := []string{"*", "a", "b", "c", "d"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for run := range 500 {
+		var lists [][]string
+		first := pickNames(rng, pool)
+		ours := newSotwSubscription(first)
+		theirs := streamv3.NewSotwSubscription(first, true)
+		lists = append(lists, first)
+		for step := range 12 {
+			// What the stream was sent: some subscribed names (any,
+			// when wildcard), recorded by both alike.
+			sent := map[string]string{}
+			for _, n := range pickNames(rng, pool[1:]) {
+				if _, ok := theirs.SubscribedResources()[n]; ok || theirs.IsWildcard() {
+					sent[n] = fmt.Sprint(step)
+				}
+			}
+			ours.returned = maps.Clone(sent)
+			theirs.SetReturnedResources(maps.Clone(sent))
+			names := pickNames(rng, pool)
+			if rng.IntN(3) == 0 {
+				names = lists[len(lists)-1] // an ACK: the same (interned) list again
+			}
+			lists = append(lists, names)
+			ours.set(names)
+			theirs.SetResourceSubscription(names)
+			if ours.IsWildcard() != theirs.IsWildcard() ||
+				!maps.Equal(ours.SubscribedResources(), theirs.SubscribedResources()) ||
+				!maps.Equal(ours.ReturnedResources(), theirs.ReturnedResources()) {
+				t.Fatalf("run %d, requests %q: ours wildcard=%v subscribed=%v returned=%v; go-control-plane's %v %v %v", run, lists,
+					ours.IsWildcard(), ours.SubscribedResources(), ours.ReturnedResources(),
+					theirs.IsWildcard(), theirs.SubscribedResources(), theirs.ReturnedResources())
+			}
+		}
+	}
+}
+
+func pickNames(rng *rand.Rand, pool []string) []string {
+	var out []string
+	for _, n := range pool {
+		if rng.IntN(2) == 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// TestDeltaReconnectWithInitialVersions: a Delta client reconnecting says
+// what it holds (initial_resource_versions); it gets only what changed
+// since, and the removal of what it holds that is gone. Then "*" makes the
+// subscription wildcard on top of the names, and unsubscribing "*" ends
+// that.
+func TestDeltaReconnectWithInitialVersions(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	twoServices(h)
+	first := openDelta(t, addr)
+	first.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta-1", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+	held := map[string]string{}
+	r := first.next()
+	for _, res := range r.Resources {
+		held[res.Name] = res.Version
+	}
+	if len(held) != 2 {
+		t.Fatalf("first stream holds %v; want a and b", held)
+	}
+	first.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
+	first.next() // the hub has the new version
+	gone := "outbound|7070||gone.demo.svc.cluster.local"
+	held[gone] = "some-version"
+
+	second := openDelta(t, addr)
+	second.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta-1", "west"), TypeUrl: resourcev3.EndpointType,
+		ResourceNamesSubscribe: []string{edsA, edsB, gone}, InitialResourceVersions: held})
+	r = second.next()
+	if len(r.Resources) != 1 || r.Resources[0].Name != edsB || r.Resources[0].Version == held[edsB] {
+		t.Fatalf("reconnected: got %v; want b only, at a new version", r.Resources)
+	}
+	if !slices.Equal(r.RemovedResources, []string{gone}) {
+		t.Fatalf("reconnected: removed %q; want %q", r.RemovedResources, gone)
+	}
+	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
+
+	// CDS: names first, then "*" on top: every cluster; then "*" off again.
+	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{edsA}})
+	r = second.next()
+	if len(r.Resources) != 1 || r.Resources[0].Name != edsA {
+		t.Fatalf("CDS by name: %v", r.Resources)
+	}
+	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"*"}})
+	r = second.next()
+	if len(r.Resources) != 1 || r.Resources[0].Name != edsB {
+		t.Fatalf("CDS wildcard on top of a: got %v; want b (a is held)", r.Resources)
+	}
+	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesUnsubscribe: []string{"*"}})
+	r = second.next()
+	if len(r.Resources) != 0 || !slices.Equal(r.RemovedResources, []string{edsB}) {
+		t.Fatalf("CDS wildcard off: got %v, removed %q; want b removed, a kept", r.Resources, r.RemovedResources)
+	}
+}
