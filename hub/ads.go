@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -44,9 +45,10 @@ type adsServer struct {
 	listenerservice.UnimplementedListenerDiscoveryServiceServer
 	routeservice.UnimplementedRouteDiscoveryServiceServer
 
-	tracker *proxyTracker
-	watcher *watcher
-	admit   func(context.Context) error
+	tracker  *proxyTracker
+	watcher  *watcher
+	versions *versionHoldings // what the SotW streams were sent, shared
+	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
 	// sotwID and deltaID make a stream's key, unique across listeners.
@@ -248,7 +250,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		return err
 	}
 	if t == nil {
-		t = &sotwType{sub: newSotwSubscription(req.ResourceNames)}
+		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.versions)}
 		c.types[req.TypeUrl] = t
 	} else {
 		t.seen = req.ResourceNames
@@ -278,7 +280,7 @@ func (c *sotwConn) sendQueued() error {
 		out := resp.DiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
-		t.sub.returned = resp.GetReturnedResources()
+		t.sub.took(resp)
 		t.nonce = out.Nonce
 		c.a.tracker.onStreamResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
@@ -293,6 +295,7 @@ func (c *sotwConn) close() {
 		if t.cancel != nil {
 			t.cancel()
 		}
+		t.sub.release()
 	}
 	c.a.tracker.onStreamClosed(c.id)
 }
@@ -310,17 +313,27 @@ func sameSlice(a, b []string) bool {
 // is one explicitly. It keeps the request's list of names rather than a
 // map of them (a map is built only when asked for, see
 // SubscribedResources), and it changes only when a request's names do.
+//
+// What the stream was sent (returned) is, for responses that carry only
+// what changed (EDS, RDS, SDS by name), a holding of versions shared with
+// every stream that was sent the same (versionHoldings): with Envoy
+// sidecars every stream holds every cluster's endpoints, and a map per
+// stream would be most of the hub's memory. The watcher reads it only
+// while a watch of the stream's type is parked or being created, and the
+// stream's loop changes it (took, set) only while none is.
 type sotwSubscription struct {
 	names    []string // the last request's, shared (read only)
 	wildcard bool
 	legacy   bool              // no request named a resource yet
-	returned map[string]string // what the stream was last sent; the watcher's
+	returned map[string]string // what the stream was sent: holds' map, or its own
+	holds    *holding[string]  // nil: returned is the stream's own
+	versions *versionHoldings
 }
 
 var _ cachev3.Subscription = (*sotwSubscription)(nil)
 
-func newSotwSubscription(names []string) sotwSubscription {
-	s := sotwSubscription{wildcard: len(names) == 0, legacy: true, returned: map[string]string{}}
+func newSotwSubscription(names []string, versions *versionHoldings) sotwSubscription {
+	s := sotwSubscription{wildcard: len(names) == 0, legacy: true, returned: map[string]string{}, versions: versions}
 	s.set(names)
 	return s
 }
@@ -344,14 +357,55 @@ func (s *sotwSubscription) set(names []string) {
 	// Forget what was returned of names no longer subscribed: subscribing
 	// to them again gets them again.
 	keep := s.SubscribedResources()
+	var gone []string
 	for name := range s.returned {
 		if _, ok := keep[name]; !ok {
-			delete(s.returned, name)
+			gone = append(gone, name)
 		}
 	}
+	if s.holds == nil {
+		for _, name := range gone {
+			delete(s.returned, name)
+		}
+		return
+	}
+	slices.Sort(gone)
+	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
+	s.returned = s.holds.res
 }
 
-// ReturnedResources implements cache.Subscription.
+// took records that the stream was sent r.
+func (s *sotwSubscription) took(r *sotwResponse) {
+	r.markSent()
+	if !r.incremental {
+		s.release()
+		s.returned = r.GetReturnedResources()
+		return
+	}
+	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed))}
+	for i, res := range r.changed {
+		c.names[i], c.vals[i] = res.name, res.version
+	}
+	if s.holds == nil && len(s.returned) > 0 {
+		// What a whole-state response left (an SDS wildcard before these
+		// names): from here on, shared.
+		was := change[string]{names: slices.Sorted(maps.Keys(s.returned))}
+		for _, name := range was.names {
+			was.vals = append(was.vals, s.returned[name])
+		}
+		s.holds = s.versions.apply(nil, was)
+	}
+	s.holds = s.versions.apply(s.holds, c)
+	s.returned = s.holds.res
+}
+
+// release gives up the stream's shared holding, if any.
+func (s *sotwSubscription) release() {
+	s.versions.release(s.holds)
+	s.holds = nil
+}
+
+// ReturnedResources implements cache.Subscription (read only).
 func (s *sotwSubscription) ReturnedResources() map[string]string { return s.returned }
 
 // IsWildcard implements cache.Subscription.

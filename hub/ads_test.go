@@ -10,6 +10,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -164,15 +165,16 @@ func clusterNames(t *testing.T, r *discoveryv3.DiscoveryResponse) []string {
 
 // TestSotWSubscriptionIsGoControlPlanes: the stream loop's SotW
 // subscription follows go-control-plane's stream.Subscription through any
-// sequence of requests: the same wildcard state, subscribed names and
-// (after the names change) returned resources.
+// sequence of requests and responses: the same wildcard state, subscribed
+// names and returned resources, whether responses carry the whole state or
+// only what changed (then held in a shared holding).
 func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 	pool := []string{"*", "a", "b", "c", "d"}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for run := range 500 {
 		var lists [][]string
 		first := pickNames(rng, pool)
-		ours := newSotwSubscription(first)
+		ours := newSotwSubscription(first, newHoldings[string]())
 		theirs := streamv3.NewSotwSubscription(first, true)
 		lists = append(lists, first)
 		for step := range 12 {
@@ -184,8 +186,21 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 					sent[n] = fmt.Sprint(step)
 				}
 			}
-			ours.returned = maps.Clone(sent)
-			theirs.SetReturnedResources(maps.Clone(sent))
+			if run%2 == 0 {
+				// A whole-state response: what was sent is all it holds.
+				ours.took(&sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{ReturnedResources: maps.Clone(sent)}})
+				theirs.SetReturnedResources(maps.Clone(sent))
+			} else {
+				// One that carries what changed: held in a shared holding.
+				r := &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{}, incremental: true}
+				for _, n := range slices.Sorted(maps.Keys(sent)) {
+					r.changed = append(r.changed, &resource{name: n, version: sent[n]})
+				}
+				ours.took(r)
+				held := maps.Clone(theirs.ReturnedResources())
+				maps.Copy(held, sent)
+				theirs.SetReturnedResources(held)
+			}
 			names := pickNames(rng, pool)
 			if rng.IntN(3) == 0 {
 				names = lists[len(lists)-1] // an ACK: the same (interned) list again

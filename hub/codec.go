@@ -62,8 +62,9 @@ func (c *sharedCodec) Name() string { return grpcproto.Name }
 // message's bytes as they are (see requestStream).
 func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawRequest); ok {
+		r.b = rawBuffers.Get().(*[]byte)
 		for _, buf := range data {
-			r.b = append(r.b, buf.ReadOnlyData()...)
+			*r.b = append(*r.b, buf.ReadOnlyData()...)
 		}
 		return nil
 	}

@@ -4,70 +4,81 @@ import (
 	"hash/maphash"
 	"maps"
 	"slices"
+	"sync"
 
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// holding is what a stream holds of one type, by name, as the proxy
-// tracker records it. Streams that received the same responses hold the
-// same resources (with Envoy sidecars, every stream holds every cluster's
-// endpoints), so a holding reached by a change that another stream made
-// first is shared instead of copied: with thousands of streams a map per
-// stream would be most of the tracker's memory. A holding is changed in
-// place only while one stream holds it and no other can reach it.
-type holding struct {
-	res    map[string]*anypb.Any // read only once shared
-	refs   int                   // streams holding it
-	cached bool                  // reachable from holdings.cache: never changed again
-	keyed  bool                  // a change from it is remembered: never changed again
+// holding is what a stream holds of one type, by name: the resources
+// (the tracker's view, for /api/v1/proxies) or their versions (what a
+// stream loop compares new resources with). Streams that received the
+// same responses hold the same resources (with Envoy sidecars, every stream
+// holds every cluster's endpoints), so a holding reached by a change that
+// another stream made first is shared instead of copied: with thousands of
+// streams a map per stream would be most of the hub's memory. A holding is
+// changed in place only while one stream holds it and no other can reach
+// it; its map is read only once shared.
+type holding[V comparable] struct {
+	res    map[string]V
+	refs   int  // streams holding it
+	cached bool // reachable from holdings.cache: never changed again
+	keyed  bool // a change from it is remembered: never changed again
 }
 
-// change is what one response did to a holding.
-type change struct {
+// change is what one response did to a holding: names now hold vals,
+// removed hold nothing.
+type change[V comparable] struct {
 	names   []string
-	anys    []*anypb.Any
+	vals    []V
 	removed []string
 }
 
-func (c change) same(o change) bool {
-	return slices.Equal(c.names, o.names) && slices.Equal(c.anys, o.anys) && slices.Equal(c.removed, o.removed)
+func (c change[V]) same(o change[V]) bool {
+	return slices.Equal(c.names, o.names) && slices.Equal(c.vals, o.vals) && slices.Equal(c.removed, o.removed)
 }
 
-type transitionKey struct {
-	base   *holding
+type transitionKey[V comparable] struct {
+	base   *holding[V]
 	digest uint64
 }
 
-type transition struct {
-	change change
-	next   *holding
+type transition[V comparable] struct {
+	change change[V]
+	next   *holding[V]
 }
 
 // holdings shares holdings between streams: it remembers the latest
-// changes (from which holding, which resources) and where they led.
-// Guarded by the tracker's mutex.
-type holdings struct {
+// changes (from which holding, which resources) and where they led. Safe
+// for concurrent use.
+type holdings[V comparable] struct {
+	mu    sync.Mutex
 	seed  maphash.Seed
-	empty *holding // where every stream starts (never changed)
-	cache map[transitionKey]transition
+	empty *holding[V] // where every stream starts (never changed)
+	cache map[transitionKey[V]]transition[V]
 }
+
+// The tracker's holdings (resources) and the stream loops' (versions).
+type (
+	resourceHoldings = holdings[*anypb.Any]
+	versionHoldings  = holdings[string]
+)
 
 // maxTransitions bounds the changes remembered: a push makes one per
 // distinct holding it changes, and the streams that follow it look it up
 // while it is recent.
 const maxTransitions = 64
 
-func newHoldings() *holdings {
-	return &holdings{seed: maphash.MakeSeed(), empty: &holding{cached: true}, cache: map[transitionKey]transition{}}
+func newHoldings[V comparable]() *holdings[V] {
+	return &holdings[V]{seed: maphash.MakeSeed(), empty: &holding[V]{cached: true}, cache: map[transitionKey[V]]transition[V]{}}
 }
 
-func (h *holdings) digest(c change) uint64 {
+func (h *holdings[V]) digest(c change[V]) uint64 {
 	var d maphash.Hash
 	d.SetSeed(h.seed)
 	for i, name := range c.names {
 		d.WriteString(name)
 		d.WriteByte(0)
-		v := maphash.Comparable(h.seed, c.anys[i])
+		v := maphash.Comparable(h.seed, c.vals[i])
 		for range 8 {
 			d.WriteByte(byte(v))
 			v >>= 8
@@ -84,7 +95,9 @@ func (h *holdings) digest(c change) uint64 {
 // apply returns the holding that base (nil: nothing) becomes with c, for
 // one stream that held base and now holds the result. c's slices are not
 // kept.
-func (h *holdings) apply(base *holding, c change) *holding {
+func (h *holdings[V]) apply(base *holding[V], c change[V]) *holding[V] {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if base == nil {
 		base = h.empty
 		base.refs++
@@ -92,9 +105,9 @@ func (h *holdings) apply(base *holding, c change) *holding {
 	if len(c.names) == 0 && len(c.removed) == 0 {
 		return base
 	}
-	key := transitionKey{base, h.digest(c)}
+	key := transitionKey[V]{base, h.digest(c)}
 	if t, ok := h.cache[key]; ok && t.change.same(c) {
-		h.release(base)
+		base.refs--
 		t.next.refs++
 		return t.next
 	}
@@ -102,10 +115,10 @@ func (h *holdings) apply(base *holding, c change) *holding {
 		applyChange(base.res, c)
 		return base
 	}
-	next := &holding{res: make(map[string]*anypb.Any, len(base.res)+len(c.names)), refs: 1}
+	next := &holding[V]{res: make(map[string]V, len(base.res)+len(c.names)), refs: 1}
 	maps.Copy(next.res, base.res)
 	applyChange(next.res, c)
-	h.release(base)
+	base.refs--
 	if len(h.cache) >= maxTransitions {
 		for k, t := range h.cache {
 			k.base.keyed = false
@@ -115,13 +128,13 @@ func (h *holdings) apply(base *holding, c change) *holding {
 		clear(h.cache)
 	}
 	base.keyed, next.cached = true, true
-	h.cache[key] = transition{change: change{names: slices.Clone(c.names), anys: slices.Clone(c.anys), removed: slices.Clone(c.removed)}, next: next}
+	h.cache[key] = transition[V]{change: change[V]{names: slices.Clone(c.names), vals: slices.Clone(c.vals), removed: slices.Clone(c.removed)}, next: next}
 	return next
 }
 
-func applyChange(m map[string]*anypb.Any, c change) {
+func applyChange[V comparable](m map[string]V, c change[V]) {
 	for i, name := range c.names {
-		m[name] = c.anys[i]
+		m[name] = c.vals[i]
 	}
 	for _, name := range c.removed {
 		delete(m, name)
@@ -129,8 +142,10 @@ func applyChange(m map[string]*anypb.Any, c change) {
 }
 
 // release notes that one stream no longer holds x (nil: nothing).
-func (h *holdings) release(x *holding) {
+func (h *holdings[V]) release(x *holding[V]) {
 	if x != nil {
+		h.mu.Lock()
 		x.refs--
+		h.mu.Unlock()
 	}
 }

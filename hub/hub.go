@@ -139,7 +139,10 @@ type Hub struct {
 	ca      *caServer    // nil: no CA API
 	codec   *sharedCodec // the ADS servers' gRPC codec
 	fleet   *deliveries  // what the streams take in: paces the pushes
-	servers atomic.Int64 // ServeADS calls, to keep stream keys unique
+	// versions are what the SotW streams were sent (sotwSubscription),
+	// shared between them.
+	versions *versionHoldings
+	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
 // New creates a Hub. Run must be running for changes to reach proxies.
@@ -155,14 +158,15 @@ func New(opts Options) (*Hub, error) {
 	}
 	opts.Limits = opts.Limits.withDefaults()
 	h := &Hub{
-		log:     opts.Log,
-		grace:   opts.DrainGrace,
-		limits:  opts.Limits,
-		settled: opts.Settled,
-		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
-		proxies: newProxyTracker(opts.Log, opts.Limits),
-		codec:   newSharedCodec(),
-		fleet:   &deliveries{},
+		log:      opts.Log,
+		grace:    opts.DrainGrace,
+		limits:   opts.Limits,
+		settled:  opts.Settled,
+		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
+		proxies:  newProxyTracker(opts.Log, opts.Limits),
+		codec:    newSharedCodec(),
+		fleet:    &deliveries{},
+		versions: newHoldings[string](),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
@@ -374,7 +378,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	defer stopServing()
 	seq := h.servers.Add(1)
 	xds := &adsServer{
-		tracker: h.proxies, watcher: h.watcher, admit: h.admitStream, done: done,
+		tracker: h.proxies, watcher: h.watcher, versions: h.versions, admit: h.admitStream, done: done,
 		sotwID:  func(id int64) int64 { return seq<<40 | id },
 		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
 	}

@@ -146,7 +146,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
 	h.watcher.identify(nil, node, identity{})
-	sub := newSotwSubscription([]string{a, b})
+	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
 	out := newOutbox()
 	next := func() *sotwResponse {
 		q := out.take()
@@ -155,7 +155,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		}
 		return q[0].sotw
 	}
-	sendTo := func(r *sotwResponse) { sub.returned = r.GetReturnedResources() } // what the stream loop does
+	sendTo := func(r *sotwResponse) { sub.took(r) } // what the stream loop does
 	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}}
 	if _, err := h.watcher.CreateWatch(req, &sub, out); err != nil {
 		t.Fatal(err)

@@ -80,8 +80,8 @@ type proxyTracker struct {
 	log      *slog.Logger
 	mu       sync.Mutex
 	streams  map[int64]*streamState
-	holdings *holdings  // what streams hold, shared between them
-	pushes   [60]uint32 // responses per second, ring indexed by unix second
+	holdings *resourceHoldings // what streams hold, shared between them
+	pushes   [60]uint32        // responses per second, ring indexed by unix second
 	pushAt   [60]int64
 
 	// identify tells the watcher which verified identity a stream's node
@@ -111,9 +111,9 @@ type streamState struct {
 	node    *corev3.Node
 	status  ProxyStatus
 	types   map[string]*TypeStatus
-	nonces  map[string]sent         // per stream (nonces are unique per stream)
-	held    map[string]*holding     // Delta, and SotW by name for EDS, RDS, SDS: type URL → what the stream holds (shared, see holding)
-	sotw    map[string][]*anypb.Any // SotW, other: type URL → the last response's resources (shared, read only)
+	nonces  map[string]sent                 // per stream (nonces are unique per stream)
+	held    map[string]*holding[*anypb.Any] // Delta, and SotW by name for EDS, RDS, SDS: type URL → what the stream holds (shared, see holding)
+	sotw    map[string][]*anypb.Any         // SotW, other: type URL → the last response's resources (shared, read only)
 	// named are the SotW types whose last request named its resources:
 	// responses of EDS, RDS and SDS then carry only what changed.
 	named map[string]bool
@@ -137,7 +137,7 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 		log:      log,
 		limits:   limits,
 		streams:  map[int64]*streamState{},
-		holdings: newHoldings(),
+		holdings: newHoldings[*anypb.Any](),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),
@@ -176,7 +176,7 @@ func shortType(typeURL string) string {
 func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) error {
 	st := &streamState{
 		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
-		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding{}, sotw: map[string][]*anypb.Any{},
+		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
 		named: map[string]bool{}, names: map[string]digest{},
 	}
 	st.ident.withheld = &withheldLog{}
@@ -327,7 +327,7 @@ func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
 		}
 	}
 	slices.Sort(gone)
-	st.held[typeURL] = p.holdings.apply(held, change{removed: gone})
+	st.held[typeURL] = p.holdings.apply(held, change[*anypb.Any]{removed: gone})
 }
 
 // incrementalType reports whether SotW responses of a type to a
@@ -516,10 +516,10 @@ func (p *proxyTracker) onStreamResponse(id int64, resp *discoveryv3.DiscoveryRes
 		return
 	}
 	delete(st.sotw, typeURL)
-	var c change
+	var c change[*anypb.Any]
 	for _, a := range resp.GetResources() {
 		if name := ResourceName(a.GetValue()); name != "" {
-			c.names, c.anys = append(c.names, name), append(c.anys, a)
+			c.names, c.vals = append(c.names, name), append(c.vals, a)
 		}
 	}
 	held := p.holdings.apply(st.held[typeURL], c)
@@ -534,9 +534,9 @@ func (p *proxyTracker) onDeltaResponse(id int64, resp *discoveryv3.DeltaDiscover
 		return
 	}
 	defer p.mu.Unlock()
-	c := change{names: make([]string, len(resp.GetResources())), anys: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
+	c := change[*anypb.Any]{names: make([]string, len(resp.GetResources())), vals: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
 	for i, r := range resp.GetResources() {
-		c.names[i], c.anys[i] = r.GetName(), r.GetResource()
+		c.names[i], c.vals[i] = r.GetName(), r.GetResource()
 	}
 	st.held[resp.GetTypeUrl()] = p.holdings.apply(st.held[resp.GetTypeUrl()], c)
 }

@@ -38,12 +38,13 @@ type requestStream struct {
 }
 
 // rawRequest is a request's encoding, which the codec copies as it is
-// (sharedCodec.Unmarshal).
-type rawRequest struct{ b []byte }
+// (sharedCodec.Unmarshal) into a buffer taken from rawBuffers when the
+// message has arrived: a stream waiting for its next request holds none.
+type rawRequest struct{ b *[]byte }
 
-// rawRequests are reused request buffers; one larger than
+// rawBuffers are reused request buffers; one larger than
 // maxPooledRequest is left to the garbage collector.
-var rawRequests = sync.Pool{New: func() any { return new(rawRequest) }}
+var rawBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 const maxPooledRequest = 1 << 20
 
@@ -54,20 +55,24 @@ func (s *requestStream) RecvMsg(m any) error {
 	default:
 		return s.ServerStream.RecvMsg(m)
 	}
-	raw := rawRequests.Get().(*rawRequest)
+	var raw rawRequest
 	defer func() {
-		if cap(raw.b) <= maxPooledRequest {
-			raw.b = raw.b[:0]
-			rawRequests.Put(raw)
+		if raw.b != nil && cap(*raw.b) <= maxPooledRequest {
+			*raw.b = (*raw.b)[:0]
+			rawBuffers.Put(raw.b)
 		}
 	}()
-	if err := s.ServerStream.RecvMsg(raw); err != nil {
+	if err := s.ServerStream.RecvMsg(&raw); err != nil {
 		return err
 	}
-	if d, ok := m.(*discoveryv3.DeltaDiscoveryRequest); ok {
-		return s.decodeDelta(raw.b, d)
+	if raw.b == nil {
+		raw.b = rawBuffers.Get().(*[]byte) // an empty message
 	}
-	return s.names.decode(raw.b, m.(*discoveryv3.DiscoveryRequest))
+	b := *raw.b
+	if d, ok := m.(*discoveryv3.DeltaDiscoveryRequest); ok {
+		return s.decodeDelta(b, d)
+	}
+	return s.names.decode(b, m.(*discoveryv3.DiscoveryRequest))
 }
 
 // sotwNamesField is DiscoveryRequest.resource_names' field number.

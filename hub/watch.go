@@ -627,43 +627,28 @@ func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
 // send hands the reply to the stream's loop; it never blocks (outbox).
 func (r reply) send(wt *watch) { wt.out.put(r) }
 
-// sotwResponse is a SotW response that tells whether the server sent it:
-// the server asks a response for the resources the stream now holds
-// (GetReturnedResources) exactly when it sends it, and drops a response
-// still queued when a newer request of its type arrives.
+// sotwResponse is a SotW response that tells whether its stream's loop
+// sent it (markSent): the loop drops a response still queued when a newer
+// request of its type arrives.
 //
-// A response that carries only what changed (incremental) records the
-// changed resources into the stream's map of what it holds, the server's
-// own, which it keeps and passes to the next watch: that map is updated
-// for the changed names only, never rebuilt. The map is written here, on
-// the stream's goroutine, only while no watch of the stream's subscription
-// is parked; pushes read it only while one is.
+// A response that carries only what changed (incremental) is recorded
+// into what the stream holds (sotwSubscription.took) as a change of its
+// changed resources' versions, never rebuilt; what the stream held before
+// was read by the watch that built it.
 type sotwResponse struct {
 	*cachev3.PassthroughResponse
 	incremental bool
-	held        map[string]string
 	changed     []*resource
 	sent        atomic.Bool
 	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
 
-// GetReturnedResources implements cache.Response; go-control-plane's SotW
-// server calls it when it sends the response, and only then.
-func (r *sotwResponse) GetReturnedResources() map[string]string {
+// markSent records that the stream's loop sent r.
+func (r *sotwResponse) markSent() {
 	r.sent.Store(true)
 	if r.typeSent != nil {
 		r.typeSent.Store(true)
 	}
-	if !r.incremental {
-		return r.PassthroughResponse.GetReturnedResources()
-	}
-	if r.held == nil {
-		r.held = make(map[string]string, len(r.changed))
-	}
-	for _, c := range r.changed {
-		r.held[c.name] = c.version
-	}
-	return r.held
 }
 
 // respondChanged builds a response with the subscribed resources whose
@@ -734,7 +719,6 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 			},
 		},
 		incremental: true,
-		held:        wt.returned,
 		changed:     changed,
 		typeSent:    wt.sent,
 	}, nil
