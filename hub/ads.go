@@ -17,7 +17,6 @@ import (
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -47,7 +46,8 @@ type adsServer struct {
 
 	tracker  *proxyTracker
 	watcher  *watcher
-	versions *versionHoldings // what the SotW streams were sent, shared
+	versions *versionHoldings // what the streams were sent, shared
+	names    *nameHoldings    // what the Delta streams subscribe to, shared
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -436,9 +436,111 @@ type deltaConn struct {
 
 // deltaType is a Delta stream's state for one type.
 type deltaType struct {
-	sub    streamv3.Subscription
+	sub    deltaSubscription
 	cancel func() // the current watch's (nil: none)
 }
+
+// deltaSubscription is a Delta stream's subscription to one type, with
+// the semantics of go-control-plane's stream.Subscription: until a request
+// subscribes to something, the subscription is a wildcard (legacy
+// wildcard); "*" subscribes to every resource and unsubscribing it ends
+// that; a name unsubscribed while wildcard is sent again or named removed.
+// The names it subscribes to and what the stream holds (their versions,
+// from initial_resource_versions on) are holdings shared with every stream
+// that asked for and was sent the same (see sotwSubscription for why and
+// when they change).
+type deltaSubscription struct {
+	wildcard   bool
+	legacy     bool
+	subscribed *holding[struct{}]
+	holds      *holding[string]
+	names      *nameHoldings
+	versions   *versionHoldings
+}
+
+var _ cachev3.Subscription = (*deltaSubscription)(nil)
+
+func newDeltaSubscription(req *discoveryv3.DeltaDiscoveryRequest, names *nameHoldings, versions *versionHoldings) deltaSubscription {
+	s := deltaSubscription{wildcard: len(req.ResourceNamesSubscribe) == 0, legacy: true, names: names, versions: versions}
+	s.subscribed = names.apply(nil, change[struct{}]{})
+	held := change[string]{names: slices.Sorted(maps.Keys(req.InitialResourceVersions))}
+	for _, name := range held.names {
+		held.vals = append(held.vals, req.InitialResourceVersions[name])
+	}
+	s.holds = versions.apply(nil, held)
+	s.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
+	return s
+}
+
+// update takes a request's subscribe and unsubscribe lists (see
+// stream.Subscription.UpdateResourceSubscriptions).
+func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
+	if s.legacy {
+		if len(subscribe) == 0 {
+			return
+		}
+		s.legacy = false
+	}
+	var add change[struct{}]
+	for _, name := range subscribe {
+		if name == "*" {
+			s.wildcard = true
+			continue
+		}
+		if _, ok := s.subscribed.res[name]; !ok {
+			add.names, add.vals = append(add.names, name), append(add.vals, struct{}{})
+		}
+	}
+	s.subscribed = s.names.apply(s.subscribed, add)
+	var drop change[struct{}]
+	var held change[string]
+	dropped := map[string]bool{}
+	for _, name := range unsubscribe {
+		if name == "*" {
+			s.wildcard = false
+			continue
+		}
+		_, subscribed := s.subscribed.res[name]
+		subscribed = subscribed && !dropped[name]
+		if subscribed && s.wildcard {
+			// Still wanted as part of the wildcard: sent again, or named
+			// removed if it no longer exists.
+			held.names, held.vals = append(held.names, name), append(held.vals, "")
+		} else if _, ok := s.holds.res[name]; ok {
+			held.removed = append(held.removed, name)
+		}
+		if subscribed {
+			drop.removed = append(drop.removed, name)
+			dropped[name] = true
+		}
+	}
+	s.subscribed = s.names.apply(s.subscribed, drop)
+	s.holds = s.versions.apply(s.holds, held)
+}
+
+// took records that the stream was sent r.
+func (s *deltaSubscription) took(r *deltaResponse) {
+	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed)), removed: r.removed}
+	for i, res := range r.changed {
+		c.names[i], c.vals[i] = res.name, res.version
+	}
+	s.holds = s.versions.apply(s.holds, c)
+}
+
+func (s *deltaSubscription) release() {
+	s.names.release(s.subscribed)
+	s.versions.release(s.holds)
+	s.subscribed, s.holds = nil, nil
+}
+
+// ReturnedResources implements cache.Subscription (read only).
+func (s *deltaSubscription) ReturnedResources() map[string]string { return s.holds.res }
+
+// IsWildcard implements cache.Subscription.
+func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
+
+// SubscribedResources implements cache.Subscription (read only).
+func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
 	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
@@ -465,34 +567,31 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	}
 	t := c.types[req.TypeUrl]
 	if t == nil {
-		t = &deltaType{sub: streamv3.NewDeltaSubscription(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe, req.InitialResourceVersions, true)}
+		t = &deltaType{sub: newDeltaSubscription(req, c.a.names, c.a.versions)}
 		c.types[req.TypeUrl] = t
 	} else {
 		if t.cancel != nil {
 			t.cancel()
 		}
-		t.sub.UpdateResourceSubscriptions(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
+		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, t.sub, c.outbox)
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.outbox)
 	return err
 }
 
 func (c *deltaConn) sendQueued() error {
 	for _, r := range c.outbox.take() {
 		resp := r.delta
-		out, err := resp.GetDeltaDiscoveryResponse()
-		if err != nil {
-			return err
-		}
+		out := resp.DeltaDiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		c.a.tracker.onDeltaResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
 			return err
 		}
-		if t := c.types[resp.GetDeltaRequest().GetTypeUrl()]; t != nil {
-			t.sub.SetReturnedResources(resp.GetNextVersionMap())
+		if t := c.types[out.TypeUrl]; t != nil {
+			t.sub.took(resp)
 		}
 	}
 	return nil
@@ -503,6 +602,7 @@ func (c *deltaConn) close() {
 		if t.cancel != nil {
 			t.cancel()
 		}
+		t.sub.release()
 	}
 	c.a.tracker.onStreamClosed(c.id)
 }

@@ -282,3 +282,66 @@ func TestDeltaReconnectWithInitialVersions(t *testing.T) {
 		t.Fatalf("CDS wildcard off: got %v, removed %q; want b removed, a kept", r.Resources, r.RemovedResources)
 	}
 }
+
+// TestDeltaSubscriptionIsGoControlPlanes: the stream loop's Delta
+// subscription, whose names and versions are shared holdings, follows
+// go-control-plane's stream.Subscription through any sequence of
+// subscribe and unsubscribe lists and responses.
+func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
+	pool := []string{"*", "a", "b", "c", "d"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	names, versions := newHoldings[struct{}](), newHoldings[string]()
+	for run := range 500 {
+		initial := map[string]string{}
+		for _, n := range pickNames(rng, pool[1:]) {
+			initial[n] = "i"
+		}
+		first := &discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: pickNames(rng, pool), ResourceNamesUnsubscribe: pickNames(rng, pool), InitialResourceVersions: initial}
+		ours := newDeltaSubscription(first, names, versions)
+		theirs := streamv3.NewDeltaSubscription(first.ResourceNamesSubscribe, first.ResourceNamesUnsubscribe, maps.Clone(initial), true)
+		steps := []string{fmt.Sprintf("first %q -%q initial %v", first.ResourceNamesSubscribe, first.ResourceNamesUnsubscribe, initial)}
+		for step := range 12 {
+			if rng.IntN(2) == 0 {
+				// A response: some subscribed names (any when wildcard)
+				// at a new version, some held names removed.
+				r := &deltaResponse{}
+				for _, n := range pickNames(rng, pool[1:]) {
+					_, sub := theirs.SubscribedResources()[n]
+					_, held := theirs.ReturnedResources()[n]
+					switch {
+					case sub || theirs.IsWildcard():
+						r.changed = append(r.changed, &resource{name: n, version: fmt.Sprint(step)})
+					case held:
+						r.removed = append(r.removed, n)
+					}
+				}
+				ours.took(r)
+				next := maps.Clone(theirs.ReturnedResources())
+				for _, c := range r.changed {
+					next[c.name] = c.version
+				}
+				for _, n := range r.removed {
+					delete(next, n)
+				}
+				theirs.SetReturnedResources(next)
+				steps = append(steps, fmt.Sprintf("sent %d, removed %q", len(r.changed), r.removed))
+			} else {
+				sub, unsub := pickNames(rng, pool), pickNames(rng, pool)
+				ours.update(sub, unsub)
+				theirs.UpdateResourceSubscriptions(sub, unsub)
+				steps = append(steps, fmt.Sprintf("+%q -%q", sub, unsub))
+			}
+			if ours.IsWildcard() != theirs.IsWildcard() ||
+				!maps.Equal(ours.SubscribedResources(), theirs.SubscribedResources()) ||
+				!maps.Equal(ours.ReturnedResources(), theirs.ReturnedResources()) {
+				t.Fatalf("run %d, %q: ours wildcard=%v subscribed=%v returned=%v; go-control-plane's %v %v %v", run, steps,
+					ours.IsWildcard(), ours.SubscribedResources(), ours.ReturnedResources(),
+					theirs.IsWildcard(), theirs.SubscribedResources(), theirs.ReturnedResources())
+			}
+		}
+		ours.release()
+	}
+	if refs := versions.empty.refs + names.empty.refs; refs != 0 {
+		t.Fatalf("released subscriptions still hold the empty holdings %d times", refs)
+	}
+}

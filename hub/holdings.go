@@ -57,10 +57,12 @@ type holdings[V comparable] struct {
 	cache map[transitionKey[V]]transition[V]
 }
 
-// The tracker's holdings (resources) and the stream loops' (versions).
+// The tracker's holdings (resources), and the stream loops' (versions,
+// and the names of Delta subscriptions).
 type (
 	resourceHoldings = holdings[*anypb.Any]
 	versionHoldings  = holdings[string]
+	nameHoldings     = holdings[struct{}]
 )
 
 // maxTransitions bounds the changes remembered: a push makes one per

@@ -139,9 +139,11 @@ type Hub struct {
 	ca      *caServer    // nil: no CA API
 	codec   *sharedCodec // the ADS servers' gRPC codec
 	fleet   *deliveries  // what the streams take in: paces the pushes
-	// versions are what the SotW streams were sent (sotwSubscription),
-	// shared between them.
+	// versions are what the streams were sent, names what the Delta
+	// streams subscribe to (sotwSubscription, deltaSubscription): shared
+	// between them.
 	versions *versionHoldings
+	names    *nameHoldings
 	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
 }
 
@@ -167,6 +169,7 @@ func New(opts Options) (*Hub, error) {
 		codec:    newSharedCodec(),
 		fleet:    &deliveries{},
 		versions: newHoldings[string](),
+		names:    newHoldings[struct{}](),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
@@ -378,7 +381,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	defer stopServing()
 	seq := h.servers.Add(1)
 	xds := &adsServer{
-		tracker: h.proxies, watcher: h.watcher, versions: h.versions, admit: h.admitStream, done: done,
+		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, admit: h.admitStream, done: done,
 		sotwID:  func(id int64) int64 { return seq<<40 | id },
 		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
 	}

@@ -453,22 +453,24 @@ func (w *watcher) resources(wt *watch) ([]*resource, error) {
 // differs from what the stream holds and the names that are gone, or nil,
 // from the whole subscription: for wildcard and SDS subscriptions (those
 // by name are evaluated per changed hostname, see respondDeltaChanged).
-func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
+func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
 		return nil, err
 	}
-	next := make(map[string]string, len(res))
-	var changed []*discoveryv3.Resource
+	exists := make(map[string]struct{}, len(res))
+	var changed []*resource
+	var out []*discoveryv3.Resource
 	for _, r := range res {
-		next[r.name] = r.version
+		exists[r.name] = struct{}{}
 		if !r.kept && wt.returned[r.name] != r.version {
-			changed = append(changed, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
+			changed = append(changed, r)
+			out = append(out, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
 		}
 	}
 	var removed []string
 	for name := range wt.returned {
-		if _, ok := next[name]; !ok {
+		if _, ok := exists[name]; !ok {
 			removed = append(removed, name)
 		}
 	}
@@ -476,15 +478,18 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 		return nil, nil
 	}
 	sort.Strings(removed)
-	return &cachev3.DeltaPassthroughResponse{
-		DeltaRequest:   wt.deltaReq,
-		NextVersionMap: next,
-		DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-			SystemVersionInfo: responseVersion(res),
-			Resources:         changed,
-			RemovedResources:  removed,
-			TypeUrl:           wt.typeURL,
+	return &deltaResponse{
+		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
+			DeltaRequest: wt.deltaReq,
+			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
+				SystemVersionInfo: responseVersion(res),
+				Resources:         out,
+				RemovedResources:  removed,
+				TypeUrl:           wt.typeURL,
+			},
 		},
+		changed: changed,
+		removed: removed,
 	}, nil
 }
 
@@ -493,7 +498,7 @@ func (w *watcher) respondDelta(wt *watch) (cachev3.DeltaResponse, error) {
 // full), the resources whose version differs from what the stream holds
 // and the held ones that are gone, or nil. Its work is proportional to
 // what changed, not to the subscription.
-func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (cachev3.DeltaResponse, error) {
+func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (*deltaResponse, error) {
 	var changed []*resource
 	var removed []string
 	consider := func(name string) error {
@@ -553,37 +558,18 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 				TypeUrl:           wt.typeURL,
 			},
 		},
-		held:    wt.returned,
 		changed: changed,
 		removed: removed,
 	}, nil
 }
 
-// deltaResponse is a Delta response that carries only what changed and
-// records it into the stream's map of what it holds (the server's own,
-// which it keeps for the next watch) instead of building a new map of
-// every name: the server asks for that map once, on the stream's
-// goroutine, right after sending the response, while no watch of the type
-// is parked (see sotwResponse for the same reasoning).
+// deltaResponse is a Delta response with what it changes of what the
+// stream holds: the changed resources and the removed names, which the
+// stream's loop records (deltaSubscription.took) once it sent it.
 type deltaResponse struct {
 	*cachev3.DeltaPassthroughResponse
-	held    map[string]string
 	changed []*resource
 	removed []string
-}
-
-// GetNextVersionMap implements cache.DeltaResponse.
-func (r *deltaResponse) GetNextVersionMap() map[string]string {
-	if r.held == nil {
-		r.held = make(map[string]string, len(r.changed))
-	}
-	for _, c := range r.changed {
-		r.held[c.name] = c.version
-	}
-	for _, name := range r.removed {
-		delete(r.held, name)
-	}
-	return r.held
 }
 
 // evaluate builds what wt's stream lacks, given the hostnames that changed
@@ -591,7 +577,7 @@ func (r *deltaResponse) GetNextVersionMap() map[string]string {
 func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
 	switch {
 	case wt.deltaReq != nil:
-		var resp cachev3.DeltaResponse
+		var resp *deltaResponse
 		var err error
 		if wt.sub.persistent {
 			resp, err = w.respondDeltaChanged(wt, dirty, full)
@@ -619,7 +605,7 @@ func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (rep
 // reply is a SotW or a Delta response, or neither.
 type reply struct {
 	sotw  *sotwResponse
-	delta cachev3.DeltaResponse
+	delta *deltaResponse
 }
 
 func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
