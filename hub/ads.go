@@ -249,6 +249,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	if err := c.a.tracker.onStreamRequest(c.id, req, repeated); err != nil {
 		return err
 	}
+	forgetExtensions(c.node)
 	if t == nil {
 		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.versions)}
 		c.types[req.TypeUrl] = t
@@ -299,6 +300,12 @@ func (c *sotwConn) close() {
 	}
 	c.a.tracker.onStreamClosed(c.id)
 }
+
+// forgetExtensions drops what a node says of its client's extensions
+// once the node was checked (Limits): Envoy lists every extension compiled
+// into it (~130, 10–20 KB decoded), which the hub never reads, and a
+// stream keeps its node for as long as it lives.
+func forgetExtensions(n *corev3.Node) { n.Extensions = nil }
 
 // sameSlice reports whether a and b are the same slice (not only equal):
 // an interned resource_names list (requestStream) repeated by an ACK.
@@ -556,6 +563,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	}
 	if req.Node != nil {
 		c.node = req.Node // requestStream hands every request the stream's first node
+		forgetExtensions(c.node)
 	} else {
 		req.Node = c.node
 	}
