@@ -6,15 +6,19 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	streamv3 "github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 // The stream loop's protocol behaviour, in the xDS spec's own terms, on
@@ -343,5 +347,68 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 	}
 	if refs := versions.empty.refs + names.empty.refs; refs != 0 {
 		t.Fatalf("released subscriptions still hold the empty holdings %d times", refs)
+	}
+}
+
+// TestStalledClientHoldsUpNobody: a client that stops reading in the
+// middle of a response larger than its flow-control window leaves its
+// stream's loop blocked in that send; pushes (which only queue) and every
+// other stream go on, and the stalled stream gets nothing more queued: its
+// response is not acknowledged, so no watch of its is parked.
+func TestStalledClientHoldsUpNobody(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	var svcs []*clusters.Service
+	for i := range 2000 {
+		svcs = append(svcs, namedService(fmt.Sprintf("s%04d", i), fmt.Sprintf("10.1.%d.%d", i/250, i%250)))
+	}
+	h.index.ReplaceCluster("west", svcs)
+	// A fixed 64 KiB window (no BDP estimation growing it): the response
+	// cannot be sent whole until the client reads.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	stalled, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every cluster (~250 KB), never read.
+	if err := stalled.Send(&discoveryv3.DiscoveryRequest{Node: node("stalled", "west"), TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	stalledSends := func() error {
+		for _, p := range h.Proxies() {
+			if p.ID == "stalled" && len(p.Types) == 1 && p.Types[0].Sends == 1 && p.Types[0].AckedVersion == "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the stalled stream has not been sent exactly one, unacknowledged, CDS response: %+v", h.Proxies())
+	}
+	wait.Until(t, 20*time.Second, stalledSends)
+	name := "outbound|7070||s0000.demo.svc.cluster.local"
+	healthy := dialADS(t, addr, insecure.NewCredentials())
+	healthy.send(t, &discoveryv3.DiscoveryRequest{Node: node("healthy", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}})
+	healthy.send(t, ack(resourcev3.EndpointType, []string{name}, healthy.expect(t, resourcev3.EndpointType, "first request")))
+	for i := range 5 {
+		ip := fmt.Sprintf("10.9.0.%d", i)
+		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "s0000"}, namedService("s0000", ip))
+		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: fmt.Sprintf("new%d", i)}, namedService(fmt.Sprintf("new%d", i), ip)) // a new cluster: the CDS set changes too
+		r := healthy.expect(t, resourcev3.EndpointType, fmt.Sprintf("push %d", i))
+		if got := claNames(t, r); got[name] != ip {
+			t.Fatalf("push %d: %v; want %s", i, got, ip)
+		}
+		healthy.send(t, ack(resourcev3.EndpointType, []string{name}, r))
+	}
+	if err := stalledSends(); err != nil {
+		t.Fatal(err)
+	}
+	var sent dto.Metric
+	if err := h.proxies.bytes.WithLabelValues("Cluster").Write(&sent); err != nil {
+		t.Fatal(err)
+	}
+	if n := sent.GetCounter().GetValue(); n < 4*64<<10 {
+		t.Fatalf("the stalled stream's response is %.0f bytes: not larger than its window", n)
 	}
 }
