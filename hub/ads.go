@@ -48,6 +48,7 @@ type adsServer struct {
 	watcher  *watcher
 	versions *versionHoldings // what the streams were sent, shared
 	names    *nameHoldings    // what the Delta streams subscribe to, shared
+	fleet    *deliveries      // may be nil
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -558,15 +559,16 @@ func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
 // updates its type's subscription and replaces its watch. (Delta has no
 // stale nonces: every request says what changes.)
 func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType string) error {
-	if err := c.a.tracker.onDeltaRequest(c.id, req); err != nil {
-		return err
-	}
+	// Stamped first: the tracker checks every request as its stream's.
 	if req.Node != nil {
 		c.node = req.Node // requestStream hands every request the stream's first node
-		forgetExtensions(c.node)
 	} else {
 		req.Node = c.node
 	}
+	if err := c.a.tracker.onDeltaRequest(c.id, req); err != nil {
+		return err
+	}
+	forgetExtensions(c.node)
 	if req.TypeUrl == "" {
 		if defaultType == resourcev3.AnyType {
 			return errNoType
@@ -581,6 +583,13 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		if t.cancel != nil {
 			t.cancel()
 		}
+		// A push may have answered the cancelled watch after the loop
+		// last looked: it goes out now, and into what the stream holds,
+		// before the new watch reads that (Delta responses are never
+		// stale; each says what changes).
+		if err := c.sendQueued(); err != nil {
+			return err
+		}
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
@@ -589,13 +598,15 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 }
 
 func (c *deltaConn) sendQueued() error {
-	for _, r := range c.outbox.take() {
+	queued := c.outbox.take()
+	for i, r := range queued {
 		resp := r.delta
 		out := resp.DeltaDiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		c.a.tracker.onDeltaResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
+			c.a.fleet.answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
 		}
 		if t := c.types[out.TypeUrl]; t != nil {
@@ -612,5 +623,9 @@ func (c *deltaConn) close() {
 		}
 		t.sub.release()
 	}
+	// Responses handed to the stream and never sent: nobody will answer
+	// them (the pacing counts them answered). SotW's are counted by the
+	// watcher (streamRecord.handed).
+	c.a.fleet.answer(len(c.outbox.take()))
 	c.a.tracker.onStreamClosed(c.id)
 }

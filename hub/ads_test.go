@@ -1,14 +1,18 @@
 package hub
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -410,5 +414,62 @@ func TestStalledClientHoldsUpNobody(t *testing.T) {
 	}
 	if n := sent.GetCounter().GetValue(); n < 4*64<<10 {
 		t.Fatalf("the stalled stream's response is %.0f bytes: not larger than its window", n)
+	}
+}
+
+// deltaSends is a Delta stream that records what is sent on it.
+type deltaSends struct {
+	grpc.ServerStream // nil: not used
+	sent              []*discoveryv3.DeltaDiscoveryResponse
+}
+
+func (s *deltaSends) Send(r *discoveryv3.DeltaDiscoveryResponse) error {
+	s.sent = append(s.sent, r)
+	return nil
+}
+
+func (s *deltaSends) Recv() (*discoveryv3.DeltaDiscoveryRequest, error) { return nil, io.EOF }
+
+// TestDeltaAnswerQueuedBeforeARequestIsHeldFirst: a push answers a Delta
+// stream's parked watch after its loop last took its outbox, and a request
+// (the ACK of an earlier response) arrives before that answer went out.
+// The answer is sent and recorded before the request's watch reads what the
+// stream holds: that watch compares with what the stream will hold, and
+// the loop never changes a holding a parked watch reads.
+func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
+	h, err := New(Options{DomainSuffix: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoServices(h)
+	st := &deltaSends{}
+	c := &deltaConn{a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
+		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
+	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType); err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	handle := func(req *discoveryv3.DeltaDiscoveryRequest) {
+		t.Helper()
+		if err := c.handle(req, resourcev3.AnyType); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handle(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+	if err := c.sendQueued(); err != nil || len(st.sent) != 1 {
+		t.Fatalf("first response: %v, %d sent", err, len(st.sent))
+	}
+	first := st.sent[0]
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // parked
+	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
+	h.push(&batch{hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, since: time.Now()})            // answers it: queued
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // before the loop took it
+	if len(st.sent) != 2 || len(st.sent[1].Resources) != 1 || st.sent[1].Resources[0].Name != edsA {
+		t.Fatalf("sent %d responses; want the pushed one (a) sent before the request's watch was made", len(st.sent))
+	}
+	parked := h.watcher.streams[c.node].subs[resourcev3.EndpointType].parked
+	held := c.types[resourcev3.EndpointType].sub.holds.res
+	if parked == nil || reflect.ValueOf(parked.returned).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA] != st.sent[1].Resources[0].Version {
+		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
 }

@@ -381,7 +381,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	defer stopServing()
 	seq := h.servers.Add(1)
 	xds := &adsServer{
-		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, admit: h.admitStream, done: done,
+		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet, admit: h.admitStream, done: done,
 		sotwID:  func(id int64) int64 { return seq<<40 | id },
 		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
 	}
