@@ -91,7 +91,7 @@ const (
 // internedNames are recent resource_names runs of SotW requests, by a
 // hash of their bytes (a secret seed), with the names they decode to. The
 // names are shared by every request that carries the same bytes and are
-// never changed (the hub and go-control-plane only read them). Bounded:
+// never changed (the hub only reads them). Bounded:
 // each entry holds its run's bytes and names. Safe for concurrent use.
 type internedNames struct {
 	seed  maphash.Seed

@@ -35,8 +35,9 @@ type subscriber struct {
 	idx *nameIndex
 	// list is every subscribed name (idx.list, or SDS's names).
 	list []string
-	// names is, for SDS only, the subscription as the server keeps it
-	// (SotW builds a new map per request and never changes it after).
+	// names is, for SDS only, the subscription as the stream's loop
+	// handed it over (read only: SotW's is a new map per request, Delta's a
+	// shared holding the loop replaces or changes only after the watch).
 	names map[string]struct{}
 	// requested identifies the request's own list of the names (SotW): an
 	// ACK repeats it, usually in the same order, which is recognised by
@@ -405,8 +406,8 @@ func (w *watcher) keep(rec *streamRecord, old, ns *subscriber) {
 // SotW one: a request that neither subscribes nor unsubscribes anything
 // (an ACK or a NACK) keeps it, so pushes evaluate only the changed
 // hostnames' names; any other request builds a new one, evaluated in
-// full once. The server changes its subscription map in place, so the
-// subscriber keeps a list of its own.
+// full once. The stream's subscription map changes with its next request
+// (deltaSubscription), so the subscriber keeps a list of its own.
 func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
 	if rec == nil || wt.wildcard || wt.typeURL == resourcev3.SecretType {
 		if rec != nil {

@@ -80,10 +80,11 @@ type watcher struct {
 }
 
 // watch is one request with its stream's subscription state. The map of
-// what the stream holds is the server's, not a copy (with thousands of
-// streams a copy would be most of the hub's memory): the server changes it
-// only after cancelling the watch, and cancelling waits until no push is
-// evaluating the watch (busy), so the two never overlap.
+// what the stream holds is the stream loop's (a holding shared between
+// streams, see sotwSubscription), not a copy: the loop changes it only
+// after cancelling the watch, or once the watch answered, and cancelling
+// waits until no push is evaluating the watch (busy), so the two never
+// overlap.
 type watch struct {
 	typeURL string
 	nodeID  string
@@ -102,7 +103,7 @@ type watch struct {
 	// resource of its type when it was last evaluated: a push that leaves
 	// the set as it is has nothing for it.
 	setVersion string
-	returned   map[string]string // what the stream last received (and, for Delta, still holds); the server's
+	returned   map[string]string // what the stream last received (and, for Delta, still holds); the loop's, read only
 	busy       sync.WaitGroup    // pushes evaluating this watch; cancelling waits for them
 
 	req *cachev3.Request // SotW
