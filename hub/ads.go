@@ -151,14 +151,14 @@ func receive[R any](st interface{ Recv() (*R, error) }, stop <-chan struct{}) <-
 
 // sotwConn is one SotW stream's state, owned by its loop.
 type sotwConn struct {
-	a      *adsServer
-	st     sotwStream
-	id     int64
-	node   *corev3.Node // the first node the stream sent (an empty one until then)
-	named  bool         // node is the client's
-	nonce  int64
-	types  map[string]*sotwType
-	outbox *outbox
+	a     *adsServer
+	st    sotwStream
+	id    int64
+	node  *corev3.Node // the first node the stream sent (an empty one until then)
+	named bool         // node is the client's
+	nonce int64
+	types map[string]*sotwType
+	rec   *streamRecord // the watcher's (where the watches answer: rec.out)
 }
 
 // sotwType is a SotW stream's state for one type.
@@ -173,8 +173,8 @@ type sotwType struct {
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
-	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, outbox: newOutbox()}
-	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, rec: a.watcher.openStream(newOutbox())}
+	return serveStream(a, st, c.id, defaultType, c.rec, c)
 }
 
 // streamConn is a stream's state as its loop (serveStream) drives it.
@@ -190,15 +190,17 @@ type streamConn[R any] interface {
 func serveStream[R any](a *adsServer, st interface {
 	Context() context.Context
 	Recv() (*R, error)
-}, id int64, defaultType string, out *outbox, c streamConn[R]) error {
+}, id int64, defaultType string, rec *streamRecord, c streamConn[R]) error {
 	defer c.close()
 	ctx := st.Context()
 	if err := a.admit(ctx); err != nil {
 		return err
 	}
-	if err := a.tracker.onStreamOpen(ctx, id, defaultType); err != nil {
+	identified := func(ident identity) { a.watcher.identify(rec, ident) }
+	if err := a.tracker.onStreamOpen(ctx, id, defaultType, identified); err != nil {
 		return err
 	}
+	out := rec.out
 	stop := make(chan struct{})
 	defer close(stop)
 	reqs := receive(st, stop)
@@ -266,14 +268,14 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	}
 	t.seen, t.req = req.ResourceNames, req
 	var err error
-	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.outbox)
+	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.rec)
 	return err
 }
 
 // sendQueued sends what the watches answered; a response whose watch a
 // newer request replaced is dropped (the new watch answers for it).
 func (c *sotwConn) sendQueued() error {
-	for _, r := range c.outbox.take() {
+	for _, r := range c.rec.out.take() {
 		resp := r.sotw
 		t := c.types[resp.Request.GetTypeUrl()]
 		if t == nil || resp.Request != t.req {
@@ -299,6 +301,7 @@ func (c *sotwConn) close() {
 		}
 		t.sub.release()
 	}
+	c.a.watcher.closeStream(c.rec)
 	c.a.tracker.onStreamClosed(c.id)
 }
 
@@ -433,13 +436,13 @@ func (s *sotwSubscription) SubscribedResources() map[string]struct{} {
 
 // deltaConn is one Delta stream's state, owned by its loop.
 type deltaConn struct {
-	a      *adsServer
-	st     deltaStream
-	id     int64
-	node   *corev3.Node
-	nonce  int64
-	types  map[string]*deltaType
-	outbox *outbox
+	a     *adsServer
+	st    deltaStream
+	id    int64
+	node  *corev3.Node
+	nonce int64
+	types map[string]*deltaType
+	rec   *streamRecord // the watcher's (where the watches answer: rec.out)
 }
 
 // deltaType is a Delta stream's state for one type.
@@ -551,8 +554,8 @@ func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
-	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
-	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, rec: a.watcher.openStream(newOutbox())}
+	return serveStream(a, st, c.id, defaultType, c.rec, c)
 }
 
 // handle takes one request: the tracker checks and records it, and it
@@ -593,12 +596,12 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.outbox)
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.rec)
 	return err
 }
 
 func (c *deltaConn) sendQueued() error {
-	queued := c.outbox.take()
+	queued := c.rec.out.take()
 	for i, r := range queued {
 		resp := r.delta
 		out := resp.DeltaDiscoveryResponse
@@ -626,6 +629,7 @@ func (c *deltaConn) close() {
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).
-	c.a.fleet.answer(len(c.outbox.take()))
+	c.a.fleet.answer(len(c.rec.out.take()))
+	c.a.watcher.closeStream(c.rec)
 	c.a.tracker.onStreamClosed(c.id)
 }

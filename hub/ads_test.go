@@ -444,8 +444,8 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	twoServices(h)
 	st := &deltaSends{}
 	c := &deltaConn{a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
-		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
-	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType); err != nil {
+		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, rec: h.watcher.openStream(newOutbox())}
+	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType, func(id identity) { h.watcher.identify(c.rec, id) }); err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
@@ -467,7 +467,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	if len(st.sent) != 2 || len(st.sent[1].Resources) != 1 || st.sent[1].Resources[0].Name != edsA {
 		t.Fatalf("sent %d responses; want the pushed one (a) sent before the request's watch was made", len(st.sent))
 	}
-	parked := h.watcher.streams[c.node].subs[resourcev3.EndpointType].parked
+	parked := c.rec.subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
 	if parked == nil || reflect.ValueOf(parked.returned).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA] != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)

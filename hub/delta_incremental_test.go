@@ -171,16 +171,19 @@ func TestDeltaEDSCarriesOnlyWhatChanged(t *testing.T) {
 	}
 }
 
-// edsSubscriber returns the single stream's kept EDS subscriber, if any.
+// edsSubscriber returns the single stream's kept (indexed) EDS subscriber, if any.
 func edsSubscriber(t *testing.T, h *testHub) *subscriber {
 	t.Helper()
 	w := h.watcher
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var found *subscriber
-	for _, rec := range w.streams {
-		if s := rec.subs[resourcev3.EndpointType]; s != nil {
-			if found != nil {
+	for _, x := range w.indexes {
+		if x.typeURL != resourcev3.EndpointType {
+			continue
+		}
+		for s := range x.subs {
+			if found != nil && s != found {
 				t.Fatal("more than one stream has an EDS subscriber")
 			}
 			found = s

@@ -214,7 +214,6 @@ func New(opts Options) (*Hub, error) {
 		h.proxies.tokens.scope = scope
 		collectors = append(collectors, h.proxies.tokens.collectors()...)
 	}
-	h.proxies.identify = h.watcher.identify
 	if opts.Signer != nil {
 		if opts.Roots == nil {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")

@@ -145,9 +145,9 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
-	h.watcher.identify(nil, node, identity{})
-	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
 	out := newOutbox()
+	rec := h.watcher.openStream(out)
+	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
 	next := func() *sotwResponse {
 		q := out.take()
 		if len(q) != 1 {
@@ -157,12 +157,12 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	}
 	sendTo := func(r *sotwResponse) { sub.took(r) } // what the stream loop does
 	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}}
-	if _, err := h.watcher.CreateWatch(req, &sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(req, &sub, rec); err != nil {
 		t.Fatal(err)
 	}
 	sendTo(next()) // the stream loop sends the first response
 	ackReq := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}, ResponseNonce: "1"}
-	cancel, err := h.watcher.CreateWatch(ackReq, &sub, out)
+	cancel, err := h.watcher.CreateWatch(ackReq, &sub, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	h.push(&batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
-	if _, err := h.watcher.CreateWatch(ackReq, &sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(ackReq, &sub, rec); err != nil {
 		t.Fatal(err)
 	}
 	resp := next().DiscoveryResponse

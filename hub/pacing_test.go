@@ -24,7 +24,7 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
 	p.fleet = fleet
 	for id := int64(1); id <= 2; id++ {
-		if err := p.onStreamOpen(context.Background(), id, ""); err != nil {
+		if err := p.onStreamOpen(context.Background(), id, "", nil); err != nil {
 			t.Fatal(err)
 		}
 	}

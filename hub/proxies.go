@@ -84,9 +84,6 @@ type proxyTracker struct {
 	pushes   [60]uint32        // responses per second, ring indexed by unix second
 	pushAt   [60]int64
 
-	// identify tells the watcher which verified identity a stream's node
-	// pointer stands for (replacing old; new nil forgets old).
-	identify func(old, new *corev3.Node, id identity)
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
 	tokens *tokenAuth
@@ -127,6 +124,9 @@ type streamState struct {
 	// certificate nor a bearer token: it may read Istio config and nothing
 	// else (see checkAnonymous).
 	anonymous bool
+	// identified tells the stream's loop the verified identity of the
+	// stream once its first node was checked (nil: nobody is told).
+	identified func(identity)
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -173,9 +173,11 @@ func shortType(typeURL string) string {
 // open Istio config types only (checkAnonymous); a per-type discovery
 // service (CDS, EDS, LDS, RDS) is refused with Unauthenticated at once.
 // Anonymous streams count against the stream limit like any other.
-func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) error {
+// identified is told the stream's verified identity once its first node
+// is checked (may be nil).
+func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string, identified func(identity)) error {
 	st := &streamState{
-		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
+		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx, identified: identified,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
 		named: map[string]bool{}, names: map[string]digest{},
 	}
@@ -248,9 +250,6 @@ func (p *proxyTracker) claim(st *streamState, member string) {
 func (p *proxyTracker) onStreamClosed(id int64) {
 	p.mu.Lock()
 	st := p.streams[id]
-	if st != nil && p.identify != nil {
-		p.identify(st.node, nil, identity{})
-	}
 	if st != nil {
 		for _, held := range st.held {
 			p.holdings.release(held)
@@ -363,7 +362,7 @@ func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryR
 // check refuses, before anything of it is kept, a request for a type the
 // hub does not serve, one an anonymous stream may not read (checkAnonymous)
 // and a node larger than any real client's (measured
-// once per node: the server stamps later requests with the stream's node).
+// once per node: the stream's loop stamps later requests with the stream's node).
 func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
@@ -466,8 +465,8 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 	if st == nil {
 		return
 	}
-	// The server stamps every request of a stream with the stream's node
-	// pointer, so it identifies the stream in CreateWatch.
+	// The stream's loop stamps every request with the stream's first node:
+	// a node not seen before is that one, checked and identified once.
 	if node != nil && node != st.node {
 		if st.status.ID == "" {
 			st.status.ID = node.GetId()
@@ -477,8 +476,8 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 			st.status.Proxyless = proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
-		if p.identify != nil {
-			p.identify(st.node, node, st.ident)
+		if st.identified != nil {
+			st.identified(st.ident)
 		}
 		st.node = node
 	}

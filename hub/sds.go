@@ -274,16 +274,9 @@ func has[K comparable](m map[K]struct{}, k K) bool {
 }
 
 // identityOf is the identity of wt's stream as the proxy tracker last
-// announced it: a claim that puts a proxy in conflict mid-stream (see
+// told it: a claim that puts a proxy in conflict mid-stream (see
 // proxyTracker.claim) applies to the watches parked before it too.
-func (w *watcher) identityOf(wt *watch) identity {
-	if wt.rec == nil {
-		return wt.ident
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return wt.rec.ident
-}
+func (w *watcher) identityOf(wt *watch) identity { return w.streamIdentity(wt.rec) }
 
 // secretName is what an SDS resource name asks for: roots (ROOTCA, or a
 // trust domain's bundle as spiffe://<td>), or a Kubernetes Secret of the

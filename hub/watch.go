@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -62,11 +61,6 @@ type watcher struct {
 
 	mu    sync.Mutex
 	epoch uint64 // incremented by every push
-	// streams carries each stream's verified identity and persistent
-	// subscribers from the tracker's callbacks (which know the stream) to
-	// CreateWatch (which knows only the request, stamped with the stream's
-	// node pointer).
-	streams map[*corev3.Node]*streamRecord
 	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
 	// wildcard ones of those types, and SDS ones: all of them, by the
 	// member Secret they ask for, by the member of those Secrets, and those
@@ -92,8 +86,8 @@ type watch struct {
 	// flavour is the shape of what the stream's client gets (flavourOf).
 	flavour flavour
 	// ident is the stream's identity when the watch was created; rec, the
-	// stream's record (nil: not announced), has the current one, which
-	// SDS evaluations read (see watcher.identityOf).
+	// stream's record, has the current one, which SDS evaluations read
+	// (see watcher.identityOf).
 	ident    identity
 	rec      *streamRecord
 	wildcard bool
@@ -111,8 +105,8 @@ type watch struct {
 	// out is the stream's: the response goes there (adsServer sends it).
 	out *outbox
 	// first says no response of the watch's type has gone out on its
-	// stream yet (a stream not announced: its request has no nonce); sent
-	// is the stream's flag that says so once one has (nil: not announced).
+	// stream yet (SotW); sent is the stream's flag that says so once one
+	// has.
 	first bool
 	sent  *atomic.Bool
 
@@ -142,8 +136,7 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
-		streams: map[*corev3.Node]*streamRecord{},
-		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
+		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
 		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
@@ -165,23 +158,19 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// CreateWatch takes a State-of-the-World request with its stream's
-// subscription to its type; the response, now or on a later push, goes to
-// out. The returned function cancels the watch.
-func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out *outbox) (func(), error) {
+// CreateWatch takes a State-of-the-World request of rec's stream with the
+// stream's subscription to its type; the response, now or on a later push,
+// goes to the stream's outbox. The returned function cancels the watch.
+func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, rec *streamRecord) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
-	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: rec.out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
-	wt.first = req.GetResponseNonce() == ""
-	if rec != nil {
-		wt.sent = w.requested(rec, wt.typeURL)
-		wt.first = !wt.sent.Load()
-	}
+	wt.sent = w.requested(rec, wt.typeURL)
+	wt.first = !wt.sent.Load()
 	wt.sub = w.subscriberFor(rec, wt, sub)
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
@@ -195,7 +184,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 // CreateDeltaWatch is CreateWatch for Delta (incremental) streams: only
 // resources whose version differs from what the stream holds are sent, and
 // resources that disappeared are named as removed.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out *outbox) (func(), error) {
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, rec *streamRecord) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -209,11 +198,10 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: rec.out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
-		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
+		wt.sub.aim(wt.ident) // a subscriber of the watch's own (deltaSubscriberFor)
 	}
 	wt.names = wt.sub.list
 	return w.watch(wt)
