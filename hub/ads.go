@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
@@ -48,7 +50,7 @@ type adsServer struct {
 	watcher  *watcher
 	versions *versionHoldings // what the streams were sent, shared
 	names    *nameHoldings    // what the Delta streams subscribe to, shared
-	fleet    *deliveries      // may be nil
+	fleet    *feed.Deliveries // may be nil
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -609,7 +611,7 @@ func (c *deltaConn) sendQueued() error {
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		c.a.tracker.onDeltaResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
-			c.a.fleet.answer(len(queued) - i - 1) // never sent: nobody will answer them
+			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
 		}
 		if t := c.types[out.TypeUrl]; t != nil {
@@ -629,7 +631,7 @@ func (c *deltaConn) close() {
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).
-	c.a.fleet.answer(len(c.rec.out.take()))
+	c.a.fleet.Answer(len(c.rec.out.take()))
 	c.a.watcher.closeStream(c.rec)
 	c.a.tracker.onStreamClosed(c.id)
 }

@@ -31,18 +31,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/mcp"
 )
 
 // Options configures a Hub.
 type Options struct {
-	// Changes is the change feed Run consumes (NewChanges), which the
+	// Changes is the change feed Run consumes (feed.NewChanges), which the
 	// Index, the Secret and root sources report to. Nil: a feed of the
 	// hub's own with DefaultDebounceAfter and DefaultDebounceMax.
-	Changes *Changes
-	// Index is the federated index served (NewIndex, reporting to
+	Changes *feed.Changes
+	// Index is the federated index served (feed.NewIndex, reporting to
 	// Changes). Nil: an index of the hub's own, with DomainSuffix.
-	Index *Index
+	Index *feed.Index
 	// DomainSuffix makes service hostnames of the hub's own index:
 	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
@@ -129,16 +130,16 @@ type Hub struct {
 	settled func() (bool, string)
 	open    atomic.Bool   // settled once: streams are accepted
 	admit   *rate.Limiter // new streams
-	changes *Changes
-	index   *Index
+	changes *feed.Changes
+	index   *feed.Index
 	gen     *generator
 	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
-	ca      *caServer    // nil: no CA API
-	codec   *sharedCodec // the ADS servers' gRPC codec
-	fleet   *deliveries  // what the streams take in: paces the pushes
+	ca      *caServer        // nil: no CA API
+	codec   *sharedCodec     // the ADS servers' gRPC codec
+	fleet   *feed.Deliveries // what the streams take in: paces the pushes
 	// versions are what the streams were sent, names what the Delta
 	// streams subscribe to (sotwSubscription, deltaSubscription): shared
 	// between them.
@@ -167,17 +168,17 @@ func New(opts Options) (*Hub, error) {
 		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies:  newProxyTracker(opts.Log, opts.Limits),
 		codec:    newSharedCodec(),
-		fleet:    &deliveries{},
+		fleet:    &feed.Deliveries{},
 		versions: newHoldings[string](),
 		names:    newHoldings[struct{}](),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
 	if h.changes == nil {
-		h.changes = NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
+		h.changes = feed.NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
 	}
 	if h.index == nil {
-		h.index = NewIndex(opts.DomainSuffix, h.changes)
+		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = newGenerator(h.index)
 	if err := h.gen.setMTLS(opts.MTLSMode, opts.Roots); err != nil {
@@ -199,7 +200,7 @@ func New(opts Options) (*Hub, error) {
 			}
 		}
 	}
-	h.reviews = newAccessReviews(opts.Authorizer, h.changes.reviewDecided, opts.Log)
+	h.reviews = newAccessReviews(opts.Authorizer, h.changes.ReviewDecided, opts.Log)
 	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
 		h.reviews.timeout = opts.AccessReviewTimeout
 	}
@@ -305,15 +306,15 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.run(ctx, h.push, h.fleet)
+	h.changes.Run(ctx, h.push, h.fleet)
 }
 
 // push sends what changed: regenerates the changed services' resources
 // (xDS and Istio config) and answers the watches they, the Secrets, roots
 // and access decisions in b affect.
-func (h *Hub) push(b *batch) {
-	h.gen.invalidate(b.hosts)
-	h.config.Invalidate(b.hosts)
+func (h *Hub) push(b *feed.Batch) {
+	h.gen.invalidate(b.Hosts)
+	h.config.Invalidate(b.Hosts)
 	h.watcher.push(b)
 }
 

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -167,7 +168,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(&batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
+	h.push(&feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, &sub, rec); err != nil {

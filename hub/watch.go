@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -54,7 +55,7 @@ type watcher struct {
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
-	fleet *deliveries
+	fleet *feed.Deliveries
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
@@ -69,7 +70,7 @@ type watcher struct {
 	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
-	byRef    map[secretRef]map[*subscriber]struct{}
+	byRef    map[feed.SecretRef]map[*subscriber]struct{}
 	byMember map[string]map[*subscriber]struct{}
 	byRoots  map[*subscriber]struct{}
 }
@@ -137,7 +138,7 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
 		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
-		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
+		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
 }
@@ -227,7 +228,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			wt.rec.handedLocked(wt.typeURL, resp.sotw)
 			w.mu.Unlock()
 			resp.send(wt) // never blocks: see reply.send
-			w.fleet.hand()
+			w.fleet.Hand()
 			return func() {}, nil
 		}
 		w.mu.Lock()
@@ -278,7 +279,7 @@ type job struct {
 // a parked watch just note the change, for their next request. At most
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
-func (w *watcher) push(b *batch) {
+func (w *watcher) push(b *feed.Batch) {
 	w.mu.Lock()
 	w.epoch++
 	var jobs []job
@@ -287,42 +288,42 @@ func (w *watcher) push(b *batch) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			jobs = append(jobs, job{wt: s.parked, since: b.since})
+			jobs = append(jobs, job{wt: s.parked, since: b.Since})
 		}
 	}
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
-	for host := range b.hosts {
+	for host := range b.Hosts {
 		for s := range w.subscribersOf(host) {
 			changedHost(s, host)
 		}
 	}
-	if len(b.hosts) > 0 || len(b.kinds) > 0 {
+	if len(b.Hosts) > 0 || len(b.Kinds) > 0 {
 		// Every wildcard set may have changed (Istio config's too): those
 		// whose set version did not are skipped below.
 		for s := range w.byType {
 			changedAll(s)
 		}
 	}
-	for ref := range b.secrets {
+	for ref := range b.Secrets {
 		for s := range w.byRef[ref] {
 			changedAll(s)
 		}
 	}
-	for member := range b.members {
+	for member := range b.Members {
 		for s := range w.byMember[member] {
 			changedAll(s)
 		}
 	}
-	if b.roots {
+	if b.Roots {
 		for s := range w.byRoots {
 			changedAll(s)
 		}
 	}
-	if len(b.reviews) > 0 {
+	if len(b.Reviews) > 0 {
 		for s := range w.bySecret {
 			for k := range s.reviews {
-				if _, ok := b.reviews[k]; ok {
+				if _, ok := b.Reviews[k]; ok {
 					changedAll(s)
 					break
 				}
@@ -466,7 +467,7 @@ func (w *watcher) pushTo(j job) {
 	w.mu.Unlock()
 	if open {
 		resp.send(wt)
-		w.fleet.hand()
+		w.fleet.Hand()
 		w.latency.observe(wt.typeURL, j.since)
 	}
 }
