@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -474,7 +475,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
 			st.status.IstioVersion = truncate(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
-			st.status.Proxyless = proxyless(node)
+			st.status.Proxyless = xdsgen.Proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		if st.identified != nil {

@@ -12,6 +12,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -109,7 +110,7 @@ func newNameIndex(typeURL string, names map[string]struct{}) *nameIndex {
 	byHost := make([]named, 0, len(names))
 	var other []string
 	for name := range names {
-		if host, _, ok := parseName(typeURL, name); ok {
+		if host, _, ok := xdsgen.ParseName(typeURL, name); ok {
 			byHost = append(byHost, named{host, name})
 		} else {
 			other = append(other, name)
@@ -212,7 +213,7 @@ func (s *subscriber) has(name string) bool {
 		_, ok := s.names[name]
 		return ok
 	}
-	if host, _, ok := parseName(s.typeURL, name); ok {
+	if host, _, ok := xdsgen.ParseName(s.typeURL, name); ok {
 		return slices.Contains(s.namesOf(host), name)
 	}
 	return slices.Contains(s.idx.list[s.idx.hosted:], name)
