@@ -484,39 +484,102 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 // every stream's four watches in parallel.
 func TestADSOrderWithinAPush(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
-	services := []*clusters.Service{namedService("a", "10.0.0.1")}
-	h.index.ReplaceCluster("west", services)
-	const streams, rounds = 6, 8
-	var routes []string
-	for i := range rounds {
-		routes = append(routes, xdsgen.ListenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
-	}
-	order := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
-	names := map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
+	o := newOrderRounds(h)
 	var cs []*adsClient
-	for i := range streams {
+	for i := range orderStreams {
 		c := dialADS(t, addr, insecure.NewCredentials())
-		for k, typeURL := range order {
-			req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names[typeURL]}
+		for k, typeURL := range adsOrder {
+			req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: o.names[typeURL]}
 			if k == 0 {
 				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
 			}
 			c.send(t, req)
-			c.send(t, ack(typeURL, names[typeURL], c.expect(t, typeURL, "first request")))
+			c.send(t, ack(typeURL, o.names[typeURL], c.expect(t, typeURL, "first request")))
 		}
 		c.barrier(t, "after the first responses")
 		cs = append(cs, c)
 	}
-	for round := range rounds {
-		services = append(services, namedService(fmt.Sprintf("c%d", round), fmt.Sprintf("10.1.%d.1", round)))
-		services[0] = namedService("a", fmt.Sprintf("10.0.0.%d", round+2))
-		h.index.ReplaceCluster("west", slices.Clone(services))
+	for round := range orderRounds {
+		o.change(round)
 		for i, c := range cs {
-			for _, typeURL := range order {
+			for _, typeURL := range adsOrder {
 				r := c.expect(t, typeURL, fmt.Sprintf("round %d, stream %d", round, i))
-				c.send(t, ack(typeURL, names[typeURL], r))
+				c.send(t, ack(typeURL, o.names[typeURL], r))
 			}
 			c.barrier(t, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
 		}
 	}
+}
+
+// TestDeltaADSOrderWithinAPush is TestADSOrderWithinAPush on Delta
+// streams (wildcard CDS and LDS, EDS and RDS by name).
+func TestDeltaADSOrderWithinAPush(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	o := newOrderRounds(h)
+	var cs []*deltaClient
+	for i := range orderStreams {
+		c := openDelta(t, addr)
+		for k, typeURL := range adsOrder {
+			req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: o.names[typeURL]}
+			if k == 0 {
+				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
+			}
+			c.send(req)
+			if r := c.next(); r.TypeUrl != typeURL {
+				t.Fatalf("first request of %s: got %s", typeURL, r.TypeUrl)
+			} else {
+				c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce})
+			}
+		}
+		cs = append(cs, c)
+	}
+	for round := range orderRounds {
+		o.change(round)
+		for i, c := range cs {
+			for _, typeURL := range adsOrder {
+				r := c.next()
+				if r.TypeUrl != typeURL {
+					t.Fatalf("round %d, stream %d: got a %s response; want %s", round, i, r.TypeUrl, typeURL)
+				}
+				c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce})
+			}
+		}
+	}
+}
+
+// adsOrder is the order the ordering tests expect; they open orderStreams
+// streams and make orderRounds changes.
+var adsOrder = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+
+const orderStreams, orderRounds = 6, 8
+
+// orderRoundsState is the index of the ordering tests: service a, then
+// one more service each round, and the names the streams ask for (a's
+// endpoints, and every round's route).
+type orderRoundsState struct {
+	h        *Hub
+	services []*clusters.Service
+	names    map[string][]string
+}
+
+func newOrderRounds(h *Hub) *orderRoundsState {
+	o := &orderRoundsState{h: h, services: []*clusters.Service{namedService("a", "10.0.0.1")}}
+	// a's route too: every first request is answered, so only ACKs are
+	// on their way when the first change is made (they find nothing new
+	// before the change's push).
+	routes := []string{xdsgen.ListenerName("a.demo.svc.cluster.local", 7070)}
+	for i := range orderRounds {
+		routes = append(routes, xdsgen.ListenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
+	}
+	o.names = map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
+	h.index.ReplaceCluster("west", slices.Clone(o.services))
+	return o
+}
+
+// change makes round's one index change: service c<round> appears (a
+// cluster, listener and route) and a's endpoint moves.
+func (o *orderRoundsState) change(round int) {
+	o.services = append(o.services, namedService(fmt.Sprintf("c%d", round), fmt.Sprintf("10.1.%d.1", round)))
+	o.services[0] = namedService("a", fmt.Sprintf("10.0.0.%d", round+2))
+	o.h.index.ReplaceCluster("west", slices.Clone(o.services))
 }

@@ -314,11 +314,7 @@ func (h *Hub) Run(ctx context.Context) {
 // push sends what changed: regenerates the changed services' resources
 // (xDS and Istio config) and answers the watches they, the Secrets, roots
 // and access decisions in b affect.
-func (h *Hub) push(b *feed.Batch) {
-	h.gen.Invalidate(b.Hosts)
-	h.config.Invalidate(b.Hosts)
-	h.watcher.push(b)
-}
+func (h *Hub) push(b *feed.Batch) { h.watcher.push(b) }
 
 // admitStream refuses streams with Unavailable until membership has first
 // settled (Options.Settled), then waits for the new-stream rate limit; a

@@ -14,6 +14,8 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/mcp"
 
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -335,7 +337,9 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 	} {
 		// No watch is parked: a push only notes what changed for each
 		// subscriber it reaches.
-		w := newWatcher(nil, 1, slog.New(slog.DiscardHandler))
+		index := feed.NewIndex("cluster.local", nil)
+		w := newWatcher(xdsgen.New(index), 1, slog.New(slog.DiscardHandler))
+		w.config = mcp.New(index, mcp.Options{})
 		w.indexLocked(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
 		w.push(c.changed)

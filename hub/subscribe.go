@@ -254,6 +254,12 @@ type streamRecord struct {
 	// or never sent before the stream closed, is counted as answered for
 	// the pacing (feed.Deliveries), since no client will answer it.
 	handed map[string]*sotwResponse
+	// pushing counts the pushes answering the stream now, and deferred
+	// are the watches its requests made meanwhile (guarded by watcher.mu):
+	// they are evaluated once the push's answers are handed over
+	// (watcher.answered), so responses keep ADS order.
+	pushing  int
+	deferred []*watch
 }
 
 // handedLocked records r as the last SotW response handed to rec's stream

@@ -209,11 +209,17 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 
 // watch answers wt at once if its stream lacks something, else parks it
 // until a push. A push that changes what wt subscribes to while wt is being
-// evaluated makes it evaluate again, so no change is missed.
+// evaluated makes it evaluate again, so no change is missed. While a push
+// is answering the stream, wt waits parked and is evaluated right after
+// the push's answers (see answered): what it would answer goes out after
+// them, in ADS order.
 func (w *watcher) watch(wt *watch) (func(), error) {
 	s := wt.sub
 	for {
 		w.mu.Lock()
+		if wt.rec.pushing > 0 {
+			return w.deferLocked(wt), nil
+		}
 		epoch := w.epoch
 		dirty, full := s.takeLocked()
 		w.mu.Unlock()
@@ -223,6 +229,12 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		}
 		if resp.ok() {
 			w.mu.Lock()
+			if wt.rec.pushing > 0 {
+				// A push began answering the stream while wt was evaluated
+				// (it may have invalidated what wt read): after it, in full.
+				s.full = true
+				return w.deferLocked(wt), nil
+			}
 			s.last = resp.sotw
 			wt.rec.handedLocked(wt.typeURL, resp.sotw)
 			w.mu.Unlock()
@@ -244,6 +256,16 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		}
 		w.mu.Unlock() // a push changed it while we evaluated: evaluate again
 	}
+}
+
+// deferLocked parks wt until the push answering its stream has handed
+// over its answers (see answered), with w.mu held, which it releases.
+func (w *watcher) deferLocked(wt *watch) func() {
+	wt.sub.parked = wt
+	w.indexLocked(wt.sub)
+	wt.rec.deferred = append(wt.rec.deferred, wt)
+	w.mu.Unlock()
+	return func() { w.cancel(wt) }
 }
 
 // cancel ends a parked watch: the server changes the subscription state
@@ -280,14 +302,25 @@ type job struct {
 // reply.send).
 func (w *watcher) push(b *feed.Batch) {
 	w.mu.Lock()
+	// Invalidated with w.mu held, with the streams this push answers
+	// marked: a watch made meanwhile either read the resources as they
+	// were (and this push answers it) or waits for the push's answers to
+	// its stream (see watch).
+	w.gen.Invalidate(b.Hosts)
+	w.config.Invalidate(b.Hosts)
 	w.epoch++
 	var jobs []job
 	taken := map[*subscriber]bool{}
+	answering := map[*streamRecord]bool{} // the streams this push answers (see answered)
 	schedule := func(s *subscriber) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
 			jobs = append(jobs, job{wt: s.parked, since: b.Since})
+			if rec := s.parked.rec; !answering[rec] {
+				answering[rec] = true
+				rec.pushing++
+			}
 		}
 	}
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
@@ -338,6 +371,12 @@ func (w *watcher) push(b *feed.Batch) {
 		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
 	}
 	streams := byStream(jobs)
+	for _, js := range streams {
+		delete(answering, js[0].wt.rec)
+	}
+	for rec := range answering {
+		w.answered(rec) // nothing left to answer: its wildcard sets did not change
+	}
 	work := make(chan []job)
 	var wg sync.WaitGroup
 	for range min(w.workers, len(streams)) {
@@ -346,6 +385,7 @@ func (w *watcher) push(b *feed.Batch) {
 				for _, j := range js {
 					w.pushTo(j)
 				}
+				w.answered(js[0].wt.rec)
 			}
 		})
 	}
@@ -360,12 +400,12 @@ func (w *watcher) push(b *feed.Batch) {
 // (adsRank): one worker answers a stream's watches one after another, so
 // its loop sends their responses in that order (the outbox keeps it).
 func byStream(jobs []job) [][]job {
-	at := make(map[*outbox]int, len(jobs))
+	at := make(map[*streamRecord]int, len(jobs))
 	streams := make([][]job, 0, len(jobs))
 	for k, j := range jobs {
-		i, ok := at[j.wt.out]
+		i, ok := at[j.wt.rec]
 		if !ok {
-			at[j.wt.out] = len(streams)
+			at[j.wt.rec] = len(streams)
 			streams = append(streams, jobs[k:k+1:k+1]) // a second job copies
 			continue
 		}
@@ -373,10 +413,39 @@ func byStream(jobs []job) [][]job {
 	}
 	for _, js := range streams {
 		if len(js) > 1 {
-			slices.SortStableFunc(js, func(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) })
+			slices.SortStableFunc(js, inADSOrder)
 		}
 	}
 	return streams
+}
+
+func inADSOrder(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) }
+
+// answered ends a push's answers to rec's stream. The watches its
+// requests made meanwhile (deferred by watch) are evaluated now, in ADS
+// order, so that what they answer follows what the push sent: an ACK that
+// raced the push (its watch not parked when the push looked, the change
+// noted for it) would otherwise answer, say, LDS before the push's CDS.
+func (w *watcher) answered(rec *streamRecord) {
+	w.mu.Lock()
+	rec.pushing--
+	var jobs []job
+	if rec.pushing == 0 {
+		for _, wt := range rec.deferred {
+			if s := wt.sub; s.parked == wt {
+				wt.busy.Add(1)
+				j := job{wt: wt}
+				j.dirty, j.full = s.takeLocked()
+				jobs = append(jobs, j)
+			}
+		}
+		rec.deferred = nil
+	}
+	w.mu.Unlock()
+	slices.SortStableFunc(jobs, inADSOrder)
+	for _, j := range jobs {
+		w.pushTo(j)
+	}
 }
 
 // adsRank is a type's place in the order a push answers a stream's
