@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 )
 
@@ -198,7 +199,7 @@ func serveStream[R any](a *adsServer, st interface {
 	if err := a.admit(ctx); err != nil {
 		return err
 	}
-	identified := func(ident identity) { a.watcher.identify(rec, ident) }
+	identified := func(ident authn.Identity) { a.watcher.identify(rec, ident) }
 	if err := a.tracker.onStreamOpen(ctx, id, defaultType, identified); err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
@@ -447,7 +448,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	st := &deltaSends{}
 	c := &deltaConn{a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
 		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, rec: h.watcher.openStream(newOutbox())}
-	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType, func(id identity) { h.watcher.identify(c.rec, id) }); err != nil {
+	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType, func(id authn.Identity) { h.watcher.identify(c.rec, id) }); err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()

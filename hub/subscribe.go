@@ -11,6 +11,7 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
@@ -156,18 +157,18 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 // aim records which Secrets and roots an SDS subscriber's names ask for,
 // read as the stream's identity means them (parseSecretName); not while s
 // is indexed.
-func (s *subscriber) aim(id identity) {
+func (s *subscriber) aim(id authn.Identity) {
 	s.secrets, s.roots = nil, false
 	if s.typeURL != resourcev3.SecretType {
 		return
 	}
 	for _, name := range s.list {
-		switch sn := parseSecretName(name, id.namespace); {
+		switch sn := parseSecretName(name, id.Namespace); {
 		case sn.roots:
 			s.roots = true
-		case sn.wellFormed && id.cluster != "":
+		case sn.wellFormed && id.Cluster != "":
 			for _, k := range sn.keys() {
-				s.secrets = append(s.secrets, feed.SecretRef{Cluster: id.cluster, Key: k})
+				s.secrets = append(s.secrets, feed.SecretRef{Cluster: id.Cluster, Key: k})
 			}
 		}
 	}
@@ -239,11 +240,16 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 // streamRecord is what the watcher keeps of a stream, held by the stream's
 // loop (the connection, see adsServer), which hands it to every watch:
 // where its responses go, its verified identity (from the tracker, see
-// identify) and its persistent subscribers by type.
+// identify), its persistent subscribers by type and the SDS names it was
+// told it may not have.
 type streamRecord struct {
 	out   *outbox
-	ident identity
+	ident authn.Identity
 	subs  map[string]*subscriber
+	// withheld logs each SDS name withheld from the stream once
+	// (secretResources), for the stream's whole life; it has its own lock
+	// (pushes evaluate the stream's watches beside its loop).
+	withheld withheldLog
 	// sent says, per type, that a SotW response of that type went out on
 	// the stream (set by the server's send, see sotwResponse): a stream's
 	// first request of a type is answered even when there is nothing for
@@ -330,10 +336,10 @@ func (w *watcher) closeStream(rec *streamRecord) {
 // identify sets the verified identity of rec's stream, from the proxy
 // tracker once it checked the stream's node: an SDS subscriber of another
 // member or namespace than before is aimed again.
-func (w *watcher) identify(rec *streamRecord, id identity) {
+func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.cluster != id.cluster || rec.ident.namespace != id.namespace) {
+	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.Cluster != id.Cluster || rec.ident.Namespace != id.Namespace) {
 		indexed := s.indexed
 		w.unindexLocked(s)
 		s.aim(id)
@@ -346,7 +352,7 @@ func (w *watcher) identify(rec *streamRecord, id identity) {
 }
 
 // streamIdentity returns the verified identity of rec's stream.
-func (w *watcher) streamIdentity(rec *streamRecord) identity {
+func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return rec.ident

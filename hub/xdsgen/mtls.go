@@ -254,7 +254,7 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 
 // TrustDomainSource tells the Generator our trust domain, whose
 // identities proxyless gRPC clients accept under STRICT (the hub's
-// RootSource is one).
+// authn.RootSource is one).
 type TrustDomainSource interface {
 	// LocalTrustDomain is our trust domain's name.
 	LocalTrustDomain() string

@@ -70,7 +70,7 @@ var (
 	}{"envoy": {envoyNode, false}, "grpc-Generator": {grpcNode, true}, "grpc-user-agent": {grpcUANode, true}, "istiod": {apiNode, false}}
 )
 
-// fakeRoots is the hub's RootSource as far as the Generator reads it.
+// fakeRoots is the hub's authn.RootSource as far as the Generator reads it.
 type fakeRoots struct{}
 
 func (fakeRoots) LocalTrustDomain() string { return "example.org" }
