@@ -309,13 +309,8 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.Run(ctx, h.push, h.fleet)
+	h.changes.Run(ctx, h.watcher.push, h.fleet)
 }
-
-// push sends what changed: regenerates the changed services' resources
-// (xDS and Istio config) and answers the watches they, the Secrets, roots
-// and access decisions in b affect.
-func (h *Hub) push(b *feed.Batch) { h.watcher.push(b) }
 
 // admitStream refuses streams with Unavailable until membership has first
 // settled (Options.Settled), then waits for the new-stream rate limit; a

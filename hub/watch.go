@@ -291,7 +291,9 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push evaluates the parked watches that what changed in b can affect:
+// push is the change feed's consumer (feed.Changes.Run): it invalidates
+// the changed services' resources (xDS and Istio config), then evaluates
+// the parked watches that what changed in b can affect:
 // the subscribers of the changed hostnames (each only for its names of
 // them where responses carry only what changed) and the wildcard ones; the
 // SDS subscribers asking for a changed Secret, for a Secret of a member
