@@ -23,7 +23,6 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
-	"github.com/hubmesh/hub/hub/ca"
 )
 
 // Membership is the read model of member clusters.
@@ -51,7 +50,7 @@ type Federation interface {
 // certificates issued per member and namespace, requests refused per
 // reason (*hub.Hub implements it; ok is false when it serves no CA).
 type CertificateAuthority interface {
-	Certificates() (ca.CertificateStats, bool)
+	Certificates() (hub.CertificateStats, bool)
 }
 
 // Distribution is the state of the Istio objects distributed from the home

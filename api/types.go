@@ -11,7 +11,6 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
-	"github.com/hubmesh/hub/hub/ca"
 )
 
 // List is the envelope of every list response.
@@ -189,7 +188,7 @@ func ToProxyConfig(c hub.ProxyConfig) (ProxyConfig, error) {
 }
 
 // Certificates is what the hub's CA (Istio's CA API on the mTLS xDS port)
-// issued and refused since this replica started (see ca.CertificateStats).
+// issued and refused since this replica started (see hub.CertificateStats).
 type Certificates struct {
 	// DefaultTTLSeconds is the lifetime of a certificate whose request asks
 	// for none; MaxTTLSeconds the longest issued (--max-workload-cert-ttl).
@@ -221,7 +220,7 @@ type CAFailure struct {
 }
 
 // ToCertificates converts the CA's read model.
-func ToCertificates(st ca.CertificateStats) Certificates {
+func ToCertificates(st hub.CertificateStats) Certificates {
 	out := Certificates{DefaultTTLSeconds: int64(st.DefaultTTL.Seconds()), MaxTTLSeconds: int64(st.MaxTTL.Seconds()),
 		Issued: []CertificateGroup{}, Failures: []CAFailure{}}
 	for _, g := range st.Groups {

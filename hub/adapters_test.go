@@ -10,10 +10,10 @@ func (f AuthorizerFunc) CanListSecrets(ctx context.Context, cluster, saNamespace
 	return f(ctx, cluster, saNamespace, saName, namespace)
 }
 
-// TokenReviewerFunc adapts a function to authn.TokenReviewer.
+// TokenReviewerFunc adapts a function to TokenReviewer.
 type TokenReviewerFunc func(ctx context.Context, cluster, token string) (string, string, error)
 
-// ReviewToken implements authn.TokenReviewer.
+// ReviewToken implements TokenReviewer.
 func (f TokenReviewerFunc) ReviewToken(ctx context.Context, cluster, token string) (string, string, error) {
 	return f(ctx, cluster, token)
 }

@@ -20,9 +20,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
 )
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
@@ -51,7 +48,7 @@ type adsServer struct {
 	watcher  *watcher
 	versions *versionHoldings // what the streams were sent, shared
 	names    *nameHoldings    // what the Delta streams subscribe to, shared
-	fleet    *feed.Deliveries // may be nil
+	fleet    *deliveries      // may be nil
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -154,14 +151,14 @@ func receive[R any](st interface{ Recv() (*R, error) }, stop <-chan struct{}) <-
 
 // sotwConn is one SotW stream's state, owned by its loop.
 type sotwConn struct {
-	a     *adsServer
-	st    sotwStream
-	id    int64
-	node  *corev3.Node // the first node the stream sent (an empty one until then)
-	named bool         // node is the client's
-	nonce int64
-	types map[string]*sotwType
-	rec   *streamRecord // the watcher's (where the watches answer: rec.out)
+	a      *adsServer
+	st     sotwStream
+	id     int64
+	node   *corev3.Node // the first node the stream sent (an empty one until then)
+	named  bool         // node is the client's
+	nonce  int64
+	types  map[string]*sotwType
+	outbox *outbox
 }
 
 // sotwType is a SotW stream's state for one type.
@@ -176,8 +173,8 @@ type sotwType struct {
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
-	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, rec: a.watcher.openStream(newOutbox())}
-	return serveStream(a, st, c.id, defaultType, c.rec, c)
+	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, outbox: newOutbox()}
+	return serveStream(a, st, c.id, defaultType, c.outbox, c)
 }
 
 // streamConn is a stream's state as its loop (serveStream) drives it.
@@ -193,17 +190,15 @@ type streamConn[R any] interface {
 func serveStream[R any](a *adsServer, st interface {
 	Context() context.Context
 	Recv() (*R, error)
-}, id int64, defaultType string, rec *streamRecord, c streamConn[R]) error {
+}, id int64, defaultType string, out *outbox, c streamConn[R]) error {
 	defer c.close()
 	ctx := st.Context()
 	if err := a.admit(ctx); err != nil {
 		return err
 	}
-	identified := func(ident authn.Identity) { a.watcher.identify(rec, ident) }
-	if err := a.tracker.onStreamOpen(ctx, id, defaultType, identified); err != nil {
+	if err := a.tracker.onStreamOpen(ctx, id, defaultType); err != nil {
 		return err
 	}
-	out := rec.out
 	stop := make(chan struct{})
 	defer close(stop)
 	reqs := receive(st, stop)
@@ -271,14 +266,14 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	}
 	t.seen, t.req = req.ResourceNames, req
 	var err error
-	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.rec)
+	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.outbox)
 	return err
 }
 
 // sendQueued sends what the watches answered; a response whose watch a
 // newer request replaced is dropped (the new watch answers for it).
 func (c *sotwConn) sendQueued() error {
-	for _, r := range c.rec.out.take() {
+	for _, r := range c.outbox.take() {
 		resp := r.sotw
 		t := c.types[resp.Request.GetTypeUrl()]
 		if t == nil || resp.Request != t.req {
@@ -304,7 +299,6 @@ func (c *sotwConn) close() {
 		}
 		t.sub.release()
 	}
-	c.a.watcher.closeStream(c.rec)
 	c.a.tracker.onStreamClosed(c.id)
 }
 
@@ -398,7 +392,7 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 	}
 	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed))}
 	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.Name, res.Version
+		c.names[i], c.vals[i] = res.name, res.version
 	}
 	if s.holds == nil && len(s.returned) > 0 {
 		// What a whole-state response left (an SDS wildcard before these
@@ -439,13 +433,13 @@ func (s *sotwSubscription) SubscribedResources() map[string]struct{} {
 
 // deltaConn is one Delta stream's state, owned by its loop.
 type deltaConn struct {
-	a     *adsServer
-	st    deltaStream
-	id    int64
-	node  *corev3.Node
-	nonce int64
-	types map[string]*deltaType
-	rec   *streamRecord // the watcher's (where the watches answer: rec.out)
+	a      *adsServer
+	st     deltaStream
+	id     int64
+	node   *corev3.Node
+	nonce  int64
+	types  map[string]*deltaType
+	outbox *outbox
 }
 
 // deltaType is a Delta stream's state for one type.
@@ -536,7 +530,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 func (s *deltaSubscription) took(r *deltaResponse) {
 	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed)), removed: r.removed}
 	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.Name, res.Version
+		c.names[i], c.vals[i] = res.name, res.version
 	}
 	s.holds = s.versions.apply(s.holds, c)
 }
@@ -557,8 +551,8 @@ func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
-	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, rec: a.watcher.openStream(newOutbox())}
-	return serveStream(a, st, c.id, defaultType, c.rec, c)
+	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
+	return serveStream(a, st, c.id, defaultType, c.outbox, c)
 }
 
 // handle takes one request: the tracker checks and records it, and it
@@ -599,12 +593,12 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.rec)
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.outbox)
 	return err
 }
 
 func (c *deltaConn) sendQueued() error {
-	queued := c.rec.out.take()
+	queued := c.outbox.take()
 	for i, r := range queued {
 		resp := r.delta
 		out := resp.DeltaDiscoveryResponse
@@ -612,7 +606,7 @@ func (c *deltaConn) sendQueued() error {
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		c.a.tracker.onDeltaResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
-			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
+			c.a.fleet.answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
 		}
 		if t := c.types[out.TypeUrl]; t != nil {
@@ -632,7 +626,6 @@ func (c *deltaConn) close() {
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).
-	c.a.fleet.Answer(len(c.rec.out.take()))
-	c.a.watcher.closeStream(c.rec)
+	c.a.fleet.answer(len(c.outbox.take()))
 	c.a.tracker.onStreamClosed(c.id)
 }

@@ -22,9 +22,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -205,7 +202,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 				// One that carries what changed: held in a shared holding.
 				r := &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{}, incremental: true}
 				for _, n := range slices.Sorted(maps.Keys(sent)) {
-					r.changed = append(r.changed, &xdsgen.Resource{Name: n, Version: sent[n]})
+					r.changed = append(r.changed, &resource{name: n, version: sent[n]})
 				}
 				ours.took(r)
 				held := maps.Clone(theirs.ReturnedResources())
@@ -321,7 +318,7 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 					_, held := theirs.ReturnedResources()[n]
 					switch {
 					case sub || theirs.IsWildcard():
-						r.changed = append(r.changed, &xdsgen.Resource{Name: n, Version: fmt.Sprint(step)})
+						r.changed = append(r.changed, &resource{name: n, version: fmt.Sprint(step)})
 					case held:
 						r.removed = append(r.removed, n)
 					}
@@ -329,7 +326,7 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 				ours.took(r)
 				next := maps.Clone(theirs.ReturnedResources())
 				for _, c := range r.changed {
-					next[c.Name] = c.Version
+					next[c.name] = c.version
 				}
 				for _, n := range r.removed {
 					delete(next, n)
@@ -447,8 +444,8 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	twoServices(h)
 	st := &deltaSends{}
 	c := &deltaConn{a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
-		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, rec: h.watcher.openStream(newOutbox())}
-	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType, func(id authn.Identity) { h.watcher.identify(c.rec, id) }); err != nil {
+		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
+	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType); err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
@@ -465,122 +462,14 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	first := st.sent[0]
 	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // parked
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
-	h.watcher.push(&feed.Batch{Hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, Since: time.Now()}) // answers it: queued
-	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})   // before the loop took it
+	h.push(&batch{hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, since: time.Now()})            // answers it: queued
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // before the loop took it
 	if len(st.sent) != 2 || len(st.sent[1].Resources) != 1 || st.sent[1].Resources[0].Name != edsA {
 		t.Fatalf("sent %d responses; want the pushed one (a) sent before the request's watch was made", len(st.sent))
 	}
-	parked := c.rec.subs[resourcev3.EndpointType].parked
+	parked := h.watcher.streams[c.node].subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
 	if parked == nil || reflect.ValueOf(parked.returned).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA] != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
-}
-
-// TestADSOrderWithinAPush: when one change answers several of a stream's
-// watches, the responses come in the xDS protocol's order (its "eventual
-// consistency considerations"): CDS before EDS, LDS before RDS. Each
-// round adds a service (new cluster, listener and route) and moves one's
-// endpoints, on several streams at once, so a push's workers answer
-// every stream's four watches in parallel.
-func TestADSOrderWithinAPush(t *testing.T) {
-	h, addr, _ := serveHub(t, Options{})
-	o := newOrderRounds(h)
-	var cs []*adsClient
-	for i := range orderStreams {
-		c := dialADS(t, addr, insecure.NewCredentials())
-		for k, typeURL := range adsOrder {
-			req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: o.names[typeURL]}
-			if k == 0 {
-				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
-			}
-			c.send(t, req)
-			c.send(t, ack(typeURL, o.names[typeURL], c.expect(t, typeURL, "first request")))
-		}
-		c.barrier(t, "after the first responses")
-		cs = append(cs, c)
-	}
-	for round := range orderRounds {
-		o.change(round)
-		for i, c := range cs {
-			for _, typeURL := range adsOrder {
-				r := c.expect(t, typeURL, fmt.Sprintf("round %d, stream %d", round, i))
-				c.send(t, ack(typeURL, o.names[typeURL], r))
-			}
-			c.barrier(t, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
-		}
-	}
-}
-
-// TestDeltaADSOrderWithinAPush is TestADSOrderWithinAPush on Delta
-// streams (wildcard CDS and LDS, EDS and RDS by name).
-func TestDeltaADSOrderWithinAPush(t *testing.T) {
-	h, addr, _ := serveHub(t, Options{})
-	o := newOrderRounds(h)
-	var cs []*deltaClient
-	for i := range orderStreams {
-		c := openDelta(t, addr)
-		for k, typeURL := range adsOrder {
-			req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: o.names[typeURL]}
-			if k == 0 {
-				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
-			}
-			c.send(req)
-			if r := c.next(); r.TypeUrl != typeURL {
-				t.Fatalf("first request of %s: got %s", typeURL, r.TypeUrl)
-			} else {
-				c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce})
-			}
-		}
-		cs = append(cs, c)
-	}
-	for round := range orderRounds {
-		o.change(round)
-		for i, c := range cs {
-			for _, typeURL := range adsOrder {
-				r := c.next()
-				if r.TypeUrl != typeURL {
-					t.Fatalf("round %d, stream %d: got a %s response; want %s", round, i, r.TypeUrl, typeURL)
-				}
-				c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce})
-			}
-		}
-	}
-}
-
-// adsOrder is the order the ordering tests expect; they open orderStreams
-// streams and make orderRounds changes.
-var adsOrder = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
-
-const orderStreams, orderRounds = 6, 8
-
-// orderRoundsState is the index of the ordering tests: service a, then
-// one more service each round, and the names the streams ask for (a's
-// endpoints, and every round's route).
-type orderRoundsState struct {
-	h        *Hub
-	services []*clusters.Service
-	names    map[string][]string
-}
-
-func newOrderRounds(h *Hub) *orderRoundsState {
-	o := &orderRoundsState{h: h, services: []*clusters.Service{namedService("a", "10.0.0.1")}}
-	// a's route too: every first request is answered, so only ACKs are
-	// on their way when the first change is made (they find nothing new
-	// before the change's push).
-	routes := []string{xdsgen.ListenerName("a.demo.svc.cluster.local", 7070)}
-	for i := range orderRounds {
-		routes = append(routes, xdsgen.ListenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
-	}
-	o.names = map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
-	h.index.ReplaceCluster("west", slices.Clone(o.services))
-	return o
-}
-
-// change makes round's one index change: service c<round> appears (a
-// cluster, listener and route) and a's endpoint moves.
-func (o *orderRoundsState) change(round int) {
-	o.services = append(o.services, namedService(fmt.Sprintf("c%d", round), fmt.Sprintf("10.1.%d.1", round)))
-	o.services[0] = namedService("a", fmt.Sprintf("10.0.0.%d", round+2))
-	o.h.index.ReplaceCluster("west", slices.Clone(o.services))
 }

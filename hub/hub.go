@@ -1,9 +1,6 @@
 // Package hub is the federation core: the federated index of every member's
-// services and the push debounce (hub/feed), the xDS resources generated
-// from it (hub/xdsgen), and the ADS gRPC server that serves them (its own
-// stream loops over go-control-plane's generated types), with Istio's CA
-// API (hub/ca) beside it on the mTLS listener; both know who is calling
-// from hub/authn.
+// services, the push debounce, xDS generation and the ADS gRPC server (its
+// own stream loops over go-control-plane's generated types).
 package hub
 
 import (
@@ -34,22 +31,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/ca"
-	"github.com/hubmesh/hub/hub/feed"
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
 // Options configures a Hub.
 type Options struct {
-	// Changes is the change feed Run consumes (feed.NewChanges), which the
+	// Changes is the change feed Run consumes (NewChanges), which the
 	// Index, the Secret and root sources report to. Nil: a feed of the
 	// hub's own with DefaultDebounceAfter and DefaultDebounceMax.
-	Changes *feed.Changes
-	// Index is the federated index served (feed.NewIndex, reporting to
+	Changes *Changes
+	// Index is the federated index served (NewIndex, reporting to
 	// Changes). Nil: an index of the hub's own, with DomainSuffix.
-	Index *feed.Index
+	Index *Index
 	// DomainSuffix makes service hostnames of the hub's own index:
 	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
@@ -63,7 +56,7 @@ type Options struct {
 	Policy mcp.Policy
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
-	Roots   authn.RootSource
+	Roots   RootSource
 	// Authorizer, if set, lets a proxy read another namespace's Secrets
 	// when its service account may list them there.
 	Authorizer SecretAuthorizer
@@ -73,19 +66,19 @@ type Options struct {
 	AccessReviewTimeout time.Duration
 	// Tokens, if set, authenticates proxies on the mTLS listener that
 	// present a Kubernetes service-account token instead of a certificate.
-	Tokens authn.TokenReviewer
+	Tokens TokenReviewer
 	// Signer, if set, serves Istio's CA API
 	// (istio.v1.auth.IstioCertificateService) on the mTLS listener only:
 	// workload certificates for callers authenticated by Tokens or by a
 	// certificate it issued. It needs Roots.
-	Signer ca.WorkloadSigner
+	Signer WorkloadSigner
 	// Members, if set, tells the CA API which members are in the
 	// federation: a certificate bound to one that is not (removed,
 	// invalid) is neither renewed nor issued for a remembered token.
-	Members ca.Members
+	Members Members
 	// MaxWorkloadCertTTL is the longest workload certificate the CA API
 	// issues; a longer request is refused with InvalidArgument. Zero means
-	// ca.DefaultMaxWorkloadCertTTL.
+	// DefaultMaxWorkloadCertTTL.
 	MaxWorkloadCertTTL time.Duration
 	// Namespace is the hub's own namespace: its Secrets are never served
 	// over SDS, in any member, and no member asserts identities in it.
@@ -99,13 +92,13 @@ type Options struct {
 	// assert (synced, and its remote Secret's annotations): the CA signs
 	// and SDS serves only those. Nil: every member counts as synced,
 	// without annotations.
-	IdentityScopes authn.IdentityScopes
+	IdentityScopes IdentityScopes
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
 	// MTLSMode is the mesh-wide mTLS mode of proxyless gRPC workloads
-	// (see xdsgen.MTLSMode; "": xdsgen.DefaultMTLSMode). STRICT needs
-	// Roots: clients accept identities of its local trust domain.
-	MTLSMode xdsgen.MTLSMode
+	// (see MTLSMode; "": DefaultMTLSMode). STRICT needs Roots: clients
+	// accept identities of its local trust domain.
+	MTLSMode MTLSMode
 	// Settled reports whether membership has settled: the home cluster and
 	// every member synced, timed out, or served from its persisted view
 	// (clusters.Registry.Ready). Until it first has, new streams are
@@ -136,16 +129,16 @@ type Hub struct {
 	settled func() (bool, string)
 	open    atomic.Bool   // settled once: streams are accepted
 	admit   *rate.Limiter // new streams
-	changes *feed.Changes
-	index   *feed.Index
-	gen     *xdsgen.Generator
+	changes *Changes
+	index   *Index
+	gen     *generator
 	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
-	ca      *ca.Server       // nil: no CA API
-	codec   *sharedCodec     // the ADS servers' gRPC codec
-	fleet   *feed.Deliveries // what the streams take in: paces the pushes
+	ca      *caServer    // nil: no CA API
+	codec   *sharedCodec // the ADS servers' gRPC codec
+	fleet   *deliveries  // what the streams take in: paces the pushes
 	// versions are what the streams were sent, names what the Delta
 	// streams subscribe to (sotwSubscription, deltaSubscription): shared
 	// between them.
@@ -174,20 +167,20 @@ func New(opts Options) (*Hub, error) {
 		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies:  newProxyTracker(opts.Log, opts.Limits),
 		codec:    newSharedCodec(),
-		fleet:    &feed.Deliveries{},
+		fleet:    &deliveries{},
 		versions: newHoldings[string](),
 		names:    newHoldings[struct{}](),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
 	if h.changes == nil {
-		h.changes = feed.NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
+		h.changes = NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
 	}
 	if h.index == nil {
-		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
+		h.index = NewIndex(opts.DomainSuffix, h.changes)
 	}
-	h.gen = xdsgen.New(h.index)
-	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots); err != nil {
+	h.gen = newGenerator(h.index)
+	if err := h.gen.setMTLS(opts.MTLSMode, opts.Roots); err != nil {
 		return nil, err
 	}
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
@@ -206,27 +199,29 @@ func New(opts Options) (*Hub, error) {
 			}
 		}
 	}
-	h.reviews = newAccessReviews(opts.Authorizer, h.changes.ReviewDecided, opts.Log)
+	h.reviews = newAccessReviews(opts.Authorizer, h.changes.reviewDecided, opts.Log)
 	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
 		h.reviews.timeout = opts.AccessReviewTimeout
 	}
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
-	scope := authn.NewScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
+	scope := newIdentityScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
 	h.watcher.scope = scope
-	collectors := scope.Collectors()
+	collectors := []prometheus.Collector{scope.refused}
 	if opts.Tokens != nil && opts.Roots != nil {
-		h.proxies.tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
-		collectors = append(collectors, h.proxies.tokens.Collectors()...)
+		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
+		h.proxies.tokens.scope = scope
+		collectors = append(collectors, h.proxies.tokens.collectors()...)
 	}
+	h.proxies.identify = h.watcher.identify
 	if opts.Signer != nil {
 		if opts.Roots == nil {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
 		}
-		h.ca = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: h.proxies.tokens, Scope: scope,
-			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
-		collectors = append(collectors, h.ca.Collectors()...)
+		h.ca = newCAServer(opts.Signer, opts.Roots, h.proxies.tokens, opts.MaxWorkloadCertTTL, opts.Log)
+		h.ca.members, h.ca.scope = opts.Members, scope
+		collectors = append(collectors, h.ca.stats.collectors()...)
 	}
 	if opts.Metrics != nil {
 		for _, c := range collectors {
@@ -274,11 +269,13 @@ func (h *Hub) PushesPerSecond() []int { return h.proxies.pushesPerSecond() }
 
 // Certificates summarises the workload certificates the CA API issued and
 // the requests it refused; ok is false when the hub serves no CA API.
-func (h *Hub) Certificates() (ca.CertificateStats, bool) {
+func (h *Hub) Certificates() (CertificateStats, bool) {
 	if h.ca == nil {
-		return ca.CertificateStats{}, false
+		return CertificateStats{}, false
 	}
-	return h.ca.Stats(), true
+	st := h.ca.stats.snapshot()
+	st.DefaultTTL, st.MaxTTL = h.ca.defaultTTL, h.ca.maxTTL
+	return st, true
 }
 
 // ServiceSummary is one federated service with its endpoints per member.
@@ -295,7 +292,7 @@ func (h *Hub) Services() []ServiceSummary {
 	var out []ServiceSummary
 	for _, host := range h.index.Hostnames() {
 		members := h.index.Service(host)
-		s := ServiceSummary{Hostname: host, Ports: xdsgen.FederatedPorts(members), Endpoints: map[string]int{}}
+		s := ServiceSummary{Hostname: host, Ports: federatedPorts(members), Endpoints: map[string]int{}}
 		for id, svc := range members {
 			s.Namespace, s.Name = svc.Namespace, svc.Name
 			s.Endpoints[id] = len(svc.Endpoints)
@@ -309,7 +306,16 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.Run(ctx, h.watcher.push, h.fleet)
+	h.changes.run(ctx, h.push, h.fleet)
+}
+
+// push sends what changed: regenerates the changed services' resources
+// (xDS and Istio config) and answers the watches they, the Secrets, roots
+// and access decisions in b affect.
+func (h *Hub) push(b *batch) {
+	h.gen.invalidate(b.hosts)
+	h.config.Invalidate(b.hosts)
+	h.watcher.push(b)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

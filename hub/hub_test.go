@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -31,7 +30,7 @@ func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() erro
 	t.Helper()
 	opts.DomainSuffix = "cluster.local"
 	if opts.Changes == nil {
-		opts.Changes = feed.NewChanges(10*time.Millisecond, time.Second)
+		opts.Changes = NewChanges(10*time.Millisecond, time.Second)
 	}
 	h, err := New(opts)
 	if err != nil {
@@ -177,7 +176,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	}
 	// New endpoints: the cluster list is the same, the endpoints are not.
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
-	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1) // as push does for the watches it takes
 	eds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}, {wt: eds}}); len(got) != 1 || got[0].wt != eds {
@@ -187,7 +186,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	svc := echoService("10.0.0.2")
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
-	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")

@@ -24,10 +24,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
-	"github.com/hubmesh/hub/hub/internal/clip"
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -88,15 +84,18 @@ type proxyTracker struct {
 	pushes   [60]uint32        // responses per second, ring indexed by unix second
 	pushAt   [60]int64
 
+	// identify tells the watcher which verified identity a stream's node
+	// pointer stands for (replacing old; new nil forgets old).
+	identify func(old, new *corev3.Node, id identity)
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
-	tokens *authn.TokenAuth
+	tokens *tokenAuth
 	// roots checks that a client certificate's member binding comes from
 	// our own CA; nil honours no binding.
-	roots  authn.RootSource
+	roots  RootSource
 	limits Limits
 	// fleet counts the responses clients answered (may be nil).
-	fleet *feed.Deliveries
+	fleet *deliveries
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -105,8 +104,8 @@ type proxyTracker struct {
 }
 
 type streamState struct {
-	ident   authn.Identity
-	claimed string          // the member the proxy says it is in (may differ from ident.Cluster)
+	ident   identity
+	claimed string          // the member the proxy says it is in (may differ from ident.cluster)
 	token   string          // a bearer token still to be reviewed (mTLS streams without a certificate)
 	ctx     context.Context // the stream's, for that review
 	node    *corev3.Node
@@ -128,9 +127,6 @@ type streamState struct {
 	// certificate nor a bearer token: it may read Istio config and nothing
 	// else (see checkAnonymous).
 	anonymous bool
-	// identified tells the stream's loop the verified identity of the
-	// stream once its first node was checked (nil: nobody is told).
-	identified func(authn.Identity)
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -177,24 +173,23 @@ func shortType(typeURL string) string {
 // open Istio config types only (checkAnonymous); a per-type discovery
 // service (CDS, EDS, LDS, RDS) is refused with Unauthenticated at once.
 // Anonymous streams count against the stream limit like any other.
-// identified is told the stream's verified identity once its first node
-// is checked (may be nil).
-func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string, identified func(authn.Identity)) error {
+func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) error {
 	st := &streamState{
-		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx, identified: identified,
+		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
 		named: map[string]bool{}, names: map[string]digest{},
 	}
+	st.ident.withheld = &withheldLog{}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
 		var info credentials.TLSInfo
 		info, secure = pr.AuthInfo.(credentials.TLSInfo)
-		st.ident.SpiffeID, st.ident.Namespace = authn.PeerIdentity(pr)
-		if !st.ident.SpiffeID.IsZero() {
-			st.status.Identity = st.ident.SpiffeID.String()
-			st.ident.Cluster = authn.MemberBinding(info.State.PeerCertificates, p.roots)
-			st.status.Cluster = st.ident.Cluster
+		st.ident.spiffeID, st.ident.namespace = peerIdentity(pr)
+		if !st.ident.spiffeID.IsZero() {
+			st.status.Identity = st.ident.spiffeID.String()
+			st.ident.cluster = memberBinding(info.State.PeerCertificates, p.roots)
+			st.status.Cluster = st.ident.cluster
 		}
 	}
 	claimed := ""
@@ -204,11 +199,11 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string, i
 		}
 		// A token is only worth reviewing where secrets can be served: on
 		// the mTLS listener, from a client without a certificate.
-		if secure && st.ident.SpiffeID.IsZero() {
-			st.token = authn.BearerToken(md)
+		if secure && st.ident.spiffeID.IsZero() {
+			st.token = bearerToken(md)
 		}
 	}
-	if secure && st.ident.SpiffeID.IsZero() && st.token == "" {
+	if secure && st.ident.spiffeID.IsZero() && st.token == "" {
 		st.anonymous = true
 		if typ != resourcev3.AnyType {
 			return errAnonymousType(typ)
@@ -233,18 +228,18 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string, i
 // it gets no Kubernetes Secrets, which is logged once and shown in status.
 // An unbound certificate's claim is only shown: it proves nothing.
 func (p *proxyTracker) claim(st *streamState, member string) {
-	if member == "" || st.ident.FromToken {
+	if member == "" || st.ident.fromToken {
 		return
 	}
 	st.claimed = member
 	switch {
-	case st.ident.Cluster == "":
+	case st.ident.cluster == "":
 		st.status.Cluster = member
-	case member != st.ident.Cluster && st.ident.Conflict == "":
-		st.ident.Conflict = member
-		st.status.Warning = fmt.Sprintf("claims member cluster %q but its certificate is bound to %q: no Kubernetes Secrets are served to it", clip.String(member, 64), st.ident.Cluster)
+	case member != st.ident.cluster && st.ident.conflict == "":
+		st.ident.conflict = member
+		st.status.Warning = fmt.Sprintf("claims member cluster %q but its certificate is bound to %q: no Kubernetes Secrets are served to it", truncate(member, 64), st.ident.cluster)
 		p.log.Warn("xDS proxy claims another member than its certificate proves; no Kubernetes Secrets are served to it",
-			"proxy", clip.String(st.status.ID, 256), "identity", st.status.Identity, "certificateMember", st.ident.Cluster, "claimedMember", clip.String(member, 64))
+			"proxy", truncate(st.status.ID, 256), "identity", st.status.Identity, "certificateMember", st.ident.cluster, "claimedMember", truncate(member, 64))
 	}
 }
 
@@ -253,11 +248,14 @@ func (p *proxyTracker) claim(st *streamState, member string) {
 func (p *proxyTracker) onStreamClosed(id int64) {
 	p.mu.Lock()
 	st := p.streams[id]
+	if st != nil && p.identify != nil {
+		p.identify(st.node, nil, identity{})
+	}
 	if st != nil {
 		for _, held := range st.held {
 			p.holdings.release(held)
 		}
-		p.fleet.Answer(len(st.nonces)) // lost with the stream
+		p.fleet.answer(len(st.nonces)) // lost with the stream
 	}
 	delete(p.streams, id)
 	p.mu.Unlock()
@@ -365,7 +363,7 @@ func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryR
 // check refuses, before anything of it is kept, a request for a type the
 // hub does not serve, one an anonymous stream may not read (checkAnonymous)
 // and a node larger than any real client's (measured
-// once per node: the stream's loop stamps later requests with the stream's node).
+// once per node: the server stamps later requests with the stream's node).
 func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
@@ -442,15 +440,16 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	if cluster == "" {
 		return status.Error(codes.Unauthenticated, "a service-account token is checked in the proxy's own member cluster: set node metadata CLUSTER_ID or the ClusterID header")
 	}
-	ident, err := p.tokens.Authenticate(ctx, cluster, token, 0)
+	ident, err := p.tokens.authenticate(ctx, cluster, token, 0)
 	if err != nil {
-		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", clip.String(cluster, 64), "error", err)
-		return status.Errorf(authn.TokenErrorCode(err), "service-account token not accepted by cluster %s: %v", clip.String(cluster, 64), err)
+		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", truncate(cluster, 64), "error", err)
+		return status.Errorf(tokenErrorCode(err), "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)
 	}
 	p.mu.Lock()
 	if st := p.streams[id]; st != nil {
+		ident.withheld = st.ident.withheld // the cached identity is shared; the log is the stream's
 		st.ident = ident
-		st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
+		st.status.Identity, st.status.Cluster = ident.spiffeID.String(), cluster
 	}
 	p.mu.Unlock()
 	return nil
@@ -467,19 +466,19 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 	if st == nil {
 		return
 	}
-	// The stream's loop stamps every request with the stream's first node:
-	// a node not seen before is that one, checked and identified once.
+	// The server stamps every request of a stream with the stream's node
+	// pointer, so it identifies the stream in CreateWatch.
 	if node != nil && node != st.node {
 		if st.status.ID == "" {
 			st.status.ID = node.GetId()
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
-			st.status.IstioVersion = clip.String(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
-			st.status.Proxyless = xdsgen.Proxyless(node)
+			st.status.IstioVersion = truncate(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
+			st.status.Proxyless = proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
-		if st.identified != nil {
-			st.identified(st.ident)
+		if p.identify != nil {
+			p.identify(st.node, node, st.ident)
 		}
 		st.node = node
 	}
@@ -491,10 +490,10 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 		return
 	}
 	delete(st.nonces, nonce)
-	p.fleet.Answer(1)
+	p.fleet.answer(1)
 	ts := st.typeStatus(s.typeURL)
 	if nack {
-		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, clip.String(nackMsg, maxNackDetailBytes), time.Now()
+		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, truncate(nackMsg, maxNackDetailBytes), time.Now()
 		ts.Nacks++
 		p.nacks.WithLabelValues(typeLabel(s.typeURL)).Inc()
 		return
@@ -564,7 +563,7 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 	ts.Sends++
 	st.nonces[nonce] = sent{typeURL, version}
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
-		p.fleet.Answer(len(st.nonces) - 1) // given up on
+		p.fleet.answer(len(st.nonces) - 1) // given up on
 		clear(st.nonces)
 		st.nonces[nonce] = sent{typeURL, version}
 	}

@@ -13,7 +13,7 @@ func TestProxyStatusSaysProxyless(t *testing.T) {
 	for name, kind := range clientKinds {
 		t.Run(name, func(t *testing.T) {
 			p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
-			if err := p.onStreamOpen(context.Background(), 1, "", nil); err != nil {
+			if err := p.onStreamOpen(context.Background(), 1, ""); err != nil {
 				t.Fatal(err)
 			}
 			p.request(1, kind.node, "", "", false)

@@ -35,10 +35,6 @@ type requestStream struct {
 	grpc.ServerStream
 	names *internedNames // shared by the server's streams
 	node  *corev3.Node   // the stream's first Delta node
-	// last is the interned run of the stream's last SotW request: an ACK
-	// repeats it, and is then checked against it byte for byte without
-	// hashing it or looking it up.
-	last *namesRun
 }
 
 // rawRequest is a request's encoding, which the codec copies as it is
@@ -76,7 +72,7 @@ func (s *requestStream) RecvMsg(m any) error {
 	if d, ok := m.(*discoveryv3.DeltaDiscoveryRequest); ok {
 		return s.decodeDelta(b, d)
 	}
-	return s.names.decode(b, m.(*discoveryv3.DiscoveryRequest), &s.last)
+	return s.names.decode(b, m.(*discoveryv3.DiscoveryRequest))
 }
 
 // sotwNamesField is DiscoveryRequest.resource_names' field number.
@@ -99,11 +95,11 @@ const (
 // each entry holds its run's bytes and names. Safe for concurrent use.
 type internedNames struct {
 	seed  maphash.Seed
-	cache *lru.Cache[uint64, *namesRun]
+	cache *lru.Cache[uint64, namesRun]
 }
 
 func newInternedNames() *internedNames {
-	c, _ := lru.New[uint64, *namesRun](64) // only a size ≤ 0 fails
+	c, _ := lru.New[uint64, namesRun](64) // only a size ≤ 0 fails
 	return &internedNames{seed: maphash.MakeSeed(), cache: c}
 }
 
@@ -114,35 +110,25 @@ type namesRun struct {
 }
 
 // decode decodes the SotW request b into m, taking its resource_names
-// from the table when the same run was decoded before: first from *last,
-// the run of the stream's previous request, then by the run's hash. *last
-// becomes the request's interned run (nil when it has none).
-func (t *internedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest, last **namesRun) error {
+// from the table when the same run was decoded before.
+func (t *internedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	start, end, ok := fieldRun(b, sotwNamesField)
 	if !ok || end-start < minInternedRun || end-start > maxInternedRun {
-		*last = nil
 		return proto.Unmarshal(b, m)
 	}
 	run := b[start:end]
-	e := *last
-	if e == nil || !bytes.Equal(e.run, run) {
-		key := maphash.Bytes(t.seed, run)
-		if e, ok = t.cache.Get(key); !ok || !bytes.Equal(e.run, run) {
-			*last = nil
-			if err := proto.Unmarshal(b, m); err != nil {
-				return err
-			}
-			e = &namesRun{run: bytes.Clone(run), names: m.ResourceNames}
-			t.cache.Add(key, e)
-			*last = e
-			return nil
+	key := maphash.Bytes(t.seed, run)
+	if e, hit := t.cache.Get(key); hit && bytes.Equal(e.run, run) {
+		if err := unmarshalAround(b, start, end, m); err != nil {
+			return err
 		}
+		m.ResourceNames = e.names
+		return nil
 	}
-	if err := unmarshalAround(b, start, end, m); err != nil {
+	if err := proto.Unmarshal(b, m); err != nil {
 		return err
 	}
-	m.ResourceNames = e.names
-	*last = e
+	t.cache.Add(key, namesRun{run: bytes.Clone(run), names: m.ResourceNames})
 	return nil
 }
 
@@ -171,31 +157,10 @@ func fieldRun(b []byte, num protowire.Number) (start, end int, ok bool) {
 				return -1, -1, false
 			}
 			end = i + tl + v
-			if tl == 1 {
-				// The run's next entries have the same one-byte tag: read
-				// their lengths only (1,000 names in an Envoy ACK).
-				end = sameTagRun(b, end, b[i])
-				i = end
-				continue
-			}
 		}
 		i += tl + v
 	}
 	return start, end, true
-}
-
-// sameTagRun returns where the length-delimited entries from b[i:] whose
-// tag is the one byte tag end; a malformed entry ends them (where
-// fieldRun then reads it and fails).
-func sameTagRun(b []byte, i int, tag byte) int {
-	for i < len(b) && b[i] == tag {
-		l, n := protowire.ConsumeVarint(b[i+1:])
-		if n < 0 || l > uint64(len(b)-i-1-n) {
-			return i
-		}
-		i += 1 + n + int(l)
-	}
-	return i
 }
 
 // deltaNodeField is DeltaDiscoveryRequest.node's field number.

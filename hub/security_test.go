@@ -35,7 +35,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 	"github.com/hubmesh/hub/trust"
 )
@@ -107,7 +106,7 @@ func startSecureHub(t testing.TB, opts Options) *secureHub {
 	}
 	opts.Roots = fakeRoots{pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})}
 	opts.Metrics, opts.Log = s.metrics, slog.New(slog.NewJSONHandler(s.logs, nil))
-	opts.DomainSuffix, opts.Changes = "cluster.local", feed.NewChanges(10*time.Millisecond, time.Second)
+	opts.DomainSuffix, opts.Changes = "cluster.local", NewChanges(10*time.Millisecond, time.Second)
 	s.h, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -373,6 +372,39 @@ func TestSDSBindsTheMemberTheCertificateProves(t *testing.T) {
 	}
 }
 
+// TestMemberBindingNeedsOurRoots checks the binding check itself with a
+// certificate that a rogue CA (not in our bundle) issued for our trust
+// domain, as a listener with a laxer verifier would let through.
+func TestMemberBindingNeedsOurRoots(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	ours, _ := trust.NewSelfSignedCA(td, time.Hour)
+	rogue, _ := trust.NewSelfSignedCA(td, time.Hour)
+	peer, _ := trust.NewSelfSignedCA(spiffeid.RequireTrustDomainFromString("peer.org"), time.Hour)
+	roots := fakeRoots{pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ours.Cert.Raw})}
+	id := spiffeid.RequireFromPath(td, "/ns/a/sa/gw")
+	for name, c := range map[string]struct {
+		ca   *trust.CA
+		id   spiffeid.ID
+		want string
+	}{
+		"ours":  {ours, id, "west"},
+		"rogue": {rogue, id, ""},
+		"peer":  {peer, spiffeid.RequireFromPath(peer.TrustDomain, "/ns/a/sa/gw"), ""},
+	} {
+		svid, err := c.ca.IssueWorkloadSVID(c.id, "west", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := memberBinding(svid.Certificates, roots); got != c.want {
+			t.Errorf("%s: binding %q; want %q", name, got, c.want)
+		}
+	}
+	plain, _ := ours.IssueSVID(id, time.Hour)
+	if got := memberBinding(plain.Certificates, roots); got != "" {
+		t.Errorf("a certificate without the extension is bound to %q", got)
+	}
+}
+
 func TestSDSNeverServesHubNamespaceOrCAMaterial(t *testing.T) {
 	allowAll := AuthorizerFunc(func(context.Context, string, string, string, string) (bool, error) { return true, nil })
 	s := startSecureHub(t, Options{Namespace: "hub-system", Authorizer: allowAll})
@@ -584,6 +616,27 @@ func TestWithheldSecretIsLoggedOncePerStream(t *testing.T) {
 		if n := s.logs.count("SDS resource withheld", map[string]string{"proxy": "quiet", "resource": name}); n != 1 {
 			t.Errorf("%s withheld from one stream over 6 evaluations was logged %d times; want once", name, n)
 		}
+	}
+}
+
+func TestGeneratorStampsStayBounded(t *testing.T) {
+	g := newGenerator(NewIndex("cluster.local", nil))
+	for i := range maxGens + 100 {
+		g.invalidate(map[string]struct{}{fmt.Sprintf("h%d.ns.svc.cluster.local", i): {}})
+	}
+	if n := len(g.gens); n > maxGens {
+		t.Fatalf("%d invalidation stamps kept; want at most %d", n, maxGens)
+	}
+	// A build that read a stamp before an invalidation is not cached, even
+	// when the stamps were cleared in between.
+	host := "late.ns.svc.cluster.local"
+	before := g.genOf(host)
+	g.invalidate(map[string]struct{}{host: {}})
+	for i := range maxGens {
+		g.invalidate(map[string]struct{}{fmt.Sprintf("x%d", i): {}})
+	}
+	if g.genOf(host) == before {
+		t.Fatal("a pruned hostname's stamp equals one read before its invalidation")
 	}
 }
 

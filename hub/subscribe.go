@@ -8,12 +8,9 @@ import (
 	"strings"
 	"sync/atomic"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
-	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -25,8 +22,9 @@ import (
 // outlives its watches: it is kept with its stream (streamRecord) for as
 // long as the stream asks for the same names, so an ACK neither re-parses
 // its names nor re-evaluates them, only what changed since the response
-// it acknowledges was built. Wildcard watches and Delta SDS watches get
-// a subscriber of their own that is indexed only while the watch is parked and evaluated
+// it acknowledges was built. Wildcard watches, Delta SDS watches, and the
+// watches of a stream the tracker has not announced, get a subscriber of
+// their own that is indexed only while the watch is parked and evaluated
 // in full each time.
 type subscriber struct {
 	typeURL    string
@@ -51,7 +49,7 @@ type subscriber struct {
 	asked []string
 	// SDS: the Secrets (of the identity's member) and whether roots the
 	// names ask for; a change of one of them re-evaluates the subscriber.
-	secrets []feed.SecretRef
+	secrets []secretRef
 	roots   bool
 
 	// Guarded by watcher.mu.
@@ -63,7 +61,7 @@ type subscriber struct {
 	// reviews are the access reviews an SDS subscriber's last evaluation
 	// consulted: a new decision for one of them re-evaluates it (see
 	// watcher.push).
-	reviews map[feed.ReviewKey]struct{}
+	reviews map[reviewKey]struct{}
 }
 
 // digest identifies a list of names, in order.
@@ -111,7 +109,7 @@ func newNameIndex(typeURL string, names map[string]struct{}) *nameIndex {
 	byHost := make([]named, 0, len(names))
 	var other []string
 	for name := range names {
-		if host, _, ok := xdsgen.ParseName(typeURL, name); ok {
+		if host, _, ok := parseName(typeURL, name); ok {
 			byHost = append(byHost, named{host, name})
 		} else {
 			other = append(other, name)
@@ -157,18 +155,18 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 // aim records which Secrets and roots an SDS subscriber's names ask for,
 // read as the stream's identity means them (parseSecretName); not while s
 // is indexed.
-func (s *subscriber) aim(id authn.Identity) {
+func (s *subscriber) aim(id identity) {
 	s.secrets, s.roots = nil, false
 	if s.typeURL != resourcev3.SecretType {
 		return
 	}
 	for _, name := range s.list {
-		switch sn := parseSecretName(name, id.Namespace); {
+		switch sn := parseSecretName(name, id.namespace); {
 		case sn.roots:
 			s.roots = true
-		case sn.wellFormed && id.Cluster != "":
+		case sn.wellFormed && id.cluster != "":
 			for _, k := range sn.keys() {
-				s.secrets = append(s.secrets, feed.SecretRef{Cluster: id.Cluster, Key: k})
+				s.secrets = append(s.secrets, secretRef{id.cluster, k})
 			}
 		}
 	}
@@ -214,7 +212,7 @@ func (s *subscriber) has(name string) bool {
 		_, ok := s.names[name]
 		return ok
 	}
-	if host, _, ok := xdsgen.ParseName(s.typeURL, name); ok {
+	if host, _, ok := parseName(s.typeURL, name); ok {
 		return slices.Contains(s.namesOf(host), name)
 	}
 	return slices.Contains(s.idx.list[s.idx.hosted:], name)
@@ -237,19 +235,12 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 	return true
 }
 
-// streamRecord is what the watcher keeps of a stream, held by the stream's
-// loop (the connection, see adsServer), which hands it to every watch:
-// where its responses go, its verified identity (from the tracker, see
-// identify), its persistent subscribers by type and the SDS names it was
-// told it may not have.
+// streamRecord is what the watcher keeps per stream, under the stream's
+// node pointer (the server stamps it on every request of the stream): its
+// verified identity and its persistent subscribers by type.
 type streamRecord struct {
-	out   *outbox
-	ident authn.Identity
+	ident identity
 	subs  map[string]*subscriber
-	// withheld logs each SDS name withheld from the stream once
-	// (secretResources), for the stream's whole life; it has its own lock
-	// (pushes evaluate the stream's watches beside its loop).
-	withheld withheldLog
 	// sent says, per type, that a SotW response of that type went out on
 	// the stream (set by the server's send, see sotwResponse): a stream's
 	// first request of a type is answered even when there is nothing for
@@ -258,20 +249,14 @@ type streamRecord struct {
 	// handed is, per type, the last SotW response handed to the stream
 	// (guarded by watcher.mu): one the server dropped for a newer request,
 	// or never sent before the stream closed, is counted as answered for
-	// the pacing (feed.Deliveries), since no client will answer it.
+	// the pacing (deliveries), since no client will answer it.
 	handed map[string]*sotwResponse
-	// pushing counts the pushes answering the stream now, and deferred
-	// are the watches its requests made meanwhile (guarded by watcher.mu):
-	// they are evaluated once the push's answers are handed over
-	// (watcher.answered), so responses keep ADS order.
-	pushing  int
-	deferred []*watch
 }
 
 // handedLocked records r as the last SotW response handed to rec's stream
 // for typeURL, with w.mu held.
 func (rec *streamRecord) handedLocked(typeURL string, r *sotwResponse) {
-	if r == nil {
+	if rec == nil || r == nil {
 		return
 	}
 	if rec.handed == nil {
@@ -300,11 +285,11 @@ func (rec *streamRecord) unsentLocked(typeURL string) int {
 // requested records a new SotW request of typeURL on rec's stream and
 // returns the stream's flag for the type's first response. The type's last
 // response was sent before the server took the request, or dropped for it:
-// then nobody answers it, and it counts as answered (feed.Deliveries).
+// then nobody answers it, and it counts as answered (deliveries).
 func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.fleet.Answer(rec.unsentLocked(typeURL))
+	w.fleet.answer(rec.unsentLocked(typeURL))
 	f := rec.sent[typeURL]
 	if f == nil {
 		if rec.sent == nil {
@@ -316,30 +301,27 @@ func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	return f
 }
 
-// openStream returns the record of a new stream whose responses go to out.
-func (w *watcher) openStream(out *outbox) *streamRecord {
-	return &streamRecord{out: out, subs: map[string]*subscriber{}}
-}
-
-// closeStream forgets a stream that ended: its subscribers are dropped,
-// and what it was handed and never sent counts as answered.
-func (w *watcher) closeStream(rec *streamRecord) {
+// identify follows the proxy tracker's view of a stream: its node pointer
+// appears (old nil), changes (the client sent a new node), or goes away
+// (new nil: the stream closed, its subscribers are dropped).
+func (w *watcher) identify(old, new *corev3.Node, id identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, s := range rec.subs {
-		w.unindexLocked(s)
+	rec := w.streams[old]
+	delete(w.streams, old)
+	if new == nil {
+		if rec != nil {
+			for _, s := range rec.subs {
+				w.unindexLocked(s)
+			}
+			w.fleet.answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
+		}
+		return
 	}
-	rec.subs = map[string]*subscriber{}
-	w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
-}
-
-// identify sets the verified identity of rec's stream, from the proxy
-// tracker once it checked the stream's node: an SDS subscriber of another
-// member or namespace than before is aimed again.
-func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.Cluster != id.Cluster || rec.ident.Namespace != id.Namespace) {
+	if rec == nil {
+		rec = &streamRecord{subs: map[string]*subscriber{}}
+	}
+	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.cluster != id.cluster || rec.ident.namespace != id.namespace) {
 		indexed := s.indexed
 		w.unindexLocked(s)
 		s.aim(id)
@@ -349,13 +331,18 @@ func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
 		}
 	}
 	rec.ident = id
+	w.streams[new] = rec
 }
 
-// streamIdentity returns the verified identity of rec's stream.
-func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
+// record returns the stream's record and identity, if the tracker announced it.
+func (w *watcher) record(node *corev3.Node) (*streamRecord, identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return rec.ident
+	rec := w.streams[node]
+	if rec == nil {
+		return nil, identity{}
+	}
+	return rec, rec.ident
 }
 
 // subscriberFor returns the subscriber a new SotW watch belongs to: the
@@ -364,8 +351,10 @@ func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
 // names its subscriber was built from (requestStream) is recognised
 // without looking at the names.
 func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscription) *subscriber {
-	if wt.wildcard {
-		w.dropSubscriber(rec, wt.typeURL)
+	if rec == nil || wt.wildcard {
+		if rec != nil {
+			w.dropSubscriber(rec, wt.typeURL)
+		}
 		return newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
 	}
 	requested := wt.req.GetResourceNames()
@@ -420,8 +409,10 @@ func (w *watcher) keep(rec *streamRecord, old, ns *subscriber) {
 // full once. The stream's subscription map changes with its next request
 // (deltaSubscription), so the subscriber keeps a list of its own.
 func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
-	if wt.wildcard || wt.typeURL == resourcev3.SecretType {
-		w.dropSubscriber(rec, wt.typeURL)
+	if rec == nil || wt.wildcard || wt.typeURL == resourcev3.SecretType {
+		if rec != nil {
+			w.dropSubscriber(rec, wt.typeURL)
+		}
 		return newSubscriber(wt.typeURL, names, wt.wildcard, false)
 	}
 	req := wt.deltaReq
@@ -469,7 +460,7 @@ func (w *watcher) indexLocked(s *subscriber) {
 		w.bySecret[s] = struct{}{}
 		for _, ref := range s.secrets {
 			addSubscriber(w.byRef, ref, s)
-			addSubscriber(w.byMember, ref.Cluster, s)
+			addSubscriber(w.byMember, ref.cluster, s)
 		}
 		if s.roots {
 			w.byRoots[s] = struct{}{}
@@ -520,7 +511,7 @@ func (w *watcher) unindexLocked(s *subscriber) {
 		delete(w.bySecret, s)
 		for _, ref := range s.secrets {
 			removeSubscriber(w.byRef, ref, s)
-			removeSubscriber(w.byMember, ref.Cluster, s)
+			removeSubscriber(w.byMember, ref.cluster, s)
 		}
 		delete(w.byRoots, s)
 	case s.wildcard:

@@ -1,14 +1,16 @@
 package hub
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"maps"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -17,9 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -35,10 +34,10 @@ import (
 // state only for LDS, CDS and wildcard subscriptions, and clients keep the
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
-	gen     *xdsgen.Generator
-	config  *mcp.Generator   // Istio config for member istiods
-	secrets SecretSource     // may be nil: no SDS
-	roots   authn.RootSource // may be nil: no SDS
+	gen     *generator
+	config  *mcp.Generator // Istio config for member istiods
+	secrets SecretSource   // may be nil: no SDS
+	roots   RootSource     // may be nil: no SDS
 	// sar decides access reviews without waiting; nil: other namespaces
 	// are always denied.
 	sar *accessReviews
@@ -46,7 +45,7 @@ type watcher struct {
 	hubNamespace string
 	// scope decides which identities a member may assert; SDS serves
 	// Kubernetes Secrets only to those (nil: any).
-	scope *authn.Scope
+	scope *identityScope
 	// maxNames bounds the names a stream subscribes to per type.
 	maxNames int
 	log      *slog.Logger
@@ -55,13 +54,18 @@ type watcher struct {
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
-	fleet *feed.Deliveries
+	fleet *deliveries
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
 
 	mu    sync.Mutex
 	epoch uint64 // incremented by every push
+	// streams carries each stream's verified identity and persistent
+	// subscribers from the tracker's callbacks (which know the stream) to
+	// CreateWatch (which knows only the request, stamped with the stream's
+	// node pointer).
+	streams map[*corev3.Node]*streamRecord
 	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
 	// wildcard ones of those types, and SDS ones: all of them, by the
 	// member Secret they ask for, by the member of those Secrets, and those
@@ -70,7 +74,7 @@ type watcher struct {
 	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
-	byRef    map[feed.SecretRef]map[*subscriber]struct{}
+	byRef    map[secretRef]map[*subscriber]struct{}
 	byMember map[string]map[*subscriber]struct{}
 	byRoots  map[*subscriber]struct{}
 }
@@ -84,12 +88,12 @@ type watcher struct {
 type watch struct {
 	typeURL string
 	nodeID  string
-	// flavour is the shape of what the stream's client gets (xdsgen.FlavourOf).
-	flavour xdsgen.Flavour
+	// flavour is the shape of what the stream's client gets (flavourOf).
+	flavour flavour
 	// ident is the stream's identity when the watch was created; rec, the
-	// stream's record, has the current one, which SDS evaluations read
-	// (see watcher.identityOf).
-	ident    authn.Identity
+	// stream's record (nil: not announced), has the current one, which
+	// SDS evaluations read (see watcher.identityOf).
+	ident    identity
 	rec      *streamRecord
 	wildcard bool
 	sub      *subscriber
@@ -106,8 +110,8 @@ type watch struct {
 	// out is the stream's: the response goes there (adsServer sends it).
 	out *outbox
 	// first says no response of the watch's type has gone out on its
-	// stream yet (SotW); sent is the stream's flag that says so once one
-	// has.
+	// stream yet (a stream not announced: its request has no nonce); sent
+	// is the stream's flag that says so once one has (nil: not announced).
 	first bool
 	sent  *atomic.Bool
 
@@ -130,15 +134,16 @@ func (wt *watch) incremental() bool {
 	return false
 }
 
-func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
+func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
 		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames,
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
-		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
-		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
+		streams: map[*corev3.Node]*streamRecord{},
+		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
+		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
 }
@@ -159,19 +164,23 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// CreateWatch takes a State-of-the-World request of rec's stream with the
-// stream's subscription to its type; the response, now or on a later push,
-// goes to the stream's outbox. The returned function cancels the watch.
-func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, rec *streamRecord) (func(), error) {
+// CreateWatch takes a State-of-the-World request with its stream's
+// subscription to its type; the response, now or on a later push, goes to
+// out. The returned function cancels the watch.
+func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out *outbox) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: rec.out}
+	rec, ident := w.record(req.GetNode())
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
-	wt.sent = w.requested(rec, wt.typeURL)
-	wt.first = !wt.sent.Load()
+	wt.first = req.GetResponseNonce() == ""
+	if rec != nil {
+		wt.sent = w.requested(rec, wt.typeURL)
+		wt.first = !wt.sent.Load()
+	}
 	wt.sub = w.subscriberFor(rec, wt, sub)
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
@@ -185,7 +194,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, re
 // CreateDeltaWatch is CreateWatch for Delta (incremental) streams: only
 // resources whose version differs from what the stream holds are sent, and
 // resources that disappeared are named as removed.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, rec *streamRecord) (func(), error) {
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out *outbox) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -199,10 +208,11 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: rec.out}
+	rec, ident := w.record(req.GetNode())
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
-		wt.sub.aim(wt.ident) // a subscriber of the watch's own (deltaSubscriberFor)
+		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
 	}
 	wt.names = wt.sub.list
 	return w.watch(wt)
@@ -210,17 +220,11 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 
 // watch answers wt at once if its stream lacks something, else parks it
 // until a push. A push that changes what wt subscribes to while wt is being
-// evaluated makes it evaluate again, so no change is missed. While a push
-// is answering the stream, wt waits parked and is evaluated right after
-// the push's answers (see answered): what it would answer goes out after
-// them, in ADS order.
+// evaluated makes it evaluate again, so no change is missed.
 func (w *watcher) watch(wt *watch) (func(), error) {
 	s := wt.sub
 	for {
 		w.mu.Lock()
-		if wt.rec.pushing > 0 {
-			return w.deferLocked(wt), nil
-		}
 		epoch := w.epoch
 		dirty, full := s.takeLocked()
 		w.mu.Unlock()
@@ -230,17 +234,11 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		}
 		if resp.ok() {
 			w.mu.Lock()
-			if wt.rec.pushing > 0 {
-				// A push began answering the stream while wt was evaluated
-				// (it may have invalidated what wt read): after it, in full.
-				s.full = true
-				return w.deferLocked(wt), nil
-			}
 			s.last = resp.sotw
 			wt.rec.handedLocked(wt.typeURL, resp.sotw)
 			w.mu.Unlock()
 			resp.send(wt) // never blocks: see reply.send
-			w.fleet.Hand()
+			w.fleet.hand()
 			return func() {}, nil
 		}
 		w.mu.Lock()
@@ -257,16 +255,6 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		}
 		w.mu.Unlock() // a push changed it while we evaluated: evaluate again
 	}
-}
-
-// deferLocked parks wt until the push answering its stream has handed
-// over its answers (see answered), with w.mu held, which it releases.
-func (w *watcher) deferLocked(wt *watch) func() {
-	wt.sub.parked = wt
-	w.indexLocked(wt.sub)
-	wt.rec.deferred = append(wt.rec.deferred, wt)
-	w.mu.Unlock()
-	return func() { w.cancel(wt) }
 }
 
 // cancel ends a parked watch: the server changes the subscription state
@@ -291,9 +279,7 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push is the change feed's consumer (feed.Changes.Run): it invalidates
-// the changed services' resources (xDS and Istio config), then evaluates
-// the parked watches that what changed in b can affect:
+// push evaluates the parked watches that what changed in b can affect:
 // the subscribers of the changed hostnames (each only for its names of
 // them where responses carry only what changed) and the wildcard ones; the
 // SDS subscribers asking for a changed Secret, for a Secret of a member
@@ -303,62 +289,51 @@ type job struct {
 // a parked watch just note the change, for their next request. At most
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
-func (w *watcher) push(b *feed.Batch) {
+func (w *watcher) push(b *batch) {
 	w.mu.Lock()
-	// Invalidated with w.mu held, with the streams this push answers
-	// marked: a watch made meanwhile either read the resources as they
-	// were (and this push answers it) or waits for the push's answers to
-	// its stream (see watch).
-	w.gen.Invalidate(b.Hosts)
-	w.config.Invalidate(b.Hosts)
 	w.epoch++
 	var jobs []job
 	taken := map[*subscriber]bool{}
-	answering := map[*streamRecord]bool{} // the streams this push answers (see answered)
 	schedule := func(s *subscriber) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			jobs = append(jobs, job{wt: s.parked, since: b.Since})
-			if rec := s.parked.rec; !answering[rec] {
-				answering[rec] = true
-				rec.pushing++
-			}
+			jobs = append(jobs, job{wt: s.parked, since: b.since})
 		}
 	}
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
-	for host := range b.Hosts {
+	for host := range b.hosts {
 		for s := range w.subscribersOf(host) {
 			changedHost(s, host)
 		}
 	}
-	if len(b.Hosts) > 0 || len(b.Kinds) > 0 {
+	if len(b.hosts) > 0 || len(b.kinds) > 0 {
 		// Every wildcard set may have changed (Istio config's too): those
 		// whose set version did not are skipped below.
 		for s := range w.byType {
 			changedAll(s)
 		}
 	}
-	for ref := range b.Secrets {
+	for ref := range b.secrets {
 		for s := range w.byRef[ref] {
 			changedAll(s)
 		}
 	}
-	for member := range b.Members {
+	for member := range b.members {
 		for s := range w.byMember[member] {
 			changedAll(s)
 		}
 	}
-	if b.Roots {
+	if b.roots {
 		for s := range w.byRoots {
 			changedAll(s)
 		}
 	}
-	if len(b.Reviews) > 0 {
+	if len(b.reviews) > 0 {
 		for s := range w.bySecret {
 			for k := range s.reviews {
-				if _, ok := b.Reviews[k]; ok {
+				if _, ok := b.reviews[k]; ok {
 					changedAll(s)
 					break
 				}
@@ -373,102 +348,20 @@ func (w *watcher) push(b *feed.Batch) {
 	for _, j := range jobs {
 		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
 	}
-	streams := byStream(jobs)
-	for _, js := range streams {
-		delete(answering, js[0].wt.rec)
-	}
-	for rec := range answering {
-		w.answered(rec) // nothing left to answer: its wildcard sets did not change
-	}
-	work := make(chan []job)
+	work := make(chan job)
 	var wg sync.WaitGroup
-	for range min(w.workers, len(streams)) {
+	for range min(w.workers, len(jobs)) {
 		wg.Go(func() {
-			for js := range work {
-				for _, j := range js {
-					w.pushTo(j)
-				}
-				w.answered(js[0].wt.rec)
+			for j := range work {
+				w.pushTo(j)
 			}
 		})
 	}
-	for _, js := range streams {
-		work <- js
+	for _, j := range jobs {
+		work <- j
 	}
 	close(work)
 	wg.Wait()
-}
-
-// byStream groups a push's jobs by stream, each stream's in ADS order
-// (adsRank): one worker answers a stream's watches one after another, so
-// its loop sends their responses in that order (the outbox keeps it).
-func byStream(jobs []job) [][]job {
-	at := make(map[*streamRecord]int, len(jobs))
-	streams := make([][]job, 0, len(jobs))
-	for k, j := range jobs {
-		i, ok := at[j.wt.rec]
-		if !ok {
-			at[j.wt.rec] = len(streams)
-			streams = append(streams, jobs[k:k+1:k+1]) // a second job copies
-			continue
-		}
-		streams[i] = append(streams[i], j)
-	}
-	for _, js := range streams {
-		if len(js) > 1 {
-			slices.SortStableFunc(js, inADSOrder)
-		}
-	}
-	return streams
-}
-
-func inADSOrder(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) }
-
-// answered ends a push's answers to rec's stream. The watches its
-// requests made meanwhile (deferred by watch) are evaluated now, in ADS
-// order, so that what they answer follows what the push sent: an ACK that
-// raced the push (its watch not parked when the push looked, the change
-// noted for it) would otherwise answer, say, LDS before the push's CDS.
-func (w *watcher) answered(rec *streamRecord) {
-	w.mu.Lock()
-	rec.pushing--
-	var jobs []job
-	if rec.pushing == 0 {
-		for _, wt := range rec.deferred {
-			if s := wt.sub; s.parked == wt {
-				wt.busy.Add(1)
-				j := job{wt: wt}
-				j.dirty, j.full = s.takeLocked()
-				jobs = append(jobs, j)
-			}
-		}
-		rec.deferred = nil
-	}
-	w.mu.Unlock()
-	slices.SortStableFunc(jobs, inADSOrder)
-	for _, j := range jobs {
-		w.pushTo(j)
-	}
-}
-
-// adsRank is a type's place in the order a push answers a stream's
-// watches: the xDS protocol's (its "eventual consistency
-// considerations": CDS before the EDS of its clusters, LDS before RDS),
-// then SDS, then the rest (Istio config), as istiod's PushOrder.
-func adsRank(typeURL string) int {
-	switch typeURL {
-	case resourcev3.ClusterType:
-		return 0
-	case resourcev3.EndpointType:
-		return 1
-	case resourcev3.ListenerType:
-		return 2
-	case resourcev3.RouteType:
-		return 3
-	case resourcev3.SecretType:
-		return 4
-	}
-	return 5
 }
 
 // skipUnchangedWildcards drops the wildcard watches whose type's set is
@@ -476,17 +369,17 @@ func adsRank(typeURL string) int {
 // subscribed to every cluster, an endpoint change is not re-checked
 // against every proxy's full cluster list.
 func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
-	versions := map[xdsgen.WildcardSetKey]string{}
+	versions := map[wildcardSetKey]string{}
 	out := jobs[:0]
 	for _, j := range jobs {
 		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
-			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, Flavour: wt.flavour}
+			key := wildcardSetKey{wt.typeURL, wt.flavour}
 			v, ok := versions[key]
 			if !ok {
 				set, err := w.all(wt.typeURL, wt.flavour)
 				if err == nil {
-					v = set.Version
+					v = set.version
 				}
 				versions[key] = v
 			}
@@ -538,23 +431,23 @@ func (w *watcher) pushTo(j job) {
 	w.mu.Unlock()
 	if open {
 		resp.send(wt)
-		w.fleet.Hand()
+		w.fleet.hand()
 		w.latency.observe(wt.typeURL, j.since)
 	}
 }
 
 // resources are what a watch subscribes to: per-proxy secrets for SDS,
 // shared generated resources for everything else.
-func (w *watcher) resources(wt *watch) ([]*xdsgen.Resource, error) {
+func (w *watcher) resources(wt *watch) ([]*resource, error) {
 	if wt.typeURL == resourcev3.SecretType {
 		return w.secretResources(wt)
 	}
 	if wt.wildcard {
 		set, err := w.all(wt.typeURL, wt.flavour)
-		wt.setVersion = set.Version
-		return set.Resources, err
+		wt.setVersion = set.version
+		return set.res, err
 	}
-	return w.gen.Resources(wt.typeURL, wt.names, wt.flavour)
+	return w.gen.resources(wt.typeURL, wt.names, wt.flavour)
 }
 
 // respondDelta builds a Delta response with the resources whose version
@@ -567,13 +460,13 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		return nil, err
 	}
 	exists := make(map[string]struct{}, len(res))
-	var changed []*xdsgen.Resource
+	var changed []*resource
 	var out []*discoveryv3.Resource
 	for _, r := range res {
-		exists[r.Name] = struct{}{}
-		if !r.Kept && wt.returned[r.Name] != r.Version {
+		exists[r.name] = struct{}{}
+		if !r.kept && wt.returned[r.name] != r.version {
 			changed = append(changed, r)
-			out = append(out, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any})
+			out = append(out, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
 		}
 	}
 	var removed []string
@@ -590,7 +483,7 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: xdsgen.ResponseVersion(res),
+				SystemVersionInfo: responseVersion(res),
 				Resources:         out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
@@ -607,10 +500,10 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 // and the held ones that are gone, or nil. Its work is proportional to
 // what changed, not to the subscription.
 func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (*deltaResponse, error) {
-	var changed []*xdsgen.Resource
+	var changed []*resource
 	var removed []string
 	consider := func(name string) error {
-		r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+		r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 		if err != nil {
 			return err
 		}
@@ -620,7 +513,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 			if ok {
 				removed = append(removed, name)
 			}
-		case !r.Kept && (!ok || held != r.Version):
+		case !r.kept && (!ok || held != r.version):
 			changed = append(changed, r)
 		}
 		return nil
@@ -650,17 +543,17 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 	if len(changed) == 0 && len(removed) == 0 {
 		return nil, nil
 	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	sort.Strings(removed)
 	out := make([]*discoveryv3.Resource, len(changed))
 	for i, r := range changed {
-		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
+		out[i] = &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any}
 	}
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: xdsgen.ResponseVersion(changed),
+				SystemVersionInfo: responseVersion(changed),
 				Resources:         out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
@@ -676,7 +569,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 // stream's loop records (deltaSubscription.took) once it sent it.
 type deltaResponse struct {
 	*cachev3.DeltaPassthroughResponse
-	changed []*xdsgen.Resource
+	changed []*resource
 	removed []string
 }
 
@@ -732,7 +625,7 @@ func (r reply) send(wt *watch) { wt.out.put(r) }
 type sotwResponse struct {
 	*cachev3.PassthroughResponse
 	incremental bool
-	changed     []*xdsgen.Resource
+	changed     []*resource
 	sent        atomic.Bool
 	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
@@ -753,9 +646,9 @@ func (r *sotwResponse) markSent() {
 // a type on a stream (watch.first) is always answered, possibly with no
 // resources; for SDS once the access reviews its names need are decided.
 func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
-	var changed []*xdsgen.Resource
-	consider := func(r *xdsgen.Resource) {
-		if r != nil && !r.Kept && wt.returned[r.Name] != r.Version {
+	var changed []*resource
+	consider := func(r *resource) {
+		if r != nil && !r.kept && wt.returned[r.name] != r.version {
 			changed = append(changed, r)
 		}
 	}
@@ -778,7 +671,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	case full:
 		for _, name := range wt.sub.list {
-			r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+			r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 			if err != nil {
 				return nil, err
 			}
@@ -787,7 +680,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	default:
 		for host := range dirty {
 			for _, name := range wt.sub.namesOf(host) {
-				r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+				r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
 				if err != nil {
 					return nil, err
 				}
@@ -798,16 +691,16 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	if len(changed) == 0 && !wt.first {
 		return nil, nil
 	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
+	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
 	anys := make([]*anypb.Any, len(changed))
 	for i, r := range changed {
-		anys[i] = r.Any
+		anys[i] = r.any
 	}
 	return &sotwResponse{
 		PassthroughResponse: &cachev3.PassthroughResponse{
 			Request: wt.req,
 			DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-				VersionInfo: xdsgen.ResponseVersion(changed),
+				VersionInfo: responseVersion(changed),
 				Resources:   anys,
 				TypeUrl:     wt.typeURL,
 			},
@@ -829,21 +722,21 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	}
 	returned := make(map[string]string, len(res))
 	for _, r := range res {
-		returned[r.Name] = r.Version
+		returned[r.name] = r.version
 	}
 	if !wt.first && maps.Equal(returned, wt.returned) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, 0, len(res))
 	for _, r := range res {
-		if !r.Kept {
-			anys = append(anys, r.Any)
+		if !r.kept {
+			anys = append(anys, r.any)
 		}
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: xdsgen.ResponseVersion(res),
+			VersionInfo: responseVersion(res),
 			Resources:   anys,
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
@@ -864,17 +757,34 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	wt.setVersion = set.Version
-	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.Version {
+	wt.setVersion = set.version
+	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
 		return nil, nil
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: set.Version,
-			Resources:   set.Anys, // shared: the server and the tracker only read it
+			VersionInfo: set.version,
+			Resources:   set.anys, // shared: the server and the tracker only read it
 			TypeUrl:     wt.typeURL,
 		},
-		ReturnedResources: map[string]string{wildcardKey: set.Version},
+		ReturnedResources: map[string]string{wildcardKey: set.version},
 	}, typeSent: wt.sent}, nil
+}
+
+// responseVersion identifies a set of resources by their names and versions.
+func responseVersion(res []*resource) string {
+	if len(res) == 0 {
+		return "empty"
+	}
+	h := sha256.New()
+	sorted := append([]*resource(nil), res...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].name < sorted[j].name })
+	for _, r := range sorted {
+		h.Write([]byte(r.name))
+		h.Write([]byte{0})
+		h.Write([]byte(r.version))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -1,4 +1,4 @@
-package feed
+package hub
 
 import (
 	"context"
@@ -13,10 +13,10 @@ type debouncer struct{ *Changes }
 func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
 
 // startChanges runs c's consumer until the test ends.
-func startChanges(t *testing.T, c *Changes, push func(*Batch)) {
+func startChanges(t *testing.T, c *Changes, push func(*batch)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { c.Run(ctx, push, nil); close(done) }()
+	go func() { c.run(ctx, push, nil); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -24,9 +24,9 @@ func startDebouncer(t *testing.T, after, max time.Duration) (debouncer, chan []s
 	t.Helper()
 	pushes := make(chan []string, 16)
 	d := debouncer{NewChanges(after, max)}
-	startChanges(t, d.Changes, func(b *Batch) {
+	startChanges(t, d.Changes, func(b *batch) {
 		var hosts []string
-		for k := range b.Hosts {
+		for k := range b.hosts {
 			hosts = append(hosts, k)
 		}
 		sort.Strings(hosts)
@@ -89,8 +89,8 @@ func TestDebounceMaxWait(t *testing.T) {
 	}
 }
 
-// A Batch is pushed with the time its oldest change was added: push
-// latency is measured from a Batch's first change.
+// A batch is pushed with the time its oldest change was added: push
+// latency is measured from a batch's first change.
 func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 	type pushed struct {
 		n     int
@@ -98,7 +98,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 	}
 	pushes := make(chan pushed, 16)
 	d := debouncer{NewChanges(200*time.Millisecond, time.Hour)}
-	startChanges(t, d.Changes, func(b *Batch) { pushes <- pushed{len(b.Hosts), b.Since} })
+	startChanges(t, d.Changes, func(b *batch) { pushes <- pushed{len(b.hosts), b.since} })
 	next := func() pushed {
 		t.Helper()
 		select {
@@ -131,7 +131,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 // leading edge when it returns: they were made right after the pushed
 // ones, so they wait for quiet and coalesce with what follows (judged by
 // when changes were made, not when they were taken). Otherwise sustained
-// churn with slow pushes pushes every Batch at once, back to back.
+// churn with slow pushes pushes every batch at once, back to back.
 func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	const after = time.Second
 	c := NewChanges(after, time.Hour)
@@ -139,9 +139,9 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	release := make(chan struct{})
 	pushes := make(chan []string, 16)
 	slow := true
-	startChanges(t, c, func(b *Batch) {
+	startChanges(t, c, func(b *batch) {
 		var hosts []string
-		for k := range b.Hosts {
+		for k := range b.hosts {
 			hosts = append(hosts, k)
 		}
 		sort.Strings(hosts)
@@ -160,7 +160,7 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	close(release)
 	for taken := false; !taken; { // the consumer takes b
 		c.mu.Lock()
-		taken = c.incoming.Empty()
+		taken = c.incoming.empty()
 		c.mu.Unlock()
 		if !taken {
 			time.Sleep(time.Millisecond)
@@ -174,20 +174,20 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 
 // startPaced runs c's consumer paced by fleet; every push hands `handed`
 // responses to the fleet and reports its hostnames and when it ran.
-func startPaced(t *testing.T, c *Changes, fleet *Deliveries, handed int) chan pacedPush {
+func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pacedPush {
 	pushes := make(chan pacedPush, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.Run(ctx, func(b *Batch) {
+		c.run(ctx, func(b *batch) {
 			var hosts []string
-			for k := range b.Hosts {
+			for k := range b.hosts {
 				hosts = append(hosts, k)
 			}
 			sort.Strings(hosts)
 			for range handed {
-				fleet.Hand()
+				fleet.hand()
 			}
 			pushes <- pacedPush{hosts, time.Now()}
 		}, fleet)
@@ -198,8 +198,8 @@ func startPaced(t *testing.T, c *Changes, fleet *Deliveries, handed int) chan pa
 
 // startPacedChanges runs a paced feed whose pushes hand out 100 responses
 // each (more than the allowance of 16).
-func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *Deliveries, chan pacedPush) {
-	c, fleet := NewChanges(after, max), &Deliveries{}
+func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *deliveries, chan pacedPush) {
+	c, fleet := NewChanges(after, max), &deliveries{}
 	return c, fleet, startPaced(t, c, fleet, 100)
 }
 
@@ -238,14 +238,14 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 		t.Fatalf("pushed %v while the last push was undelivered", p.hosts)
 	case <-time.After(200 * time.Millisecond):
 	}
-	fleet.Answer(80) // 80%: still undelivered
+	fleet.answer(80) // 80%: still undelivered
 	select {
 	case p := <-pushes:
 		t.Fatalf("pushed %v with 80 of 100 responses answered", p.hosts)
 	case <-time.After(50 * time.Millisecond):
 	}
 	answered := time.Now()
-	fleet.Answer(4) // all but 16: delivered
+	fleet.answer(4) // all but 16: delivered
 	second := nextPaced(t, pushes)
 	if len(second.hosts) != 2 || second.hosts[0] != "b" || second.hosts[1] != "c" {
 		t.Fatalf("push after delivery = %v; want [b c] coalesced", second.hosts)
@@ -262,7 +262,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 	added := time.Now()
 	d.add([]string{"e"})
 	waitTaken(c)
-	fleet.Answer(84)
+	fleet.answer(84)
 	third := nextPaced(t, pushes)
 	if len(third.hosts) != 2 || third.hosts[0] != "d" || third.hosts[1] != "e" {
 		t.Fatalf("push after the second delivery = %v; want [d e] coalesced", third.hosts)
@@ -276,7 +276,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 func waitTaken(c *Changes) {
 	for {
 		c.mu.Lock()
-		taken := c.incoming.Empty()
+		taken := c.incoming.empty()
 		c.mu.Unlock()
 		if taken {
 			return
@@ -316,13 +316,13 @@ func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 // A push that hands nothing out is delivered when it returns; so is one
 // to a small fleet, or one already answered.
 func TestDeliveriesSmallOrAnswered(t *testing.T) {
-	fleet := &Deliveries{}
+	fleet := &deliveries{}
 	m := fleet.mark()
 	if ch := fleet.await(m); ch != nil {
 		t.Fatal("await with nothing handed returned a channel; want nil")
 	}
 	for range 16 {
-		fleet.Hand()
+		fleet.hand()
 	}
 	select {
 	case <-fleet.await(m):
@@ -331,9 +331,9 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 	}
 	m = fleet.mark()
 	for range 1000 {
-		fleet.Hand()
+		fleet.hand()
 	}
-	fleet.Answer(900) // answered before the push returned
+	fleet.answer(900) // answered before the push returned
 	select {
 	case <-fleet.await(m):
 	default:

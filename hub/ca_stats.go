@@ -1,4 +1,4 @@
-package ca
+package hub
 
 import (
 	"sort"
@@ -7,12 +7,10 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
 // CertificateStats is what the hub's CA (Istio's CA API) issued and refused
-// since this replica started (Server.Stats).
+// since this replica started.
 type CertificateStats struct {
 	// DefaultTTL is the lifetime of a certificate whose request asks for
 	// none; MaxTTL the longest one issued (--max-workload-cert-ttl).
@@ -21,7 +19,7 @@ type CertificateStats struct {
 	// by member, then namespace.
 	Groups []CertificateGroup
 	// Failures are the refused requests per reason, in a fixed order.
-	Failures []Failure
+	Failures []CAFailure
 }
 
 // CertificateGroup is the certificates issued for one namespace of one
@@ -39,9 +37,8 @@ type CertificateGroup struct {
 	NextExpiry time.Time
 }
 
-// Failure counts the requests refused for one reason.
-type Failure struct {
-	// Reason is why, a label value of hub_ca_requests_failed_total.
+// CAFailure counts the requests refused for one reason.
+type CAFailure struct {
 	Reason string
 	// Total since the replica started; LastHour in the last 60 minutes.
 	Total, LastHour uint64
@@ -159,7 +156,7 @@ func (s *caStats) failed(reason, message string) {
 	}
 	f.minutes[i]++
 	f.total++
-	f.last, f.message = now, clip.String(message, maxFailureMessage)
+	f.last, f.message = now, truncate(message, maxFailureMessage)
 }
 
 // snapshot builds the read model.
@@ -195,7 +192,7 @@ func (s *caStats) snapshot() CertificateStats {
 		out.Groups = append(out.Groups, cg)
 	}
 	for _, r := range caReasons {
-		cf := Failure{Reason: r}
+		cf := CAFailure{Reason: r}
 		if f := s.failures[r]; f != nil {
 			cf.Total, cf.Last, cf.LastMessage = f.total, f.last, f.message
 			for i, m := range f.stamp {

@@ -1,25 +1,25 @@
-package feed
+package hub
 
 import "sync/atomic"
 
-// Deliveries counts what the fleet of streams takes in: the responses the
+// deliveries counts what the fleet of streams takes in: the responses the
 // watcher hands to streams and the ones clients answer (ACK or NACK). The
-// change feed paces pushes by it (Changes.Run): the time from a push until
+// change feed paces pushes by it (Changes.run): the time from a push until
 // its clients answered most of what it handed them is what the push cost,
 // the CPU of the hub, of the network and of the clients together, and the
 // changes made meanwhile wait for it and then for a quiet period that long
-// (see Changes.Run).
+// (see Changes.run).
 //
 // A SotW client that never answers is handed nothing more of that type (a
 // response is handed only to a stream that asked again), so it slows at
 // most the push that reached it; a Delta stream is answered on every request,
 // so up to 64 of its responses may be unanswered. What a stream was sent
 // counts as answered when it closes, and so does a SotW response the server
-// dropped for a newer request or never sent (the hub's streamRecord.handed). Clients
+// dropped for a newer request or never sent (streamRecord.handed). Clients
 // that answer late, on more than a tenth of the responses of every push,
 // hold every push back up to `max`: that bound is all pacing guarantees
 // against them.
-type Deliveries struct {
+type deliveries struct {
 	handed   atomic.Int64
 	answered atomic.Int64
 	waiter   atomic.Pointer[deliveryWaiter]
@@ -39,12 +39,12 @@ func unanswered(handed int64) int64 { return max(handed/10, 16) }
 // mark is where the counters stand before a push.
 type mark struct{ handed, answered int64 }
 
-func (d *Deliveries) mark() mark {
+func (d *deliveries) mark() mark {
 	return mark{handed: d.handed.Load(), answered: d.answered.Load()}
 }
 
 // hand counts a response handed to a stream.
-func (d *Deliveries) Hand() {
+func (d *deliveries) hand() {
 	if d != nil {
 		d.handed.Add(1)
 	}
@@ -52,7 +52,7 @@ func (d *Deliveries) Hand() {
 
 // answer counts n responses answered by their clients (or lost with their
 // stream) and wakes the waiter once its target is reached.
-func (d *Deliveries) Answer(n int) {
+func (d *deliveries) answer(n int) {
 	if d == nil || n <= 0 {
 		return
 	}
@@ -66,7 +66,7 @@ func (d *Deliveries) Answer(n int) {
 // unanswered(n) of the n responses handed since m (answers since m count,
 // whichever response they answer), or nil when nothing was handed. It
 // replaces any earlier wait.
-func (d *Deliveries) await(m mark) <-chan struct{} {
+func (d *deliveries) await(m mark) <-chan struct{} {
 	n := d.handed.Load() - m.handed
 	if n <= 0 {
 		d.waiter.Store(nil)
@@ -81,7 +81,4 @@ func (d *Deliveries) await(m mark) <-chan struct{} {
 }
 
 // stopWaiting drops the current wait, if any.
-func (d *Deliveries) stopWaiting() { d.waiter.Store(nil) }
-
-// Answered returns how many responses were answered so far.
-func (d *Deliveries) Answered() int64 { return d.answered.Load() }
+func (d *deliveries) stopWaiting() { d.waiter.Store(nil) }

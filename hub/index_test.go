@@ -1,4 +1,4 @@
-package feed
+package hub
 
 import (
 	"maps"
@@ -13,8 +13,8 @@ func TestIndexReportsOnlyRealChanges(t *testing.T) {
 	feed := NewChanges(0, 0)
 	var changes [][]string
 	reported := func() { // what the index reported since the last call
-		if b := feed.take(); len(b.Hosts) > 0 {
-			changes = append(changes, slices.Sorted(maps.Keys(b.Hosts)))
+		if b := feed.take(); len(b.hosts) > 0 {
+			changes = append(changes, slices.Sorted(maps.Keys(b.hosts)))
 		}
 	}
 	x := NewIndex("cluster.local", feed)

@@ -1,10 +1,4 @@
-// Package feed is where the hub's data path starts: the federated Index
-// of every member's services, and the change feed (Changes) that the
-// Index, the member registry, the trust federation, the distributed Istio
-// config and the access reviews report typed changes to, batched and
-// paced by what the streams took in (Deliveries) for the hub's push. It
-// knows nothing of xDS.
-package feed
+package hub
 
 import (
 	"context"
@@ -21,21 +15,21 @@ import (
 // their decisions), and the Hub's push loop is its one consumer (Hub.Run).
 // It is built before any of them, so that each can be given it.
 //
-// Changes are batched without delaying the first change after a quiet period: a
+// Changes batch without delaying the first change after a quiet period: a
 // change arriving when nothing happened for `after` is pushed at once
 // (leading edge); later changes are collected until `after` passes without
 // another one, but never longer than `max` (DESIGN.md §4); changes made
 // while a push is being delivered wait for it and for a quiet period as long
-// as its delivery took (see Run). Each Batch
+// as its delivery took (see run). Each batch
 // carries the time its oldest change was reported, from which push latency
 // is measured. Reporting never blocks, also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
 
-	quiet atomic.Int64 // the current quiet period (time.Duration), see Run
+	quiet atomic.Int64 // the current quiet period (time.Duration), see run
 
 	mu       sync.Mutex
-	incoming Batch         // reported, not yet taken by the consumer
+	incoming batch         // reported, not yet taken by the consumer
 	signal   chan struct{} // one slot: "incoming is not empty"
 }
 
@@ -45,45 +39,40 @@ func NewChanges(after, max time.Duration) *Changes {
 	return &Changes{after: after, max: max, signal: make(chan struct{}, 1)}
 }
 
-// Batch is what changed since the previous push.
-type Batch struct {
-	Hosts   map[string]struct{}    // services whose federated view changed
-	Secrets map[SecretRef]struct{} // member Secrets that changed
-	// Members are the members whose every Secret may have changed: their
+// batch is what changed since the previous push.
+type batch struct {
+	hosts   map[string]struct{}    // services whose federated view changed
+	secrets map[secretRef]struct{} // member Secrets that changed
+	// members are the members whose every Secret may have changed: their
 	// Secret cache (re)synced, or they switched to a new client.
-	Members map[string]struct{}
-	Roots   bool                   // a trust domain's roots changed
-	Kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
-	Reviews map[ReviewKey]struct{} // access reviews whose decision changed
-	Since   time.Time              // when the oldest of these was reported
+	members map[string]struct{}
+	roots   bool                   // a trust domain's roots changed
+	kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
+	reviews map[reviewKey]struct{} // access reviews whose decision changed
+	since   time.Time              // when the oldest of these was reported
 	latest  time.Time              // when the newest of these was reported
 }
 
-// SecretRef names one Secret of one member.
-type SecretRef struct {
-	Cluster string
-	Key     clusters.ServiceKey
+// secretRef names one Secret of one member.
+type secretRef struct {
+	cluster string
+	key     clusters.ServiceKey
 }
 
-// ReviewKey is one access review: may the ServiceAccount SA of
-// SANamespace in member Cluster read the Secrets of Namespace.
-type ReviewKey struct{ Cluster, SANamespace, SA, Namespace string }
-
-// Empty reports whether nothing changed.
-func (b *Batch) Empty() bool {
-	return len(b.Hosts) == 0 && len(b.Secrets) == 0 && len(b.Members) == 0 && !b.Roots && len(b.Reviews) == 0 && len(b.Kinds) == 0
+func (b *batch) empty() bool {
+	return len(b.hosts) == 0 && len(b.secrets) == 0 && len(b.members) == 0 && !b.roots && len(b.reviews) == 0 && len(b.kinds) == 0
 }
 
 // merge adds o's changes to b.
-func (b *Batch) merge(o *Batch) {
-	b.Hosts = union(b.Hosts, o.Hosts)
-	b.Secrets = union(b.Secrets, o.Secrets)
-	b.Members = union(b.Members, o.Members)
-	b.Reviews = union(b.Reviews, o.Reviews)
-	b.Kinds = union(b.Kinds, o.Kinds)
-	b.Roots = b.Roots || o.Roots
-	if b.Since.IsZero() || !o.Since.IsZero() && o.Since.Before(b.Since) {
-		b.Since = o.Since
+func (b *batch) merge(o *batch) {
+	b.hosts = union(b.hosts, o.hosts)
+	b.secrets = union(b.secrets, o.secrets)
+	b.members = union(b.members, o.members)
+	b.reviews = union(b.reviews, o.reviews)
+	b.kinds = union(b.kinds, o.kinds)
+	b.roots = b.roots || o.roots
+	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
+		b.since = o.since
 	}
 	if o.latest.After(b.latest) {
 		b.latest = o.latest
@@ -109,47 +98,47 @@ func add[K comparable](m *map[K]struct{}, k K) {
 
 // HostnamesChanged reports services whose federated view changed.
 func (c *Changes) HostnamesChanged(hostnames []string) {
-	c.report(func(b *Batch) {
+	c.report(func(b *batch) {
 		for _, h := range hostnames {
-			add(&b.Hosts, h)
+			add(&b.hosts, h)
 		}
 	})
 }
 
 // SecretChanged reports that one Secret of a member changed (or went).
 func (c *Changes) SecretChanged(cluster string, key clusters.ServiceKey) {
-	c.report(func(b *Batch) { add(&b.Secrets, SecretRef{cluster, key}) })
+	c.report(func(b *batch) { add(&b.secrets, secretRef{cluster, key}) })
 }
 
 // SecretsSynced reports that a member's Secret cache (re)synced, or that
 // the member switched to a new client (kubeconfig rotation): any of its
 // Secrets may have changed.
 func (c *Changes) SecretsSynced(cluster string) {
-	c.report(func(b *Batch) { add(&b.Members, cluster) })
+	c.report(func(b *batch) { add(&b.members, cluster) })
 }
 
 // ConfigChanged reports that the Istio objects of a kind distributed from
 // the home cluster changed (distribute.Options.OnChange).
 func (c *Changes) ConfigChanged(kind string) {
-	c.report(func(b *Batch) { add(&b.Kinds, kind) })
+	c.report(func(b *batch) { add(&b.kinds, kind) })
 }
 
 // RootsChanged reports that a trust domain's roots changed.
-func (c *Changes) RootsChanged() { c.report(func(b *Batch) { b.Roots = true }) }
+func (c *Changes) RootsChanged() { c.report(func(b *batch) { b.roots = true }) }
 
-// ReviewDecided reports that an access review's decision changed.
-func (c *Changes) ReviewDecided(k ReviewKey) {
-	c.report(func(b *Batch) { add(&b.Reviews, k) })
+// reviewDecided reports that an access review's decision changed.
+func (c *Changes) reviewDecided(k reviewKey) {
+	c.report(func(b *batch) { add(&b.reviews, k) })
 }
 
 // report records a change, stamped with the time of the call (for the
 // Index: when a member's change reached it), and wakes the consumer.
-func (c *Changes) report(change func(*Batch)) {
+func (c *Changes) report(change func(*batch)) {
 	now := time.Now()
 	c.mu.Lock()
 	change(&c.incoming)
-	if c.incoming.Since.IsZero() {
-		c.incoming.Since = now
+	if c.incoming.since.IsZero() {
+		c.incoming.since = now
 	}
 	c.incoming.latest = now
 	c.mu.Unlock()
@@ -159,36 +148,36 @@ func (c *Changes) report(change func(*Batch)) {
 	}
 }
 
-func (c *Changes) take() Batch {
+func (c *Changes) take() batch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.incoming
-	c.incoming = Batch{}
+	c.incoming = batch{}
 	return b
 }
 
-// Run hands batches to push until ctx is done; it is the feed's one
+// run hands batches to push until ctx is done; it is the feed's one
 // consumer and owns the debounce state.
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push
 // the feed waits until the fleet answered most of what it was handed
-// (Deliveries). A change made when that push is delivered and nothing
+// (deliveries). A change made when that push is delivered and nothing
 // changed for `after` is a leading edge and goes at once, so a quiet mesh
 // and one-off writes are never held back. Changes made while a push is
 // being delivered wait for it, then for a quiet period as long as its
 // delivery took (never shorter than `after`): under sustained churn on a
 // loaded fleet they coalesce into few, large pushes instead of each taking
 // the leading edge (congestion collapse: every push slows the next and
-// stretches the churn, so every gap looks quiet). A Batch never waits
+// stretches the churn, so every gap looks quiet). A batch never waits
 // longer than `max` from its first change, delivered or not; a push not
 // delivered within `max` stops being waited for, and pacing starts over.
-func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries) {
+func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries) {
 	var (
-		pending    Batch
+		pending    batch
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
 		lastTaken  time.Time // when run took it
-		quiet      = c.after // the quiet period a Batch waits for
+		quiet      = c.after // the quiet period a batch waits for
 		delivering <-chan struct{}
 		pushedAt   time.Time // when the push being delivered started
 		timer      = time.NewTimer(time.Hour)
@@ -200,11 +189,11 @@ func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries)
 		c.quiet.Store(int64(quiet))
 	}
 	flush := func() {
-		if pending.Empty() {
+		if pending.empty() {
 			return
 		}
 		b := pending
-		pending = Batch{}
+		pending = batch{}
 		timer.Stop()
 		if fleet == nil {
 			push(&b)
@@ -242,7 +231,7 @@ func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries)
 		return d
 	}
 	schedule := func(now time.Time) {
-		if !pending.Empty() {
+		if !pending.empty() {
 			timer.Reset(max(due().Sub(now), 0))
 		}
 	}
@@ -258,7 +247,7 @@ func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries)
 			return
 		case <-c.signal:
 			in := c.take()
-			if in.Empty() {
+			if in.empty() {
 				continue
 			}
 			now := time.Now()
@@ -267,11 +256,11 @@ func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries)
 			// made for `after` before this one: judged by when changes
 			// were reported, not when they were taken, so that changes
 			// made during a long push are not mistaken for the first after
-			// a quiet period (under sustained churn every Batch would take
+			// a quiet period (under sustained churn every batch would take
 			// the leading edge: back-to-back pushes, never coalesced).
-			isQuiet := pending.Empty() && delivering == nil && in.Since.Sub(lastChange) >= c.after
+			isQuiet := pending.empty() && delivering == nil && in.since.Sub(lastChange) >= c.after
 			lastChange, lastTaken = in.latest, now
-			if pending.Empty() {
+			if pending.empty() {
 				first = now
 			}
 			pending.merge(&in)
@@ -297,5 +286,5 @@ func (c *Changes) Run(ctx context.Context, push func(*Batch), fleet *Deliveries)
 }
 
 // Quiet returns the quiet period batches currently wait for: the time the
-// last push took to be delivered, within the feed's bounds (see Run).
+// last push took to be delivered, within the feed's bounds (see run).
 func (c *Changes) Quiet() time.Duration { return time.Duration(c.quiet.Load()) }
