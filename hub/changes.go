@@ -15,18 +15,19 @@ import (
 // their decisions), and the Hub's push loop is its one consumer (Hub.Run).
 // It is built before any of them, so that each can be given it.
 //
-// Changes batch without delaying the first change after a quiet period: a
+// Changes batch without delaying the first change after a calm period: a
 // change arriving when nothing happened for `after` is pushed at once
-// (leading edge); later changes are collected until `after` passes without
-// another one, but never longer than `max` (DESIGN.md §4); changes made
-// while a push is being delivered wait for it and for a quiet period as long
-// as its delivery took (see run). Each batch
-// carries the time its oldest change was reported, from which push latency
-// is measured. Reporting never blocks, also when nothing consumes.
+// (leading edge); later changes wait for the push being delivered, then
+// for a quiet period as long as its delivery took, but never longer than
+// `max` (DESIGN.md §4); under sustained churn pushes back off to one per
+// `max` (see run). Each batch carries the time its oldest change was
+// reported, from which push latency is measured. Reporting never blocks,
+// also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
 
-	quiet atomic.Int64 // the current quiet period (time.Duration), see run
+	quiet  atomic.Int64               // the current quiet period (time.Duration), see run
+	pushes [pushTriggers]atomic.Int64 // pushes made, by what let them go
 
 	mu       sync.Mutex
 	incoming batch         // reported, not yet taken by the consumer
@@ -38,6 +39,27 @@ type Changes struct {
 func NewChanges(after, max time.Duration) *Changes {
 	return &Changes{after: after, max: max, signal: make(chan struct{}, 1)}
 }
+
+// pushTrigger is what let a push go.
+type pushTrigger int
+
+const (
+	// leadingEdge: the first change after a quiet period, pushed at once.
+	leadingEdge pushTrigger = iota
+	// quietAfter: no change for the quiet period.
+	quietAfter
+	// maxWait: the oldest change waited the longest a change may wait.
+	maxWait
+	pushTriggers
+)
+
+// String is the trigger's name in the hub_xds_pushes_total metric.
+func (t pushTrigger) String() string {
+	return [...]string{"leading_edge", "quiet", "max_wait"}[t]
+}
+
+// Pushes returns how many pushes the trigger let go.
+func (c *Changes) Pushes(t pushTrigger) int64 { return c.pushes[t].Load() }
 
 // batch is what changed since the previous push.
 type batch struct {
@@ -161,25 +183,38 @@ func (c *Changes) take() batch {
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push
 // the feed waits until the fleet answered most of what it was handed
-// (deliveries). A change made when that push is delivered and nothing
-// changed for `after` is a leading edge and goes at once, so a quiet mesh
-// and one-off writes are never held back. Changes made while a push is
-// being delivered wait for it, then for a quiet period as long as its
-// delivery took (never shorter than `after`): under sustained churn on a
-// loaded fleet they coalesce into few, large pushes instead of each taking
-// the leading edge (congestion collapse: every push slows the next and
-// stretches the churn, so every gap looks quiet). A batch never waits
-// longer than `max` from its first change, delivered or not; a push not
-// delivered within `max` stops being waited for, and pacing starts over.
+// (deliveries); the time that took is the push's cost, and the quiet period
+// changes wait for afterwards (never shorter than `after`).
+//
+// The first change after a calm period goes at once (leading edge), so a
+// quiet mesh and one-off writes are never held back. Calm means no change
+// was made for the current spacing (`after` on a quiet mesh), and no push
+// was being delivered for the spacing and for half the last push's cost (so
+// leading edges alone keep the fleet busy at most two thirds of the time).
+// Every other change is churn: it waits for the
+// push being delivered, then until no change was made for the quiet
+// period, and until the spacing has passed since the last push started.
+// Each push made under churn doubles the spacing (from the quiet period,
+// up to `max`); a calm period as long as the spacing resets it. So under
+// sustained churn pushes back off exponentially to one per `max`, whatever
+// the churn's rhythm: a loaded fleet slows the API servers it shares
+// machines with, their writes arrive with gaps, and gaps judged against a
+// fixed quiet period would each look like a leading edge (congestion
+// collapse: every push slows the next write and stretches the churn).
+// A batch never waits longer than `max` from its first change, delivered
+// or not; a push not delivered within `max` stops being waited for, and
+// pacing starts over.
 func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries) {
 	var (
 		pending    batch
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
 		lastTaken  time.Time // when run took it
-		quiet      = c.after // the quiet period a batch waits for
+		quiet      = c.after // the quiet period a batch waits for: the last push's cost
+		spacing    = c.after // the calm a leading edge needs, and the least time between pushes under churn
 		delivering <-chan struct{}
-		pushedAt   time.Time // when the push being delivered started
+		pushedAt   time.Time // when the last push started
+		idleSince  time.Time // when the last push was delivered (or given up on)
 		timer      = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
@@ -188,35 +223,49 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 		quiet = min(max(d, c.after), c.max)
 		c.quiet.Store(int64(quiet))
 	}
-	flush := func() {
+	delivered := func(now time.Time) {
+		delivering, idleSince = nil, now
+		setQuiet(now.Sub(pushedAt))
+	}
+	flush := func(t pushTrigger) {
 		if pending.empty() {
 			return
+		}
+		c.pushes[t].Add(1)
+		if t == leadingEdge {
+			spacing = c.after
+		} else {
+			spacing = min(max(2*spacing, quiet), c.max)
 		}
 		b := pending
 		pending = batch{}
 		timer.Stop()
-		if fleet == nil {
-			push(&b)
-			return
+		var m mark
+		if fleet != nil {
+			m = fleet.mark()
 		}
-		m := fleet.mark()
 		pushedAt = time.Now()
 		push(&b)
+		if fleet == nil {
+			delivering, idleSince = nil, time.Now()
+			return
+		}
 		if delivering = fleet.await(m); delivering == nil {
-			setQuiet(time.Since(pushedAt)) // nothing handed out: the push cost its own time
+			delivered(time.Now()) // nothing handed out: the push cost its own time
 		}
 	}
 	// giveUp stops waiting for a push not delivered within max.
 	giveUp := func(now time.Time) {
 		if delivering != nil && now.Sub(pushedAt) >= c.max {
-			delivering = nil
 			fleet.stopWaiting()
+			delivering, idleSince = nil, now
 			setQuiet(c.after)
 		}
 	}
-	// due is when pending may go: the quiet period after its newest change
-	// was taken once the last push is delivered (or given up on), and at
-	// the latest `max` from its first change.
+	// due is when pending may go: once the last push is delivered (or
+	// given up on), the quiet period after its newest change was taken and
+	// the spacing after the last push started; at the latest `max` from
+	// its first change.
 	due := func() time.Time {
 		d := first.Add(c.max)
 		if delivering != nil {
@@ -225,7 +274,11 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			}
 			return d
 		}
-		if q := lastTaken.Add(quiet); q.Before(d) {
+		q := lastTaken.Add(quiet)
+		if s := pushedAt.Add(spacing); s.After(q) {
+			q = s
+		}
+		if q.Before(d) {
 			d = q
 		}
 		return d
@@ -252,27 +305,25 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			}
 			now := time.Now()
 			giveUp(now)
-			// Quiet means the last push is delivered and no change was
-			// made for `after` before this one: judged by when changes
-			// were reported, not when they were taken, so that changes
-			// made during a long push are not mistaken for the first after
-			// a quiet period (under sustained churn every batch would take
-			// the leading edge: back-to-back pushes, never coalesced).
-			isQuiet := pending.empty() && delivering == nil && in.since.Sub(lastChange) >= c.after
+			// Calm is judged by when changes were reported, not when they
+			// were taken, so that changes made during a long push are not
+			// mistaken for the first after a calm period.
+			calm := pending.empty() && delivering == nil &&
+				in.since.Sub(lastChange) >= spacing && in.since.Sub(idleSince) >= max(spacing, quiet/2)
 			lastChange, lastTaken = in.latest, now
 			if pending.empty() {
 				first = now
 			}
 			pending.merge(&in)
-			if isQuiet {
-				flush()
+			if calm {
+				flush(leadingEdge)
 				continue
 			}
 			schedule(now)
 		case <-delivering:
-			delivering = nil
-			setQuiet(time.Since(pushedAt))
-			schedule(time.Now())
+			now := time.Now()
+			delivered(now)
+			schedule(now)
 		case <-timer.C:
 			now := time.Now()
 			giveUp(now)
@@ -280,7 +331,11 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 				schedule(now)
 				continue
 			}
-			flush()
+			t := quietAfter
+			if !now.Before(first.Add(c.max)) {
+				t = maxWait
+			}
+			flush(t)
 		}
 	}
 }

@@ -2,7 +2,9 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 )
@@ -355,5 +357,98 @@ func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
 	second := nextPaced(t, pushes)
 	if waited := second.at.Sub(first.at); waited < maxWait || waited >= maxWait*3/2 {
 		t.Fatalf("push of %v went %v after the undelivered push; want when it is given up on, %v after it (not %v after b)", second.hosts, waited, maxWait, maxWait)
+	}
+}
+
+// startCostlyPaced runs a paced feed whose fleet takes cost to answer each
+// push (100 responses); delivered receives once per push after its answers.
+func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, chan pacedPush, chan struct{}) {
+	c, fleet := NewChanges(after, max), &deliveries{}
+	delivered := make(chan struct{}, 64)
+	pushes := make(chan pacedPush, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var answers sync.WaitGroup
+	go func() {
+		defer close(done)
+		c.run(ctx, func(b *batch) {
+			for range 100 {
+				fleet.hand()
+			}
+			pushes <- pacedPush{at: time.Now()}
+			answers.Add(1)
+			time.AfterFunc(cost, func() {
+				defer answers.Done()
+				fleet.answer(100)
+				delivered <- struct{}{}
+			})
+		}, fleet)
+	}()
+	t.Cleanup(func() { cancel(); <-done; answers.Wait() })
+	return debouncer{c}, pushes, delivered
+}
+
+// The rhythm of congestion collapse: every change arrives shortly after
+// the last push was delivered (the API servers the fleet starved catch up)
+// and after a gap longer than `after`. Judged by `after` alone each would
+// be a leading edge, one push per change; the feed backs off instead.
+func TestDebounceBacksOffUnderChurn(t *testing.T) {
+	const after, longest, cost = 5 * time.Millisecond, 400 * time.Millisecond, 60 * time.Millisecond
+	d, pushes, delivered := startCostlyPaced(t, after, longest, cost)
+	start := time.Now()
+	changes := 0
+	for time.Since(start) < 2*time.Second {
+		d.add([]string{fmt.Sprint("svc-", changes)})
+		changes++
+		select {
+		case <-delivered:
+			time.Sleep(2 * after) // the starved writer's next change, soon after delivery
+		case <-time.After(200 * time.Millisecond): // or, while nothing is pushed, goes on
+		}
+	}
+	// Without backing off: one push per change (about 28). With it: the
+	// spacing doubles from the cost (60 ms) to max (400 ms) — about 8.
+	n := len(pushes)
+	if n > 14 {
+		t.Fatalf("%d pushes for %d changes in 2s of churn; want the feed to back off (at most 14)", n, changes)
+	}
+	if got := d.Pushes(leadingEdge); got > 3 {
+		t.Fatalf("%d of %d pushes took the leading edge under churn; want at most 3", got, n)
+	}
+	t.Logf("%d changes, %d pushes (%d leading edge, %d quiet, %d max wait)", changes, n, d.Pushes(leadingEdge), d.Pushes(quietAfter), d.Pushes(maxWait))
+}
+
+// One-off writes, each after the last was delivered and a pause longer
+// than the push cost (a person at kubectl, or hubbench's write loop): every
+// one takes the leading edge, also after the feed backed off.
+func TestDebounceOneOffWritesKeepTheLeadingEdge(t *testing.T) {
+	const after, longest, cost = 5 * time.Millisecond, 300 * time.Millisecond, 30 * time.Millisecond
+	d, pushes, delivered := startCostlyPaced(t, after, longest, cost)
+	// Churn first, so that the spacing has grown; then a calm longer than
+	// any spacing, in which every push goes and is delivered.
+	for i := range 20 {
+		d.add([]string{fmt.Sprint("churn-", i)})
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(2*longest + cost)
+	for len(pushes) > 0 || len(delivered) > 0 {
+		select {
+		case <-pushes:
+		case <-delivered:
+		}
+	}
+	if d.Pushes(quietAfter)+d.Pushes(maxWait) == 0 {
+		t.Fatal("the churn made no push besides leading edges; want it to have backed off")
+	}
+	lead := d.Pushes(leadingEdge)
+	for i := range 5 {
+		added := time.Now()
+		d.add([]string{fmt.Sprint("write-", i)})
+		p := nextPaced(t, pushes)
+		<-delivered
+		if got := d.Pushes(leadingEdge); got != lead+int64(i)+1 {
+			t.Fatalf("write %d went %v after it was made, not as a leading edge (%d leading edges, want %d)", i, p.at.Sub(added), got, lead+int64(i)+1)
+		}
+		time.Sleep(3 * cost)
 	}
 }

@@ -193,7 +193,15 @@ func New(opts Options) (*Hub, error) {
 			Name: "hub_xds_push_quiet_seconds",
 			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
 		}, func() float64 { return h.changes.Quiet().Seconds() })
-		for _, c := range append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, quiet) {
+		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, quiet)
+		for t := range pushTriggers {
+			xdsCollectors = append(xdsCollectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name:        "hub_xds_pushes_total",
+				Help:        "Pushes of batched changes, by what let them go: leading_edge (the first change after a quiet period), quiet (no change for the quiet period), max_wait (a change waited --debounce-max).",
+				ConstLabels: prometheus.Labels{"trigger": t.String()},
+			}, func() float64 { return float64(h.changes.Pushes(t)) }))
+		}
+		for _, c := range xdsCollectors {
 			if err := opts.Metrics.Register(c); err != nil {
 				return nil, fmt.Errorf("registering xDS metrics: %w", err)
 			}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -53,6 +57,22 @@ type BulkSummary struct {
 	HubResponses float64 `json:"hubResponses"`
 	LoadBefore   string  `json:"loadBefore"`
 	LoadAfter    string  `json:"loadAfter"`
+	// Timeline samples the burst once a second, first create → quiet.
+	Timeline []BulkSample `json:"timeline"`
+}
+
+// BulkSample is where the bulk phase stood some time after the first
+// create: counters since the first create.
+type BulkSample struct {
+	Seconds float64 `json:"seconds"`
+	Created int64   `json:"created"` // Services and EndpointSlices created
+	// CDS and EDS are the responses the streams received, all streams.
+	CDS    int64   `json:"cds"`
+	EDS    int64   `json:"eds"`
+	HubCPU float64 `json:"hubCpuSeconds"`
+	// Pushes are the hub's pushes by trigger (hub_xds_pushes_total; none
+	// for istiod).
+	Pushes map[string]float64 `json:"pushes,omitempty"`
 }
 
 // MeanMax is a mean and a maximum.
@@ -111,7 +131,10 @@ func runBulk(ctx context.Context, cfg Config, l *layout, clients []kubernetes.In
 	}
 	cfg.progress("bulk: creating %d services (%d Services and EndpointSlices) with %d writers while %d streams watch", b.Services, b.Objects, cfg.BulkWriters, len(f.streams))
 	start := time.Now()
-	if err := runJobs(ctx, clients, cfg.BulkWriters, jobs, nil); err != nil {
+	var created atomic.Int64
+	stopSampling := sampleBulk(ctx, b, start, f, h, &created, cpu0.CPUSeconds, metricsBefore)
+	defer stopSampling()
+	if err := runJobs(ctx, clients, cfg.BulkWriters, jobs, func(n int64) { created.Store(n) }); err != nil {
 		return nil, fmt.Errorf("bulk: creating services: %w", err)
 	}
 	b.APIWriteSeconds = time.Since(start).Seconds()
@@ -144,6 +167,7 @@ func runBulk(ctx context.Context, cfg Config, l *layout, clients []kubernetes.In
 	if err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
+	stopSampling()
 	b.HubCPUSecondsToQuiet = cpu2.CPUSeconds - cpu0.CPUSeconds
 	b.ResponsesToQuiet = responseSpread(before, f.perStreamByType())
 	metricsAfter, err := h.metrics(ctx)
@@ -153,6 +177,52 @@ func runBulk(ctx context.Context, cfg Config, l *layout, clients []kubernetes.In
 	b.HubResponses = metricsAfter.total() - metricsBefore.total()
 	b.LoadAfter = loadAvg()
 	return b, nil
+}
+
+// sampleBulk appends a BulkSample to b.Timeline every second until the
+// returned stop is called (once or more; it waits for the sampler).
+func sampleBulk(ctx context.Context, b *BulkSummary, start time.Time, f *fleet, h *hubProcess, created *atomic.Int64, cpu0 float64, m0 hubMetrics) (stop func()) {
+	done := make(chan struct{})
+	cds, eds := slices.Index(typeNames, "CDS"), slices.Index(typeNames, "EDS")
+	sums := func() (c, e int64) {
+		for _, st := range f.streams {
+			c += st.byType[cds].Load()
+			e += st.byType[eds].Load()
+		}
+		return c, e
+	}
+	cds0, eds0 := sums()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			s := BulkSample{Seconds: math.Round(time.Since(start).Seconds()*10) / 10, Created: created.Load()}
+			c, e := sums()
+			s.CDS, s.EDS = c-cds0, e-eds0
+			if p, err := procStats(h.pid()); err == nil {
+				s.HubCPU = math.Round((p.CPUSeconds-cpu0)*10) / 10
+			}
+			if m, err := h.metrics(ctx); err == nil && len(m.Pushes) > 0 {
+				s.Pushes = map[string]float64{}
+				for k, v := range m.Pushes {
+					s.Pushes[k] = v - m0.Pushes[k]
+				}
+			}
+			b.Timeline = append(b.Timeline, s)
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done); wg.Wait() })
+	}
 }
 
 // waitBulk waits until every stream holds every bulk service, or fails
@@ -295,4 +365,14 @@ func (b *BulkSummary) writeText(p func(string, ...any), after ProcStats) {
 	}
 	p("  hub responses             %8.0f      (hub_xds_responses_total, first create → quiet); hub RSS after %.0f MiB, peak %.0f MiB",
 		b.HubResponses, after.RSSMiB, after.PeakRSSMiB)
+	p("  timeline (s: created, CDS and EDS responses over all streams, hub CPU s, hub pushes leading/quiet/max):")
+	var line strings.Builder
+	for i, s := range b.Timeline {
+		fmt.Fprintf(&line, " %.0f:%d/%d/%d/%.1f/%.0f-%.0f-%.0f", s.Seconds, s.Created, s.CDS, s.EDS, s.HubCPU,
+			s.Pushes["leading_edge"], s.Pushes["quiet"], s.Pushes["max_wait"])
+		if i%6 == 5 || i == len(b.Timeline)-1 {
+			p("   %s", line.String())
+			line.Reset()
+		}
+	}
 }

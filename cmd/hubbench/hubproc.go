@@ -357,6 +357,7 @@ func (h *hubProcess) services(ctx context.Context) ([]api.Service, error) {
 // /metrics (sizes in MiB).
 type hubMetrics struct {
 	Responses     map[string]float64 `json:"responses"` // hub_xds_responses_total by type
+	Pushes        map[string]float64 `json:"pushes"`    // hub_xds_pushes_total by trigger
 	Nacks         float64            `json:"nacks"`     // hub_xds_nacks_total, all types
 	Streams       float64            `json:"streams"`   // hub_xds_connected_streams
 	Goroutines    float64            `json:"goroutines"`
@@ -381,7 +382,7 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 	if err != nil {
 		return hubMetrics{}, err
 	}
-	m := hubMetrics{Responses: map[string]float64{}}
+	m := hubMetrics{Responses: map[string]float64{}, Pushes: map[string]float64{}}
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, "#") {
 			continue
@@ -404,6 +405,8 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 			m.Streams += v
 		case strings.HasPrefix(series, "hub_xds_responses_total{"):
 			m.Responses[label(series, "type")] += v
+		case strings.HasPrefix(series, "hub_xds_pushes_total{"):
+			m.Pushes[label(series, "trigger")] += v
 		case strings.HasPrefix(series, "hub_xds_nacks_total{"):
 			m.Nacks += v
 		case series == "hub_xds_connected_streams":

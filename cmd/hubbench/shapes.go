@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -332,15 +331,38 @@ func (c *client) setBulkFull(name string, full bool) {
 // claEndpoints counts the endpoints of an encoded ClusterLoadAssignment
 // (0 if it does not decode).
 func claEndpoints(b []byte) int {
-	var cla endpointv3.ClusterLoadAssignment
-	if proto.Unmarshal(b, &cla) != nil {
-		return 0
-	}
 	n := 0
-	for _, loc := range cla.GetEndpoints() {
-		n += len(loc.GetLbEndpoints())
-	}
+	eachField(b, 2, func(loc []byte) { // ClusterLoadAssignment.endpoints
+		eachField(loc, 2, func([]byte) { n++ }) // LocalityLbEndpoints.lb_endpoints
+	})
 	return n
+}
+
+// eachField calls f with every length-delimited field numbered num of an
+// encoded message, without decoding the rest: the bulk phase counts the
+// endpoints of every assignment of every EDS response, and decoding them
+// whole made the load generator the busiest process on the machine.
+func eachField(b []byte, num protowire.Number, f func([]byte)) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return
+		}
+		b = b[l:]
+		if n == num && typ == protowire.BytesType {
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return
+			}
+			f(v)
+			b = b[l:]
+			continue
+		}
+		if l = protowire.ConsumeFieldValue(n, typ, b); l < 0 {
+			return
+		}
+		b = b[l:]
+	}
 }
 
 // applySotW takes a SotW response's resources. Resources the stream did

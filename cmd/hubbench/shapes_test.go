@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // The messages below have the shape of the hub's (hub/generate.go).
@@ -299,5 +300,33 @@ func TestBulkLayout(t *testing.T) {
 				seen[e.IP] = true
 			}
 		}
+	}
+}
+
+// claEndpoints counts what a full decode counts, also with metadata and
+// several localities, and never panics on a truncated assignment.
+func TestCLAEndpoints(t *testing.T) {
+	ep := func(addr string) *endpointv3.LbEndpoint {
+		return &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: addr}}},
+			}},
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"istio": {Fields: map[string]*structpb.Value{"workload": structpb.NewStringValue("w")}}}},
+		}
+	}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: "outbound|80||a.b.svc", Endpoints: []*endpointv3.LocalityLbEndpoints{
+		{Locality: &corev3.Locality{Region: "r1"}, LbEndpoints: []*endpointv3.LbEndpoint{ep("10.0.0.1"), ep("10.0.0.2"), ep("10.0.0.3")}},
+		{Locality: &corev3.Locality{Region: "r2"}, LbEndpoints: []*endpointv3.LbEndpoint{ep("10.0.1.1"), ep("10.0.1.2")}},
+		{Locality: &corev3.Locality{Region: "r3"}},
+	}}
+	b, err := proto.Marshal(cla)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claEndpoints(b); got != 5 {
+		t.Fatalf("claEndpoints = %d; want 5", got)
+	}
+	for i := range b {
+		claEndpoints(b[:i]) // must not panic
 	}
 }
