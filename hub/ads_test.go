@@ -473,3 +473,48 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
 }
+
+// TestADSOrderWithinAPush: when one change answers several of a stream's
+// watches, the responses come in the xDS protocol's order (its "eventual
+// consistency considerations"): CDS before EDS, LDS before RDS. Each
+// round adds a service (new cluster, listener and route) and moves one's
+// endpoints, on several streams at once, so a push's workers answer
+// every stream's four watches in parallel.
+func TestADSOrderWithinAPush(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	services := []*clusters.Service{namedService("a", "10.0.0.1")}
+	h.index.ReplaceCluster("west", services)
+	const streams, rounds = 6, 8
+	var routes []string
+	for i := range rounds {
+		routes = append(routes, listenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
+	}
+	order := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+	names := map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
+	var cs []*adsClient
+	for i := range streams {
+		c := dialADS(t, addr, insecure.NewCredentials())
+		for k, typeURL := range order {
+			req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names[typeURL]}
+			if k == 0 {
+				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
+			}
+			c.send(t, req)
+			c.send(t, ack(typeURL, names[typeURL], c.expect(t, typeURL, "first request")))
+		}
+		c.barrier(t, "after the first responses")
+		cs = append(cs, c)
+	}
+	for round := range rounds {
+		services = append(services, namedService(fmt.Sprintf("c%d", round), fmt.Sprintf("10.1.%d.1", round)))
+		services[0] = namedService("a", fmt.Sprintf("10.0.0.%d", round+2))
+		h.index.ReplaceCluster("west", slices.Clone(services))
+		for i, c := range cs {
+			for _, typeURL := range order {
+				r := c.expect(t, typeURL, fmt.Sprintf("round %d, stream %d", round, i))
+				c.send(t, ack(typeURL, names[typeURL], r))
+			}
+			c.barrier(t, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -348,20 +349,66 @@ func (w *watcher) push(b *batch) {
 	for _, j := range jobs {
 		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
 	}
-	work := make(chan job)
+	streams := byStream(jobs)
+	work := make(chan []job)
 	var wg sync.WaitGroup
-	for range min(w.workers, len(jobs)) {
+	for range min(w.workers, len(streams)) {
 		wg.Go(func() {
-			for j := range work {
-				w.pushTo(j)
+			for js := range work {
+				for _, j := range js {
+					w.pushTo(j)
+				}
 			}
 		})
 	}
-	for _, j := range jobs {
-		work <- j
+	for _, js := range streams {
+		work <- js
 	}
 	close(work)
 	wg.Wait()
+}
+
+// byStream groups a push's jobs by stream, each stream's in ADS order
+// (adsRank): one worker answers a stream's watches one after another, so
+// its loop sends their responses in that order (the outbox keeps it).
+func byStream(jobs []job) [][]job {
+	at := make(map[*outbox]int, len(jobs))
+	streams := make([][]job, 0, len(jobs))
+	for k, j := range jobs {
+		i, ok := at[j.wt.out]
+		if !ok {
+			at[j.wt.out] = len(streams)
+			streams = append(streams, jobs[k:k+1:k+1]) // a second job copies
+			continue
+		}
+		streams[i] = append(streams[i], j)
+	}
+	for _, js := range streams {
+		if len(js) > 1 {
+			slices.SortStableFunc(js, func(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) })
+		}
+	}
+	return streams
+}
+
+// adsRank is a type's place in the order a push answers a stream's
+// watches: the xDS protocol's (its "eventual consistency
+// considerations": CDS before the EDS of its clusters, LDS before RDS),
+// then SDS, then the rest (Istio config), as istiod's PushOrder.
+func adsRank(typeURL string) int {
+	switch typeURL {
+	case resourcev3.ClusterType:
+		return 0
+	case resourcev3.EndpointType:
+		return 1
+	case resourcev3.ListenerType:
+		return 2
+	case resourcev3.RouteType:
+		return 3
+	case resourcev3.SecretType:
+		return 4
+	}
+	return 5
 }
 
 // skipUnchangedWildcards drops the wildcard watches whose type's set is

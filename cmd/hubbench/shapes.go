@@ -110,6 +110,11 @@ type client struct {
 	held map[string]map[string]heldResource // typeURL → name → resource
 	// answered marks the types that got at least one response.
 	answered map[string]bool
+	// gen counts the changes of what want reads (answered, and the held
+	// resources other types refer from); changes skips its work while gen
+	// is the one it last saw (wanted), as after every EDS response and
+	// every CDS response that added or dropped no cluster.
+	gen, wanted uint64
 
 	edsHeld int // names of watch held in EDS
 	cdsHeld int // names of bench held in CDS
@@ -228,6 +233,15 @@ type change struct {
 // must change now, and records the new subscriptions (dropping held
 // resources that are no longer subscribed). The caller sends them.
 func (c *client) changes() []change {
+	gen := c.gen
+	if gen == c.wanted && gen != 0 {
+		return nil
+	}
+	defer func() {
+		if c.gen == gen { // else the removals below changed what want reads: look again next time
+			c.wanted = gen
+		}
+	}()
 	var out []change
 	for _, t := range subscriptionOrder {
 		sub, ok := c.want(t)
@@ -287,6 +301,9 @@ func (c *client) put(typeURL, name, version string, value []byte) (resend bool, 
 	if !had {
 		c.count(typeURL, name, 1)
 	}
+	if typeURL != resourcev3.EndpointType && (!had || old.ref != h.ref || typeURL == resourcev3.RouteType) {
+		c.gen++
+	}
 	return had && version != "" && old.version == version, nil
 }
 
@@ -294,6 +311,9 @@ func (c *client) remove(typeURL, name string) {
 	if _, ok := c.held[typeURL][name]; ok {
 		delete(c.held[typeURL], name)
 		c.count(typeURL, name, -1)
+		if typeURL != resourcev3.EndpointType {
+			c.gen++
+		}
 	}
 }
 
@@ -365,11 +385,19 @@ func eachField(b []byte, num protowire.Number, f func([]byte)) {
 	}
 }
 
+// markAnswered records that a type got a response.
+func (c *client) markAnswered(typeURL string) {
+	if !c.answered[typeURL] {
+		c.answered[typeURL] = true
+		c.gen++
+	}
+}
+
 // applySotW takes a SotW response's resources. Resources the stream did
 // not subscribe to are ignored; for LDS and CDS, held resources missing
 // from the response are gone.
 func (c *client) applySotW(typeURL string, values [][]byte) error {
-	c.answered[typeURL] = true
+	c.markAnswered(typeURL)
 	sub := c.subs[typeURL]
 	var seen map[string]bool
 	if fullState(typeURL) {

@@ -498,7 +498,7 @@ func (s *stream) serveDelta(ads discoveryv3.AggregatedDiscoveryServiceClient, no
 		}
 		s.responses.Add(1)
 		typeURL := resp.GetTypeUrl()
-		c.answered[typeURL] = true
+		c.markAnswered(typeURL)
 		values = values[:0]
 		for _, r := range resp.GetResources() {
 			if !c.subs[typeURL].wants(r.GetName()) {
