@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -70,6 +71,9 @@ type BulkSample struct {
 	CDS    int64   `json:"cds"`
 	EDS    int64   `json:"eds"`
 	HubCPU float64 `json:"hubCpuSeconds"`
+	// BenchCPU is this process's CPU: the streams' clients taking in what
+	// they are sent, and the writers.
+	BenchCPU float64 `json:"benchCpuSeconds"`
 	// Pushes are the hub's pushes by trigger (hub_xds_pushes_total; none
 	// for istiod).
 	Pushes map[string]float64 `json:"pushes,omitempty"`
@@ -192,6 +196,7 @@ func sampleBulk(ctx context.Context, b *BulkSummary, start time.Time, f *fleet, 
 		return c, e
 	}
 	cds0, eds0 := sums()
+	self0, _ := procStats(os.Getpid())
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		tick := time.NewTicker(time.Second)
@@ -209,6 +214,9 @@ func sampleBulk(ctx context.Context, b *BulkSummary, start time.Time, f *fleet, 
 			s.CDS, s.EDS = c-cds0, e-eds0
 			if p, err := procStats(h.pid()); err == nil {
 				s.HubCPU = math.Round((p.CPUSeconds-cpu0)*10) / 10
+			}
+			if p, err := procStats(os.Getpid()); err == nil {
+				s.BenchCPU = math.Round((p.CPUSeconds-self0.CPUSeconds)*10) / 10
 			}
 			if m, err := h.metrics(ctx); err == nil && len(m.Pushes) > 0 {
 				s.Pushes = map[string]float64{}
@@ -365,10 +373,10 @@ func (b *BulkSummary) writeText(p func(string, ...any), after ProcStats) {
 	}
 	p("  hub responses             %8.0f      (hub_xds_responses_total, first create → quiet); hub RSS after %.0f MiB, peak %.0f MiB",
 		b.HubResponses, after.RSSMiB, after.PeakRSSMiB)
-	p("  timeline (s: created, CDS and EDS responses over all streams, hub CPU s, hub pushes leading/quiet/max):")
+	p("  timeline (s: created, CDS and EDS responses over all streams, hub CPU s, hubbench CPU s, hub pushes leading/quiet/max):")
 	var line strings.Builder
 	for i, s := range b.Timeline {
-		fmt.Fprintf(&line, " %.0f:%d/%d/%d/%.1f/%.0f-%.0f-%.0f", s.Seconds, s.Created, s.CDS, s.EDS, s.HubCPU,
+		fmt.Fprintf(&line, " %.0f:%d/%d/%d/%.1f/%.1f/%.0f-%.0f-%.0f", s.Seconds, s.Created, s.CDS, s.EDS, s.HubCPU, s.BenchCPU,
 			s.Pushes["leading_edge"], s.Pushes["quiet"], s.Pushes["max_wait"])
 		if i%6 == 5 || i == len(b.Timeline)-1 {
 			p("   %s", line.String())
