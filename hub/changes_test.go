@@ -393,24 +393,27 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 // and after a gap longer than `after`. Judged by `after` alone each would
 // be a leading edge, one push per change; the feed backs off instead.
 func TestDebounceBacksOffUnderChurn(t *testing.T) {
-	const after, longest, cost = 5 * time.Millisecond, 400 * time.Millisecond, 60 * time.Millisecond
+	const after, longest, cost = 5 * time.Millisecond, time.Second, 150 * time.Millisecond
 	d, pushes, delivered := startCostlyPaced(t, after, longest, cost)
 	start := time.Now()
 	changes := 0
-	for time.Since(start) < 2*time.Second {
+	for time.Since(start) < 4*time.Second {
 		d.add([]string{fmt.Sprint("svc-", changes)})
 		changes++
 		select {
 		case <-delivered:
 			time.Sleep(2 * after) // the starved writer's next change, soon after delivery
-		case <-time.After(200 * time.Millisecond): // or, while nothing is pushed, goes on
+		case <-time.After(500 * time.Millisecond): // or, while nothing is pushed, goes on
 		}
 	}
-	// Without backing off: one push per change (about 28). With it: the
-	// spacing doubles from the cost (60 ms) to max (400 ms) — about 8.
+	// Without backing off: one push per change (about 25). With it: the
+	// spacing doubles from the cost (150 ms) to max (1 s) — about 8. A
+	// change is calm only 75 ms (half the cost) after a delivery; the
+	// writer sleeps 10 ms, so only a stall of more than 65 ms makes one a
+	// leading edge.
 	n := len(pushes)
 	if n > 14 {
-		t.Fatalf("%d pushes for %d changes in 2s of churn; want the feed to back off (at most 14)", n, changes)
+		t.Fatalf("%d pushes for %d changes in 4s of churn; want the feed to back off (at most 14)", n, changes)
 	}
 	if got := d.Pushes(leadingEdge); got > 3 {
 		t.Fatalf("%d of %d pushes took the leading edge under churn; want at most 3", got, n)
@@ -450,5 +453,6 @@ func TestDebounceOneOffWritesKeepTheLeadingEdge(t *testing.T) {
 			t.Fatalf("write %d went %v after it was made, not as a leading edge (%d leading edges, want %d)", i, p.at.Sub(added), got, lead+int64(i)+1)
 		}
 		time.Sleep(3 * cost)
+		time.Sleep(d.Quiet()) // longer than the push cost, as measured on a loaded machine too
 	}
 }
