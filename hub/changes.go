@@ -73,6 +73,7 @@ type batch struct {
 	reviews map[reviewKey]struct{} // access reviews whose decision changed
 	since   time.Time              // when the oldest of these was reported
 	latest  time.Time              // when the newest of these was reported
+	reports int                    // how many reports these are
 }
 
 // secretRef names one Secret of one member.
@@ -93,6 +94,7 @@ func (b *batch) merge(o *batch) {
 	b.reviews = union(b.reviews, o.reviews)
 	b.kinds = union(b.kinds, o.kinds)
 	b.roots = b.roots || o.roots
+	b.reports += o.reports
 	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
 		b.since = o.since
 	}
@@ -163,6 +165,7 @@ func (c *Changes) report(change func(*batch)) {
 		c.incoming.since = now
 	}
 	c.incoming.latest = now
+	c.incoming.reports++
 	c.mu.Unlock()
 	select {
 	case c.signal <- struct{}{}:
@@ -183,35 +186,41 @@ func (c *Changes) take() batch {
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push
 // the feed waits until the fleet answered most of what it was handed
-// (deliveries); the time that took is the push's cost, and the quiet period
-// changes wait for afterwards (never shorter than `after`).
+// (deliveries); the time that took is the push's cost, the quiet period.
 //
 // The first change after a calm period goes at once (leading edge), so a
-// quiet mesh and one-off writes are never held back. Calm means no change
-// was made for the current spacing (`after` on a quiet mesh), and no push
-// was being delivered for the spacing and for half the last push's cost (so
-// leading edges alone keep the fleet busy at most two thirds of the time).
-// Every other change is churn: it waits for the
-// push being delivered, then until no change was made for the quiet
-// period, and until the spacing has passed since the last push started.
-// Each push made under churn doubles the spacing (from the quiet period,
-// up to `max`); a calm period as long as the spacing resets it. So under
-// sustained churn pushes back off exponentially to one per `max`, whatever
-// the churn's rhythm: a loaded fleet slows the API servers it shares
-// machines with, their writes arrive with gaps, and gaps judged against a
-// fixed quiet period would each look like a leading edge (congestion
-// collapse: every push slows the next write and stretches the churn).
+// quiet mesh and one-off writes are never held back. Calm means nothing
+// pending, no change for `after`, and the fleet idle (the last push
+// delivered) for `after` and for half the last push's cost: leading edges
+// alone keep the fleet busy at most two thirds of the time, so the API
+// servers and workloads it shares machines with keep a third. A change
+// that is not calm only for that reason goes once the fleet was idle that
+// long, as one-off writes on a busy fleet do.
+//
+// Changes that pile up are churn: a change made while a push is delivered
+// or while another waits, or within `after` of another. A batch with churn waits, once the last push is
+// delivered, for a quiet period (no change for the last push's cost) and
+// for the spacing since the last push started; each push of such a batch
+// doubles the spacing (from the last push's cost, up to `max`), and a push
+// without churn resets it to `after`. So under sustained churn pushes back
+// off to one per `max` whatever the churn's rhythm (a loaded fleet slows
+// the API servers it shares machines with, their writes come with gaps,
+// and gaps judged against a fixed quiet period would each look like a
+// leading edge: congestion collapse), while a writer that waits for each
+// write to arrive is never mistaken for churn.
+//
 // A batch never waits longer than `max` from its first change, delivered
 // or not; a push not delivered within `max` stops being waited for, and
 // pacing starts over.
 func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries) {
 	var (
 		pending    batch
+		churn      bool      // pending holds changes that piled up (see above)
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
 		lastTaken  time.Time // when run took it
-		quiet      = c.after // the quiet period a batch waits for: the last push's cost
-		spacing    = c.after // the calm a leading edge needs, and the least time between pushes under churn
+		quiet      = c.after // the last push's cost, within [after, max]
+		spacing    = c.after // the least time between two pushes' starts
 		delivering <-chan struct{}
 		pushedAt   time.Time // when the last push started
 		idleSince  time.Time // when the last push was delivered (or given up on)
@@ -227,18 +236,21 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 		delivering, idleSince = nil, now
 		setQuiet(now.Sub(pushedAt))
 	}
+	// rested is how long the fleet must have been idle before a push that
+	// is not forced by max: `after`, and half the last push's cost.
+	rested := func() time.Duration { return max(c.after, quiet/2) }
 	flush := func(t pushTrigger) {
 		if pending.empty() {
 			return
 		}
 		c.pushes[t].Add(1)
-		if t == leadingEdge {
-			spacing = c.after
-		} else {
+		if churn {
 			spacing = min(max(2*spacing, quiet), c.max)
+		} else {
+			spacing = c.after
 		}
 		b := pending
-		pending = batch{}
+		pending, churn = batch{}, false
 		timer.Stop()
 		var m mark
 		if fleet != nil {
@@ -262,10 +274,8 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			setQuiet(c.after)
 		}
 	}
-	// due is when pending may go: once the last push is delivered (or
-	// given up on), the quiet period after its newest change was taken and
-	// the spacing after the last push started; at the latest `max` from
-	// its first change.
+	// due is when pending may go (see run): at the latest `max` from its
+	// first change.
 	due := func() time.Time {
 		d := first.Add(c.max)
 		if delivering != nil {
@@ -274,7 +284,14 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			}
 			return d
 		}
-		q := lastTaken.Add(quiet)
+		wait := c.after
+		if churn {
+			wait = quiet
+		}
+		q := lastTaken.Add(wait)
+		if r := idleSince.Add(rested()); r.After(q) {
+			q = r
+		}
 		if s := pushedAt.Add(spacing); s.After(q) {
 			q = s
 		}
@@ -305,11 +322,13 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			}
 			now := time.Now()
 			giveUp(now)
-			// Calm is judged by when changes were reported, not when they
-			// were taken, so that changes made during a long push are not
+			// Judged by when changes were reported, not when they were
+			// taken, so that changes made during a long push are not
 			// mistaken for the first after a calm period.
-			calm := pending.empty() && delivering == nil &&
-				in.since.Sub(lastChange) >= spacing && in.since.Sub(idleSince) >= max(spacing, quiet/2)
+			if !pending.empty() || delivering != nil || in.reports > 1 || in.since.Sub(lastChange) < c.after {
+				churn = true
+			}
+			calm := !churn && in.since.Sub(idleSince) >= rested() && now.Sub(pushedAt) >= spacing
 			lastChange, lastTaken = in.latest, now
 			if pending.empty() {
 				first = now

@@ -388,10 +388,11 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 	return debouncer{c}, pushes, delivered
 }
 
-// The rhythm of congestion collapse: every change arrives shortly after
-// the last push was delivered (the API servers the fleet starved catch up)
-// and after a gap longer than `after`. Judged by `after` alone each would
-// be a leading edge, one push per change; the feed backs off instead.
+// The rhythm of congestion collapse: the changes come in small bursts
+// shortly after the last push was delivered (the API servers the fleet
+// starved catch up, several writers at once), with gaps longer than
+// `after` in between. Judged by `after` alone each burst would be a
+// leading edge; the feed backs off instead.
 func TestDebounceBacksOffUnderChurn(t *testing.T) {
 	const after, longest, cost = 5 * time.Millisecond, time.Second, 150 * time.Millisecond
 	d, pushes, delivered := startCostlyPaced(t, after, longest, cost)
@@ -399,26 +400,47 @@ func TestDebounceBacksOffUnderChurn(t *testing.T) {
 	changes := 0
 	for time.Since(start) < 4*time.Second {
 		d.add([]string{fmt.Sprint("svc-", changes)})
-		changes++
+		d.add([]string{fmt.Sprint("svc-", changes+1)})
+		changes += 2
 		select {
 		case <-delivered:
-			time.Sleep(2 * after) // the starved writer's next change, soon after delivery
-		case <-time.After(500 * time.Millisecond): // or, while nothing is pushed, goes on
+			time.Sleep(2 * after) // the starved writers' next changes, soon after delivery
+		case <-time.After(500 * time.Millisecond): // or, while nothing is pushed, they go on
 		}
 	}
-	// Without backing off: one push per change (about 25). With it: the
-	// spacing doubles from the cost (150 ms) to max (1 s) — about 8. A
-	// change is calm only 75 ms (half the cost) after a delivery; the
-	// writer sleeps 10 ms, so only a stall of more than 65 ms makes one a
-	// leading edge.
+	// Without backing off: a push per burst (about 25). With it: the
+	// spacing doubles from the cost (150 ms) to max (1 s), about 8.
 	n := len(pushes)
 	if n > 14 {
-		t.Fatalf("%d pushes for %d changes in 4s of churn; want the feed to back off (at most 14)", n, changes)
+		t.Fatalf("%d pushes (%d leading edge, %d quiet, %d max wait) for %d changes in 4s of churn; want the feed to back off (at most 14)", n, d.Pushes(leadingEdge), d.Pushes(quietAfter), d.Pushes(maxWait), changes)
 	}
 	if got := d.Pushes(leadingEdge); got > 3 {
 		t.Fatalf("%d of %d pushes took the leading edge under churn; want at most 3", got, n)
 	}
 	t.Logf("%d changes, %d pushes (%d leading edge, %d quiet, %d max wait)", changes, n, d.Pushes(leadingEdge), d.Pushes(quietAfter), d.Pushes(maxWait))
+}
+
+// A writer that waits for each write to reach the fleet and then writes
+// again soon (hubbench's write loop on a fleet that takes most of the
+// time to take a push in) is no churn: each write waits at most until the
+// fleet rested half the last push's cost, never backs the feed off, and
+// never waits for max.
+func TestDebounceWriterThatWaitsIsNoChurn(t *testing.T) {
+	const after, longest, cost = 5 * time.Millisecond, 2 * time.Second, 200 * time.Millisecond
+	d, pushes, delivered := startCostlyPaced(t, after, longest, cost)
+	for i := range 12 {
+		added := time.Now()
+		d.add([]string{fmt.Sprint("write-", i)})
+		p := nextPaced(t, pushes)
+		<-delivered
+		if waited := p.at.Sub(added); waited > longest/2 {
+			t.Fatalf("write %d waited %v for its push; want at most half the last push's cost (about %v), far below max (%v)", i, waited, cost/2, longest)
+		}
+		time.Sleep(4 * after) // less than half the push cost: the fleet has not rested
+	}
+	if got := d.Pushes(maxWait); got != 0 {
+		t.Fatalf("%d pushes waited for max; want none", got)
+	}
 }
 
 // One-off writes, each after the last was delivered and a pause longer
