@@ -44,7 +44,7 @@ func NewChanges(after, max time.Duration) *Changes {
 type pushTrigger int
 
 const (
-	// leadingEdge: the first change after a quiet period, pushed at once.
+	// leadingEdge: the first change after a calm period, pushed at once.
 	leadingEdge pushTrigger = iota
 	// quietAfter: no change for the quiet period.
 	quietAfter
@@ -197,12 +197,13 @@ func (c *Changes) take() batch {
 // that is not calm only for that reason goes once the fleet was idle that
 // long, as one-off writes on a busy fleet do.
 //
-// Changes that pile up are churn: a change made while a push is delivered
-// or while another waits, or within `after` of another. A batch with churn waits, once the last push is
-// delivered, for a quiet period (no change for the last push's cost) and
-// for the spacing since the last push started; each push of such a batch
-// doubles the spacing (from the last push's cost, up to `max`), and a push
-// without churn resets it to `after`. So under sustained churn pushes back
+// Changes that pile up are churn: a change made while a push is
+// delivered, while another waits, or within `after` of another. A batch
+// with churn waits, once the last push is delivered, for a quiet period
+// (no change for the last push's cost) and for the spacing since the last
+// push started; each push of such a batch doubles the spacing (from the
+// last push's cost, up to `max`), and a push without churn resets it to
+// `after`. So under sustained churn pushes back
 // off to one per `max` whatever the churn's rhythm (a loaded fleet slows
 // the API servers it shares machines with, their writes come with gaps,
 // and gaps judged against a fixed quiet period would each look like a
