@@ -20,9 +20,10 @@ import (
 // (leading edge); later changes wait for the push being delivered, then
 // for a quiet period as long as its delivery took, but never longer than
 // `max` (DESIGN.md §4); under sustained churn pushes back off to one per
-// `max` (see run). Each batch carries the time its oldest change was
-// reported, from which push latency is measured. Reporting never blocks,
-// also when nothing consumes.
+// `max`, and each reaches the streams in waves that leave the fleet idle
+// most of the time (see run and pace). Each batch carries the time its
+// oldest change was reported, from which push latency is measured.
+// Reporting never blocks, also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
 
@@ -74,6 +75,9 @@ type batch struct {
 	since   time.Time              // when the oldest of these was reported
 	latest  time.Time              // when the newest of these was reported
 	reports int                    // how many reports these are
+	// churn says these changes piled up (see Changes.run): their push
+	// reaches its streams in waves (watcher.push).
+	churn bool
 }
 
 // secretRef names one Secret of one member.
@@ -200,8 +204,8 @@ func (c *Changes) take() batch {
 // Changes that pile up are churn: a change made while a push is
 // delivered, while another waits, or within `after` of another. A batch
 // with churn waits, once the last push is delivered, for a quiet period
-// (no change for the last push's cost) and for the spacing since the last
-// push started; each push of such a batch doubles the spacing (from the
+// (no change reported for the last push's cost) and for the spacing since
+// the last push started; each push of such a batch doubles the spacing (from the
 // last push's cost, up to `max`), and a push without churn resets it to
 // `after`. So under sustained churn pushes back
 // off to one per `max` whatever the churn's rhythm (a loaded fleet slows
@@ -210,20 +214,24 @@ func (c *Changes) take() batch {
 // leading edge: congestion collapse), while a writer that waits for each
 // write to arrive is never mistaken for churn.
 //
+// A push of churn reaches its streams in waves (pace): the fleet is busy
+// about a third of the time while it is handed out, for at most `max`
+// beyond what its delivery costs. Changes made meanwhile are taken when
+// it is handed out.
+//
 // A batch never waits longer than `max` from its first change, delivered
 // or not; a push not delivered within `max` stops being waited for, and
 // pacing starts over.
-func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries) {
+func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) time.Duration, fleet *deliveries) {
 	var (
 		pending    batch
 		churn      bool      // pending holds changes that piled up (see above)
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
-		lastTaken  time.Time // when run took it
 		quiet      = c.after // the last push's cost, within [after, max]
 		spacing    = c.after // the least time between two pushes' starts
 		delivering <-chan struct{}
-		pushedAt   time.Time // when the last push started
+		pushedAt   time.Time // when the last push started, plus the time it left the fleet idle (pace)
 		idleSince  time.Time // when the last push was delivered (or given up on)
 		timer      = time.NewTimer(time.Hour)
 	)
@@ -251,6 +259,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			spacing = c.after
 		}
 		b := pending
+		b.churn = churn
 		pending, churn = batch{}, false
 		timer.Stop()
 		var m mark
@@ -258,7 +267,8 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 			m = fleet.mark()
 		}
 		pushedAt = time.Now()
-		push(&b)
+		// The time a paced push left the fleet idle is no cost of it.
+		pushedAt = pushedAt.Add(push(ctx, &b))
 		if fleet == nil {
 			delivering, idleSince = nil, time.Now()
 			return
@@ -289,7 +299,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 		if churn {
 			wait = quiet
 		}
-		q := lastTaken.Add(wait)
+		q := lastChange.Add(wait)
 		if r := idleSince.Add(rested()); r.After(q) {
 			q = r
 		}
@@ -330,7 +340,7 @@ func (c *Changes) run(ctx context.Context, push func(*batch), fleet *deliveries)
 				churn = true
 			}
 			calm := !churn && in.since.Sub(idleSince) >= rested() && now.Sub(pushedAt) >= spacing
-			lastChange, lastTaken = in.latest, now
+			lastChange = in.latest
 			if pending.empty() {
 				first = now
 			}

@@ -14,11 +14,16 @@ type debouncer struct{ *Changes }
 
 func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
 
+// unpaced is a push that leaves the fleet no idle time.
+func unpaced(push func(context.Context, *batch)) func(context.Context, *batch) time.Duration {
+	return func(ctx context.Context, b *batch) time.Duration { push(ctx, b); return 0 }
+}
+
 // startChanges runs c's consumer until the test ends.
-func startChanges(t *testing.T, c *Changes, push func(*batch)) {
+func startChanges(t *testing.T, c *Changes, push func(context.Context, *batch)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { c.run(ctx, push, nil); close(done) }()
+	go func() { c.run(ctx, unpaced(push), nil); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -26,7 +31,7 @@ func startDebouncer(t *testing.T, after, max time.Duration) (debouncer, chan []s
 	t.Helper()
 	pushes := make(chan []string, 16)
 	d := debouncer{NewChanges(after, max)}
-	startChanges(t, d.Changes, func(b *batch) {
+	startChanges(t, d.Changes, func(_ context.Context, b *batch) {
 		var hosts []string
 		for k := range b.hosts {
 			hosts = append(hosts, k)
@@ -100,7 +105,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 	}
 	pushes := make(chan pushed, 16)
 	d := debouncer{NewChanges(200*time.Millisecond, time.Hour)}
-	startChanges(t, d.Changes, func(b *batch) { pushes <- pushed{len(b.hosts), b.since} })
+	startChanges(t, d.Changes, func(_ context.Context, b *batch) { pushes <- pushed{len(b.hosts), b.since} })
 	next := func() pushed {
 		t.Helper()
 		select {
@@ -141,7 +146,7 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	release := make(chan struct{})
 	pushes := make(chan []string, 16)
 	slow := true
-	startChanges(t, c, func(b *batch) {
+	startChanges(t, c, func(_ context.Context, b *batch) {
 		var hosts []string
 		for k := range b.hosts {
 			hosts = append(hosts, k)
@@ -182,7 +187,7 @@ func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pa
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.run(ctx, func(b *batch) {
+		c.run(ctx, unpaced(func(_ context.Context, b *batch) {
 			var hosts []string
 			for k := range b.hosts {
 				hosts = append(hosts, k)
@@ -192,7 +197,7 @@ func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pa
 				fleet.hand()
 			}
 			pushes <- pacedPush{hosts, time.Now()}
-		}, fleet)
+		}), fleet)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return pushes
@@ -371,7 +376,7 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 	var answers sync.WaitGroup
 	go func() {
 		defer close(done)
-		c.run(ctx, func(b *batch) {
+		c.run(ctx, unpaced(func(_ context.Context, b *batch) {
 			for range 100 {
 				fleet.hand()
 			}
@@ -382,7 +387,7 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 				fleet.answer(100)
 				delivered <- struct{}{}
 			})
-		}, fleet)
+		}), fleet)
 	}()
 	t.Cleanup(func() { cancel(); <-done; answers.Wait() })
 	return debouncer{c}, pushes, delivered

@@ -188,6 +188,7 @@ func New(opts Options) (*Hub, error) {
 	h.watcher.config = h.config
 	h.watcher.latency = latency
 	h.watcher.fleet, h.proxies.fleet = h.fleet, h.fleet
+	h.watcher.paceLimit = h.changes.max
 	if opts.Metrics != nil {
 		quiet := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hub_xds_push_quiet_seconds",
@@ -319,11 +320,12 @@ func (h *Hub) Run(ctx context.Context) {
 
 // push sends what changed: regenerates the changed services' resources
 // (xDS and Istio config) and answers the watches they, the Secrets, roots
-// and access decisions in b affect.
-func (h *Hub) push(b *batch) {
+// and access decisions in b affect. It returns the time a push of churn
+// left the fleet idle between its waves (watcher.push).
+func (h *Hub) push(ctx context.Context, b *batch) time.Duration {
 	h.gen.invalidate(b.hosts)
 	h.config.Invalidate(b.hosts)
-	h.watcher.push(b)
+	return h.watcher.push(ctx, b)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

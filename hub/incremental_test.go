@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -167,7 +168,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(&batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
+	h.push(context.Background(), &batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, &sub, out); err != nil {

@@ -1,6 +1,10 @@
 package hub
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
 
 // deliveries counts what the fleet of streams takes in: the responses the
 // watcher hands to streams and the ones clients answer (ACK or NACK). The
@@ -82,3 +86,75 @@ func (d *deliveries) await(m mark) <-chan struct{} {
 
 // stopWaiting drops the current wait, if any.
 func (d *deliveries) stopWaiting() { d.waiter.Store(nil) }
+
+// A paced push (pace) reaches its streams in at most paceWaves waves of at
+// least minWave streams each.
+const (
+	paceWaves = 8
+	minWave   = 32
+)
+
+// idlePerBusy is how long a paced push leaves the fleet idle after a wave,
+// for each unit of time the wave took.
+const idlePerBusy = 2
+
+// pace hands a push of churn to its streams in waves: push(wave) answers
+// a wave's streams; once the fleet answered all but a few of the responses
+// it was handed (await), pace leaves it idle for idlePerBusy times as long
+// as the wave took before the next one. So while changes keep coming the
+// fleet is busy about a third of the time, and the API servers and
+// workloads on the machines it shares keep the rest (istiod gets there by
+// pushing to at most 100 proxies at once, PILOT_PUSH_THROTTLE, each
+// slowly). A stream reached by a later wave gets what the hub generates
+// then. Waiting and idling end at limit from the push's start: what is
+// left then goes at once, so that the change feed, blocked meanwhile, is
+// held back at most limit. pace returns when the last stream is handed
+// its response, or when ctx is done, with the time it left the fleet idle.
+func pace[S any](ctx context.Context, d *deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
+	size := max(minWave, (len(streams)+paceWaves-1)/paceWaves)
+	deadline := time.Now().Add(limit)
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	// wait waits for ch (nil: nothing to wait for) or for d, whichever is
+	// first; it reports false once ctx is done.
+	wait := func(ch <-chan struct{}, d time.Duration) bool {
+		if d <= 0 {
+			return ctx.Err() == nil
+		}
+		timer.Reset(d)
+		select {
+		case <-ch:
+		case <-timer.C:
+		case <-ctx.Done():
+			return false
+		}
+		return true
+	}
+	for len(streams) > 0 && ctx.Err() == nil {
+		if !time.Now().Before(deadline) {
+			push(streams)
+			return idled
+		}
+		n := min(size, len(streams))
+		wave := streams[:n]
+		streams = streams[n:]
+		start, m := time.Now(), d.mark()
+		push(wave)
+		if len(streams) == 0 {
+			break
+		}
+		answered := d.await(m)
+		ok := answered == nil || wait(answered, time.Until(deadline))
+		d.stopWaiting()
+		if !ok {
+			break
+		}
+		now := time.Now()
+		idle := min(idlePerBusy*now.Sub(start), deadline.Sub(now))
+		if !wait(nil, idle) {
+			break
+		}
+		idled += max(idle, 0)
+	}
+	return idled
+}

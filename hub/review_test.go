@@ -334,7 +334,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		w := newWatcher(nil, 1, slog.New(slog.DiscardHandler))
 		w.indexLocked(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
-		w.push(c.changed)
+		w.push(context.Background(), c.changed)
 		if got := len(c.sub.dirty) > 0 || c.sub.full; got != c.want {
 			t.Errorf("%s: reached %v (%v); want %v", c.name, got, c.sub.dirty, c.want)
 		}

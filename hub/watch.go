@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
@@ -56,6 +57,8 @@ type watcher struct {
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
 	fleet *deliveries
+	// paceLimit bounds how long a push of churn paces its waves (see pace).
+	paceLimit time.Duration
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
@@ -137,7 +140,7 @@ func (wt *watch) incremental() bool {
 
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
-		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames,
+		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames, paceLimit: DefaultDebounceMax,
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
@@ -290,16 +293,31 @@ type job struct {
 // a parked watch just note the change, for their next request. At most
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
-func (w *watcher) push(b *batch) {
+//
+// A push of churn (b.churn) reaches its streams in waves (see pace), so
+// that the fleet, the hub and what shares their machines are not saturated
+// while the changes keep coming; push returns when the last wave is handed
+// out, with the time it left the fleet idle between waves, or early when
+// ctx is done (the streams not reached keep their changes noted, for their
+// next request or push).
+func (w *watcher) push(ctx context.Context, b *batch) (idled time.Duration) {
 	w.mu.Lock()
 	w.epoch++
-	var jobs []job
-	taken := map[*subscriber]bool{}
+	var (
+		streams [][]*subscriber // the parked subscribers to evaluate, by stream
+		at      = map[*outbox]int{}
+		taken   = map[*subscriber]bool{}
+	)
 	schedule := func(s *subscriber) {
 		if s.parked != nil && !taken[s] {
 			taken[s] = true
-			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
-			jobs = append(jobs, job{wt: s.parked, since: b.since})
+			i, ok := at[s.parked.out]
+			if !ok {
+				i = len(streams)
+				at[s.parked.out] = i
+				streams = append(streams, nil)
+			}
+			streams[i] = append(streams[i], s)
 		}
 	}
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
@@ -341,18 +359,39 @@ func (w *watcher) push(b *batch) {
 			}
 		}
 	}
-	for i := range jobs {
-		jobs[i].dirty, jobs[i].full = jobs[i].wt.sub.takeLocked()
+	w.mu.Unlock()
+	if !b.churn || w.fleet == nil || len(streams) < 2*minWave {
+		w.pushWave(streams, b.since)
+		return 0
+	}
+	return pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.since) })
+}
+
+// pushWave evaluates the subscribers of a push's streams that are still
+// parked, taking the changes noted on them: a subscriber whose watch was
+// cancelled meanwhile keeps them for its stream's next watch.
+func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
+	var jobs []job
+	w.mu.Lock()
+	for _, subs := range streams {
+		for _, s := range subs {
+			if s.parked == nil {
+				continue
+			}
+			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
+			dirty, full := s.takeLocked()
+			jobs = append(jobs, job{wt: s.parked, dirty: dirty, full: full, since: since})
+		}
 	}
 	w.mu.Unlock()
 	jobs = w.skipUnchangedWildcards(jobs)
 	for _, j := range jobs {
 		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
 	}
-	streams := byStream(jobs)
+	byOut := byStream(jobs)
 	work := make(chan []job)
 	var wg sync.WaitGroup
-	for range min(w.workers, len(streams)) {
+	for range min(w.workers, len(byOut)) {
 		wg.Go(func() {
 			for js := range work {
 				for _, j := range js {
@@ -361,7 +400,7 @@ func (w *watcher) push(b *batch) {
 			}
 		})
 	}
-	for _, js := range streams {
+	for _, js := range byOut {
 		work <- js
 	}
 	close(work)

@@ -1,0 +1,208 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// pace hands out waves of at least minWave items, at most paceWaves of
+// them, and the next only once the fleet answered the last (all but
+// unanswered of it).
+func TestPaceWaitsForEachWave(t *testing.T) {
+	d := &deliveries{}
+	items := make([]int, 3*minWave+4)
+	for i := range items {
+		items[i] = i
+	}
+	waves := make(chan []int)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pace(context.Background(), d, items, time.Minute, func(wave []int) {
+			for range wave {
+				d.hand()
+			}
+			waves <- wave
+		})
+	}()
+	var sizes []int
+	next := 0
+	for wave := range chanUntil(waves, done) {
+		if wave[0] != next {
+			t.Fatalf("wave starts at item %d; want %d", wave[0], next)
+		}
+		next += len(wave)
+		sizes = append(sizes, len(wave))
+		// The next wave waits for these answers: nothing else can send
+		// on waves until the test answers.
+		select {
+		case w := <-waves:
+			t.Fatalf("wave of %d handed out before the last was answered", len(w))
+		default:
+		}
+		d.answer(len(wave))
+	}
+	if want := []int{minWave, minWave, minWave, 4}; !reflect.DeepEqual(sizes, want) {
+		t.Fatalf("waves of %v; want %v", sizes, want)
+	}
+}
+
+// chanUntil yields what ch carries until done is closed.
+func chanUntil[T any](ch <-chan T, done <-chan struct{}) func(func(T) bool) {
+	return func(yield func(T) bool) {
+		for {
+			select {
+			case v := <-ch:
+				if !yield(v) {
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	}
+}
+
+// pace stops between waves when its context ends, also while it waits for
+// a wave's answers.
+func TestPaceStopsWithItsContext(t *testing.T) {
+	d := &deliveries{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var pushed int
+	pace(ctx, d, make([]int, 4*minWave), time.Hour, func(wave []int) {
+		pushed++
+		for range wave {
+			d.hand()
+		}
+		cancel() // never answered: only the context ends the wait
+	})
+	if pushed != 1 {
+		t.Fatalf("%d waves pushed; want 1", pushed)
+	}
+}
+
+// A push of churn reaches its streams in waves through the real server:
+// the streams of the first wave get the new clusters, the others nothing
+// until the first wave's clients answered; a stream that asks again
+// between waves is answered then and not twice; in the end every stream
+// holds the new set, once.
+func TestChurnPushReachesStreamsInWaves(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{Changes: NewChanges(10*time.Millisecond, time.Minute)})
+	services := []*clusters.Service{namedService("a", "10.0.0.1")}
+	h.index.ReplaceCluster("west", services)
+	const streams = 2*minWave + 6 // waves of minWave, minWave and 6
+	cs := make([]*adsClient, streams)
+	for i := range cs {
+		c := dialADS(t, addr, insecure.NewCredentials())
+		c.send(t, &discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("wave-%d", i), "west"), TypeUrl: resourcev3.ClusterType})
+		c.send(t, ack(resourcev3.ClusterType, nil, c.expect(t, resourcev3.ClusterType, "first request")))
+		c.barrier(t, "parked")
+		cs[i] = c
+	}
+	all := make([]int, streams)
+	for i := range all {
+		all[i] = i
+	}
+
+	// A leading edge reaches every stream at once; the test holds the
+	// ACKs, so a second change is churn: it waits for them, then goes in
+	// waves.
+	services = append(services, namedService("b", "10.0.1.1"))
+	h.index.ReplaceCluster("west", append([]*clusters.Service(nil), services...))
+	last := make([]*discoveryv3.DiscoveryResponse, streams)
+	for range streams {
+		i, r := nextOfAny(t, cs, all)
+		if last[i] != nil || len(r.Resources) != 2 {
+			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 2", i, len(r.Resources))
+		}
+		last[i] = r
+	}
+	services = append(services, namedService("c", "10.0.2.1"))
+	h.index.ReplaceCluster("west", append([]*clusters.Service(nil), services...))
+	for i, c := range cs {
+		c.send(t, ack(resourcev3.ClusterType, nil, last[i]))
+	}
+
+	got := map[int]bool{}
+	for range minWave {
+		i, r := nextOfAny(t, cs, all)
+		if got[i] || len(r.Resources) != 3 {
+			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))
+		}
+		got[i], last[i] = true, r
+	}
+	var rest []int
+	for i := range cs {
+		if !got[i] {
+			rest = append(rest, i)
+			cs[i].barrier(t, fmt.Sprintf("stream %d: nothing before the first wave is answered", i))
+		}
+	}
+	// A stream that asks again between waves (here: its ACK repeated) is
+	// answered at once, and its wave leaves it out.
+	x := rest[0]
+	cs[x].send(t, ack(resourcev3.ClusterType, nil, last[x]))
+	if r := cs[x].expect(t, resourcev3.ClusterType, "asked again between waves"); len(r.Resources) != 3 {
+		t.Fatalf("stream %d asked again: %d clusters; want 3", x, len(r.Resources))
+	} else {
+		got[x], last[x] = true, r
+	}
+	for i := range got {
+		cs[i].send(t, ack(resourcev3.ClusterType, nil, last[i]))
+	}
+	for range streams - len(got) {
+		i, r := nextOfAny(t, cs, rest)
+		if got[i] || len(r.Resources) != 3 {
+			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))
+		}
+		got[i] = true
+		cs[i].send(t, ack(resourcev3.ClusterType, nil, r))
+	}
+	for i, c := range cs {
+		c.barrier(t, fmt.Sprintf("stream %d: one response for the churn", i))
+	}
+	if n := h.changes.Pushes(quietAfter) + h.changes.Pushes(maxWait); n != 1 {
+		t.Fatalf("%d pushes after a wait; want 1 (the churn)", n)
+	}
+}
+
+// nextOfAny returns the next response of any of the streams cs[i], i in
+// from, and which one it came from.
+func nextOfAny(t *testing.T, cs []*adsClient, from []int) (int, *discoveryv3.DiscoveryResponse) {
+	t.Helper()
+	cases := make([]reflect.SelectCase, 0, len(from)+1)
+	for _, i := range from {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(cs[i].ch)})
+	}
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(20 * time.Second))})
+	k, v, _ := reflect.Select(cases)
+	if k == len(from) {
+		t.Fatal("no response within 20s")
+	}
+	return from[k], v.Interface().(*discoveryv3.DiscoveryResponse)
+}
+
+// A fleet that never answers holds a paced push back at most its limit:
+// then the rest goes at once.
+func TestPaceHandsOutTheRestAtItsLimit(t *testing.T) {
+	d := &deliveries{}
+	var sizes []int
+	pace(context.Background(), d, make([]int, 4*minWave), 50*time.Millisecond, func(wave []int) {
+		sizes = append(sizes, len(wave))
+		for range wave {
+			d.hand()
+		}
+	})
+	if want := []int{minWave, 3 * minWave}; !reflect.DeepEqual(sizes, want) {
+		t.Fatalf("waves of %v; want %v", sizes, want)
+	}
+}
