@@ -138,7 +138,27 @@ func (t *internedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest) error 
 // contiguous.
 func fieldRun(b []byte, num protowire.Number) (start, end int, ok bool) {
 	start, end = -1, -1
+	// short is field num's tag as one byte, when it fits in one: an entry
+	// shorter than 128 bytes (an Envoy cluster name) is then that byte
+	// and a one-byte length, read without the general decoder.
+	short := byte(0)
+	if tag := protowire.EncodeTag(num, protowire.BytesType); tag < 0x80 {
+		short = byte(tag)
+	}
 	for i := 0; i < len(b); {
+		if short != 0 && b[i] == short && i+1 < len(b) && b[i+1] < 0x80 {
+			next := i + 2 + int(b[i+1])
+			if next > len(b) {
+				return -1, -1, false
+			}
+			if start < 0 {
+				start = i
+			} else if end != i { // a second run
+				return -1, -1, false
+			}
+			end, i = next, next
+			continue
+		}
 		n, typ, tl := protowire.ConsumeTag(b[i:])
 		if tl < 0 {
 			return -1, -1, false
