@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
@@ -250,7 +251,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	if err := c.a.tracker.onStreamRequest(c.id, req, repeated); err != nil {
 		return err
 	}
-	forgetExtensions(c.node)
+	forgetUnread(c.node)
 	if t == nil {
 		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.versions)}
 		c.types[req.TypeUrl] = t
@@ -302,11 +303,33 @@ func (c *sotwConn) close() {
 	c.a.tracker.onStreamClosed(c.id)
 }
 
-// forgetExtensions drops what a node says of its client's extensions
-// once the node was checked (Limits): Envoy lists every extension compiled
-// into it (~130, 10–20 KB decoded), which the hub never reads, and a
-// stream keeps its node for as long as it lives.
-func forgetExtensions(n *corev3.Node) { n.Extensions = nil }
+// forgetUnread drops what the hub never reads of a node once the node was
+// checked (Limits) and recorded (proxyTracker.request): a stream keeps its
+// node for as long as it lives. Envoy lists every extension compiled into
+// it (~130, 10–20 KB decoded), and an Istio sidecar's metadata (~17 KB
+// encoded: labels, annotations, the pod's ports, the agent's settings)
+// decodes to ~9 KB of structs; of the metadata only readNodeMetadata stay.
+func forgetUnread(n *corev3.Node) {
+	n.Extensions, n.ClientFeatures, n.DynamicParameters = nil, nil, nil
+	fields := n.GetMetadata().GetFields()
+	if len(fields) == 0 {
+		return
+	}
+	kept := map[string]*structpb.Value{}
+	for _, k := range readNodeMetadata {
+		if v, ok := fields[k]; ok {
+			kept[k] = v
+		}
+	}
+	if len(kept) < len(fields) {
+		n.Metadata = &structpb.Struct{Fields: kept}
+	}
+}
+
+// readNodeMetadata are the node metadata keys the hub reads (as Istio
+// names them): the proxy's member cluster, namespace, generator (grpc:
+// proxyless; api: an istiod taking config) and Istio version.
+var readNodeMetadata = []string{"CLUSTER_ID", "NAMESPACE", "GENERATOR", "ISTIO_VERSION"}
 
 // sameSlice reports whether a and b are the same slice (not only equal):
 // an interned resource_names list (requestStream) repeated by an ACK.
@@ -568,7 +591,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	if err := c.a.tracker.onDeltaRequest(c.id, req); err != nil {
 		return err
 	}
-	forgetExtensions(c.node)
+	forgetUnread(c.node)
 	if req.TypeUrl == "" {
 		if defaultType == resourcev3.AnyType {
 			return errNoType

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/wait"
@@ -516,5 +517,35 @@ func TestADSOrderWithinAPush(t *testing.T) {
 			}
 			c.barrier(t, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
 		}
+	}
+}
+
+// A stream keeps of its node only what the hub reads: an Istio sidecar's
+// metadata and Envoy's extensions would otherwise stay for the stream's
+// whole life.
+func TestForgetUnread(t *testing.T) {
+	meta, err := structpb.NewStruct(map[string]any{
+		"CLUSTER_ID": "west", "NAMESPACE": "demo", "GENERATOR": "grpc", "ISTIO_VERSION": "1.28.0",
+		"LABELS": map[string]any{"app": "a"}, "ANNOTATIONS": map[string]any{"x": "y"}, "POD_PORTS": "[]",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &corev3.Node{Id: "sidecar~10.0.0.1~a.demo~demo.svc.cluster.local", Cluster: "a.demo", UserAgentName: "gRPC Go", Metadata: meta,
+		Extensions: []*corev3.Extension{{Name: "envoy.filters.http.router"}}, ClientFeatures: []string{"xds.config.resource-in-sotw"}}
+	forgetUnread(n)
+	if len(n.Extensions) != 0 || len(n.ClientFeatures) != 0 {
+		t.Errorf("extensions %v, client features %v kept", n.Extensions, n.ClientFeatures)
+	}
+	want := map[string]string{"CLUSTER_ID": "west", "NAMESPACE": "demo", "GENERATOR": "grpc", "ISTIO_VERSION": "1.28.0"}
+	got := map[string]string{}
+	for k, v := range n.GetMetadata().GetFields() {
+		got[k] = v.GetStringValue()
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("metadata kept %v; want %v", got, want)
+	}
+	if !proxyless(n) || n.GetId() == "" || n.GetCluster() != "a.demo" {
+		t.Errorf("what the hub reads changed: %v", n)
 	}
 }

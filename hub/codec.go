@@ -27,10 +27,18 @@ import (
 // A list is known by the address and length of its backing array; the
 // cache keeps the list itself, so that address cannot be reused for
 // another list while it is cached. Lists are never changed after they
-// are built (the generators build a new one per version).
+// are built (the generators build a new one per version). A list is
+// cached once a second response carries it: a large list built for one
+// stream (the first EDS response of an Envoy, its 1,000 assignments) is
+// marshalled as gRPC would, not kept (16 of them held ~22 MB at 2,000
+// streams).
 type sharedCodec struct {
 	proto  encoding.CodecV2
 	shared *lru.Cache[sharedKey, sharedList] // safe for concurrent use
+	// seen are the lists marshalled once, not cached yet (the keys only:
+	// an address reused by another list after the first is freed makes
+	// that list cached on its first sighting, which is harmless).
+	seen *lru.Cache[sharedKey, struct{}]
 }
 
 // minSharedResources is the smallest list the codec caches: smaller ones
@@ -50,7 +58,8 @@ type sharedList struct {
 
 func newSharedCodec() *sharedCodec {
 	shared, _ := lru.New[sharedKey, sharedList](16) // only a size ≤ 0 fails
-	return &sharedCodec{proto: encoding.GetCodecV2(grpcproto.Name), shared: shared}
+	seen, _ := lru.New[sharedKey, struct{}](256)
+	return &sharedCodec{proto: encoding.GetCodecV2(grpcproto.Name), shared: shared, seen: seen}
 }
 
 var _ encoding.CodecV2 = (*sharedCodec)(nil)
@@ -77,9 +86,19 @@ func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok || len(resp.GetResources()) < minSharedResources {
 		return c.proto.Marshal(v)
 	}
-	list, err := c.encoded(resp.Resources)
+	list, ok, err := c.encoded(resp.Resources)
 	if err != nil {
 		return nil, err
+	}
+	if !ok {
+		// The list's first response, marshalled into memory of its own
+		// rather than gRPC's pool, which would keep buffers this large
+		// (one per stream, a megabyte or more each) after their write.
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			return nil, fmt.Errorf("marshalling a %s response: %w", resp.GetTypeUrl(), err)
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 	}
 	// The response's other fields, shallowly: resources left out.
 	head := &discoveryv3.DiscoveryResponse{}
@@ -101,25 +120,29 @@ func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
 const resourcesField = 2
 
 // encoded returns the encoding of a shared resource list as field 2 of a
-// DiscoveryResponse, from the cache or made now.
-func (c *sharedCodec) encoded(res []*anypb.Any) ([]byte, error) {
+// DiscoveryResponse, from the cache or made now; ok is false, and nothing
+// encoded, the first time the list is seen.
+func (c *sharedCodec) encoded(res []*anypb.Any) (b []byte, ok bool, err error) {
 	key := sharedKey{array: unsafe.Pointer(unsafe.SliceData(res)), n: len(res)}
 	if l, ok := c.shared.Get(key); ok {
-		return l.encoded, nil
+		return l.encoded, true, nil
 	}
+	if ok, _ := c.seen.ContainsOrAdd(key, struct{}{}); !ok {
+		return nil, false, nil
+	}
+	c.seen.Remove(key)
 	size := 0
 	for _, a := range res {
 		size += protowire.SizeTag(resourcesField) + protowire.SizeBytes(proto.Size(a))
 	}
-	b := make([]byte, 0, size)
+	b = make([]byte, 0, size)
 	for _, a := range res {
 		b = protowire.AppendTag(b, resourcesField, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(proto.Size(a)))
-		var err error
 		if b, err = (proto.MarshalOptions{}).MarshalAppend(b, a); err != nil {
-			return nil, fmt.Errorf("marshalling a resource of type %s: %w", a.GetTypeUrl(), err)
+			return nil, false, fmt.Errorf("marshalling a resource of type %s: %w", a.GetTypeUrl(), err)
 		}
 	}
 	c.shared.Add(key, sharedList{keep: res, encoded: b})
-	return b, nil
+	return b, true, nil
 }

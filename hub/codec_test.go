@@ -38,8 +38,9 @@ func roundTrip(t *testing.T, c *sharedCodec, resp *discoveryv3.DiscoveryResponse
 }
 
 // The codec's bytes decode to the response it was given: with a shared
-// list (encoded once, reused by the next stream's response), with a list
-// that shares its first elements with a cached one, and small ones.
+// list (encoded once a second response carries it, then reused), with a
+// list that shares its first elements with a cached one, and small ones;
+// a list carried once (built for one stream) is not kept.
 func TestSharedCodec(t *testing.T) {
 	c := newSharedCodec()
 	set := sharedResources(t, 100, "a")
@@ -59,6 +60,12 @@ func TestSharedCodec(t *testing.T) {
 	resp := &discoveryv3.DiscoveryResponse{VersionInfo: "v2", Resources: other, Nonce: "8"}
 	if got := roundTrip(t, c, resp); !proto.Equal(got, resp) {
 		t.Fatal("a list sharing its first element with a cached one was encoded as that one")
+	}
+	if n := c.shared.Len(); n != 1 {
+		t.Errorf("%d lists cached after a list's first response; want 1", n)
+	}
+	if got := roundTrip(t, c, resp); !proto.Equal(got, resp) {
+		t.Fatal("a list's second response")
 	}
 	small := &discoveryv3.DiscoveryResponse{VersionInfo: "v3", Resources: sharedResources(t, 3, "s"), Nonce: "9"}
 	if got := roundTrip(t, c, small); !proto.Equal(got, small) {
