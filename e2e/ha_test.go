@@ -94,7 +94,7 @@ func TestHAFailover(t *testing.T) {
 		if l.Endpoints[eds] != 3 || s.Endpoints[eds] != 3 {
 			return fmt.Errorf("endpoints: via leader %v, via survivor %v", l.Endpoints, s.Endpoints)
 		}
-		if !sameConfig(l, s) {
+		if !sameConfig(l, s, eds) {
 			return fmt.Errorf("replicas serve different resources:\n%v\n%v", l.Held, s.Held)
 		}
 		return nil
@@ -164,7 +164,7 @@ func TestHAFailover(t *testing.T) {
 		if s.Addr != survivor.xdsAddr || s.Reconnects == 0 {
 			return fmt.Errorf("the killed replica's proxy is on %s after %d reconnects", s.Addr, s.Reconnects)
 		}
-		if !sameConfig(s, before) {
+		if !sameConfig(s, before, eds) {
 			return fmt.Errorf("after failover the proxy holds %v; before %v", s.Held, before.Held)
 		}
 		return nil
@@ -261,7 +261,7 @@ func TestGracefulShutdown(t *testing.T) {
 	eventually(t, 20*time.Second, func() error {
 		for _, p := range proxies {
 			s := p.snapshot()
-			if s.Addr != other.xdsAddr || !sameConfig(s, want) {
+			if s.Addr != other.xdsAddr || !sameConfig(s, want, eds) {
 				return fmt.Errorf("proxy on %s holds %v", s.Addr, s.Endpoints)
 			}
 			if s.EmptyEDS != 0 {
