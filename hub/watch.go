@@ -57,6 +57,9 @@ type watcher struct {
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
 	fleet *deliveries
+	// lists shares the resource lists of responses that carry the same
+	// resources (nil: none shared).
+	lists *responseLists
 	// paceLimit bounds how long a push of churn paces its waves (see pace).
 	paceLimit time.Duration
 	// evaluations counts the watches pushes evaluated, by type: the work
@@ -140,7 +143,7 @@ func (wt *watch) incremental() bool {
 
 func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
-		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames, paceLimit: DefaultDebounceMax,
+		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames, paceLimit: DefaultDebounceMax, lists: newResponseLists(),
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
@@ -778,21 +781,18 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		return nil, nil
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
-	anys := make([]*anypb.Any, len(changed))
-	for i, r := range changed {
-		anys[i] = r.any
-	}
+	list := w.lists.list(changed)
 	return &sotwResponse{
 		PassthroughResponse: &cachev3.PassthroughResponse{
 			Request: wt.req,
 			DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-				VersionInfo: responseVersion(changed),
-				Resources:   anys,
+				VersionInfo: list.version,
+				Resources:   list.anys,
 				TypeUrl:     wt.typeURL,
 			},
 		},
 		incremental: true,
-		changed:     changed,
+		changed:     list.res,
 		typeSent:    wt.sent,
 	}, nil
 }
