@@ -3,7 +3,6 @@ package hub
 import (
 	"hash/maphash"
 	"slices"
-	"unsafe"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -49,8 +48,7 @@ func (l *responseLists) list(res []*resource) responseList {
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	for _, r := range res {
-		p := uintptr(unsafe.Pointer(r))
-		h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&p)), unsafe.Sizeof(p)))
+		maphash.WriteComparable(&h, r) // the pointer, not what it points to
 	}
 	key := h.Sum64()
 	if e, ok := l.cache.Get(key); ok && slices.Equal(e.res, res) {
