@@ -23,6 +23,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/ca"
 )
 
 // Membership is the read model of member clusters.
@@ -50,7 +51,7 @@ type Federation interface {
 // certificates issued per member and namespace, requests refused per
 // reason (*hub.Hub implements it; ok is false when it serves no CA).
 type CertificateAuthority interface {
-	Certificates() (hub.CertificateStats, bool)
+	Certificates() (ca.CertificateStats, bool)
 }
 
 // Distribution is the state of the Istio objects distributed from the home

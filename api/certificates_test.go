@@ -9,12 +9,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/ca"
 )
 
-type fakeCA struct{ st hub.CertificateStats }
+type fakeCA struct{ st ca.CertificateStats }
 
-func (f fakeCA) Certificates() (hub.CertificateStats, bool) { return f.st, true }
+func (f fakeCA) Certificates() (ca.CertificateStats, bool) { return f.st, true }
 
 // staticAuth is the static tokens of newTestHandler.
 func staticAuth(t *testing.T) Authenticator {
@@ -35,11 +35,11 @@ func TestCertificates(t *testing.T) {
 	problem(t, do(t, h, "GET", "/api/v1/certificates", "reader-token", ""), 404, "CA is not served")
 
 	expiry := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	ca := fakeCA{hub.CertificateStats{DefaultTTL: 24 * time.Hour, MaxTTL: 7 * 24 * time.Hour,
-		Groups:   []hub.CertificateGroup{{Member: "west", Namespace: "a", Issued: 3, Valid: 2, NextExpiry: expiry}, {Member: "east", Namespace: "b", Issued: 1}},
-		Failures: []hub.CAFailure{{Reason: "invalid_csr", Total: 4, LastHour: 1, Last: expiry, LastMessage: "the CSR is not a PEM CERTIFICATE REQUEST"}, {Reason: "invalid_ttl"}},
+	fake := fakeCA{ca.CertificateStats{DefaultTTL: 24 * time.Hour, MaxTTL: 7 * 24 * time.Hour,
+		Groups:   []ca.CertificateGroup{{Member: "west", Namespace: "a", Issued: 3, Valid: 2, NextExpiry: expiry}, {Member: "east", Namespace: "b", Issued: 1}},
+		Failures: []ca.Failure{{Reason: "invalid_csr", Total: 4, LastHour: 1, Last: expiry, LastMessage: "the CSR is not a PEM CERTIFICATE REQUEST"}, {Reason: "invalid_ttl"}},
 	}}
-	h = NewHandler(Config{Membership: &fakeMembership{}, Federation: fakeFederation{}, CA: ca, Auth: staticAuth(t), Metrics: prometheus.NewRegistry()})
+	h = NewHandler(Config{Membership: &fakeMembership{}, Federation: fakeFederation{}, CA: fake, Auth: staticAuth(t), Metrics: prometheus.NewRegistry()})
 	problem(t, do(t, h, "GET", "/api/v1/certificates", "", ""), 401, "bearer token")
 	rec := do(t, h, "GET", "/api/v1/certificates", "reader-token", "")
 	var got Certificates

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/ca"
 )
 
 // List is the envelope of every list response.
@@ -188,7 +189,7 @@ func ToProxyConfig(c hub.ProxyConfig) (ProxyConfig, error) {
 }
 
 // Certificates is what the hub's CA (Istio's CA API on the mTLS xDS port)
-// issued and refused since this replica started (see hub.CertificateStats).
+// issued and refused since this replica started (see ca.CertificateStats).
 type Certificates struct {
 	// DefaultTTLSeconds is the lifetime of a certificate whose request asks
 	// for none; MaxTTLSeconds the longest issued (--max-workload-cert-ttl).
@@ -220,7 +221,7 @@ type CAFailure struct {
 }
 
 // ToCertificates converts the CA's read model.
-func ToCertificates(st hub.CertificateStats) Certificates {
+func ToCertificates(st ca.CertificateStats) Certificates {
 	out := Certificates{DefaultTTLSeconds: int64(st.DefaultTTL.Seconds()), MaxTTLSeconds: int64(st.MaxTTL.Seconds()),
 		Issued: []CertificateGroup{}, Failures: []CAFailure{}}
 	for _, g := range st.Groups {

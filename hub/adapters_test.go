@@ -10,10 +10,10 @@ func (f AuthorizerFunc) CanListSecrets(ctx context.Context, cluster, saNamespace
 	return f(ctx, cluster, saNamespace, saName, namespace)
 }
 
-// TokenReviewerFunc adapts a function to TokenReviewer.
+// TokenReviewerFunc adapts a function to authn.TokenReviewer.
 type TokenReviewerFunc func(ctx context.Context, cluster, token string) (string, string, error)
 
-// ReviewToken implements TokenReviewer.
+// ReviewToken implements authn.TokenReviewer.
 func (f TokenReviewerFunc) ReviewToken(ctx context.Context, cluster, token string) (string, string, error) {
 	return f(ctx, cluster, token)
 }

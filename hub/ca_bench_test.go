@@ -49,7 +49,7 @@ func BenchmarkCARenewalUnderFlood(b *testing.B) {
 			s := startSecureHub(b, Options{Tokens: caTokens, Signer: signer, MaxWorkloadCertTTL: 2 * time.Hour})
 			signer.ca = s.ca
 			if !tc.lane {
-				s.h.ca.renewals = make(chan struct{}) // unbuffered, never received: no renewal slot
+				s.h.ca.DisableRenewalLane()
 			}
 			// The renewing workload: a certificate issued by token first.
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -59,7 +61,7 @@ func TestTokenReviewsAreBoundedPerMember(t *testing.T) {
 	anon := s.anonymous()
 	csr := newCSR(t, rsaKey())
 
-	const callers = 3 * tokenReviewsPerMember
+	const callers = 3 * authn.TokenReviewsPerMember
 	var wg sync.WaitGroup
 	codesSeen := make(chan codes.Code, callers)
 	for i := range callers {
@@ -69,7 +71,7 @@ func TestTokenReviewsAreBoundedPerMember(t *testing.T) {
 		})
 	}
 	// Once west's slots are full, east's caller is still served at once.
-	for range tokenReviewsPerMember {
+	for range authn.TokenReviewsPerMember {
 		<-reviewer.westSeen
 	}
 	if _, err := s.createCertificate(t, s.secure, caCall{creds: anon, token: "east-token-b-api", cluster: "east", csr: csr}); err != nil {
@@ -84,13 +86,13 @@ func TestTokenReviewsAreBoundedPerMember(t *testing.T) {
 			t.Errorf("a token west could not review in time got %s; want Unavailable", c)
 		}
 	}
-	if st, _ := s.h.Certificates(); failuresOf(st)[caReasonReviewUnavailable] != callers {
-		t.Errorf("failures %v; want %d %s", failuresOf(st), callers, caReasonReviewUnavailable)
+	if st, _ := s.h.Certificates(); failuresOf(st)["review_unavailable"] != callers {
+		t.Errorf("failures %v; want %d review_unavailable", failuresOf(st), callers)
 	}
 	reviewer.mu.Lock()
 	defer reviewer.mu.Unlock()
-	if reviewer.westMax > tokenReviewsPerMember {
-		t.Errorf("%d token reviews ran at once in west; want at most %d", reviewer.westMax, tokenReviewsPerMember)
+	if reviewer.westMax > authn.TokenReviewsPerMember {
+		t.Errorf("%d token reviews ran at once in west; want at most %d", reviewer.westMax, authn.TokenReviewsPerMember)
 	}
 }
 
@@ -120,7 +122,7 @@ func (c *countingSigner) SignWorkload(pub crypto.PublicKey, id spiffeid.ID, memb
 // Checking a CSR costs CPU (an RSA-8192 CSR with the largest public
 // exponent Go accepts takes ~4 ms, 120 times an RSA-2048 one) and so does
 // signing: an authenticated caller sending many at once must not take
-// every core from the pushes. The CA works on at most caWorkers requests
+// every core from the pushes. The CA works on at most its Workers requests
 // at once; the others wait.
 func TestCACPUWorkIsBounded(t *testing.T) {
 	signer := &countingSigner{release: make(chan struct{}), started: make(chan struct{}, 100)}
@@ -128,7 +130,8 @@ func TestCACPUWorkIsBounded(t *testing.T) {
 	signer.ca = s.ca
 	anon := s.anonymous()
 	csr := newCSR(t, rsaKey())
-	callers := caWorkers + 4
+	workers := s.h.ca.Workers()
+	callers := workers + 4
 	var wg sync.WaitGroup
 	released := sync.OnceFunc(func() { close(signer.release) })
 	t.Cleanup(func() { released(); wg.Wait() }) // before the hub stops, also when the test fails
@@ -139,13 +142,13 @@ func TestCACPUWorkIsBounded(t *testing.T) {
 			}
 		})
 	}
-	for range caWorkers {
+	for range workers {
 		<-signer.started
 	}
 	// Every other caller's request reaches the hub and waits for a worker.
 	wait.Until(t, 30*time.Second, func() error {
-		if n := s.h.ca.waiting.Load(); n < int64(callers-caWorkers) {
-			return fmt.Errorf("%d requests wait for a worker; want %d", n, callers-caWorkers)
+		if n := s.h.ca.Waiting(); n < callers-workers {
+			return fmt.Errorf("%d requests wait for a worker; want %d", n, callers-workers)
 		}
 		return nil
 	})
@@ -153,13 +156,13 @@ func TestCACPUWorkIsBounded(t *testing.T) {
 	wg.Wait()
 	signer.mu.Lock()
 	defer signer.mu.Unlock()
-	if signer.max > caWorkers {
-		t.Errorf("%d requests were signed at once; want at most %d", signer.max, caWorkers)
+	if signer.max > workers {
+		t.Errorf("%d requests were signed at once; want at most %d", signer.max, workers)
 	}
 }
 
 // failuresOf maps each refusal reason to its total.
-func failuresOf(st CertificateStats) map[string]uint64 {
+func failuresOf(st ca.CertificateStats) map[string]uint64 {
 	m := map[string]uint64{}
 	for _, f := range st.Failures {
 		m[f.Reason] = f.Total

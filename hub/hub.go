@@ -31,6 +31,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -56,7 +58,7 @@ type Options struct {
 	Policy mcp.Policy
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
-	Roots   RootSource
+	Roots   authn.RootSource
 	// Authorizer, if set, lets a proxy read another namespace's Secrets
 	// when its service account may list them there.
 	Authorizer SecretAuthorizer
@@ -66,19 +68,19 @@ type Options struct {
 	AccessReviewTimeout time.Duration
 	// Tokens, if set, authenticates proxies on the mTLS listener that
 	// present a Kubernetes service-account token instead of a certificate.
-	Tokens TokenReviewer
+	Tokens authn.TokenReviewer
 	// Signer, if set, serves Istio's CA API
 	// (istio.v1.auth.IstioCertificateService) on the mTLS listener only:
 	// workload certificates for callers authenticated by Tokens or by a
 	// certificate it issued. It needs Roots.
-	Signer WorkloadSigner
+	Signer ca.WorkloadSigner
 	// Members, if set, tells the CA API which members are in the
 	// federation: a certificate bound to one that is not (removed,
 	// invalid) is neither renewed nor issued for a remembered token.
-	Members Members
+	Members ca.Members
 	// MaxWorkloadCertTTL is the longest workload certificate the CA API
 	// issues; a longer request is refused with InvalidArgument. Zero means
-	// DefaultMaxWorkloadCertTTL.
+	// ca.DefaultMaxWorkloadCertTTL.
 	MaxWorkloadCertTTL time.Duration
 	// Namespace is the hub's own namespace: its Secrets are never served
 	// over SDS, in any member, and no member asserts identities in it.
@@ -92,7 +94,7 @@ type Options struct {
 	// assert (synced, and its remote Secret's annotations): the CA signs
 	// and SDS serves only those. Nil: every member counts as synced,
 	// without annotations.
-	IdentityScopes IdentityScopes
+	IdentityScopes authn.IdentityScopes
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
 	// MTLSMode is the mesh-wide mTLS mode of proxyless gRPC workloads
@@ -136,7 +138,7 @@ type Hub struct {
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
-	ca      *caServer    // nil: no CA API
+	ca      *ca.Server   // nil: no CA API
 	codec   *sharedCodec // the ADS servers' gRPC codec
 	fleet   *deliveries  // what the streams take in: paces the pushes
 	// versions are what the streams were sent, names what the Delta
@@ -215,22 +217,21 @@ func New(opts Options) (*Hub, error) {
 	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
 	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
 	h.proxies.roots = opts.Roots
-	scope := newIdentityScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
+	scope := authn.NewScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
 	h.watcher.scope = scope
-	collectors := []prometheus.Collector{scope.refused}
+	collectors := scope.Collectors()
 	if opts.Tokens != nil && opts.Roots != nil {
-		h.proxies.tokens = newTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain)
-		h.proxies.tokens.scope = scope
-		collectors = append(collectors, h.proxies.tokens.collectors()...)
+		h.proxies.tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
+		collectors = append(collectors, h.proxies.tokens.Collectors()...)
 	}
 	h.proxies.identify = h.watcher.identify
 	if opts.Signer != nil {
 		if opts.Roots == nil {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
 		}
-		h.ca = newCAServer(opts.Signer, opts.Roots, h.proxies.tokens, opts.MaxWorkloadCertTTL, opts.Log)
-		h.ca.members, h.ca.scope = opts.Members, scope
-		collectors = append(collectors, h.ca.stats.collectors()...)
+		h.ca = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: h.proxies.tokens, Scope: scope,
+			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
+		collectors = append(collectors, h.ca.Collectors()...)
 	}
 	if opts.Metrics != nil {
 		for _, c := range collectors {
@@ -278,13 +279,11 @@ func (h *Hub) PushesPerSecond() []int { return h.proxies.pushesPerSecond() }
 
 // Certificates summarises the workload certificates the CA API issued and
 // the requests it refused; ok is false when the hub serves no CA API.
-func (h *Hub) Certificates() (CertificateStats, bool) {
+func (h *Hub) Certificates() (ca.CertificateStats, bool) {
 	if h.ca == nil {
-		return CertificateStats{}, false
+		return ca.CertificateStats{}, false
 	}
-	st := h.ca.stats.snapshot()
-	st.DefaultTTL, st.MaxTTL = h.ca.defaultTTL, h.ca.maxTTL
-	return st, true
+	return h.ca.Stats(), true
 }
 
 // ServiceSummary is one federated service with its endpoints per member.

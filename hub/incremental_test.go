@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -146,7 +147,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
-	h.watcher.identify(nil, node, identity{})
+	h.watcher.identify(nil, node, authn.Identity{})
 	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
 	out := newOutbox()
 	next := func() *sotwResponse {

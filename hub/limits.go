@@ -113,19 +113,6 @@ func (l Limits) checkNames(typeURL string, count int, lists ...[]string) error {
 	return nil
 }
 
-// truncate cuts s to at most n bytes, on a UTF-8 boundary, marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	const mark = "… (truncated)"
-	cut := n - len(mark)
-	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
-		cut--
-	}
-	return s[:cut] + mark
-}
-
 // typeLabel names a served type URL for metrics and messages: "Cluster",
 // "ClusterLoadAssignment", ..., "MCP" for every Istio config type; any
 // other type URL is "other", so a client

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
 )
 
 // MTLSMode is the mesh-wide mutual-TLS mode of proxyless gRPC workloads,
@@ -253,7 +254,7 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 }
 
 // setMTLS sets the generator's mTLS mode, before it serves anything.
-func (g *generator) setMTLS(mode MTLSMode, roots RootSource) error {
+func (g *generator) setMTLS(mode MTLSMode, roots authn.RootSource) error {
 	mode, err := ParseMTLSMode(string(mode))
 	if err != nil {
 		return err

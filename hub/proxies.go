@@ -24,6 +24,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/internal/clip"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -86,13 +88,13 @@ type proxyTracker struct {
 
 	// identify tells the watcher which verified identity a stream's node
 	// pointer stands for (replacing old; new nil forgets old).
-	identify func(old, new *corev3.Node, id identity)
+	identify func(old, new *corev3.Node, id authn.Identity)
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
-	tokens *tokenAuth
+	tokens *authn.TokenAuth
 	// roots checks that a client certificate's member binding comes from
 	// our own CA; nil honours no binding.
-	roots  RootSource
+	roots  authn.RootSource
 	limits Limits
 	// fleet counts the responses clients answered (may be nil).
 	fleet *deliveries
@@ -104,8 +106,8 @@ type proxyTracker struct {
 }
 
 type streamState struct {
-	ident   identity
-	claimed string          // the member the proxy says it is in (may differ from ident.cluster)
+	ident   authn.Identity
+	claimed string          // the member the proxy says it is in (may differ from ident.Cluster)
 	token   string          // a bearer token still to be reviewed (mTLS streams without a certificate)
 	ctx     context.Context // the stream's, for that review
 	node    *corev3.Node
@@ -179,17 +181,16 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) e
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
 		named: map[string]bool{}, names: map[string]digest{},
 	}
-	st.ident.withheld = &withheldLog{}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
 		st.status.Address = pr.Addr.String()
 		var info credentials.TLSInfo
 		info, secure = pr.AuthInfo.(credentials.TLSInfo)
-		st.ident.spiffeID, st.ident.namespace = peerIdentity(pr)
-		if !st.ident.spiffeID.IsZero() {
-			st.status.Identity = st.ident.spiffeID.String()
-			st.ident.cluster = memberBinding(info.State.PeerCertificates, p.roots)
-			st.status.Cluster = st.ident.cluster
+		st.ident.SpiffeID, st.ident.Namespace = authn.PeerIdentity(pr)
+		if !st.ident.SpiffeID.IsZero() {
+			st.status.Identity = st.ident.SpiffeID.String()
+			st.ident.Cluster = authn.MemberBinding(info.State.PeerCertificates, p.roots)
+			st.status.Cluster = st.ident.Cluster
 		}
 	}
 	claimed := ""
@@ -199,11 +200,11 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) e
 		}
 		// A token is only worth reviewing where secrets can be served: on
 		// the mTLS listener, from a client without a certificate.
-		if secure && st.ident.spiffeID.IsZero() {
-			st.token = bearerToken(md)
+		if secure && st.ident.SpiffeID.IsZero() {
+			st.token = authn.BearerToken(md)
 		}
 	}
-	if secure && st.ident.spiffeID.IsZero() && st.token == "" {
+	if secure && st.ident.SpiffeID.IsZero() && st.token == "" {
 		st.anonymous = true
 		if typ != resourcev3.AnyType {
 			return errAnonymousType(typ)
@@ -228,18 +229,18 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) e
 // it gets no Kubernetes Secrets, which is logged once and shown in status.
 // An unbound certificate's claim is only shown: it proves nothing.
 func (p *proxyTracker) claim(st *streamState, member string) {
-	if member == "" || st.ident.fromToken {
+	if member == "" || st.ident.FromToken {
 		return
 	}
 	st.claimed = member
 	switch {
-	case st.ident.cluster == "":
+	case st.ident.Cluster == "":
 		st.status.Cluster = member
-	case member != st.ident.cluster && st.ident.conflict == "":
-		st.ident.conflict = member
-		st.status.Warning = fmt.Sprintf("claims member cluster %q but its certificate is bound to %q: no Kubernetes Secrets are served to it", truncate(member, 64), st.ident.cluster)
+	case member != st.ident.Cluster && st.ident.Conflict == "":
+		st.ident.Conflict = member
+		st.status.Warning = fmt.Sprintf("claims member cluster %q but its certificate is bound to %q: no Kubernetes Secrets are served to it", clip.String(member, 64), st.ident.Cluster)
 		p.log.Warn("xDS proxy claims another member than its certificate proves; no Kubernetes Secrets are served to it",
-			"proxy", truncate(st.status.ID, 256), "identity", st.status.Identity, "certificateMember", st.ident.cluster, "claimedMember", truncate(member, 64))
+			"proxy", clip.String(st.status.ID, 256), "identity", st.status.Identity, "certificateMember", st.ident.Cluster, "claimedMember", clip.String(member, 64))
 	}
 }
 
@@ -249,7 +250,7 @@ func (p *proxyTracker) onStreamClosed(id int64) {
 	p.mu.Lock()
 	st := p.streams[id]
 	if st != nil && p.identify != nil {
-		p.identify(st.node, nil, identity{})
+		p.identify(st.node, nil, authn.Identity{})
 	}
 	if st != nil {
 		for _, held := range st.held {
@@ -440,16 +441,15 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 	if cluster == "" {
 		return status.Error(codes.Unauthenticated, "a service-account token is checked in the proxy's own member cluster: set node metadata CLUSTER_ID or the ClusterID header")
 	}
-	ident, err := p.tokens.authenticate(ctx, cluster, token, 0)
+	ident, err := p.tokens.Authenticate(ctx, cluster, token, 0)
 	if err != nil {
-		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", truncate(cluster, 64), "error", err)
-		return status.Errorf(tokenErrorCode(err), "service-account token not accepted by cluster %s: %v", truncate(cluster, 64), err)
+		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", clip.String(cluster, 64), "error", err)
+		return status.Errorf(authn.TokenErrorCode(err), "service-account token not accepted by cluster %s: %v", clip.String(cluster, 64), err)
 	}
 	p.mu.Lock()
 	if st := p.streams[id]; st != nil {
-		ident.withheld = st.ident.withheld // the cached identity is shared; the log is the stream's
 		st.ident = ident
-		st.status.Identity, st.status.Cluster = ident.spiffeID.String(), cluster
+		st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
 	}
 	p.mu.Unlock()
 	return nil
@@ -473,7 +473,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 			st.status.ID = node.GetId()
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
-			st.status.IstioVersion = truncate(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
+			st.status.IstioVersion = clip.String(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
 			st.status.Proxyless = proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
@@ -493,7 +493,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 	p.fleet.answer(1)
 	ts := st.typeStatus(s.typeURL)
 	if nack {
-		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, truncate(nackMsg, maxNackDetailBytes), time.Now()
+		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, clip.String(nackMsg, maxNackDetailBytes), time.Now()
 		ts.Nacks++
 		p.nacks.WithLabelValues(typeLabel(s.typeURL)).Inc()
 		return

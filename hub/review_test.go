@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
 
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -291,8 +292,8 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		}
 		return m
 	}
-	westA := identity{cluster: "west", namespace: "a"}
-	sds := func(id identity, n ...string) *subscriber {
+	westA := authn.Identity{Cluster: "west", Namespace: "a"}
+	sds := func(id authn.Identity, n ...string) *subscriber {
 		s := newSubscriber(resourcev3.SecretType, names(n...), false, true)
 		s.aim(id)
 		return s
@@ -316,7 +317,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		{"the same secret in another member", sds(westA, "kubernetes://gw"), secret("east", "a", "gw"), false},
 		{"another namespace's secret of that name", sds(westA, "kubernetes://gw"), secret("west", "b", "gw"), false},
 		{"another secret", sds(westA, "kubernetes://gw", "ROOTCA"), secret("west", "a", "other"), false},
-		{"no member proven", sds(identity{namespace: "a"}, "kubernetes://gw"), secret("", "a", "gw"), false},
+		{"no member proven", sds(authn.Identity{Namespace: "a"}, "kubernetes://gw"), secret("", "a", "gw"), false},
 		{"its member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"west": {}}}, true},
 		{"another member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"east": {}}}, false},
 		{"roots, asking ROOTCA", sds(westA, "ROOTCA"), &batch{roots: true}, true},

@@ -2,27 +2,21 @@ package hub
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/trust"
+	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
 // SecretSource gives SDS the TLS material of a member's Secrets
@@ -37,36 +31,10 @@ type SecretAuthorizer interface {
 	CanListSecrets(ctx context.Context, cluster, saNamespace, saName, namespace string) (bool, error)
 }
 
-// RootSource gives SDS the roots of our trust domain and of federated ones.
-type RootSource interface {
-	// LocalTrustDomain is our trust domain's name.
-	LocalTrustDomain() string
-	// RootsPEM returns a trust domain's X.509 roots as PEM.
-	RootsPEM(trustDomain string) ([]byte, bool)
-}
-
-// identity is what the hub has verified about a proxy: its workload from
-// the mTLS client certificate or a service-account token, and the member
-// cluster that credential proves.
-type identity struct {
-	spiffeID  spiffeid.ID // zero when not verified (plaintext, no certificate)
-	namespace string
-	// cluster is the member the credential proves: where a token was
-	// reviewed, or the member binding (trust.MemberOID) of a certificate
-	// from our own CA. Empty when it proves none: no Kubernetes Secrets.
-	cluster   string
-	fromToken bool // proven by a service-account token reviewed in cluster
-	// notAfter is when the client certificate that proves it expires
-	// (zero for a token): a renewal by certificate never outlives it.
-	notAfter time.Time
-	// conflict is the other member a certificate-bound proxy claims to be
-	// in; it then gets no Kubernetes Secrets.
-	conflict string
-	withheld *withheldLog // the stream's; nil logs every time
-}
-
 // withheldLog remembers which SDS names a stream was told it may not have,
-// so that each is logged once per stream rather than on every push.
+// so that each is logged once per stream rather than on every push. It
+// belongs to the stream (streamRecord.withheld), not to its identity: a
+// token's identity is cached and shared by every stream that presents it.
 type withheldLog struct {
 	mu   sync.Mutex
 	seen map[string]struct{}
@@ -80,9 +48,6 @@ const maxWithheldLogged = 256
 // this is the entry that fills the log (logged with a note that more are
 // not).
 func (l *withheldLog) first(name, reason string) (first, last bool) {
-	if l == nil {
-		return true, false
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	key := name + "\x00" + reason
@@ -96,80 +61,13 @@ func (l *withheldLog) first(name, reason string) (first, last bool) {
 	return true, len(l.seen) == maxWithheldLogged
 }
 
-// verified reports whether the proxy proved a workload identity of ours.
-func (id identity) verified(local string) bool {
-	return !id.spiffeID.IsZero() && id.spiffeID.TrustDomain().Name() == local && id.namespace != ""
-}
-
-// memberBinding returns the member cluster a verified client certificate
-// is bound to (trust.MemberOID), or "": only a certificate of our own trust
-// domain that chains to our own roots can bind one. A peer trust domain's
-// CA could write the extension too; it cannot sign for our trust domain.
-func memberBinding(chain []*x509.Certificate, roots RootSource) string {
-	if roots == nil || len(chain) == 0 {
-		return ""
+// firstWithheld is withheldLog.first for rec's stream; a stream without a
+// record (not announced yet) logs every time.
+func (rec *streamRecord) firstWithheld(name, reason string) (first, last bool) {
+	if rec == nil {
+		return true, false
 	}
-	member, ok := trust.MemberOf(chain[0])
-	if !ok {
-		return ""
-	}
-	td, err := spiffeid.TrustDomainFromString(roots.LocalTrustDomain())
-	if err != nil {
-		return ""
-	}
-	pemRoots, ok := roots.RootsPEM(td.Name())
-	if !ok {
-		return ""
-	}
-	var authorities []*x509.Certificate
-	for rest := pemRoots; ; {
-		var block *pem.Block
-		if block, rest = pem.Decode(rest); block == nil {
-			break
-		}
-		if c, err := x509.ParseCertificate(block.Bytes); err == nil {
-			authorities = append(authorities, c)
-		}
-	}
-	if _, _, err := x509svid.Verify(chain, x509bundle.FromX509Authorities(td, authorities)); err != nil {
-		return ""
-	}
-	return member
-}
-
-// peerIdentity reads the SPIFFE ID of a verified client certificate. The
-// mTLS listener's verifier has already checked the chain.
-func peerIdentity(p *peer.Peer) (spiffeid.ID, string) {
-	if p == nil {
-		return spiffeid.ID{}, ""
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 || !info.State.HandshakeComplete {
-		return spiffeid.ID{}, ""
-	}
-	id, err := x509svid.IDFromCert(info.State.PeerCertificates[0])
-	if err != nil {
-		return spiffeid.ID{}, ""
-	}
-	return id, namespaceOf(id)
-}
-
-// serviceAccountOf extracts <sa> from spiffe://<td>/ns/<ns>/sa/<sa>.
-func serviceAccountOf(id spiffeid.ID) string {
-	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
-	if len(parts) == 4 {
-		return parts[3]
-	}
-	return ""
-}
-
-// namespaceOf extracts <ns> from spiffe://<td>/ns/<ns>/sa/<sa>.
-func namespaceOf(id spiffeid.ID) string {
-	parts := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/")
-	if len(parts) == 4 && parts[0] == "ns" && parts[2] == "sa" {
-		return parts[1]
-	}
-	return ""
+	return rec.withheld.first(name, reason)
 }
 
 var errDenied = errors.New("not authorised")
@@ -217,10 +115,10 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		var msg proto.Message
 		var review *reviewKey
 		var err error
-		if ns, ok := otherNamespace(name, id.namespace); ok && len(others) >= maxOtherNamespaces && !has(others, ns) {
+		if ns, ok := otherNamespace(name, id.Namespace); ok && len(others) >= maxOtherNamespaces && !has(others, ns) {
 			// Each other namespace costs an access review in the member:
 			// a client cannot make the hub ask for thousands.
-			err = fmt.Errorf("%w: the subscription names Secrets of more than %d namespaces other than %s", errDenied, maxOtherNamespaces, id.namespace)
+			err = fmt.Errorf("%w: the subscription names Secrets of more than %d namespaces other than %s", errDenied, maxOtherNamespaces, id.Namespace)
 		} else {
 			if ok {
 				add(&others, ns)
@@ -233,9 +131,9 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		if errors.Is(err, errReviewPending) {
 			wt.awaiting = true
 		} else if err != nil {
-			if first, last := id.withheld.first(name, err.Error()); first {
-				w.scope.count("sds", err)
-				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", id.cluster, "identity", id.spiffeID.String(), "resource", name, "reason", err,
+			if first, last := wt.rec.firstWithheld(name, err.Error()); first {
+				w.scope.Count("sds", err)
+				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", id.Cluster, "identity", id.SpiffeID.String(), "resource", name, "reason", err,
 					"moreNotLogged", last)
 			}
 		}
@@ -276,7 +174,7 @@ func has[K comparable](m map[K]struct{}, k K) bool {
 // identityOf is the identity of wt's stream as the proxy tracker last
 // announced it: a claim that puts a proxy in conflict mid-stream (see
 // proxyTracker.claim) applies to the watches parked before it too.
-func (w *watcher) identityOf(wt *watch) identity {
+func (w *watcher) identityOf(wt *watch) authn.Identity {
 	if wt.rec == nil {
 		return wt.ident
 	}
@@ -334,12 +232,12 @@ func parseSecretName(name, ns string) secretName {
 // secret builds one SDS resource for id, or says why not. consulted is the
 // access review it asked, if it asked one: a new decision for it
 // re-evaluates the watch.
-func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *reviewKey, _ error) {
+func (w *watcher) secret(id authn.Identity, name string) (_ proto.Message, consulted *reviewKey, _ error) {
 	if w.roots == nil || w.secrets == nil {
 		return nil, nil, errors.New("SDS is not configured on this hub")
 	}
 	local := w.roots.LocalTrustDomain()
-	if !id.verified(local) {
+	if !id.Verified(local) {
 		return nil, nil, fmt.Errorf("%w: secrets are served only to a verified workload identity of %s over mTLS", errDenied, local)
 	}
 	validation := func(pem []byte) *tlsv3.Secret {
@@ -365,21 +263,21 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 		}
 		return validation(pem), nil, nil
 	}
-	if id.cluster == "" {
-		return nil, nil, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.spiffeID)
+	if id.Cluster == "" {
+		return nil, nil, fmt.Errorf("%w: %s proves no member cluster (a certificate needs our CA's member binding, or use a service-account token): Kubernetes Secrets are not served to it", errDenied, id.SpiffeID)
 	}
-	if id.conflict != "" {
-		return nil, nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.spiffeID, truncate(id.conflict, 64), id.cluster)
+	if id.Conflict != "" {
+		return nil, nil, fmt.Errorf("%w: %s claims member %s but its certificate is bound to %s", errDenied, id.SpiffeID, clip.String(id.Conflict, 64), id.Cluster)
 	}
-	if err := w.scope.allow(id.cluster, id.namespace); err != nil {
-		if err.(*scopeError).reason == scopeMemberNotSynced {
+	if err := w.scope.Allow(id.Cluster, id.Namespace); err != nil {
+		if err.(*authn.ScopeError).Reason == authn.ScopeMemberNotSynced {
 			return nil, nil, err // transient: served once the member syncs (SecretsSynced)
 		}
 		return nil, nil, fmt.Errorf("%w: %w", errDenied, err)
 	}
-	sn := parseSecretName(name, id.namespace)
+	sn := parseSecretName(name, id.Namespace)
 	if !sn.wellFormed {
-		return nil, nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, truncate(name, 256))
+		return nil, nil, fmt.Errorf("%w: %q does not name a Secret (kubernetes://[<namespace>/]<name>)", errDenied, clip.String(name, 256))
 	}
 	key := sn.key
 	for _, k := range sn.keys() {
@@ -387,29 +285,29 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 			return nil, nil, err
 		}
 	}
-	if key.Namespace != id.namespace {
+	if key.Namespace != id.Namespace {
 		// As istiod: another namespace only if the proxy's service account
 		// may list Secrets there (SubjectAccessReview in its own member).
 		if w.sar == nil {
-			return nil, nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.spiffeID, id.namespace)
+			return nil, nil, fmt.Errorf("%w: %s may only read secrets of namespace %s", errDenied, id.SpiffeID, id.Namespace)
 		}
 		// Never waits: a review not decided yet is pending, and the watch
 		// is re-evaluated when it is.
-		review := reviewKey{id.cluster, id.namespace, serviceAccountOf(id.spiffeID), key.Namespace}
+		review := reviewKey{id.Cluster, id.Namespace, authn.ServiceAccountOf(id.SpiffeID), key.Namespace}
 		consulted = &review
 		ok, err := w.sar.decide(review)
 		if err != nil {
 			return nil, consulted, err // transient: the stream keeps what it has
 		}
 		if !ok {
-			return nil, consulted, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.spiffeID, key.Namespace, id.cluster)
+			return nil, consulted, fmt.Errorf("%w: %s may not list secrets in namespace %s of cluster %s", errDenied, id.SpiffeID, key.Namespace, id.Cluster)
 		}
 	}
 	if sn.caOnly {
-		s, err := w.secrets.TLSSecret(id.cluster, sn.caKey)
+		s, err := w.secrets.TLSSecret(id.Cluster, sn.caKey)
 		if errors.Is(err, clusters.ErrSecretNotFound) {
 			key = sn.key
-			s, err = w.secrets.TLSSecret(id.cluster, key)
+			s, err = w.secrets.TLSSecret(id.Cluster, key)
 		} else {
 			key = sn.caKey
 		}
@@ -421,7 +319,7 @@ func (w *watcher) secret(id identity, name string) (_ proto.Message, consulted *
 		}
 		return validation(s.CA), consulted, nil
 	}
-	s, err := w.secrets.TLSSecret(id.cluster, key)
+	s, err := w.secrets.TLSSecret(id.Cluster, key)
 	if err != nil {
 		return nil, consulted, err
 	}

@@ -11,6 +11,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/hubmesh/hub/hub/authn"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -155,18 +157,18 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 // aim records which Secrets and roots an SDS subscriber's names ask for,
 // read as the stream's identity means them (parseSecretName); not while s
 // is indexed.
-func (s *subscriber) aim(id identity) {
+func (s *subscriber) aim(id authn.Identity) {
 	s.secrets, s.roots = nil, false
 	if s.typeURL != resourcev3.SecretType {
 		return
 	}
 	for _, name := range s.list {
-		switch sn := parseSecretName(name, id.namespace); {
+		switch sn := parseSecretName(name, id.Namespace); {
 		case sn.roots:
 			s.roots = true
-		case sn.wellFormed && id.cluster != "":
+		case sn.wellFormed && id.Cluster != "":
 			for _, k := range sn.keys() {
-				s.secrets = append(s.secrets, secretRef{id.cluster, k})
+				s.secrets = append(s.secrets, secretRef{id.Cluster, k})
 			}
 		}
 	}
@@ -239,8 +241,12 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 // node pointer (the server stamps it on every request of the stream): its
 // verified identity and its persistent subscribers by type.
 type streamRecord struct {
-	ident identity
+	ident authn.Identity
 	subs  map[string]*subscriber
+	// withheld logs each SDS name withheld from the stream once
+	// (secretResources), for the stream's whole life; it has its own lock
+	// (pushes evaluate the stream's watches beside its loop).
+	withheld withheldLog
 	// sent says, per type, that a SotW response of that type went out on
 	// the stream (set by the server's send, see sotwResponse): a stream's
 	// first request of a type is answered even when there is nothing for
@@ -304,7 +310,7 @@ func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 // identify follows the proxy tracker's view of a stream: its node pointer
 // appears (old nil), changes (the client sent a new node), or goes away
 // (new nil: the stream closed, its subscribers are dropped).
-func (w *watcher) identify(old, new *corev3.Node, id identity) {
+func (w *watcher) identify(old, new *corev3.Node, id authn.Identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rec := w.streams[old]
@@ -321,7 +327,7 @@ func (w *watcher) identify(old, new *corev3.Node, id identity) {
 	if rec == nil {
 		rec = &streamRecord{subs: map[string]*subscriber{}}
 	}
-	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.cluster != id.cluster || rec.ident.namespace != id.namespace) {
+	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.Cluster != id.Cluster || rec.ident.Namespace != id.Namespace) {
 		indexed := s.indexed
 		w.unindexLocked(s)
 		s.aim(id)
@@ -335,12 +341,12 @@ func (w *watcher) identify(old, new *corev3.Node, id identity) {
 }
 
 // record returns the stream's record and identity, if the tracker announced it.
-func (w *watcher) record(node *corev3.Node) (*streamRecord, identity) {
+func (w *watcher) record(node *corev3.Node) (*streamRecord, authn.Identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	rec := w.streams[node]
 	if rec == nil {
-		return nil, identity{}
+		return nil, authn.Identity{}
 	}
 	return rec, rec.ident
 }

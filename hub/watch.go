@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -37,9 +38,9 @@ import (
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
 	gen     *generator
-	config  *mcp.Generator // Istio config for member istiods
-	secrets SecretSource   // may be nil: no SDS
-	roots   RootSource     // may be nil: no SDS
+	config  *mcp.Generator   // Istio config for member istiods
+	secrets SecretSource     // may be nil: no SDS
+	roots   authn.RootSource // may be nil: no SDS
 	// sar decides access reviews without waiting; nil: other namespaces
 	// are always denied.
 	sar *accessReviews
@@ -47,7 +48,7 @@ type watcher struct {
 	hubNamespace string
 	// scope decides which identities a member may assert; SDS serves
 	// Kubernetes Secrets only to those (nil: any).
-	scope *identityScope
+	scope *authn.Scope
 	// maxNames bounds the names a stream subscribes to per type.
 	maxNames int
 	log      *slog.Logger
@@ -100,7 +101,7 @@ type watch struct {
 	// ident is the stream's identity when the watch was created; rec, the
 	// stream's record (nil: not announced), has the current one, which
 	// SDS evaluations read (see watcher.identityOf).
-	ident    identity
+	ident    authn.Identity
 	rec      *streamRecord
 	wildcard bool
 	sub      *subscriber

@@ -5,13 +5,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/ca"
 )
 
-func (fakeModels) Certificates() (hub.CertificateStats, bool) {
-	return hub.CertificateStats{DefaultTTL: 24 * time.Hour, MaxTTL: 168 * time.Hour,
-		Groups: []hub.CertificateGroup{{Member: "west", Namespace: "shop", Issued: 42, Valid: 7, NextExpiry: time.Now().Add(5 * time.Hour)}},
-		Failures: []hub.CAFailure{{Reason: "invalid_csr", Total: 3, LastHour: 2, Last: time.Now(),
+func (fakeModels) Certificates() (ca.CertificateStats, bool) {
+	return ca.CertificateStats{DefaultTTL: 24 * time.Hour, MaxTTL: 168 * time.Hour,
+		Groups: []ca.CertificateGroup{{Member: "west", Namespace: "shop", Issued: 42, Valid: 7, NextExpiry: time.Now().Add(5 * time.Hour)}},
+		Failures: []ca.Failure{{Reason: "invalid_csr", Total: 3, LastHour: 2, Last: time.Now(),
 			LastMessage: `the CSR cannot be parsed: <script>alert(1)</script>`}, {Reason: "invalid_ttl"}},
 	}, true
 }

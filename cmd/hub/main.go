@@ -27,6 +27,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -116,7 +117,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxStreams, "xds-max-streams", hub.DefaultMaxStreams, "open xDS streams of this replica; more are refused with ResourceExhausted")
 	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
-	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", hub.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
+	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", ca.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
 	fs.StringVar(&c.mtlsMode, "mtls-mode", string(hub.DefaultMTLSMode), "mesh-wide mTLS of proxyless gRPC workloads (xDS credentials), as Istio's modes apply to them: STRICT (clusters carry an UpstreamTlsContext, inbound listeners require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port)")
 	c.hardening.register(fs)
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")

@@ -1,4 +1,4 @@
-package hub
+package authn
 
 import (
 	"context"
@@ -18,35 +18,35 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/hubmesh/hub/hub/internal/clip"
 	"github.com/hubmesh/hub/internal/ttlcache"
 )
 
-// TokenReviewer checks a proxy's Kubernetes service-account token in the
-// proxy's own member cluster (clusters.Registry implements it).
+// TokenReviewer checks a caller's Kubernetes service-account token in the
+// caller's own member cluster (clusters.Registry implements it).
 type TokenReviewer interface {
 	ReviewToken(ctx context.Context, cluster, token string) (namespace, serviceAccount string, err error)
 }
 
-// Token reviews running at once, as for access reviews (review.go):
-// anyone who reaches the mTLS port can send a made-up token naming any
-// member, and each costs a TokenReview there. A caller waits for a slot
-// within its review's 5 seconds; a member that does not answer then holds
-// at most tokenReviewsPerMember of them and delays no other member's
-// callers.
+// Token reviews running at once, as for the hub's access reviews: anyone
+// who reaches the mTLS port can send a made-up token naming any member,
+// and each costs a TokenReview there. A caller waits for a slot within its
+// review's 5 seconds; a member that does not answer then holds at most
+// TokenReviewsPerMember of them and delays no other member's callers.
 const (
-	tokenReviewsPerMember = 4
-	tokenReviewsOverall   = 32
+	TokenReviewsPerMember = 4
+	TokenReviewsOverall   = 32
 )
 
-// tokenAuth turns service-account tokens into workload identities of our
+// TokenAuth turns service-account tokens into workload identities of our
 // trust domain. Answers are cached by a hash of (cluster, token), never the
 // token itself: an accepted token for a minute, a rejected one for
 // tokenRejectedTTL, so a reconnecting fleet does not flood members with
-// reviews. A caller may ask for a fresher acceptance (the CA does:
-// caTokenMaxAge); a rejection then also ends the cached acceptance, for
-// every caller.
+// reviews. A caller may ask for a fresher acceptance (Authenticate's
+// maxAge); a rejection then also ends the cached acceptance, for every
+// caller.
 //
-// A member that has not synced asserts nothing (identityScope.memberMay):
+// A member that has not synced asserts nothing (Scope.memberMay):
 // its tokens are not even reviewed. Tokens a member rejects are charged to
 // the caller's source address and that member (failures): a source that
 // keeps sending tokens a member rejects gets ResourceExhausted for that
@@ -54,10 +54,10 @@ const (
 // so anonymous callers cannot make the hub flood a member's API server.
 // Accepted tokens are never charged: a fleet behind one NAT address that
 // reconnects with new tokens is not limited.
-type tokenAuth struct {
+type TokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
-	scope    *identityScope // nil: every member may assert identities
+	scope    *Scope // nil: every member may assert identities
 	accepted *ttlcache.Cache[[32]byte, reviewed]
 	rejected *ttlcache.Cache[[32]byte, error]
 	slots    *reviewSlots
@@ -69,7 +69,7 @@ type tokenAuth struct {
 
 // reviewed is an accepted token's identity and when its member said so.
 type reviewed struct {
-	id identity
+	id Identity
 	at time.Time
 }
 
@@ -81,13 +81,13 @@ const (
 	tokenRejectedTTL = 15 * time.Second
 )
 
-// Rejected tokens a source may cause: tokenFailureBurst at once, then one
-// every tokenFailureEvery. Sources are the callers' IP addresses (IPv6 by
+// Rejected tokens a source may cause: TokenFailureBurst at once, then one
+// every TokenFailureEvery. Sources are the callers' IP addresses (IPv6 by
 // /64), at most maxTokenSources remembered (least recently seen forgotten
 // first, which at worst gives a forgotten source a new burst).
 const (
-	tokenFailureBurst = 20
-	tokenFailureEvery = time.Second
+	TokenFailureBurst = 20
+	TokenFailureEvery = time.Second
 	maxTokenSources   = 10000
 )
 
@@ -99,16 +99,19 @@ const (
 
 	tokenRefusedRateLimited     = "rate_limited"
 	tokenRefusedCachedRejection = "cached_rejection"
-	tokenRefusedNotSynced       = scopeMemberNotSynced
+	tokenRefusedNotSynced       = ScopeMemberNotSynced
 )
 
-func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
-	a := &tokenAuth{
-		reviewer: r, td: td,
+// NewTokenAuth authenticates tokens with r, as identities of the trust
+// domain td names, of the members scope lets assert them (nil: every
+// member).
+func NewTokenAuth(r TokenReviewer, td func() string, scope *Scope) *TokenAuth {
+	a := &TokenAuth{
+		reviewer: r, td: td, scope: scope,
 		accepted: ttlcache.New[[32]byte, reviewed](10000, tokenAcceptedTTL),
 		rejected: ttlcache.New[[32]byte, error](10000, tokenRejectedTTL),
-		slots:    newReviewSlots(tokenReviewsPerMember, tokenReviewsOverall),
-		failures: newSourceLimiter(rate.Every(tokenFailureEvery), tokenFailureBurst, maxTokenSources),
+		slots:    newReviewSlots(TokenReviewsPerMember, TokenReviewsOverall),
+		failures: newSourceLimiter(rate.Every(TokenFailureEvery), TokenFailureBurst, maxTokenSources),
 		now:      time.Now,
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_token_reviews_total",
@@ -128,25 +131,27 @@ func newTokenAuth(r TokenReviewer, td func() string) *tokenAuth {
 	return a
 }
 
-func (a *tokenAuth) collectors() []prometheus.Collector {
+// Collectors are the token metrics: hub_token_reviews_total and
+// hub_token_refusals_total.
+func (a *TokenAuth) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{a.reviews, a.refusals}
 }
 
-// authenticate reviews token in cluster and returns the identity it proves:
+// Authenticate reviews token in cluster and returns the identity it proves:
 // spiffe://<our td>/ns/<ns>/sa/<sa> in that cluster. A cached acceptance
 // younger than maxAge (≤ 0: any within tokenAcceptedTTL) is taken as it
-// is. It runs on the calling stream's goroutine (its first request) and
-// holds no lock while the member is asked: a member that does not answer
-// delays only that stream, for at most 5 seconds, never another stream or
-// a push. The identity's namespace is not checked here (the CA and SDS
-// check it: identityScope.allow), only that its member may assert any.
-func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, maxAge time.Duration) (identity, error) {
+// is. It runs on the caller's goroutine and holds no lock while the member
+// is asked: a member that does not answer delays only that caller, for at
+// most 5 seconds, never another. The identity's namespace is not checked
+// here (its users check it: Scope.Allow), only that its member may assert
+// any. A nil TokenAuth accepts no token.
+func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, maxAge time.Duration) (Identity, error) {
 	if a == nil || a.reviewer == nil {
-		return identity{}, errors.New("service-account token authentication is not configured on this hub")
+		return Identity{}, errors.New("service-account token authentication is not configured on this hub")
 	}
 	if err := a.scope.memberMay(cluster); err != nil {
 		a.refusals.WithLabelValues(tokenRefusedNotSynced).Inc()
-		return identity{}, err
+		return Identity{}, err
 	}
 	key := sha256.Sum256([]byte(cluster + "\x00" + token))
 	if r, ok := a.accepted.Get(key); ok && (maxAge <= 0 || a.now().Sub(r.at) < maxAge) {
@@ -154,7 +159,7 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 	}
 	if err, ok := a.rejected.Get(key); ok {
 		a.refusals.WithLabelValues(tokenRefusedCachedRejection).Inc()
-		return identity{}, err
+		return Identity{}, err
 	}
 	// Failures are charged to the caller's address for the member it
 	// names: an address that sends made-up tokens naming one member stops
@@ -163,21 +168,21 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 	source := sourceOf(ctx)
 	if !a.failures.mayFail(source + "\x00" + cluster) {
 		a.refusals.WithLabelValues(tokenRefusedRateLimited).Inc()
-		return identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s for member %s (at most %d, then one every %s): not reviewed",
-			source, truncate(cluster, 64), tokenFailureBurst, tokenFailureEvery)}
+		return Identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s for member %s (at most %d, then one every %s): not reviewed",
+			source, clip.String(cluster, 64), TokenFailureBurst, TokenFailureEvery)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.slots.acquire(ctx, cluster); err != nil {
 		// Not the token's fault: not remembered.
-		return identity{}, &ReviewUnavailableError{fmt.Errorf("waiting for a token review slot of member %s: %w", cluster, err)}
+		return Identity{}, &ReviewUnavailableError{fmt.Errorf("waiting for a token review slot of member %s: %w", cluster, err)}
 	}
 	ns, sa, err := a.reviewer.ReviewToken(ctx, cluster, token)
 	a.slots.release(cluster)
 	if err != nil {
 		if ctx.Err() != nil { // a timeout is not the token's fault
 			a.reviews.WithLabelValues(tokenReviewUnavailable).Inc()
-			return identity{}, &ReviewUnavailableError{err}
+			return Identity{}, &ReviewUnavailableError{err}
 		}
 		// The member said no (the account is gone, the token revoked or
 		// expired): no caller may go on believing an earlier yes.
@@ -185,18 +190,18 @@ func (a *tokenAuth) authenticate(ctx context.Context, cluster, token string, max
 		a.failures.failed(source + "\x00" + cluster)
 		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
-		return identity{}, err
+		return Identity{}, err
 	}
 	a.reviews.WithLabelValues(tokenReviewAccepted).Inc()
 	td, err := spiffeid.TrustDomainFromString(a.td())
 	if err != nil {
-		return identity{}, fmt.Errorf("our trust domain: %w", err)
+		return Identity{}, fmt.Errorf("our trust domain: %w", err)
 	}
 	sid, err := spiffeid.FromSegments(td, "ns", ns, "sa", sa)
 	if err != nil {
-		return identity{}, fmt.Errorf("service account %s/%s is not a valid SPIFFE path: %w", ns, sa, err)
+		return Identity{}, fmt.Errorf("service account %s/%s is not a valid SPIFFE path: %w", ns, sa, err)
 	}
-	id := identity{spiffeID: sid, namespace: ns, cluster: cluster, fromToken: true}
+	id := Identity{SpiffeID: sid, Namespace: ns, Cluster: cluster, FromToken: true}
 	a.accepted.Add(key, reviewed{id: id, at: a.now()})
 	return id, nil
 }
@@ -287,7 +292,7 @@ func (r *reviewSlots) acquire(ctx context.Context, member string) error {
 		case <-freed:
 		case <-ctx.Done():
 			return fmt.Errorf("no token review slot free (%d running for member %s, at most %d per member and %d overall): %w",
-				busy, truncate(member, 64), r.perMember, r.overall, ctx.Err())
+				busy, clip.String(member, 64), r.perMember, r.overall, ctx.Err())
 		}
 	}
 }
@@ -309,25 +314,30 @@ func (r *reviewSlots) release(member string) {
 // try again; nothing is known about the token.
 type ReviewUnavailableError struct{ Err error }
 
+// Error says the member could not review the token, and why.
 func (e *ReviewUnavailableError) Error() string {
 	return "the member could not review the token in time: " + e.Err.Error()
 }
+
+// Unwrap returns why the member could not review the token.
 func (e *ReviewUnavailableError) Unwrap() error { return e.Err }
 
 // RateLimitedError means a token was not reviewed because its caller's
 // source sent too many tokens that were rejected.
 type RateLimitedError struct{ msg string }
 
+// Error says how many rejected tokens the source may cause.
 func (e *RateLimitedError) Error() string { return e.msg }
 
-// tokenErrorCode is the gRPC code of a token that was not accepted:
-// Unavailable when the member could not review it in time,
-// ResourceExhausted when its source is rate limited, PermissionDenied when
-// its member may assert no identity yet, else Unauthenticated.
-func tokenErrorCode(err error) codes.Code {
+// TokenErrorCode is the gRPC code of a token that was not accepted
+// (TokenAuth.Authenticate's error): Unavailable when the member could not
+// review it in time, ResourceExhausted when its source is rate limited,
+// PermissionDenied when its member may assert no identity yet, else
+// Unauthenticated.
+func TokenErrorCode(err error) codes.Code {
 	var unavailable *ReviewUnavailableError
 	var limited *RateLimitedError
-	var scope *scopeError
+	var scope *ScopeError
 	switch {
 	case errors.As(err, &unavailable):
 		return codes.Unavailable
@@ -339,9 +349,9 @@ func tokenErrorCode(err error) codes.Code {
 	return codes.Unauthenticated
 }
 
-// bearerToken returns the token of an "authorization: Bearer <token>" gRPC
+// BearerToken returns the token of an "authorization: Bearer <token>" gRPC
 // header, as istio-agent sends it.
-func bearerToken(md metadata.MD) string {
+func BearerToken(md metadata.MD) string {
 	for _, v := range md.Get("authorization") {
 		if t, ok := strings.CutPrefix(v, "Bearer "); ok && t != "" {
 			return t

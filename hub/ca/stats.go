@@ -1,4 +1,4 @@
-package hub
+package ca
 
 import (
 	"sort"
@@ -7,10 +7,12 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
 // CertificateStats is what the hub's CA (Istio's CA API) issued and refused
-// since this replica started.
+// since this replica started (Server.Stats).
 type CertificateStats struct {
 	// DefaultTTL is the lifetime of a certificate whose request asks for
 	// none; MaxTTL the longest one issued (--max-workload-cert-ttl).
@@ -19,7 +21,7 @@ type CertificateStats struct {
 	// by member, then namespace.
 	Groups []CertificateGroup
 	// Failures are the refused requests per reason, in a fixed order.
-	Failures []CAFailure
+	Failures []Failure
 }
 
 // CertificateGroup is the certificates issued for one namespace of one
@@ -37,8 +39,9 @@ type CertificateGroup struct {
 	NextExpiry time.Time
 }
 
-// CAFailure counts the requests refused for one reason.
-type CAFailure struct {
+// Failure counts the requests refused for one reason.
+type Failure struct {
+	// Reason is why, a label value of hub_ca_requests_failed_total.
 	Reason string
 	// Total since the replica started; LastHour in the last 60 minutes.
 	Total, LastHour uint64
@@ -156,7 +159,7 @@ func (s *caStats) failed(reason, message string) {
 	}
 	f.minutes[i]++
 	f.total++
-	f.last, f.message = now, truncate(message, maxFailureMessage)
+	f.last, f.message = now, clip.String(message, maxFailureMessage)
 }
 
 // snapshot builds the read model.
@@ -192,7 +195,7 @@ func (s *caStats) snapshot() CertificateStats {
 		out.Groups = append(out.Groups, cg)
 	}
 	for _, r := range caReasons {
-		cf := CAFailure{Reason: r}
+		cf := Failure{Reason: r}
 		if f := s.failures[r]; f != nil {
 			cf.Total, cf.Last, cf.LastMessage = f.total, f.last, f.message
 			for i, m := range f.stamp {

@@ -1,4 +1,4 @@
-package hub
+package authn
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
 // IdentityScopes tells what each member may assert about its workloads
@@ -17,40 +18,46 @@ type IdentityScopes interface {
 	IdentityScope(cluster string) (clusters.IdentityScope, error)
 }
 
-// Why a member may not assert an identity: label values of
-// hub_identity_scope_refusals_total and of hub_ca_requests_failed_total.
+// Why a member may not assert an identity (ScopeError.Reason): label
+// values of hub_identity_scope_refusals_total and of
+// hub_ca_requests_failed_total.
 const (
-	scopeMemberNotSynced     = "member_not_synced"     // the member has not synced since this replica started
-	scopeHubNamespace        = "hub_namespace"         // the hub's own namespace (--namespace): never
-	scopeRootNamespace       = "root_namespace"        // Istio's root namespace without the member's annotation
-	scopeNamespaceNotAllowed = "namespace_not_allowed" // not in the member's hub.federation/identity-namespaces
+	ScopeMemberNotSynced     = "member_not_synced"     // the member has not synced since this replica started
+	ScopeHubNamespace        = "hub_namespace"         // the hub's own namespace (--namespace): never
+	ScopeRootNamespace       = "root_namespace"        // Istio's root namespace without the member's annotation
+	ScopeNamespaceNotAllowed = "namespace_not_allowed" // not in the member's hub.federation/identity-namespaces
 )
 
-var scopeReasons = []string{scopeMemberNotSynced, scopeHubNamespace, scopeRootNamespace, scopeNamespaceNotAllowed}
+var scopeReasons = []string{ScopeMemberNotSynced, ScopeHubNamespace, ScopeRootNamespace, ScopeNamespaceNotAllowed}
 
-// scopeError is an identity its member may not assert (PermissionDenied).
-type scopeError struct {
-	reason string
+// ScopeError is an identity its member may not assert (PermissionDenied).
+type ScopeError struct {
+	// Reason is why, one of the Scope* constants.
+	Reason string
 	msg    string
 }
 
-func (e *scopeError) Error() string { return e.msg }
+// Error says who may not assert what, and why.
+func (e *ScopeError) Error() string { return e.msg }
 
-// identityScope decides which identities a member may assert (DESIGN.md
-// §3.8, README "CA and SDS"): a member asserts nothing until it has synced;
+// Scope decides which identities a member may assert (DESIGN.md §3.8,
+// README "CA and SDS"): a member asserts nothing until it has synced;
 // nobody asserts identities of the hub's own namespace; only the home
 // cluster, and members whose remote Secret says so, assert identities of
 // Istio's root namespace; a member whose Secret lists namespaces asserts
 // only those. It reads memory only, so it may run under no lock concern.
-type identityScope struct {
+// A nil Scope allows every identity.
+type Scope struct {
 	scopes        IdentityScopes // nil: every member synced, without annotations
 	hubNamespace  string         // "": none
 	rootNamespace string         // "": none
 	refused       *prometheus.CounterVec
 }
 
-func newIdentityScope(scopes IdentityScopes, hubNamespace, rootNamespace string) *identityScope {
-	s := &identityScope{scopes: scopes, hubNamespace: hubNamespace, rootNamespace: rootNamespace,
+// NewScope decides with scopes (nil: every member synced, without
+// annotations) and the hub's own and Istio's root namespace ("": none).
+func NewScope(scopes IdentityScopes, hubNamespace, rootNamespace string) *Scope {
+	s := &Scope{scopes: scopes, hubNamespace: hubNamespace, rootNamespace: rootNamespace,
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_identity_scope_refusals_total",
 			Help: "Workload identities a member asserted but may not (hub namespace, root namespace without the annotation, a namespace its remote Secret does not list, a member that has not synced), by where (ca, sds) and reason.",
@@ -66,7 +73,7 @@ func newIdentityScope(scopes IdentityScopes, hubNamespace, rootNamespace string)
 
 // lookup returns cluster's scope; an unknown cluster gets the zero scope
 // with ok false (whoever asks it refuses it on its own terms).
-func (s *identityScope) lookup(cluster string) (clusters.IdentityScope, bool) {
+func (s *Scope) lookup(cluster string) (clusters.IdentityScope, bool) {
 	if s.scopes == nil {
 		return clusters.IdentityScope{Synced: true}, true
 	}
@@ -77,7 +84,7 @@ func (s *identityScope) lookup(cluster string) (clusters.IdentityScope, bool) {
 // memberMay refuses a member that may assert no identity at all yet: one
 // that has not synced since this replica started. An unknown member is not
 // refused here (its token review fails as such).
-func (s *identityScope) memberMay(cluster string) error {
+func (s *Scope) memberMay(cluster string) error {
 	if s == nil {
 		return nil
 	}
@@ -85,12 +92,13 @@ func (s *identityScope) memberMay(cluster string) error {
 	if !ok || sc.Synced {
 		return nil
 	}
-	return &scopeError{reason: scopeMemberNotSynced, msg: fmt.Sprintf(
-		"member %s has not synced since this hub started (state %s): it asserts no workload identity until it has", truncate(cluster, 64), sc.State)}
+	return &ScopeError{Reason: ScopeMemberNotSynced, msg: fmt.Sprintf(
+		"member %s has not synced since this hub started (state %s): it asserts no workload identity until it has", clip.String(cluster, 64), sc.State)}
 }
 
-// allow reports whether cluster may assert an identity in namespace.
-func (s *identityScope) allow(cluster, namespace string) error {
+// Allow reports whether cluster may assert an identity in namespace: nil,
+// or a *ScopeError saying why not.
+func (s *Scope) Allow(cluster, namespace string) error {
 	if s == nil {
 		return nil
 	}
@@ -98,7 +106,7 @@ func (s *identityScope) allow(cluster, namespace string) error {
 		return err
 	}
 	if namespace == s.hubNamespace && s.hubNamespace != "" {
-		return &scopeError{reason: scopeHubNamespace, msg: fmt.Sprintf(
+		return &ScopeError{Reason: ScopeHubNamespace, msg: fmt.Sprintf(
 			"identities of namespace %s, the hub's own, are never issued or served, whatever member asserts them", namespace)}
 	}
 	sc, ok := s.lookup(cluster)
@@ -109,25 +117,31 @@ func (s *identityScope) allow(cluster, namespace string) error {
 		if sc.Home || sc.AllowRootNamespace {
 			return nil
 		}
-		return &scopeError{reason: scopeRootNamespace, msg: fmt.Sprintf(
+		return &ScopeError{Reason: ScopeRootNamespace, msg: fmt.Sprintf(
 			"member %s may not assert identities of Istio's root namespace %s: its remote Secret lacks the annotation %s: \"true\"",
-			truncate(cluster, 64), namespace, clusters.AnnotationAllowRootNamespaceIdentities)}
+			clip.String(cluster, 64), namespace, clusters.AnnotationAllowRootNamespaceIdentities)}
 	}
 	if sc.Namespaces != nil && !slices.Contains(sc.Namespaces, namespace) {
 		why := fmt.Sprintf("its remote Secret's annotation %s does not list it", clusters.AnnotationIdentityNamespaces)
 		if sc.Invalid != "" {
 			why = "its remote Secret's annotation is invalid (" + sc.Invalid + "), so no namespace is allowed"
 		}
-		return &scopeError{reason: scopeNamespaceNotAllowed, msg: fmt.Sprintf(
-			"member %s may not assert identities of namespace %s: %s", truncate(cluster, 64), namespace, why)}
+		return &ScopeError{Reason: ScopeNamespaceNotAllowed, msg: fmt.Sprintf(
+			"member %s may not assert identities of namespace %s: %s", clip.String(cluster, 64), namespace, why)}
 	}
 	return nil
 }
 
-// count records a refusal of err (a scopeError) on surface.
-func (s *identityScope) count(surface string, err error) {
-	var se *scopeError
+// Count records a refusal of err (a ScopeError) on surface ("ca" or
+// "sds", the label of hub_identity_scope_refusals_total).
+func (s *Scope) Count(surface string, err error) {
+	var se *ScopeError
 	if s != nil && errors.As(err, &se) {
-		s.refused.WithLabelValues(surface, se.reason).Inc()
+		s.refused.WithLabelValues(surface, se.Reason).Inc()
 	}
+}
+
+// Collectors are the scope's metric: hub_identity_scope_refusals_total.
+func (s *Scope) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.refused}
 }

@@ -1,4 +1,15 @@
-package hub
+// Package ca is Istio's CA API (DESIGN.md §3.8): istio-agent sends a CSR
+// to istio.v1.auth.IstioCertificateService/CreateCertificate on the hub's
+// mTLS xDS port and gets the certificate of its workload identity. The
+// caller proves who it is (hub/authn) with a client certificate of our
+// trust domain bound to a member (renewal), else with a Kubernetes
+// service-account token that the member named by its ClusterID header
+// reviews. The certificate names exactly that identity, whatever the CSR
+// asks for, and is bound to that member (trust.MemberOID), which SDS
+// relies on. Requests are checked and signed on a bounded number of
+// workers; what was issued and refused is kept as a read model (Stats) and
+// as metrics.
+package ca
 
 import (
 	"context"
@@ -14,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"google.golang.org/grpc/codes"
@@ -22,16 +34,10 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
-)
 
-// Istio's CA API (DESIGN.md §3.8): istio-agent sends a CSR to
-// istio.v1.auth.IstioCertificateService/CreateCertificate on the mTLS xDS
-// port and gets the certificate of its workload identity. The caller
-// proves who it is with a client certificate of our trust domain bound to
-// a member (renewal), else with a Kubernetes service-account token that
-// the member named by its ClusterID header reviews. The certificate names
-// exactly that identity, whatever the CSR asks for, and is bound to that
-// member (trust.MemberOID), which SDS relies on.
+	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/internal/clip"
+)
 
 // WorkloadSigner signs workload certificates for Istio's CA API
 // (trust.Federation implements it).
@@ -102,32 +108,87 @@ var (
 	caRenewalWorkers = max(1, runtime.GOMAXPROCS(0)/2)
 )
 
-// caServer is the IstioCertificateService of the mTLS listener.
-type caServer struct {
+// Server is Istio's IstioCertificateService, for the hub's mTLS listener
+// only.
+type Server struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 	signer     WorkloadSigner
-	roots      RootSource
-	tokens     *tokenAuth // nil: tokens are not accepted
+	roots      authn.RootSource
+	tokens     *authn.TokenAuth // nil: tokens are not accepted
 	defaultTTL time.Duration
 	maxTTL     time.Duration
 	members    Members // nil: every member a credential proves is taken as current
 	stats      *caStats
 	log        *slog.Logger
-	scope      *identityScope // nil: any identity a credential proves
-	workers    chan struct{}  // a slot per request being checked and signed (caWorkers)
-	renewals   chan struct{}  // more slots for renewals by certificate (caRenewalWorkers)
-	waiting    atomic.Int64   // requests waiting for a slot
+	scope      *authn.Scope  // nil: any identity a credential proves
+	workers    chan struct{} // a slot per request being checked and signed (caWorkers)
+	renewals   chan struct{} // more slots for renewals by certificate (caRenewalWorkers)
+	waiting    atomic.Int64  // requests waiting for a slot
 	maxWaiting int64
 }
 
-func newCAServer(signer WorkloadSigner, roots RootSource, tokens *tokenAuth, maxTTL time.Duration, log *slog.Logger) *caServer {
+// Options configures a Server.
+type Options struct {
+	// Signer signs the workload certificates.
+	Signer WorkloadSigner
+	// Roots are our trust domain's roots: only a certificate that chains
+	// to them renews itself.
+	Roots authn.RootSource
+	// Tokens authenticates callers without a client certificate; nil
+	// accepts no token.
+	Tokens *authn.TokenAuth
+	// Scope tells which identities each member may assert; nil: any
+	// identity a credential proves.
+	Scope *authn.Scope
+	// Members tells which members are in the federation; nil: every member
+	// a credential proves is taken as current.
+	Members Members
+	// MaxTTL is the longest certificate issued; a longer request is refused
+	// with InvalidArgument. Zero means DefaultMaxWorkloadCertTTL.
+	MaxTTL time.Duration
+	// Log is the logger.
+	Log *slog.Logger
+}
+
+// New returns a Server with opts (it needs Signer, Roots and Log).
+func New(opts Options) *Server {
+	maxTTL := opts.MaxTTL
 	if maxTTL <= 0 {
 		maxTTL = DefaultMaxWorkloadCertTTL
 	}
-	return &caServer{signer: signer, roots: roots, tokens: tokens,
-		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: log,
+	return &Server{signer: opts.Signer, roots: opts.Roots, tokens: opts.Tokens, members: opts.Members, scope: opts.Scope,
+		defaultTTL: min(DefaultWorkloadCertTTL, maxTTL), maxTTL: maxTTL, stats: newCAStats(), log: opts.Log,
 		workers: make(chan struct{}, caWorkers), renewals: make(chan struct{}, caRenewalWorkers),
 		maxWaiting: int64(caQueuePerSlot * (caWorkers + caRenewalWorkers))}
+}
+
+// Stats summarises the workload certificates the server issued and the
+// requests it refused, with the lifetimes it issues.
+func (s *Server) Stats() CertificateStats {
+	st := s.stats.snapshot()
+	st.DefaultTTL, st.MaxTTL = s.defaultTTL, s.maxTTL
+	return st
+}
+
+// Collectors are the CA's metrics: hub_ca_certificates_issued_total,
+// hub_ca_requests_failed_total and hub_ca_issue_seconds.
+func (s *Server) Collectors() []prometheus.Collector { return s.stats.collectors() }
+
+// Workers is how many requests, token-authenticated or not, the server
+// checks and signs at once (renewals by certificate may take a few more
+// slots of their own).
+func (s *Server) Workers() int { return cap(s.workers) }
+
+// Waiting is how many requests wait for a worker now.
+func (s *Server) Waiting() int { return int(s.waiting.Load()) }
+
+// DisableRenewalLane takes away the worker slots only renewals by
+// certificate may take: renewals then wait for a worker with every other
+// request, as they would without the lane (what the lane is worth under a
+// flood: BenchmarkCARenewalUnderFlood). Call it before the server takes
+// requests.
+func (s *Server) DisableRenewalLane() {
+	s.renewals = make(chan struct{}) // unbuffered, never received: no renewal slot
 }
 
 // caError is a refused request: its gRPC code, the metrics reason (one of
@@ -155,11 +216,11 @@ const (
 	caReasonNotMember           = "not_member"           // the member a credential proves is no longer in the federation
 	caReasonRateLimited         = "rate_limited"         // the caller's source sent too many rejected tokens (ResourceExhausted)
 	caReasonOverloaded          = "overloaded"           // too many requests waiting for a worker (ResourceExhausted)
-	// PermissionDenied: an identity its member may not assert (scope*).
-	caReasonMemberNotSynced     = scopeMemberNotSynced
-	caReasonHubNamespace        = scopeHubNamespace
-	caReasonRootNamespace       = scopeRootNamespace
-	caReasonNamespaceNotAllowed = scopeNamespaceNotAllowed
+	// PermissionDenied: an identity its member may not assert (authn.Scope*).
+	caReasonMemberNotSynced     = authn.ScopeMemberNotSynced
+	caReasonHubNamespace        = authn.ScopeHubNamespace
+	caReasonRootNamespace       = authn.ScopeRootNamespace
+	caReasonNamespaceNotAllowed = authn.ScopeNamespaceNotAllowed
 	caReasonInvalidCSR          = "invalid_csr"
 	caReasonInvalidTTL          = "invalid_ttl"
 	caReasonSigning             = "signing_failed" // Internal
@@ -171,20 +232,20 @@ var caReasons = []string{caReasonNoCredentials, caReasonTokenRejected, caReasonR
 	caReasonHubNamespace, caReasonRootNamespace, caReasonNamespaceNotAllowed, caReasonInvalidCSR, caReasonInvalidTTL, caReasonSigning}
 
 // CreateCertificate signs the CSR's public key for the caller's
-// authenticated identity if its member may assert it (identityScope).
+// authenticated identity if its member may assert it (authn.Scope).
 // Errors are Unauthenticated (who the caller is), PermissionDenied (an
 // identity its member may not assert), ResourceExhausted (rate limited or
 // overloaded), Unavailable (the member did not answer), InvalidArgument
 // (what it asked for) or Internal (signing); each is logged with the
 // member, the identity when known and the reason, never with the token or
 // the CSR.
-func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+func (s *Server) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
 	start := time.Now()
 	id, claimed, err := s.authenticate(ctx)
-	if err == nil && s.members != nil && !s.members.IsCluster(id.cluster) {
+	if err == nil && s.members != nil && !s.members.IsCluster(id.Cluster) {
 		// A renewal, or a token reviewed before the member was removed.
 		err = refuse(codes.Unauthenticated, caReasonNotMember,
-			"member %s, which the credential of %s proves, is not in the federation (removed or invalid)", id.cluster, id.spiffeID)
+			"member %s, which the credential of %s proves, is not in the federation (removed or invalid)", id.Cluster, id.SpiffeID)
 	}
 	if err == nil {
 		err = s.inScope(id)
@@ -196,7 +257,7 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
-	release, err := s.acquire(ctx, !id.notAfter.IsZero())
+	release, err := s.acquire(ctx, !id.NotAfter.IsZero())
 	if release != nil {
 		defer release() // also when the caller gave up meanwhile: a slot is never lost
 	}
@@ -214,34 +275,34 @@ func (s *caServer) CreateCertificate(ctx context.Context, req *securityv1alpha1.
 	if err != nil {
 		return nil, s.fail(ctx, id, claimed, err)
 	}
-	if !id.notAfter.IsZero() {
+	if !id.NotAfter.IsZero() {
 		// A renewal by certificate: never beyond it (X.509 keeps whole
 		// seconds, truncated, so the new one ends at the same second).
-		if ttl = min(ttl, time.Until(id.notAfter)); ttl <= 0 {
+		if ttl = min(ttl, time.Until(id.NotAfter)); ttl <= 0 {
 			return nil, s.fail(ctx, id, claimed, refuse(codes.Unauthenticated, caReasonCertificateRejected,
-				"the client certificate of %s has expired", id.spiffeID))
+				"the client certificate of %s has expired", id.SpiffeID))
 		}
 	}
-	chain, err := s.signer.SignWorkload(pub, id.spiffeID, id.cluster, ttl)
+	chain, err := s.signer.SignWorkload(pub, id.SpiffeID, id.Cluster, ttl)
 	if err != nil {
-		return nil, s.fail(ctx, id, claimed, refuse(codes.Internal, caReasonSigning, "signing the certificate of %s failed: %v", id.spiffeID, err))
+		return nil, s.fail(ctx, id, claimed, refuse(codes.Internal, caReasonSigning, "signing the certificate of %s failed: %v", id.SpiffeID, err))
 	}
 	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: make([]string, len(chain))}
 	for i, c := range chain {
 		resp.CertChain[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
 	}
-	s.stats.issued(id.cluster, id.namespace, id.spiffeID.String(), chain[0].NotAfter, time.Since(start))
-	s.log.Debug("workload certificate issued", "cluster", id.cluster, "identity", id.spiffeID.String(), "byToken", id.fromToken,
+	s.stats.issued(id.Cluster, id.Namespace, id.SpiffeID.String(), chain[0].NotAfter, time.Since(start))
+	s.log.Debug("workload certificate issued", "cluster", id.Cluster, "identity", id.SpiffeID.String(), "byToken", id.FromToken,
 		"notAfter", chain[0].NotAfter.UTC().Format(time.RFC3339), "peer", peerAddr(ctx))
 	return resp, nil
 }
 
 // inScope refuses an identity its member may not assert.
-func (s *caServer) inScope(id identity) error {
-	if err := s.scope.allow(id.cluster, id.namespace); err != nil {
-		s.scope.count("ca", err)
-		se := err.(*scopeError)
-		return refuse(codes.PermissionDenied, se.reason, "%s may not be issued: %s", id.spiffeID, se.msg)
+func (s *Server) inScope(id authn.Identity) error {
+	if err := s.scope.Allow(id.Cluster, id.Namespace); err != nil {
+		s.scope.Count("ca", err)
+		se := err.(*authn.ScopeError)
+		return refuse(codes.PermissionDenied, se.Reason, "%s may not be issued: %s", id.SpiffeID, se.Error())
 	}
 	return nil
 }
@@ -251,7 +312,7 @@ func (s *caServer) inScope(id identity) error {
 // release. Past maxWaiting waiting requests it refuses at once. A caller
 // whose ctx has ended gets no slot: whenever it returns a release, the
 // caller must call it.
-func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
+func (s *Server) acquire(ctx context.Context, renewal bool) (func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -281,19 +342,19 @@ func (s *caServer) acquire(ctx context.Context, renewal bool) (func(), error) {
 }
 
 // fail counts and logs a refused request and returns its gRPC status.
-func (s *caServer) fail(ctx context.Context, id identity, claimed string, err error) error {
+func (s *Server) fail(ctx context.Context, id authn.Identity, claimed string, err error) error {
 	ce, ok := err.(*caError)
 	if !ok {
 		ce = refuse(codes.Internal, caReasonSigning, "%v", err)
 	}
 	s.stats.failed(ce.reason, ce.msg)
-	cluster := id.cluster
+	cluster := id.Cluster
 	if cluster == "" {
-		cluster = truncate(claimed, 64)
+		cluster = clip.String(claimed, 64)
 	}
 	ident := ""
-	if !id.spiffeID.IsZero() {
-		ident = id.spiffeID.String()
+	if !id.SpiffeID.IsZero() {
+		ident = id.SpiffeID.String()
 	}
 	s.log.Warn("workload certificate refused", "cluster", cluster, "identity", ident, "reason", ce.reason,
 		"code", ce.code.String(), "error", ce.msg, "peer", peerAddr(ctx))
@@ -303,7 +364,7 @@ func (s *caServer) fail(ctx context.Context, id identity, claimed string, err er
 // authenticate returns the caller's identity and the member its ClusterID
 // header names (as sent, for logs): from a verified client certificate if
 // it presented one, else from its service-account token.
-func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
+func (s *Server) authenticate(ctx context.Context) (authn.Identity, string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	claimed := ""
 	if v := md.Get("clusterid"); len(v) > 0 {
@@ -315,35 +376,35 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 		info, _ = pr.AuthInfo.(credentials.TLSInfo)
 	}
 	if !info.State.HandshakeComplete {
-		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials, "the CA is served only over TLS")
+		return authn.Identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials, "the CA is served only over TLS")
 	}
 	if len(info.State.PeerCertificates) > 0 {
 		id, err := s.fromCertificate(info.State.PeerCertificates, claimed)
 		return id, claimed, err
 	}
-	token := bearerToken(md)
+	token := authn.BearerToken(md)
 	if token == "" {
-		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
+		return authn.Identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
 			"a client certificate issued by this hub or a Kubernetes service-account token (authorization: Bearer) is required")
 	}
 	if claimed == "" {
-		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
+		return authn.Identity{}, claimed, refuse(codes.Unauthenticated, caReasonNoCredentials,
 			"the ClusterID header is required with a service-account token: it names the member cluster that reviews the token")
 	}
-	id, err := s.tokens.authenticate(ctx, claimed, token, caTokenMaxAge)
-	switch code := tokenErrorCode(err); {
+	id, err := s.tokens.Authenticate(ctx, claimed, token, caTokenMaxAge)
+	switch code := authn.TokenErrorCode(err); {
 	case err == nil:
 	case code == codes.Unavailable:
-		return identity{}, claimed, refuse(code, caReasonReviewUnavailable,
-			"member %s could not review the service-account token in time; try again: %v", truncate(claimed, 64), err)
+		return authn.Identity{}, claimed, refuse(code, caReasonReviewUnavailable,
+			"member %s could not review the service-account token in time; try again: %v", clip.String(claimed, 64), err)
 	case code == codes.ResourceExhausted:
-		return identity{}, claimed, refuse(code, caReasonRateLimited, "%v", err)
+		return authn.Identity{}, claimed, refuse(code, caReasonRateLimited, "%v", err)
 	case code == codes.PermissionDenied:
-		s.scope.count("ca", err)
-		return identity{}, claimed, refuse(code, err.(*scopeError).reason, "%v", err)
+		s.scope.Count("ca", err)
+		return authn.Identity{}, claimed, refuse(code, err.(*authn.ScopeError).Reason, "%v", err)
 	default:
-		return identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
-			"the service-account token was not accepted by member %s: %v", truncate(claimed, 64), err)
+		return authn.Identity{}, claimed, refuse(codes.Unauthenticated, caReasonTokenRejected,
+			"the service-account token was not accepted by member %s: %v", clip.String(claimed, 64), err)
 	}
 	return id, claimed, nil
 }
@@ -353,29 +414,29 @@ func (s *caServer) authenticate(ctx context.Context) (identity, string, error) {
 // workload certificate of our own trust domain bound to a member by our
 // CA may renew itself. A federated peer's certificate never gets one of
 // ours.
-func (s *caServer) fromCertificate(chain []*x509.Certificate, claimed string) (identity, error) {
+func (s *Server) fromCertificate(chain []*x509.Certificate, claimed string) (authn.Identity, error) {
 	sid, err := x509svid.IDFromCert(chain[0])
 	if err != nil {
-		return identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected, "the client certificate has no SPIFFE ID: %v", err)
+		return authn.Identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected, "the client certificate has no SPIFFE ID: %v", err)
 	}
 	local := s.roots.LocalTrustDomain()
 	if sid.TrustDomain().Name() != local {
-		return identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected,
+		return authn.Identity{}, refuse(codes.Unauthenticated, caReasonCertificateRejected,
 			"the client certificate is of trust domain %s: this CA issues certificates of %s to its own workloads only (use a service-account token)", sid.TrustDomain().Name(), local)
 	}
-	id := identity{spiffeID: sid, namespace: namespaceOf(sid)}
-	if id.namespace == "" || serviceAccountOf(sid) == "" {
+	id := authn.Identity{SpiffeID: sid, Namespace: authn.NamespaceOf(sid)}
+	if id.Namespace == "" || authn.ServiceAccountOf(sid) == "" {
 		return id, refuse(codes.Unauthenticated, caReasonCertificateRejected, "%s is not a workload identity (spiffe://%s/ns/<namespace>/sa/<service account>)", sid, local)
 	}
-	if id.cluster = memberBinding(chain, s.roots); id.cluster == "" {
+	if id.Cluster = authn.MemberBinding(chain, s.roots); id.Cluster == "" {
 		return id, refuse(codes.Unauthenticated, caReasonCertificateRejected,
 			"the client certificate of %s is not bound to a member cluster by this hub's CA (use a service-account token)", sid)
 	}
-	if claimed != "" && claimed != id.cluster {
+	if claimed != "" && claimed != id.Cluster {
 		return id, refuse(codes.Unauthenticated, caReasonClusterMismatch,
-			"the client certificate of %s is bound to member %s, not to %s named by the ClusterID header", sid, id.cluster, truncate(claimed, 64))
+			"the client certificate of %s is bound to member %s, not to %s named by the ClusterID header", sid, id.Cluster, clip.String(claimed, 64))
 	}
-	id.notAfter = chain[0].NotAfter
+	id.NotAfter = chain[0].NotAfter
 	return id, nil
 }
 
@@ -421,7 +482,7 @@ func parseCSR(csrPEM string) (*x509.CertificateRequest, error) {
 
 // ttl is the lifetime of the certificate asked for: validity_duration
 // seconds, the default when it is not positive.
-func (s *caServer) ttl(seconds int64) (time.Duration, error) {
+func (s *Server) ttl(seconds int64) (time.Duration, error) {
 	if seconds <= 0 {
 		return s.defaultTTL, nil
 	}
