@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
@@ -49,7 +51,7 @@ type adsServer struct {
 	watcher  *watcher
 	versions *versionHoldings // what the streams were sent, shared
 	names    *nameHoldings    // what the Delta streams subscribe to, shared
-	fleet    *deliveries      // may be nil
+	fleet    *feed.Deliveries // may be nil
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -629,7 +631,7 @@ func (c *deltaConn) sendQueued() error {
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		c.a.tracker.onDeltaResponse(c.id, out)
 		if err := c.st.Send(out); err != nil {
-			c.a.fleet.answer(len(queued) - i - 1) // never sent: nobody will answer them
+			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
 		}
 		if t := c.types[out.TypeUrl]; t != nil {
@@ -649,6 +651,6 @@ func (c *deltaConn) close() {
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).
-	c.a.fleet.answer(len(c.outbox.take()))
+	c.a.fleet.Answer(len(c.outbox.take()))
 	c.a.tracker.onStreamClosed(c.id)
 }

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // MetadataNamespace is the filter-metadata namespace of every LbEndpoint; its
@@ -53,7 +54,7 @@ const generatedHostnames = 20000
 // them per hostname, in an LRU, until that hostname changes. Versions are
 // content hashes, so a resource rebuilt after eviction is not resent.
 type generator struct {
-	index *Index
+	index *feed.Index
 	// mtls is the mesh-wide mTLS mode of proxyless gRPC workloads and
 	// trustDomain ours, whose identities their clients accept (see
 	// flavourOf, peerSANs); both are fixed for the generator's life.
@@ -105,7 +106,7 @@ func (g *generator) genOf(host string) uint64 {
 	return g.genFloor
 }
 
-func newGenerator(index *Index) *generator {
+func newGenerator(index *feed.Index) *generator {
 	cache, err := simplelru.NewLRU[string, map[resourceKey]*resource](generatedHostnames, nil)
 	if err != nil {
 		panic(err) // only for a size ≤ 0

@@ -13,12 +13,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // testIndex holds echo.demo in two members (west in two zones) and
 // web.demo, port 80 only, in east.
-func testIndex() *Index {
-	x := NewIndex("cluster.local", nil)
+func testIndex() *feed.Index {
+	x := feed.NewIndex("cluster.local", nil)
 	x.ReplaceCluster("west", []*clusters.Service{{
 		Namespace: "demo", Name: "echo",
 		Ports: []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}, {Name: "dns", Port: 53, Protocol: "UDP"}},

@@ -33,18 +33,19 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/ca"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/mcp"
 )
 
 // Options configures a Hub.
 type Options struct {
-	// Changes is the change feed Run consumes (NewChanges), which the
+	// Changes is the change feed Run consumes (feed.NewChanges), which the
 	// Index, the Secret and root sources report to. Nil: a feed of the
 	// hub's own with DefaultDebounceAfter and DefaultDebounceMax.
-	Changes *Changes
-	// Index is the federated index served (NewIndex, reporting to
+	Changes *feed.Changes
+	// Index is the federated index served (feed.NewIndex, reporting to
 	// Changes). Nil: an index of the hub's own, with DomainSuffix.
-	Index *Index
+	Index *feed.Index
 	// DomainSuffix makes service hostnames of the hub's own index:
 	// <name>.<namespace>.svc.<suffix>.
 	DomainSuffix string
@@ -131,16 +132,16 @@ type Hub struct {
 	settled func() (bool, string)
 	open    atomic.Bool   // settled once: streams are accepted
 	admit   *rate.Limiter // new streams
-	changes *Changes
-	index   *Index
+	changes *feed.Changes
+	index   *feed.Index
 	gen     *generator
 	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
-	ca      *ca.Server   // nil: no CA API
-	codec   *sharedCodec // the ADS servers' gRPC codec
-	fleet   *deliveries  // what the streams take in: paces the pushes
+	ca      *ca.Server       // nil: no CA API
+	codec   *sharedCodec     // the ADS servers' gRPC codec
+	fleet   *feed.Deliveries // what the streams take in: paces the pushes
 	// versions are what the streams were sent, names what the Delta
 	// streams subscribe to (sotwSubscription, deltaSubscription): shared
 	// between them.
@@ -169,17 +170,17 @@ func New(opts Options) (*Hub, error) {
 		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
 		proxies:  newProxyTracker(opts.Log, opts.Limits),
 		codec:    newSharedCodec(),
-		fleet:    &deliveries{},
+		fleet:    &feed.Deliveries{},
 		versions: newHoldings[string](),
 		names:    newHoldings[struct{}](),
 	}
 	latency := newPushLatency()
 	h.changes, h.index = opts.Changes, opts.Index
 	if h.changes == nil {
-		h.changes = NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
+		h.changes = feed.NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
 	}
 	if h.index == nil {
-		h.index = NewIndex(opts.DomainSuffix, h.changes)
+		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = newGenerator(h.index)
 	if err := h.gen.setMTLS(opts.MTLSMode, opts.Roots); err != nil {
@@ -190,14 +191,14 @@ func New(opts Options) (*Hub, error) {
 	h.watcher.config = h.config
 	h.watcher.latency = latency
 	h.watcher.fleet, h.proxies.fleet = h.fleet, h.fleet
-	h.watcher.paceLimit = h.changes.max
+	h.watcher.paceLimit = h.changes.Limit()
 	if opts.Metrics != nil {
 		quiet := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "hub_xds_push_quiet_seconds",
 			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
 		}, func() float64 { return h.changes.Quiet().Seconds() })
 		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, quiet)
-		for t := range pushTriggers {
+		for t := range feed.PushTriggers {
 			xdsCollectors = append(xdsCollectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "hub_xds_pushes_total",
 				Help:        "Pushes of batched changes, by what let them go: leading_edge (the first change after a quiet period), quiet (no change for the quiet period), max_wait (a change waited --debounce-max).",
@@ -210,7 +211,7 @@ func New(opts Options) (*Hub, error) {
 			}
 		}
 	}
-	h.reviews = newAccessReviews(opts.Authorizer, h.changes.reviewDecided, opts.Log)
+	h.reviews = newAccessReviews(opts.Authorizer, h.changes.ReviewDecided, opts.Log)
 	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
 		h.reviews.timeout = opts.AccessReviewTimeout
 	}
@@ -314,16 +315,16 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.run(ctx, h.push, h.fleet)
+	h.changes.Run(ctx, h.push, h.fleet)
 }
 
 // push sends what changed: regenerates the changed services' resources
 // (xDS and Istio config) and answers the watches they, the Secrets, roots
 // and access decisions in b affect. It returns the time a push of churn
 // left the fleet idle between its waves (watcher.push).
-func (h *Hub) push(ctx context.Context, b *batch) time.Duration {
-	h.gen.invalidate(b.hosts)
-	h.config.Invalidate(b.hosts)
+func (h *Hub) push(ctx context.Context, b *feed.Batch) time.Duration {
+	h.gen.invalidate(b.Hosts)
+	h.config.Invalidate(b.Hosts)
 	return h.watcher.push(ctx, b)
 }
 

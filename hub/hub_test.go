@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -30,7 +31,7 @@ func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() erro
 	t.Helper()
 	opts.DomainSuffix = "cluster.local"
 	if opts.Changes == nil {
-		opts.Changes = NewChanges(10*time.Millisecond, time.Second)
+		opts.Changes = feed.NewChanges(10*time.Millisecond, time.Second)
 	}
 	h, err := New(opts)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -169,7 +170,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(context.Background(), &batch{hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, since: time.Now()})
+	h.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, &sub, out); err != nil {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // validateDeep runs Envoy's ValidateAll on msg and on every message packed
@@ -256,7 +257,7 @@ func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 	}
 
 	// Through the generator: the annotated Service's clusters carry them.
-	x := NewIndex("cluster.local", nil)
+	x := feed.NewIndex("cluster.local", nil)
 	s := echoService("10.0.0.1")
 	s.KubernetesServiceAccounts = []string{"echo"}
 	x.ReplaceCluster("west", []*clusters.Service{s})

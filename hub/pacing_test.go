@@ -14,13 +14,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // The tracker counts what clients answer: an ACK or a NACK of a sent
 // response, once, and what a closing stream leaves unanswered; a stale or
 // unknown nonce is no answer.
 func TestTrackerCountsAnswers(t *testing.T) {
-	fleet := &deliveries{}
+	fleet := &feed.Deliveries{}
 	p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
 	p.fleet = fleet
 	for id := int64(1); id <= 2; id++ {
@@ -40,15 +41,15 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	p.request(1, nil, "1", "", false) // the same again: no answer
 	p.request(1, nil, "9", "", false) // unknown nonce
 	p.request(1, nil, "2", "bad", true)
-	if got := fleet.answered.Load(); got != 2 {
+	if got := fleet.Answered(); got != 2 {
 		t.Fatalf("answered %d after an ACK, a repeat, an unknown nonce and a NACK; want 2", got)
 	}
 	p.onStreamClosed(2) // two responses unanswered, lost with it
-	if got := fleet.answered.Load(); got != 4 {
+	if got := fleet.Answered(); got != 4 {
 		t.Fatalf("answered %d after a stream with 2 unanswered responses closed; want 4", got)
 	}
 	p.onStreamClosed(1) // nothing left unanswered
-	if got := fleet.answered.Load(); got != 4 {
+	if got := fleet.Answered(); got != 4 {
 		t.Fatalf("answered %d after a stream with nothing unanswered closed; want 4", got)
 	}
 }
@@ -58,7 +59,7 @@ func TestTrackerCountsAnswers(t *testing.T) {
 // of them; while 30 hold their ACK, a second change is not pushed (not
 // even to the 10 that answered), and once they answer it is.
 func TestPushWaitsForTheFleetsACKs(t *testing.T) {
-	h, addr, _ := serveHub(t, Options{Changes: NewChanges(10*time.Millisecond, time.Minute)})
+	h, addr, _ := serveHub(t, Options{Changes: feed.NewChanges(10*time.Millisecond, time.Minute)})
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

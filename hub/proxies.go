@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/internal/clip"
 	"github.com/hubmesh/hub/mcp"
 )
@@ -97,7 +98,7 @@ type proxyTracker struct {
 	roots  authn.RootSource
 	limits Limits
 	// fleet counts the responses clients answered (may be nil).
-	fleet *deliveries
+	fleet *feed.Deliveries
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -256,7 +257,7 @@ func (p *proxyTracker) onStreamClosed(id int64) {
 		for _, held := range st.held {
 			p.holdings.release(held)
 		}
-		p.fleet.answer(len(st.nonces)) // lost with the stream
+		p.fleet.Answer(len(st.nonces)) // lost with the stream
 	}
 	delete(p.streams, id)
 	p.mu.Unlock()
@@ -490,7 +491,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 		return
 	}
 	delete(st.nonces, nonce)
-	p.fleet.answer(1)
+	p.fleet.Answer(1)
 	ts := st.typeStatus(s.typeURL)
 	if nack {
 		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, clip.String(nackMsg, maxNackDetailBytes), time.Now()
@@ -563,7 +564,7 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 	ts.Sends++
 	st.nonces[nonce] = sent{typeURL, version}
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
-		p.fleet.answer(len(st.nonces) - 1) // given up on
+		p.fleet.Answer(len(st.nonces) - 1) // given up on
 		clear(st.nonces)
 		st.nonces[nonce] = sent{typeURL, version}
 	}

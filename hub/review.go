@@ -9,6 +9,8 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // Access reviews (SubjectAccessReviews) are answered by member API servers,
@@ -41,10 +43,6 @@ var errReviewPending = errors.New("access review pending")
 // errReviewsStopped means the hub is shutting down.
 var errReviewsStopped = errors.New("access reviews stopped: the hub is shutting down")
 
-// reviewKey is one question: may this service account of this member list
-// Secrets in this namespace?
-type reviewKey struct{ cluster, saNamespace, sa, namespace string }
-
 // decision is a review's outcome and how long it stands.
 type decision struct {
 	allowed bool
@@ -62,7 +60,7 @@ type decision struct {
 // ends them when closed.
 type accessReviews struct {
 	authz  SecretAuthorizer
-	notify func(reviewKey) // a decision changed; must not block
+	notify func(feed.ReviewKey) // a decision changed; must not block
 	log    *slog.Logger
 	now    func() time.Time
 
@@ -75,28 +73,28 @@ type accessReviews struct {
 	wg     sync.WaitGroup // running reviews
 
 	mu        sync.Mutex
-	decisions *lru.Cache[reviewKey, decision]
-	inflight  map[reviewKey]bool     // queued or running
-	queued    map[string][]reviewKey // member → reviews waiting for a slot, oldest first
-	running   map[string]int         // member → reviews running
-	total     int                    // reviews running
-	retries   map[reviewKey]*time.Timer
+	decisions *lru.Cache[feed.ReviewKey, decision]
+	inflight  map[feed.ReviewKey]bool     // queued or running
+	queued    map[string][]feed.ReviewKey // member → reviews waiting for a slot, oldest first
+	running   map[string]int              // member → reviews running
+	total     int                         // reviews running
+	retries   map[feed.ReviewKey]*time.Timer
 	closed    bool
 }
 
-func newAccessReviews(a SecretAuthorizer, notify func(reviewKey), log *slog.Logger) *accessReviews {
+func newAccessReviews(a SecretAuthorizer, notify func(feed.ReviewKey), log *slog.Logger) *accessReviews {
 	if a == nil {
 		return nil
 	}
-	decisions, _ := lru.New[reviewKey, decision](reviewCacheSize) // only a size ≤ 0 fails
+	decisions, _ := lru.New[feed.ReviewKey, decision](reviewCacheSize) // only a size ≤ 0 fails
 	ctx, cancel := context.WithCancel(context.Background())
 	return &accessReviews{
 		authz: a, notify: notify, log: log, now: time.Now,
 		timeout: reviewTimeout, allowTTL: reviewAllowTTL, denyTTL: reviewDenyTTL, failedTTL: reviewFailedTTL,
 		perMember: reviewsPerMember, overall: reviewsOverall,
 		ctx: ctx, cancel: cancel, decisions: decisions,
-		inflight: map[reviewKey]bool{}, queued: map[string][]reviewKey{}, running: map[string]int{},
-		retries: map[reviewKey]*time.Timer{},
+		inflight: map[feed.ReviewKey]bool{}, queued: map[string][]feed.ReviewKey{}, running: map[string]int{},
+		retries: map[feed.ReviewKey]*time.Timer{},
 	}
 }
 
@@ -104,7 +102,7 @@ func newAccessReviews(a SecretAuthorizer, notify func(reviewKey), log *slog.Logg
 // review and returns errReviewPending; a failed review's error is returned
 // (transient) until it is retried. A new decision for k is announced to
 // notify.
-func (r *accessReviews) decide(k reviewKey) (bool, error) {
+func (r *accessReviews) decide(k feed.ReviewKey) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -126,21 +124,21 @@ func (r *accessReviews) decide(k reviewKey) (bool, error) {
 
 // start runs k's review, or queues it behind its member's running ones,
 // unless it is already queued or running. r.mu is held.
-func (r *accessReviews) start(k reviewKey) {
+func (r *accessReviews) start(k feed.ReviewKey) {
 	if r.inflight[k] {
 		return
 	}
 	r.inflight[k] = true
-	if r.running[k.cluster] < r.perMember && r.total < r.overall {
+	if r.running[k.Cluster] < r.perMember && r.total < r.overall {
 		r.launch(k)
 		return
 	}
-	r.queued[k.cluster] = append(r.queued[k.cluster], k)
+	r.queued[k.Cluster] = append(r.queued[k.Cluster], k)
 }
 
 // launch runs k's review in the background. r.mu is held.
-func (r *accessReviews) launch(k reviewKey) {
-	r.running[k.cluster]++
+func (r *accessReviews) launch(k feed.ReviewKey) {
+	r.running[k.Cluster]++
 	r.total++
 	r.wg.Go(func() { r.review(k) })
 }
@@ -163,19 +161,19 @@ func (r *accessReviews) launchQueued() {
 
 // review asks k's member, records the outcome and announces it if it
 // changes what a watch gets.
-func (r *accessReviews) review(k reviewKey) {
+func (r *accessReviews) review(k feed.ReviewKey) {
 	ctx, cancel := context.WithTimeout(r.ctx, r.timeout)
-	allowed, err := r.authz.CanListSecrets(ctx, k.cluster, k.saNamespace, k.sa, k.namespace)
+	allowed, err := r.authz.CanListSecrets(ctx, k.Cluster, k.SANamespace, k.SA, k.Namespace)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)
 	cancel()
 	if err != nil && timedOut {
-		err = fmt.Errorf("member %s did not answer an access review within %s: %w", k.cluster, r.timeout, err)
+		err = fmt.Errorf("member %s did not answer an access review within %s: %w", k.Cluster, r.timeout, err)
 	}
 
 	r.mu.Lock()
-	r.running[k.cluster]--
-	if r.running[k.cluster] == 0 {
-		delete(r.running, k.cluster)
+	r.running[k.Cluster]--
+	if r.running[k.Cluster] == 0 {
+		delete(r.running, k.Cluster)
 	}
 	r.total--
 	delete(r.inflight, k)
@@ -183,26 +181,26 @@ func (r *accessReviews) review(k reviewKey) {
 		r.mu.Unlock()
 		return
 	}
-	var changed []reviewKey
+	var changed []feed.ReviewKey
 	if r.record(k, allowed, err) {
 		changed = append(changed, k)
 	}
 	if err != nil && timedOut {
 		// The member does not answer: its queued reviews fail with the same
 		// error at once instead of each waiting out its own timeout.
-		for _, q := range r.queued[k.cluster] {
+		for _, q := range r.queued[k.Cluster] {
 			delete(r.inflight, q)
 			if r.record(q, false, err) {
 				changed = append(changed, q)
 			}
 		}
-		delete(r.queued, k.cluster)
+		delete(r.queued, k.Cluster)
 	}
 	r.launchQueued()
 	r.mu.Unlock()
 	if err != nil {
-		r.log.Warn("access review failed; SDS names that need it keep what they have and are retried", "cluster", k.cluster,
-			"serviceAccount", k.saNamespace+"/"+k.sa, "namespace", k.namespace, "retryAfter", r.failedTTL.String(), "error", err)
+		r.log.Warn("access review failed; SDS names that need it keep what they have and are retried", "cluster", k.Cluster,
+			"serviceAccount", k.SANamespace+"/"+k.SA, "namespace", k.Namespace, "retryAfter", r.failedTTL.String(), "error", err)
 	}
 	for _, key := range changed {
 		r.notify(key)
@@ -212,7 +210,7 @@ func (r *accessReviews) review(k reviewKey) {
 // record stores the outcome of k's review and reports whether it changes
 // what a watch gets. A failed revalidation keeps the decision it was to
 // refresh until that expires. r.mu is held.
-func (r *accessReviews) record(k reviewKey, allowed bool, err error) bool {
+func (r *accessReviews) record(k feed.ReviewKey, allowed bool, err error) bool {
 	now := r.now()
 	prev, had := r.decisions.Peek(k)
 	had = had && now.Before(prev.expires)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -68,11 +69,11 @@ func (m *scriptedMember) count(ns string) int {
 // events collects the decisions an accessReviews announces.
 type events struct {
 	mu   sync.Mutex
-	keys map[reviewKey]int
+	keys map[feed.ReviewKey]int
 }
 
-func (e *events) add(k reviewKey) { e.mu.Lock(); e.keys[k]++; e.mu.Unlock() }
-func (e *events) count(k reviewKey) int {
+func (e *events) add(k feed.ReviewKey) { e.mu.Lock(); e.keys[k]++; e.mu.Unlock() }
+func (e *events) count(k feed.ReviewKey) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.keys[k]
@@ -94,7 +95,7 @@ func (c *clock) advance(d time.Duration) {
 // testReviews is an accessReviews on a clock the test moves.
 func testReviews(t *testing.T, m *scriptedMember) (*accessReviews, *events, *clock) {
 	t.Helper()
-	ev := &events{keys: map[reviewKey]int{}}
+	ev := &events{keys: map[feed.ReviewKey]int{}}
 	r := newAccessReviews(m, ev.add, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	c := &clock{now: time.Now()}
 	r.now = c.get
@@ -105,7 +106,7 @@ func testReviews(t *testing.T, m *scriptedMember) (*accessReviews, *events, *clo
 func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "allow", "c": "deny"}, calls: map[string]int{}}
 	r, ev, _ := testReviews(t, m)
-	key := reviewKey{"west", "a", "gw", "b"}
+	key := reviewOf("west", "a", "gw", "b")
 
 	// A miss is pending and starts one review, however often it is asked.
 	for range 5 {
@@ -119,7 +120,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 		t.Fatalf("after the review: %v, %v; want allowed", ok, err)
 	}
 	if n := m.count("b"); n != 1 {
@@ -127,15 +128,15 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 	}
 
 	// A deny is cached too.
-	_, _ = r.decide(reviewKey{"west", "a", "gw", "c"})
-	denyKey := reviewKey{"west", "a", "gw", "c"}
+	_, _ = r.decide(reviewOf("west", "a", "gw", "c"))
+	denyKey := reviewOf("west", "a", "gw", "c")
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(denyKey) == 0 {
 			return errors.New("the deny was not announced")
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "c"}); ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "c")); ok || err != nil {
 		t.Fatalf("denied: %v, %v", ok, err)
 	}
 }
@@ -143,8 +144,8 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "allow"}, calls: map[string]int{}}
 	r, ev, now := testReviews(t, m)
-	key := reviewKey{"west", "a", "gw", "b"}
-	_, _ = r.decide(reviewKey{"west", "a", "gw", "b"})
+	key := reviewOf("west", "a", "gw", "b")
+	_, _ = r.decide(reviewOf("west", "a", "gw", "b"))
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(key) != 1 {
 			return errors.New("the allow was not announced")
@@ -153,14 +154,14 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	})
 	// Before the last fifth of its life an allow is served as it is.
 	now.advance(r.allowTTL / 2)
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil || m.count("b") != 1 {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil || m.count("b") != 1 {
 		t.Fatalf("mid-life: %v, %v, %d reviews", ok, err, m.count("b"))
 	}
 	// Near expiry: still served, and revalidated in the background; the
 	// member now denies, which is announced and then served.
 	m.set("b", "deny")
 	now.advance(r.allowTTL * 4 / 10)
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 		t.Fatalf("near expiry: %v, %v; want the last decision (allowed) served", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -169,13 +170,13 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("after revalidation: %v, %v; want denied", ok, err)
 	}
 	// A failed revalidation keeps the decision it was to refresh.
 	m.set("b", "fail")
 	now.advance(r.denyTTL * 9 / 10)
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("near the deny's expiry: %v, %v", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -186,7 +187,7 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); ok || err != nil {
+	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("after a failed revalidation: %v, %v; want the deny still served", ok, err)
 	}
 }
@@ -195,8 +196,8 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "fail"}, calls: map[string]int{}}
 	r, ev, now := testReviews(t, m)
 	r.failedTTL = 50 * time.Millisecond
-	key := reviewKey{"west", "a", "gw", "b"}
-	_, _ = r.decide(reviewKey{"west", "a", "gw", "b"})
+	key := reviewOf("west", "a", "gw", "b")
+	_, _ = r.decide(reviewOf("west", "a", "gw", "b"))
 	// The failure is announced, then announced again when it has expired,
 	// so that the watches that asked ask again.
 	wait.Until(t, 10*time.Second, func() error {
@@ -207,11 +208,11 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	})
 	m.set("b", "allow")
 	now.advance(time.Second)
-	if _, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !errors.Is(err, errReviewPending) {
+	if _, err := r.decide(reviewOf("west", "a", "gw", "b")); !errors.Is(err, errReviewPending) {
 		t.Fatalf("after the failure expired: %v; want a new review pending", err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, err := r.decide(reviewKey{"west", "a", "gw", "b"}); !ok || err != nil {
+		if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 			return fmt.Errorf("%v, %v", ok, err)
 		}
 		return nil
@@ -232,7 +233,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	r, ev, _ := testReviews(t, black)
 	r.perMember, r.overall = 2, 3
 	for i := range 5 {
-		_, _ = r.decide(reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)})
+		_, _ = r.decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i)))
 	}
 	wait.Until(t, 10*time.Second, func() error {
 		black.mu.Lock()
@@ -243,9 +244,9 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 		return nil
 	})
 	// Another member gets the free slot while the silent one's hang.
-	_, _ = r.decide(reviewKey{"west", "a", "gw", "ok"})
+	_, _ = r.decide(reviewOf("west", "a", "gw", "ok"))
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, err := r.decide(reviewKey{"west", "a", "gw", "ok"}); !ok || err != nil {
+		if ok, err := r.decide(reviewOf("west", "a", "gw", "ok")); !ok || err != nil {
 			return fmt.Errorf("west: %v, %v", ok, err)
 		}
 		return nil
@@ -259,9 +260,9 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	close(black.unblock)
 	wait.Until(t, 10*time.Second, func() error {
 		for i := range 5 {
-			k := reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)}
+			k := reviewOf("black", "a", "gw", fmt.Sprint("ns", i))
 			if ev.count(k) == 0 {
-				return fmt.Errorf("%s not decided yet", k.namespace)
+				return fmt.Errorf("%s not decided yet", k.Namespace)
 			}
 		}
 		return nil
@@ -269,7 +270,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	asked := 0
 	for i := range 5 {
 		asked += black.count(fmt.Sprint("ns", i))
-		if _, err := r.decide(reviewKey{"black", "a", "gw", fmt.Sprint("ns", i)}); err == nil || errors.Is(err, errReviewPending) {
+		if _, err := r.decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i))); err == nil || errors.Is(err, errReviewPending) {
 			t.Errorf("ns%d: %v; want the member's failure", i, err)
 		}
 	}
@@ -283,7 +284,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 // Secret the SDS subscribers whose identity's member and names ask for it,
 // roots those asking for roots, a decision those that consulted it.
 func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
-	k1, k2 := reviewKey{"west", "a", "gw", "b"}, reviewKey{"west", "a", "gw", "c"}
+	k1, k2 := reviewOf("west", "a", "gw", "b"), reviewOf("west", "a", "gw", "c")
 	const host = "echo.demo.svc.cluster.local"
 	names := func(n ...string) map[string]struct{} {
 		m := map[string]struct{}{}
@@ -298,19 +299,22 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		s.aim(id)
 		return s
 	}
-	consulted := func(s *subscriber, k reviewKey) *subscriber { s.reviews = map[reviewKey]struct{}{k: {}}; return s }
-	secret := func(cluster, ns, name string) *batch {
-		return &batch{secrets: map[secretRef]struct{}{{cluster, clusters.ServiceKey{Namespace: ns, Name: name}}: {}}}
+	consulted := func(s *subscriber, k feed.ReviewKey) *subscriber {
+		s.reviews = map[feed.ReviewKey]struct{}{k: {}}
+		return s
+	}
+	secret := func(cluster, ns, name string) *feed.Batch {
+		return &feed.Batch{Secrets: map[feed.SecretRef]struct{}{{Cluster: cluster, Key: clusters.ServiceKey{Namespace: ns, Name: name}}: {}}}
 	}
 	for _, c := range []struct {
 		name    string
 		sub     *subscriber
-		changed *batch
+		changed *feed.Batch
 		want    bool
 	}{
-		{"its review", consulted(sds(westA, "kubernetes://b/gw"), k1), &batch{reviews: map[reviewKey]struct{}{k1: {}}}, true},
-		{"another review", consulted(sds(westA, "kubernetes://b/gw"), k1), &batch{reviews: map[reviewKey]struct{}{k2: {}}}, false},
-		{"a review it did not consult", sds(westA, "kubernetes://gw"), &batch{reviews: map[reviewKey]struct{}{k1: {}}}, false},
+		{"its review", consulted(sds(westA, "kubernetes://b/gw"), k1), &feed.Batch{Reviews: map[feed.ReviewKey]struct{}{k1: {}}}, true},
+		{"another review", consulted(sds(westA, "kubernetes://b/gw"), k1), &feed.Batch{Reviews: map[feed.ReviewKey]struct{}{k2: {}}}, false},
+		{"a review it did not consult", sds(westA, "kubernetes://gw"), &feed.Batch{Reviews: map[feed.ReviewKey]struct{}{k1: {}}}, false},
 		{"its secret", sds(westA, "kubernetes://gw"), secret("west", "a", "gw"), true},
 		{"its secret by namespace, CA only", sds(westA, "kubernetes://b/gw-cacert"), secret("west", "b", "gw"), true},
 		{"its separate CA secret", sds(westA, "kubernetes://b/gw-cacert"), secret("west", "b", "gw-cacert"), true},
@@ -318,17 +322,17 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		{"another namespace's secret of that name", sds(westA, "kubernetes://gw"), secret("west", "b", "gw"), false},
 		{"another secret", sds(westA, "kubernetes://gw", "ROOTCA"), secret("west", "a", "other"), false},
 		{"no member proven", sds(authn.Identity{Namespace: "a"}, "kubernetes://gw"), secret("", "a", "gw"), false},
-		{"its member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"west": {}}}, true},
-		{"another member resynced", sds(westA, "kubernetes://gw"), &batch{members: map[string]struct{}{"east": {}}}, false},
-		{"roots, asking ROOTCA", sds(westA, "ROOTCA"), &batch{roots: true}, true},
-		{"roots, asking a peer's bundle", sds(westA, "spiffe://peer.example"), &batch{roots: true}, true},
-		{"roots, asking no roots", sds(westA, "kubernetes://gw"), &batch{roots: true}, false},
-		{"a service, SDS", sds(westA, "ROOTCA"), &batch{hosts: names(host)}, false},
-		{"wildcard, a review and a secret", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &batch{reviews: map[reviewKey]struct{}{k1: {}}, secrets: secret("west", "a", "gw").secrets, roots: true}, false},
-		{"wildcard, a service", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &batch{hosts: names(host)}, true},
-		{"named, a review", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{reviews: map[reviewKey]struct{}{k1: {}}, roots: true}, false},
-		{"named, its service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{hosts: names(host)}, true},
-		{"named, another service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &batch{hosts: names("x.demo.svc.cluster.local")}, false},
+		{"its member resynced", sds(westA, "kubernetes://gw"), &feed.Batch{Members: map[string]struct{}{"west": {}}}, true},
+		{"another member resynced", sds(westA, "kubernetes://gw"), &feed.Batch{Members: map[string]struct{}{"east": {}}}, false},
+		{"roots, asking ROOTCA", sds(westA, "ROOTCA"), &feed.Batch{Roots: true}, true},
+		{"roots, asking a peer's bundle", sds(westA, "spiffe://peer.example"), &feed.Batch{Roots: true}, true},
+		{"roots, asking no roots", sds(westA, "kubernetes://gw"), &feed.Batch{Roots: true}, false},
+		{"a service, SDS", sds(westA, "ROOTCA"), &feed.Batch{Hosts: names(host)}, false},
+		{"wildcard, a review and a secret", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &feed.Batch{Reviews: map[feed.ReviewKey]struct{}{k1: {}}, Secrets: secret("west", "a", "gw").Secrets, Roots: true}, false},
+		{"wildcard, a service", &subscriber{typeURL: resourcev3.ClusterType, wildcard: true}, &feed.Batch{Hosts: names(host)}, true},
+		{"named, a review", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &feed.Batch{Reviews: map[feed.ReviewKey]struct{}{k1: {}}, Roots: true}, false},
+		{"named, its service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &feed.Batch{Hosts: names(host)}, true},
+		{"named, another service", newSubscriber(resourcev3.EndpointType, names("outbound|80||"+host), false, true), &feed.Batch{Hosts: names("x.demo.svc.cluster.local")}, false},
 	} {
 		// No watch is parked: a push only notes what changed for each
 		// subscriber it reaches.
@@ -340,4 +344,10 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 			t.Errorf("%s: reached %v (%v); want %v", c.name, got, c.sub.dirty, c.want)
 		}
 	}
+}
+
+// reviewOf is the access review of ServiceAccount saNamespace/sa of member
+// cluster for the Secrets of namespace.
+func reviewOf(cluster, saNamespace, sa, namespace string) feed.ReviewKey {
+	return feed.ReviewKey{Cluster: cluster, SANamespace: saNamespace, SA: sa, Namespace: namespace}
 }

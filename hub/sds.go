@@ -16,6 +16,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
@@ -101,7 +102,7 @@ func transient(err error) bool {
 // never an error for the stream.
 func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var out []*resource
-	var reviews map[reviewKey]struct{}
+	var reviews map[feed.ReviewKey]struct{}
 	id := w.identityOf(wt)
 	wt.awaiting = false
 	defer func() {
@@ -113,7 +114,7 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 	var others map[string]struct{} // namespaces other than the proxy's its names ask for
 	for _, name := range wt.names {
 		var msg proto.Message
-		var review *reviewKey
+		var review *feed.ReviewKey
 		var err error
 		if ns, ok := otherNamespace(name, id.Namespace); ok && len(others) >= maxOtherNamespaces && !has(others, ns) {
 			// Each other namespace costs an access review in the member:
@@ -232,7 +233,7 @@ func parseSecretName(name, ns string) secretName {
 // secret builds one SDS resource for id, or says why not. consulted is the
 // access review it asked, if it asked one: a new decision for it
 // re-evaluates the watch.
-func (w *watcher) secret(id authn.Identity, name string) (_ proto.Message, consulted *reviewKey, _ error) {
+func (w *watcher) secret(id authn.Identity, name string) (_ proto.Message, consulted *feed.ReviewKey, _ error) {
 	if w.roots == nil || w.secrets == nil {
 		return nil, nil, errors.New("SDS is not configured on this hub")
 	}
@@ -293,7 +294,7 @@ func (w *watcher) secret(id authn.Identity, name string) (_ proto.Message, consu
 		}
 		// Never waits: a review not decided yet is pending, and the watch
 		// is re-evaluated when it is.
-		review := reviewKey{id.Cluster, id.Namespace, authn.ServiceAccountOf(id.SpiffeID), key.Namespace}
+		review := feed.ReviewKey{Cluster: id.Cluster, SANamespace: id.Namespace, SA: authn.ServiceAccountOf(id.SpiffeID), Namespace: key.Namespace}
 		consulted = &review
 		ok, err := w.sar.decide(review)
 		if err != nil {
@@ -330,4 +331,12 @@ func (w *watcher) secret(id authn.Identity, name string) (_ proto.Message, consu
 		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Cert}},
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: s.Key}},
 	}}}, consulted, nil
+}
+
+// add puts k in the set *m, making it if needed.
+func add[K comparable](m *map[K]struct{}, k K) {
+	if *m == nil {
+		*m = map[K]struct{}{}
+	}
+	(*m)[k] = struct{}{}
 }

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -64,7 +65,7 @@ func TestSDSAuthorisation(t *testing.T) {
 		"west": {gw: {Cert: []byte("WEST-CERT"), Key: []byte("WEST-KEY"), CA: []byte("WEST-CA")}, {Namespace: "b", Name: "gw"}: {Cert: []byte("B-CERT"), Key: []byte("B-KEY")}},
 		"east": {gw: {Cert: []byte("EAST-CERT"), Key: []byte("EAST-KEY")}},
 	}}
-	h, err := New(Options{DomainSuffix: "cluster.local", Changes: NewChanges(10*time.Millisecond, time.Second), Secrets: secrets, Roots: fakeRoots{rootPEM}})
+	h, err := New(Options{DomainSuffix: "cluster.local", Changes: feed.NewChanges(10*time.Millisecond, time.Second), Secrets: secrets, Roots: fakeRoots{rootPEM}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 	"github.com/hubmesh/hub/trust"
 )
@@ -106,7 +107,7 @@ func startSecureHub(t testing.TB, opts Options) *secureHub {
 	}
 	opts.Roots = fakeRoots{pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})}
 	opts.Metrics, opts.Log = s.metrics, slog.New(slog.NewJSONHandler(s.logs, nil))
-	opts.DomainSuffix, opts.Changes = "cluster.local", NewChanges(10*time.Millisecond, time.Second)
+	opts.DomainSuffix, opts.Changes = "cluster.local", feed.NewChanges(10*time.Millisecond, time.Second)
 	s.h, err = New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -587,7 +588,7 @@ func TestWithheldSecretIsLoggedOncePerStream(t *testing.T) {
 }
 
 func TestGeneratorStampsStayBounded(t *testing.T) {
-	g := newGenerator(NewIndex("cluster.local", nil))
+	g := newGenerator(feed.NewIndex("cluster.local", nil))
 	for i := range maxGens + 100 {
 		g.invalidate(map[string]struct{}{fmt.Sprintf("h%d.ns.svc.cluster.local", i): {}})
 	}

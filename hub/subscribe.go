@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -51,7 +52,7 @@ type subscriber struct {
 	asked []string
 	// SDS: the Secrets (of the identity's member) and whether roots the
 	// names ask for; a change of one of them re-evaluates the subscriber.
-	secrets []secretRef
+	secrets []feed.SecretRef
 	roots   bool
 
 	// Guarded by watcher.mu.
@@ -63,7 +64,7 @@ type subscriber struct {
 	// reviews are the access reviews an SDS subscriber's last evaluation
 	// consulted: a new decision for one of them re-evaluates it (see
 	// watcher.push).
-	reviews map[reviewKey]struct{}
+	reviews map[feed.ReviewKey]struct{}
 }
 
 // digest identifies a list of names, in order.
@@ -168,7 +169,7 @@ func (s *subscriber) aim(id authn.Identity) {
 			s.roots = true
 		case sn.wellFormed && id.Cluster != "":
 			for _, k := range sn.keys() {
-				s.secrets = append(s.secrets, secretRef{id.Cluster, k})
+				s.secrets = append(s.secrets, feed.SecretRef{Cluster: id.Cluster, Key: k})
 			}
 		}
 	}
@@ -255,7 +256,7 @@ type streamRecord struct {
 	// handed is, per type, the last SotW response handed to the stream
 	// (guarded by watcher.mu): one the server dropped for a newer request,
 	// or never sent before the stream closed, is counted as answered for
-	// the pacing (deliveries), since no client will answer it.
+	// the pacing (feed.Deliveries), since no client will answer it.
 	handed map[string]*sotwResponse
 }
 
@@ -291,11 +292,11 @@ func (rec *streamRecord) unsentLocked(typeURL string) int {
 // requested records a new SotW request of typeURL on rec's stream and
 // returns the stream's flag for the type's first response. The type's last
 // response was sent before the server took the request, or dropped for it:
-// then nobody answers it, and it counts as answered (deliveries).
+// then nobody answers it, and it counts as answered (feed.Deliveries).
 func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.fleet.answer(rec.unsentLocked(typeURL))
+	w.fleet.Answer(rec.unsentLocked(typeURL))
 	f := rec.sent[typeURL]
 	if f == nil {
 		if rec.sent == nil {
@@ -320,7 +321,7 @@ func (w *watcher) identify(old, new *corev3.Node, id authn.Identity) {
 			for _, s := range rec.subs {
 				w.unindexLocked(s)
 			}
-			w.fleet.answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
+			w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
 		}
 		return
 	}
@@ -466,7 +467,7 @@ func (w *watcher) indexLocked(s *subscriber) {
 		w.bySecret[s] = struct{}{}
 		for _, ref := range s.secrets {
 			addSubscriber(w.byRef, ref, s)
-			addSubscriber(w.byMember, ref.cluster, s)
+			addSubscriber(w.byMember, ref.Cluster, s)
 		}
 		if s.roots {
 			w.byRoots[s] = struct{}{}
@@ -517,7 +518,7 @@ func (w *watcher) unindexLocked(s *subscriber) {
 		delete(w.bySecret, s)
 		for _, ref := range s.secrets {
 			removeSubscriber(w.byRef, ref, s)
-			removeSubscriber(w.byMember, ref.cluster, s)
+			removeSubscriber(w.byMember, ref.Cluster, s)
 		}
 		delete(w.byRoots, s)
 	case s.wildcard:

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -57,7 +58,7 @@ type watcher struct {
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
-	fleet *deliveries
+	fleet *feed.Deliveries
 	// lists shares the resource lists of responses that carry the same
 	// resources (nil: none shared).
 	lists *responseLists
@@ -82,7 +83,7 @@ type watcher struct {
 	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
 	byType   map[*subscriber]struct{}
 	bySecret map[*subscriber]struct{}
-	byRef    map[secretRef]map[*subscriber]struct{}
+	byRef    map[feed.SecretRef]map[*subscriber]struct{}
 	byMember map[string]map[*subscriber]struct{}
 	byRoots  map[*subscriber]struct{}
 }
@@ -151,7 +152,7 @@ func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
 		}, []string{"type"}),
 		streams: map[*corev3.Node]*streamRecord{},
 		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
-		bySecret: map[*subscriber]struct{}{}, byRef: map[secretRef]map[*subscriber]struct{}{},
+		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
 }
@@ -246,7 +247,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 			wt.rec.handedLocked(wt.typeURL, resp.sotw)
 			w.mu.Unlock()
 			resp.send(wt) // never blocks: see reply.send
-			w.fleet.hand()
+			w.fleet.Hand()
 			return func() {}, nil
 		}
 		w.mu.Lock()
@@ -304,7 +305,7 @@ type job struct {
 // out, with the time it left the fleet idle between waves, or early when
 // ctx is done (the streams not reached keep their changes noted, for their
 // next request or push).
-func (w *watcher) push(ctx context.Context, b *batch) (idled time.Duration) {
+func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
 	w.mu.Lock()
 	w.epoch++
 	var (
@@ -326,37 +327,37 @@ func (w *watcher) push(ctx context.Context, b *batch) (idled time.Duration) {
 	}
 	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
-	for host := range b.hosts {
+	for host := range b.Hosts {
 		for s := range w.subscribersOf(host) {
 			changedHost(s, host)
 		}
 	}
-	if len(b.hosts) > 0 || len(b.kinds) > 0 {
+	if len(b.Hosts) > 0 || len(b.Kinds) > 0 {
 		// Every wildcard set may have changed (Istio config's too): those
 		// whose set version did not are skipped below.
 		for s := range w.byType {
 			changedAll(s)
 		}
 	}
-	for ref := range b.secrets {
+	for ref := range b.Secrets {
 		for s := range w.byRef[ref] {
 			changedAll(s)
 		}
 	}
-	for member := range b.members {
+	for member := range b.Members {
 		for s := range w.byMember[member] {
 			changedAll(s)
 		}
 	}
-	if b.roots {
+	if b.Roots {
 		for s := range w.byRoots {
 			changedAll(s)
 		}
 	}
-	if len(b.reviews) > 0 {
+	if len(b.Reviews) > 0 {
 		for s := range w.bySecret {
 			for k := range s.reviews {
-				if _, ok := b.reviews[k]; ok {
+				if _, ok := b.Reviews[k]; ok {
 					changedAll(s)
 					break
 				}
@@ -364,11 +365,11 @@ func (w *watcher) push(ctx context.Context, b *batch) (idled time.Duration) {
 		}
 	}
 	w.mu.Unlock()
-	if !b.churn || w.fleet == nil || len(streams) < 2*minWave {
-		w.pushWave(streams, b.since)
+	if !b.Churn {
+		w.pushWave(streams, b.Since)
 		return 0
 	}
-	return pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.since) })
+	return feed.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
 }
 
 // pushWave evaluates the subscribers of a push's streams that are still
@@ -521,7 +522,7 @@ func (w *watcher) pushTo(j job) {
 	w.mu.Unlock()
 	if open {
 		resp.send(wt)
-		w.fleet.hand()
+		w.fleet.Hand()
 		w.latency.observe(wt.typeURL, j.since)
 	}
 }

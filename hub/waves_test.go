@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"reflect"
 	"testing"
@@ -12,83 +11,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
 )
-
-// pace hands out waves of at least minWave items, at most paceWaves of
-// them, and the next only once the fleet answered the last (all but
-// unanswered of it).
-func TestPaceWaitsForEachWave(t *testing.T) {
-	d := &deliveries{}
-	items := make([]int, 3*minWave+4)
-	for i := range items {
-		items[i] = i
-	}
-	waves := make(chan []int)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		pace(context.Background(), d, items, time.Minute, func(wave []int) {
-			for range wave {
-				d.hand()
-			}
-			waves <- wave
-		})
-	}()
-	var sizes []int
-	next := 0
-	for wave := range chanUntil(waves, done) {
-		if wave[0] != next {
-			t.Fatalf("wave starts at item %d; want %d", wave[0], next)
-		}
-		next += len(wave)
-		sizes = append(sizes, len(wave))
-		// The next wave waits for these answers: nothing else can send
-		// on waves until the test answers.
-		select {
-		case w := <-waves:
-			t.Fatalf("wave of %d handed out before the last was answered", len(w))
-		default:
-		}
-		d.answer(len(wave))
-	}
-	if want := []int{minWave, minWave, minWave, 4}; !reflect.DeepEqual(sizes, want) {
-		t.Fatalf("waves of %v; want %v", sizes, want)
-	}
-}
-
-// chanUntil yields what ch carries until done is closed.
-func chanUntil[T any](ch <-chan T, done <-chan struct{}) func(func(T) bool) {
-	return func(yield func(T) bool) {
-		for {
-			select {
-			case v := <-ch:
-				if !yield(v) {
-					return
-				}
-			case <-done:
-				return
-			}
-		}
-	}
-}
-
-// pace stops between waves when its context ends, also while it waits for
-// a wave's answers.
-func TestPaceStopsWithItsContext(t *testing.T) {
-	d := &deliveries{}
-	ctx, cancel := context.WithCancel(context.Background())
-	var pushed int
-	pace(ctx, d, make([]int, 4*minWave), time.Hour, func(wave []int) {
-		pushed++
-		for range wave {
-			d.hand()
-		}
-		cancel() // never answered: only the context ends the wait
-	})
-	if pushed != 1 {
-		t.Fatalf("%d waves pushed; want 1", pushed)
-	}
-}
 
 // A push of churn reaches its streams in waves through the real server:
 // the streams of the first wave get the new clusters, the others nothing
@@ -96,10 +20,10 @@ func TestPaceStopsWithItsContext(t *testing.T) {
 // between waves is answered then and not twice; in the end every stream
 // holds the new set, once.
 func TestChurnPushReachesStreamsInWaves(t *testing.T) {
-	h, addr, _ := serveHub(t, Options{Changes: NewChanges(10*time.Millisecond, time.Minute)})
+	h, addr, _ := serveHub(t, Options{Changes: feed.NewChanges(10*time.Millisecond, time.Minute)})
 	services := []*clusters.Service{namedService("a", "10.0.0.1")}
 	h.index.ReplaceCluster("west", services)
-	const streams = 2*minWave + 6 // waves of minWave, minWave and 6
+	const streams = 2*feed.MinWave + 6 // waves of feed.MinWave, feed.MinWave and 6
 	cs := make([]*adsClient, streams)
 	for i := range cs {
 		c := dialADS(t, addr, insecure.NewCredentials())
@@ -133,7 +57,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	}
 
 	got := map[int]bool{}
-	for range minWave {
+	for range feed.MinWave {
 		i, r := nextOfAny(t, cs, all)
 		if got[i] || len(r.Resources) != 3 {
 			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))
@@ -170,7 +94,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	for i, c := range cs {
 		c.barrier(t, fmt.Sprintf("stream %d: one response for the churn", i))
 	}
-	if n := h.changes.Pushes(quietAfter) + h.changes.Pushes(maxWait); n != 1 {
+	if n := h.changes.Pushes(feed.QuietAfter) + h.changes.Pushes(feed.MaxWait); n != 1 {
 		t.Fatalf("%d pushes after a wait; want 1 (the churn)", n)
 	}
 }
@@ -189,20 +113,4 @@ func nextOfAny(t *testing.T, cs []*adsClient, from []int) (int, *discoveryv3.Dis
 		t.Fatal("no response within 20s")
 	}
 	return from[k], v.Interface().(*discoveryv3.DiscoveryResponse)
-}
-
-// A fleet that never answers holds a paced push back at most its limit:
-// then the rest goes at once.
-func TestPaceHandsOutTheRestAtItsLimit(t *testing.T) {
-	d := &deliveries{}
-	var sizes []int
-	pace(context.Background(), d, make([]int, 4*minWave), 50*time.Millisecond, func(wave []int) {
-		sizes = append(sizes, len(wave))
-		for range wave {
-			d.hand()
-		}
-	})
-	if want := []int{minWave, 3 * minWave}; !reflect.DeepEqual(sizes, want) {
-		t.Fatalf("waves of %v; want %v", sizes, want)
-	}
 }

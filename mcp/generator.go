@@ -35,7 +35,7 @@ const ResourceType = "type.googleapis.com/istio.mcp.v1alpha1.Resource"
 const DefaultFederatedDomain = "clusterset.local"
 
 // Index is what the generator reads: the hub's federated index
-// (hub.Index), every member's view of each federated Service.
+// (feed.Index), every member's view of each federated Service.
 type Index interface {
 	// Hostnames returns every federated hostname.
 	Hostnames() []string

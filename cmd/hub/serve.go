@@ -23,6 +23,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/leader"
 	"github.com/hubmesh/hub/trust"
 	"github.com/hubmesh/hub/web"
@@ -35,8 +36,8 @@ import (
 //
 // The parts are built in dependency order, each complete when it is made:
 //  1. the leader elector;
-//  2. the change feed (hub.Changes), which every part below reports to;
-//  3. the federated index (hub.Index), reporting changed hostnames to it;
+//  2. the change feed (feed.Changes), which every part below reports to;
+//  3. the federated index (feed.Index), reporting changed hostnames to it;
 //  4. trust federation, reporting root changes to the feed;
 //  5. the member registry, delivering services to the index and Secret
 //     changes to the feed;
@@ -87,8 +88,8 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 
 	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
 	metrics.MustRegister(elector.Collector())
-	changes := hub.NewChanges(cfg.debounceAfter, cfg.debounceMax)
-	index := hub.NewIndex(cfg.domainSuffix, changes)
+	changes := feed.NewChanges(cfg.debounceAfter, cfg.debounceMax)
+	index := feed.NewIndex(cfg.domainSuffix, changes)
 	dnsNames, err := trust.ParseDNSNames(cfg.tlsDNSNames)
 	if err != nil {
 		return fmt.Errorf("--tls-dns-names: %w", err)

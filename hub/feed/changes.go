@@ -1,4 +1,10 @@
-package hub
+// Package feed is where the hub's data path starts: the federated Index
+// of every member's services, and the change feed (Changes) that the
+// Index, the member registry, the trust federation, the distributed Istio
+// config and the access reviews report typed changes to, batched and
+// paced by what the streams took in (Deliveries) for the hub's push. It
+// knows nothing of xDS.
+package feed
 
 import (
 	"context"
@@ -21,17 +27,17 @@ import (
 // for a quiet period as long as its delivery took, but never longer than
 // `max` (DESIGN.md §4); under sustained churn pushes back off to one per
 // `max`, and each reaches the streams in waves that leave the fleet idle
-// most of the time (see run and pace). Each batch carries the time its
+// most of the time (see Run and Pace). Each batch carries the time its
 // oldest change was reported, from which push latency is measured.
 // Reporting never blocks, also when nothing consumes.
 type Changes struct {
 	after, max time.Duration
 
 	quiet  atomic.Int64               // the current quiet period (time.Duration), see run
-	pushes [pushTriggers]atomic.Int64 // pushes made, by what let them go
+	pushes [PushTriggers]atomic.Int64 // pushes made, by what let them go
 
 	mu       sync.Mutex
-	incoming batch         // reported, not yet taken by the consumer
+	incoming Batch         // reported, not yet taken by the consumer
 	signal   chan struct{} // one slot: "incoming is not empty"
 }
 
@@ -42,65 +48,70 @@ func NewChanges(after, max time.Duration) *Changes {
 }
 
 // pushTrigger is what let a push go.
-type pushTrigger int
+type PushTrigger int
 
 const (
 	// leadingEdge: the first change after a calm period, pushed at once.
-	leadingEdge pushTrigger = iota
+	LeadingEdge PushTrigger = iota
 	// quietAfter: no change for the quiet period.
-	quietAfter
+	QuietAfter
 	// maxWait: the oldest change waited the longest a change may wait.
-	maxWait
-	pushTriggers
+	MaxWait
+	PushTriggers
 )
 
 // String is the trigger's name in the hub_xds_pushes_total metric.
-func (t pushTrigger) String() string {
+func (t PushTrigger) String() string {
 	return [...]string{"leading_edge", "quiet", "max_wait"}[t]
 }
 
 // Pushes returns how many pushes the trigger let go.
-func (c *Changes) Pushes(t pushTrigger) int64 { return c.pushes[t].Load() }
+func (c *Changes) Pushes(t PushTrigger) int64 { return c.pushes[t].Load() }
 
-// batch is what changed since the previous push.
-type batch struct {
-	hosts   map[string]struct{}    // services whose federated view changed
-	secrets map[secretRef]struct{} // member Secrets that changed
-	// members are the members whose every Secret may have changed: their
+// Batch is what changed since the previous push.
+type Batch struct {
+	Hosts   map[string]struct{}    // services whose federated view changed
+	Secrets map[SecretRef]struct{} // member Secrets that changed
+	// Members are the members whose every Secret may have changed: their
 	// Secret cache (re)synced, or they switched to a new client.
-	members map[string]struct{}
-	roots   bool                   // a trust domain's roots changed
-	kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
-	reviews map[reviewKey]struct{} // access reviews whose decision changed
-	since   time.Time              // when the oldest of these was reported
+	Members map[string]struct{}
+	Roots   bool                   // a trust domain's roots changed
+	Kinds   map[string]struct{}    // Istio config kinds distributed from the home cluster that changed
+	Reviews map[ReviewKey]struct{} // access reviews whose decision changed
+	Since   time.Time              // when the oldest of these was reported
 	latest  time.Time              // when the newest of these was reported
 	reports int                    // how many reports these are
-	// churn says these changes piled up (see Changes.run): their push
-	// reaches its streams in waves (watcher.push).
-	churn bool
+	// Churn says these changes piled up (see Changes.Run): their push
+	// reaches its streams in waves (Pace).
+	Churn bool
 }
 
-// secretRef names one Secret of one member.
-type secretRef struct {
-	cluster string
-	key     clusters.ServiceKey
+// SecretRef names one Secret of one member.
+type SecretRef struct {
+	Cluster string
+	Key     clusters.ServiceKey
 }
 
-func (b *batch) empty() bool {
-	return len(b.hosts) == 0 && len(b.secrets) == 0 && len(b.members) == 0 && !b.roots && len(b.reviews) == 0 && len(b.kinds) == 0
+// ReviewKey is one access review: may the ServiceAccount SA of
+// SANamespace in member Cluster read the Secrets of Namespace.
+type ReviewKey struct{ Cluster, SANamespace, SA, Namespace string }
+
+// Empty reports whether nothing changed.
+func (b *Batch) Empty() bool {
+	return len(b.Hosts) == 0 && len(b.Secrets) == 0 && len(b.Members) == 0 && !b.Roots && len(b.Reviews) == 0 && len(b.Kinds) == 0
 }
 
 // merge adds o's changes to b.
-func (b *batch) merge(o *batch) {
-	b.hosts = union(b.hosts, o.hosts)
-	b.secrets = union(b.secrets, o.secrets)
-	b.members = union(b.members, o.members)
-	b.reviews = union(b.reviews, o.reviews)
-	b.kinds = union(b.kinds, o.kinds)
-	b.roots = b.roots || o.roots
+func (b *Batch) merge(o *Batch) {
+	b.Hosts = union(b.Hosts, o.Hosts)
+	b.Secrets = union(b.Secrets, o.Secrets)
+	b.Members = union(b.Members, o.Members)
+	b.Reviews = union(b.Reviews, o.Reviews)
+	b.Kinds = union(b.Kinds, o.Kinds)
+	b.Roots = b.Roots || o.Roots
 	b.reports += o.reports
-	if b.since.IsZero() || !o.since.IsZero() && o.since.Before(b.since) {
-		b.since = o.since
+	if b.Since.IsZero() || !o.Since.IsZero() && o.Since.Before(b.Since) {
+		b.Since = o.Since
 	}
 	if o.latest.After(b.latest) {
 		b.latest = o.latest
@@ -126,47 +137,47 @@ func add[K comparable](m *map[K]struct{}, k K) {
 
 // HostnamesChanged reports services whose federated view changed.
 func (c *Changes) HostnamesChanged(hostnames []string) {
-	c.report(func(b *batch) {
+	c.report(func(b *Batch) {
 		for _, h := range hostnames {
-			add(&b.hosts, h)
+			add(&b.Hosts, h)
 		}
 	})
 }
 
 // SecretChanged reports that one Secret of a member changed (or went).
 func (c *Changes) SecretChanged(cluster string, key clusters.ServiceKey) {
-	c.report(func(b *batch) { add(&b.secrets, secretRef{cluster, key}) })
+	c.report(func(b *Batch) { add(&b.Secrets, SecretRef{cluster, key}) })
 }
 
 // SecretsSynced reports that a member's Secret cache (re)synced, or that
 // the member switched to a new client (kubeconfig rotation): any of its
 // Secrets may have changed.
 func (c *Changes) SecretsSynced(cluster string) {
-	c.report(func(b *batch) { add(&b.members, cluster) })
+	c.report(func(b *Batch) { add(&b.Members, cluster) })
 }
 
 // ConfigChanged reports that the Istio objects of a kind distributed from
 // the home cluster changed (distribute.Options.OnChange).
 func (c *Changes) ConfigChanged(kind string) {
-	c.report(func(b *batch) { add(&b.kinds, kind) })
+	c.report(func(b *Batch) { add(&b.Kinds, kind) })
 }
 
 // RootsChanged reports that a trust domain's roots changed.
-func (c *Changes) RootsChanged() { c.report(func(b *batch) { b.roots = true }) }
+func (c *Changes) RootsChanged() { c.report(func(b *Batch) { b.Roots = true }) }
 
-// reviewDecided reports that an access review's decision changed.
-func (c *Changes) reviewDecided(k reviewKey) {
-	c.report(func(b *batch) { add(&b.reviews, k) })
+// ReviewDecided reports that an access review's decision changed.
+func (c *Changes) ReviewDecided(k ReviewKey) {
+	c.report(func(b *Batch) { add(&b.Reviews, k) })
 }
 
 // report records a change, stamped with the time of the call (for the
 // Index: when a member's change reached it), and wakes the consumer.
-func (c *Changes) report(change func(*batch)) {
+func (c *Changes) report(change func(*Batch)) {
 	now := time.Now()
 	c.mu.Lock()
 	change(&c.incoming)
-	if c.incoming.since.IsZero() {
-		c.incoming.since = now
+	if c.incoming.Since.IsZero() {
+		c.incoming.Since = now
 	}
 	c.incoming.latest = now
 	c.incoming.reports++
@@ -177,11 +188,11 @@ func (c *Changes) report(change func(*batch)) {
 	}
 }
 
-func (c *Changes) take() batch {
+func (c *Changes) take() Batch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.incoming
-	c.incoming = batch{}
+	c.incoming = Batch{}
 	return b
 }
 
@@ -190,7 +201,7 @@ func (c *Changes) take() batch {
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push
 // the feed waits until the fleet answered most of what it was handed
-// (deliveries); the time that took is the push's cost, the quiet period.
+// (Deliveries); the time that took is the push's cost, the quiet period.
 //
 // The first change after a calm period goes at once (leading edge), so a
 // quiet mesh and one-off writes are never held back. Calm means nothing
@@ -214,7 +225,7 @@ func (c *Changes) take() batch {
 // leading edge: congestion collapse), while a writer that waits for each
 // write to arrive is never mistaken for churn.
 //
-// A push of churn reaches its streams in waves (pace): the fleet is busy
+// A push of churn reaches its streams in waves (Pace): the fleet is busy
 // about a third of the time while it is handed out, for at most `max`
 // beyond what its delivery costs. Changes made meanwhile are taken when
 // it is handed out.
@@ -222,16 +233,16 @@ func (c *Changes) take() batch {
 // A batch never waits longer than `max` from its first change, delivered
 // or not; a push not delivered within `max` stops being waited for, and
 // pacing starts over.
-func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) time.Duration, fleet *deliveries) {
+func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) time.Duration, fleet *Deliveries) {
 	var (
-		pending    batch
+		pending    Batch
 		churn      bool      // pending holds changes that piled up (see above)
 		first      time.Time // when run took the oldest pending change
 		lastChange time.Time // when the newest change taken so far was reported
 		quiet      = c.after // the last push's cost, within [after, max]
 		spacing    = c.after // the least time between two pushes' starts
 		delivering <-chan struct{}
-		pushedAt   time.Time // when the last push started, plus the time it left the fleet idle (pace)
+		pushedAt   time.Time // when the last push started, plus the time it left the fleet idle (Pace)
 		idleSince  time.Time // when the last push was delivered (or given up on)
 		timer      = time.NewTimer(time.Hour)
 	)
@@ -248,8 +259,8 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 	// rested is how long the fleet must have been idle before a push that
 	// is not forced by max: `after`, and half the last push's cost.
 	rested := func() time.Duration { return max(c.after, quiet/2) }
-	flush := func(t pushTrigger) {
-		if pending.empty() {
+	flush := func(t PushTrigger) {
+		if pending.Empty() {
 			return
 		}
 		c.pushes[t].Add(1)
@@ -259,8 +270,8 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 			spacing = c.after
 		}
 		b := pending
-		b.churn = churn
-		pending, churn = batch{}, false
+		b.Churn = churn
+		pending, churn = Batch{}, false
 		timer.Stop()
 		var m mark
 		if fleet != nil {
@@ -312,7 +323,7 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 		return d
 	}
 	schedule := func(now time.Time) {
-		if !pending.empty() {
+		if !pending.Empty() {
 			timer.Reset(max(due().Sub(now), 0))
 		}
 	}
@@ -328,7 +339,7 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 			return
 		case <-c.signal:
 			in := c.take()
-			if in.empty() {
+			if in.Empty() {
 				continue
 			}
 			now := time.Now()
@@ -336,17 +347,17 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 			// Judged by when changes were reported, not when they were
 			// taken, so that changes made during a long push are not
 			// mistaken for the first after a calm period.
-			if !pending.empty() || delivering != nil || in.reports > 1 || in.since.Sub(lastChange) < c.after {
+			if !pending.Empty() || delivering != nil || in.reports > 1 || in.Since.Sub(lastChange) < c.after {
 				churn = true
 			}
-			calm := !churn && in.since.Sub(idleSince) >= rested() && now.Sub(pushedAt) >= spacing
+			calm := !churn && in.Since.Sub(idleSince) >= rested() && now.Sub(pushedAt) >= spacing
 			lastChange = in.latest
-			if pending.empty() {
+			if pending.Empty() {
 				first = now
 			}
 			pending.merge(&in)
 			if calm {
-				flush(leadingEdge)
+				flush(LeadingEdge)
 				continue
 			}
 			schedule(now)
@@ -361,14 +372,18 @@ func (c *Changes) run(ctx context.Context, push func(context.Context, *batch) ti
 				schedule(now)
 				continue
 			}
-			t := quietAfter
+			t := QuietAfter
 			if !now.Before(first.Add(c.max)) {
-				t = maxWait
+				t = MaxWait
 			}
 			flush(t)
 		}
 	}
 }
+
+// Limit is the longest a change waits for its push (--debounce-max); a
+// push of churn hands out its waves within it too (Pace).
+func (c *Changes) Limit() time.Duration { return c.max }
 
 // Quiet returns the quiet period batches currently wait for: the time the
 // last push took to be delivered, within the feed's bounds (see run).

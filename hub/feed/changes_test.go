@@ -1,4 +1,4 @@
-package hub
+package feed
 
 import (
 	"context"
@@ -15,15 +15,15 @@ type debouncer struct{ *Changes }
 func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
 
 // unpaced is a push that leaves the fleet no idle time.
-func unpaced(push func(context.Context, *batch)) func(context.Context, *batch) time.Duration {
-	return func(ctx context.Context, b *batch) time.Duration { push(ctx, b); return 0 }
+func unpaced(push func(context.Context, *Batch)) func(context.Context, *Batch) time.Duration {
+	return func(ctx context.Context, b *Batch) time.Duration { push(ctx, b); return 0 }
 }
 
 // startChanges runs c's consumer until the test ends.
-func startChanges(t *testing.T, c *Changes, push func(context.Context, *batch)) {
+func startChanges(t *testing.T, c *Changes, push func(context.Context, *Batch)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { c.run(ctx, unpaced(push), nil); close(done) }()
+	go func() { c.Run(ctx, unpaced(push), nil); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -31,9 +31,9 @@ func startDebouncer(t *testing.T, after, max time.Duration) (debouncer, chan []s
 	t.Helper()
 	pushes := make(chan []string, 16)
 	d := debouncer{NewChanges(after, max)}
-	startChanges(t, d.Changes, func(_ context.Context, b *batch) {
+	startChanges(t, d.Changes, func(_ context.Context, b *Batch) {
 		var hosts []string
-		for k := range b.hosts {
+		for k := range b.Hosts {
 			hosts = append(hosts, k)
 		}
 		sort.Strings(hosts)
@@ -105,7 +105,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 	}
 	pushes := make(chan pushed, 16)
 	d := debouncer{NewChanges(200*time.Millisecond, time.Hour)}
-	startChanges(t, d.Changes, func(_ context.Context, b *batch) { pushes <- pushed{len(b.hosts), b.since} })
+	startChanges(t, d.Changes, func(_ context.Context, b *Batch) { pushes <- pushed{len(b.Hosts), b.Since} })
 	next := func() pushed {
 		t.Helper()
 		select {
@@ -146,9 +146,9 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	release := make(chan struct{})
 	pushes := make(chan []string, 16)
 	slow := true
-	startChanges(t, c, func(_ context.Context, b *batch) {
+	startChanges(t, c, func(_ context.Context, b *Batch) {
 		var hosts []string
-		for k := range b.hosts {
+		for k := range b.Hosts {
 			hosts = append(hosts, k)
 		}
 		sort.Strings(hosts)
@@ -167,7 +167,7 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	close(release)
 	for taken := false; !taken; { // the consumer takes b
 		c.mu.Lock()
-		taken = c.incoming.empty()
+		taken = c.incoming.Empty()
 		c.mu.Unlock()
 		if !taken {
 			time.Sleep(time.Millisecond)
@@ -181,20 +181,20 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 
 // startPaced runs c's consumer paced by fleet; every push hands `handed`
 // responses to the fleet and reports its hostnames and when it ran.
-func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pacedPush {
+func startPaced(t *testing.T, c *Changes, fleet *Deliveries, handed int) chan pacedPush {
 	pushes := make(chan pacedPush, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.run(ctx, unpaced(func(_ context.Context, b *batch) {
+		c.Run(ctx, unpaced(func(_ context.Context, b *Batch) {
 			var hosts []string
-			for k := range b.hosts {
+			for k := range b.Hosts {
 				hosts = append(hosts, k)
 			}
 			sort.Strings(hosts)
 			for range handed {
-				fleet.hand()
+				fleet.Hand()
 			}
 			pushes <- pacedPush{hosts, time.Now()}
 		}), fleet)
@@ -205,8 +205,8 @@ func startPaced(t *testing.T, c *Changes, fleet *deliveries, handed int) chan pa
 
 // startPacedChanges runs a paced feed whose pushes hand out 100 responses
 // each (more than the allowance of 16).
-func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *deliveries, chan pacedPush) {
-	c, fleet := NewChanges(after, max), &deliveries{}
+func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *Deliveries, chan pacedPush) {
+	c, fleet := NewChanges(after, max), &Deliveries{}
 	return c, fleet, startPaced(t, c, fleet, 100)
 }
 
@@ -245,14 +245,14 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 		t.Fatalf("pushed %v while the last push was undelivered", p.hosts)
 	case <-time.After(200 * time.Millisecond):
 	}
-	fleet.answer(80) // 80%: still undelivered
+	fleet.Answer(80) // 80%: still undelivered
 	select {
 	case p := <-pushes:
 		t.Fatalf("pushed %v with 80 of 100 responses answered", p.hosts)
 	case <-time.After(50 * time.Millisecond):
 	}
 	answered := time.Now()
-	fleet.answer(4) // all but 16: delivered
+	fleet.Answer(4) // all but 16: delivered
 	second := nextPaced(t, pushes)
 	if len(second.hosts) != 2 || second.hosts[0] != "b" || second.hosts[1] != "c" {
 		t.Fatalf("push after delivery = %v; want [b c] coalesced", second.hosts)
@@ -269,7 +269,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 	added := time.Now()
 	d.add([]string{"e"})
 	waitTaken(c)
-	fleet.answer(84)
+	fleet.Answer(84)
 	third := nextPaced(t, pushes)
 	if len(third.hosts) != 2 || third.hosts[0] != "d" || third.hosts[1] != "e" {
 		t.Fatalf("push after the second delivery = %v; want [d e] coalesced", third.hosts)
@@ -283,7 +283,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 func waitTaken(c *Changes) {
 	for {
 		c.mu.Lock()
-		taken := c.incoming.empty()
+		taken := c.incoming.Empty()
 		c.mu.Unlock()
 		if taken {
 			return
@@ -295,24 +295,24 @@ func waitTaken(c *Changes) {
 // A push its fleet never answers is waited for at most `max`: then batches
 // go by the plain debounce again.
 func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
-	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
-	c, _, pushes := startPacedChanges(t, after, maxWait)
+	const after, MaxWait = 5 * time.Millisecond, 2 * time.Second
+	c, _, pushes := startPacedChanges(t, after, MaxWait)
 	d := debouncer{c}
 
 	d.add([]string{"a"})
 	first := nextPaced(t, pushes)
 	d.add([]string{"b"}) // waits for the push: at most maxWait from its first change
 	second := nextPaced(t, pushes)
-	if waited := second.at.Sub(first.at); waited < maxWait {
-		t.Fatalf("push of %v went %v after an undelivered push; want it held up to %v", second.hosts, waited, maxWait)
+	if waited := second.at.Sub(first.at); waited < MaxWait {
+		t.Fatalf("push of %v went %v after an undelivered push; want it held up to %v", second.hosts, waited, MaxWait)
 	}
 	// Neither push is ever answered: once maxWait passed since the last,
 	// the next change is a leading edge with the plain quiet period.
-	time.Sleep(maxWait + 100*time.Millisecond)
+	time.Sleep(MaxWait + 100*time.Millisecond)
 	d.add([]string{"c"})
 	added := time.Now()
 	third := nextPaced(t, pushes)
-	if waited := third.at.Sub(added); waited > maxWait/2 {
+	if waited := third.at.Sub(added); waited > MaxWait/2 {
 		t.Fatalf("push of %v waited %v after a push given up on; want it at once", third.hosts, waited)
 	}
 	if q := c.Quiet(); q != after {
@@ -323,13 +323,13 @@ func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 // A push that hands nothing out is delivered when it returns; so is one
 // to a small fleet, or one already answered.
 func TestDeliveriesSmallOrAnswered(t *testing.T) {
-	fleet := &deliveries{}
+	fleet := &Deliveries{}
 	m := fleet.mark()
 	if ch := fleet.await(m); ch != nil {
 		t.Fatal("await with nothing handed returned a channel; want nil")
 	}
 	for range 16 {
-		fleet.hand()
+		fleet.Hand()
 	}
 	select {
 	case <-fleet.await(m):
@@ -338,9 +338,9 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 	}
 	m = fleet.mark()
 	for range 1000 {
-		fleet.hand()
+		fleet.Hand()
 	}
-	fleet.answer(900) // answered before the push returned
+	fleet.Answer(900) // answered before the push returned
 	select {
 	case <-fleet.await(m):
 	default:
@@ -351,24 +351,24 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 // A change made late in an undelivered push's wait goes when the push is
 // given up on, `max` after it, not `max` after the change.
 func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
-	const after, maxWait = 5 * time.Millisecond, 2 * time.Second
-	c, _, pushes := startPacedChanges(t, after, maxWait)
+	const after, MaxWait = 5 * time.Millisecond, 2 * time.Second
+	c, _, pushes := startPacedChanges(t, after, MaxWait)
 	d := debouncer{c}
 
 	d.add([]string{"a"})
 	first := nextPaced(t, pushes)
-	time.Sleep(maxWait * 7 / 10)
+	time.Sleep(MaxWait * 7 / 10)
 	d.add([]string{"b"}) // never answered push: b waits until it is given up on
 	second := nextPaced(t, pushes)
-	if waited := second.at.Sub(first.at); waited < maxWait || waited >= maxWait*3/2 {
-		t.Fatalf("push of %v went %v after the undelivered push; want when it is given up on, %v after it (not %v after b)", second.hosts, waited, maxWait, maxWait)
+	if waited := second.at.Sub(first.at); waited < MaxWait || waited >= MaxWait*3/2 {
+		t.Fatalf("push of %v went %v after the undelivered push; want when it is given up on, %v after it (not %v after b)", second.hosts, waited, MaxWait, MaxWait)
 	}
 }
 
 // startCostlyPaced runs a paced feed whose fleet takes cost to answer each
 // push (100 responses); delivered receives once per push after its answers.
 func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, chan pacedPush, chan struct{}) {
-	c, fleet := NewChanges(after, max), &deliveries{}
+	c, fleet := NewChanges(after, max), &Deliveries{}
 	delivered := make(chan struct{}, 64)
 	pushes := make(chan pacedPush, 64)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -376,15 +376,15 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 	var answers sync.WaitGroup
 	go func() {
 		defer close(done)
-		c.run(ctx, unpaced(func(_ context.Context, b *batch) {
+		c.Run(ctx, unpaced(func(_ context.Context, b *Batch) {
 			for range 100 {
-				fleet.hand()
+				fleet.Hand()
 			}
 			pushes <- pacedPush{at: time.Now()}
 			answers.Add(1)
 			time.AfterFunc(cost, func() {
 				defer answers.Done()
-				fleet.answer(100)
+				fleet.Answer(100)
 				delivered <- struct{}{}
 			})
 		}), fleet)
@@ -417,12 +417,12 @@ func TestDebounceBacksOffUnderChurn(t *testing.T) {
 	// spacing doubles from the cost (150 ms) to max (1 s), about 8.
 	n := len(pushes)
 	if n > 14 {
-		t.Fatalf("%d pushes (%d leading edge, %d quiet, %d max wait) for %d changes in 4s of churn; want the feed to back off (at most 14)", n, d.Pushes(leadingEdge), d.Pushes(quietAfter), d.Pushes(maxWait), changes)
+		t.Fatalf("%d pushes (%d leading edge, %d quiet, %d max wait) for %d changes in 4s of churn; want the feed to back off (at most 14)", n, d.Pushes(LeadingEdge), d.Pushes(QuietAfter), d.Pushes(MaxWait), changes)
 	}
-	if got := d.Pushes(leadingEdge); got > 3 {
+	if got := d.Pushes(LeadingEdge); got > 3 {
 		t.Fatalf("%d of %d pushes took the leading edge under churn; want at most 3", got, n)
 	}
-	t.Logf("%d changes, %d pushes (%d leading edge, %d quiet, %d max wait)", changes, n, d.Pushes(leadingEdge), d.Pushes(quietAfter), d.Pushes(maxWait))
+	t.Logf("%d changes, %d pushes (%d leading edge, %d quiet, %d max wait)", changes, n, d.Pushes(LeadingEdge), d.Pushes(QuietAfter), d.Pushes(MaxWait))
 }
 
 // A writer that waits for each write to reach the fleet and then writes
@@ -443,7 +443,7 @@ func TestDebounceWriterThatWaitsIsNoChurn(t *testing.T) {
 		}
 		time.Sleep(4 * after) // less than half the push cost: the fleet has not rested
 	}
-	if got := d.Pushes(maxWait); got != 0 {
+	if got := d.Pushes(MaxWait); got != 0 {
 		t.Fatalf("%d pushes waited for max; want none", got)
 	}
 }
@@ -467,16 +467,16 @@ func TestDebounceOneOffWritesKeepTheLeadingEdge(t *testing.T) {
 		case <-delivered:
 		}
 	}
-	if d.Pushes(quietAfter)+d.Pushes(maxWait) == 0 {
+	if d.Pushes(QuietAfter)+d.Pushes(MaxWait) == 0 {
 		t.Fatal("the churn made no push besides leading edges; want it to have backed off")
 	}
-	lead := d.Pushes(leadingEdge)
+	lead := d.Pushes(LeadingEdge)
 	for i := range 5 {
 		added := time.Now()
 		d.add([]string{fmt.Sprint("write-", i)})
 		p := nextPaced(t, pushes)
 		<-delivered
-		if got := d.Pushes(leadingEdge); got != lead+int64(i)+1 {
+		if got := d.Pushes(LeadingEdge); got != lead+int64(i)+1 {
 			t.Fatalf("write %d went %v after it was made, not as a leading edge (%d leading edges, want %d)", i, p.at.Sub(added), got, lead+int64(i)+1)
 		}
 		time.Sleep(3 * cost)

@@ -1,4 +1,4 @@
-package hub
+package feed
 
 import (
 	"maps"
@@ -13,8 +13,8 @@ func TestIndexReportsOnlyRealChanges(t *testing.T) {
 	feed := NewChanges(0, 0)
 	var changes [][]string
 	reported := func() { // what the index reported since the last call
-		if b := feed.take(); len(b.hosts) > 0 {
-			changes = append(changes, slices.Sorted(maps.Keys(b.hosts)))
+		if b := feed.take(); len(b.Hosts) > 0 {
+			changes = append(changes, slices.Sorted(maps.Keys(b.Hosts)))
 		}
 	}
 	x := NewIndex("cluster.local", feed)
