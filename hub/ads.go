@@ -417,7 +417,7 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 	}
 	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed))}
 	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.name, res.version
+		c.names[i], c.vals[i] = res.Name, res.Version
 	}
 	if s.holds == nil && len(s.returned) > 0 {
 		// What a whole-state response left (an SDS wildcard before these
@@ -555,7 +555,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 func (s *deltaSubscription) took(r *deltaResponse) {
 	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed)), removed: r.removed}
 	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.name, res.version
+		c.names[i], c.vals[i] = res.Name, res.Version
 	}
 	s.holds = s.versions.apply(s.holds, c)
 }

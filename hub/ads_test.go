@@ -24,6 +24,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -204,7 +205,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 				// One that carries what changed: held in a shared holding.
 				r := &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{}, incremental: true}
 				for _, n := range slices.Sorted(maps.Keys(sent)) {
-					r.changed = append(r.changed, &resource{name: n, version: sent[n]})
+					r.changed = append(r.changed, &xdsgen.Resource{Name: n, Version: sent[n]})
 				}
 				ours.took(r)
 				held := maps.Clone(theirs.ReturnedResources())
@@ -320,7 +321,7 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 					_, held := theirs.ReturnedResources()[n]
 					switch {
 					case sub || theirs.IsWildcard():
-						r.changed = append(r.changed, &resource{name: n, version: fmt.Sprint(step)})
+						r.changed = append(r.changed, &xdsgen.Resource{Name: n, Version: fmt.Sprint(step)})
 					case held:
 						r.removed = append(r.removed, n)
 					}
@@ -328,7 +329,7 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 				ours.took(r)
 				next := maps.Clone(theirs.ReturnedResources())
 				for _, c := range r.changed {
-					next[c.name] = c.version
+					next[c.Name] = c.Version
 				}
 				for _, n := range r.removed {
 					delete(next, n)
@@ -489,7 +490,7 @@ func TestADSOrderWithinAPush(t *testing.T) {
 	const streams, rounds = 6, 8
 	var routes []string
 	for i := range rounds {
-		routes = append(routes, listenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
+		routes = append(routes, xdsgen.ListenerName(fmt.Sprintf("c%d.demo.svc.cluster.local", i), 7070))
 	}
 	order := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
 	names := map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
@@ -546,7 +547,7 @@ func TestForgetUnread(t *testing.T) {
 	if !maps.Equal(got, want) {
 		t.Errorf("metadata kept %v; want %v", got, want)
 	}
-	if !proxyless(n) || n.GetId() == "" || n.GetCluster() != "a.demo" {
+	if !xdsgen.Proxyless(n) || n.GetId() == "" || n.GetCluster() != "a.demo" {
 		t.Errorf("what the hub reads changed: %v", n)
 	}
 }

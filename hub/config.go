@@ -4,6 +4,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -23,16 +24,16 @@ const configLabel = "MCP"
 // all returns every resource of a type, for wildcard subscriptions: Istio
 // config from the mcp generator (only the set version and the messages:
 // config types are served over SotW only), everything else from the
-// xDS generator.
-func (w *watcher) all(typeURL string, fl flavour) (wildcardSet, error) {
+// xDS generator (xdsgen).
+func (w *watcher) all(typeURL string, fl xdsgen.Flavour) (xdsgen.WildcardSet, error) {
 	if mcp.IsConfigType(typeURL) {
 		set, err := w.config.Set(typeURL)
 		if err != nil {
-			return wildcardSet{}, err
+			return xdsgen.WildcardSet{}, err
 		}
-		return wildcardSet{version: set.Version, anys: set.Resources}, nil
+		return xdsgen.WildcardSet{Version: set.Version, Anys: set.Resources}, nil
 	}
-	return w.gen.all(typeURL, fl)
+	return w.gen.All(typeURL, fl)
 }
 
 // checkDeltaConfig refuses Istio config over Delta: istiod asks for it

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -197,59 +198,32 @@ func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
-	before, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
-	if err != nil || len(before.res) != 2 {
-		t.Fatalf("clusters: %d, %v; want 2", len(before.res), err)
+	before, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	if err != nil || len(before.Resources) != 2 {
+		t.Fatalf("clusters: %d, %v; want 2", len(before.Resources), err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	after, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
-	if err != nil || &after.res[0] != &before.res[0] || after.version != before.version {
+	h.gen.Invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
+	after, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	if err != nil || &after.Resources[0] != &before.Resources[0] || after.Version != before.Version {
 		t.Fatalf("after an endpoint change the cluster set was rebuilt (%v)", err)
 	}
-	eds, err := h.gen.all(resourcev3.EndpointType, flavourPlain)
-	if err != nil || len(eds.res) != 2 {
-		t.Fatalf("endpoints: %d, %v; want 2", len(eds.res), err)
+	eds, err := h.gen.All(resourcev3.EndpointType, xdsgen.FlavourPlain)
+	if err != nil || len(eds.Resources) != 2 {
+		t.Fatalf("endpoints: %d, %v; want 2", len(eds.Resources), err)
 	}
 	svc := namedService("b", "10.0.1.2")
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, svc)
-	h.gen.invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	grown, err := h.gen.all(resourcev3.ClusterType, flavourPlain)
-	if err != nil || len(grown.res) != 3 || grown.version == before.version {
-		t.Fatalf("after a new port: %d clusters, version changed %v, %v; want 3 and a new version", len(grown.res), grown.version != before.version, err)
+	h.gen.Invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
+	grown, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	if err != nil || len(grown.Resources) != 3 || grown.Version == before.Version {
+		t.Fatalf("after a new port: %d clusters, version changed %v, %v; want 3 and a new version", len(grown.Resources), grown.Version != before.Version, err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
-	h.gen.invalidate(map[string]struct{}{"a.demo.svc.cluster.local": {}})
-	if shrunk, err := h.gen.all(resourcev3.ClusterType, flavourPlain); err != nil || len(shrunk.res) != 2 {
-		t.Fatalf("after a service went away: %d clusters, %v; want 2", len(shrunk.res), err)
-	}
-}
-
-func TestParseName(t *testing.T) {
-	for _, tc := range []struct {
-		typeURL, name, host string
-		port                int32
-		ok                  bool
-	}{
-		{resourcev3.EndpointType, "outbound|80||a.b.svc.cluster.local", "a.b.svc.cluster.local", 80, true},
-		{resourcev3.ClusterType, "outbound|65535||x", "x", 65535, true},
-		{resourcev3.ClusterType, "outbound|80|v1|x", "", 0, false},
-		{resourcev3.ClusterType, "outbound|80||x|y", "", 0, false},
-		{resourcev3.ClusterType, "outbound|80||", "", 0, false},
-		{resourcev3.ClusterType, "inbound|80||x", "", 0, false},
-		{resourcev3.ClusterType, "outbound|0||x", "", 0, false},
-		{resourcev3.ClusterType, "outbound|80|", "", 0, false},
-		{resourcev3.ClusterType, "outbound|", "", 0, false},
-		{resourcev3.ClusterType, "outbound|x||h", "", 0, false},
-		{resourcev3.ListenerType, "a.b.svc.cluster.local:80", "a.b.svc.cluster.local", 80, true},
-		{resourcev3.RouteType, ":80", "", 0, false},
-		{resourcev3.SecretType, "outbound|80||x", "", 0, false},
-	} {
-		host, port, ok := parseName(tc.typeURL, tc.name)
-		if host != tc.host || port != tc.port || ok != tc.ok {
-			t.Errorf("parseName(%s, %q) = %q, %d, %v; want %q, %d, %v", shortType(tc.typeURL), tc.name, host, port, ok, tc.host, tc.port, tc.ok)
-		}
+	h.gen.Invalidate(map[string]struct{}{"a.demo.svc.cluster.local": {}})
+	if shrunk, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain); err != nil || len(shrunk.Resources) != 2 {
+		t.Fatalf("after a service went away: %d clusters, %v; want 2", len(shrunk.Resources), err)
 	}
 }
 

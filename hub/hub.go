@@ -1,6 +1,9 @@
 // Package hub is the federation core: the federated index of every member's
-// services, the push debounce, xDS generation and the ADS gRPC server (its
-// own stream loops over go-control-plane's generated types).
+// services and the push debounce (hub/feed), the xDS resources generated
+// from it (hub/xdsgen), and the ADS gRPC server that serves them (its own
+// stream loops over go-control-plane's generated types), with Istio's CA
+// API (hub/ca) beside it on the mTLS listener; both know who is calling
+// from hub/authn.
 package hub
 
 import (
@@ -34,6 +37,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -99,9 +103,9 @@ type Options struct {
 	// Limits bounds what xDS clients may send (zero fields: defaults).
 	Limits Limits
 	// MTLSMode is the mesh-wide mTLS mode of proxyless gRPC workloads
-	// (see MTLSMode; "": DefaultMTLSMode). STRICT needs Roots: clients
-	// accept identities of its local trust domain.
-	MTLSMode MTLSMode
+	// (see xdsgen.MTLSMode; "": xdsgen.DefaultMTLSMode). STRICT needs
+	// Roots: clients accept identities of its local trust domain.
+	MTLSMode xdsgen.MTLSMode
 	// Settled reports whether membership has settled: the home cluster and
 	// every member synced, timed out, or served from its persisted view
 	// (clusters.Registry.Ready). Until it first has, new streams are
@@ -134,7 +138,7 @@ type Hub struct {
 	admit   *rate.Limiter // new streams
 	changes *feed.Changes
 	index   *feed.Index
-	gen     *generator
+	gen     *xdsgen.Generator
 	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
 	watcher *watcher
 	reviews *accessReviews // may be nil
@@ -182,8 +186,8 @@ func New(opts Options) (*Hub, error) {
 	if h.index == nil {
 		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
 	}
-	h.gen = newGenerator(h.index)
-	if err := h.gen.setMTLS(opts.MTLSMode, opts.Roots); err != nil {
+	h.gen = xdsgen.New(h.index)
+	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots); err != nil {
 		return nil, err
 	}
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
@@ -301,7 +305,7 @@ func (h *Hub) Services() []ServiceSummary {
 	var out []ServiceSummary
 	for _, host := range h.index.Hostnames() {
 		members := h.index.Service(host)
-		s := ServiceSummary{Hostname: host, Ports: federatedPorts(members), Endpoints: map[string]int{}}
+		s := ServiceSummary{Hostname: host, Ports: xdsgen.FederatedPorts(members), Endpoints: map[string]int{}}
 		for id, svc := range members {
 			s.Namespace, s.Name = svc.Namespace, svc.Name
 			s.Endpoints[id] = len(svc.Endpoints)
@@ -323,7 +327,7 @@ func (h *Hub) Run(ctx context.Context) {
 // and access decisions in b affect. It returns the time a push of churn
 // left the fleet idle between its waves (watcher.push).
 func (h *Hub) push(ctx context.Context, b *feed.Batch) time.Duration {
-	h.gen.invalidate(b.Hosts)
+	h.gen.Invalidate(b.Hosts)
 	h.config.Invalidate(b.Hosts)
 	return h.watcher.push(ctx, b)
 }

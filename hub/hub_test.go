@@ -177,7 +177,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	}
 	// New endpoints: the cluster list is the same, the endpoints are not.
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
-	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1) // as push does for the watches it takes
 	eds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}, {wt: eds}}); len(got) != 1 || got[0].wt != eds {
@@ -187,7 +187,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	svc := echoService("10.0.0.2")
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
-	h.gen.invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1)
 	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")

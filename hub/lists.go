@@ -6,6 +6,8 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // responseLists shares the resource list of SotW responses that carry the
@@ -25,7 +27,7 @@ type responseLists struct {
 // responseList is a shared list: the resources (sorted by name), their
 // Anys in that order, and the response version they make.
 type responseList struct {
-	res     []*resource
+	res     []*xdsgen.Resource
 	anys    []*anypb.Any
 	version string
 }
@@ -41,7 +43,7 @@ func newResponseLists() *responseLists {
 
 // list returns the shared list for res (sorted by name; not changed after
 // the call), making it when no recent response carried the same resources.
-func (l *responseLists) list(res []*resource) responseList {
+func (l *responseLists) list(res []*xdsgen.Resource) responseList {
 	if l == nil || len(res) < minSharedList {
 		return makeResponseList(res)
 	}
@@ -59,10 +61,10 @@ func (l *responseLists) list(res []*resource) responseList {
 	return e
 }
 
-func makeResponseList(res []*resource) responseList {
+func makeResponseList(res []*xdsgen.Resource) responseList {
 	anys := make([]*anypb.Any, len(res))
 	for i, r := range res {
-		anys[i] = r.any
+		anys[i] = r.Any
 	}
-	return responseList{res: res, anys: anys, version: responseVersion(res)}
+	return responseList{res: res, anys: anys, version: xdsgen.ResponseVersion(res)}
 }

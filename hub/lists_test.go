@@ -7,17 +7,19 @@ import (
 
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
-func testResources(t *testing.T, n int, tag string) []*resource {
+func testResources(t *testing.T, n int, tag string) []*xdsgen.Resource {
 	t.Helper()
-	out := make([]*resource, n)
+	out := make([]*xdsgen.Resource, n)
 	for i := range out {
 		a, err := anypb.New(wrapperspb.String(fmt.Sprintf("%s-%d", tag, i)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[i] = &resource{name: fmt.Sprintf("%s-%04d", tag, i), version: tag, any: a}
+		out[i] = &xdsgen.Resource{Name: fmt.Sprintf("%s-%04d", tag, i), Version: tag, Any: a}
 	}
 	return out
 }
@@ -28,19 +30,19 @@ func testResources(t *testing.T, n int, tag string) []*resource {
 func TestResponseListsShareEqualLists(t *testing.T) {
 	l := newResponseLists()
 	res := testResources(t, 100, "a")
-	first := l.list(append([]*resource(nil), res...))
-	second := l.list(append([]*resource(nil), res...))
+	first := l.list(append([]*xdsgen.Resource(nil), res...))
+	second := l.list(append([]*xdsgen.Resource(nil), res...))
 	if unsafe.SliceData(first.anys) != unsafe.SliceData(second.anys) || first.version != second.version {
 		t.Fatal("two responses with the same resources got lists of their own")
 	}
-	other := append([]*resource(nil), res...)
+	other := append([]*xdsgen.Resource(nil), res...)
 	other[60] = testResources(t, 1, "b")[0]
 	third := l.list(other)
-	if unsafe.SliceData(third.anys) == unsafe.SliceData(first.anys) || third.version == first.version || third.anys[60] != other[60].any {
+	if unsafe.SliceData(third.anys) == unsafe.SliceData(first.anys) || third.version == first.version || third.anys[60] != other[60].Any {
 		t.Fatal("a list differing in one resource was taken for the shared one")
 	}
 	for i, r := range res {
-		if first.anys[i] != r.any || first.res[i] != r {
+		if first.anys[i] != r.Any || first.res[i] != r {
 			t.Fatalf("resource %d of the shared list is not the one given", i)
 		}
 	}

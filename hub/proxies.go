@@ -27,6 +27,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/internal/clip"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -475,7 +476,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 			st.status.Namespace = node.GetMetadata().GetFields()["NAMESPACE"].GetStringValue()
 			st.status.ConfigSubscriber = node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "api"
 			st.status.IstioVersion = clip.String(node.GetMetadata().GetFields()["ISTIO_VERSION"].GetStringValue(), 64)
-			st.status.Proxyless = proxyless(node)
+			st.status.Proxyless = xdsgen.Proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		if p.identify != nil {

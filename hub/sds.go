@@ -18,6 +18,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/internal/clip"
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // SecretSource gives SDS the TLS material of a member's Secrets
@@ -100,8 +101,8 @@ func transient(err error) bool {
 // the proxy's own namespace and of the member its credential proves. Names
 // it may not have are left out (and logged once per stream and reason),
 // never an error for the stream.
-func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
-	var out []*resource
+func (w *watcher) secretResources(wt *watch) ([]*xdsgen.Resource, error) {
+	var out []*xdsgen.Resource
 	var reviews map[feed.ReviewKey]struct{}
 	id := w.identityOf(wt)
 	wt.awaiting = false
@@ -140,11 +141,11 @@ func (w *watcher) secretResources(wt *watch) ([]*resource, error) {
 		}
 		if err != nil {
 			if v, ok := wt.returned[name]; ok && transient(err) {
-				out = append(out, &resource{name: name, version: v, kept: true})
+				out = append(out, &xdsgen.Resource{Name: name, Version: v, Kept: true})
 			}
 			continue
 		}
-		r, err := marshalResource(name, resourcev3.SecretType, msg)
+		r, err := xdsgen.Marshal(name, resourcev3.SecretType, msg)
 		if err != nil {
 			return nil, err
 		}

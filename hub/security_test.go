@@ -587,27 +587,6 @@ func TestWithheldSecretIsLoggedOncePerStream(t *testing.T) {
 	}
 }
 
-func TestGeneratorStampsStayBounded(t *testing.T) {
-	g := newGenerator(feed.NewIndex("cluster.local", nil))
-	for i := range maxGens + 100 {
-		g.invalidate(map[string]struct{}{fmt.Sprintf("h%d.ns.svc.cluster.local", i): {}})
-	}
-	if n := len(g.gens); n > maxGens {
-		t.Fatalf("%d invalidation stamps kept; want at most %d", n, maxGens)
-	}
-	// A build that read a stamp before an invalidation is not cached, even
-	// when the stamps were cleared in between.
-	host := "late.ns.svc.cluster.local"
-	before := g.genOf(host)
-	g.invalidate(map[string]struct{}{host: {}})
-	for i := range maxGens {
-		g.invalidate(map[string]struct{}{fmt.Sprintf("x%d", i): {}})
-	}
-	if g.genOf(host) == before {
-		t.Fatal("a pruned hostname's stamp equals one read before its invalidation")
-	}
-}
-
 func TestStreamsPerConnectionAreBounded(t *testing.T) {
 	s := startSecureHub(t, Options{Limits: Limits{MaxStreamsPerConnection: 1}})
 	conn, err := grpc.NewClient(s.plain, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -112,7 +113,7 @@ func newNameIndex(typeURL string, names map[string]struct{}) *nameIndex {
 	byHost := make([]named, 0, len(names))
 	var other []string
 	for name := range names {
-		if host, _, ok := parseName(typeURL, name); ok {
+		if host, _, ok := xdsgen.ParseName(typeURL, name); ok {
 			byHost = append(byHost, named{host, name})
 		} else {
 			other = append(other, name)
@@ -215,7 +216,7 @@ func (s *subscriber) has(name string) bool {
 		_, ok := s.names[name]
 		return ok
 	}
-	if host, _, ok := parseName(s.typeURL, name); ok {
+	if host, _, ok := xdsgen.ParseName(s.typeURL, name); ok {
 		return slices.Contains(s.namesOf(host), name)
 	}
 	return slices.Contains(s.idx.list[s.idx.hosted:], name)

@@ -2,8 +2,6 @@ package hub
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"log/slog"
 	"maps"
 	"slices"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -38,7 +37,7 @@ import (
 // state only for LDS, CDS and wildcard subscriptions, and clients keep the
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
-	gen     *generator
+	gen     *xdsgen.Generator
 	config  *mcp.Generator   // Istio config for member istiods
 	secrets SecretSource     // may be nil: no SDS
 	roots   authn.RootSource // may be nil: no SDS
@@ -97,8 +96,8 @@ type watcher struct {
 type watch struct {
 	typeURL string
 	nodeID  string
-	// flavour is the shape of what the stream's client gets (flavourOf).
-	flavour flavour
+	// flavour is the shape of what the stream's client gets (xdsgen.FlavourOf).
+	flavour xdsgen.Flavour
 	// ident is the stream's identity when the watch was created; rec, the
 	// stream's record (nil: not announced), has the current one, which
 	// SDS evaluations read (see watcher.identityOf).
@@ -143,7 +142,7 @@ func (wt *watch) incremental() bool {
 	return false
 }
 
-func newWatcher(gen *generator, workers int, log *slog.Logger) *watcher {
+func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
 	return &watcher{
 		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames, paceLimit: DefaultDebounceMax, lists: newResponseLists(),
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -181,7 +180,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 		return nil, err
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
@@ -218,7 +217,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
 	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: flavourOf(req.GetNode(), w.gen.mtls), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -460,17 +459,17 @@ func adsRank(typeURL string) int {
 // subscribed to every cluster, an endpoint change is not re-checked
 // against every proxy's full cluster list.
 func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
-	versions := map[wildcardSetKey]string{}
+	versions := map[xdsgen.WildcardSetKey]string{}
 	out := jobs[:0]
 	for _, j := range jobs {
 		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
-			key := wildcardSetKey{wt.typeURL, wt.flavour}
+			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, Flavour: wt.flavour}
 			v, ok := versions[key]
 			if !ok {
 				set, err := w.all(wt.typeURL, wt.flavour)
 				if err == nil {
-					v = set.version
+					v = set.Version
 				}
 				versions[key] = v
 			}
@@ -529,16 +528,16 @@ func (w *watcher) pushTo(j job) {
 
 // resources are what a watch subscribes to: per-proxy secrets for SDS,
 // shared generated resources for everything else.
-func (w *watcher) resources(wt *watch) ([]*resource, error) {
+func (w *watcher) resources(wt *watch) ([]*xdsgen.Resource, error) {
 	if wt.typeURL == resourcev3.SecretType {
 		return w.secretResources(wt)
 	}
 	if wt.wildcard {
 		set, err := w.all(wt.typeURL, wt.flavour)
-		wt.setVersion = set.version
-		return set.res, err
+		wt.setVersion = set.Version
+		return set.Resources, err
 	}
-	return w.gen.resources(wt.typeURL, wt.names, wt.flavour)
+	return w.gen.Resources(wt.typeURL, wt.names, wt.flavour)
 }
 
 // respondDelta builds a Delta response with the resources whose version
@@ -551,13 +550,13 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		return nil, err
 	}
 	exists := make(map[string]struct{}, len(res))
-	var changed []*resource
+	var changed []*xdsgen.Resource
 	var out []*discoveryv3.Resource
 	for _, r := range res {
-		exists[r.name] = struct{}{}
-		if !r.kept && wt.returned[r.name] != r.version {
+		exists[r.Name] = struct{}{}
+		if !r.Kept && wt.returned[r.Name] != r.Version {
 			changed = append(changed, r)
-			out = append(out, &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any})
+			out = append(out, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any})
 		}
 	}
 	var removed []string
@@ -574,7 +573,7 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: responseVersion(res),
+				SystemVersionInfo: xdsgen.ResponseVersion(res),
 				Resources:         out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
@@ -591,10 +590,10 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 // and the held ones that are gone, or nil. Its work is proportional to
 // what changed, not to the subscription.
 func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (*deltaResponse, error) {
-	var changed []*resource
+	var changed []*xdsgen.Resource
 	var removed []string
 	consider := func(name string) error {
-		r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
+		r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
 		if err != nil {
 			return err
 		}
@@ -604,7 +603,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 			if ok {
 				removed = append(removed, name)
 			}
-		case !r.kept && (!ok || held != r.version):
+		case !r.Kept && (!ok || held != r.Version):
 			changed = append(changed, r)
 		}
 		return nil
@@ -634,17 +633,17 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 	if len(changed) == 0 && len(removed) == 0 {
 		return nil, nil
 	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
 	sort.Strings(removed)
 	out := make([]*discoveryv3.Resource, len(changed))
 	for i, r := range changed {
-		out[i] = &discoveryv3.Resource{Name: r.name, Version: r.version, Resource: r.any}
+		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
 	}
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: responseVersion(changed),
+				SystemVersionInfo: xdsgen.ResponseVersion(changed),
 				Resources:         out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
@@ -660,7 +659,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 // stream's loop records (deltaSubscription.took) once it sent it.
 type deltaResponse struct {
 	*cachev3.DeltaPassthroughResponse
-	changed []*resource
+	changed []*xdsgen.Resource
 	removed []string
 }
 
@@ -716,7 +715,7 @@ func (r reply) send(wt *watch) { wt.out.put(r) }
 type sotwResponse struct {
 	*cachev3.PassthroughResponse
 	incremental bool
-	changed     []*resource
+	changed     []*xdsgen.Resource
 	sent        atomic.Bool
 	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
@@ -737,9 +736,9 @@ func (r *sotwResponse) markSent() {
 // a type on a stream (watch.first) is always answered, possibly with no
 // resources; for SDS once the access reviews its names need are decided.
 func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
-	var changed []*resource
-	consider := func(r *resource) {
-		if r != nil && !r.kept && wt.returned[r.name] != r.version {
+	var changed []*xdsgen.Resource
+	consider := func(r *xdsgen.Resource) {
+		if r != nil && !r.Kept && wt.returned[r.Name] != r.Version {
 			changed = append(changed, r)
 		}
 	}
@@ -762,7 +761,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	case full:
 		for _, name := range wt.sub.list {
-			r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
+			r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
 			if err != nil {
 				return nil, err
 			}
@@ -771,7 +770,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	default:
 		for host := range dirty {
 			for _, name := range wt.sub.namesOf(host) {
-				r, err := w.gen.resource(wt.typeURL, name, wt.flavour)
+				r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
 				if err != nil {
 					return nil, err
 				}
@@ -782,7 +781,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	if len(changed) == 0 && !wt.first {
 		return nil, nil
 	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].name < changed[j].name })
+	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
 	list := w.lists.list(changed)
 	return &sotwResponse{
 		PassthroughResponse: &cachev3.PassthroughResponse{
@@ -810,21 +809,21 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	}
 	returned := make(map[string]string, len(res))
 	for _, r := range res {
-		returned[r.name] = r.version
+		returned[r.Name] = r.Version
 	}
 	if !wt.first && maps.Equal(returned, wt.returned) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, 0, len(res))
 	for _, r := range res {
-		if !r.kept {
-			anys = append(anys, r.any)
+		if !r.Kept {
+			anys = append(anys, r.Any)
 		}
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: responseVersion(res),
+			VersionInfo: xdsgen.ResponseVersion(res),
 			Resources:   anys,
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
@@ -845,34 +844,17 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	wt.setVersion = set.version
-	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.version {
+	wt.setVersion = set.Version
+	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.Version {
 		return nil, nil
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: set.version,
-			Resources:   set.anys, // shared: the server and the tracker only read it
+			VersionInfo: set.Version,
+			Resources:   set.Anys, // shared: the server and the tracker only read it
 			TypeUrl:     wt.typeURL,
 		},
-		ReturnedResources: map[string]string{wildcardKey: set.version},
+		ReturnedResources: map[string]string{wildcardKey: set.Version},
 	}, typeSent: wt.sent}, nil
-}
-
-// responseVersion identifies a set of resources by their names and versions.
-func responseVersion(res []*resource) string {
-	if len(res) == 0 {
-		return "empty"
-	}
-	h := sha256.New()
-	sorted := append([]*resource(nil), res...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].name < sorted[j].name })
-	for _, r := range sorted {
-		h.Write([]byte(r.name))
-		h.Write([]byte{0})
-		h.Write([]byte(r.version))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
 }

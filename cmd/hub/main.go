@@ -28,6 +28,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/ca"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -118,7 +119,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
 	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", ca.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
-	fs.StringVar(&c.mtlsMode, "mtls-mode", string(hub.DefaultMTLSMode), "mesh-wide mTLS of proxyless gRPC workloads (xDS credentials), as Istio's modes apply to them: STRICT (clusters carry an UpstreamTlsContext, inbound listeners require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port)")
+	fs.StringVar(&c.mtlsMode, "mtls-mode", string(xdsgen.DefaultMTLSMode), "mesh-wide mTLS of proxyless gRPC workloads (xDS credentials), as Istio's modes apply to them: STRICT (clusters carry an UpstreamTlsContext, inbound listeners require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port)")
 	c.hardening.register(fs)
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
@@ -147,7 +148,7 @@ func (c *config) validate() error {
 	if c.federatedDomain == c.domainSuffix {
 		return fmt.Errorf("--federated-domain must differ from --domain-suffix (%q): federated hosts would collide with each member's own Services", c.domainSuffix)
 	}
-	if _, err := hub.ParseMTLSMode(c.mtlsMode); err != nil {
+	if _, err := xdsgen.ParseMTLSMode(c.mtlsMode); err != nil {
 		return fmt.Errorf("--mtls-mode: %w", err)
 	}
 	if c.accessReviewTimeout <= 0 {
@@ -258,7 +259,7 @@ func command(cmd string, cfg *config) (fs *flag.FlagSet, run func(context.Contex
 		for name, def := range map[string]string{
 			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
 			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
-			"mtls-mode": string(hub.MTLSStrict),
+			"mtls-mode": string(xdsgen.MTLSStrict),
 		} {
 			f := fs.Lookup(name)
 			_ = f.Value.Set(def)

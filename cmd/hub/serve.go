@@ -24,6 +24,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/leader"
 	"github.com/hubmesh/hub/trust"
 	"github.com/hubmesh/hub/web"
@@ -157,7 +158,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		},
 		NewStreamsPerSecond: cfg.newStreamsPerSecond,
 		DrainGrace:          cfg.shutdownGrace,
-		MTLSMode:            hub.MTLSMode(cfg.mtlsMode),
+		MTLSMode:            xdsgen.MTLSMode(cfg.mtlsMode),
 		Metrics:             metrics,
 		Log:                 log,
 	})

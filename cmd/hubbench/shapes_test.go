@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The messages below have the shape of the hub's (hub/generate.go).
+// The messages below have the shape of the hub's (hub/xdsgen/generate.go).
 
 func marshal(t *testing.T, m proto.Message) []byte {
 	t.Helper()

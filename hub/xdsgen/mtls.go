@@ -1,4 +1,4 @@
-package hub
+package xdsgen
 
 import (
 	"errors"
@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/authn"
 )
 
 // MTLSMode is the mesh-wide mutual-TLS mode of proxyless gRPC workloads,
@@ -55,35 +54,35 @@ func ParseMTLSMode(s string) (MTLSMode, error) {
 	return "", fmt.Errorf("mTLS mode %q: must be STRICT, PERMISSIVE or DISABLE", s)
 }
 
-// flavour is the shape of the generated resources a client gets where
+// Flavour is the shape of the generated resources a client gets where
 // client kinds differ; resources of every flavour are marshalled once and
 // shared by the streams of that flavour.
-type flavour uint8
+type Flavour uint8
 
 const (
-	// flavourPlain is what Envoy sidecars (which get their TLS from SDS),
+	// FlavourPlain is what Envoy sidecars (which get their TLS from SDS),
 	// istiod and every other client get, and proxyless gRPC clients when
 	// no mTLS is asked for.
-	flavourPlain flavour = iota
-	// flavourGRPCMTLS is a proxyless gRPC client under STRICT: its
+	FlavourPlain Flavour = iota
+	// FlavourGRPCMTLS is a proxyless gRPC client under STRICT: its
 	// Clusters carry an UpstreamTlsContext built on certificate provider
 	// instances (grpc-go has no SDS).
-	flavourGRPCMTLS
+	FlavourGRPCMTLS
 )
 
-// flavourOf is the flavour of a client: a proxyless gRPC client (node
+// FlavourOf is the flavour of a client: a proxyless gRPC client (node
 // metadata GENERATOR=grpc, which Istio's agent writes into the gRPC
 // bootstrap, or a gRPC library's user agent, e.g. "gRPC Go") under
-// STRICT gets flavourGRPCMTLS, every other client flavourPlain.
-func flavourOf(node *corev3.Node, mode MTLSMode) flavour {
-	if mode != MTLSStrict || !proxyless(node) {
-		return flavourPlain
+// STRICT gets FlavourGRPCMTLS, every other client FlavourPlain.
+func FlavourOf(node *corev3.Node, mode MTLSMode) Flavour {
+	if mode != MTLSStrict || !Proxyless(node) {
+		return FlavourPlain
 	}
-	return flavourGRPCMTLS
+	return FlavourGRPCMTLS
 }
 
-// proxyless reports whether a node is a proxyless gRPC client.
-func proxyless(node *corev3.Node) bool {
+// Proxyless reports whether a node is a proxyless gRPC client.
+func Proxyless(node *corev3.Node) bool {
 	if node.GetMetadata().GetFields()["GENERATOR"].GetStringValue() == "grpc" {
 		return true
 	}
@@ -253,8 +252,17 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 	}
 }
 
-// setMTLS sets the generator's mTLS mode, before it serves anything.
-func (g *generator) setMTLS(mode MTLSMode, roots authn.RootSource) error {
+// TrustDomainSource tells the Generator our trust domain, whose
+// identities proxyless gRPC clients accept under STRICT (the hub's
+// authn.RootSource is one).
+type TrustDomainSource interface {
+	// LocalTrustDomain is our trust domain's name.
+	LocalTrustDomain() string
+}
+
+// SetMTLS sets the Generator's mTLS mode, before it serves anything; roots
+// (nil: none) gives our trust domain, which STRICT needs.
+func (g *Generator) SetMTLS(mode MTLSMode, roots TrustDomainSource) error {
 	mode, err := ParseMTLSMode(string(mode))
 	if err != nil {
 		return err
@@ -268,3 +276,7 @@ func (g *generator) setMTLS(mode MTLSMode, roots authn.RootSource) error {
 	}
 	return nil
 }
+
+// MTLS is the Generator's mTLS mode, which decides the flavour of each
+// client (see FlavourOf).
+func (g *Generator) MTLS() MTLSMode { return g.mtls }

@@ -1,4 +1,12 @@
-package hub
+// Package xdsgen builds the hub's Envoy resources from the federated
+// Index (hub/feed): Clusters, endpoint assignments, Listeners and Routes
+// of every federated service port, in the flavour each kind of client gets
+// (proxyless gRPC clients under mTLS STRICT get Clusters with an
+// UpstreamTlsContext), and the inbound Listeners of proxyless gRPC
+// servers. Its one job is building them and caching them, marshalled once
+// and shared, until their hostnames change. It knows nothing of streams:
+// the hub's watcher asks it for resources by type, name and flavour.
+package xdsgen
 
 import (
 	"crypto/sha256"
@@ -34,47 +42,47 @@ import (
 // "cluster" field is the member cluster ID (DESIGN.md §3.4: hub.cluster).
 const MetadataNamespace = "hub"
 
-// resource is one generated, marshalled xDS resource. It is immutable and
+// Resource is one generated, marshalled xDS resource. It is immutable and
 // shared by every stream that receives it (marshal once, send many).
-type resource struct {
-	name    string
-	version string
-	any     *anypb.Any
-	// kept marks a resource the hub could not build right now for a
+type Resource struct {
+	Name    string
+	Version string
+	Any     *anypb.Any
+	// Kept marks a resource the hub could not build right now for a
 	// transient reason: the stream keeps the version it has (nothing is
 	// sent, nothing is removed) until the hub can build it again.
-	kept bool
+	Kept bool
 }
 
-// generatedHostnames bounds the generator's cache: the resources of this
+// generatedHostnames bounds the Generator's cache: the resources of this
 // many most recently used hostnames stay marshalled.
 const generatedHostnames = 20000
 
-// generator builds CDS/EDS/LDS/RDS resources from the Index and memoises
+// Generator builds CDS/EDS/LDS/RDS resources from the Index and memoises
 // them per hostname, in an LRU, until that hostname changes. Versions are
 // content hashes, so a resource rebuilt after eviction is not resent.
-type generator struct {
+type Generator struct {
 	index *feed.Index
 	// mtls is the mesh-wide mTLS mode of proxyless gRPC workloads and
 	// trustDomain ours, whose identities their clients accept (see
-	// flavourOf, peerSANs); both are fixed for the generator's life.
+	// FlavourOf, peerSANs); both are fixed for the Generator's life.
 	mtls        MTLSMode
 	trustDomain string
 
 	mu    sync.Mutex
-	cache *simplelru.LRU[string, map[resourceKey]*resource] // hostname → resource (only existing ones)
+	cache *simplelru.LRU[string, map[resourceKey]*Resource] // hostname → resource (only existing ones)
 	// wildcard memoises every resource of a type (what wildcard
 	// subscriptions get) with its set version. A change marks the
 	// hostnames it touched in each set; the next ask checks only those
 	// hostnames' resources and keeps the set when they are as it has them
 	// (an endpoint change leaves every Cluster as it is). allGen counts
 	// invalidations so a set built or checked before one is not stored.
-	wildcard map[wildcardSetKey]wildcardSet
+	wildcard map[WildcardSetKey]WildcardSet
 	allGen   uint64
 	// inbound memoises proxyless gRPC servers' inbound listeners by name
 	// (they depend on the name and the mode only); cleared when it holds
 	// maxInbound, since the names are the clients' words.
-	inbound map[string]*resource
+	inbound map[string]*Resource
 	// gens stamps each hostname's last invalidation (from the counter
 	// stamp), so that a resource built from the index before an
 	// invalidation is never stored after it. Hostnames come and go: when
@@ -86,43 +94,45 @@ type generator struct {
 	genFloor uint64
 }
 
-// wildcardSetKey names a wildcard set: a type in one flavour.
-type wildcardSetKey struct {
-	typeURL string
-	fl      flavour
+// WildcardSetKey names a wildcard set: a type in one flavour.
+type WildcardSetKey struct {
+	TypeURL string
+	Flavour Flavour
 }
 
-// maxInbound bounds the generator's memo of inbound listeners.
+// maxInbound bounds the Generator's memo of inbound listeners.
 const maxInbound = 4096
 
-// maxGens bounds the generator's per-hostname invalidation stamps.
+// maxGens bounds the Generator's per-hostname invalidation stamps.
 const maxGens = 2 * generatedHostnames
 
 // genOf is a hostname's invalidation stamp, with g.mu held.
-func (g *generator) genOf(host string) uint64 {
+func (g *Generator) genOf(host string) uint64 {
 	if gen, ok := g.gens[host]; ok {
 		return gen
 	}
 	return g.genFloor
 }
 
-func newGenerator(index *feed.Index) *generator {
-	cache, err := simplelru.NewLRU[string, map[resourceKey]*resource](generatedHostnames, nil)
+// New returns a Generator of the resources of index's services, in
+// DefaultMTLSMode until SetMTLS.
+func New(index *feed.Index) *Generator {
+	cache, err := simplelru.NewLRU[string, map[resourceKey]*Resource](generatedHostnames, nil)
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	return &generator{index: index, mtls: DefaultMTLSMode, cache: cache, gens: map[string]uint64{}, wildcard: map[wildcardSetKey]wildcardSet{}, inbound: map[string]*resource{}}
+	return &Generator{index: index, mtls: DefaultMTLSMode, cache: cache, gens: map[string]uint64{}, wildcard: map[WildcardSetKey]WildcardSet{}, inbound: map[string]*Resource{}}
 }
 
-// wildcardSet is every resource of one type, sorted by name, and the
-// version that identifies the set (see responseVersion). Shared: read only.
-type wildcardSet struct {
-	res     []*resource
-	anys    []*anypb.Any // res's messages, the body of every SotW response for the set
-	version string
-	hosts   map[string][]*resource // hostname → its resources in res, sorted by name
+// WildcardSet is every resource of one type, sorted by name, and the
+// version that identifies the set (see ResponseVersion). Shared: read only.
+type WildcardSet struct {
+	Resources []*Resource
+	Anys      []*anypb.Any // Resources' messages, the body of every SotW response for the set
+	Version   string
+	hosts     map[string][]*Resource // hostname → its resources in Resources, sorted by name
 	// changed are the hostnames invalidated since the set was built or
-	// last checked (guarded by generator.mu; nil: the set is current).
+	// last checked (guarded by Generator.mu; nil: the set is current).
 	changed map[string]struct{}
 }
 
@@ -130,11 +140,11 @@ type wildcardSet struct {
 // before it is rebuilt instead.
 const maxWildcardChanges = 256
 
-// all returns every resource of a type in a flavour, built or checked
+// All returns every resource of a type in a flavour, built or checked
 // once per change of the index however many wildcard watches ask.
-func (g *generator) all(typeURL string, fl flavour) (wildcardSet, error) {
+func (g *Generator) All(typeURL string, fl Flavour) (WildcardSet, error) {
 	fl = g.flavourFor(typeURL, fl)
-	key := wildcardSetKey{typeURL, fl}
+	key := WildcardSetKey{typeURL, fl}
 	g.mu.Lock()
 	set, ok := g.wildcard[key]
 	changed := set.changed
@@ -147,7 +157,7 @@ func (g *generator) all(typeURL string, fl flavour) (wildcardSet, error) {
 	if ok {
 		same, err := g.sameHosts(typeURL, fl, set, changed)
 		if err != nil {
-			return wildcardSet{}, err
+			return WildcardSet{}, err
 		}
 		if same {
 			set.changed = nil
@@ -159,14 +169,14 @@ func (g *generator) all(typeURL string, fl flavour) (wildcardSet, error) {
 			return set, nil
 		}
 	}
-	res, err := g.resources(typeURL, g.allNames(typeURL), fl)
+	res, err := g.Resources(typeURL, g.allNames(typeURL), fl)
 	if err != nil {
-		return wildcardSet{}, err
+		return WildcardSet{}, err
 	}
-	set = wildcardSet{res: res, anys: make([]*anypb.Any, len(res)), version: responseVersion(res), hosts: make(map[string][]*resource, len(res))}
+	set = WildcardSet{Resources: res, Anys: make([]*anypb.Any, len(res)), Version: ResponseVersion(res), hosts: make(map[string][]*Resource, len(res))}
 	for i, r := range res {
-		set.anys[i] = r.any
-		if host, _, ok := parseName(typeURL, r.name); ok {
+		set.Anys[i] = r.Any
+		if host, _, ok := ParseName(typeURL, r.Name); ok {
 			set.hosts[host] = append(set.hosts[host], r)
 		}
 	}
@@ -180,9 +190,9 @@ func (g *generator) all(typeURL string, fl flavour) (wildcardSet, error) {
 
 // sameHosts reports whether the resources of typeURL of these hostnames
 // are exactly the ones set has of them.
-func (g *generator) sameHosts(typeURL string, fl flavour, set wildcardSet, hosts map[string]struct{}) (bool, error) {
+func (g *Generator) sameHosts(typeURL string, fl Flavour, set WildcardSet, hosts map[string]struct{}) (bool, error) {
 	for host := range hosts {
-		res, err := g.resources(typeURL, hostNames(typeURL, host, g.index.Service(host)), fl)
+		res, err := g.Resources(typeURL, hostNames(typeURL, host, g.index.Service(host)), fl)
 		if err != nil {
 			return false, err
 		}
@@ -191,7 +201,7 @@ func (g *generator) sameHosts(typeURL string, fl flavour, set wildcardSet, hosts
 			return false, nil
 		}
 		for i, r := range res {
-			if r.name != old[i].name || r.version != old[i].version {
+			if r.Name != old[i].Name || r.Version != old[i].Version {
 				return false, nil
 			}
 		}
@@ -199,8 +209,8 @@ func (g *generator) sameHosts(typeURL string, fl flavour, set wildcardSet, hosts
 	return true, nil
 }
 
-// invalidate forgets what was generated for these hostnames.
-func (g *generator) invalidate(hostnames map[string]struct{}) {
+// Invalidate forgets what was generated for these hostnames.
+func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.gens)+len(hostnames) > maxGens {
@@ -233,12 +243,12 @@ func (g *generator) invalidate(hostnames map[string]struct{}) {
 	}
 }
 
-// resources returns the named resources of one type in a flavour that
+// Resources returns the named resources of one type in a flavour that
 // exist, sorted by name.
-func (g *generator) resources(typeURL string, names []string, fl flavour) ([]*resource, error) {
-	out := make([]*resource, 0, len(names))
+func (g *Generator) Resources(typeURL string, names []string, fl Flavour) ([]*Resource, error) {
+	out := make([]*Resource, 0, len(names))
 	for _, name := range names {
-		r, err := g.resource(typeURL, name, fl)
+		r, err := g.Resource(typeURL, name, fl)
 		if err != nil {
 			return nil, err
 		}
@@ -246,12 +256,12 @@ func (g *generator) resources(typeURL string, names []string, fl flavour) ([]*re
 			out = append(out, r)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
 // allNames lists every resource name of a type, for wildcard subscriptions.
-func (g *generator) allNames(typeURL string) []string {
+func (g *Generator) allNames(typeURL string) []string {
 	var names []string
 	for _, host := range g.index.Hostnames() {
 		names = append(names, hostNames(typeURL, host, g.index.Service(host))...)
@@ -262,12 +272,12 @@ func (g *generator) allNames(typeURL string) []string {
 // hostNames lists the resource names of a type that a service has.
 func hostNames(typeURL, host string, members map[string]*clusters.Service) []string {
 	var names []string
-	for _, port := range federatedPorts(members) {
+	for _, port := range FederatedPorts(members) {
 		switch typeURL {
 		case resourcev3.ClusterType, resourcev3.EndpointType:
 			names = append(names, clusterName(host, port.Port))
 		case resourcev3.ListenerType, resourcev3.RouteType:
-			names = append(names, listenerName(host, port.Port))
+			names = append(names, ListenerName(host, port.Port))
 		}
 	}
 	return names
@@ -275,20 +285,20 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 
 // flavourFor is the flavour whose resources of typeURL a client of fl
 // gets: only Clusters differ between flavours, every other type is shared.
-func (g *generator) flavourFor(typeURL string, fl flavour) flavour {
+func (g *Generator) flavourFor(typeURL string, fl Flavour) Flavour {
 	if typeURL != resourcev3.ClusterType {
-		return flavourPlain
+		return FlavourPlain
 	}
 	return fl
 }
 
-// resource returns the named resource of one type in a flavour, or nil
+// Resource returns the named resource of one type in a flavour, or nil
 // when it does not exist.
-func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error) {
+func (g *Generator) Resource(typeURL, name string, fl Flavour) (*Resource, error) {
 	if typeURL == resourcev3.ListenerType && strings.HasPrefix(name, InboundListenerPrefix) {
 		return g.inboundListener(name)
 	}
-	host, port, ok := parseName(typeURL, name)
+	host, port, ok := ParseName(typeURL, name)
 	if !ok {
 		return nil, nil
 	}
@@ -306,11 +316,11 @@ func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error
 
 	members := g.index.Service(host)
 	var msg proto.Message
-	if sp, ok := findPort(federatedPorts(members), port); ok {
+	if sp, ok := findPort(FederatedPorts(members), port); ok {
 		switch typeURL {
 		case resourcev3.ClusterType:
 			c := buildCluster(name, sp)
-			if fl == flavourGRPCMTLS {
+			if fl == FlavourGRPCMTLS {
 				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members))
 			}
 			msg = c
@@ -322,10 +332,10 @@ func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error
 			msg = buildRoute(name, host, port)
 		}
 	}
-	var r *resource
+	var r *Resource
 	if msg != nil {
 		var err error
-		if r, err = marshalResource(name, typeURL, msg); err != nil {
+		if r, err = Marshal(name, typeURL, msg); err != nil {
 			return nil, err
 		}
 	}
@@ -336,7 +346,7 @@ func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error
 	if g.genOf(host) == gen { // else the index changed while we built: do not cache
 		byName, ok := g.cache.Get(host)
 		if !ok {
-			byName = map[resourceKey]*resource{}
+			byName = map[resourceKey]*Resource{}
 			g.cache.Add(host, byName)
 		}
 		byName[key] = r
@@ -348,12 +358,12 @@ func (g *generator) resource(typeURL, name string, fl flavour) (*resource, error
 // resourceKey names a generated resource within its hostname's cache entry.
 type resourceKey struct {
 	typeURL, name string
-	fl            flavour
+	fl            Flavour
 }
 
 // inboundListener returns a proxyless gRPC server's inbound listener, or
 // nil when the name is not one (see parseInboundName).
-func (g *generator) inboundListener(name string) (*resource, error) {
+func (g *Generator) inboundListener(name string) (*Resource, error) {
 	addr, ok := parseInboundName(name)
 	if !ok {
 		return nil, nil
@@ -364,7 +374,7 @@ func (g *generator) inboundListener(name string) (*resource, error) {
 	if r != nil {
 		return r, nil
 	}
-	r, err := marshalResource(name, resourcev3.ListenerType, buildInboundListener(name, addr, g.mtls))
+	r, err := Marshal(name, resourcev3.ListenerType, buildInboundListener(name, addr, g.mtls))
 	if err != nil {
 		return nil, err
 	}
@@ -386,13 +396,15 @@ func serviceNamespace(members map[string]*clusters.Service) string {
 	return ""
 }
 
-func marshalResource(name, typeURL string, msg proto.Message) (*resource, error) {
+// Marshal makes msg, of typeURL, the resource of that name: its bytes
+// deterministic, its version their content hash.
+func Marshal(name, typeURL string, msg proto.Message) (*Resource, error) {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 	if err != nil {
 		return nil, fmt.Errorf("marshalling %s %s: %w", typeURL, name, err)
 	}
 	sum := sha256.Sum256(b)
-	return &resource{name: name, version: hex.EncodeToString(sum[:8]), any: &anypb.Any{TypeUrl: typeURL, Value: b}}, nil
+	return &Resource{Name: name, Version: hex.EncodeToString(sum[:8]), Any: &anypb.Any{TypeUrl: typeURL, Value: b}}, nil
 }
 
 // clusterName is the CDS/EDS name of a service port: outbound|<port>||<hostname>.
@@ -400,13 +412,30 @@ func clusterName(host string, port int32) string {
 	return "outbound|" + strconv.Itoa(int(port)) + "||" + host
 }
 
-// listenerName is the LDS/RDS name of a service port: <hostname>:<port>.
-func listenerName(host string, port int32) string {
+// ListenerName is the LDS/RDS name of a service port: <hostname>:<port>.
+func ListenerName(host string, port int32) string {
 	return host + ":" + strconv.Itoa(int(port))
 }
 
-// parseName maps a resource name of a type back to its hostname and port.
-func parseName(typeURL, name string) (string, int32, bool) {
+// ResponseVersion identifies a set of resources by their names and versions.
+func ResponseVersion(res []*Resource) string {
+	if len(res) == 0 {
+		return "empty"
+	}
+	h := sha256.New()
+	sorted := append([]*Resource(nil), res...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	for _, r := range sorted {
+		h.Write([]byte(r.Name))
+		h.Write([]byte{0})
+		h.Write([]byte(r.Version))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// ParseName maps a resource name of a type back to its hostname and port.
+func ParseName(typeURL, name string) (string, int32, bool) {
 	var host, portStr string
 	switch typeURL {
 	case resourcev3.ClusterType, resourcev3.EndpointType:
@@ -440,9 +469,9 @@ func parseName(typeURL, name string) (string, int32, bool) {
 	return host, int32(port), true
 }
 
-// federatedPorts is the union of the TCP ports of every member's view of a
+// FederatedPorts is the union of the TCP ports of every member's view of a
 // service, by port number; on disagreement the alphabetically first member wins.
-func federatedPorts(members map[string]*clusters.Service) []clusters.ServicePort {
+func FederatedPorts(members map[string]*clusters.Service) []clusters.ServicePort {
 	ids := make([]string, 0, len(members))
 	for id := range members {
 		ids = append(ids, id)
@@ -602,7 +631,7 @@ func buildRoute(name, host string, port int32) *routev3.RouteConfiguration {
 		Name: name,
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    name,
-			Domains: []string{host, listenerName(host, port)},
+			Domains: []string{host, ListenerName(host, port)},
 			Routes: []*routev3.Route{{
 				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &routev3.Route_Route{Route: &routev3.RouteAction{

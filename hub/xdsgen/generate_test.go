@@ -1,6 +1,7 @@
-package hub
+package xdsgen
 
 import (
+	"fmt"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -40,7 +41,7 @@ func testIndex() *feed.Index {
 type validator interface{ ValidateAll() error }
 
 func TestGeneratedResourcesAreValid(t *testing.T) {
-	g := newGenerator(testIndex())
+	g := New(testIndex())
 	types := map[string]func() proto.Message{
 		resourcev3.ClusterType:  func() proto.Message { return &clusterv3.Cluster{} },
 		resourcev3.EndpointType: func() proto.Message { return &endpointv3.ClusterLoadAssignment{} },
@@ -48,18 +49,18 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 		resourcev3.RouteType:    func() proto.Message { return &routev3.RouteConfiguration{} },
 	}
 	for typeURL, newMsg := range types {
-		res, err := g.resources(typeURL, g.allNames(typeURL), flavourPlain)
+		res, err := g.Resources(typeURL, g.allNames(typeURL), FlavourPlain)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var names []string
 		for _, r := range res {
-			names = append(names, r.name)
+			names = append(names, r.Name)
 			msg := newMsg()
-			if err := r.any.UnmarshalTo(msg); err != nil {
-				t.Fatalf("%s %s: %v", typeURL, r.name, err)
+			if err := r.Any.UnmarshalTo(msg); err != nil {
+				t.Fatalf("%s %s: %v", typeURL, r.Name, err)
 			}
-			validateDeep(t, typeURL+" "+r.name, msg) // packed messages too (HCM, filters)
+			validateDeep(t, typeURL+" "+r.Name, msg) // packed messages too (HCM, filters)
 		}
 		want := []string{"outbound|7070||echo.demo.svc.cluster.local", "outbound|80||web.demo.svc.cluster.local"}
 		if typeURL == resourcev3.ListenerType || typeURL == resourcev3.RouteType {
@@ -72,13 +73,13 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 }
 
 func TestLoadAssignmentLocalities(t *testing.T) {
-	g := newGenerator(testIndex())
-	res, err := g.resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, flavourPlain)
+	g := New(testIndex())
+	res, err := g.Resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, FlavourPlain)
 	if err != nil || len(res) != 1 {
 		t.Fatalf("resources = %v, %v", res, err)
 	}
 	var cla endpointv3.ClusterLoadAssignment
-	if err := res[0].any.UnmarshalTo(&cla); err != nil {
+	if err := res[0].Any.UnmarshalTo(&cla); err != nil {
 		t.Fatal(err)
 	}
 	type loc struct {
@@ -107,15 +108,15 @@ func TestLoadAssignmentLocalities(t *testing.T) {
 }
 
 func TestListenerAndRouteForProxylessGRPC(t *testing.T) {
-	g := newGenerator(testIndex())
+	g := New(testIndex())
 	name := "echo.demo.svc.cluster.local:7070"
-	lres, _ := g.resources(resourcev3.ListenerType, []string{name}, flavourPlain)
-	rres, _ := g.resources(resourcev3.RouteType, []string{name}, flavourPlain)
+	lres, _ := g.Resources(resourcev3.ListenerType, []string{name}, FlavourPlain)
+	rres, _ := g.Resources(resourcev3.RouteType, []string{name}, FlavourPlain)
 	if len(lres) != 1 || len(rres) != 1 {
 		t.Fatalf("listener %v route %v", lres, rres)
 	}
 	var l listenerv3.Listener
-	_ = lres[0].any.UnmarshalTo(&l)
+	_ = lres[0].Any.UnmarshalTo(&l)
 	var hcm hcmv3.HttpConnectionManager
 	if err := l.GetApiListener().GetApiListener().UnmarshalTo(&hcm); err != nil {
 		t.Fatalf("api_listener is not an HCM: %v", err)
@@ -127,7 +128,7 @@ func TestListenerAndRouteForProxylessGRPC(t *testing.T) {
 		t.Errorf("router filter must be last: %v", f)
 	}
 	var rc routev3.RouteConfiguration
-	_ = rres[0].any.UnmarshalTo(&rc)
+	_ = rres[0].Any.UnmarshalTo(&rc)
 	vh := rc.VirtualHosts[0]
 	if len(vh.Domains) != 2 || vh.Domains[0] != "echo.demo.svc.cluster.local" || vh.Domains[1] != name {
 		t.Errorf("domains = %v", vh.Domains)
@@ -138,12 +139,12 @@ func TestListenerAndRouteForProxylessGRPC(t *testing.T) {
 }
 
 func TestUnknownNamesAreAbsent(t *testing.T) {
-	g := newGenerator(testIndex())
+	g := New(testIndex())
 	for typeURL, names := range map[string][]string{
 		resourcev3.ClusterType:  {"outbound|9999||echo.demo.svc.cluster.local", "inbound|7070||echo.demo.svc.cluster.local", "garbage", "outbound|x||h"},
 		resourcev3.ListenerType: {"echo.demo.svc.cluster.local", "nohost.demo.svc.cluster.local:80", ":80", "echo.demo.svc.cluster.local:99999"},
 	} {
-		res, err := g.resources(typeURL, names, flavourPlain)
+		res, err := g.Resources(typeURL, names, FlavourPlain)
 		if err != nil || len(res) != 0 {
 			t.Errorf("%s %v: got %v, %v; want nothing", typeURL, names, res, err)
 		}
@@ -152,10 +153,10 @@ func TestUnknownNamesAreAbsent(t *testing.T) {
 
 func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 	x := testIndex()
-	g := newGenerator(x)
+	g := New(x)
 	name := []string{"outbound|80||web.demo.svc.cluster.local"}
-	a, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
-	b, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
+	a, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
+	b, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
 	if a[0] != b[0] {
 		t.Errorf("same inputs generated twice; want the memoised resource")
 	}
@@ -163,9 +164,57 @@ func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 		Namespace: "demo", Name: "web", Ports: []clusters.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}},
 		Endpoints: []clusters.Endpoint{{Address: "10.9.9.9", Port: 80, ServicePort: 80}},
 	})
-	g.invalidate(map[string]struct{}{"web.demo.svc.cluster.local": {}})
-	c, _ := g.resources(resourcev3.EndpointType, name, flavourPlain)
-	if c[0].version == a[0].version {
+	g.Invalidate(map[string]struct{}{"web.demo.svc.cluster.local": {}})
+	c, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
+	if c[0].Version == a[0].Version {
 		t.Errorf("version unchanged after the endpoints changed")
+	}
+}
+
+func TestParseName(t *testing.T) {
+	for _, tc := range []struct {
+		typeURL, name, host string
+		port                int32
+		ok                  bool
+	}{
+		{resourcev3.EndpointType, "outbound|80||a.b.svc.cluster.local", "a.b.svc.cluster.local", 80, true},
+		{resourcev3.ClusterType, "outbound|65535||x", "x", 65535, true},
+		{resourcev3.ClusterType, "outbound|80|v1|x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80||x|y", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80||", "", 0, false},
+		{resourcev3.ClusterType, "inbound|80||x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|0||x", "", 0, false},
+		{resourcev3.ClusterType, "outbound|80|", "", 0, false},
+		{resourcev3.ClusterType, "outbound|", "", 0, false},
+		{resourcev3.ClusterType, "outbound|x||h", "", 0, false},
+		{resourcev3.ListenerType, "a.b.svc.cluster.local:80", "a.b.svc.cluster.local", 80, true},
+		{resourcev3.RouteType, ":80", "", 0, false},
+		{resourcev3.SecretType, "outbound|80||x", "", 0, false},
+	} {
+		host, port, ok := ParseName(tc.typeURL, tc.name)
+		if host != tc.host || port != tc.port || ok != tc.ok {
+			t.Errorf("ParseName(%s, %q) = %q, %d, %v; want %q, %d, %v", tc.typeURL, tc.name, host, port, ok, tc.host, tc.port, tc.ok)
+		}
+	}
+}
+
+func TestGeneratorStampsStayBounded(t *testing.T) {
+	g := New(feed.NewIndex("cluster.local", nil))
+	for i := range maxGens + 100 {
+		g.Invalidate(map[string]struct{}{fmt.Sprintf("h%d.ns.svc.cluster.local", i): {}})
+	}
+	if n := len(g.gens); n > maxGens {
+		t.Fatalf("%d invalidation stamps kept; want at most %d", n, maxGens)
+	}
+	// A build that read a stamp before an invalidation is not cached, even
+	// when the stamps were cleared in between.
+	host := "late.ns.svc.cluster.local"
+	before := g.genOf(host)
+	g.Invalidate(map[string]struct{}{host: {}})
+	for i := range maxGens {
+		g.Invalidate(map[string]struct{}{fmt.Sprintf("x%d", i): {}})
+	}
+	if g.genOf(host) == before {
+		t.Fatal("a pruned hostname's stamp equals one read before its invalidation")
 	}
 }
