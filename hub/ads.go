@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -27,8 +26,9 @@ import (
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
 // and of the per-type discovery services, each running one stream's loop.
-// A loop takes the stream's requests in order, has the tracker check and
-// record them (proxyTracker), hands each one to the watcher as a watch
+// A loop holds its stream's conn (one object per stream), takes the
+// stream's requests in order, has the tracker check and record them
+// (proxyTracker), hands each one with the conn to the watcher as a watch
 // (watcher.CreateWatch, CreateDeltaWatch) and sends what the watcher
 // answers, one response at a time, from the stream's own goroutine.
 //
@@ -100,36 +100,6 @@ func (a *adsServer) DeltaRoutes(st deltaStream) error { return a.serveDelta(st, 
 
 var errNoType = status.Error(codes.InvalidArgument, "type URL is required for ADS")
 
-// outbox is where a stream's watches put their responses for the stream's
-// loop to send. put never blocks: a watch answers at most once, and a
-// stream has at most one watch per type.
-type outbox struct {
-	mu    sync.Mutex
-	queue []reply
-	wake  chan struct{} // one slot: something was put
-}
-
-func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
-
-func (o *outbox) put(r reply) {
-	o.mu.Lock()
-	o.queue = append(o.queue, r)
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
-
-// take returns what was put since the last take, oldest first.
-func (o *outbox) take() []reply {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	q := o.queue
-	o.queue = nil
-	return q
-}
-
 // receive reads a stream's requests on a goroutine of its own (gRPC's
 // RecvMsg blocks) and hands them over one at a time; the channel closes
 // when the stream ends or the loop is gone.
@@ -152,16 +122,12 @@ func receive[R any](st interface{ Recv() (*R, error) }, stop <-chan struct{}) <-
 	return reqs
 }
 
-// sotwConn is one SotW stream's state, owned by its loop.
+// sotwConn is a SotW stream's conn with its loop's per-type state.
 type sotwConn struct {
-	a      *adsServer
-	st     sotwStream
-	id     int64
-	node   *corev3.Node // the first node the stream sent (an empty one until then)
-	named  bool         // node is the client's
-	nonce  int64
-	types  map[string]*sotwType
-	outbox *outbox
+	*conn
+	a     *adsServer
+	st    sotwStream
+	types map[string]*sotwType
 }
 
 // sotwType is a SotW stream's state for one type.
@@ -176,8 +142,8 @@ type sotwType struct {
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
-	c := &sotwConn{a: a, st: st, id: a.sotwID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*sotwType{}, outbox: newOutbox()}
-	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+	c := &sotwConn{conn: newConn(a.sotwID(a.count.Add(1))), a: a, st: st, types: map[string]*sotwType{}}
+	return serveStream(a, st, defaultType, c.conn, c)
 }
 
 // streamConn is a stream's state as its loop (serveStream) drives it.
@@ -193,15 +159,16 @@ type streamConn[R any] interface {
 func serveStream[R any](a *adsServer, st interface {
 	Context() context.Context
 	Recv() (*R, error)
-}, id int64, defaultType string, out *outbox, c streamConn[R]) error {
+}, defaultType string, sc *conn, c streamConn[R]) error {
 	defer c.close()
 	ctx := st.Context()
 	if err := a.admit(ctx); err != nil {
 		return err
 	}
-	if err := a.tracker.onStreamOpen(ctx, id, defaultType); err != nil {
+	if err := a.tracker.onStreamOpen(ctx, sc, defaultType); err != nil {
 		return err
 	}
+	out := sc.out
 	stop := make(chan struct{})
 	defer close(stop)
 	reqs := receive(st, stop)
@@ -235,8 +202,8 @@ func serveStream[R any](a *adsServer, st interface {
 // nonce is stale, it replaces its type's watch.
 func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string) error {
 	// The xDS protocol: a node sent again on a stream is the same node;
-	// the stream's first one stands for it (the tracker and the watcher
-	// know the stream by that pointer).
+	// the stream's first one stands for it (the tracker checks and
+	// records a node once, on first sight).
 	if req.Node != nil && !c.named {
 		c.node, c.named = req.Node, true
 	} else {
@@ -250,7 +217,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	}
 	t := c.types[req.TypeUrl]
 	repeated := t != nil && sameSlice(req.ResourceNames, t.seen)
-	if err := c.a.tracker.onStreamRequest(c.id, req, repeated); err != nil {
+	if err := c.a.tracker.onStreamRequest(c.conn, req, repeated); err != nil {
 		return err
 	}
 	forgetUnread(c.node)
@@ -269,14 +236,14 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	}
 	t.seen, t.req = req.ResourceNames, req
 	var err error
-	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.outbox)
+	t.cancel, err = c.a.watcher.CreateWatch(req, &t.sub, c.conn)
 	return err
 }
 
 // sendQueued sends what the watches answered; a response whose watch a
 // newer request replaced is dropped (the new watch answers for it).
 func (c *sotwConn) sendQueued() error {
-	for _, r := range c.outbox.take() {
+	for _, r := range c.out.take() {
 		resp := r.sotw
 		t := c.types[resp.Request.GetTypeUrl()]
 		if t == nil || resp.Request != t.req {
@@ -287,7 +254,7 @@ func (c *sotwConn) sendQueued() error {
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		t.sub.took(resp)
 		t.nonce = out.Nonce
-		c.a.tracker.onStreamResponse(c.id, out)
+		c.a.tracker.onStreamResponse(c.conn, out)
 		if err := c.st.Send(out); err != nil {
 			return err
 		}
@@ -302,7 +269,8 @@ func (c *sotwConn) close() {
 		}
 		t.sub.release()
 	}
-	c.a.tracker.onStreamClosed(c.id)
+	c.a.watcher.closeStream(&c.rec)
+	c.a.tracker.onStreamClosed(c.conn)
 }
 
 // forgetUnread drops what the hub never reads of a node once the node was
@@ -456,15 +424,12 @@ func (s *sotwSubscription) SubscribedResources() map[string]struct{} {
 	return m
 }
 
-// deltaConn is one Delta stream's state, owned by its loop.
+// deltaConn is a Delta stream's conn with its loop's per-type state.
 type deltaConn struct {
-	a      *adsServer
-	st     deltaStream
-	id     int64
-	node   *corev3.Node
-	nonce  int64
-	types  map[string]*deltaType
-	outbox *outbox
+	*conn
+	a     *adsServer
+	st    deltaStream
+	types map[string]*deltaType
 }
 
 // deltaType is a Delta stream's state for one type.
@@ -576,8 +541,8 @@ func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
-	c := &deltaConn{a: a, st: st, id: a.deltaID(a.count.Add(1)), node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
-	return serveStream(a, st, c.id, defaultType, c.outbox, c)
+	c := &deltaConn{conn: newConn(a.deltaID(a.count.Add(1))), a: a, st: st, types: map[string]*deltaType{}}
+	return serveStream(a, st, defaultType, c.conn, c)
 }
 
 // handle takes one request: the tracker checks and records it, and it
@@ -590,7 +555,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	} else {
 		req.Node = c.node
 	}
-	if err := c.a.tracker.onDeltaRequest(c.id, req); err != nil {
+	if err := c.a.tracker.onDeltaRequest(c.conn, req); err != nil {
 		return err
 	}
 	forgetUnread(c.node)
@@ -618,18 +583,18 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.outbox)
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.conn)
 	return err
 }
 
 func (c *deltaConn) sendQueued() error {
-	queued := c.outbox.take()
+	queued := c.out.take()
 	for i, r := range queued {
 		resp := r.delta
 		out := resp.DeltaDiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
-		c.a.tracker.onDeltaResponse(c.id, out)
+		c.a.tracker.onDeltaResponse(c.conn, out)
 		if err := c.st.Send(out); err != nil {
 			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
@@ -651,6 +616,7 @@ func (c *deltaConn) close() {
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).
-	c.a.fleet.Answer(len(c.outbox.take()))
-	c.a.tracker.onStreamClosed(c.id)
+	c.a.fleet.Answer(len(c.out.take()))
+	c.a.watcher.closeStream(&c.rec)
+	c.a.tracker.onStreamClosed(c.conn)
 }

@@ -446,9 +446,9 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	}
 	twoServices(h)
 	st := &deltaSends{}
-	c := &deltaConn{a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
-		st: st, id: 1, node: &corev3.Node{}, types: map[string]*deltaType{}, outbox: newOutbox()}
-	if err := h.proxies.onStreamOpen(context.Background(), c.id, resourcev3.AnyType); err != nil {
+	c := &deltaConn{conn: newConn(1), a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
+		st: st, types: map[string]*deltaType{}}
+	if err := h.proxies.onStreamOpen(context.Background(), c.conn, resourcev3.AnyType); err != nil {
 		t.Fatal(err)
 	}
 	defer c.close()
@@ -465,12 +465,12 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	first := st.sent[0]
 	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // parked
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
-	h.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, Since: time.Now()}) // answers it: queued
-	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})                 // before the loop took it
+	h.watcher.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, Since: time.Now()}) // answers it: queued
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})                         // before the loop took it
 	if len(st.sent) != 2 || len(st.sent[1].Resources) != 1 || st.sent[1].Resources[0].Name != edsA {
 		t.Fatalf("sent %d responses; want the pushed one (a) sent before the request's watch was made", len(st.sent))
 	}
-	parked := h.watcher.streams[c.node].subs[resourcev3.EndpointType].parked
+	parked := c.rec.subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
 	if parked == nil || reflect.ValueOf(parked.returned).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA] != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)

@@ -2,6 +2,8 @@ package hub
 
 import (
 	"fmt"
+	"hash/maphash"
+	"slices"
 	"unsafe"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -13,12 +15,15 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // sharedCodec is the ADS server's gRPC codec: gRPC's proto codec, except
-// that a DiscoveryResponse whose resources are a large list shared by many
-// streams (a wildcard set: every cluster for Envoy's CDS, every
-// ServiceEntry for istiods; see respondWildcard) is encoded as its own
+// that a SotW or Delta response whose resources are a large list shared by
+// many streams (a wildcard set: every cluster for Envoy's CDS, every
+// ServiceEntry for istiods; see respondWildcard; or a list of responseLists)
+// is encoded as its own
 // small fields followed by that list's encoding, made once per list and
 // reused for every stream. Protobuf lets a message's fields come in any
 // order, so the bytes decode to the same message. Without it gRPC would
@@ -52,8 +57,8 @@ type sharedKey struct {
 }
 
 type sharedList struct {
-	keep    []*anypb.Any // holds the backing array (see sharedCodec)
-	encoded []byte       // field 2 (resources) of DiscoveryResponse, every element
+	keep    any    // the list ([]*anypb.Any or []*discoveryv3.Resource): holds its backing array (see sharedCodec)
+	encoded []byte // field 2 (resources) of the response, every element
 }
 
 func newSharedCodec() *sharedCodec {
@@ -82,11 +87,23 @@ func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 // Marshal encodes v; see sharedCodec.
 func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
-	resp, ok := v.(*discoveryv3.DiscoveryResponse)
-	if !ok || len(resp.GetResources()) < minSharedResources {
-		return c.proto.Marshal(v)
+	switch resp := v.(type) {
+	case *discoveryv3.DiscoveryResponse:
+		if len(resp.Resources) >= minSharedResources {
+			return marshalShared(c, resp, resp.Resources)
+		}
+	case *discoveryv3.DeltaDiscoveryResponse:
+		if len(resp.Resources) >= minSharedResources {
+			return marshalShared(c, resp, resp.Resources)
+		}
 	}
-	list, ok, err := c.encoded(resp.Resources)
+	return c.proto.Marshal(v)
+}
+
+// marshalShared encodes resp, a SotW or Delta response whose resources
+// (field 2 of both) are res, with res's shared encoding when it has one.
+func marshalShared[T proto.Message](c *sharedCodec, resp proto.Message, res []T) (mem.BufferSlice, error) {
+	list, ok, err := encodedList(c, res)
 	if err != nil {
 		return nil, err
 	}
@@ -96,33 +113,33 @@ func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
 		// (one per stream, a megabyte or more each) after their write.
 		b, err := proto.Marshal(resp)
 		if err != nil {
-			return nil, fmt.Errorf("marshalling a %s response: %w", resp.GetTypeUrl(), err)
+			return nil, fmt.Errorf("marshalling a %s: %w", resp.ProtoReflect().Descriptor().Name(), err)
 		}
 		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 	}
 	// The response's other fields, shallowly: resources left out.
-	head := &discoveryv3.DiscoveryResponse{}
-	hm := head.ProtoReflect()
+	hm := resp.ProtoReflect().New()
 	resp.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if fd.Number() != resourcesField {
 			hm.Set(fd, v)
 		}
 		return true
 	})
-	headBytes, err := proto.Marshal(head)
+	headBytes, err := proto.Marshal(hm.Interface())
 	if err != nil {
-		return nil, fmt.Errorf("marshalling a %s response: %w", resp.GetTypeUrl(), err)
+		return nil, fmt.Errorf("marshalling a %s: %w", resp.ProtoReflect().Descriptor().Name(), err)
 	}
 	return mem.BufferSlice{mem.SliceBuffer(headBytes), mem.SliceBuffer(list)}, nil
 }
 
-// resourcesField is DiscoveryResponse.resources' field number.
+// resourcesField is the field number of resources in DiscoveryResponse
+// and in DeltaDiscoveryResponse.
 const resourcesField = 2
 
-// encoded returns the encoding of a shared resource list as field 2 of a
-// DiscoveryResponse, from the cache or made now; ok is false, and nothing
+// encodedList returns the encoding of a shared resource list as field 2 of
+// a response, from the cache or made now; ok is false, and nothing
 // encoded, the first time the list is seen.
-func (c *sharedCodec) encoded(res []*anypb.Any) (b []byte, ok bool, err error) {
+func encodedList[T proto.Message](c *sharedCodec, res []T) (b []byte, ok bool, err error) {
 	key := sharedKey{array: unsafe.Pointer(unsafe.SliceData(res)), n: len(res)}
 	if l, ok := c.shared.Get(key); ok {
 		return l.encoded, true, nil
@@ -132,17 +149,121 @@ func (c *sharedCodec) encoded(res []*anypb.Any) (b []byte, ok bool, err error) {
 	}
 	c.seen.Remove(key)
 	size := 0
-	for _, a := range res {
-		size += protowire.SizeTag(resourcesField) + protowire.SizeBytes(proto.Size(a))
+	for _, m := range res {
+		size += protowire.SizeTag(resourcesField) + protowire.SizeBytes(proto.Size(m))
 	}
 	b = make([]byte, 0, size)
-	for _, a := range res {
+	for _, m := range res {
 		b = protowire.AppendTag(b, resourcesField, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(proto.Size(a)))
-		if b, err = (proto.MarshalOptions{}).MarshalAppend(b, a); err != nil {
-			return nil, false, fmt.Errorf("marshalling a resource of type %s: %w", a.GetTypeUrl(), err)
+		b = protowire.AppendVarint(b, uint64(proto.Size(m)))
+		if b, err = (proto.MarshalOptions{}).MarshalAppend(b, m); err != nil {
+			return nil, false, fmt.Errorf("marshalling a resource: %w", err)
 		}
 	}
 	c.shared.Add(key, sharedList{keep: res, encoded: b})
 	return b, true, nil
+}
+
+// responseLists shares the resource list of responses that carry the
+// same resources: streams that subscribe to the same names and hold the
+// same versions (an Envoy fleet's first EDS response, 1,000 assignments;
+// every stream's catch-up after a burst) get one list, whose encoding the
+// codec then makes once for all of them (sharedCodec), instead of a list,
+// a version hash and a megabyte of encoding per stream. SotW and Delta
+// lists are kept apart (their elements differ). A list is known by a hash
+// of its resources' addresses (a secret seed) and checked element by
+// element on a hit; the caches keep the resources, so their addresses are
+// not reused while cached. Safe for concurrent use.
+type responseLists struct {
+	seed   maphash.Seed
+	sotw   *lru.Cache[uint64, responseList]
+	deltas *lru.Cache[uint64, deltaList]
+}
+
+// responseList is a shared SotW list: the resources (sorted by name),
+// their Anys in that order, and the response version they make.
+type responseList struct {
+	res     []*xdsgen.Resource
+	anys    []*anypb.Any
+	version string
+}
+
+// deltaList is a shared Delta list: the resources (sorted by name), as
+// Delta's resources in that order, and the version they make.
+type deltaList struct {
+	res     []*xdsgen.Resource
+	out     []*discoveryv3.Resource
+	version string
+}
+
+// minSharedList is the smallest list shared: smaller ones cost little to
+// build and are not encoded for sharing either (minSharedResources).
+const minSharedList = minSharedResources
+
+// sharedLists is how many lists of each kind responseLists keeps.
+const sharedLists = 32
+
+func newResponseLists() *responseLists {
+	sotw, _ := lru.New[uint64, responseList](sharedLists) // only a size ≤ 0 fails
+	deltas, _ := lru.New[uint64, deltaList](sharedLists)
+	return &responseLists{seed: maphash.MakeSeed(), sotw: sotw, deltas: deltas}
+}
+
+// key hashes the addresses of res, not what they point to.
+func (l *responseLists) key(res []*xdsgen.Resource) uint64 {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	for _, r := range res {
+		maphash.WriteComparable(&h, r)
+	}
+	return h.Sum64()
+}
+
+// list returns the shared SotW list for res (sorted by name; not changed
+// after the call), making it when no recent response carried the same
+// resources.
+func (l *responseLists) list(res []*xdsgen.Resource) responseList {
+	if l == nil {
+		return makeResponseList(res)
+	}
+	return lookup(l, l.sotw, res, makeResponseList, func(e responseList) []*xdsgen.Resource { return e.res })
+}
+
+// delta is list for Delta responses.
+func (l *responseLists) delta(res []*xdsgen.Resource) deltaList {
+	if l == nil {
+		return makeDeltaList(res)
+	}
+	return lookup(l, l.deltas, res, makeDeltaList, func(e deltaList) []*xdsgen.Resource { return e.res })
+}
+
+// lookup returns cache's list for res, or one made by build (and cached
+// when it is large enough to share); resOf reads a list's resources.
+func lookup[L any](l *responseLists, cache *lru.Cache[uint64, L], res []*xdsgen.Resource, build func([]*xdsgen.Resource) L, resOf func(L) []*xdsgen.Resource) L {
+	if len(res) < minSharedList {
+		return build(res)
+	}
+	key := l.key(res)
+	if e, ok := cache.Get(key); ok && slices.Equal(resOf(e), res) {
+		return e
+	}
+	e := build(res)
+	cache.Add(key, e)
+	return e
+}
+
+func makeResponseList(res []*xdsgen.Resource) responseList {
+	anys := make([]*anypb.Any, len(res))
+	for i, r := range res {
+		anys[i] = r.Any
+	}
+	return responseList{res: res, anys: anys, version: xdsgen.ResponseVersion(res)}
+}
+
+func makeDeltaList(res []*xdsgen.Resource) deltaList {
+	out := make([]*discoveryv3.Resource, len(res))
+	for i, r := range res {
+		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
+	}
+	return deltaList{res: res, out: out, version: xdsgen.ResponseVersion(res)}
 }

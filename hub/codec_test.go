@@ -3,12 +3,15 @@ package hub
 import (
 	"fmt"
 	"testing"
+	"unsafe"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 func sharedResources(t *testing.T, n int, tag string) []*anypb.Any {
@@ -78,5 +81,86 @@ func TestSharedCodec(t *testing.T) {
 	b, _ := proto.Marshal(&discoveryv3.DiscoveryRequest{TypeUrl: "x", ResourceNames: []string{"a"}})
 	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &req); err != nil || req.TypeUrl != "x" {
 		t.Fatalf("Unmarshal: %v, %v", &req, err)
+	}
+}
+
+func testResources(t *testing.T, n int, tag string) []*xdsgen.Resource {
+	t.Helper()
+	out := make([]*xdsgen.Resource, n)
+	for i := range out {
+		a, err := anypb.New(wrapperspb.String(fmt.Sprintf("%s-%d", tag, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = &xdsgen.Resource{Name: fmt.Sprintf("%s-%04d", tag, i), Version: tag, Any: a}
+	}
+	return out
+}
+
+// Responses carrying the same resources share one list (so the codec
+// encodes it once); a list differing in one resource, or a small one, is
+// a list of its own, and every list matches what it was made from.
+func TestResponseListsShareEqualLists(t *testing.T) {
+	l := newResponseLists()
+	res := testResources(t, 100, "a")
+	first := l.list(append([]*xdsgen.Resource(nil), res...))
+	second := l.list(append([]*xdsgen.Resource(nil), res...))
+	if unsafe.SliceData(first.anys) != unsafe.SliceData(second.anys) || first.version != second.version {
+		t.Fatal("two responses with the same resources got lists of their own")
+	}
+	other := append([]*xdsgen.Resource(nil), res...)
+	other[60] = testResources(t, 1, "b")[0]
+	third := l.list(other)
+	if unsafe.SliceData(third.anys) == unsafe.SliceData(first.anys) || third.version == first.version || third.anys[60] != other[60].Any {
+		t.Fatal("a list differing in one resource was taken for the shared one")
+	}
+	for i, r := range res {
+		if first.anys[i] != r.Any || first.res[i] != r {
+			t.Fatalf("resource %d of the shared list is not the one given", i)
+		}
+	}
+	small := testResources(t, 3, "s")
+	if a, b := l.list(small), l.list(small); unsafe.SliceData(a.anys) == unsafe.SliceData(b.anys) {
+		t.Error("a small list was shared")
+	}
+}
+
+// Delta responses share lists too: two responses with the same resources
+// get one list of Delta resources and one version, which the codec encodes
+// once; the bytes decode to the response given.
+func TestDeltaResponsesShareLists(t *testing.T) {
+	l := newResponseLists()
+	res := testResources(t, 100, "a")
+	first := l.delta(append([]*xdsgen.Resource(nil), res...))
+	second := l.delta(append([]*xdsgen.Resource(nil), res...))
+	if unsafe.SliceData(first.out) != unsafe.SliceData(second.out) || first.version != second.version {
+		t.Fatal("two Delta responses with the same resources got lists of their own")
+	}
+	for i, r := range res {
+		if d := first.out[i]; d.Name != r.Name || d.Version != r.Version || d.Resource != r.Any {
+			t.Fatalf("resource %d of the shared list is %v; want %s %s", i, d, r.Name, r.Version)
+		}
+	}
+	if sotw := l.list(append([]*xdsgen.Resource(nil), res...)); sotw.version != first.version {
+		t.Errorf("SotW version %s, Delta %s for the same resources", sotw.version, first.version)
+	}
+
+	c := newSharedCodec()
+	for i, nonce := range []string{"1", "2", "3"} {
+		resp := &discoveryv3.DeltaDiscoveryResponse{SystemVersionInfo: first.version, Resources: first.out, RemovedResources: []string{"gone"}, TypeUrl: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", Nonce: nonce}
+		data, err := c.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got discoveryv3.DeltaDiscoveryResponse
+		if err := proto.Unmarshal(data.Materialize(), &got); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(&got, resp) {
+			t.Fatalf("stream %d: decoded %v; want %v", i, &got, resp)
+		}
+	}
+	if n := c.shared.Len(); n != 1 {
+		t.Errorf("%d lists encoded for one shared Delta list; want 1", n)
 	}
 }

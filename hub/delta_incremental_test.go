@@ -175,12 +175,14 @@ func TestDeltaEDSCarriesOnlyWhatChanged(t *testing.T) {
 // edsSubscriber returns the single stream's kept EDS subscriber, if any.
 func edsSubscriber(t *testing.T, h *testHub) *subscriber {
 	t.Helper()
+	h.proxies.mu.Lock()
+	defer h.proxies.mu.Unlock()
 	w := h.watcher
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var found *subscriber
-	for _, rec := range w.streams {
-		if s := rec.subs[resourcev3.EndpointType]; s != nil {
+	for _, c := range h.proxies.streams {
+		if s := c.rec.subs[resourcev3.EndpointType]; s != nil {
 			if found != nil {
 				t.Fatal("more than one stream has an EDS subscriber")
 			}

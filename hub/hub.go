@@ -319,17 +319,7 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
-	h.changes.Run(ctx, h.push, h.fleet)
-}
-
-// push sends what changed: regenerates the changed services' resources
-// (xDS and Istio config) and answers the watches they, the Secrets, roots
-// and access decisions in b affect. It returns the time a push of churn
-// left the fleet idle between its waves (watcher.push).
-func (h *Hub) push(ctx context.Context, b *feed.Batch) time.Duration {
-	h.gen.Invalidate(b.Hosts)
-	h.config.Invalidate(b.Hosts)
-	return h.watcher.push(ctx, b)
+	h.changes.Run(ctx, h.watcher.push, h.fleet)
 }
 
 // admitStream refuses streams with Unavailable until membership has first

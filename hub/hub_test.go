@@ -22,6 +22,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
 )
 
@@ -180,7 +181,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1) // as push does for the watches it takes
 	eds.busy.Add(1)
-	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}, {wt: eds}}); len(got) != 1 || got[0].wt != eds {
+	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}, {wt: eds}}, map[xdsgen.WildcardSetKey]string{}); len(got) != 1 || got[0].wt != eds {
 		t.Fatalf("after an endpoint change %d watches are re-evaluated; want only EDS", len(got))
 	}
 	// A new port changes the cluster list.
@@ -189,7 +190,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
 	h.gen.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	cds.busy.Add(1)
-	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}}); len(got) != 1 {
+	if got := h.watcher.skipUnchangedWildcards([]job{{wt: cds}}, map[xdsgen.WildcardSetKey]string{}); len(got) != 1 {
 		t.Fatal("a new port must re-evaluate wildcard CDS watches")
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -148,9 +147,9 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
-	h.watcher.identify(nil, node, authn.Identity{})
+	c := newConn(1)
 	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
-	out := newOutbox()
+	out := c.out
 	next := func() *sotwResponse {
 		q := out.take()
 		if len(q) != 1 {
@@ -160,20 +159,20 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	}
 	sendTo := func(r *sotwResponse) { sub.took(r) } // what the stream loop does
 	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}}
-	if _, err := h.watcher.CreateWatch(req, &sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(req, &sub, c); err != nil {
 		t.Fatal(err)
 	}
 	sendTo(next()) // the stream loop sends the first response
 	ackReq := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{a, b}, ResponseNonce: "1"}
-	cancel, err := h.watcher.CreateWatch(ackReq, &sub, out)
+	cancel, err := h.watcher.CreateWatch(ackReq, &sub, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
+	h.watcher.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
-	if _, err := h.watcher.CreateWatch(ackReq, &sub, out); err != nil {
+	if _, err := h.watcher.CreateWatch(ackReq, &sub, c); err != nil {
 		t.Fatal(err)
 	}
 	resp := next().DiscoveryResponse

@@ -24,31 +24,33 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	fleet := &feed.Deliveries{}
 	p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
 	p.fleet = fleet
+	conns := map[int64]*conn{}
 	for id := int64(1); id <= 2; id++ {
-		if err := p.onStreamOpen(context.Background(), id, ""); err != nil {
+		conns[id] = newConn(id)
+		if err := p.onStreamOpen(context.Background(), conns[id], ""); err != nil {
 			t.Fatal(err)
 		}
 	}
 	send := func(id int64, typeURL, nonce string) {
-		p.onStreamResponse(id, &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "v" + nonce, Nonce: nonce})
+		p.onStreamResponse(conns[id], &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "v" + nonce, Nonce: nonce})
 	}
 	send(1, resourcev3.ClusterType, "1")
 	send(1, resourcev3.EndpointType, "2")
 	send(2, resourcev3.ClusterType, "1")
 	send(2, resourcev3.EndpointType, "2")
 
-	p.request(1, nil, "1", "", false) // ACK
-	p.request(1, nil, "1", "", false) // the same again: no answer
-	p.request(1, nil, "9", "", false) // unknown nonce
-	p.request(1, nil, "2", "bad", true)
+	p.request(conns[1], nil, "1", "", false) // ACK
+	p.request(conns[1], nil, "1", "", false) // the same again: no answer
+	p.request(conns[1], nil, "9", "", false) // unknown nonce
+	p.request(conns[1], nil, "2", "bad", true)
 	if got := fleet.Answered(); got != 2 {
 		t.Fatalf("answered %d after an ACK, a repeat, an unknown nonce and a NACK; want 2", got)
 	}
-	p.onStreamClosed(2) // two responses unanswered, lost with it
+	p.onStreamClosed(conns[2]) // two responses unanswered, lost with it
 	if got := fleet.Answered(); got != 4 {
 		t.Fatalf("answered %d after a stream with 2 unanswered responses closed; want 4", got)
 	}
-	p.onStreamClosed(1) // nothing left unanswered
+	p.onStreamClosed(conns[1]) // nothing left unanswered
 	if got := fleet.Answered(); got != 4 {
 		t.Fatalf("answered %d after a stream with nothing unanswered closed; want 4", got)
 	}

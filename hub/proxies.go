@@ -83,14 +83,14 @@ type ProxyConfig struct {
 type proxyTracker struct {
 	log      *slog.Logger
 	mu       sync.Mutex
-	streams  map[int64]*streamState
+	streams  map[int64]*conn   // the open streams, by ID
 	holdings *resourceHoldings // what streams hold, shared between them
 	pushes   [60]uint32        // responses per second, ring indexed by unix second
 	pushAt   [60]int64
 
-	// identify tells the watcher which verified identity a stream's node
-	// pointer stands for (replacing old; new nil forgets old).
-	identify func(old, new *corev3.Node, id authn.Identity)
+	// identify tells the watcher a stream's verified identity once its
+	// node was checked (see request).
+	identify func(rec *streamRecord, id authn.Identity)
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
 	tokens *authn.TokenAuth
@@ -107,6 +107,10 @@ type proxyTracker struct {
 	nacks     *prometheus.CounterVec
 }
 
+// streamState is what the tracker checks and shows of a stream: its
+// verified identity, its status for the API, the nonces it was sent and
+// what it holds. It is part of the stream's conn, guarded by
+// proxyTracker.mu.
 type streamState struct {
 	ident   authn.Identity
 	claimed string          // the member the proxy says it is in (may differ from ident.Cluster)
@@ -140,7 +144,7 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 	return &proxyTracker{
 		log:      log,
 		limits:   limits,
-		streams:  map[int64]*streamState{},
+		streams:  map[int64]*conn{},
 		holdings: newHoldings[*anypb.Any](),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
@@ -177,9 +181,10 @@ func shortType(typeURL string) string {
 // open Istio config types only (checkAnonymous); a per-type discovery
 // service (CDS, EDS, LDS, RDS) is refused with Unauthenticated at once.
 // Anonymous streams count against the stream limit like any other.
-func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) error {
-	st := &streamState{
-		status: ProxyStatus{Stream: id, ConnectedAt: time.Now()}, ctx: ctx,
+func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) error {
+	st := &c.state
+	*st = streamState{
+		status: ProxyStatus{Stream: c.id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
 		named: map[string]bool{}, names: map[string]digest{},
 	}
@@ -217,7 +222,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, id int64, typ string) e
 		p.mu.Unlock()
 		return errTooManyStreams(p.limits.MaxStreams)
 	}
-	p.streams[id] = st
+	p.streams[c.id] = c
 	p.claim(st, claimed)
 	p.mu.Unlock()
 	p.connected.Inc()
@@ -248,30 +253,27 @@ func (p *proxyTracker) claim(st *streamState, member string) {
 
 // onStreamClosed forgets a stream. It is called also for streams whose
 // open was refused (rate limit), which were never counted.
-func (p *proxyTracker) onStreamClosed(id int64) {
+func (p *proxyTracker) onStreamClosed(c *conn) {
 	p.mu.Lock()
-	st := p.streams[id]
-	if st != nil && p.identify != nil {
-		p.identify(st.node, nil, authn.Identity{})
+	if p.streams[c.id] != c {
+		p.mu.Unlock()
+		return
 	}
-	if st != nil {
-		for _, held := range st.held {
-			p.holdings.release(held)
-		}
-		p.fleet.Answer(len(st.nonces)) // lost with the stream
+	st := &c.state
+	for _, held := range st.held {
+		p.holdings.release(held)
 	}
-	delete(p.streams, id)
+	p.fleet.Answer(len(st.nonces)) // lost with the stream
+	delete(p.streams, c.id)
 	p.mu.Unlock()
-	if st != nil {
-		p.connected.Dec()
-	}
+	p.connected.Dec()
 }
 
 // onStreamRequest checks and records a SotW request. repeated says its
 // names are the very list of its type's last request on the stream (an
 // ACK's interned names, see requestStream): checked and recorded then.
-func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryRequest, repeated bool) error {
-	if err := p.check(id, req.GetNode(), req.GetTypeUrl()); err != nil {
+func (p *proxyTracker) onStreamRequest(c *conn, req *discoveryv3.DiscoveryRequest, repeated bool) error {
+	if err := p.check(c, req.GetNode(), req.GetTypeUrl()); err != nil {
 		return err
 	}
 	if !repeated {
@@ -279,12 +281,12 @@ func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryReque
 			return err
 		}
 	}
-	if err := p.authenticate(id, req.GetNode()); err != nil {
+	if err := p.authenticate(c, req.GetNode()); err != nil {
 		return err
 	}
-	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	p.request(c, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	if !repeated {
-		p.subscribe(id, req.GetTypeUrl(), req.GetResourceNames())
+		p.subscribe(c, req.GetTypeUrl(), req.GetResourceNames())
 	}
 	return nil
 }
@@ -292,17 +294,14 @@ func (p *proxyTracker) onStreamRequest(id int64, req *discoveryv3.DiscoveryReque
 // subscribe records a SotW request's names: what the stream holds of the
 // types whose responses carry only what changed is then the names it
 // still asks for (go-control-plane's server tracks them the same way).
-func (p *proxyTracker) subscribe(id int64, typeURL string, names []string) {
+func (p *proxyTracker) subscribe(c *conn, typeURL string, names []string) {
 	if !incrementalType(typeURL) {
 		return
 	}
 	named := len(names) > 0 && !slices.Contains(names, "*")
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.streams[id]
-	if st == nil {
-		return
-	}
+	st := &c.state
 	st.named[typeURL] = named
 	if !named {
 		delete(st.names, typeURL)
@@ -343,8 +342,8 @@ func incrementalType(typeURL string) bool {
 	return false
 }
 
-func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryRequest) error {
-	if err := p.check(id, req.GetNode(), req.GetTypeUrl()); err != nil {
+func (p *proxyTracker) onDeltaRequest(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
+	if err := p.check(c, req.GetNode(), req.GetTypeUrl()); err != nil {
 		return err
 	}
 	// What the stream subscribes to in all is checked by the watcher; here
@@ -356,23 +355,23 @@ func (p *proxyTracker) onDeltaRequest(id int64, req *discoveryv3.DeltaDiscoveryR
 	if err := p.limits.checkNames(req.GetTypeUrl(), len(req.GetResourceNamesSubscribe())+len(initial), req.GetResourceNamesSubscribe(), initial); err != nil {
 		return err
 	}
-	if err := p.authenticate(id, req.GetNode()); err != nil {
+	if err := p.authenticate(c, req.GetNode()); err != nil {
 		return err
 	}
-	p.request(id, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+	p.request(c, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	return nil
 }
 
 // check refuses, before anything of it is kept, a request for a type the
 // hub does not serve, one an anonymous stream may not read (checkAnonymous)
 // and a node larger than any real client's (measured
-// once per node: the server stamps later requests with the stream's node).
-func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error {
+// once per node: the stream's loop stamps later requests with its first node).
+func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	st := p.streams[id]
+	st := &c.state
 	if err := checkAnonymous(st, typeURL); err != nil {
 		p.mu.Unlock()
 		return err
@@ -381,21 +380,19 @@ func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error 
 		p.mu.Unlock()
 		return nil
 	}
-	known := st != nil && st.node == node
-	if st != nil {
-		// Istio config type URLs are the client's words (any
-		// <group>/<version>/<Kind> is answered): bound how many one
-		// stream may open, each costs the server and the tracker state.
-		if _, ok := st.asked[typeURL]; !ok {
-			if len(st.asked) >= maxTypesPerStream {
-				p.mu.Unlock()
-				return status.Errorf(codes.InvalidArgument, "more than %d resource types on one stream", maxTypesPerStream)
-			}
-			if st.asked == nil {
-				st.asked = map[string]struct{}{}
-			}
-			st.asked[typeURL] = struct{}{}
+	known := st.node == node
+	// Istio config type URLs are the client's words (any
+	// <group>/<version>/<Kind> is answered): bound how many one
+	// stream may open, each costs the server and the tracker state.
+	if _, ok := st.asked[typeURL]; !ok {
+		if len(st.asked) >= maxTypesPerStream {
+			p.mu.Unlock()
+			return status.Errorf(codes.InvalidArgument, "more than %d resource types on one stream", maxTypesPerStream)
 		}
+		if st.asked == nil {
+			st.asked = map[string]struct{}{}
+		}
+		st.asked[typeURL] = struct{}{}
 	}
 	p.mu.Unlock()
 	if known {
@@ -409,7 +406,7 @@ func (p *proxyTracker) check(id int64, node *corev3.Node, typeURL string) error 
 // config-source client asks for, and all such a stream may read. The refusal
 // ends the stream, whatever it opened before.
 func checkAnonymous(st *streamState, typeURL string) error {
-	if st == nil || !st.anonymous || mcp.IsConfigType(typeURL) {
+	if !st.anonymous || mcp.IsConfigType(typeURL) {
 		return nil
 	}
 	return errAnonymousType(typeURL)
@@ -427,10 +424,10 @@ const maxTypesPerStream = 64
 // in the member cluster the proxy names (node metadata CLUSTER_ID, else the
 // ClusterID header). A rejected token ends the stream with Unauthenticated,
 // as istiod does; the identity it proves is pinned to that cluster.
-func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
+func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 	p.mu.Lock()
-	st := p.streams[id]
-	if st == nil || st.token == "" {
+	st := &c.state
+	if st.token == "" {
 		p.mu.Unlock()
 		return nil
 	}
@@ -449,10 +446,8 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 		return status.Errorf(authn.TokenErrorCode(err), "service-account token not accepted by cluster %s: %v", clip.String(cluster, 64), err)
 	}
 	p.mu.Lock()
-	if st := p.streams[id]; st != nil {
-		st.ident = ident
-		st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
-	}
+	st.ident = ident
+	st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
 	p.mu.Unlock()
 	return nil
 }
@@ -461,15 +456,12 @@ func (p *proxyTracker) authenticate(id int64, node *corev3.Node) error {
 // or NACKs the response its nonce names. What is recorded is what that
 // response carried (its type and version), never the client's words, but
 // for a NACK's error detail, which is truncated.
-func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg string, nack bool) {
+func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string, nack bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.streams[id]
-	if st == nil {
-		return
-	}
-	// The server stamps every request of a stream with the stream's node
-	// pointer, so it identifies the stream in CreateWatch.
+	st := &c.state
+	// The stream's loop stamps every request with the stream's first node:
+	// a node not seen before is that one, recorded and identified once.
 	if node != nil && node != st.node {
 		if st.status.ID == "" {
 			st.status.ID = node.GetId()
@@ -480,7 +472,7 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		if p.identify != nil {
-			p.identify(st.node, node, st.ident)
+			p.identify(&c.rec, st.ident)
 		}
 		st.node = node
 	}
@@ -503,12 +495,9 @@ func (p *proxyTracker) request(id int64, node *corev3.Node, nonce, nackMsg strin
 	ts.AckedVersion, ts.AckedAt = s.version, time.Now()
 }
 
-func (p *proxyTracker) onStreamResponse(id int64, resp *discoveryv3.DiscoveryResponse) {
+func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
-	st := p.response(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	if st == nil {
-		return
-	}
+	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	defer p.mu.Unlock()
 	typeURL := resp.GetTypeUrl()
 	if !st.named[typeURL] {
@@ -518,35 +507,31 @@ func (p *proxyTracker) onStreamResponse(id int64, resp *discoveryv3.DiscoveryRes
 		return
 	}
 	delete(st.sotw, typeURL)
-	var c change[*anypb.Any]
+	var ch change[*anypb.Any]
 	for _, a := range resp.GetResources() {
 		if name := ResourceName(a.GetValue()); name != "" {
-			c.names, c.vals = append(c.names, name), append(c.vals, a)
+			ch.names, ch.vals = append(ch.names, name), append(ch.vals, a)
 		}
 	}
-	held := p.holdings.apply(st.held[typeURL], c)
+	held := p.holdings.apply(st.held[typeURL], ch)
 	st.held[typeURL] = held
 	st.typeStatus(typeURL).Resources = len(held.res) // what it holds, not what this response carried
 }
 
-func (p *proxyTracker) onDeltaResponse(id int64, resp *discoveryv3.DeltaDiscoveryResponse) {
+func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
-	st := p.response(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	if st == nil {
-		return
-	}
+	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 	defer p.mu.Unlock()
-	c := change[*anypb.Any]{names: make([]string, len(resp.GetResources())), vals: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
+	ch := change[*anypb.Any]{names: make([]string, len(resp.GetResources())), vals: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
 	for i, r := range resp.GetResources() {
-		c.names[i], c.vals[i] = r.GetName(), r.GetResource()
+		ch.names[i], ch.vals[i] = r.GetName(), r.GetResource()
 	}
-	st.held[resp.GetTypeUrl()] = p.holdings.apply(st.held[resp.GetTypeUrl()], c)
+	st.held[resp.GetTypeUrl()] = p.holdings.apply(st.held[resp.GetTypeUrl()], ch)
 }
 
 // response records a sent response and returns the stream's state with
-// p.mu held, for the caller to record what the stream now holds and unlock;
-// nil (unlocked) when the stream is gone.
-func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resources int) *streamState {
+// p.mu held, for the caller to record what the stream now holds and unlock.
+func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources int) *streamState {
 	now := time.Now()
 	p.responses.WithLabelValues(typeLabel(typeURL)).Inc()
 	p.mu.Lock()
@@ -555,11 +540,7 @@ func (p *proxyTracker) response(id int64, typeURL, version, nonce string, resour
 		p.pushAt[i], p.pushes[i] = sec, 0
 	}
 	p.pushes[sec%60]++
-	st := p.streams[id]
-	if st == nil {
-		p.mu.Unlock()
-		return nil
-	}
+	st := &c.state
 	ts := st.typeStatus(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
 	ts.Sends++
@@ -604,8 +585,8 @@ func typeOrder(typeURL string) string {
 func (p *proxyTracker) proxies() []ProxyStatus {
 	p.mu.Lock()
 	out := make([]ProxyStatus, 0, len(p.streams))
-	for _, st := range p.streams {
-		out = append(out, st.snapshot())
+	for _, c := range p.streams {
+		out = append(out, c.state.snapshot())
 	}
 	p.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
@@ -622,8 +603,8 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var found *streamState
-	for _, st := range p.streams {
-		if st.status.ID == id && (found == nil || st.status.Stream > found.status.Stream) {
+	for _, c := range p.streams {
+		if st := &c.state; st.status.ID == id && (found == nil || st.status.Stream > found.status.Stream) {
 			found = st
 		}
 	}

@@ -13,10 +13,11 @@ func TestProxyStatusSaysProxyless(t *testing.T) {
 	for name, kind := range clientKinds {
 		t.Run(name, func(t *testing.T) {
 			p := newProxyTracker(slog.New(slog.DiscardHandler), Limits{MaxStreams: 10})
-			if err := p.onStreamOpen(context.Background(), 1, ""); err != nil {
+			c := newConn(1)
+			if err := p.onStreamOpen(context.Background(), c, ""); err != nil {
 				t.Fatal(err)
 			}
-			p.request(1, kind.node, "", "", false)
+			p.request(c, kind.node, "", "", false)
 			ps := p.proxies()
 			if len(ps) != 1 || ps[0].Proxyless != kind.proxyless {
 				t.Errorf("proxies %+v; want one with Proxyless %v", ps, kind.proxyless)

@@ -63,15 +63,6 @@ func (l *withheldLog) first(name, reason string) (first, last bool) {
 	return true, len(l.seen) == maxWithheldLogged
 }
 
-// firstWithheld is withheldLog.first for rec's stream; a stream without a
-// record (not announced yet) logs every time.
-func (rec *streamRecord) firstWithheld(name, reason string) (first, last bool) {
-	if rec == nil {
-		return true, false
-	}
-	return rec.withheld.first(name, reason)
-}
-
 var errDenied = errors.New("not authorised")
 
 // caSecrets are Secrets that hold CA keys (Istio's plug-in CA and its
@@ -133,7 +124,7 @@ func (w *watcher) secretResources(wt *watch) ([]*xdsgen.Resource, error) {
 		if errors.Is(err, errReviewPending) {
 			wt.awaiting = true
 		} else if err != nil {
-			if first, last := wt.rec.firstWithheld(name, err.Error()); first {
+			if first, last := wt.rec.withheld.first(name, err.Error()); first {
 				w.scope.Count("sds", err)
 				w.log.Warn("SDS resource withheld", "proxy", wt.nodeID, "cluster", id.Cluster, "identity", id.SpiffeID.String(), "resource", name, "reason", err,
 					"moreNotLogged", last)
@@ -174,16 +165,9 @@ func has[K comparable](m map[K]struct{}, k K) bool {
 }
 
 // identityOf is the identity of wt's stream as the proxy tracker last
-// announced it: a claim that puts a proxy in conflict mid-stream (see
+// told it: a claim that puts a proxy in conflict mid-stream (see
 // proxyTracker.claim) applies to the watches parked before it too.
-func (w *watcher) identityOf(wt *watch) authn.Identity {
-	if wt.rec == nil {
-		return wt.ident
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return wt.rec.ident
-}
+func (w *watcher) identityOf(wt *watch) authn.Identity { return w.streamIdentity(wt.rec) }
 
 // secretName is what an SDS resource name asks for: roots (ROOTCA, or a
 // trust domain's bundle as spiffe://<td>), or a Kubernetes Secret of the

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
@@ -26,10 +25,9 @@ import (
 // outlives its watches: it is kept with its stream (streamRecord) for as
 // long as the stream asks for the same names, so an ACK neither re-parses
 // its names nor re-evaluates them, only what changed since the response
-// it acknowledges was built. Wildcard watches, Delta SDS watches, and the
-// watches of a stream the tracker has not announced, get a subscriber of
-// their own that is indexed only while the watch is parked and evaluated
-// in full each time.
+// it acknowledges was built. Wildcard watches and Delta SDS watches get a
+// subscriber of their own that is indexed only while the watch is parked
+// and evaluated in full each time.
 type subscriber struct {
 	typeURL    string
 	wildcard   bool
@@ -239,9 +237,10 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 	return true
 }
 
-// streamRecord is what the watcher keeps per stream, under the stream's
-// node pointer (the server stamps it on every request of the stream): its
-// verified identity and its persistent subscribers by type.
+// streamRecord is what the watcher keeps of a stream, part of the
+// stream's conn (which the loop hands to every watch) and guarded by
+// watcher.mu: its verified identity (from the tracker, see identify) and
+// its persistent subscribers by type.
 type streamRecord struct {
 	ident authn.Identity
 	subs  map[string]*subscriber
@@ -264,7 +263,7 @@ type streamRecord struct {
 // handedLocked records r as the last SotW response handed to rec's stream
 // for typeURL, with w.mu held.
 func (rec *streamRecord) handedLocked(typeURL string, r *sotwResponse) {
-	if rec == nil || r == nil {
+	if r == nil {
 		return
 	}
 	if rec.handed == nil {
@@ -309,26 +308,24 @@ func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	return f
 }
 
-// identify follows the proxy tracker's view of a stream: its node pointer
-// appears (old nil), changes (the client sent a new node), or goes away
-// (new nil: the stream closed, its subscribers are dropped).
-func (w *watcher) identify(old, new *corev3.Node, id authn.Identity) {
+// closeStream forgets a stream that ended: its subscribers are dropped,
+// and what it was handed and never sent counts as answered.
+func (w *watcher) closeStream(rec *streamRecord) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	rec := w.streams[old]
-	delete(w.streams, old)
-	if new == nil {
-		if rec != nil {
-			for _, s := range rec.subs {
-				w.unindexLocked(s)
-			}
-			w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
-		}
-		return
+	for _, s := range rec.subs {
+		w.unindexLocked(s)
 	}
-	if rec == nil {
-		rec = &streamRecord{subs: map[string]*subscriber{}}
-	}
+	clear(rec.subs)
+	w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
+}
+
+// identify sets the verified identity of rec's stream, from the proxy
+// tracker once it checked the stream's node: an SDS subscriber of another
+// member or namespace than before is aimed again.
+func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.Cluster != id.Cluster || rec.ident.Namespace != id.Namespace) {
 		indexed := s.indexed
 		w.unindexLocked(s)
@@ -339,18 +336,13 @@ func (w *watcher) identify(old, new *corev3.Node, id authn.Identity) {
 		}
 	}
 	rec.ident = id
-	w.streams[new] = rec
 }
 
-// record returns the stream's record and identity, if the tracker announced it.
-func (w *watcher) record(node *corev3.Node) (*streamRecord, authn.Identity) {
+// streamIdentity returns the verified identity of rec's stream.
+func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	rec := w.streams[node]
-	if rec == nil {
-		return nil, authn.Identity{}
-	}
-	return rec, rec.ident
+	return rec.ident
 }
 
 // subscriberFor returns the subscriber a new SotW watch belongs to: the
@@ -359,10 +351,8 @@ func (w *watcher) record(node *corev3.Node) (*streamRecord, authn.Identity) {
 // names its subscriber was built from (requestStream) is recognised
 // without looking at the names.
 func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscription) *subscriber {
-	if rec == nil || wt.wildcard {
-		if rec != nil {
-			w.dropSubscriber(rec, wt.typeURL)
-		}
+	if wt.wildcard {
+		w.dropSubscriber(rec, wt.typeURL)
 		return newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)
 	}
 	requested := wt.req.GetResourceNames()
@@ -417,10 +407,8 @@ func (w *watcher) keep(rec *streamRecord, old, ns *subscriber) {
 // full once. The stream's subscription map changes with its next request
 // (deltaSubscription), so the subscriber keeps a list of its own.
 func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[string]struct{}) *subscriber {
-	if rec == nil || wt.wildcard || wt.typeURL == resourcev3.SecretType {
-		if rec != nil {
-			w.dropSubscriber(rec, wt.typeURL)
-		}
+	if wt.wildcard || wt.typeURL == resourcev3.SecretType {
+		w.dropSubscriber(rec, wt.typeURL)
 		return newSubscriber(wt.typeURL, names, wt.wildcard, false)
 	}
 	req := wt.deltaReq

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -69,11 +68,6 @@ type watcher struct {
 
 	mu    sync.Mutex
 	epoch uint64 // incremented by every push
-	// streams carries each stream's verified identity and persistent
-	// subscribers from the tracker's callbacks (which know the stream) to
-	// CreateWatch (which knows only the request, stamped with the stream's
-	// node pointer).
-	streams map[*corev3.Node]*streamRecord
 	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
 	// wildcard ones of those types, and SDS ones: all of them, by the
 	// member Secret they ask for, by the member of those Secrets, and those
@@ -99,8 +93,8 @@ type watch struct {
 	// flavour is the shape of what the stream's client gets (xdsgen.FlavourOf).
 	flavour xdsgen.Flavour
 	// ident is the stream's identity when the watch was created; rec, the
-	// stream's record (nil: not announced), has the current one, which
-	// SDS evaluations read (see watcher.identityOf).
+	// stream's record, has the current one, which SDS evaluations read
+	// (see watcher.identityOf).
 	ident    authn.Identity
 	rec      *streamRecord
 	wildcard bool
@@ -118,8 +112,8 @@ type watch struct {
 	// out is the stream's: the response goes there (adsServer sends it).
 	out *outbox
 	// first says no response of the watch's type has gone out on its
-	// stream yet (a stream not announced: its request has no nonce); sent
-	// is the stream's flag that says so once one has (nil: not announced).
+	// stream yet; sent is the stream's flag that says so once one has
+	// (SotW only).
 	first bool
 	sent  *atomic.Bool
 
@@ -149,8 +143,7 @@ func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
-		streams: map[*corev3.Node]*streamRecord{},
-		byHost:  map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
+		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
 		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
 		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
 	}
@@ -172,23 +165,20 @@ func checkType(typeURL string) error {
 	return nil
 }
 
-// CreateWatch takes a State-of-the-World request with its stream's
-// subscription to its type; the response, now or on a later push, goes to
-// out. The returned function cancels the watch.
-func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out *outbox) (func(), error) {
+// CreateWatch takes a State-of-the-World request of c's stream with the
+// stream's subscription to its type; the response, now or on a later push,
+// goes to c.out. The returned function cancels the watch.
+func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c *conn) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
-	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: out}
+	rec := &c.rec
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
-	wt.first = req.GetResponseNonce() == ""
-	if rec != nil {
-		wt.sent = w.requested(rec, wt.typeURL)
-		wt.first = !wt.sent.Load()
-	}
+	wt.sent = w.requested(rec, wt.typeURL)
+	wt.first = !wt.sent.Load()
 	wt.sub = w.subscriberFor(rec, wt, sub)
 	if wt.typeURL == resourcev3.SecretType {
 		w.mu.Lock()
@@ -202,7 +192,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, ou
 // CreateDeltaWatch is CreateWatch for Delta (incremental) streams: only
 // resources whose version differs from what the stream holds are sent, and
 // resources that disappeared are named as removed.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out *outbox) (func(), error) {
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, c *conn) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -216,8 +206,9 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
 	}
-	rec, ident := w.record(req.GetNode())
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: out}
+	rec := &c.rec
+	ident := w.streamIdentity(rec)
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out}
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -287,7 +278,9 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push evaluates the parked watches that what changed in b can affect:
+// push sends what changed: it regenerates the changed services' resources
+// (xDS and Istio config) and evaluates the parked watches that what
+// changed in b can affect:
 // the subscribers of the changed hostnames (each only for its names of
 // them where responses carry only what changed) and the wildcard ones; the
 // SDS subscribers asking for a changed Secret, for a Secret of a member
@@ -305,6 +298,12 @@ type job struct {
 // ctx is done (the streams not reached keep their changes noted, for their
 // next request or push).
 func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
+	if w.gen != nil { // nil only in tests of the indexes
+		w.gen.Invalidate(b.Hosts)
+	}
+	if w.config != nil {
+		w.config.Invalidate(b.Hosts)
+	}
 	w.mu.Lock()
 	w.epoch++
 	var (
@@ -373,29 +372,45 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 
 // pushWave evaluates the subscribers of a push's streams that are still
 // parked, taking the changes noted on them: a subscriber whose watch was
-// cancelled meanwhile keeps them for its stream's next watch.
+// cancelled meanwhile keeps them for its stream's next watch. One worker
+// answers a stream's watches one after another in ADS order (adsRank), so
+// its loop sends their responses in that order (the outbox keeps it).
 func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
-	var jobs []job
+	byStream := make([][]job, 0, len(streams))
 	w.mu.Lock()
 	for _, subs := range streams {
+		var js []job
 		for _, s := range subs {
 			if s.parked == nil {
 				continue
 			}
 			s.parked.busy.Add(1) // under w.mu: a cancel after this waits for pushTo
 			dirty, full := s.takeLocked()
-			jobs = append(jobs, job{wt: s.parked, dirty: dirty, full: full, since: since})
+			js = append(js, job{wt: s.parked, dirty: dirty, full: full, since: since})
 		}
+		byStream = append(byStream, js)
 	}
 	w.mu.Unlock()
-	jobs = w.skipUnchangedWildcards(jobs)
-	for _, j := range jobs {
-		w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
+	sets := map[xdsgen.WildcardSetKey]string{}
+	n := 0
+	for _, js := range byStream {
+		js = w.skipUnchangedWildcards(js, sets)
+		if len(js) == 0 {
+			continue
+		}
+		if len(js) > 1 {
+			slices.SortStableFunc(js, func(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) })
+		}
+		for _, j := range js {
+			w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
+		}
+		byStream[n] = js
+		n++
 	}
-	byOut := byStream(jobs)
+	byStream = byStream[:n]
 	work := make(chan []job)
 	var wg sync.WaitGroup
-	for range min(w.workers, len(byOut)) {
+	for range min(w.workers, len(byStream)) {
 		wg.Go(func() {
 			for js := range work {
 				for _, j := range js {
@@ -404,34 +419,11 @@ func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
 			}
 		})
 	}
-	for _, js := range byOut {
+	for _, js := range byStream {
 		work <- js
 	}
 	close(work)
 	wg.Wait()
-}
-
-// byStream groups a push's jobs by stream, each stream's in ADS order
-// (adsRank): one worker answers a stream's watches one after another, so
-// its loop sends their responses in that order (the outbox keeps it).
-func byStream(jobs []job) [][]job {
-	at := make(map[*outbox]int, len(jobs))
-	streams := make([][]job, 0, len(jobs))
-	for k, j := range jobs {
-		i, ok := at[j.wt.out]
-		if !ok {
-			at[j.wt.out] = len(streams)
-			streams = append(streams, jobs[k:k+1:k+1]) // a second job copies
-			continue
-		}
-		streams[i] = append(streams[i], j)
-	}
-	for _, js := range streams {
-		if len(js) > 1 {
-			slices.SortStableFunc(js, func(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) })
-		}
-	}
-	return streams
 }
 
 // adsRank is a type's place in the order a push answers a stream's
@@ -457,9 +449,9 @@ func adsRank(typeURL string) int {
 // skipUnchangedWildcards drops the wildcard watches whose type's set is
 // the one they were last evaluated against: with thousands of proxies
 // subscribed to every cluster, an endpoint change is not re-checked
-// against every proxy's full cluster list.
-func (w *watcher) skipUnchangedWildcards(jobs []job) []job {
-	versions := map[xdsgen.WildcardSetKey]string{}
+// against every proxy's full cluster list. versions are the current sets'
+// versions, filled as they are looked up (shared by a push's calls).
+func (w *watcher) skipUnchangedWildcards(jobs []job, versions map[xdsgen.WildcardSetKey]string) []job {
 	out := jobs[:0]
 	for _, j := range jobs {
 		wt := j.wt
@@ -551,12 +543,10 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 	}
 	exists := make(map[string]struct{}, len(res))
 	var changed []*xdsgen.Resource
-	var out []*discoveryv3.Resource
 	for _, r := range res {
 		exists[r.Name] = struct{}{}
 		if !r.Kept && wt.returned[r.Name] != r.Version {
 			changed = append(changed, r)
-			out = append(out, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any})
 		}
 	}
 	var removed []string
@@ -569,12 +559,13 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		return nil, nil
 	}
 	sort.Strings(removed)
+	list := w.lists.delta(changed) // in res's order: by name
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
 				SystemVersionInfo: xdsgen.ResponseVersion(res),
-				Resources:         out,
+				Resources:         list.out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
 			},
@@ -635,16 +626,13 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
 	sort.Strings(removed)
-	out := make([]*discoveryv3.Resource, len(changed))
-	for i, r := range changed {
-		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
-	}
+	list := w.lists.delta(changed)
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: xdsgen.ResponseVersion(changed),
-				Resources:         out,
+				SystemVersionInfo: list.version,
+				Resources:         list.out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
 			},

@@ -1,0 +1,66 @@
+package hub
+
+import (
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+)
+
+// conn is one ADS stream, SotW or Delta, as the hub holds it (DESIGN.md
+// §3.6): made by the stream's loop (serveStream), registered with the
+// tracker while it is open, and handed to every watch of the stream, so
+// that nothing looks a stream up by its node or its ID on the way from a
+// request to a response. Its parts are owned as follows:
+//   - id and out never change; out has a lock of its own;
+//   - node, named and nonce are the loop's (no lock), as is the per-type
+//     protocol state of sotwConn and deltaConn that embed the conn;
+//   - state is what the tracker checks and shows (identity, status,
+//     nonces sent, what the stream holds), guarded by proxyTracker.mu;
+//   - rec is what the watcher's pushes read (identity, persistent
+//     subscribers, the responses handed to the stream), guarded by
+//     watcher.mu.
+type conn struct {
+	id  int64   // unique across listeners (adsServer.sotwID, deltaID)
+	out *outbox // where the stream's watches put their responses
+
+	node  *corev3.Node // the first node the stream sent (an empty one until then)
+	named bool         // node is the client's
+	nonce int64        // the last response's nonce
+
+	state streamState
+	rec   streamRecord
+}
+
+func newConn(id int64) *conn {
+	return &conn{id: id, out: newOutbox(), node: &corev3.Node{}, rec: streamRecord{subs: map[string]*subscriber{}}}
+}
+
+// outbox is where a stream's watches put their responses for the stream's
+// loop to send. put never blocks: a watch answers at most once, and a
+// stream has at most one watch per type.
+type outbox struct {
+	mu    sync.Mutex
+	queue []reply
+	wake  chan struct{} // one slot: something was put
+}
+
+func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
+
+func (o *outbox) put(r reply) {
+	o.mu.Lock()
+	o.queue = append(o.queue, r)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was put since the last take, oldest first.
+func (o *outbox) take() []reply {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.queue
+	o.queue = nil
+	return q
+}
