@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -99,6 +100,36 @@ func (a *adsServer) DeltaListeners(st deltaStream) error {
 func (a *adsServer) DeltaRoutes(st deltaStream) error { return a.serveDelta(st, resourcev3.RouteType) }
 
 var errNoType = status.Error(codes.InvalidArgument, "type URL is required for ADS")
+
+// outbox is where a stream's watches put their responses for the stream's
+// loop to send. put never blocks: a watch answers at most once, and a
+// stream has at most one watch per type.
+type outbox struct {
+	mu    sync.Mutex
+	queue []reply
+	wake  chan struct{} // one slot: something was put
+}
+
+func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
+
+func (o *outbox) put(r reply) {
+	o.mu.Lock()
+	o.queue = append(o.queue, r)
+	o.mu.Unlock()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was put since the last take, oldest first.
+func (o *outbox) take() []reply {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	q := o.queue
+	o.queue = nil
+	return q
+}
 
 // receive reads a stream's requests on a goroutine of its own (gRPC's
 // RecvMsg blocks) and hands them over one at a time; the channel closes

@@ -1,8 +1,6 @@
 package hub
 
 import (
-	"sync"
-
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
@@ -33,34 +31,4 @@ type conn struct {
 
 func newConn(id int64) *conn {
 	return &conn{id: id, out: newOutbox(), node: &corev3.Node{}, rec: streamRecord{subs: map[string]*subscriber{}}}
-}
-
-// outbox is where a stream's watches put their responses for the stream's
-// loop to send. put never blocks: a watch answers at most once, and a
-// stream has at most one watch per type.
-type outbox struct {
-	mu    sync.Mutex
-	queue []reply
-	wake  chan struct{} // one slot: something was put
-}
-
-func newOutbox() *outbox { return &outbox{wake: make(chan struct{}, 1)} }
-
-func (o *outbox) put(r reply) {
-	o.mu.Lock()
-	o.queue = append(o.queue, r)
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
-
-// take returns what was put since the last take, oldest first.
-func (o *outbox) take() []reply {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	q := o.queue
-	o.queue = nil
-	return q
 }
