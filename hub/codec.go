@@ -89,12 +89,12 @@ func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
 	switch resp := v.(type) {
 	case *discoveryv3.DiscoveryResponse:
-		if len(resp.Resources) >= minSharedResources {
-			return marshalShared(c, resp, resp.Resources)
+		if len(resp.GetResources()) >= minSharedResources {
+			return marshalShared(c, resp, resp.GetResources())
 		}
 	case *discoveryv3.DeltaDiscoveryResponse:
-		if len(resp.Resources) >= minSharedResources {
-			return marshalShared(c, resp, resp.Resources)
+		if len(resp.GetResources()) >= minSharedResources {
+			return marshalShared(c, resp, resp.GetResources())
 		}
 	}
 	return c.proto.Marshal(v)

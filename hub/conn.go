@@ -10,13 +10,15 @@ import (
 // that nothing looks a stream up by its node or its ID on the way from a
 // request to a response. Its parts are owned as follows:
 //   - id and out never change; out has a lock of its own;
-//   - node, named and nonce are the loop's (no lock), as is the per-type
-//     protocol state of sotwConn and deltaConn that embed the conn;
+//   - node, named (SotW only) and nonce are the loop's (no lock), as is
+//     the per-type protocol state of sotwConn and deltaConn that embed
+//     the conn;
 //   - state is what the tracker checks and shows (identity, status,
 //     nonces sent, what the stream holds), guarded by proxyTracker.mu;
 //   - rec is what the watcher's pushes read (identity, persistent
 //     subscribers, the responses handed to the stream), guarded by
-//     watcher.mu.
+//     watcher.mu, but for its withheld-SDS log (a lock of its own) and
+//     its per-type sent flags (atomic).
 type conn struct {
 	id  int64   // unique across listeners (adsServer.sotwID, deltaID)
 	out *outbox // where the stream's watches put their responses

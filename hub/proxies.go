@@ -434,8 +434,8 @@ func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 	token, cluster, ctx := st.token, st.claimed, st.ctx
 	st.token = ""
 	p.mu.Unlock()
-	if c := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); c != "" {
-		cluster = c
+	if member := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); member != "" {
+		cluster = member
 	}
 	if cluster == "" {
 		return status.Error(codes.Unauthenticated, "a service-account token is checked in the proxy's own member cluster: set node metadata CLUSTER_ID or the ClusterID header")

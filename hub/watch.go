@@ -559,7 +559,7 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 		return nil, nil
 	}
 	sort.Strings(removed)
-	list := w.lists.delta(changed) // in res's order: by name
+	list := w.lists.delta(changed) // in res's order: by name (SDS: as subscribed)
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
@@ -570,7 +570,7 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 				TypeUrl:           wt.typeURL,
 			},
 		},
-		changed: changed,
+		changed: list.res,
 		removed: removed,
 	}, nil
 }
@@ -637,7 +637,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 				TypeUrl:           wt.typeURL,
 			},
 		},
-		changed: changed,
+		changed: list.res,
 		removed: removed,
 	}, nil
 }
