@@ -110,6 +110,13 @@ var openAPI = obj{
 				"state":   obj{"type": "string", "enum": []string{"Pending", "Syncing", "Ready", "Stale", "Unreachable", "TimedOut", "Invalid", "Conflict"}},
 				"message": str(), "server": str(), "services": integer(), "endpoints": integer(), "lastSyncTime": timeStr(),
 				"warnings": obj{"type": "array", "items": str(), "description": "accepted but risky kubeconfig settings, e.g. insecure-skip-tls-verify"},
+				"network":  obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
+				"gateways": obj{"type": "array", "description": "east-west gateways into the member's network: its Services labelled with the network on port 15443 (or networking.istio.io/gatewayPort), and the remote Secret's hub.federation/gateways", "items": obj{"type": "object", "properties": obj{
+					"address": str(), "port": integer(), "source": obj{"type": "string", "description": "service <namespace>/<name>, or secret annotation"},
+				}}},
+				"gatewaysRefused":      obj{"type": "array", "items": str(), "description": "why gateways were not accepted (another network's label, no address, a hostname, a malformed annotation)"},
+				"crossNetworkWithheld": obj{"type": "integer", "description": "endpoints proxies on other networks do not get: all of them without a gateway, else those that are not Istio mTLS"},
+				"demoted":              obj{"type": "string", "description": "why the member's endpoints are served one priority behind the healthy members' (absent: they are not)"},
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
 				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},

@@ -39,15 +39,39 @@ type Cluster struct {
 	LastSyncTime *time.Time `json:"lastSyncTime"`
 	// Warnings are accepted but risky settings of the member's kubeconfig.
 	Warnings []string `json:"warnings,omitempty"`
+	// Network is the member's Istio network (absent: none).
+	Network string `json:"network,omitempty"`
+	// Gateways are the member's east-west gateways, and GatewaysRefused
+	// why others were not accepted.
+	Gateways        []Gateway `json:"gateways,omitempty"`
+	GatewaysRefused []string  `json:"gatewaysRefused,omitempty"`
+	// CrossNetworkWithheld counts the member's endpoints that proxies on
+	// other networks do not get (no gateway, or not Istio mTLS).
+	CrossNetworkWithheld int `json:"crossNetworkWithheld"`
+	// Demoted says why the member's endpoints are served behind the
+	// healthy members' (absent: they are not).
+	Demoted string `json:"demoted,omitempty"`
+}
+
+// Gateway is an east-west gateway of a member.
+type Gateway struct {
+	Address string `json:"address"`
+	Port    int32  `json:"port"`
+	Source  string `json:"source"`
 }
 
 // ToCluster converts a member status.
 func ToCluster(st clusters.Status) Cluster {
-	return Cluster{
+	c := Cluster{
 		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
 		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
-		Warnings: st.Warnings,
+		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused,
+		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 	}
+	for _, g := range st.Gateways {
+		c.Gateways = append(c.Gateways, Gateway(g))
+	}
+	return c
 }
 
 // Port is a service port.

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -73,6 +74,7 @@ type Cluster struct {
 	nodes      corelisters.NodeLister
 	system     informers.SharedInformerFactory // the system namespace alone (network)
 	namespaces corelisters.NamespaceLister
+	mesh       *meshPods // which pods accept Istio mTLS (optional)
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[ServiceKey]
 
@@ -96,6 +98,18 @@ type Cluster struct {
 	// persistedAt is when the view it serves until its first sync was
 	// persisted (zero: it was not restored; see persist.go).
 	persistedAt time.Time
+	// annotated and annotatedErr are the gateways the remote Secret names
+	// (AnnotationGateways) and why it was refused; gateways is what
+	// discoverGateways made of them and the member's gateway Services
+	// (shared by every Service view: never modified, only replaced), and
+	// gatewayServices the labelled Services it looked at.
+	annotated       []Gateway
+	annotatedErr    error
+	gateways        gatewayView
+	gatewayServices map[ServiceKey]bool
+	// withheld counts, per Service, the endpoints proxies of other
+	// networks do not get (Status.CrossNetworkWithheld).
+	withheld map[ServiceKey]int
 }
 
 // clusterDeps are what every Cluster of a registry shares.
@@ -144,7 +158,15 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		done:      make(chan struct{}),
 		state:     StatePending,
 		endpoints: map[ServiceKey]int{},
+		withheld:  map[ServiceKey]int{},
+
+		gatewayServices: map[ServiceKey]bool{},
 	}
+	mc, err := metadata.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("building metadata client for cluster %s: %w", id, err)
+	}
+	c.mesh = newMeshPods(mc)
 	var onSecret func(ServiceKey)
 	if ev := deps.secretEvents; ev != nil {
 		onSecret = func(key ServiceKey) { ev.SecretChanged(id, key) }
@@ -163,9 +185,9 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	nsInf := c.system.Core().V1().Namespaces()
 	c.namespaces = nsInf.Lister()
 	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.enqueueAll() },
+		AddFunc:    func(any) { c.refreshGateways(true) },
 		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
-		DeleteFunc: func(any) { c.enqueueAll() },
+		DeleteFunc: func(any) { c.refreshGateways(true) },
 	}); err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
@@ -180,6 +202,13 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 			return nil, fmt.Errorf("setting informer transform: %w", err)
 		}
 	}
+	if err := c.mesh.inf.SetTransform(stripToName); err != nil {
+		return nil, fmt.Errorf("setting informer transform: %w", err)
+	}
+	c.informers["MeshPod"] = c.mesh.inf
+	if err := c.watchMeshPods(); err != nil {
+		return nil, err
+	}
 	if err := c.countObjects(); err != nil {
 		return nil, err
 	}
@@ -189,6 +218,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			ns, name, _ := cache.SplitMetaNamespaceKey(key)
 			c.queue.Add(ServiceKey{Namespace: ns, Name: name})
+			c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
 		}
 	}
 	onSlice := func(obj any) {
@@ -199,7 +229,11 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 			c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
 		}
 	}
-	onNode := func(any) { c.enqueueAll() }
+	onNode := func(any) {
+		if !c.refreshGateways(false) { // a node port gateway's address may have moved
+			c.enqueueAll()
+		}
+	}
 	handlers := []struct {
 		inf cache.SharedIndexInformer
 		fn  func(any)
@@ -234,6 +268,7 @@ func (c *Cluster) stop() {
 	<-c.done
 	c.factory.Shutdown()
 	c.system.Shutdown()
+	c.mesh.factory.Shutdown()
 	c.secrets.factory.Shutdown()
 	c.conns.closeAll()
 }
@@ -242,6 +277,7 @@ func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
 	c.system.Start(ctx.Done())
+	c.mesh.factory.Start(ctx.Done())
 	c.secrets.factory.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -429,9 +465,10 @@ type observingTransport struct {
 func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	switch {
-	case strings.HasSuffix(req.URL.Path, "/secrets"):
-		// The secret controller is optional for a member (its credentials may
-		// not read Secrets); its failures do not make the member Stale.
+	case strings.HasSuffix(req.URL.Path, "/secrets"), strings.HasSuffix(req.URL.Path, "/pods"):
+		// The secret controller and the mesh-pod lookup are optional for a
+		// member (its credentials may not read Secrets or pods); their
+		// failures do not make the member Stale.
 	case req.Context().Err() != nil:
 		// Cancelled by us (stopping, or a watch ending): says nothing about the server.
 	case err != nil:
@@ -502,9 +539,13 @@ func (c *Cluster) publishAll() {
 		views = append(views, v)
 		counts[ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = len(v.Endpoints)
 	}
+	withheld := make(map[ServiceKey]int, len(svcs))
+	for _, v := range views {
+		withheld[ServiceKey{Namespace: v.Namespace, Name: v.Name}] = crossNetworkWithheld(v)
+	}
 	c.sink.ReplaceCluster(c.id, views)
 	c.mu.Lock()
-	c.endpoints = counts
+	c.endpoints, c.withheld = counts, withheld
 	c.mu.Unlock()
 }
 
@@ -529,8 +570,10 @@ func (c *Cluster) processNext() bool {
 	c.mu.Lock()
 	if view == nil {
 		delete(c.endpoints, key)
+		delete(c.withheld, key)
 	} else {
 		c.endpoints[key] = len(view.Endpoints)
+		c.withheld[key] = crossNetworkWithheld(view)
 	}
 	c.lastSync = time.Now()
 	c.mu.Unlock()
@@ -545,8 +588,11 @@ func (c *Cluster) build(svc *corev1.Service) *Service {
 			return n.Labels
 		}
 		return nil
-	})
+	}, c.mesh.has)
 	out.Network = c.network()
+	c.mu.Lock()
+	out.Gateways = c.gateways.gateways
+	c.mu.Unlock()
 	return out
 }
 
@@ -574,7 +620,7 @@ func (c *Cluster) networkChanged(old, cur any) {
 	o, ok1 := old.(*corev1.Namespace)
 	n, ok2 := cur.(*corev1.Namespace)
 	if !ok1 || !ok2 || o.Labels[LabelNetwork] != n.Labels[LabelNetwork] {
-		c.enqueueAll()
+		c.refreshGateways(true)
 	}
 }
 
@@ -598,6 +644,12 @@ func (c *Cluster) status() Status {
 	for _, n := range c.endpoints {
 		st.Endpoints += n
 	}
+	for _, n := range c.withheld {
+		st.CrossNetworkWithheld += n
+	}
+	st.Network = c.network()
+	st.Gateways = slices.Clone(c.gateways.gateways)
+	st.GatewaysRefused = slices.Clone(c.gateways.refused)
 	return st
 }
 
@@ -613,17 +665,31 @@ func (c *Cluster) objectCounts() map[string]int {
 
 // stripObject drops what the hub never reads from informer objects, to keep
 // memory per member small: managed fields, annotations (but a Service's
-// service-account ones, see Service.KubernetesServiceAccounts) and status
-// everywhere, and all of a Node but its name and labels.
+// service-account ones, see Service.KubernetesServiceAccounts, and a gateway
+// Service's node selector) and status everywhere (but a gateway Service's
+// load balancer ingress), all of a Node
+// but its name, labels and IP addresses, and an EndpointSlice's target
+// references but pods' names.
 func stripObject(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 			Name: o.Name, Labels: o.Labels, ResourceVersion: o.ResourceVersion, UID: o.UID,
-		}}, nil
+		}}
+		for _, a := range o.Status.Addresses { // node port gateways' addresses
+			if a.Type == corev1.NodeExternalIP || a.Type == corev1.NodeInternalIP {
+				n.Status.Addresses = append(n.Status.Addresses, a)
+			}
+		}
+		return n, nil
 	case *corev1.Service:
 		var kept map[string]string
-		for _, k := range []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts} {
+		_, gateway := o.Labels[LabelNetwork]
+		keep := []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts}
+		if gateway {
+			keep = append(keep, AnnotationNodeSelector)
+		}
+		for _, k := range keep {
 			if v, ok := o.Annotations[k]; ok && len(v) <= maxDeclaredAnnotationBytes { // longer ones declare nothing
 				if kept == nil {
 					kept = map[string]string{}
@@ -631,16 +697,32 @@ func stripObject(obj any) (any, error) {
 				kept[k] = v
 			}
 		}
-		o.ManagedFields, o.Annotations, o.Status = nil, kept, corev1.ServiceStatus{}
+		o.ManagedFields, o.Annotations = nil, kept
+		if gateway {
+			o.Status = corev1.ServiceStatus{LoadBalancer: o.Status.LoadBalancer}
+		} else {
+			o.Status = corev1.ServiceStatus{}
+		}
 		o.Spec.Selector = nil
 	case *discoveryv1.EndpointSlice:
 		o.ManagedFields, o.Annotations = nil, nil
 		for i := range o.Endpoints {
-			o.Endpoints[i].TargetRef, o.Endpoints[i].Hints, o.Endpoints[i].DeprecatedTopology = nil, nil, nil
+			o.Endpoints[i].TargetRef, o.Endpoints[i].Hints, o.Endpoints[i].DeprecatedTopology = stripPodRef(o.Endpoints[i].TargetRef), nil, nil
 		}
 	case metav1.Object:
 		o.SetManagedFields(nil)
 		o.SetAnnotations(nil)
+	}
+	return obj, nil
+}
+
+// stripToName keeps of a metadata informer's object its namespace, name
+// and what the informer needs (resource version, UID).
+func stripToName(obj any) (any, error) {
+	if o, ok := obj.(*metav1.PartialObjectMetadata); ok {
+		return &metav1.PartialObjectMetadata{TypeMeta: o.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+			Namespace: o.Namespace, Name: o.Name, ResourceVersion: o.ResourceVersion, UID: o.UID,
+		}}, nil
 	}
 	return obj, nil
 }

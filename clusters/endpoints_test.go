@@ -49,7 +49,7 @@ func TestBuildService(t *testing.T) {
 		},
 	}
 	nodes := map[string]map[string]string{"n1": {labelRegion: "r1", labelZone: "z1"}}
-	got := buildService(svc, slices, func(n string) map[string]string { return nodes[n] })
+	got := buildService(svc, slices, func(n string) map[string]string { return nodes[n] }, nil)
 
 	want := &Service{
 		Namespace: "ns", Name: "echo",
@@ -80,7 +80,7 @@ func TestBuildServiceUnnamedPort(t *testing.T) {
 		Ports:       []discoveryv1.EndpointPort{{Port: ptr.To[int32](8080)}},
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.1.1.1"}}},
 	}}
-	got := buildService(svc, slices, nil)
+	got := buildService(svc, slices, nil, nil)
 	if len(got.Endpoints) != 1 || got.Endpoints[0].Port != 8080 || got.Endpoints[0].ServicePort != 80 {
 		t.Errorf("endpoints = %+v; want 10.1.1.1:8080 for port 80", got.Endpoints)
 	}
@@ -97,7 +97,7 @@ func TestBuildServiceExportLabel(t *testing.T) {
 		{map[string]string{LabelExport: "false"}, true},
 	} {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", Labels: tc.labels}}
-		if got := buildService(svc, nil, nil).NotExported; got != tc.want {
+		if got := buildService(svc, nil, nil, nil).NotExported; got != tc.want {
 			t.Errorf("labels %v: NotExported = %v, want %v", tc.labels, got, tc.want)
 		}
 	}

@@ -46,6 +46,8 @@ type viewService struct {
 	// CanonicalServiceAccounts (absent: not declared).
 	KSA []string `json:"ksa,omitempty"`
 	CSA []string `json:"csa,omitempty"`
+	// Gateways is Service.Gateways (absent: none).
+	Gateways []viewGateway `json:"g,omitempty"`
 }
 
 type viewPort struct {
@@ -62,6 +64,13 @@ type viewEndpoint struct {
 	Health      Health `json:"h,omitempty"`
 	Region      string `json:"r,omitempty"`
 	Zone        string `json:"z,omitempty"`
+	MTLS        bool   `json:"m,omitempty"`
+}
+
+type viewGateway struct {
+	Address string `json:"a"`
+	Port    int32  `json:"p"`
+	Source  string `json:"s,omitempty"`
 }
 
 // encodeView returns the canonical encoding of services and its SHA-256
@@ -93,6 +102,9 @@ func encodeView(services []*Service) ([]byte, string, error) {
 				vs.Endpoints[i] = viewEndpoint(e)
 			}
 		}
+		for _, g := range s.Gateways {
+			vs.Gateways = append(vs.Gateways, viewGateway(g))
+		}
 		doc.Services = append(doc.Services, vs)
 	}
 	data, err := json.Marshal(doc)
@@ -113,6 +125,7 @@ func decodeView(data []byte) ([]*Service, error) {
 		return nil, fmt.Errorf("member view has format %d; this hub reads %d", doc.Format, viewFormat)
 	}
 	out := make([]*Service, 0, len(doc.Services))
+	gateways := map[string][]Gateway{}
 	for _, vs := range doc.Services {
 		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
 			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA}
@@ -129,6 +142,19 @@ func decodeView(data []byte) ([]*Service, error) {
 			s.Endpoints = make([]Endpoint, len(vs.Endpoints))
 			for i, e := range vs.Endpoints {
 				s.Endpoints[i] = Endpoint(e)
+			}
+		}
+		if len(vs.Gateways) > 0 {
+			// One slice per member, as the endpoint controller shares it.
+			key := fmt.Sprint(vs.Gateways)
+			if gws, ok := gateways[key]; ok {
+				s.Gateways = gws
+			} else {
+				s.Gateways = make([]Gateway, len(vs.Gateways))
+				for i, g := range vs.Gateways {
+					s.Gateways[i] = Gateway(g)
+				}
+				gateways[key] = s.Gateways
 			}
 		}
 		out = append(out, s)

@@ -47,6 +47,14 @@ func TestViewCodecRoundTrip(t *testing.T) {
 	view = append(view, &Service{Namespace: "a", Name: "no-ports"}, &Service{Namespace: "a", Name: "no-endpoints",
 		Ports: []ServicePort{{Port: 53, Protocol: "UDP"}}},
 		&Service{Namespace: "a", Name: "identities", KubernetesServiceAccounts: []string{"echo"}, CanonicalServiceAccounts: []string{"spiffe://x.org/ns/a/sa/b"}})
+	gateways := []Gateway{{Address: "203.0.113.7", Port: 15443, Source: "service istio-system/eastwest"}, {Address: "2001:db8::1", Port: 443, Source: "secret annotation"}}
+	for _, name := range []string{"gw-1", "gw-2"} {
+		view = append(view, &Service{Namespace: "b", Name: name, Network: "net-1", Gateways: gateways, Ports: []ServicePort{{Port: 80, Protocol: "TCP"}},
+			Endpoints: []Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 80, MTLS: true}, {Address: "10.0.0.2", Port: 8080, ServicePort: 80}}})
+	}
+	if err := validateView(view, time.Now(), 0); err != nil {
+		t.Fatalf("the synthetic view is not valid: %v", err)
+	}
 	data, sum, err := encodeView(view)
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +84,9 @@ func TestViewCodecRoundTrip(t *testing.T) {
 	}
 	if len(got) != len(view) {
 		t.Fatalf("decoded %d services; want %d", len(got), len(view))
+	}
+	if gw1, gw2 := byKey[ServiceKey{Namespace: "b", Name: "gw-1"}], byKey[ServiceKey{Namespace: "b", Name: "gw-2"}]; &gw1.Gateways[0] != &gw2.Gateways[0] {
+		t.Error("a member's gateways decode to one slice per service; want one shared")
 	}
 	raw, err := decompress(compress(data))
 	if err != nil || !bytes.Equal(raw, data) {

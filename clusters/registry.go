@@ -73,6 +73,12 @@ type Config struct {
 	// SecretEvents, if set, is told when members' Secrets change (SDS
 	// uses it to push TLS material again).
 	SecretEvents SecretEvents
+	// DemoteUnhealthy says the hub serves the endpoints of members that
+	// are not healthy behind the others' (Status.Demoted says so).
+	DemoteUnhealthy bool
+	// States, if set, is told every state change of each member's
+	// current client (not of a kubeconfig candidate still syncing).
+	States StateObserver
 	// Metrics, if set, gets the membership metrics.
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
@@ -276,6 +282,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	var data map[string][]byte
 	var ref *corev1.ObjectReference
 	var ann identityAnnotations
+	var gateways string
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -285,6 +292,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		data = secret.Data
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
+		gateways = secret.Annotations[AnnotationGateways]
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
@@ -342,7 +350,19 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.pruneHistoryLocked(gone)
 	rescoped := r.setIdentityLocked(key, ann)
+	var clients []*Cluster
+	for _, m := range r.members {
+		if m.secret == key {
+			clients = append(clients, m.active)
+			if m.next != nil {
+				clients = append(clients, m.next)
+			}
+		}
+	}
 	r.mu.Unlock()
+	for _, c := range clients {
+		c.setAnnotatedGateways(gateways)
+	}
 	r.identityChanged(key, ann, rescoped)
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
@@ -547,6 +567,9 @@ func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Sta
 		}
 		r.log.Log(context.Background(), level, prefix+"cluster state changed", "cluster", st.ID, "from", from, "to", st.State, "message", st.Message)
 		r.event(ref, typ, "Cluster"+string(st.State), "%scluster %s: %s → %s %s", prefix, st.ID, from, st.State, st.Message)
+		if prefix == "" && r.cfg.States != nil {
+			r.cfg.States.MemberState(st.ID, st.State)
+		}
 	}
 }
 
@@ -647,7 +670,7 @@ func (r *Registry) Clusters() []Status {
 			st.State = StateInvalid
 			st.Message = "new kubeconfig rejected, still using the previous one: " + m.rejected
 		}
-		out = append(out, st)
+		out = append(out, r.withDemotion(st))
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].ID != out[j].ID {
@@ -655,14 +678,26 @@ func (r *Registry) Clusters() []Status {
 		}
 		return out[i].Secret < out[j].Secret
 	})
-	return append([]Status{r.home.status()}, out...)
+	return append([]Status{r.withDemotion(r.home.status())}, out...)
+}
+
+// withDemotion sets Status.Demoted for a member whose endpoints the hub
+// serves behind the healthy members' (the index demotes the same states).
+func (r *Registry) withDemotion(st Status) Status {
+	switch st.State {
+	case StateStale, StateUnreachable, StateTimedOut:
+		if r.cfg.DemoteUnhealthy && st.Endpoints > 0 {
+			st.Demoted = fmt.Sprintf("the member is %s: its endpoints are served one priority behind the healthy members' (as long as any other member serves the service)", st.State)
+		}
+	}
+	return st
 }
 
 // Cluster returns the status of one cluster by ID: the running member if
 // there is one, else the first Secret key that claims the ID.
 func (r *Registry) Cluster(id string) (Status, bool) {
 	if id == r.cfg.HomeID {
-		return r.home.status(), true
+		return r.withDemotion(r.home.status()), true
 	}
 	r.mu.Lock()
 	owner := ""

@@ -25,7 +25,7 @@ func TestBuildServiceDeclaredServiceAccounts(t *testing.T) {
 		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "echo", Annotations: map[string]string{
 			AnnotationKubernetesServiceAccounts: tc.value, AnnotationCanonicalServiceAccounts: tc.value,
 		}}}
-		got := buildService(svc, nil, nil)
+		got := buildService(svc, nil, nil, nil)
 		if !slices.Equal(got.KubernetesServiceAccounts, tc.want) || !slices.Equal(got.CanonicalServiceAccounts, tc.want) {
 			t.Errorf("%.40q: declared %v / %v; want %v", tc.value, got.KubernetesServiceAccounts, got.CanonicalServiceAccounts, tc.want)
 		}

@@ -29,6 +29,11 @@ type Service struct {
 	// Network is the member's Istio network: the topology.istio.io/network
 	// label of its system namespace (SystemNamespace), "" when unset.
 	Network string
+	// Gateways are the member's east-west gateways into its network
+	// (discoverGateways), the same for every Service of the member and
+	// shared between them: proxies of other networks reach the endpoints
+	// through them. Nil when the member has none.
+	Gateways []Gateway
 	// KubernetesServiceAccounts and CanonicalServiceAccounts are the
 	// workload identities the Service declares for its endpoints with
 	// Istio's annotations (AnnotationKubernetesServiceAccounts: service
@@ -83,6 +88,11 @@ type Endpoint struct {
 	Health      Health
 	Region      string
 	Zone        string
+	// MTLS says the endpoint accepts Istio mTLS: its pod is labelled
+	// security.istio.io/tlsMode=istio (Istio's injection sets it), as
+	// istiod reads it. Only such endpoints are reached across networks:
+	// the gateway routes by the SNI of Istio's mTLS.
+	MTLS bool
 }
 
 // State is the lifecycle state of a member cluster (DESIGN.md §3.3).
@@ -116,6 +126,26 @@ type Status struct {
 	// Warnings are accepted but risky settings of the member's kubeconfig
 	// (e.g. insecure-skip-tls-verify).
 	Warnings []string
+	// Network is the member's Istio network ("" when its system
+	// namespace has no topology.istio.io/network label).
+	Network string
+	// Gateways are the member's accepted east-west gateways and
+	// GatewaysRefused why others were not accepted.
+	Gateways        []Gateway
+	GatewaysRefused []string
+	// CrossNetworkWithheld counts the member's endpoints that proxies on
+	// other networks do not get: all of them when the member has a network
+	// but no gateway, else those that do not accept Istio mTLS.
+	CrossNetworkWithheld int
+	// Demoted says why the member's endpoints are served one priority
+	// behind the healthy members' ("" when they are not).
+	Demoted string
+}
+
+// StateObserver is told the state changes of members (the federated index
+// demotes members that are not healthy).
+type StateObserver interface {
+	MemberState(cluster string, st State)
 }
 
 // Sink receives every member's service view. The hub's federated index

@@ -48,7 +48,8 @@ func validateView(services []*Service, now time.Time, maxServices int) error {
 // or SCTP; appProtocol a qualified name; endpoints with a valid IP address
 // that an EndpointSlice accepts (not unspecified, loopback, link-local or
 // link-local multicast), a target port in range, a service port the Service
-// has and a known health; locality and network valid label values; declared
+// has and a known health; locality and network valid label values;
+// gateways as discoverGateways accepts them (only with a network); declared
 // service accounts as declaredServiceAccounts leaves them (at most
 // MaxDeclaredServiceAccounts, each at most maxServiceAccountBytes, sorted,
 // unique, no commas or spaces); a creation time not before the epoch nor
@@ -65,6 +66,20 @@ func validateService(s *Service, now time.Time) error {
 	}
 	if err := labelValue("network", s.Network); err != nil {
 		return err
+	}
+	if len(s.Gateways) > 0 && s.Network == "" {
+		return errors.New("gateways without a network")
+	}
+	if len(s.Gateways) > maxGateways {
+		return fmt.Errorf("%d gateways; at most %d", len(s.Gateways), maxGateways)
+	}
+	for _, g := range s.Gateways {
+		if err := gatewayAddress(g); err != nil {
+			return err
+		}
+		if len(g.Source) > maxGatewaySource {
+			return fmt.Errorf("gateway source is longer than %d bytes", maxGatewaySource)
+		}
 	}
 	ports, err := validatePorts(s.Ports)
 	if err != nil {

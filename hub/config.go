@@ -25,7 +25,7 @@ const configLabel = "MCP"
 // config from the mcp generator (only the set version and the messages:
 // config types are served over SotW only), everything else from the
 // xDS generator (xdsgen).
-func (w *watcher) all(typeURL string, fl xdsgen.Flavour) (xdsgen.WildcardSet, error) {
+func (w *watcher) all(typeURL string, v xdsgen.View) (xdsgen.WildcardSet, error) {
 	if mcp.IsConfigType(typeURL) {
 		set, err := w.config.Set(typeURL)
 		if err != nil {
@@ -33,7 +33,7 @@ func (w *watcher) all(typeURL string, fl xdsgen.Flavour) (xdsgen.WildcardSet, er
 		}
 		return xdsgen.WildcardSet{Version: set.Version, Anys: set.Resources}, nil
 	}
-	return w.gen.All(typeURL, fl)
+	return w.gen.All(typeURL, v)
 }
 
 // checkDeltaConfig refuses Istio config over Delta: istiod asks for it

@@ -200,17 +200,17 @@ func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
-	before, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	before, err := h.gen.All(resourcev3.ClusterType, xdsgen.View{})
 	if err != nil || len(before.Resources) != 2 {
 		t.Fatalf("clusters: %d, %v; want 2", len(before.Resources), err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
 	h.gen.Invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	after, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	after, err := h.gen.All(resourcev3.ClusterType, xdsgen.View{})
 	if err != nil || &after.Resources[0] != &before.Resources[0] || after.Version != before.Version {
 		t.Fatalf("after an endpoint change the cluster set was rebuilt (%v)", err)
 	}
-	eds, err := h.gen.All(resourcev3.EndpointType, xdsgen.FlavourPlain)
+	eds, err := h.gen.All(resourcev3.EndpointType, xdsgen.View{})
 	if err != nil || len(eds.Resources) != 2 {
 		t.Fatalf("endpoints: %d, %v; want 2", len(eds.Resources), err)
 	}
@@ -218,13 +218,13 @@ func TestWildcardSetIsCheckedNotRebuilt(t *testing.T) {
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, svc)
 	h.gen.Invalidate(map[string]struct{}{"b.demo.svc.cluster.local": {}})
-	grown, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain)
+	grown, err := h.gen.All(resourcev3.ClusterType, xdsgen.View{})
 	if err != nil || len(grown.Resources) != 3 || grown.Version == before.Version {
 		t.Fatalf("after a new port: %d clusters, version changed %v, %v; want 3 and a new version", len(grown.Resources), grown.Version != before.Version, err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
 	h.gen.Invalidate(map[string]struct{}{"a.demo.svc.cluster.local": {}})
-	if shrunk, err := h.gen.All(resourcev3.ClusterType, xdsgen.FlavourPlain); err != nil || len(shrunk.Resources) != 2 {
+	if shrunk, err := h.gen.All(resourcev3.ClusterType, xdsgen.View{}); err != nil || len(shrunk.Resources) != 2 {
 		t.Fatalf("after a service went away: %d clusters, %v; want 2", len(shrunk.Resources), err)
 	}
 }

@@ -106,6 +106,10 @@ type Options struct {
 	// (see xdsgen.MTLSMode; "": xdsgen.DefaultMTLSMode). STRICT needs
 	// Roots: clients accept identities of its local trust domain.
 	MTLSMode xdsgen.MTLSMode
+	// KeepUnhealthyFirst turns off the demotion of members that are not
+	// healthy (Stale, Unreachable, TimedOut): by default their endpoints go
+	// one priority behind the healthy members' (DESIGN.md §3.9).
+	KeepUnhealthyFirst bool
 	// Settled reports whether membership has settled: the home cluster and
 	// every member synced, timed out, or served from its persisted view
 	// (clusters.Registry.Ready). Until it first has, new streams are
@@ -190,6 +194,7 @@ func New(opts Options) (*Hub, error) {
 	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots); err != nil {
 		return nil, err
 	}
+	h.gen.SetDemoteUnhealthy(!opts.KeepUnhealthyFirst)
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -90,8 +91,8 @@ type watcher struct {
 type watch struct {
 	typeURL string
 	nodeID  string
-	// flavour is the shape of what the stream's client gets (xdsgen.FlavourOf).
-	flavour xdsgen.Flavour
+	// view is the shape of what the stream's client gets (viewOf).
+	view xdsgen.View
 	// ident is the stream's identity when the watch was created; rec, the
 	// stream's record, has the current one, which SDS evaluations read
 	// (see watcher.identityOf).
@@ -165,6 +166,16 @@ func checkType(typeURL string) error {
 	return nil
 }
 
+// viewOf is the view a stream's client gets (xdsgen.ViewOf): its member is
+// the one its credentials prove, else the one its node names.
+func (w *watcher) viewOf(node *corev3.Node, ident authn.Identity) xdsgen.View {
+	member := ident.Cluster
+	if member == "" {
+		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
+	}
+	return xdsgen.ViewOf(node, w.gen.MTLS(), w.gen.MemberNetwork(member))
+}
+
 // CreateWatch takes a State-of-the-World request of c's stream with the
 // stream's subscription to its type; the response, now or on a later push,
 // goes to c.out. The returned function cancels the watch.
@@ -173,7 +184,8 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c 
 		return nil, err
 	}
 	rec := &c.rec
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
+	wt.view = w.viewOf(req.GetNode(), wt.ident)
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
@@ -208,7 +220,8 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	}
 	rec := &c.rec
 	ident := w.streamIdentity(rec)
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), flavour: xdsgen.FlavourOf(req.GetNode(), w.gen.MTLS()), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out}
+	wt.view = w.viewOf(req.GetNode(), ident)
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -456,10 +469,10 @@ func (w *watcher) skipUnchangedWildcards(jobs []job, versions map[xdsgen.Wildcar
 	for _, j := range jobs {
 		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
-			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, Flavour: wt.flavour}
+			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, View: wt.view}
 			v, ok := versions[key]
 			if !ok {
-				set, err := w.all(wt.typeURL, wt.flavour)
+				set, err := w.all(wt.typeURL, wt.view)
 				if err == nil {
 					v = set.Version
 				}
@@ -525,11 +538,11 @@ func (w *watcher) resources(wt *watch) ([]*xdsgen.Resource, error) {
 		return w.secretResources(wt)
 	}
 	if wt.wildcard {
-		set, err := w.all(wt.typeURL, wt.flavour)
+		set, err := w.all(wt.typeURL, wt.view)
 		wt.setVersion = set.Version
 		return set.Resources, err
 	}
-	return w.gen.Resources(wt.typeURL, wt.names, wt.flavour)
+	return w.gen.Resources(wt.typeURL, wt.names, wt.view)
 }
 
 // respondDelta builds a Delta response with the resources whose version
@@ -584,7 +597,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 	var changed []*xdsgen.Resource
 	var removed []string
 	consider := func(name string) error {
-		r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+		r, err := w.gen.Resource(wt.typeURL, name, wt.view)
 		if err != nil {
 			return err
 		}
@@ -749,7 +762,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 		}
 	case full:
 		for _, name := range wt.sub.list {
-			r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+			r, err := w.gen.Resource(wt.typeURL, name, wt.view)
 			if err != nil {
 				return nil, err
 			}
@@ -758,7 +771,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 	default:
 		for host := range dirty {
 			for _, name := range wt.sub.namesOf(host) {
-				r, err := w.gen.Resource(wt.typeURL, name, wt.flavour)
+				r, err := w.gen.Resource(wt.typeURL, name, wt.view)
 				if err != nil {
 					return nil, err
 				}
@@ -828,7 +841,7 @@ const wildcardKey = "\x00every resource"
 // respondWildcard answers a SotW wildcard watch from the shared set: one
 // slice of resources and one version for every stream.
 func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
-	set, err := w.all(wt.typeURL, wt.flavour)
+	set, err := w.all(wt.typeURL, wt.view)
 	if err != nil {
 		return nil, err
 	}

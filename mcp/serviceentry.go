@@ -45,7 +45,8 @@ type serviceEntry struct {
 // STATIC, the Service's ports (the union over the members, by number; the
 // first member in ID order names a port), one endpoint per ready address
 // of every member, in the member's Istio network (clusters.Service.Network,
-// "" for none). Members whose Service opts out (clusters.Service.NotExported)
+// "" for none), labelled security.istio.io/tlsMode=istio when its pod is
+// (clusters.Endpoint.MTLS). Members whose Service opts out (clusters.Service.NotExported)
 // are left out; nil when none is left, or when the Service has no ports.
 func buildServiceEntry(members map[string]*clusters.Service, domain string) *serviceEntry {
 	ids := make([]string, 0, len(members))
@@ -105,6 +106,12 @@ func buildServiceEntry(members map[string]*clusters.Service, domain string) *ser
 					Network:  net,
 				}
 				byAddr[ep.Address] = we
+			}
+			if ep.MTLS {
+				// Istio's label for endpoints that accept its mTLS: istiod
+				// then uses mTLS to them (auto mTLS) and reaches them
+				// across networks through their network's gateway.
+				we.Labels[clusters.LabelTLSMode] = clusters.TLSModeIstio
 			}
 			we.Ports[name] = uint32(ep.Port)
 		}

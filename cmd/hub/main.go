@@ -69,6 +69,7 @@ type config struct {
 	maxWorkloadCertTTL   time.Duration
 	xdsLimits            xdsLimits
 	mtlsMode             string
+	demoteUnhealthy      bool
 	hardening            hardeningFlags
 }
 
@@ -119,6 +120,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
 	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", ca.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
+	fs.BoolVar(&c.demoteUnhealthy, "demote-unhealthy-members", true, "serve the endpoints of a member that is Stale, Unreachable or TimedOut one priority behind the healthy members' (never dropped while it is the only one; restored on recovery)")
 	fs.StringVar(&c.mtlsMode, "mtls-mode", string(xdsgen.DefaultMTLSMode), "mesh-wide mTLS of proxyless gRPC workloads (xDS credentials), as Istio's modes apply to them: STRICT (clusters carry an UpstreamTlsContext, inbound listeners require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port)")
 	c.hardening.register(fs)
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")

@@ -103,17 +103,19 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard})
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
-		Home:           home,
-		HomeID:         cfg.clusterID,
-		Namespace:      cfg.secretsNamespace,
-		StateNamespace: cfg.namespace,
-		SyncTimeout:    cfg.remoteClusterTimeout,
-		Policy:         policy,
-		Sink:           index,
-		SecretEvents:   changes,
-		Metrics:        metrics,
-		Log:            log,
-		IsLeader:       elector.IsLeader,
+		Home:            home,
+		HomeID:          cfg.clusterID,
+		Namespace:       cfg.secretsNamespace,
+		StateNamespace:  cfg.namespace,
+		SyncTimeout:     cfg.remoteClusterTimeout,
+		Policy:          policy,
+		Sink:            index,
+		States:          index,
+		DemoteUnhealthy: cfg.demoteUnhealthy,
+		SecretEvents:    changes,
+		Metrics:         metrics,
+		Log:             log,
+		IsLeader:        elector.IsLeader,
 	})
 	if err != nil {
 		return err
@@ -159,6 +161,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		NewStreamsPerSecond: cfg.newStreamsPerSecond,
 		DrainGrace:          cfg.shutdownGrace,
 		MTLSMode:            xdsgen.MTLSMode(cfg.mtlsMode),
+		KeepUnhealthyFirst:  !cfg.demoteUnhealthy,
 		Metrics:             metrics,
 		Log:                 log,
 	})

@@ -20,6 +20,10 @@ type Index struct {
 	mu        sync.RWMutex
 	byHost    map[string]map[string]*clusters.Service // hostname → member → view
 	byCluster map[string]map[clusters.ServiceKey]*clusters.Service
+	// networks is each member's network as its last view set says.
+	networks map[string]string
+	// demoted are the members that are not healthy, with their state.
+	demoted map[string]clusters.State
 }
 
 // NewIndex creates an empty index that reports the hostnames whose view
@@ -30,6 +34,8 @@ func NewIndex(domainSuffix string, changes *Changes) *Index {
 		changes:      changes,
 		byHost:       map[string]map[string]*clusters.Service{},
 		byCluster:    map[string]map[clusters.ServiceKey]*clusters.Service{},
+		networks:     map[string]string{},
+		demoted:      map[string]clusters.State{},
 	}
 }
 
@@ -76,8 +82,49 @@ func (x *Index) RemoveCluster(cluster string) {
 		changed = x.setLocked(cluster, key, nil, changed)
 	}
 	delete(x.byCluster, cluster)
+	delete(x.networks, cluster)
+	delete(x.demoted, cluster)
 	x.mu.Unlock()
 	x.notify(changed)
+}
+
+// MemberState records a member's state (clusters.StateObserver): a member
+// that is Stale, Unreachable or TimedOut is demoted (its endpoints go
+// behind the healthy members', see Demoted), and every hostname it serves
+// changes when it is demoted or restored.
+func (x *Index) MemberState(cluster string, st clusters.State) {
+	bad := st == clusters.StateStale || st == clusters.StateUnreachable || st == clusters.StateTimedOut
+	x.mu.Lock()
+	_, was := x.demoted[cluster]
+	if bad {
+		x.demoted[cluster] = st
+	} else {
+		delete(x.demoted, cluster)
+	}
+	var changed []string
+	if bad != was {
+		for key := range x.byCluster[cluster] {
+			changed = append(changed, x.Hostname(key.Namespace, key.Name))
+		}
+	}
+	x.mu.Unlock()
+	x.notify(changed)
+}
+
+// Demoted reports whether a member is demoted and in which state.
+func (x *Index) Demoted(cluster string) (clusters.State, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	st, ok := x.demoted[cluster]
+	return st, ok
+}
+
+// MemberNetwork is a member's Istio network as its Services say ("" when
+// it has none or no Services yet).
+func (x *Index) MemberNetwork(cluster string) string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.networks[cluster]
 }
 
 // setLocked stores one member's view of one service and appends its hostname
@@ -103,6 +150,7 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 		}
 		x.byCluster[cluster][key] = svc
 		x.byHost[host][cluster] = svc
+		x.networks[cluster] = svc.Network
 	}
 	return append(changed, host)
 }

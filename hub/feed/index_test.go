@@ -64,3 +64,43 @@ func TestIndexHas(t *testing.T) {
 		t.Error("an unknown Service is federated")
 	}
 }
+
+// TestMemberStateDemotesAndNotifies: a member that turns Stale,
+// Unreachable or TimedOut is demoted and every hostname it serves changes;
+// a change that stays on the same side reports nothing; recovery and
+// removal undo it. The member's network is what its views say.
+func TestMemberStateDemotesAndNotifies(t *testing.T) {
+	feed := NewChanges(0, 0)
+	hosts := func() []string { return slices.Sorted(maps.Keys(feed.take().Hosts)) }
+	x := NewIndex("cluster.local", feed)
+	x.ReplaceCluster("west", []*clusters.Service{{Namespace: "ns", Name: "a", Network: "net-a"}, {Namespace: "ns", Name: "b", Network: "net-a"}})
+	x.ReplaceCluster("east", []*clusters.Service{{Namespace: "ns", Name: "c"}})
+	hosts()
+	if got := x.MemberNetwork("west"); got != "net-a" {
+		t.Errorf("MemberNetwork(west) = %q", got)
+	}
+	x.MemberState("west", clusters.StateReady)
+	if got := hosts(); len(got) != 0 {
+		t.Errorf("Ready reported %v", got)
+	}
+	x.MemberState("west", clusters.StateStale)
+	if got, want := hosts(), []string{"a.ns.svc.cluster.local", "b.ns.svc.cluster.local"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Stale reported %v; want %v", got, want)
+	}
+	if st, ok := x.Demoted("west"); !ok || st != clusters.StateStale {
+		t.Errorf("Demoted(west) = %s, %v", st, ok)
+	}
+	x.MemberState("west", clusters.StateUnreachable)
+	if got := hosts(); len(got) != 0 {
+		t.Errorf("Stale → Unreachable reported %v", got)
+	}
+	x.MemberState("west", clusters.StateReady)
+	if got := hosts(); len(got) != 2 {
+		t.Errorf("recovery reported %v", got)
+	}
+	x.MemberState("east", clusters.StateTimedOut)
+	x.RemoveCluster("east")
+	if _, ok := x.Demoted("east"); ok {
+		t.Error("a removed member stays demoted")
+	}
+}

@@ -20,7 +20,6 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -31,8 +30,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
@@ -68,6 +65,9 @@ type Generator struct {
 	// FlavourOf, peerSANs); both are fixed for the Generator's life.
 	mtls        MTLSMode
 	trustDomain string
+	// keepUnhealthyFirst turns off the demotion of members that are not
+	// healthy (see SetDemoteUnhealthy); fixed for the Generator's life.
+	keepUnhealthyFirst bool
 
 	mu    sync.Mutex
 	cache *simplelru.LRU[string, map[resourceKey]*Resource] // hostname → resource (only existing ones)
@@ -94,10 +94,11 @@ type Generator struct {
 	genFloor uint64
 }
 
-// WildcardSetKey names a wildcard set: a type in one flavour.
+// WildcardSetKey names a wildcard set: a type in one view (as viewFor
+// narrows it for the type).
 type WildcardSetKey struct {
 	TypeURL string
-	Flavour Flavour
+	View    View
 }
 
 // maxInbound bounds the Generator's memo of inbound listeners.
@@ -140,11 +141,11 @@ type WildcardSet struct {
 // before it is rebuilt instead.
 const maxWildcardChanges = 256
 
-// All returns every resource of a type in a flavour, built or checked
-// once per change of the index however many wildcard watches ask.
-func (g *Generator) All(typeURL string, fl Flavour) (WildcardSet, error) {
-	fl = g.flavourFor(typeURL, fl)
-	key := WildcardSetKey{typeURL, fl}
+// All returns every resource of a type in a view, built or checked once
+// per change of the index however many wildcard watches ask.
+func (g *Generator) All(typeURL string, v View) (WildcardSet, error) {
+	v = viewFor(typeURL, v)
+	key := WildcardSetKey{typeURL, v}
 	g.mu.Lock()
 	set, ok := g.wildcard[key]
 	changed := set.changed
@@ -155,7 +156,7 @@ func (g *Generator) All(typeURL string, fl Flavour) (WildcardSet, error) {
 	gen := g.allGen
 	g.mu.Unlock()
 	if ok {
-		same, err := g.sameHosts(typeURL, fl, set, changed)
+		same, err := g.sameHosts(typeURL, v, set, changed)
 		if err != nil {
 			return WildcardSet{}, err
 		}
@@ -169,7 +170,7 @@ func (g *Generator) All(typeURL string, fl Flavour) (WildcardSet, error) {
 			return set, nil
 		}
 	}
-	res, err := g.Resources(typeURL, g.allNames(typeURL), fl)
+	res, err := g.Resources(typeURL, g.allNames(typeURL), v)
 	if err != nil {
 		return WildcardSet{}, err
 	}
@@ -190,9 +191,9 @@ func (g *Generator) All(typeURL string, fl Flavour) (WildcardSet, error) {
 
 // sameHosts reports whether the resources of typeURL of these hostnames
 // are exactly the ones set has of them.
-func (g *Generator) sameHosts(typeURL string, fl Flavour, set WildcardSet, hosts map[string]struct{}) (bool, error) {
+func (g *Generator) sameHosts(typeURL string, v View, set WildcardSet, hosts map[string]struct{}) (bool, error) {
 	for host := range hosts {
-		res, err := g.Resources(typeURL, hostNames(typeURL, host, g.index.Service(host)), fl)
+		res, err := g.Resources(typeURL, hostNames(typeURL, host, g.index.Service(host)), v)
 		if err != nil {
 			return false, err
 		}
@@ -243,12 +244,12 @@ func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 	}
 }
 
-// Resources returns the named resources of one type in a flavour that
-// exist, sorted by name.
-func (g *Generator) Resources(typeURL string, names []string, fl Flavour) ([]*Resource, error) {
+// Resources returns the named resources of one type in a view that exist,
+// sorted by name.
+func (g *Generator) Resources(typeURL string, names []string, v View) ([]*Resource, error) {
 	out := make([]*Resource, 0, len(names))
 	for _, name := range names {
-		r, err := g.Resource(typeURL, name, fl)
+		r, err := g.Resource(typeURL, name, v)
 		if err != nil {
 			return nil, err
 		}
@@ -283,18 +284,23 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 	return names
 }
 
-// flavourFor is the flavour whose resources of typeURL a client of fl
-// gets: only Clusters differ between flavours, every other type is shared.
-func (g *Generator) flavourFor(typeURL string, fl Flavour) Flavour {
-	if typeURL != resourcev3.ClusterType {
-		return FlavourPlain
+// viewFor is the view whose resources of typeURL a client of v gets:
+// Clusters differ by flavour, endpoint assignments by network, every other
+// type is shared.
+func viewFor(typeURL string, v View) View {
+	switch typeURL {
+	case resourcev3.ClusterType:
+		return View{Flavour: v.Flavour}
+	case resourcev3.EndpointType:
+		return View{Network: v.Network}
 	}
-	return fl
+	return View{}
 }
 
-// Resource returns the named resource of one type in a flavour, or nil
-// when it does not exist.
-func (g *Generator) Resource(typeURL, name string, fl Flavour) (*Resource, error) {
+// Resource returns the named resource of one type in a view, or nil when
+// it does not exist. An endpoint assignment that a client's network does
+// not change (needsSplit) is the one resource every such client shares.
+func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 	if typeURL == resourcev3.ListenerType && strings.HasPrefix(name, InboundListenerPrefix) {
 		return g.inboundListener(name)
 	}
@@ -302,8 +308,8 @@ func (g *Generator) Resource(typeURL, name string, fl Flavour) (*Resource, error
 	if !ok {
 		return nil, nil
 	}
-	fl = g.flavourFor(typeURL, fl)
-	key := resourceKey{typeURL, name, fl}
+	v = viewFor(typeURL, v)
+	key := resourceKey{typeURL, name, v}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
@@ -316,16 +322,23 @@ func (g *Generator) Resource(typeURL, name string, fl Flavour) (*Resource, error
 
 	members := g.index.Service(host)
 	var msg proto.Message
+	shared := key // the key of the resource all views that get the same share
 	if sp, ok := findPort(FederatedPorts(members), port); ok {
 		switch typeURL {
 		case resourcev3.ClusterType:
 			c := buildCluster(name, sp)
-			if fl == FlavourGRPCMTLS {
-				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members))
+			if v.Flavour == FlavourGRPCMTLS {
+				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port))
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			msg = buildLoadAssignment(name, port, members)
+			a := assignment{demoted: g.demoted}
+			if needsSplit(v.Network, members) {
+				a.split, a.network = true, v.Network
+			} else {
+				shared.view = View{}
+			}
+			msg = buildLoadAssignment(name, port, members, a)
 		case resourcev3.ListenerType:
 			msg = buildListener(name)
 		case resourcev3.RouteType:
@@ -349,16 +362,37 @@ func (g *Generator) Resource(typeURL, name string, fl Flavour) (*Resource, error
 			byName = map[resourceKey]*Resource{}
 			g.cache.Add(host, byName)
 		}
+		if s, ok := byName[shared]; ok {
+			r = s // one encoding for every view that gets the same
+		}
+		byName[shared] = r
 		byName[key] = r
 	}
 	g.mu.Unlock()
 	return r, nil
 }
 
+// SetDemoteUnhealthy says whether the endpoints of members that are not
+// healthy (feed.Index.Demoted) go one priority behind the healthy ones (the
+// default) or stay where they are. Call it before the Generator is used.
+func (g *Generator) SetDemoteUnhealthy(on bool) { g.keepUnhealthyFirst = !on }
+
+// MemberNetwork is a member's Istio network (feed.Index.MemberNetwork).
+func (g *Generator) MemberNetwork(member string) string { return g.index.MemberNetwork(member) }
+
+// demoted reports whether a member's endpoints go behind the others.
+func (g *Generator) demoted(member string) bool {
+	if g.keepUnhealthyFirst {
+		return false
+	}
+	_, ok := g.index.Demoted(member)
+	return ok
+}
+
 // resourceKey names a generated resource within its hostname's cache entry.
 type resourceKey struct {
 	typeURL, name string
-	fl            Flavour
+	view          View
 }
 
 // inboundListener returns a proxyless gRPC server's inbound listener, or
@@ -540,73 +574,6 @@ func buildCluster(name string, port clusters.ServicePort) *clusterv3.Cluster {
 		}
 	}
 	return c
-}
-
-// buildLoadAssignment groups a service port's endpoints into one locality per
-// (member, region, zone). The member ID goes into the locality's sub_zone so
-// that localities of different members never collide (grpc-go rejects
-// duplicate localities) and locality-aware load balancing prefers the
-// proxy's own member. Locality weights are the endpoint counts, so never 0.
-func buildLoadAssignment(name string, port int32, members map[string]*clusters.Service) *endpointv3.ClusterLoadAssignment {
-	type locality struct{ cluster, region, zone string }
-	groups := map[locality][]*endpointv3.LbEndpoint{}
-	for id, svc := range members {
-		meta := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			MetadataNamespace: {Fields: map[string]*structpb.Value{"cluster": structpb.NewStringValue(id)}},
-		}}
-		for _, ep := range svc.Endpoints {
-			if ep.ServicePort != port {
-				continue
-			}
-			health := corev3.HealthStatus_HEALTHY
-			if ep.Health == clusters.Draining {
-				health = corev3.HealthStatus_DRAINING
-			}
-			loc := locality{id, ep.Region, ep.Zone}
-			groups[loc] = append(groups[loc], &endpointv3.LbEndpoint{
-				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-					Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-						Address:       ep.Address,
-						PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.Port)},
-					}}},
-				}},
-				HealthStatus:        health,
-				Metadata:            meta,
-				LoadBalancingWeight: wrapperspb.UInt32(1),
-			})
-		}
-	}
-	locs := make([]locality, 0, len(groups))
-	for l := range groups {
-		locs = append(locs, l)
-	}
-	sort.Slice(locs, func(i, j int) bool {
-		a, b := locs[i], locs[j]
-		if a.cluster != b.cluster {
-			return a.cluster < b.cluster
-		}
-		if a.region != b.region {
-			return a.region < b.region
-		}
-		return a.zone < b.zone
-	})
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	for _, l := range locs {
-		eps := groups[l]
-		sort.Slice(eps, func(i, j int) bool {
-			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
-			if a.GetAddress() != b.GetAddress() {
-				return a.GetAddress() < b.GetAddress()
-			}
-			return a.GetPortValue() < b.GetPortValue()
-		})
-		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
-			LbEndpoints:         eps,
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(eps))),
-		})
-	}
-	return cla
 }
 
 // buildListener is a proxyless-gRPC api_listener whose HCM fetches the

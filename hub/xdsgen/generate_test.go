@@ -49,7 +49,7 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 		resourcev3.RouteType:    func() proto.Message { return &routev3.RouteConfiguration{} },
 	}
 	for typeURL, newMsg := range types {
-		res, err := g.Resources(typeURL, g.allNames(typeURL), FlavourPlain)
+		res, err := g.Resources(typeURL, g.allNames(typeURL), View{Flavour: FlavourPlain})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +74,7 @@ func TestGeneratedResourcesAreValid(t *testing.T) {
 
 func TestLoadAssignmentLocalities(t *testing.T) {
 	g := New(testIndex())
-	res, err := g.Resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, FlavourPlain)
+	res, err := g.Resources(resourcev3.EndpointType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourPlain})
 	if err != nil || len(res) != 1 {
 		t.Fatalf("resources = %v, %v", res, err)
 	}
@@ -110,8 +110,8 @@ func TestLoadAssignmentLocalities(t *testing.T) {
 func TestListenerAndRouteForProxylessGRPC(t *testing.T) {
 	g := New(testIndex())
 	name := "echo.demo.svc.cluster.local:7070"
-	lres, _ := g.Resources(resourcev3.ListenerType, []string{name}, FlavourPlain)
-	rres, _ := g.Resources(resourcev3.RouteType, []string{name}, FlavourPlain)
+	lres, _ := g.Resources(resourcev3.ListenerType, []string{name}, View{Flavour: FlavourPlain})
+	rres, _ := g.Resources(resourcev3.RouteType, []string{name}, View{Flavour: FlavourPlain})
 	if len(lres) != 1 || len(rres) != 1 {
 		t.Fatalf("listener %v route %v", lres, rres)
 	}
@@ -144,7 +144,7 @@ func TestUnknownNamesAreAbsent(t *testing.T) {
 		resourcev3.ClusterType:  {"outbound|9999||echo.demo.svc.cluster.local", "inbound|7070||echo.demo.svc.cluster.local", "garbage", "outbound|x||h"},
 		resourcev3.ListenerType: {"echo.demo.svc.cluster.local", "nohost.demo.svc.cluster.local:80", ":80", "echo.demo.svc.cluster.local:99999"},
 	} {
-		res, err := g.Resources(typeURL, names, FlavourPlain)
+		res, err := g.Resources(typeURL, names, View{Flavour: FlavourPlain})
 		if err != nil || len(res) != 0 {
 			t.Errorf("%s %v: got %v, %v; want nothing", typeURL, names, res, err)
 		}
@@ -155,8 +155,8 @@ func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 	x := testIndex()
 	g := New(x)
 	name := []string{"outbound|80||web.demo.svc.cluster.local"}
-	a, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
-	b, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
+	a, _ := g.Resources(resourcev3.EndpointType, name, View{Flavour: FlavourPlain})
+	b, _ := g.Resources(resourcev3.EndpointType, name, View{Flavour: FlavourPlain})
 	if a[0] != b[0] {
 		t.Errorf("same inputs generated twice; want the memoised resource")
 	}
@@ -165,7 +165,7 @@ func TestGeneratorCachesUntilInvalidated(t *testing.T) {
 		Endpoints: []clusters.Endpoint{{Address: "10.9.9.9", Port: 80, ServicePort: 80}},
 	})
 	g.Invalidate(map[string]struct{}{"web.demo.svc.cluster.local": {}})
-	c, _ := g.Resources(resourcev3.EndpointType, name, FlavourPlain)
+	c, _ := g.Resources(resourcev3.EndpointType, name, View{Flavour: FlavourPlain})
 	if c[0].Version == a[0].Version {
 		t.Errorf("version unchanged after the endpoints changed")
 	}

@@ -130,11 +130,12 @@ func commonTLSContext(sans []*matcherv3.StringMatcher) *tlsv3.CommonTlsContext {
 // upstreamTLS is the transport socket of a proxyless gRPC client's
 // Cluster under STRICT: the peer must present a certificate our roots
 // validate with one of sans.
-func upstreamTLS(sans []*matcherv3.StringMatcher) *corev3.TransportSocket {
+func upstreamTLS(sans []*matcherv3.StringMatcher, sni string) *corev3.TransportSocket {
 	return &corev3.TransportSocket{
 		Name: transportSocketName,
 		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{
 			CommonTlsContext: commonTLSContext(sans),
+			Sni:              sni,
 		})},
 	}
 }

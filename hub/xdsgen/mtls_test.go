@@ -133,7 +133,7 @@ func TestMTLSModeAndClientKindDecideTLSContexts(t *testing.T) {
 			t.Run(string(mode)+"/"+kind, func(t *testing.T) {
 				g := mtlsGenerator(t, mode)
 				fl := FlavourOf(c.node, mode)
-				res, err := g.Resources(resourcev3.ClusterType, []string{cluster}, fl)
+				res, err := g.Resources(resourcev3.ClusterType, []string{cluster}, View{Flavour: fl})
 				if err != nil || len(res) != 1 {
 					t.Fatalf("CDS = %v, %v", res, err)
 				}
@@ -164,7 +164,7 @@ func TestMTLSModeAndClientKindDecideTLSContexts(t *testing.T) {
 					plainCDS[string(mode)] = res[0]
 				}
 
-				lres, err := g.Resources(resourcev3.ListenerType, []string{inbound}, fl)
+				lres, err := g.Resources(resourcev3.ListenerType, []string{inbound}, View{Flavour: fl})
 				if err != nil || len(lres) != 1 {
 					t.Fatalf("inbound LDS = %v, %v", lres, err)
 				}
@@ -269,7 +269,7 @@ func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 	if err := g.SetMTLS(MTLSStrict, fakeRoots{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, FlavourGRPCMTLS)
+	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPCMTLS})
 	if err != nil || len(res) != 1 {
 		t.Fatalf("CDS = %v, %v", res, err)
 	}
@@ -304,7 +304,7 @@ func TestInboundListenerNames(t *testing.T) {
 		{strings.Repeat("1", 300) + ":80", false},
 	} {
 		name := InboundListenerPrefix + tc.addr
-		res, err := g.Resources(resourcev3.ListenerType, []string{name}, FlavourGRPCMTLS)
+		res, err := g.Resources(resourcev3.ListenerType, []string{name}, View{Flavour: FlavourGRPCMTLS})
 		if err != nil {
 			t.Fatalf("%q: %v", tc.addr, err)
 		}
@@ -321,7 +321,7 @@ func TestInboundListenerNames(t *testing.T) {
 		}
 	}
 	// Other names of the prefix's shape are not confused with services.
-	if res, _ := g.Resources(resourcev3.ListenerType, []string{"xds.istio.io/grpc/lds/inbound:80"}, FlavourPlain); len(res) != 0 {
+	if res, _ := g.Resources(resourcev3.ListenerType, []string{"xds.istio.io/grpc/lds/inbound:80"}, View{Flavour: FlavourPlain}); len(res) != 0 {
 		t.Errorf("served %v for a garbage name", res[0].Name)
 	}
 	// The memo of inbound listeners (clients' words) stays bounded.
@@ -335,7 +335,7 @@ func TestInboundListenerNames(t *testing.T) {
 
 func TestFlavoursAreMarshalledOnceAndSharedWhereEqual(t *testing.T) {
 	g := mtlsGenerator(t, MTLSStrict)
-	get := func(typeURL, name string, fl Flavour) *Resource {
+	get := func(typeURL, name string, fl View) *Resource {
 		res, err := g.Resources(typeURL, []string{name}, fl)
 		if err != nil || len(res) != 1 {
 			t.Fatalf("%s %s = %v, %v", typeURL, name, res, err)
@@ -343,21 +343,21 @@ func TestFlavoursAreMarshalledOnceAndSharedWhereEqual(t *testing.T) {
 		return res[0]
 	}
 	const cds = "outbound|7070||echo.demo.svc.cluster.local"
-	first, again := get(resourcev3.ClusterType, cds, FlavourGRPCMTLS), get(resourcev3.ClusterType, cds, FlavourGRPCMTLS)
+	first, again := get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS}), get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS})
 	if first != again {
 		t.Error("a gRPC Cluster was marshalled twice")
 	}
-	if get(resourcev3.ClusterType, cds, FlavourGRPCMTLS).Version == get(resourcev3.ClusterType, cds, FlavourPlain).Version {
+	if get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS}).Version == get(resourcev3.ClusterType, cds, View{Flavour: FlavourPlain}).Version {
 		t.Error("gRPC and plain Clusters are the same")
 	}
-	if get(resourcev3.EndpointType, cds, FlavourGRPCMTLS) != get(resourcev3.EndpointType, cds, FlavourPlain) {
+	if get(resourcev3.EndpointType, cds, View{Flavour: FlavourGRPCMTLS}) != get(resourcev3.EndpointType, cds, View{Flavour: FlavourPlain}) {
 		t.Error("EDS is not shared between flavours")
 	}
-	a, err := g.All(resourcev3.ClusterType, FlavourGRPCMTLS)
+	a, err := g.All(resourcev3.ClusterType, View{Flavour: FlavourGRPCMTLS})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := g.All(resourcev3.ClusterType, FlavourPlain)
+	b, _ := g.All(resourcev3.ClusterType, View{Flavour: FlavourPlain})
 	if a.Version == b.Version {
 		t.Error("wildcard CDS sets of both flavours are the same")
 	}

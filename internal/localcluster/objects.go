@@ -31,6 +31,9 @@ type Backend struct {
 	Node string // optional node name, for locality
 	// NotReady marks the endpoint not ready (and not serving).
 	NotReady bool
+	// Pod, if set, is the name of the pod the endpoint refers to
+	// (targetRef), in the Service's namespace.
+	Pod string
 }
 
 // ApplyService creates or replaces a headless Service with one named port
@@ -93,6 +96,9 @@ func ApplyEndpoints(ctx context.Context, c kubernetes.Interface, namespace, name
 		}
 		if b.Node != "" {
 			ep.NodeName = ptr.To(b.Node)
+		}
+		if b.Pod != "" {
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: namespace, Name: b.Pod}
 		}
 		slice.Endpoints = append(slice.Endpoints, ep)
 	}

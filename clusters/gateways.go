@@ -1,0 +1,334 @@
+package clusters
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Gateway is one east-west gateway of a member: an address on which
+// proxies of other networks reach the member's workloads, Istio mTLS
+// passed through by SNI (Istio's AUTO_PASSTHROUGH on port 15443).
+type Gateway struct {
+	Address string // an IP address
+	Port    int32
+	// Source says where the hub found it: "service <namespace>/<name>" or
+	// "secret annotation".
+	Source string
+}
+
+// String is the gateway's address and port.
+func (g Gateway) String() string {
+	return netip.AddrPortFrom(netip.MustParseAddr(g.Address), uint16(g.Port)).String()
+}
+
+// Istio's names for east-west gateways (pilot/pkg/serviceregistry/kube/
+// controller/network.go).
+const (
+	// DefaultGatewayPort is the port of a gateway Service that passes
+	// Istio mTLS through by SNI.
+	DefaultGatewayPort = 15443
+	// LabelGatewayPort on a gateway Service names another port.
+	LabelGatewayPort = "networking.istio.io/gatewayPort"
+	// AnnotationNodeSelector on a NodePort gateway Service selects the
+	// nodes whose external IPs carry its node port (a JSON object of
+	// labels; {} for every node), as istiod reads it.
+	AnnotationNodeSelector = "traffic.istio.io/nodeSelector"
+)
+
+// AnnotationGateways on a remote Secret names east-west gateways of its
+// members that the members' own Services do not describe (e.g. behind a
+// load balancer the member's API cannot show): a comma-separated list of
+// IP:port (port 15443 when omitted). They belong to each member's own
+// network and come before the discovered ones.
+const AnnotationGateways = "hub.federation/gateways"
+
+// maxGateways bounds the gateways of one member (from its Services and its
+// Secret together): beyond it the rest are refused.
+const maxGateways = 16
+
+// maxGatewaySource bounds Gateway.Source in a persisted view.
+const maxGatewaySource = 256
+
+// gatewayView is what a member's gateway Services and its Secret say:
+// the accepted gateways and, for those refused, why.
+type gatewayView struct {
+	gateways []Gateway
+	refused  []string
+}
+
+// parseGatewayAnnotation reads AnnotationGateways: IP or IP:port entries.
+// Any entry that is not one refuses the whole annotation (it fails closed:
+// a typo must not silently route to a subset).
+func parseGatewayAnnotation(v string) ([]Gateway, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil
+	}
+	var out []Gateway
+	for e := range strings.SplitSeq(v, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		var g Gateway
+		if ap, err := netip.ParseAddrPort(e); err == nil {
+			g = Gateway{Address: ap.Addr().String(), Port: int32(ap.Port())}
+		} else if a, err := netip.ParseAddr(e); err == nil {
+			g = Gateway{Address: a.String(), Port: DefaultGatewayPort}
+		} else {
+			return nil, fmt.Errorf("annotation %s: %s is not IP or IP:port", AnnotationGateways, quote(e))
+		}
+		if err := gatewayAddress(g); err != nil {
+			return nil, fmt.Errorf("annotation %s: %w", AnnotationGateways, err)
+		}
+		g.Source = "secret annotation"
+		if len(out) == maxGateways {
+			return nil, fmt.Errorf("annotation %s: more than %d gateways", AnnotationGateways, maxGateways)
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+// gatewayAddress checks a gateway as validateService checks endpoints: an
+// IP address (no zone) that is not unspecified, loopback or link-local,
+// and a port in range.
+func gatewayAddress(g Gateway) error {
+	if err := endpointAddress(g.Address); err != nil {
+		return fmt.Errorf("gateway %w", err)
+	}
+	return portNumber("gateway port", g.Port)
+}
+
+// discoverGateways finds a member's east-west gateways as istiod does: its
+// Services labelled topology.istio.io/network that listen on 15443 (or
+// LabelGatewayPort), addressed by LoadBalancer ingress IPs, externalIPs,
+// or, for a NodePort Service annotated with AnnotationNodeSelector, the
+// node port on the external IPs of the nodes it selects. Unlike istiod it accepts a gateway only
+// for the member's own network: a member cannot make itself the way into
+// another network (a label is not an authorisation). annotated are the
+// Secret's gateways (AnnotationGateways), accepted first; annotErr is why
+// that annotation was refused.
+func discoverGateways(network string, svcs []*corev1.Service, nodes []*corev1.Node, annotated []Gateway, annotErr error) gatewayView {
+	var v gatewayView
+	if annotErr != nil {
+		v.refused = append(v.refused, annotErr.Error())
+	}
+	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	if network == "" {
+		if len(annotated) > 0 || len(svcs) > 0 {
+			v.refused = append(v.refused, fmt.Sprintf("the member has no network (label namespace %s with %s): its gateways are not used", SystemNamespace, LabelNetwork))
+		}
+		return v
+	}
+	seen := map[Gateway]bool{}
+	add := func(g Gateway) {
+		key := Gateway{Address: g.Address, Port: g.Port}
+		if seen[key] {
+			return
+		}
+		if len(v.gateways) == maxGateways {
+			v.refused = append(v.refused, fmt.Sprintf("%s: more than %d gateways; %s:%d left out", g.Source, maxGateways, g.Address, g.Port))
+			return
+		}
+		seen[key] = true
+		v.gateways = append(v.gateways, g)
+	}
+	for _, g := range annotated {
+		add(g)
+	}
+	for _, svc := range svcs {
+		source := "service " + svc.Namespace + "/" + svc.Name
+		if nw := svc.Labels[LabelNetwork]; nw != network {
+			v.refused = append(v.refused, fmt.Sprintf("%s: labelled for network %s, but the member is on network %s", source, quote(nw), quote(network)))
+			continue
+		}
+		gws, problem := serviceGateways(svc, nodes)
+		if problem != "" {
+			v.refused = append(v.refused, source+": "+problem)
+		}
+		for _, g := range gws {
+			g.Source = source
+			add(g)
+		}
+	}
+	return v
+}
+
+// serviceGateways lists the gateways one labelled Service offers, or says
+// why it offers none.
+func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, string) {
+	port := int32(DefaultGatewayPort)
+	if s, ok := svc.Labels[LabelGatewayPort]; ok {
+		p, err := strconv.ParseInt(s, 10, 32)
+		if err != nil || p < 1 || p > 65535 {
+			return nil, fmt.Sprintf("label %s=%s is not a port", LabelGatewayPort, quote(s))
+		}
+		port = int32(p)
+	}
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		if svc.Spec.Ports[i].Port == port {
+			sp = &svc.Spec.Ports[i]
+		}
+	}
+	if sp == nil {
+		return nil, fmt.Sprintf("no port %d", port)
+	}
+	var out []Gateway
+	var hostnames []string
+	addIP := func(ip string, p int32) {
+		g := Gateway{Address: ip, Port: p}
+		if a, err := netip.ParseAddr(ip); err == nil {
+			g.Address = a.String()
+		}
+		if gatewayAddress(g) == nil {
+			out = append(out, g)
+		}
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		switch {
+		case ing.IP != "":
+			addIP(ing.IP, port)
+		case ing.Hostname != "":
+			hostnames = append(hostnames, ing.Hostname)
+		}
+	}
+	for _, ip := range svc.Spec.ExternalIPs {
+		addIP(ip, port)
+	}
+	if sel, ok := svc.Annotations[AnnotationNodeSelector]; ok && len(out) == 0 && svc.Spec.Type == corev1.ServiceTypeNodePort && sp.NodePort != 0 {
+		var match map[string]string
+		if err := json.Unmarshal([]byte(sel), &match); err != nil {
+			return nil, fmt.Sprintf("annotation %s is not a JSON object of labels: %v", AnnotationNodeSelector, err)
+		}
+		for _, n := range nodes {
+			if !labels.SelectorFromSet(match).Matches(labels.Set(n.Labels)) {
+				continue
+			}
+			for _, a := range n.Status.Addresses {
+				if a.Type == corev1.NodeExternalIP {
+					addIP(a.Address, sp.NodePort)
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		if len(hostnames) > 0 {
+			return nil, fmt.Sprintf("load balancer hostname %s is not resolved by the hub; name the gateway's IP in the remote Secret's %s annotation", quote(hostnames[0]), AnnotationGateways)
+		}
+		return nil, "no address yet (no load balancer ingress IP, externalIPs, or node port on selected nodes' external IPs)"
+	}
+	return out, ""
+}
+
+// setAnnotatedGateways records the gateways the member's remote Secret
+// names (AnnotationGateways) and rebuilds the member's views if they
+// changed. The registry calls it before start and on every Secret change.
+func (c *Cluster) setAnnotatedGateways(v string) {
+	gws, err := parseGatewayAnnotation(v)
+	c.mu.Lock()
+	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(err)
+	c.annotated, c.annotatedErr = gws, err
+	c.mu.Unlock()
+	if !same && c.services != nil {
+		c.refreshGateways(false)
+	}
+}
+
+// gatewayServiceChanged notes a Service event: a Service that is or was
+// labelled with a network is (re)considered as a gateway.
+func (c *Cluster) gatewayServiceChanged(key ServiceKey, obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	labelled := false
+	if svc, ok := obj.(*corev1.Service); ok && svc != nil {
+		_, labelled = svc.Labels[LabelNetwork]
+	}
+	c.mu.Lock()
+	was := c.gatewayServices[key]
+	if labelled {
+		c.gatewayServices[key] = true
+	}
+	c.mu.Unlock()
+	if labelled || was {
+		c.refreshGateways(false)
+	}
+}
+
+// refreshGateways works out the member's gateways again from its Secret,
+// gateway Services and nodes. When they changed, or when rebuild is set
+// (the network changed), every Service view is rebuilt; it reports whether
+// that happened.
+func (c *Cluster) refreshGateways(rebuild bool) bool {
+	c.mu.Lock()
+	keys := make([]ServiceKey, 0, len(c.gatewayServices))
+	for k := range c.gatewayServices {
+		keys = append(keys, k)
+	}
+	annotated, annotatedErr := c.annotated, c.annotatedErr
+	c.mu.Unlock()
+	var svcs []*corev1.Service
+	var gone []ServiceKey
+	for _, k := range keys {
+		svc, err := c.services.Services(k.Namespace).Get(k.Name)
+		if err != nil {
+			gone = append(gone, k)
+			continue
+		}
+		if _, labelled := svc.Labels[LabelNetwork]; !labelled {
+			gone = append(gone, k)
+			continue
+		}
+		svcs = append(svcs, svc)
+	}
+	var nodes []*corev1.Node
+	if slices.ContainsFunc(svcs, func(s *corev1.Service) bool { return s.Spec.Type == corev1.ServiceTypeNodePort }) {
+		nodes, _ = c.nodes.List(labels.Everything())
+		slices.SortFunc(nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	}
+	view := discoverGateways(c.network(), svcs, nodes, annotated, annotatedErr)
+	c.mu.Lock()
+	for _, k := range gone {
+		delete(c.gatewayServices, k)
+	}
+	changed := !slices.Equal(c.gateways.gateways, view.gateways)
+	if changed {
+		c.gateways.gateways = view.gateways
+	}
+	c.gateways.refused = view.refused
+	c.mu.Unlock()
+	if changed || rebuild {
+		c.enqueueAll()
+		return true
+	}
+	return false
+}
+
+// crossNetworkWithheld counts a Service view's endpoints that proxies on
+// other networks do not get (Status.CrossNetworkWithheld).
+func crossNetworkWithheld(v *Service) int {
+	switch {
+	case v.Network == "":
+		return 0 // no network: reached directly by everyone
+	case len(v.Gateways) == 0:
+		return len(v.Endpoints)
+	}
+	n := 0
+	for _, e := range v.Endpoints {
+		if !e.MTLS {
+			n++
+		}
+	}
+	return n
+}

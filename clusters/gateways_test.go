@@ -1,0 +1,277 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+func gatewayService(name, network string, mutate func(*corev1.Service)) *corev1.Service {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: name, Labels: map[string]string{LabelNetwork: network}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "tls", Port: DefaultGatewayPort, NodePort: 31443}}},
+	}
+	if mutate != nil {
+		mutate(svc)
+	}
+	return svc
+}
+
+// TestDiscoverGateways: gateway Services as istiod reads them, accepted
+// only for the member's own network, the Secret's gateways first.
+func TestDiscoverGateways(t *testing.T) {
+	lb := func(ip, host string) func(*corev1.Service) {
+		return func(s *corev1.Service) {
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: ip, Hostname: host}}
+		}
+	}
+	nodes := []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.5"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "n2"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.6"}, {Type: corev1.NodeExternalIP, Address: "192.0.2.6"}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"gw": "yes"}}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeExternalIP, Address: "192.0.2.7"}}}},
+	}
+	annotated, err := parseGatewayAnnotation(" 198.51.100.1, 198.51.100.2:443 ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		network   string
+		svcs      []*corev1.Service
+		annotated []Gateway
+		want      []string // address:port/source
+		refused   []string // substrings, in order
+	}{
+		{name: "load balancer IP", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))},
+			want: []string{"203.0.113.7:15443/service istio-system/ew"}},
+		{name: "external IPs", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.8", "127.0.0.1"} })},
+			want: []string{"203.0.113.8:15443/service istio-system/ew"}},
+		{name: "node port on selected nodes' external addresses", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Annotations = map[string]string{AnnotationNodeSelector: `{}`}
+		})}, want: []string{"192.0.2.6:31443/service istio-system/ew", "192.0.2.7:31443/service istio-system/ew"}},
+		{name: "node port selector", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Annotations = map[string]string{AnnotationNodeSelector: `{"gw":"yes"}`}
+		})}, want: []string{"192.0.2.7:31443/service istio-system/ew"}},
+		{name: "node port without selector (istiod ignores it too)", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort })},
+			refused: []string{"no address yet"}},
+		{name: "gateway port label", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) {
+			s.Labels[LabelGatewayPort] = "15444"
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "alt", Port: 15444})
+			s.Spec.ExternalIPs = []string{"203.0.113.9"}
+		})}, want: []string{"203.0.113.9:15444/service istio-system/ew"}},
+		{name: "no gateway port", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", func(s *corev1.Service) { s.Spec.Ports[0].Port = 80 })},
+			refused: []string{"istio-system/ew: no port 15443"}},
+		{name: "hostname", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", lb("", "ew.elb.example"))},
+			refused: []string{`load balancer hostname "ew.elb.example" is not resolved`}},
+		{name: "no address yet", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", nil)},
+			refused: []string{"no address yet"}},
+		{name: "another network", network: "net", svcs: []*corev1.Service{gatewayService("ew", "other", lb("203.0.113.7", ""))},
+			refused: []string{`labelled for network "other", but the member is on network "net"`}},
+		{name: "member without network", svcs: []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))}, annotated: annotated,
+			refused: []string{"the member has no network"}},
+		{name: "annotated first, duplicates once", network: "net", annotated: annotated,
+			svcs: []*corev1.Service{gatewayService("ew", "net", lb("198.51.100.1", ""))},
+			want: []string{"198.51.100.1:15443/secret annotation", "198.51.100.2:443/secret annotation"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := discoverGateways(tc.network, tc.svcs, nodes, tc.annotated, nil)
+			var got []string
+			for _, g := range v.gateways {
+				got = append(got, g.String()+"/"+g.Source)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("gateways = %q; want %q", got, tc.want)
+			}
+			if len(v.refused) != len(tc.refused) {
+				t.Fatalf("refused = %q; want %q", v.refused, tc.refused)
+			}
+			for i, r := range tc.refused {
+				if !strings.Contains(v.refused[i], r) {
+					t.Errorf("refused[%d] = %q; want it to contain %q", i, v.refused[i], r)
+				}
+			}
+		})
+	}
+}
+
+func TestParseGatewayAnnotation(t *testing.T) {
+	for _, bad := range []string{"gw.example:15443", "198.51.100.1:0", "127.0.0.1", "198.51.100.1:99999", "[fe80::1]:15443", "1.2.3.4, x"} {
+		if gws, err := parseGatewayAnnotation(bad); err == nil {
+			t.Errorf("%q accepted: %v", bad, gws)
+		} else if !strings.Contains(err.Error(), AnnotationGateways) {
+			t.Errorf("%q: error %q does not name the annotation", bad, err)
+		}
+	}
+	gws, err := parseGatewayAnnotation("[2001:db8::1]:15443,198.51.100.1")
+	if err != nil || len(gws) != 2 || gws[0].String() != "[2001:db8::1]:15443" || gws[1].String() != "198.51.100.1:15443" {
+		t.Errorf("parse = %v, %v", gws, err)
+	}
+}
+
+// TestGatewaysAndMeshPodsFromARealMember: on a real API server, the
+// member's gateway Service (load balancer status), the remote Secret's
+// gateways, and its pods labelled for Istio mTLS reach the views and the
+// status; a relabelled gateway is refused with its reason, a pod leaving
+// the mesh turns its endpoint plaintext.
+func TestGatewaysAndMeshPodsFromARealMember(t *testing.T) {
+	r, sink, ns := startRegistry(t, 30*time.Second)
+	ctx := context.Background()
+	m1 := env.Cluster("member1")
+	cs := kube(t, m1)
+	setNetwork(t, cs, "net-1")
+
+	gw, err := cs.CoreV1().Services(SystemNamespace).Create(ctx, gatewayService("eastwest-"+rand.String(5), "net-1", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 0
+	}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Services(SystemNamespace).Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
+	})
+	gw.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "203.0.113.7"}}
+	if gw, err = cs.CoreV1().Services(SystemNamespace).UpdateStatus(ctx, gw, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	app := "app-" + rand.String(6)
+	if err := localcluster.EnsureNamespace(ctx, cs, app); err != nil {
+		t.Fatal(err)
+	}
+	meshPod := createPod(t, cs, app, "meshed", map[string]string{LabelTLSMode: TLSModeIstio})
+	if err := localcluster.ApplyService(ctx, cs, app, "web", "http", 80, []localcluster.Backend{
+		{IP: "198.18.9.1", Port: 8080, Pod: meshPod.Name},
+		{IP: "198.18.9.2", Port: 8080, Pod: "plain"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	secret := localcluster.RemoteSecret(ns, "members", map[string][]byte{"m1": m1.Kubeconfig()})
+	secret.Annotations = map[string]string{AnnotationGateways: "198.51.100.1"}
+	if _, err := kube(t, env.Cluster("home")).CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := ServiceKey{Namespace: app, Name: "web"}
+	view := func(wantGateways []string, wantMTLS map[string]bool) func() error {
+		return func() error {
+			svc := sink.service("m1", key)
+			if svc == nil {
+				return fmt.Errorf("no view of %s", key)
+			}
+			var gws []string
+			for _, g := range svc.Gateways {
+				gws = append(gws, g.String())
+			}
+			if svc.Network != "net-1" || !reflect.DeepEqual(gws, wantGateways) {
+				return fmt.Errorf("view on network %q with gateways %q; want net-1 with %q", svc.Network, gws, wantGateways)
+			}
+			mtls := map[string]bool{}
+			for _, e := range svc.Endpoints {
+				mtls[e.Address] = e.MTLS
+			}
+			if !reflect.DeepEqual(mtls, wantMTLS) {
+				return fmt.Errorf("endpoints' mTLS %v; want %v", mtls, wantMTLS)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, view([]string{"198.51.100.1:15443", "203.0.113.7:15443"}, map[string]bool{"198.18.9.1": true, "198.18.9.2": false}))
+	st, _ := statusOf(r, "m1", ns+"/members")
+	if st.Network != "net-1" || len(st.Gateways) != 2 || st.Gateways[1].Source != "service istio-system/"+gw.Name || len(st.GatewaysRefused) != 0 {
+		t.Errorf("status: network %q, gateways %+v, refused %q", st.Network, st.Gateways, st.GatewaysRefused)
+	}
+	if st.CrossNetworkWithheld < 1 {
+		t.Errorf("status withholds %d endpoints across networks; want the plaintext one at least", st.CrossNetworkWithheld)
+	}
+
+	// The gateway claims another network: refused, with the reason shown.
+	gw.Labels[LabelNetwork] = "net-2"
+	if _, err := cs.CoreV1().Services(SystemNamespace).Update(ctx, gw, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, view([]string{"198.51.100.1:15443"}, map[string]bool{"198.18.9.1": true, "198.18.9.2": false}))
+	eventually(t, 10*time.Second, func() error {
+		st, _ := statusOf(r, "m1", ns+"/members")
+		if len(st.GatewaysRefused) != 1 || !strings.Contains(st.GatewaysRefused[0], `labelled for network "net-2"`) {
+			return fmt.Errorf("refused %q", st.GatewaysRefused)
+		}
+		return nil
+	})
+
+	// The pod leaves the mesh: its endpoint is plaintext.
+	meshPod.Labels = nil
+	if _, err := cs.CoreV1().Pods(app).Update(ctx, meshPod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, view([]string{"198.51.100.1:15443"}, map[string]bool{"198.18.9.1": false, "198.18.9.2": false}))
+}
+
+// setNetwork labels a member's system namespace with a network until the
+// test ends.
+func setNetwork(t *testing.T, cs kubernetes.Interface, network string) {
+	t.Helper()
+	ctx := context.Background()
+	if err := localcluster.EnsureNamespace(ctx, cs, SystemNamespace); err != nil {
+		t.Fatal(err)
+	}
+	label := func(v string) error {
+		ns, err := cs.CoreV1().Namespaces().Get(ctx, SystemNamespace, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ns.Labels == nil {
+			ns.Labels = map[string]string{}
+		}
+		if v == "" {
+			delete(ns.Labels, LabelNetwork)
+		} else {
+			ns.Labels[LabelNetwork] = v
+		}
+		_, err = cs.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{})
+		return err
+	}
+	if err := label(network); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := label(""); err != nil {
+			t.Errorf("removing the network label: %v", err)
+		}
+	})
+}
+
+// createPod creates a pod (no kubelet runs it; it exists for its labels),
+// and the namespace's default ServiceAccount the API server wants first.
+func createPod(t *testing.T, cs kubernetes.Interface, ns, name string, labels map[string]string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: new(false),
+			Containers:                   []corev1.Container{{Name: "app", Image: "example.invalid/app"}},
+		},
+	}
+	pod, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}

@@ -1,0 +1,102 @@
+package clusters
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Istio's label on pods whose proxy (or proxyless agent) speaks Istio
+// mTLS, set by sidecar injection; istiod reads endpoints' TLS mode from it.
+const (
+	LabelTLSMode = "security.istio.io/tlsMode"
+	TLSModeIstio = "istio"
+)
+
+// meshPods knows which of a member's pods accept Istio mTLS: a metadata
+// informer (names and labels only) on the pods labelled
+// security.istio.io/tlsMode=istio, so its cost is the mesh's pods, not
+// every pod. It is optional: a member whose credentials may not list pods
+// has no endpoint marked MTLS (they are then not reached across networks),
+// and its failures do not make the member Stale.
+type meshPods struct {
+	factory metadatainformer.SharedInformerFactory
+	inf     cache.SharedIndexInformer
+}
+
+// podIndex indexes EndpointSlices by the pods their endpoints point to.
+const podIndex = "pod"
+
+func newMeshPods(client metadata.Interface) *meshPods {
+	factory := metadatainformer.NewFilteredSharedInformerFactory(client, 0, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		o.LabelSelector = LabelTLSMode + "=" + TLSModeIstio
+	})
+	inf := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
+	return &meshPods{factory: factory, inf: inf}
+}
+
+// has reports whether the pod namespace/name is labelled for Istio mTLS.
+func (m *meshPods) has(namespace, name string) bool {
+	_, ok, _ := m.inf.GetStore().GetByKey(namespace + "/" + name)
+	return ok
+}
+
+// slicePods is the podIndex function: the namespace/name of every pod an
+// EndpointSlice's endpoints refer to.
+func slicePods(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	var keys []string
+	for _, ep := range s.Endpoints {
+		if ref := ep.TargetRef; ref != nil && ref.Kind == "Pod" {
+			keys = append(keys, s.Namespace+"/"+ref.Name)
+		}
+	}
+	return keys, nil
+}
+
+// watchMeshPods rebuilds the Services whose endpoints point to a pod when
+// the pod enters or leaves the mesh (its label set or removed, or it is
+// deleted).
+func (c *Cluster) watchMeshPods() error {
+	if err := c.informers["EndpointSlice"].AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
+		return fmt.Errorf("adding EndpointSlice pod index: %w", err)
+	}
+	onPod := func(obj any) {
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		if err != nil {
+			return
+		}
+		slices, _ := c.informers["EndpointSlice"].GetIndexer().ByIndex(podIndex, key)
+		for _, o := range slices {
+			if s, ok := o.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+				c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
+			}
+		}
+	}
+	_, err := c.mesh.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onPod,
+		DeleteFunc: onPod,
+	})
+	if err != nil {
+		return fmt.Errorf("adding pod event handler: %w", err)
+	}
+	return nil
+}
+
+// stripPodRef keeps of an endpoint's target reference what the mesh-pod
+// lookup needs: a pod's name.
+func stripPodRef(ref *corev1.ObjectReference) *corev1.ObjectReference {
+	if ref == nil || ref.Kind != "Pod" {
+		return nil
+	}
+	return &corev1.ObjectReference{Kind: "Pod", Name: ref.Name}
+}

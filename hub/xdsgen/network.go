@@ -1,0 +1,305 @@
+package xdsgen
+
+import (
+	"sort"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// View is what the resources a client gets depend on besides their names:
+// the flavour of its Clusters and the network its endpoint assignments are
+// split for.
+type View struct {
+	Flavour Flavour
+	// Network is the client's Istio network: node metadata NETWORK, else
+	// its member's network (see ViewOf). Endpoints on other networks reach
+	// it through their networks' gateways (DESIGN.md §3.9).
+	Network string
+}
+
+// ViewOf is the view of a client: its flavour (FlavourOf) and its network,
+// node metadata NETWORK (as istio-agent writes it), else memberNetwork.
+func ViewOf(node *corev3.Node, mode MTLSMode, memberNetwork string) View {
+	nw := node.GetMetadata().GetFields()["NETWORK"].GetStringValue()
+	if nw == "" {
+		nw = memberNetwork
+	}
+	return View{Flavour: FlavourOf(node, mode), Network: nw}
+}
+
+// Istio's endpoint metadata that selects the transport socket of a cluster
+// (tlsMode "istio": Istio mTLS), which Envoy reads from
+// envoy.transport_socket_match; istiod sets it on every mTLS endpoint.
+const (
+	transportSocketMatch = "envoy.transport_socket_match"
+	tlsModeKey           = "tlsMode"
+	tlsModeIstio         = "istio"
+)
+
+// SNI is the server name a client sends through an east-west gateway for
+// a service port, as istiod builds it (model.BuildDNSSrvSubsetKey): the
+// gateway routes on it without terminating TLS. It is "" when longer than
+// a server name may be (255 bytes; grpc-go refuses the Cluster then): such
+// a service is not reached through gateways.
+func SNI(host string, port int32) string {
+	sni := "outbound_." + strconv.Itoa(int(port)) + "_._." + host
+	if len(sni) > maxSNI {
+		return ""
+	}
+	return sni
+}
+
+// maxSNI is the longest server name grpc-go accepts in a Cluster.
+const maxSNI = 255
+
+// split is how the endpoints of one member reach a client: directly, by
+// the member's network gateways, or not at all.
+type split int
+
+const (
+	splitDirect  split = iota // the client's own network, or none involved
+	splitGateway              // another network: its gateways, mTLS endpoints only
+	splitDropped              // another network without a gateway
+)
+
+// memberSplit decides how a client on network reaches a member's endpoints,
+// as istiod's EndpointsByNetworkFilter does: an endpoint without a network
+// or on the client's is direct; one on another network goes through that
+// network's gateways; a client without a network reaches a network with no
+// gateway directly (Istio's IsSameOrEmpty). Unlike istiod in sidecar mode,
+// and like its ambient mode, a client on a network does not get endpoints
+// of another network that has no gateway: they would not answer.
+func memberSplit(network string, svc *clusters.Service, gateways []clusters.Gateway) split {
+	switch {
+	case svc.Network == "" || svc.Network == network:
+		return splitDirect
+	case len(gateways) > 0:
+		return splitGateway
+	case network == "":
+		return splitDirect
+	}
+	return splitDropped
+}
+
+// memberGateways are the gateways to a member's endpoints: its own, else
+// those of the other members of the service on the same network (istiod
+// prefers the gateway of the endpoint's network and cluster likewise).
+func memberGateways(id string, members map[string]*clusters.Service, ids []string) []clusters.Gateway {
+	svc := members[id]
+	if len(svc.Gateways) > 0 || svc.Network == "" {
+		return svc.Gateways
+	}
+	var out []clusters.Gateway
+	seen := map[clusters.Gateway]bool{}
+	for _, other := range ids {
+		o := members[other]
+		if other == id || o.Network != svc.Network {
+			continue
+		}
+		for _, g := range o.Gateways {
+			if !seen[g] {
+				seen[g] = true
+				out = append(out, g)
+			}
+		}
+	}
+	return out
+}
+
+// needsSplit reports whether a client on network gets a service's
+// endpoints other than directly: only then is its assignment built for the
+// network; every other client shares the direct one.
+func needsSplit(network string, members map[string]*clusters.Service) bool {
+	ids := sortedIDs(members)
+	for _, id := range ids {
+		if memberSplit(network, members[id], memberGateways(id, members, ids)) != splitDirect {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedIDs(members map[string]*clusters.Service) []string {
+	ids := make([]string, 0, len(members))
+	for id := range members {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// assignment says for whom a ClusterLoadAssignment is built: a client's
+// network when split, and which members are demoted (not healthy: served
+// at a lower priority).
+type assignment struct {
+	split   bool
+	network string
+	demoted func(member string) bool
+}
+
+// buildLoadAssignment groups a service port's endpoints into one locality per
+// (member, region, zone). The member ID goes into the locality's sub_zone so
+// that localities of different members never collide (grpc-go rejects
+// duplicate localities) and locality-aware load balancing prefers the
+// proxy's own member. Locality weights are the endpoint counts, so never 0.
+//
+// When the assignment is split for a network, a member's endpoints on
+// another network are replaced, per locality, by that network's gateways,
+// each weighted by the count of mTLS endpoints it stands for (plaintext
+// endpoints cannot be routed by SNI and are left out), or left out when
+// the network has no gateway (see memberSplit). Localities of demoted
+// members go one priority behind the others, unless nothing else is left.
+func buildLoadAssignment(name string, port int32, members map[string]*clusters.Service, a assignment) *endpointv3.ClusterLoadAssignment {
+	type locality struct{ cluster, region, zone string }
+	groups := map[locality][]*endpointv3.LbEndpoint{}
+	type gatewayed struct{ healthy, draining uint32 }
+	viaGateway := map[locality]*gatewayed{}
+	ids := sortedIDs(members)
+	for _, id := range ids {
+		svc := members[id]
+		how, gateways := splitDirect, []clusters.Gateway(nil)
+		if a.split {
+			gateways = memberGateways(id, members, ids)
+			how = memberSplit(a.network, svc, gateways)
+		}
+		if how == splitDropped {
+			continue
+		}
+		meta, mtlsMeta := endpointMetadata(id, false), endpointMetadata(id, true)
+		for _, ep := range svc.Endpoints {
+			if ep.ServicePort != port {
+				continue
+			}
+			loc := locality{id, ep.Region, ep.Zone}
+			if how == splitGateway {
+				if !ep.MTLS {
+					continue
+				}
+				g := viaGateway[loc]
+				if g == nil {
+					g = &gatewayed{}
+					viaGateway[loc] = g
+				}
+				if ep.Health == clusters.Draining {
+					g.draining++
+				} else {
+					g.healthy++
+				}
+				continue
+			}
+			health := corev3.HealthStatus_HEALTHY
+			if ep.Health == clusters.Draining {
+				health = corev3.HealthStatus_DRAINING
+			}
+			m := meta
+			if ep.MTLS {
+				m = mtlsMeta
+			}
+			groups[loc] = append(groups[loc], lbEndpoint(ep.Address, uint32(ep.Port), health, 1, m))
+		}
+		for loc, g := range viaGateway {
+			if loc.cluster != id {
+				continue
+			}
+			weight, health := g.healthy, corev3.HealthStatus_HEALTHY
+			if weight == 0 {
+				weight, health = g.draining, corev3.HealthStatus_DRAINING
+			}
+			for _, gw := range gateways {
+				groups[loc] = append(groups[loc], lbEndpoint(gw.Address, uint32(gw.Port), health, weight, mtlsMeta))
+			}
+		}
+	}
+	locs := make([]locality, 0, len(groups))
+	for l := range groups {
+		locs = append(locs, l)
+	}
+	sort.Slice(locs, func(i, j int) bool {
+		a, b := locs[i], locs[j]
+		if a.cluster != b.cluster {
+			return a.cluster < b.cluster
+		}
+		if a.region != b.region {
+			return a.region < b.region
+		}
+		return a.zone < b.zone
+	})
+	demote := false
+	if a.demoted != nil {
+		healthy := false
+		for _, l := range locs {
+			if a.demoted(l.cluster) {
+				demote = true
+			} else {
+				healthy = true
+			}
+		}
+		demote = demote && healthy // never behind nothing: priorities start at 0
+	}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	for _, l := range locs {
+		eps := groups[l]
+		sort.Slice(eps, func(i, j int) bool {
+			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
+			if a.GetAddress() != b.GetAddress() {
+				return a.GetAddress() < b.GetAddress()
+			}
+			return a.GetPortValue() < b.GetPortValue()
+		})
+		weight := uint32(len(eps))
+		if v, ok := viaGateway[l]; ok {
+			// The member keeps the share of the endpoints the gateways
+			// stand for (a member's endpoints are all direct or all not).
+			weight = v.healthy
+			if weight == 0 {
+				weight = v.draining
+			}
+		}
+		var priority uint32
+		if demote && a.demoted(l.cluster) {
+			priority = 1
+		}
+		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
+			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
+			LbEndpoints:         eps,
+			LoadBalancingWeight: wrapperspb.UInt32(weight),
+			Priority:            priority,
+		})
+	}
+	return cla
+}
+
+// endpointMetadata is the metadata of a member's endpoints: hub.cluster,
+// and for those that accept Istio mTLS Envoy's transport socket match
+// tlsMode: istio. Shared by the endpoints of the member.
+func endpointMetadata(member string, mtls bool) *corev3.Metadata {
+	m := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		MetadataNamespace: {Fields: map[string]*structpb.Value{"cluster": structpb.NewStringValue(member)}},
+	}}
+	if mtls {
+		m.FilterMetadata[transportSocketMatch] = &structpb.Struct{Fields: map[string]*structpb.Value{
+			tlsModeKey: structpb.NewStringValue(tlsModeIstio),
+		}}
+	}
+	return m
+}
+
+func lbEndpoint(addr string, port uint32, health corev3.HealthStatus, weight uint32, meta *corev3.Metadata) *endpointv3.LbEndpoint {
+	return &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address:       addr,
+				PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+			}}},
+		}},
+		HealthStatus:        health,
+		Metadata:            meta,
+		LoadBalancingWeight: wrapperspb.UInt32(weight),
+	}
+}

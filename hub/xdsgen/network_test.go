@@ -1,0 +1,182 @@
+package xdsgen
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/feed"
+)
+
+// networkIndex holds echo.demo in three members on three networks: west
+// (net-a, no gateway), east (net-b, one gateway; two mTLS endpoints and a
+// plaintext one), south (net-c, no gateway); and solo.demo in west alone.
+func networkIndex() *feed.Index {
+	x := feed.NewIndex("cluster.local", nil)
+	port := []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}}
+	x.ReplaceCluster("west", []*clusters.Service{
+		{Namespace: "demo", Name: "echo", Network: "net-a", Ports: port, Endpoints: []clusters.Endpoint{
+			{Address: "10.0.0.1", Port: 8080, ServicePort: 7070, MTLS: true},
+		}},
+		{Namespace: "demo", Name: "solo", Network: "net-a", Ports: port, Endpoints: []clusters.Endpoint{
+			{Address: "10.0.0.9", Port: 8080, ServicePort: 7070, MTLS: true},
+		}},
+	})
+	eastGW := []clusters.Gateway{{Address: "203.0.113.10", Port: 15443, Source: "service istio-system/eastwest"}}
+	x.ReplaceCluster("east", []*clusters.Service{
+		{Namespace: "demo", Name: "echo", Network: "net-b", Gateways: eastGW, Ports: port, Endpoints: []clusters.Endpoint{
+			{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, Zone: "z1", MTLS: true},
+			{Address: "10.1.0.2", Port: 8080, ServicePort: 7070, Zone: "z1", MTLS: true},
+			{Address: "10.1.0.3", Port: 8080, ServicePort: 7070, Zone: "z1"}, // plaintext
+		}},
+	})
+	x.ReplaceCluster("south", []*clusters.Service{
+		{Namespace: "demo", Name: "echo", Network: "net-c", Ports: port, Endpoints: []clusters.Endpoint{
+			{Address: "10.2.0.1", Port: 8080, ServicePort: 7070, MTLS: true},
+		}},
+	})
+	return x
+}
+
+// shape prints an assignment as "member/priority/weight: addr:port×weight[tls] ..." per locality.
+func shape(cla *endpointv3.ClusterLoadAssignment) string {
+	var out []string
+	for _, l := range cla.Endpoints {
+		var eps []string
+		for _, ep := range l.LbEndpoints {
+			sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+			e := fmt.Sprintf("%s:%d×%d", sa.GetAddress(), sa.GetPortValue(), ep.GetLoadBalancingWeight().GetValue())
+			if ep.GetMetadata().GetFilterMetadata()[transportSocketMatch].GetFields()[tlsModeKey].GetStringValue() == tlsModeIstio {
+				e += "[tls]"
+			}
+			eps = append(eps, e)
+		}
+		out = append(out, fmt.Sprintf("%s/p%d/w%d: %s", l.Locality.SubZone, l.Priority, l.LoadBalancingWeight.GetValue(), strings.Join(eps, " ")))
+	}
+	return strings.Join(out, "; ")
+}
+
+func assignmentFor(t *testing.T, g *Generator, name string, v View) (*Resource, *endpointv3.ClusterLoadAssignment) {
+	t.Helper()
+	res, err := g.Resources(resourcev3.EndpointType, []string{name}, v)
+	if err != nil || len(res) != 1 {
+		t.Fatalf("EDS %s for %+v = %v, %v", name, v, res, err)
+	}
+	cla := unpack(t, res[0], &endpointv3.ClusterLoadAssignment{})
+	if err := cla.ValidateAll(); err != nil {
+		t.Fatalf("invalid assignment: %v", err)
+	}
+	return res[0], cla
+}
+
+// TestSplitHorizonEndpoints follows istiod's EndpointsByNetworkFilter: a
+// client gets its own network's endpoints directly, another network's
+// mTLS endpoints as that network's gateway with their summed weight
+// (tlsMode istio), and nothing of a network that has no gateway or of
+// plaintext endpoints across networks.
+func TestSplitHorizonEndpoints(t *testing.T) {
+	g := New(networkIndex())
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	for _, tc := range []struct {
+		network, want string
+	}{
+		{"net-a", "east/p0/w2: 203.0.113.10:15443×2[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"},
+		{"net-b", "east/p0/w3: 10.1.0.1:8080×1[tls] 10.1.0.2:8080×1[tls] 10.1.0.3:8080×1"},
+		{"net-c", "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]"},
+		// No network: Istio's IsSameOrEmpty reaches gateway-less networks
+		// directly, and a network with a gateway through it.
+		{"", "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"},
+	} {
+		_, cla := assignmentFor(t, g, echo, View{Network: tc.network})
+		if got := shape(cla); got != tc.want {
+			t.Errorf("network %q:\n got %s\nwant %s", tc.network, got, tc.want)
+		}
+	}
+}
+
+// TestSplitHorizonSharesUnsplitAssignments: a service whose endpoints a
+// client's network does not change is one resource for every client, and
+// the variants of a split service are marshalled once each.
+func TestSplitHorizonSharesUnsplitAssignments(t *testing.T) {
+	g := New(networkIndex())
+	const solo = "outbound|7070||solo.demo.svc.cluster.local"
+	direct, _ := assignmentFor(t, g, solo, View{})
+	if r, _ := assignmentFor(t, g, solo, View{Network: "net-a", Flavour: FlavourGRPCMTLS}); r != direct {
+		t.Error("solo for its own network is not the shared assignment")
+	}
+	// Other networks cannot reach west (no gateway): they get none of it.
+	if _, cla := assignmentFor(t, g, solo, View{Network: "net-b"}); len(cla.Endpoints) != 0 {
+		t.Errorf("solo for net-b: %s", shape(cla))
+	}
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	a1, _ := assignmentFor(t, g, echo, View{Network: "net-a"})
+	a2, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	b, _ := assignmentFor(t, g, echo, View{Network: "net-b"})
+	if a1 != a2 {
+		t.Error("echo for net-a was marshalled twice")
+	}
+	if a1.Version == b.Version {
+		t.Error("echo for net-a and net-b are the same")
+	}
+	set, err := g.All(resourcev3.EndpointType, View{Network: "net-b"})
+	if err != nil || !slices.Contains(set.Resources, b) {
+		t.Errorf("the wildcard set for net-b does not share echo's assignment: %v", err)
+	}
+}
+
+// TestUnhealthyMembersAreDemoted: a Stale member's localities go to
+// priority 1 behind the healthy ones, stay at 0 when nothing else is left,
+// and come back when it recovers; the flag turns it off.
+func TestUnhealthyMembersAreDemoted(t *testing.T) {
+	x := networkIndex()
+	g := New(x)
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	const solo = "outbound|7070||solo.demo.svc.cluster.local"
+	x.MemberState("south", clusters.StateStale)
+	x.MemberState("west", clusters.StateReady)
+	_, cla := assignmentFor(t, g, echo, View{Network: "net-c"})
+	if got, want := shape(cla), "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p1/w1: 10.2.0.1:8080×1[tls]"; got != want {
+		t.Errorf("south Stale:\n got %s\nwant %s", got, want)
+	}
+	x.MemberState("west", clusters.StateUnreachable)
+	g.Invalidate(map[string]struct{}{"solo.demo.svc.cluster.local": {}, "echo.demo.svc.cluster.local": {}})
+	if _, cla := assignmentFor(t, g, solo, View{}); cla.Endpoints[0].Priority != 0 {
+		t.Errorf("the only member was demoted: %s", shape(cla))
+	}
+	x.MemberState("south", clusters.StateReady)
+	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	_, cla = assignmentFor(t, g, echo, View{Network: "net-c"})
+	if got, want := shape(cla), "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]"; got != want {
+		t.Errorf("south recovered:\n got %s\nwant %s", got, want)
+	}
+
+	off := New(x)
+	off.SetDemoteUnhealthy(false)
+	x.MemberState("south", clusters.StateTimedOut)
+	if _, cla := assignmentFor(t, off, echo, View{Network: "net-c"}); strings.Contains(shape(cla), "/p1/") {
+		t.Errorf("demotion off, yet: %s", shape(cla))
+	}
+}
+
+// TestMTLSClustersCarryIstioSNI: a gRPC client's Cluster under STRICT
+// sends Istio's SNI for the service port (outbound_.<port>_._.<host>), on
+// which an east-west gateway routes without terminating TLS.
+func TestMTLSClustersCarryIstioSNI(t *testing.T) {
+	g := mtlsGenerator(t, MTLSStrict)
+	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPCMTLS})
+	if err != nil || len(res) != 1 {
+		t.Fatalf("CDS = %v, %v", res, err)
+	}
+	c := unpack(t, res[0], &clusterv3.Cluster{})
+	tlsCtx := unpack(t, &Resource{Name: "tls", Any: c.GetTransportSocket().GetTypedConfig()}, &tlsv3.UpstreamTlsContext{})
+	if got, want := tlsCtx.GetSni(), "outbound_.7070_._.echo.demo.svc.cluster.local"; got != want {
+		t.Errorf("SNI = %q; want %q", got, want)
+	}
+}
