@@ -116,6 +116,8 @@ var openAPI = obj{
 				}}},
 				"gatewaysRefused":      obj{"type": "array", "items": str(), "description": "why gateways were not accepted (another network's label, no address, a hostname, a malformed annotation)"},
 				"crossNetworkWithheld": obj{"type": "integer", "description": "endpoints proxies on other networks do not get: all of them without a gateway, else those that are not Istio mTLS"},
+				"gatewayServices":      obj{"type": "array", "items": str(), "description": "Services the hub wrote into the member's istio-system so that its istiod knows the other networks' gateways"},
+				"gatewayServicesError": obj{"type": "string", "description": "why the last write of those Services failed (absent: it did not)"},
 				"demoted":              obj{"type": "string", "description": "why the member's endpoints are served one priority behind the healthy members' (absent: they are not)"},
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{

@@ -48,6 +48,11 @@ type Cluster struct {
 	// CrossNetworkWithheld counts the member's endpoints that proxies on
 	// other networks do not get (no gateway, or not Istio mTLS).
 	CrossNetworkWithheld int `json:"crossNetworkWithheld"`
+	// GatewayServices are the Services the hub wrote into the member's
+	// istio-system for its istiod (other networks' gateways), and
+	// GatewayServicesError why the last write failed.
+	GatewayServices      []string `json:"gatewayServices,omitempty"`
+	GatewayServicesError string   `json:"gatewayServicesError,omitempty"`
 	// Demoted says why the member's endpoints are served behind the
 	// healthy members' (absent: they are not).
 	Demoted string `json:"demoted,omitempty"`
@@ -67,6 +72,7 @@ func ToCluster(st clusters.Status) Cluster {
 		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
 		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused,
 		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
+		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,
 	}
 	for _, g := range st.Gateways {
 		c.Gateways = append(c.Gateways, Gateway(g))

@@ -110,6 +110,25 @@ type Cluster struct {
 	// withheld counts, per Service, the endpoints proxies of other
 	// networks do not get (Status.CrossNetworkWithheld).
 	withheld map[ServiceKey]int
+	// restoredNetwork and restoredGateways are the network and gateways
+	// of the persisted view the member serves until its system namespace
+	// is listed (exportedGateways).
+	restoredNetwork  string
+	restoredGateways []Gateway
+	// gatewaysChanged, if set, is told when the member's network or
+	// gateways changed (the registry hands every member the new set).
+	gatewaysChanged func()
+	// peerGateways are every network's gateways (setPeerGateways);
+	// gatewayKick wakes the writer; what it wrote and its last error are
+	// shown in the status.
+	peerGateways           map[string][]Gateway
+	gatewayKick            chan struct{}
+	gatewayServicesWritten []string
+	gatewayWriteErr        string
+	// isLeader says whether this replica writes into members (nil: it does).
+	isLeader func() bool
+	// systemSynced reports whether the system namespace was listed.
+	systemSynced cache.InformerSynced
 }
 
 // clusterDeps are what every Cluster of a registry shares.
@@ -119,6 +138,8 @@ type clusterDeps struct {
 	log     *slog.Logger
 	// secretEvents is told when the member's Secrets change (may be nil).
 	secretEvents SecretEvents
+	// isLeader says whether this replica writes into members (nil: it does).
+	isLeader func() bool
 }
 
 func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, error) {
@@ -159,6 +180,9 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		state:     StatePending,
 		endpoints: map[ServiceKey]int{},
 		withheld:  map[ServiceKey]int{},
+		isLeader:  deps.isLeader,
+
+		gatewayKick:     make(chan struct{}, 1),
 
 		gatewayServices: map[ServiceKey]bool{},
 	}
@@ -184,6 +208,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	}))
 	nsInf := c.system.Core().V1().Namespaces()
 	c.namespaces = nsInf.Lister()
+	c.systemSynced = nsInf.Informer().HasSynced
 	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.refreshGateways(true) },
 		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
@@ -304,6 +329,7 @@ func (c *Cluster) run(ctx context.Context) {
 		return // superseded, or stopped while swapping: publish nothing
 	}
 	c.publishAll()
+	wg.Go(func() { c.writeGatewayServices(ctx) })
 	defer c.withdrawIfOverflowed()
 	took := time.Since(started)
 	c.transition(func() {
@@ -465,10 +491,11 @@ type observingTransport struct {
 func (t *observingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	switch {
-	case strings.HasSuffix(req.URL.Path, "/secrets"), strings.HasSuffix(req.URL.Path, "/pods"):
-		// The secret controller and the mesh-pod lookup are optional for a
-		// member (its credentials may not read Secrets or pods); their
-		// failures do not make the member Stale.
+	case strings.HasSuffix(req.URL.Path, "/secrets"), strings.HasSuffix(req.URL.Path, "/pods"), req.Context().Value(optionalKey{}) != nil:
+		// The secret controller, the mesh-pod lookup and the gateway
+		// Services written into the member are optional (its credentials
+		// may not read Secrets or pods, nor write Services); their failures
+		// do not make the member Stale.
 	case req.Context().Err() != nil:
 		// Cancelled by us (stopping, or a watch ending): says nothing about the server.
 	case err != nil:
@@ -535,6 +562,9 @@ func (c *Cluster) publishAll() {
 	views := make([]*Service, 0, len(svcs))
 	counts := make(map[ServiceKey]int, len(svcs))
 	for _, svc := range svcs {
+		if isHubGatewayService(svc) {
+			continue
+		}
 		v := c.build(svc)
 		views = append(views, v)
 		counts[ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = len(v.Endpoints)
@@ -563,6 +593,7 @@ func (c *Cluster) processNext() bool {
 		c.log.Error("reading service from cache", "service", key, "error", err)
 		c.queue.AddRateLimited(key)
 		return true
+	case isHubGatewayService(svc): // the hub's own, not the member's
 	default:
 		view = c.build(svc)
 	}
@@ -650,6 +681,8 @@ func (c *Cluster) status() Status {
 	st.Network = c.network()
 	st.Gateways = slices.Clone(c.gateways.gateways)
 	st.GatewaysRefused = slices.Clone(c.gateways.refused)
+	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)
+	st.GatewayServicesError = c.gatewayWriteErr
 	return st
 }
 

@@ -252,7 +252,7 @@ func (c *Cluster) gatewayServiceChanged(key ServiceKey, obj any) {
 		obj = t.Obj
 	}
 	labelled := false
-	if svc, ok := obj.(*corev1.Service); ok && svc != nil {
+	if svc, ok := obj.(*corev1.Service); ok && svc != nil && !isHubGatewayService(svc) {
 		_, labelled = svc.Labels[LabelNetwork]
 	}
 	c.mu.Lock()
@@ -286,7 +286,7 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 			gone = append(gone, k)
 			continue
 		}
-		if _, labelled := svc.Labels[LabelNetwork]; !labelled {
+		if _, labelled := svc.Labels[LabelNetwork]; !labelled || isHubGatewayService(svc) {
 			gone = append(gone, k)
 			continue
 		}
@@ -307,12 +307,20 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 		c.gateways.gateways = view.gateways
 	}
 	c.gateways.refused = view.refused
+	notify := c.gatewaysChanged
 	c.mu.Unlock()
-	if changed || rebuild {
-		c.enqueueAll()
-		return true
+	if !changed && !rebuild {
+		return false
 	}
-	return false
+	c.enqueueAll()
+	if notify != nil {
+		notify()
+	}
+	select { // the member's own network may have changed: its Services follow
+	case c.gatewayKick <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 // crossNetworkWithheld counts a Service view's endpoints that proxies on

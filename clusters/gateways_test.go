@@ -275,3 +275,87 @@ func createPod(t *testing.T, cs kubernetes.Interface, ns, name string, labels ma
 	}
 	return pod
 }
+
+// TestGatewayServicesWrittenIntoMembers: each member on a network gets, in
+// its istio-system, a headless Service per other network carrying that
+// network's gateways (what an unmodified istiod learns gateways from); the
+// hub neither federates nor reads them back as the member's own gateways;
+// a network that loses its gateways loses its Service.
+func TestGatewayServicesWrittenIntoMembers(t *testing.T) {
+	r, sink, ns := startRegistry(t, 30*time.Second)
+	ctx := context.Background()
+	m1, m2 := env.Cluster("member1"), env.Cluster("member2")
+	cs1, cs2 := kube(t, m1), kube(t, m2)
+	setNetwork(t, cs1, "net-1")
+	setNetwork(t, cs2, "net-2")
+	cleanupHubGateways := func(cs kubernetes.Interface) {
+		t.Cleanup(func() {
+			ctx := context.Background()
+			list, _ := cs.CoreV1().Services(SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedByHub})
+			for _, s := range list.Items {
+				_ = cs.CoreV1().Services(SystemNamespace).Delete(ctx, s.Name, metav1.DeleteOptions{})
+			}
+		})
+	}
+	cleanupHubGateways(cs1)
+	cleanupHubGateways(cs2)
+	gw, err := cs1.CoreV1().Services(SystemNamespace).Create(ctx, gatewayService("eastwest-"+rand.String(5), "net-1", func(s *corev1.Service) {
+		s.Spec.Ports[0].NodePort = 0
+		s.Spec.ExternalIPs = []string{"203.0.113.21"}
+	}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs1.CoreV1().Services(SystemNamespace).Delete(context.Background(), gw.Name, metav1.DeleteOptions{}) })
+	home := kube(t, env.Cluster("home"))
+	s1 := localcluster.RemoteSecret(ns, "m1", map[string][]byte{"m1": m1.Kubeconfig()})
+	s2 := localcluster.RemoteSecret(ns, "m2", map[string][]byte{"m2": m2.Kubeconfig()})
+	s2.Annotations = map[string]string{AnnotationGateways: "198.51.100.22:15443, 198.51.100.23:443"}
+	for _, s := range []*corev1.Secret{s1, s2} {
+		if _, err := home.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := func(cs kubernetes.Interface, want map[string][]string) func() error {
+		return func() error {
+			list, err := cs.CoreV1().Services(SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedByHub})
+			if err != nil {
+				return err
+			}
+			got := map[string][]string{}
+			for _, s := range list.Items {
+				if s.Spec.ClusterIP != corev1.ClusterIPNone || len(s.Spec.Selector) != 0 {
+					return fmt.Errorf("%s is not headless and selectorless: %+v", s.Name, s.Spec)
+				}
+				got[s.Name+" "+s.Labels[LabelNetwork]+" "+fmt.Sprint(s.Spec.Ports[0].Port)] = s.Spec.ExternalIPs
+			}
+			if !reflect.DeepEqual(got, want) {
+				return fmt.Errorf("hub gateway Services %v; want %v", got, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, written(cs1, map[string][]string{
+		"hub-gateway-net-2-15443 net-2 15443": {"198.51.100.22"},
+		"hub-gateway-net-2-443 net-2 443":     {"198.51.100.23"},
+	}))
+	eventually(t, 30*time.Second, written(cs2, map[string][]string{"hub-gateway-net-1-15443 net-1 15443": {"203.0.113.21"}}))
+	eventually(t, 10*time.Second, func() error {
+		for _, id := range []string{"m1", "m2"} {
+			st, _ := statusOf(r, id, ns+"/"+id)
+			if len(st.GatewayServices) == 0 || st.GatewayServicesError != "" || len(st.GatewaysRefused) != 0 || st.State != StateReady {
+				return fmt.Errorf("%s: %s, written %q, error %q, refused %q", id, st.State, st.GatewayServices, st.GatewayServicesError, st.GatewaysRefused)
+			}
+		}
+		return nil
+	})
+	if svc := sink.service("m1", ServiceKey{Namespace: SystemNamespace, Name: "hub-gateway-net-2-15443"}); svc != nil {
+		t.Errorf("the hub federates its own gateway Service: %+v", svc)
+	}
+
+	// m1 loses its gateway: m2's Service for net-1 goes.
+	if err := cs1.CoreV1().Services(SystemNamespace).Delete(ctx, gw.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, written(cs2, map[string][]string{}))
+}

@@ -535,6 +535,12 @@ func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 		c.persistedAt = at
 		for _, s := range services {
 			c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
+			if s.Network != "" {
+				c.restoredNetwork = s.Network
+			}
+			if len(s.Gateways) > 0 {
+				c.restoredGateways = s.Gateways
+			}
 		}
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -150,7 +152,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		views:      views,
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents},
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},
@@ -167,6 +169,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	home.setObserver(r.observer(nil, ""))
+	home.gatewaysChanged = r.refreshPeerGateways
 	r.home = home
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(r.transitions); err != nil {
@@ -363,6 +366,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	for _, c := range clients {
 		c.setAnnotatedGateways(gateways)
 	}
+	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
@@ -450,6 +454,7 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		st.State, st.Message = StateInvalid, err.Error()
 		return st, false
 	}
+	c.gatewaysChanged = r.refreshPeerGateways
 	r.mu.Lock()
 	if existing == nil {
 		c.setObserver(r.observer(ref, ""))
@@ -552,6 +557,37 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
 	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)
 	return true
+}
+
+// refreshPeerGateways hands every member the gateways of every network, as
+// the home cluster and each member's current client have them (members in
+// ID order), for the Services it writes for its istiod.
+func (r *Registry) refreshPeerGateways() {
+	r.mu.Lock()
+	ids := slices.Sorted(maps.Keys(r.members))
+	sources := []*Cluster{r.home}
+	var all []*Cluster
+	for _, id := range ids {
+		m := r.members[id]
+		sources = append(sources, m.active)
+		all = append(all, m.active)
+		if m.next != nil {
+			all = append(all, m.next)
+		}
+	}
+	r.mu.Unlock()
+	if sources[0] == nil {
+		return // during NewRegistry
+	}
+	peers := map[string][]Gateway{}
+	for _, c := range sources {
+		if nw, gws := c.exportedGateways(); nw != "" {
+			peers[nw] = append(peers[nw], gws...)
+		}
+	}
+	for _, c := range append(all, sources[0]) {
+		c.setPeerGateways(peers)
+	}
 }
 
 // observer returns the state-change hook of one member's client: a metric,

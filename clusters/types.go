@@ -137,6 +137,11 @@ type Status struct {
 	// other networks do not get: all of them when the member has a network
 	// but no gateway, else those that do not accept Istio mTLS.
 	CrossNetworkWithheld int
+	// GatewayServices are the Services the hub wrote into the member's
+	// istio-system for its istiod (other networks' gateways), and
+	// GatewayServicesError why the last attempt failed ("" when it did not).
+	GatewayServices      []string
+	GatewayServicesError string
 	// Demoted says why the member's endpoints are served one priority
 	// behind the healthy members' ("" when they are not).
 	Demoted string

@@ -55,6 +55,9 @@ type adscLine struct {
 	Cluster    string              `json:"cluster"`
 	Endpoints  []string            `json:"endpoints"`
 	ByMember   map[string][]string `json:"byMember"`
+	Weights    map[string]uint32   `json:"weights"`    // EDS: endpoint → load balancing weight
+	Priorities map[string]uint32   `json:"priorities"` // EDS: endpoint → its locality's priority
+	MTLS       []string            `json:"mtls"`       // EDS: endpoints with tlsMode istio
 	Name       string              `json:"name"`
 	Kind       string              `json:"kind"`
 	CertChain  string              `json:"certChain"`

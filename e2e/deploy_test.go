@@ -81,6 +81,8 @@ func TestDeploy(t *testing.T) {
 		secretsNS: {
 			"role.rbac.authorization.k8s.io/hub-remote-secrets",
 			"rolebinding.rbac.authorization.k8s.io/hub-remote-secrets",
+			"role.rbac.authorization.k8s.io/hub-gateways",
+			"rolebinding.rbac.authorization.k8s.io/hub-gateways",
 		},
 		"": {
 			"namespace/" + deployNS,
@@ -127,7 +129,11 @@ func TestDeploy(t *testing.T) {
 	requireRestrictedPodSecurity(t, ctx, homeClient, dep.Spec.Template)
 
 	// The member-side RBAC is valid for a member's API server.
+	// (Its Role for gateway Services lives in istio-system, Istio's.)
 	memberRBAC := filepath.Join(deployDir, "remote-member-rbac.yaml")
+	if err := localcluster.EnsureNamespace(ctx, westClient, secretsNS); err != nil {
+		t.Fatal(err)
+	}
 	westKubectl(ctx, "apply", "--dry-run=server", "-f", memberRBAC)
 
 	// 2. The real hub with the ServiceAccount's token, and the Deployment's
@@ -177,9 +183,6 @@ func TestDeploy(t *testing.T) {
 	// istio-system), whose credentials have only remote-member-rbac.yaml.
 	// (The member's istio-reader-service-account lives in its istio-system.)
 	westKubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", memberRBAC)
-	if err := localcluster.EnsureNamespace(ctx, westClient, secretsNS); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := westClient.CoreV1().ServiceAccounts(secretsNS).Create(ctx,
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -320,8 +323,17 @@ func TestDeploy(t *testing.T) {
 		{allow: false, verb: "update", resource: "services", ns: "default", name: "kubernetes"},
 		{allow: false, verb: "create", group: "discovery.k8s.io", resource: "endpointslices", ns: "default"},
 		// Nothing else.
-		{allow: false, verb: "list", resource: "pods"},
-		{allow: false, verb: "list", resource: "pods", ns: deployNS},
+		// Pods: listed (metadata of the mesh's pods, clusters/meshpods.go),
+		// never read one by one, never written.
+		{allow: true, verb: "list", resource: "pods"},
+		{allow: false, verb: "get", resource: "pods", ns: deployNS},
+		{allow: false, verb: "create", resource: "pods", ns: deployNS},
+		{allow: false, verb: "delete", resource: "pods", ns: deployNS},
+		// Services: written only in istio-system (other networks' gateways for
+		// the home cluster's istiod, clusters/gatewayexport.go).
+		{allow: true, verb: "create", resource: "services", ns: "istio-system"},
+		{allow: false, verb: "create", resource: "services", ns: deployNS},
+		{allow: false, verb: "create", resource: "services", ns: "default"},
 		{allow: false, verb: "create", resource: "serviceaccounts", subresource: "token", ns: deployNS, name: "hub"},
 		{allow: false, verb: "create", resource: "namespaces"},
 		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "clusterroles"},

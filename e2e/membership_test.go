@@ -88,7 +88,9 @@ func TestRotationAndOutageWithLiveClient(t *testing.T) {
 	requireOnly(t, xc, 50, "west-a", "east-a")
 	t.Logf("rotation: %d calls around it, %d failed", xc.oks.Load()-oks, xc.errs.Load()-errsBefore)
 
-	// Kill west's API server: west goes Stale, its endpoint keeps serving.
+	// Kill west's API server: west goes Stale. Its endpoint stays in EDS
+	// (checked below), one priority behind east's (--demote-unhealthy-
+	// members): calls go to east alone until west recovers.
 	west.StopAPIServer()
 	t.Cleanup(func() {
 		_ = west.StartAPIServer()
@@ -104,13 +106,18 @@ func TestRotationAndOutageWithLiveClient(t *testing.T) {
 		t.Errorf("east during west's outage: %+v", c)
 	}
 	xc.drain()
-	westAnswers := 0
-	xc.waitFor(t, 30*time.Second, "20 answers from stale west", func(l clientLine) bool {
-		if l.text == "ok west-a" {
-			westAnswers++
+	eastInARow := 0
+	xc.waitFor(t, 30*time.Second, "20 answers in a row from east while west is demoted", func(l clientLine) bool {
+		if l.text == "ok east-a" {
+			eastInARow++
+		} else {
+			eastInARow = 0
 		}
-		return westAnswers >= 20
+		return eastInARow >= 20
 	})
+	if c := h.clusters(t)["west"]; !strings.Contains(c.Demoted, "Stale") {
+		t.Errorf("west while Stale is not shown demoted: %+v", c)
+	}
 	if err := west.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +131,8 @@ func TestRotationAndOutageWithLiveClient(t *testing.T) {
 		return nil
 	})
 
+	xc.drain()
+	xc.waitFor(t, 30*time.Second, "an answer from recovered west", func(l clientLine) bool { return l.text == "ok west-a" })
 	if n := xc.errs.Load() - errsBefore; n != 0 {
 		t.Errorf("%d calls failed during rotation and outage; want 0", n)
 	}

@@ -83,6 +83,7 @@ type options struct {
 	addr, cert, key, ca, serverID string
 	delta, follow, plaintext      bool
 	nodeID, clusterID, namespace  string
+	network                       string
 	watch                         string
 	timeout                       time.Duration
 	logLevel                      string
@@ -99,6 +100,7 @@ func run() int {
 	flag.BoolVar(&o.delta, "delta", false, "use Delta xDS (adsc.NewDelta) instead of SotW (adsc.New)")
 	flag.StringVar(&o.nodeID, "node-id", "", "node ID in Istio's form <type>~<ip>~<workload>.<ns>~<ns>.svc.cluster.local (adsc builds the ID from these parts); empty: adsc's default")
 	flag.StringVar(&o.clusterID, "cluster-id", "", "member cluster, sent as node metadata CLUSTER_ID")
+	flag.StringVar(&o.network, "network", "", "the proxy's Istio network, sent as node metadata NETWORK (as istio-agent sends ISTIO_META_NETWORK)")
 	flag.StringVar(&o.namespace, "namespace", "", "proxy namespace (node metadata NAMESPACE); default from --node-id, else adsc's default")
 	flag.StringVar(&o.watch, "watch", "cds", "comma-separated watches: cds, eds:<cluster>, sds:<name> (bare names are classified)")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up waiting for the watched resources after this long (exit 2 with a summary)")
@@ -217,6 +219,9 @@ func adscConfig(o options) (cfg adsc.Config, tlsErr func() error, err error) {
 	meta := map[string]any{}
 	if o.clusterID != "" {
 		meta["CLUSTER_ID"] = o.clusterID
+	}
+	if o.network != "" {
+		meta["NETWORK"] = o.network
 	}
 	if cfg.Namespace != "" {
 		meta["NAMESPACE"] = cfg.Namespace
@@ -542,13 +547,20 @@ func runDelta(ctx context.Context, addr string, cfg adsc.Config, w watches, even
 }
 
 func edsEvent(cla *endpointv3.ClusterLoadAssignment) event {
-	var all []string
+	var all, mtls []string
 	byMember := map[string][]string{}
+	weights := map[string]uint32{}
+	priorities := map[string]uint32{}
 	for _, loc := range cla.GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 			a := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
 			all = append(all, a)
+			weights[a] += max(lb.GetLoadBalancingWeight().GetValue(), 1)
+			priorities[a] = loc.GetPriority()
+			if lb.GetMetadata().GetFilterMetadata()["envoy.transport_socket_match"].GetFields()["tlsMode"].GetStringValue() == "istio" {
+				mtls = append(mtls, a)
+			}
 			if m := lb.GetMetadata().GetFilterMetadata()["hub"].GetFields()["cluster"].GetStringValue(); m != "" {
 				byMember[m] = append(byMember[m], a)
 			}
@@ -558,7 +570,9 @@ func edsEvent(cla *endpointv3.ClusterLoadAssignment) event {
 	for _, v := range byMember {
 		slices.Sort(v)
 	}
-	return event{line: map[string]any{"type": "eds", "cluster": cla.GetClusterName(), "endpoints": nonNil(all), "byMember": byMember},
+	sort.Strings(mtls)
+	return event{line: map[string]any{"type": "eds", "cluster": cla.GetClusterName(), "endpoints": nonNil(all), "byMember": byMember,
+		"weights": weights, "priorities": priorities, "mtls": nonNil(mtls)},
 		keys: []string{"eds:" + cla.GetClusterName()}}
 }
 

@@ -1,0 +1,238 @@
+package clusters
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Member istiods learn other networks' gateways from the hub (DESIGN.md
+// §3.9). istiod takes no gateway from ServiceEntries (its ServiceEntry
+// registry has none), but it takes one from any Service of its own cluster
+// labelled topology.istio.io/network that listens on 15443 (or
+// networking.istio.io/gatewayPort) and has externalIPs. So the hub writes,
+// into istio-system of every member that is on a network, one such Service
+// per other network and gateway port: headless (kube-proxy ignores it, so
+// the externalIPs are never captured on the member's nodes), without a
+// selector or endpoints, labelled app.kubernetes.io/managed-by=hub. An
+// unmodified istiod then sends its sidecars' traffic for another network's
+// federated endpoints (the ServiceEntries' endpoints carry their network
+// and tlsMode) to that network's gateway, as for its own remote clusters.
+// The member's credentials need create, update and delete on Services in
+// istio-system (deploy/remote-member-rbac.yaml); without them the status
+// says so and nothing else changes.
+
+// gatewayServicePrefix starts the name of every Service the hub writes.
+const gatewayServicePrefix = "hub-gateway-"
+
+// LabelManagedBy (value ManagedByHub) marks the objects the hub writes
+// into members.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByHub   = "hub"
+)
+
+// gatewayResync is how often a member's written Services are checked
+// again even when nothing changed (someone may have edited or deleted
+// them; leadership may have moved), and how long a failed write waits.
+const gatewayResync = time.Minute
+
+// isHubGatewayService reports whether svc is one the hub wrote: it is no
+// gateway of the member's own and no service of the member's to federate.
+func isHubGatewayService(svc *corev1.Service) bool {
+	return svc.Namespace == SystemNamespace && svc.Labels[LabelManagedBy] == ManagedByHub && strings.HasPrefix(svc.Name, gatewayServicePrefix)
+}
+
+// gatewayServiceName names the Service of a network's gateways on a port:
+// hub-gateway-<network>-<port>, or a hash of the network when that is not
+// a valid Service name.
+func gatewayServiceName(network string, port int32) string {
+	name := gatewayServicePrefix + network + "-" + strconv.Itoa(int(port))
+	if len(k8svalidation.IsDNS1035Label(name)) == 0 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(network))
+	return gatewayServicePrefix + hex.EncodeToString(sum[:6]) + "-" + strconv.Itoa(int(port))
+}
+
+// desiredGatewayServices are the Services a member on network own gets:
+// for every other network, one per gateway port, with that network's
+// gateway addresses (sorted, at most maxGateways).
+func desiredGatewayServices(own string, peers map[string][]Gateway) map[string]*corev1.Service {
+	out := map[string]*corev1.Service{}
+	if own == "" {
+		return out
+	}
+	for network, gws := range peers {
+		if network == own || network == "" {
+			continue
+		}
+		byPort := map[int32][]string{}
+		for _, g := range gws {
+			if !slices.Contains(byPort[g.Port], g.Address) {
+				byPort[g.Port] = append(byPort[g.Port], g.Address)
+			}
+		}
+		for port, ips := range byPort {
+			slices.Sort(ips)
+			if len(ips) > maxGateways {
+				ips = ips[:maxGateways]
+			}
+			name := gatewayServiceName(network, port)
+			lbls := map[string]string{LabelNetwork: network, LabelManagedBy: ManagedByHub}
+			if port != DefaultGatewayPort {
+				lbls[LabelGatewayPort] = strconv.Itoa(int(port))
+			}
+			out[name] = &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: SystemNamespace, Name: name, Labels: lbls},
+				Spec: corev1.ServiceSpec{
+					ClusterIP:   corev1.ClusterIPNone,
+					ExternalIPs: ips,
+					Ports:       []corev1.ServicePort{{Name: "tls", Port: port, Protocol: corev1.ProtocolTCP}},
+				},
+			}
+		}
+	}
+	return out
+}
+
+// sameGatewayService reports whether a written Service says what want says.
+func sameGatewayService(have, want *corev1.Service) bool {
+	return maps.Equal(have.Labels, want.Labels) && slices.Equal(have.Spec.ExternalIPs, want.Spec.ExternalIPs) &&
+		len(have.Spec.Ports) == 1 && have.Spec.Ports[0].Port == want.Spec.Ports[0].Port
+}
+
+// setPeerGateways hands the member every network's gateways; its writer
+// brings the member's Services in line.
+func (c *Cluster) setPeerGateways(peers map[string][]Gateway) {
+	c.mu.Lock()
+	c.peerGateways = peers
+	c.mu.Unlock()
+	select {
+	case c.gatewayKick <- struct{}{}:
+	default:
+	}
+}
+
+// exportedGateways is the member's network and gateways as the other
+// members' istiods should know them: live once its system namespace is
+// listed, else as its persisted view had them.
+func (c *Cluster) exportedGateways() (string, []Gateway) {
+	if c.systemSynced() {
+		nw := c.network()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return nw, c.gateways.gateways
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restoredNetwork, c.restoredGateways
+}
+
+// writeGatewayServices keeps the member's hub-gateway-* Services as
+// desiredGatewayServices says, whenever it is kicked and every
+// gatewayResync, until ctx ends. Only the leader writes.
+func (c *Cluster) writeGatewayServices(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.gatewayKick:
+		case <-t.C:
+		}
+		if c.isLeader == nil || c.isLeader() {
+			err := c.reconcileGatewayServices(ctx)
+			c.mu.Lock()
+			c.gatewayWriteErr = ""
+			if err != nil {
+				c.gatewayWriteErr = err.Error()
+			}
+			c.mu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				c.log.Warn("writing gateway Services into the member", "error", err)
+			}
+		}
+		t.Reset(gatewayResync)
+	}
+}
+
+// reconcileGatewayServices creates, updates and deletes the member's
+// hub-gateway-* Services. Its requests are optional for the member's
+// state (optionalRequest): a member whose credentials may not write them
+// stays Ready.
+func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
+	ctx = optionalRequest(ctx)
+	c.mu.Lock()
+	peers := c.peerGateways
+	c.mu.Unlock()
+	want := desiredGatewayServices(c.network(), peers)
+	existing, _ := c.services.Services(SystemNamespace).List(labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByHub}))
+	api := c.client.CoreV1().Services(SystemNamespace)
+	var errs []error
+	var written []string
+	for _, have := range existing {
+		if !isHubGatewayService(have) {
+			continue
+		}
+		w, ok := want[have.Name]
+		switch {
+		case !ok:
+			if err := api.Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("deleting %s/%s: %w", SystemNamespace, have.Name, err))
+			}
+		case !sameGatewayService(have, w):
+			cur, err := api.Get(ctx, have.Name, metav1.GetOptions{})
+			if err == nil {
+				cur.Labels, cur.Spec.ExternalIPs, cur.Spec.Ports = w.Labels, w.Spec.ExternalIPs, w.Spec.Ports
+				_, err = api.Update(ctx, cur, metav1.UpdateOptions{FieldManager: "hub"})
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("updating %s/%s: %w", SystemNamespace, have.Name, err))
+			}
+			written = append(written, have.Name)
+		default:
+			written = append(written, have.Name)
+		}
+		delete(want, have.Name)
+	}
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		if _, err := api.Create(ctx, want[name], metav1.CreateOptions{FieldManager: "hub"}); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				continue // not ours yet in the cache, or someone else's: the next round sees it
+			}
+			errs = append(errs, fmt.Errorf("creating %s/%s: %w", SystemNamespace, name, err))
+			continue
+		}
+		written = append(written, name)
+	}
+	slices.Sort(written)
+	c.mu.Lock()
+	c.gatewayServicesWritten = written
+	c.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// optionalKey marks a request context as optional for the member's state.
+type optionalKey struct{}
+
+// optionalRequest marks ctx's requests as ones whose failure says nothing
+// about the member's health (see observingTransport): writes the member's
+// credentials may well not be allowed to make.
+func optionalRequest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, optionalKey{}, true)
+}
