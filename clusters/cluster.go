@@ -182,7 +182,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		withheld:  map[ServiceKey]int{},
 		isLeader:  deps.isLeader,
 
-		gatewayKick:     make(chan struct{}, 1),
+		gatewayKick: make(chan struct{}, 1),
 
 		gatewayServices: map[ServiceKey]bool{},
 	}

@@ -306,7 +306,9 @@ func TestGatewayServicesWrittenIntoMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs1.CoreV1().Services(SystemNamespace).Delete(context.Background(), gw.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs1.CoreV1().Services(SystemNamespace).Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
+	})
 	home := kube(t, env.Cluster("home"))
 	s1 := localcluster.RemoteSecret(ns, "m1", map[string][]byte{"m1": m1.Kubeconfig()})
 	s2 := localcluster.RemoteSecret(ns, "m2", map[string][]byte{"m2": m2.Kubeconfig()})
