@@ -140,7 +140,13 @@ type child struct {
 // startChild runs this test binary in role with env, until the test ends.
 func startChild(t *testing.T, role string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	return startCommand(t, role, exec.Command(os.Args[0], "-test.run=^$"), env...)
+}
+
+// startCommand is startChild for a command that runs this test binary
+// (e.g. inside another network namespace).
+func startCommand(t *testing.T, role string, cmd *exec.Cmd, env ...string) *child {
+	t.Helper()
 	cmd.Env = append(append(os.Environ(), clientRoleEnv+"="+role), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr

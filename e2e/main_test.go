@@ -36,6 +36,8 @@ func TestMain(m *testing.M) {
 	case "":
 	case "xdsserver":
 		runXDSServer()
+	case "ewgateway":
+		runEWGateway()
 	default:
 		runXDSClient()
 	}

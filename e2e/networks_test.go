@@ -2,8 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/pem"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,4 +170,101 @@ func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) error {
 		_ = kc.CoreV1().Services("istio-system").Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
 	return nil
+}
+
+// TestProxylessGRPCAcrossNetworks: two networks as two network namespaces.
+// The server (grpc-go, xDS server credentials, member east) listens on a
+// workload address of network B that the client's network A has no route
+// to; east's east-west gateway (the SNI passthrough stand-in, in B) is the
+// only way in. A grpc-go xDS client in member west (network A, from its
+// member: no NETWORK in its bootstrap) calls it over mTLS through the
+// gateway: the hub sent it the gateway, not B's address, and Istio's SNI,
+// on which the gateway routed without terminating TLS; the server saw the
+// client's SPIFFE ID.
+func TestProxylessGRPCAcrossNetworks(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	ctx := testContext(t)
+	ip := dataPlaneIP(t)
+	const (
+		hostSide   = "198.19.61.1" // network A's end of the veth: the hub's xDS address, reachable from B
+		gatewayIP  = "198.19.61.2" // B's end: its east-west gateway, reachable from A
+		workloadIP = "198.18.61.1" // on B's loopback: no route from A
+	)
+	netB := newNetnsNetwork(t, "nb", hostSide, gatewayIP, workloadIP)
+	labelNetwork(t, west, "net-west")
+	labelNetwork(t, east, "net-east")
+	app := "xnet-" + rand.String(5)
+	for _, c := range []*localcluster.Cluster{west, east} {
+		if err := localcluster.EnsureNamespace(ctx, client(t, c), app); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hubNS := hubNamespace(t, home)
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, localcluster.RemoteSecret(hubNS, "members", map[string][]byte{
+		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("xnet.test")
+	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", td.Name(), "--mtls-mode", "STRICT", "--xds-addr", net.JoinHostPort(hostSide, "0"))
+	ca := hubCA(t, home, hubNS, td)
+	var roots []byte
+	for _, c := range h.bundle(t, td).X509Authorities() {
+		roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	serverID := spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/echo")
+	clientID := spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/caller")
+
+	srv := netB.startChild(t, "xdsserver", serverListenEnv+"="+net.JoinHostPort(workloadIP, "0"), serverIDEnv+"=east",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, roots, serverID, east.Name, workloadIP, h.xdsAddr))
+	backendAddr := strings.TrimPrefix(srv.waitLine(t, 30*time.Second, "listening "), "listening ")
+	_, portText, _ := net.SplitHostPort(backendAddr)
+	port, _ := strconv.Atoi(portText)
+	backends := []localcluster.Backend{{IP: workloadIP, Port: int32(port), Pod: "echo-0"}}
+	meshPods(t, client(t, east), app, backends)
+	if err := localcluster.ApplyService(ctx, client(t, east), app, "echo", "grpc", 7070, backends); err != nil {
+		t.Fatal(err)
+	}
+	srv.waitLine(t, 60*time.Second, "serving")
+
+	sni := "outbound_.7070_._.echo." + app + ".svc.cluster.local"
+	gw := netB.startChild(t, "ewgateway", gatewayListenEnv+"="+net.JoinHostPort(gatewayIP, "15443"), gatewayRoutesEnv+"="+sni+"="+backendAddr)
+	gw.waitLine(t, 30*time.Second, "listening ")
+	ec := client(t, east)
+	gwSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway-" + rand.String(4),
+			Labels: map[string]string{"topology.istio.io/network": "net-east"}},
+		Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayIP}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gwSvc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gwSvc.Name, metav1.DeleteOptions{})
+	})
+
+	// Network A has no route to B's workloads.
+	if c, err := net.DialTimeout("tcp", backendAddr, 2*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("network A reaches %s directly: the two networks are not separate", backendAddr)
+	}
+
+	target := fmt.Sprintf("xds:///echo.%s.svc.cluster.local:7070", app)
+	caller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, roots, clientID, west.Name, ip, h.xdsAddr))
+	if got, want := caller.waitLine(t, 90*time.Second, "ok "), "ok east peer="+clientID.String(); got != want {
+		t.Fatalf("client on network A: %q; want %q", got, want)
+	}
+	routed := gw.waitLine(t, 10*time.Second, "route "+sni+" ")
+	srv.waitLine(t, 10*time.Second, "call peer="+clientID.String())
+	t.Logf("through the gateway: %s; the server saw %s", routed, clientID)
+
+	// What the hub sent the client: east's gateway, not east's address.
+	proxyID := "sidecar~" + ip + "~caller." + app + "~" + app + ".svc.cluster.local"
+	_, body := h.do(t, "GET", "/api/v1/proxies/"+url.PathEscape(proxyID)+"/config", "")
+	if !strings.Contains(body, gatewayIP) || strings.Contains(body, workloadIP) {
+		t.Errorf("the client's config holds the gateway %s: %v, east's address %s: %v; want only the gateway",
+			gatewayIP, strings.Contains(body, gatewayIP), workloadIP, strings.Contains(body, workloadIP))
+	}
+	noNacks(t, h, app)
 }
