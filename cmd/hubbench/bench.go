@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -451,13 +452,25 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		if err != nil {
 			return fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, benchNamespace, svc.name, member, err)
 		}
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
+		ep := discoveryv1.Endpoint{
 			Addresses:  []string{addr},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
 			NodeName:   ptr.To("node-0"),
-		})
+		}
+		if pod := svc.backend[k][0].Pod; pod != "" { // a mesh pod: reached across networks through the gateway
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: benchNamespace, Name: pod}
+		}
+		slice.Endpoints = append(slice.Endpoints, ep)
 		watchers := l.watchers[watched[w%len(watched)]]
 		t := newWriteTarget(svc.cluster, serviceEntryName(svc.name), addr, len(f.streams), watchers)
+		if nw := l.memberNetwork(svc.members[k]); nw != "" {
+			t.remote = map[int]bool{}
+			for _, i := range watchers {
+				if f.streams[i].network != nw {
+					t.remote[i] = true
+				}
+			}
+		}
 		t.start = time.Now()
 		f.target.Store(t)
 		if _, err := slicesAPI.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {

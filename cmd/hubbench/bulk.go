@@ -105,7 +105,7 @@ func bulkServices(cfg Config) []*service {
 	next := cfg.Endpoints + cfg.Writes
 	out := make([]*service, 0, cfg.Bulk)
 	for i := range cfg.Bulk {
-		out = append(out, placeService(fmt.Sprintf("bulk-%05d", i), i, per, sm, cfg.Members, &next))
+		out = append(out, placeService(fmt.Sprintf("bulk-%05d", i), i, per, sm, cfg.Members, false, &next))
 	}
 	return out
 }

@@ -21,6 +21,11 @@ type Config struct {
 	ServiceMembers int `json:"serviceMembers"`
 	// Endpoints is the total number of endpoints over all services.
 	Endpoints int `json:"endpoints"`
+	// Networks puts the members on this many Istio networks (member i on
+	// net-<i mod Networks>), each member with an east-west gateway and
+	// every endpoint's pod labelled for Istio mTLS, and every stream on its
+	// member's network: the hub splits EDS per network. 1: no networks.
+	Networks int `json:"networks,omitempty"`
 	// Streams is the number of ADS streams, each on its own connection; 0
 	// is the shape's default (2,000; 10 for the istiod shape).
 	Streams int `json:"streams"`
@@ -108,7 +113,7 @@ type Config struct {
 // Streams 0 is filled in by validate).
 func defaultConfig() Config {
 	return Config{
-		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000,
+		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000, Networks: 1,
 		Shape: shapeNamed, Writes: 20, DeltaNodeEveryRequest: true,
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
@@ -159,6 +164,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.Services, "services", c.Services, "services in total, spread evenly over the members")
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
+	fs.IntVar(&c.Networks, "networks", c.Networks, "Istio networks the members are spread over (member i on net-<i mod N>, each with an east-west gateway, every endpoint's pod mTLS; streams on their member's network): 1 for none")
 	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod)")
 	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards) or ca (istio-agents asking the hub's CA for certificates: --streams callers with RSA-2048 CSRs and real tokens for --ca-duration)")
 	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")
@@ -284,6 +290,9 @@ func (c *Config) validate() error {
 	}
 	if c.Writes < 0 {
 		errs = append(errs, fmt.Errorf("--writes must not be negative, not %d", c.Writes))
+	}
+	if c.Networks < 1 || c.Networks > c.Members && c.Networks > 1 {
+		errs = append(errs, fmt.Errorf("--networks must be between 1 and --members (%d), not %d", c.Members, c.Networks))
 	}
 	if c.Members > 99 {
 		errs = append(errs, fmt.Errorf("--members must be at most 99 (one API server each), not %d", c.Members))

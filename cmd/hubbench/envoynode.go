@@ -236,7 +236,7 @@ func buildEnvoyNodeTemplate() *corev3.Node {
 // running in member cluster clusterID: the shared extensions and Istio's
 // node metadata (the keys of Istio's pkg/model NodeMetadata that
 // istio-agent fills in for a Kubernetes pod).
-func envoyNode(idx int, clusterID string) *corev3.Node {
+func envoyNode(idx int, clusterID, network string) *corev3.Node {
 	pod := fmt.Sprintf("hubbench-%05d-7d8f9c6b5-x2x7z", idx)
 	ip := address(maxAddresses - 1 - idx%maxAddresses) // pod IPs from the top of the benchmark range, never dialled
 	str := structpb.NewStringValue
@@ -259,7 +259,7 @@ func envoyNode(idx int, clusterID string) *corev3.Node {
 		"ISTIO_VERSION":                 str("1.26.2"),
 		"ISTIO_PROXY_SHA":               str("3d5f8a1c9b7e2f4d6a0c8e1b3f5d7a9c2e4b6d8f"),
 		"MESH_ID":                       str("cluster.local"),
-		"NETWORK":                       str(""),
+		"NETWORK":                       str(network),
 		"INTERCEPTION_MODE":             str("REDIRECT"),
 		"APP_CONTAINERS":                str("app"),
 		"POD_PORTS":                     str(`[{"name":"http","containerPort":8080,"protocol":"TCP"}]`),

@@ -20,7 +20,7 @@ import (
 // TestEnvoyNodeSize: the envoy shape's node is as large as an Istio
 // sidecar's (11–23 KB, push-floor.md §1) with ~130 extensions.
 func TestEnvoyNodeSize(t *testing.T) {
-	n := envoyNode(7, "m01")
+	n := envoyNode(7, "m01", "")
 	size := proto.Size(n)
 	if size < 11_000 || size > 23_000 {
 		t.Errorf("the envoy node has %d bytes, want 11–23 KB", size)
@@ -168,7 +168,7 @@ func runOneEnvoyStream(t *testing.T, delta, everyRequest bool) *recordingADS {
 // default) every Delta request of the envoy shape, ACKs included, carries
 // the whole node; without it only the first does; SotW sends it once.
 func TestEnvoyNodeEveryDeltaRequest(t *testing.T) {
-	want := envoyNode(0, memberID(0))
+	want := envoyNode(0, memberID(0), "")
 	check := func(t *testing.T, i int, node *corev3.Node, every bool) {
 		t.Helper()
 		switch {

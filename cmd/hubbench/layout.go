@@ -9,7 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 )
@@ -70,7 +74,9 @@ type service struct {
 // layout is every object a run creates and who watches what.
 type layout struct {
 	memberIDs []string
-	services  []*service
+	// networks is Config.Networks (see memberNetwork).
+	networks int
+	services []*service
 	// watched[i] lists the services stream i subscribes to.
 	watched [][]int
 	// watchers[s] lists the streams that subscribe to service s.
@@ -80,6 +86,17 @@ type layout struct {
 }
 
 func memberID(i int) string { return fmt.Sprintf("m%02d", i+1) }
+
+// memberNetwork is member i's Istio network ("" with one network).
+func (l *layout) memberNetwork(i int) string {
+	if l.networks <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("net-%d", i%l.networks)
+}
+
+// gatewayAddress is member i's east-west gateway address (never dialled).
+func gatewayAddress(i int) string { return fmt.Sprintf("198.19.200.%d", i+1) }
 
 func hostname(name string) string { return name + "." + benchNamespace + ".svc." + domainSuffix }
 
@@ -94,7 +111,7 @@ func listenerName(name string) string {
 }
 
 func newLayout(cfg Config) *layout {
-	l := &layout{}
+	l := &layout{networks: cfg.Networks}
 	for i := range cfg.Members {
 		l.memberIDs = append(l.memberIDs, memberID(i))
 	}
@@ -105,7 +122,7 @@ func newLayout(cfg Config) *layout {
 		if i < cfg.Endpoints%cfg.Services {
 			total++
 		}
-		l.services = append(l.services, placeService(fmt.Sprintf("svc-%05d", i), i, total, sm, cfg.Members, &next))
+		l.services = append(l.services, placeService(fmt.Sprintf("svc-%05d", i), i, total, sm, cfg.Members, cfg.Networks > 1, &next))
 	}
 	l.bulk = bulkServices(cfg)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
@@ -133,8 +150,8 @@ func newLayout(cfg Config) *layout {
 
 // placeService is service number i, name, with total endpoints split
 // between sm consecutive members from member i mod members, on addresses
-// from *next on.
-func placeService(name string, i, total, sm, members int, next *int) *service {
+// from *next on; with pods, each endpoint names its pod ep-<address index>.
+func placeService(name string, i, total, sm, members int, pods bool, next *int) *service {
 	s := &service{name: name, cluster: clusterName(name)}
 	for k := range sm {
 		n := total / sm
@@ -143,7 +160,11 @@ func placeService(name string, i, total, sm, members int, next *int) *service {
 		}
 		var backends []localcluster.Backend
 		for e := range n {
-			backends = append(backends, localcluster.Backend{IP: address(*next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)})
+			b := localcluster.Backend{IP: address(*next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)}
+			if pods {
+				b.Pod = fmt.Sprintf("ep-%d", *next)
+			}
+			backends = append(backends, b)
 			*next++
 		}
 		s.members = append(s.members, (i+k)%members)
@@ -200,6 +221,11 @@ func (l *layout) create(ctx context.Context, clients []kubernetes.Interface, wor
 	if err := runJobs(ctx, clients, workers, prep, nil); err != nil {
 		return err
 	}
+	if l.networks > 1 {
+		if err := runJobs(ctx, clients, workers, l.networkJobs(len(clients)), nil); err != nil {
+			return err
+		}
+	}
 	objs := serviceJobs(l.services)
 	return runJobs(ctx, clients, workers, objs, func(n int64) {
 		if n%1000 == 0 {
@@ -248,4 +274,60 @@ feed:
 		return first
 	}
 	return ctx.Err()
+}
+
+// networkJobs put every member on its network (the label on istio-system),
+// give it an east-west gateway (a labelled Service with an external IP)
+// and create the pods its endpoints name, labelled for Istio mTLS (no
+// kubelet runs them).
+func (l *layout) networkJobs(members int) []job {
+	var out []job
+	for m := range members {
+		network := l.memberNetwork(m)
+		out = append(out, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+			if err := localcluster.EnsureNamespace(ctx, c, "istio-system"); err != nil {
+				return err
+			}
+			ns, err := c.CoreV1().Namespaces().Get(ctx, "istio-system", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ns.Labels = map[string]string{"topology.istio.io/network": network}
+			if _, err := c.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+			gw := &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "eastwestgateway", Labels: map[string]string{"topology.istio.io/network": network}},
+				Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayAddress(m)},
+					Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
+			}
+			if _, err := c.CoreV1().Services("istio-system").Create(ctx, gw, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: "default"}}
+			if _, err := c.CoreV1().ServiceAccounts(benchNamespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			return nil
+		}})
+	}
+	for _, s := range l.services {
+		for k, m := range s.members {
+			for _, b := range s.backend[k] {
+				out = append(out, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+					pod := &corev1.Pod{
+						ObjectMeta: metav1.ObjectMeta{Namespace: benchNamespace, Name: b.Pod, Labels: map[string]string{"security.istio.io/tlsMode": "istio"}},
+						Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false),
+							Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}},
+					}
+					_, err := c.CoreV1().Pods(benchNamespace).Create(ctx, pod, metav1.CreateOptions{})
+					if apierrors.IsAlreadyExists(err) {
+						return nil
+					}
+					return err
+				}})
+			}
+		}
+	}
+	return out
 }

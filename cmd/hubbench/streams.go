@@ -67,6 +67,7 @@ type stream struct {
 	idx       int
 	nodeID    string
 	clusterID string // CLUSTER_ID metadata: the member it runs in
+	network   string // NETWORK metadata: its member's network ("" for none)
 	// targets are what its client subscribes to first by name (see
 	// client.targets); watch are the EDS names of the services it must end
 	// up holding, those whose writes it is measured on.
@@ -100,6 +101,11 @@ type stream struct {
 // it has not; bytes[i] is the size of the response that brought it (the
 // istiod shape only).
 type writeTarget struct {
+	// remote are the streams on another network than the written
+	// member's: they get the member's gateway, not the address, so any
+	// assignment of the cluster after the write is the write's (the mesh is
+	// quiet while one write is measured).
+	remote   map[int]bool
 	cluster  string
 	object   string
 	addr     string
@@ -152,7 +158,7 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	for i, svcs := range l.watched {
 		s := &stream{
 			f: f, idx: i, nodeID: fmt.Sprintf("hubbench-%05d", i), clusterID: l.memberIDs[i%len(l.memberIDs)],
-			watch: map[string]bool{},
+			network: l.memberNetwork(i % len(l.memberIDs)), watch: map[string]bool{},
 		}
 		if cfg.Shape == shapeIstiod {
 			// istiod sends no CLUSTER_ID (DESIGN.md §3.7).
@@ -375,12 +381,16 @@ func (s *stream) serve() error {
 // shape (envoynode.go), else a minimal one.
 func (s *stream) node() *corev3.Node {
 	if s.f.shape == shapeEnvoy {
-		return envoyNode(s.idx, s.clusterID)
+		return envoyNode(s.idx, s.clusterID, s.network)
 	}
-	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+	md := map[string]*structpb.Value{
 		"CLUSTER_ID": structpb.NewStringValue(s.clusterID),
 		"NAMESPACE":  structpb.NewStringValue(benchNamespace),
-	}}}
+	}
+	if s.network != "" {
+		md["NETWORK"] = structpb.NewStringValue(s.network)
+	}
+	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: md}}
 }
 
 // nodeOnce returns the node for the stream's first request and nil after,
@@ -559,13 +569,23 @@ func (s *stream) observe(c *client, typeURL, version string, values [][]byte, no
 		}
 		if t := s.f.target.Load(); t != nil && s.watch[t.cluster] && t.arrived[s.idx].Load() == 0 {
 			for _, v := range values {
-				if t.holds(v) {
+				if t.holds(v) || t.remote[s.idx] && t.isCluster(v) {
 					t.arrive(s.idx, now)
 					break
 				}
 			}
 		}
 	}
+}
+
+// isCluster reports whether an encoded ClusterLoadAssignment is the
+// target's cluster.
+func (t *writeTarget) isCluster(b []byte) bool {
+	if !bytes.Contains(b, []byte(t.cluster)) {
+		return false
+	}
+	var cla endpointv3.ClusterLoadAssignment
+	return proto.Unmarshal(b, &cla) == nil && cla.GetClusterName() == t.cluster
 }
 
 // holds reports whether an encoded ClusterLoadAssignment is the target's
