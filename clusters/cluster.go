@@ -81,6 +81,12 @@ type Cluster struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	// observeMu orders state changes and their observation (transition).
+	observeMu sync.Mutex
+	// gatewaysMu makes refreshGateways one at a time, from reading its
+	// inputs to storing what it made of them.
+	gatewaysMu sync.Mutex
+
 	mu sync.Mutex
 	// observe is told about every state change, outside the lock.
 	observe      func(st Status, from State)
@@ -105,6 +111,7 @@ type Cluster struct {
 	// gatewayServices the labelled Services it looked at.
 	annotated       []Gateway
 	annotatedErr    error
+	confirmed       string // the network the Secret confirms (AnnotationNetwork)
 	gateways        gatewayView
 	gatewayServices map[ServiceKey]bool
 	// withheld counts, per Service, the endpoints proxies of other
@@ -127,6 +134,10 @@ type Cluster struct {
 	gatewayWriteErr        string
 	// isLeader says whether this replica writes into members (nil: it does).
 	isLeader func() bool
+	// settled, if set, says whether membership has settled (every member
+	// synced, timed out or restored): until then the gateways of some
+	// networks are not known yet, and the writer writes nothing.
+	settled func() bool
 	// systemSynced reports whether the system namespace was listed.
 	systemSynced cache.InformerSynced
 }
@@ -322,6 +333,12 @@ func (c *Cluster) run(ctx context.Context) {
 		return
 	}
 	timer.Stop()
+	// The mesh pods are optional (the member's credentials may not list
+	// pods): wait for them a little, so that the first view already marks
+	// the mTLS endpoints, but never hold the member up for them.
+	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
+	cache.WaitForCacheSync(meshCtx.Done(), c.mesh.inf.HasSynced)
+	cancelMesh()
 	c.mu.Lock()
 	c.informersSynced = true
 	c.mu.Unlock()
@@ -329,6 +346,12 @@ func (c *Cluster) run(ctx context.Context) {
 		return // superseded, or stopped while swapping: publish nothing
 	}
 	c.publishAll()
+	c.mu.Lock()
+	notify := c.gatewaysChanged
+	c.mu.Unlock()
+	if notify != nil {
+		notify() // its gateways count for the others from now on (exportedGateways)
+	}
 	wg.Go(func() { c.writeGatewayServices(ctx) })
 	defer c.withdrawIfOverflowed()
 	took := time.Since(started)
@@ -425,6 +448,10 @@ func failedChecks(body string) []string {
 // transition applies a change to the cluster's state under its lock and
 // tells the observer if the state changed.
 func (c *Cluster) transition(change func()) {
+	// One change at a time through to the observer, so that the last state
+	// it is told is the cluster's (the index demotes members by it).
+	c.observeMu.Lock()
+	defer c.observeMu.Unlock()
 	c.mu.Lock()
 	from, _ := c.shownLocked()
 	change()
@@ -622,7 +649,9 @@ func (c *Cluster) build(svc *corev1.Service) *Service {
 	}, c.mesh.has)
 	out.Network = c.network()
 	c.mu.Lock()
-	out.Gateways = c.gateways.gateways
+	if c.gateways.network == out.Network { // else a refresh for the new network is under way
+		out.Gateways = c.gateways.gateways
+	}
 	c.mu.Unlock()
 	return out
 }

@@ -45,6 +45,10 @@ const (
 	ManagedByHub   = "hub"
 )
 
+// gatewaySettleRetry is how soon the writer looks again while membership
+// has not settled.
+const gatewaySettleRetry = 2 * time.Second
+
 // gatewayResync is how often a member's written Services are checked
 // again even when nothing changed (someone may have edited or deleted
 // them; leadership may have moved), and how long a failed write waits.
@@ -61,11 +65,13 @@ func isHubGatewayService(svc *corev1.Service) bool {
 // a valid Service name.
 func gatewayServiceName(network string, port int32) string {
 	name := gatewayServicePrefix + network + "-" + strconv.Itoa(int(port))
-	if len(k8svalidation.IsDNS1035Label(name)) == 0 {
+	if len(k8svalidation.IsDNS1035Label(name)) == 0 && !strings.HasPrefix(network, "h-") {
 		return name
 	}
+	// A name of its own kind ("h-", which no literal name above starts
+	// with), so that no network can take another's.
 	sum := sha256.Sum256([]byte(network))
-	return gatewayServicePrefix + hex.EncodeToString(sum[:6]) + "-" + strconv.Itoa(int(port))
+	return gatewayServicePrefix + "h-" + hex.EncodeToString(sum[:16]) + "-" + strconv.Itoa(int(port))
 }
 
 // desiredGatewayServices are the Services a member on network own gets:
@@ -109,9 +115,17 @@ func desiredGatewayServices(own string, peers map[string][]Gateway) map[string]*
 	return out
 }
 
-// sameGatewayService reports whether a written Service says what want says.
+// sameGatewayService reports whether a written Service says what want
+// says (labels others added are theirs to keep).
 func sameGatewayService(have, want *corev1.Service) bool {
-	return maps.Equal(have.Labels, want.Labels) && slices.Equal(have.Spec.ExternalIPs, want.Spec.ExternalIPs) &&
+	for k, v := range want.Labels {
+		if have.Labels[k] != v {
+			return false
+		}
+	}
+	_, port := have.Labels[LabelGatewayPort]
+	_, wantPort := want.Labels[LabelGatewayPort]
+	return port == wantPort && slices.Equal(have.Spec.ExternalIPs, want.Spec.ExternalIPs) &&
 		len(have.Spec.Ports) == 1 && have.Spec.Ports[0].Port == want.Spec.Ports[0].Port
 }
 
@@ -131,14 +145,11 @@ func (c *Cluster) setPeerGateways(peers map[string][]Gateway) {
 // members' istiods should know them: live once its system namespace is
 // listed, else as its persisted view had them.
 func (c *Cluster) exportedGateways() (string, []Gateway) {
-	if c.systemSynced() {
-		nw := c.network()
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return nw, c.gateways.gateways
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.informersSynced && c.systemSynced() { // its gateway Services are listed too
+		return c.gateways.network, c.gateways.gateways
+	}
 	return c.restoredNetwork, c.restoredGateways
 }
 
@@ -154,6 +165,10 @@ func (c *Cluster) writeGatewayServices(ctx context.Context) {
 			return
 		case <-c.gatewayKick:
 		case <-t.C:
+		}
+		if c.settled != nil && !c.settled() {
+			t.Reset(gatewaySettleRetry) // some networks' gateways are not known yet
+			continue
 		}
 		if c.isLeader == nil || c.isLeader() {
 			err := c.reconcileGatewayServices(ctx)
@@ -198,11 +213,17 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 		case !sameGatewayService(have, w):
 			cur, err := api.Get(ctx, have.Name, metav1.GetOptions{})
 			if err == nil {
-				cur.Labels, cur.Spec.ExternalIPs, cur.Spec.Ports = w.Labels, w.Spec.ExternalIPs, w.Spec.Ports
+				if cur.Labels == nil {
+					cur.Labels = map[string]string{}
+				}
+				delete(cur.Labels, LabelGatewayPort)
+				maps.Copy(cur.Labels, w.Labels)
+				cur.Spec.ExternalIPs, cur.Spec.Ports = w.Spec.ExternalIPs, w.Spec.Ports
 				_, err = api.Update(ctx, cur, metav1.UpdateOptions{FieldManager: "hub"})
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("updating %s/%s: %w", SystemNamespace, have.Name, err))
+				continue
 			}
 			written = append(written, have.Name)
 		default:
@@ -212,8 +233,8 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		if _, err := api.Create(ctx, want[name], metav1.CreateOptions{FieldManager: "hub"}); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				continue // not ours yet in the cache, or someone else's: the next round sees it
+			if apierrors.IsAlreadyExists(err) && c.hubOwns(name) {
+				continue // ours, not in the cache yet: the next round sees it
 			}
 			errs = append(errs, fmt.Errorf("creating %s/%s: %w", SystemNamespace, name, err))
 			continue
@@ -235,4 +256,12 @@ type optionalKey struct{}
 // credentials may well not be allowed to make.
 func optionalRequest(ctx context.Context) context.Context {
 	return context.WithValue(ctx, optionalKey{}, true)
+}
+
+// hubOwns reports whether the member's Service istio-system/name, as the
+// cache has it, is one the hub wrote (false when it is not cached: the
+// next round decides).
+func (c *Cluster) hubOwns(name string) bool {
+	svc, err := c.services.Services(SystemNamespace).Get(name)
+	return err != nil || isHubGatewayService(svc)
 }

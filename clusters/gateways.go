@@ -50,6 +50,30 @@ const (
 // network and come before the discovered ones.
 const AnnotationGateways = "hub.federation/gateways"
 
+// AnnotationNetwork on a remote Secret confirms its members' Istio network:
+// "net-east" for every member of the Secret, or "west=net-west,east=net-east"
+// per member. A member's gateways are used (in the hub's EDS, and written
+// into other members for their istiods) only when its network label is
+// confirmed this way: anyone who can label the member's istio-system could
+// otherwise join another network and stand in as its way in. The home
+// cluster's network needs no confirmation (it is the operator's own).
+const AnnotationNetwork = "hub.federation/network"
+
+// confirmedNetwork reads AnnotationNetwork for member id ("" when it names
+// none for it).
+func confirmedNetwork(v, id string) string {
+	v = strings.TrimSpace(v)
+	if !strings.Contains(v, "=") {
+		return v
+	}
+	for e := range strings.SplitSeq(v, ",") {
+		if k, nw, ok := strings.Cut(strings.TrimSpace(e), "="); ok && strings.TrimSpace(k) == id {
+			return strings.TrimSpace(nw)
+		}
+	}
+	return ""
+}
+
 // maxGateways bounds the gateways of one member (from its Services and its
 // Secret together): beyond it the rest are refused.
 const maxGateways = 16
@@ -60,6 +84,7 @@ const maxGatewaySource = 256
 // gatewayView is what a member's gateway Services and its Secret say:
 // the accepted gateways and, for those refused, why.
 type gatewayView struct {
+	network  string // the member's network they are for
 	gateways []Gateway
 	refused  []string
 }
@@ -115,9 +140,10 @@ func gatewayAddress(g Gateway) error {
 // for the member's own network: a member cannot make itself the way into
 // another network (a label is not an authorisation). annotated are the
 // Secret's gateways (AnnotationGateways), accepted first; annotErr is why
-// that annotation was refused.
-func discoverGateways(network string, svcs []*corev1.Service, nodes []*corev1.Node, annotated []Gateway, annotErr error) gatewayView {
-	var v gatewayView
+// that annotation was refused. confirmed says whether the member's network
+// is confirmed (AnnotationNetwork): if not, no gateway is accepted.
+func discoverGateways(network string, confirmed bool, svcs []*corev1.Service, nodes []*corev1.Node, annotated []Gateway, annotErr error) gatewayView {
+	v := gatewayView{network: network}
 	if annotErr != nil {
 		v.refused = append(v.refused, annotErr.Error())
 	}
@@ -127,6 +153,12 @@ func discoverGateways(network string, svcs []*corev1.Service, nodes []*corev1.No
 	if network == "" {
 		if len(annotated) > 0 || len(svcs) > 0 {
 			v.refused = append(v.refused, fmt.Sprintf("the member has no network (label namespace %s with %s): its gateways are not used", SystemNamespace, LabelNetwork))
+		}
+		return v
+	}
+	if !confirmed {
+		if len(annotated) > 0 || len(svcs) > 0 {
+			v.refused = append(v.refused, fmt.Sprintf("network %s is not confirmed by the remote Secret (annotation %s): the member's gateways are not used; a member's own label cannot make it a way into a network", quote(network), AnnotationNetwork))
 		}
 		return v
 	}
@@ -231,14 +263,16 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 	return out, ""
 }
 
-// setAnnotatedGateways records the gateways the member's remote Secret
-// names (AnnotationGateways) and rebuilds the member's views if they
-// changed. The registry calls it before start and on every Secret change.
-func (c *Cluster) setAnnotatedGateways(v string) {
-	gws, err := parseGatewayAnnotation(v)
+// setSecretNetworking records what the member's remote Secret says of its
+// network: the gateways it names (AnnotationGateways) and the network it
+// confirms (AnnotationNetwork), and works out the member's gateways again
+// if they changed. The registry calls it whenever it reads the Secret.
+func (c *Cluster) setSecretNetworking(gateways, network string) {
+	gws, err := parseGatewayAnnotation(gateways)
+	nw := confirmedNetwork(network, c.id)
 	c.mu.Lock()
-	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(err)
-	c.annotated, c.annotatedErr = gws, err
+	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(err) && c.confirmed == nw
+	c.annotated, c.annotatedErr, c.confirmed = gws, err, nw
 	c.mu.Unlock()
 	if !same && c.services != nil {
 		c.refreshGateways(false)
@@ -271,12 +305,14 @@ func (c *Cluster) gatewayServiceChanged(key ServiceKey, obj any) {
 // (the network changed), every Service view is rebuilt; it reports whether
 // that happened.
 func (c *Cluster) refreshGateways(rebuild bool) bool {
+	c.gatewaysMu.Lock()
+	defer c.gatewaysMu.Unlock()
 	c.mu.Lock()
 	keys := make([]ServiceKey, 0, len(c.gatewayServices))
 	for k := range c.gatewayServices {
 		keys = append(keys, k)
 	}
-	annotated, annotatedErr := c.annotated, c.annotatedErr
+	annotated, annotatedErr, confirmed := c.annotated, c.annotatedErr, c.confirmed
 	c.mu.Unlock()
 	var svcs []*corev1.Service
 	var gone []ServiceKey
@@ -297,14 +333,15 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 		nodes, _ = c.nodes.List(labels.Everything())
 		slices.SortFunc(nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
 	}
-	view := discoverGateways(c.network(), svcs, nodes, annotated, annotatedErr)
+	network := c.network()
+	view := discoverGateways(network, c.secret == "" || confirmed == network, svcs, nodes, annotated, annotatedErr)
 	c.mu.Lock()
 	for _, k := range gone {
 		delete(c.gatewayServices, k)
 	}
-	changed := !slices.Equal(c.gateways.gateways, view.gateways)
+	changed := !slices.Equal(c.gateways.gateways, view.gateways) || c.gateways.network != view.network
 	if changed {
-		c.gateways.gateways = view.gateways
+		c.gateways.gateways, c.gateways.network = view.gateways, view.network
 	}
 	c.gateways.refused = view.refused
 	notify := c.gatewaysChanged

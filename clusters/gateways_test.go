@@ -50,8 +50,10 @@ func TestDiscoverGateways(t *testing.T) {
 		network   string
 		svcs      []*corev1.Service
 		annotated []Gateway
-		want      []string // address:port/source
-		refused   []string // substrings, in order
+		// unconfirmed: the Secret does not confirm the member's network.
+		unconfirmed bool
+		want        []string // address:port/source
+		refused     []string // substrings, in order
 	}{
 		{name: "load balancer IP", network: "net", svcs: []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))},
 			want: []string{"203.0.113.7:15443/service istio-system/ew"}},
@@ -80,6 +82,9 @@ func TestDiscoverGateways(t *testing.T) {
 			refused: []string{"no address yet"}},
 		{name: "another network", network: "net", svcs: []*corev1.Service{gatewayService("ew", "other", lb("203.0.113.7", ""))},
 			refused: []string{`labelled for network "other", but the member is on network "net"`}},
+		{name: "network not confirmed by the Secret", network: "net", unconfirmed: true, annotated: annotated,
+			svcs:    []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))},
+			refused: []string{`network "net" is not confirmed by the remote Secret`}},
 		{name: "member without network", svcs: []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))}, annotated: annotated,
 			refused: []string{"the member has no network"}},
 		{name: "annotated first, duplicates once", network: "net", annotated: annotated,
@@ -87,7 +92,7 @@ func TestDiscoverGateways(t *testing.T) {
 			want: []string{"198.51.100.1:15443/secret annotation", "198.51.100.2:443/secret annotation"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := discoverGateways(tc.network, tc.svcs, nodes, tc.annotated, nil)
+			v := discoverGateways(tc.network, !tc.unconfirmed, tc.svcs, nodes, tc.annotated, nil)
 			var got []string
 			for _, g := range v.gateways {
 				got = append(got, g.String()+"/"+g.Source)
@@ -160,7 +165,7 @@ func TestGatewaysAndMeshPodsFromARealMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := localcluster.RemoteSecret(ns, "members", map[string][]byte{"m1": m1.Kubeconfig()})
-	secret.Annotations = map[string]string{AnnotationGateways: "198.51.100.1"}
+	secret.Annotations = map[string]string{AnnotationGateways: "198.51.100.1", AnnotationNetwork: "net-1"}
 	if _, err := kube(t, env.Cluster("home")).CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -311,8 +316,9 @@ func TestGatewayServicesWrittenIntoMembers(t *testing.T) {
 	})
 	home := kube(t, env.Cluster("home"))
 	s1 := localcluster.RemoteSecret(ns, "m1", map[string][]byte{"m1": m1.Kubeconfig()})
+	s1.Annotations = map[string]string{AnnotationNetwork: "m1=net-1"}
 	s2 := localcluster.RemoteSecret(ns, "m2", map[string][]byte{"m2": m2.Kubeconfig()})
-	s2.Annotations = map[string]string{AnnotationGateways: "198.51.100.22:15443, 198.51.100.23:443"}
+	s2.Annotations = map[string]string{AnnotationGateways: "198.51.100.22:15443, 198.51.100.23:443", AnnotationNetwork: "net-2"}
 	for _, s := range []*corev1.Secret{s1, s2} {
 		if _, err := home.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -360,4 +366,15 @@ func TestGatewayServicesWrittenIntoMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, written(cs2, map[string][]string{}))
+}
+
+func TestConfirmedNetwork(t *testing.T) {
+	for _, tc := range []struct{ v, id, want string }{
+		{"net-east", "east", "net-east"}, {" net-east ", "west", "net-east"},
+		{"west=net-west, east=net-east", "east", "net-east"}, {"west=net-west", "east", ""}, {"", "east", ""},
+	} {
+		if got := confirmedNetwork(tc.v, tc.id); got != tc.want {
+			t.Errorf("confirmedNetwork(%q, %q) = %q; want %q", tc.v, tc.id, got, tc.want)
+		}
+	}
 }

@@ -76,7 +76,8 @@ type KubeconfigPolicy struct {
 	// DefaultDenyCIDRs, an empty non-nil slice denies nothing. Unspecified
 	// addresses (0.0.0.0, ::) are always refused.
 	DenyCIDRs []netip.Prefix
-	// MaxObjects caps the Services, EndpointSlices, Nodes and Secrets one
+	// MaxObjects caps the Services, EndpointSlices, Nodes, Secrets and mesh
+	// pods (labelled security.istio.io/tlsMode=istio; metadata only) one
 	// member's informers may hold; 0 means DefaultMaxObjects.
 	MaxObjects int
 }

@@ -75,7 +75,7 @@ func TestObjectCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, wantState(r, "big", hubNS+"/members", StateInvalid, fmt.Sprintf(
-		"the member holds more than %d objects (Services, EndpointSlices, Nodes and Secrets; --member-max-objects); its informers are stopped and its services are not served", limit)))
+		"the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", limit)))
 	eventually(t, 30*time.Second, wantState(r, "small", hubNS+"/members", StateReady, ""))
 	sink.mu.Lock()
 	n := len(sink.services["big"])

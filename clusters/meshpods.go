@@ -2,6 +2,7 @@ package clusters
 
 import (
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -29,6 +30,10 @@ type meshPods struct {
 	factory metadatainformer.SharedInformerFactory
 	inf     cache.SharedIndexInformer
 }
+
+// meshPodsSyncWait is how long a member's first publish waits for its mesh
+// pods to be listed.
+const meshPodsSyncWait = 5 * time.Second
 
 // podIndex indexes EndpointSlices by the pods their endpoints point to.
 const podIndex = "pod"

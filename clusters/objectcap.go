@@ -44,7 +44,7 @@ func (c *Cluster) overflow() {
 	}
 	c.transition(func() {
 		c.state = StateInvalid
-		c.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes and Secrets; --member-max-objects); its informers are stopped and its services are not served", c.maxObjects)
+		c.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.maxObjects)
 	})
 	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.maxObjects)
 	c.cancel()

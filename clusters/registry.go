@@ -93,6 +93,8 @@ type Config struct {
 
 // Registry is the set of member clusters, driven by remote Secrets.
 type Registry struct {
+	// peersMu serialises refreshPeerGateways.
+	peersMu     sync.Mutex
 	cfg         Config
 	log         *slog.Logger
 	deps        clusterDeps
@@ -169,7 +171,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	home.setObserver(r.observer(nil, ""))
-	home.gatewaysChanged = r.refreshPeerGateways
+	home.gatewaysChanged, home.settled = r.refreshPeerGateways, r.settled
 	r.home = home
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(r.transitions); err != nil {
@@ -285,7 +287,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	var data map[string][]byte
 	var ref *corev1.ObjectReference
 	var ann identityAnnotations
-	var gateways string
+	var gateways, network string
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -295,7 +297,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		data = secret.Data
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
-		gateways = secret.Annotations[AnnotationGateways]
+		gateways, network = secret.Annotations[AnnotationGateways], secret.Annotations[AnnotationNetwork]
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
@@ -364,7 +366,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.mu.Unlock()
 	for _, c := range clients {
-		c.setAnnotatedGateways(gateways)
+		c.setSecretNetworking(gateways, network)
 	}
 	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
@@ -454,7 +456,7 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		st.State, st.Message = StateInvalid, err.Error()
 		return st, false
 	}
-	c.gatewaysChanged = r.refreshPeerGateways
+	c.gatewaysChanged, c.settled = r.refreshPeerGateways, r.settled
 	r.mu.Lock()
 	if existing == nil {
 		c.setObserver(r.observer(ref, ""))
@@ -559,10 +561,18 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	return true
 }
 
+// settled reports whether membership has settled (Ready).
+func (r *Registry) settled() bool {
+	ok, _ := r.Ready()
+	return ok
+}
+
 // refreshPeerGateways hands every member the gateways of every network, as
 // the home cluster and each member's current client have them (members in
 // ID order), for the Services it writes for its istiod.
 func (r *Registry) refreshPeerGateways() {
+	r.peersMu.Lock() // one at a time: the last set handed out is the newest
+	defer r.peersMu.Unlock()
 	r.mu.Lock()
 	ids := slices.Sorted(maps.Keys(r.members))
 	sources := []*Cluster{r.home}

@@ -125,13 +125,13 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
 	})
 	hubNS := hubNamespace(t, home)
-	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, localcluster.RemoteSecret(hubNS, "members", map[string][]byte{
-		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, networkedSecret(hubNS, west, east), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	const written = "hub-gateway-net-east-15443"
+	removeOnCleanup(t, client(t, west), written) // registered first: runs after the hub stopped
 	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", "net.test", "--xds-addr", "", "--tls-dns-names", hubDNSName,
 		"--xds-tls-addr", "127.0.0.1:0")
-	const written = "hub-gateway-net-east-15443"
 	eventually(t, 60*time.Second, func() error {
 		cl := h.clusters(t)
 		w, e := cl[west.Name], cl[east.Name]
@@ -140,9 +140,6 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 		}
 		return nil
 	})
-	if err := removeOnCleanup(t, client(t, west), written); err != nil {
-		t.Fatal(err)
-	}
 
 	rootsPEM := hubRootsPEM(t, h, spiffeid.RequireTrustDomainFromString("net.test"))
 	p := startIstiod(t, west, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(h.addrs["xds-tls"], rootsPEM)}})
@@ -162,14 +159,14 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	t.Logf("istiod's EDS for %s on net-west: endpoints %v, weights %v, mTLS %v", cluster, line.Endpoints, line.Weights, line.MTLS)
 }
 
-// removeOnCleanup deletes a Service the hub wrote into istio-system when
-// the test ends (after the hub stopped: the hub would write it again).
-func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) error {
+// removeOnCleanup deletes a Service the hub writes into istio-system when
+// the test ends; call it before starting the hub, so that it runs after
+// the hub stopped (else the hub would write it again).
+func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) {
 	t.Helper()
 	t.Cleanup(func() {
 		_ = kc.CoreV1().Services("istio-system").Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	return nil
 }
 
 // TestProxylessGRPCAcrossNetworks: two networks as two network namespaces.
@@ -201,11 +198,11 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 		}
 	}
 	hubNS := hubNamespace(t, home)
-	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, localcluster.RemoteSecret(hubNS, "members", map[string][]byte{
-		west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, networkedSecret(hubNS, west, east), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	td := spiffeid.RequireTrustDomainFromString("xnet.test")
+	removeOnCleanup(t, client(t, west), "hub-gateway-net-east-15443")
 	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", td.Name(), "--mtls-mode", "STRICT", "--xds-addr", net.JoinHostPort(hostSide, "0"))
 	ca := hubCA(t, home, hubNS, td)
 	var roots []byte
@@ -267,4 +264,13 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 			gatewayIP, strings.Contains(body, gatewayIP), workloadIP, strings.Contains(body, workloadIP))
 	}
 	noNacks(t, h, app)
+}
+
+// networkedSecret is the remote Secret of west and east that confirms
+// their networks (hub.federation/network), as the operator who registers
+// them says: without it the hub uses neither member's gateways.
+func networkedSecret(ns string, west, east *localcluster.Cluster) *corev1.Secret {
+	s := localcluster.RemoteSecret(ns, "members", map[string][]byte{west.Name: west.Kubeconfig(), east.Name: east.Kubeconfig()})
+	s.Annotations = map[string]string{"hub.federation/network": west.Name + "=net-west," + east.Name + "=net-east"}
+	return s
 }

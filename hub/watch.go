@@ -173,7 +173,7 @@ func (w *watcher) viewOf(node *corev3.Node, ident authn.Identity) xdsgen.View {
 	if member == "" {
 		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
 	}
-	return xdsgen.ViewOf(node, w.gen.MTLS(), w.gen.MemberNetwork(member))
+	return xdsgen.ViewOf(node, w.gen.MTLS(), w.gen.MemberNetwork(member), w.gen.KnownNetwork)
 }
 
 // CreateWatch takes a State-of-the-World request of c's stream with the

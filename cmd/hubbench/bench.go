@@ -462,15 +462,20 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		}
 		slice.Endpoints = append(slice.Endpoints, ep)
 		watchers := l.watchers[watched[w%len(watched)]]
-		t := newWriteTarget(svc.cluster, serviceEntryName(svc.name), addr, len(f.streams), watchers)
 		if nw := l.memberNetwork(svc.members[k]); nw != "" {
-			t.remote = map[int]bool{}
+			// The streams are plaintext clients (the hub runs in its default
+			// mTLS mode): another network's endpoints do not reach them at
+			// all (a gateway needs Istio mTLS), so only the streams on the
+			// written member's network are measured.
+			var local []int
 			for _, i := range watchers {
-				if f.streams[i].network != nw {
-					t.remote[i] = true
+				if f.streams[i].network == nw {
+					local = append(local, i)
 				}
 			}
+			watchers = local
 		}
+		t := newWriteTarget(svc.cluster, serviceEntryName(svc.name), addr, len(f.streams), watchers)
 		t.start = time.Now()
 		f.target.Store(t)
 		if _, err := slicesAPI.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {

@@ -101,11 +101,6 @@ type stream struct {
 // it has not; bytes[i] is the size of the response that brought it (the
 // istiod shape only).
 type writeTarget struct {
-	// remote are the streams on another network than the written
-	// member's: they get the member's gateway, not the address, so any
-	// assignment of the cluster after the write is the write's (the mesh is
-	// quiet while one write is measured).
-	remote   map[int]bool
 	cluster  string
 	object   string
 	addr     string
@@ -569,23 +564,13 @@ func (s *stream) observe(c *client, typeURL, version string, values [][]byte, no
 		}
 		if t := s.f.target.Load(); t != nil && s.watch[t.cluster] && t.arrived[s.idx].Load() == 0 {
 			for _, v := range values {
-				if t.holds(v) || t.remote[s.idx] && t.isCluster(v) {
+				if t.holds(v) {
 					t.arrive(s.idx, now)
 					break
 				}
 			}
 		}
 	}
-}
-
-// isCluster reports whether an encoded ClusterLoadAssignment is the
-// target's cluster.
-func (t *writeTarget) isCluster(b []byte) bool {
-	if !bytes.Contains(b, []byte(t.cluster)) {
-		return false
-	}
-	var cla endpointv3.ClusterLoadAssignment
-	return proto.Unmarshal(b, &cla) == nil && cla.GetClusterName() == t.cluster
 }
 
 // holds reports whether an encoded ClusterLoadAssignment is the target's

@@ -119,6 +119,18 @@ func (x *Index) Demoted(cluster string) (clusters.State, bool) {
 	return st, ok
 }
 
+// KnownNetwork reports whether some member's Services are on network.
+func (x *Index) KnownNetwork(network string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, nw := range x.networks {
+		if nw == network {
+			return true
+		}
+	}
+	return false
+}
+
 // MemberNetwork is a member's Istio network as its Services say ("" when
 // it has none or no Services yet).
 func (x *Index) MemberNetwork(cluster string) string {

@@ -285,14 +285,16 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 }
 
 // viewFor is the view whose resources of typeURL a client of v gets:
-// Clusters differ by flavour, endpoint assignments by network, every other
-// type is shared.
+// Clusters differ by flavour, endpoint assignments by network and whether
+// the client speaks Istio mTLS, every other type is shared.
 func viewFor(typeURL string, v View) View {
 	switch typeURL {
 	case resourcev3.ClusterType:
 		return View{Flavour: v.Flavour}
 	case resourcev3.EndpointType:
-		return View{Network: v.Network}
+		// The flavour says whether the client speaks Istio mTLS, which
+		// gateways need (see memberSplit).
+		return View{Network: v.Network, Flavour: v.Flavour}
 	}
 	return View{}
 }
@@ -309,7 +311,7 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		return nil, nil
 	}
 	v = viewFor(typeURL, v)
-	key := resourceKey{typeURL, name, v}
+	key := resourceKey{typeURL: typeURL, name: name, view: v}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
@@ -332,11 +334,11 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted}
-			if needsSplit(v.Network, members) {
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS}
+			if needsSplit(v.Network, a.mtls, members) {
 				a.split, a.network = true, v.Network
 			} else {
-				shared.view = View{}
+				shared = resourceKey{typeURL: typeURL, name: name, direct: true}
 			}
 			msg = buildLoadAssignment(name, port, members, a)
 		case resourcev3.ListenerType:
@@ -380,6 +382,9 @@ func (g *Generator) SetDemoteUnhealthy(on bool) { g.keepUnhealthyFirst = !on }
 // MemberNetwork is a member's Istio network (feed.Index.MemberNetwork).
 func (g *Generator) MemberNetwork(member string) string { return g.index.MemberNetwork(member) }
 
+// KnownNetwork reports whether some member is on network.
+func (g *Generator) KnownNetwork(network string) bool { return g.index.KnownNetwork(network) }
+
 // demoted reports whether a member's endpoints go behind the others.
 func (g *Generator) demoted(member string) bool {
 	if g.keepUnhealthyFirst {
@@ -389,10 +394,13 @@ func (g *Generator) demoted(member string) bool {
 	return ok
 }
 
-// resourceKey names a generated resource within its hostname's cache entry.
+// resourceKey names a generated resource within its hostname's cache entry:
+// the resource of a view, or (direct) the endpoint assignment every client
+// gets whose network does not change it.
 type resourceKey struct {
 	typeURL, name string
 	view          View
+	direct        bool
 }
 
 // inboundListener returns a proxyless gRPC server's inbound listener, or

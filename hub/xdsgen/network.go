@@ -24,14 +24,24 @@ type View struct {
 }
 
 // ViewOf is the view of a client: its flavour (FlavourOf) and its network,
-// node metadata NETWORK (as istio-agent writes it), else memberNetwork.
-func ViewOf(node *corev3.Node, mode MTLSMode, memberNetwork string) View {
+// node metadata NETWORK (as istio-agent writes it), else memberNetwork. A
+// network no member is on (known says which are) is OtherNetwork: every
+// such client gets the same, so a client cannot make the hub build and
+// keep a variant per made-up name.
+func ViewOf(node *corev3.Node, mode MTLSMode, memberNetwork string, known func(string) bool) View {
 	nw := node.GetMetadata().GetFields()["NETWORK"].GetStringValue()
 	if nw == "" {
 		nw = memberNetwork
 	}
+	if nw != "" && !known(nw) {
+		nw = OtherNetwork
+	}
 	return View{Flavour: FlavourOf(node, mode), Network: nw}
 }
+
+// OtherNetwork stands for every network no member is on (it is not a valid
+// label value, so no member can be on it).
+const OtherNetwork = "(other)"
 
 // Istio's endpoint metadata that selects the transport socket of a cluster
 // (tlsMode "istio": Istio mTLS), which Envoy reads from
@@ -71,16 +81,20 @@ const (
 // memberSplit decides how a client on network reaches a member's endpoints,
 // as istiod's EndpointsByNetworkFilter does: an endpoint without a network
 // or on the client's is direct; one on another network goes through that
-// network's gateways; a client without a network reaches a network with no
-// gateway directly (Istio's IsSameOrEmpty). Unlike istiod in sidecar mode,
-// and like its ambient mode, a client on a network does not get endpoints
-// of another network that has no gateway: they would not answer.
-func memberSplit(network string, svc *clusters.Service, gateways []clusters.Gateway) split {
+// network's gateways, if the client speaks Istio mTLS (mtls: the gateway
+// routes on its SNI), else it is left out; a client without a network
+// reaches a network with no gateway directly (Istio's IsSameOrEmpty).
+// Unlike istiod in sidecar mode, and like its ambient mode, a client on a
+// network does not get endpoints of another network that has no gateway:
+// they would not answer.
+func memberSplit(network string, mtls bool, svc *clusters.Service, gateways []clusters.Gateway) split {
 	switch {
 	case svc.Network == "" || svc.Network == network:
 		return splitDirect
-	case len(gateways) > 0:
+	case len(gateways) > 0 && mtls:
 		return splitGateway
+	case len(gateways) > 0:
+		return splitDropped
 	case network == "":
 		return splitDirect
 	}
@@ -115,10 +129,10 @@ func memberGateways(id string, members map[string]*clusters.Service, ids []strin
 // needsSplit reports whether a client on network gets a service's
 // endpoints other than directly: only then is its assignment built for the
 // network; every other client shares the direct one.
-func needsSplit(network string, members map[string]*clusters.Service) bool {
+func needsSplit(network string, mtls bool, members map[string]*clusters.Service) bool {
 	ids := sortedIDs(members)
 	for _, id := range ids {
-		if memberSplit(network, members[id], memberGateways(id, members, ids)) != splitDirect {
+		if memberSplit(network, mtls, members[id], memberGateways(id, members, ids)) != splitDirect {
 			return true
 		}
 	}
@@ -140,6 +154,7 @@ func sortedIDs(members map[string]*clusters.Service) []string {
 type assignment struct {
 	split   bool
 	network string
+	mtls    bool // the client speaks Istio mTLS
 	demoted func(member string) bool
 }
 
@@ -166,7 +181,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		how, gateways := splitDirect, []clusters.Gateway(nil)
 		if a.split {
 			gateways = memberGateways(id, members, ids)
-			how = memberSplit(a.network, svc, gateways)
+			how = memberSplit(a.network, a.mtls, svc, gateways)
 		}
 		if how == splitDropped {
 			continue

@@ -7,9 +7,11 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
@@ -94,9 +96,38 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 		// directly, and a network with a gateway through it.
 		{"", "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"},
 	} {
-		_, cla := assignmentFor(t, g, echo, View{Network: tc.network})
+		_, cla := assignmentFor(t, g, echo, View{Network: tc.network, Flavour: FlavourGRPCMTLS})
 		if got := shape(cla); got != tc.want {
 			t.Errorf("network %q:\n got %s\nwant %s", tc.network, got, tc.want)
+		}
+	}
+	// A client without Istio mTLS cannot pass a gateway (it routes on the
+	// SNI of Istio's mTLS): it gets no endpoint of another network.
+	_, cla := assignmentFor(t, g, echo, View{Network: "net-a"})
+	if got, want := shape(cla), "west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
+		t.Errorf("plaintext client on net-a:\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestSplitHorizonCacheKeepsViewsApart: whichever client asks first, a
+// client without a network (east through its gateway, as istiod's
+// forceGateway) and one on east's network (east directly) get their own.
+func TestSplitHorizonCacheKeepsViewsApart(t *testing.T) {
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	none := View{Flavour: FlavourGRPCMTLS}
+	own := View{Network: "net-b", Flavour: FlavourGRPCMTLS}
+	for _, order := range [][]View{{none, own}, {own, none}} {
+		g := New(networkIndex())
+		got := map[View]string{}
+		for _, v := range order {
+			_, cla := assignmentFor(t, g, echo, v)
+			got[v] = shape(cla)
+		}
+		if !strings.Contains(got[none], "203.0.113.10:15443") || strings.Contains(got[none], "10.1.0.1") {
+			t.Errorf("order %v: the client without a network got %s", order, got[none])
+		}
+		if !strings.Contains(got[own], "10.1.0.3:8080") || strings.Contains(got[own], "203.0.113.10") {
+			t.Errorf("order %v: the client on east's network got %s", order, got[own])
 		}
 	}
 }
@@ -107,25 +138,25 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 func TestSplitHorizonSharesUnsplitAssignments(t *testing.T) {
 	g := New(networkIndex())
 	const solo = "outbound|7070||solo.demo.svc.cluster.local"
-	direct, _ := assignmentFor(t, g, solo, View{})
+	direct, _ := assignmentFor(t, g, solo, View{Network: "net-a"})
 	if r, _ := assignmentFor(t, g, solo, View{Network: "net-a", Flavour: FlavourGRPCMTLS}); r != direct {
 		t.Error("solo for its own network is not the shared assignment")
 	}
 	// Other networks cannot reach west (no gateway): they get none of it.
-	if _, cla := assignmentFor(t, g, solo, View{Network: "net-b"}); len(cla.Endpoints) != 0 {
+	if _, cla := assignmentFor(t, g, solo, View{Network: "net-b", Flavour: FlavourGRPCMTLS}); len(cla.Endpoints) != 0 {
 		t.Errorf("solo for net-b: %s", shape(cla))
 	}
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
-	a1, _ := assignmentFor(t, g, echo, View{Network: "net-a"})
+	a1, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
 	a2, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
-	b, _ := assignmentFor(t, g, echo, View{Network: "net-b"})
+	b, _ := assignmentFor(t, g, echo, View{Network: "net-b", Flavour: FlavourGRPCMTLS})
 	if a1 != a2 {
 		t.Error("echo for net-a was marshalled twice")
 	}
 	if a1.Version == b.Version {
 		t.Error("echo for net-a and net-b are the same")
 	}
-	set, err := g.All(resourcev3.EndpointType, View{Network: "net-b"})
+	set, err := g.All(resourcev3.EndpointType, View{Network: "net-b", Flavour: FlavourGRPCMTLS})
 	if err != nil || !slices.Contains(set.Resources, b) {
 		t.Errorf("the wildcard set for net-b does not share echo's assignment: %v", err)
 	}
@@ -141,7 +172,8 @@ func TestUnhealthyMembersAreDemoted(t *testing.T) {
 	const solo = "outbound|7070||solo.demo.svc.cluster.local"
 	x.MemberState("south", clusters.StateStale)
 	x.MemberState("west", clusters.StateReady)
-	_, cla := assignmentFor(t, g, echo, View{Network: "net-c"})
+	mtlsC := View{Network: "net-c", Flavour: FlavourGRPCMTLS}
+	_, cla := assignmentFor(t, g, echo, mtlsC)
 	if got, want := shape(cla), "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p1/w1: 10.2.0.1:8080×1[tls]"; got != want {
 		t.Errorf("south Stale:\n got %s\nwant %s", got, want)
 	}
@@ -152,7 +184,7 @@ func TestUnhealthyMembersAreDemoted(t *testing.T) {
 	}
 	x.MemberState("south", clusters.StateReady)
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
-	_, cla = assignmentFor(t, g, echo, View{Network: "net-c"})
+	_, cla = assignmentFor(t, g, echo, mtlsC)
 	if got, want := shape(cla), "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]"; got != want {
 		t.Errorf("south recovered:\n got %s\nwant %s", got, want)
 	}
@@ -160,7 +192,7 @@ func TestUnhealthyMembersAreDemoted(t *testing.T) {
 	off := New(x)
 	off.SetDemoteUnhealthy(false)
 	x.MemberState("south", clusters.StateTimedOut)
-	if _, cla := assignmentFor(t, off, echo, View{Network: "net-c"}); strings.Contains(shape(cla), "/p1/") {
+	if _, cla := assignmentFor(t, off, echo, mtlsC); strings.Contains(shape(cla), "/p1/") {
 		t.Errorf("demotion off, yet: %s", shape(cla))
 	}
 }
@@ -178,5 +210,22 @@ func TestMTLSClustersCarryIstioSNI(t *testing.T) {
 	tlsCtx := unpack(t, &Resource{Name: "tls", Any: c.GetTransportSocket().GetTypedConfig()}, &tlsv3.UpstreamTlsContext{})
 	if got, want := tlsCtx.GetSni(), "outbound_.7070_._.echo.demo.svc.cluster.local"; got != want {
 		t.Errorf("SNI = %q; want %q", got, want)
+	}
+}
+
+// TestViewOfNetwork: NETWORK from the node, else the member's; a network
+// no member is on is OtherNetwork, whatever its name.
+func TestViewOfNetwork(t *testing.T) {
+	known := func(n string) bool { return n == "net-a" || n == "net-b" }
+	node := func(nw string) *corev3.Node {
+		return &corev3.Node{Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"NETWORK": structpb.NewStringValue(nw)}}}
+	}
+	for _, tc := range []struct{ claimed, member, want string }{
+		{"net-b", "net-a", "net-b"}, {"", "net-a", "net-a"}, {"", "", ""},
+		{"made-up-1", "net-a", OtherNetwork}, {"made-up-2", "", OtherNetwork},
+	} {
+		if got := ViewOf(node(tc.claimed), MTLSStrict, tc.member, known).Network; got != tc.want {
+			t.Errorf("NETWORK %q, member on %q: network %q; want %q", tc.claimed, tc.member, got, tc.want)
+		}
 	}
 }
