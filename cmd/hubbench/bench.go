@@ -116,7 +116,15 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	for _, id := range l.memberIDs {
 		kubeconfigs[id] = env.Cluster(id).Kubeconfig()
 	}
-	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs), metav1.CreateOptions{}); err != nil {
+	secret := localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs)
+	if cfg.Networks > 1 { // the operator confirms each member's network (hub.federation/network)
+		var nets []string
+		for i, id := range l.memberIDs {
+			nets = append(nets, id+"="+l.memberNetwork(i))
+		}
+		secret.Annotations = map[string]string{"hub.federation/network": strings.Join(nets, ",")}
+	}
+	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("creating the remote secret: %w", err)
 	}
 
@@ -463,10 +471,11 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		slice.Endpoints = append(slice.Endpoints, ep)
 		watchers := l.watchers[watched[w%len(watched)]]
 		if nw := l.memberNetwork(svc.members[k]); nw != "" {
-			// The streams are plaintext clients (the hub runs in its default
-			// mTLS mode): another network's endpoints do not reach them at
-			// all (a gateway needs Istio mTLS), so only the streams on the
-			// written member's network are measured.
+			// Only the streams on the written member's network see the
+			// address: the others get the member's gateway with a new weight
+			// (mTLS clients: the grpc shape with --hub-arg=--mtls-mode=STRICT)
+			// or nothing (plaintext clients). They are not timed; their
+			// responses count in the hub's CPU.
 			var local []int
 			for _, i := range watchers {
 				if f.streams[i].network == nw {

@@ -385,6 +385,9 @@ func (s *stream) node() *corev3.Node {
 	if s.network != "" {
 		md["NETWORK"] = structpb.NewStringValue(s.network)
 	}
+	if s.f.shape == shapeGRPC {
+		md["GENERATOR"] = structpb.NewStringValue("grpc") // as Istio's agent writes it into a gRPC bootstrap
+	}
 	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: md}}
 }
 
