@@ -128,7 +128,7 @@ type Cluster struct {
 	// peerGateways are every network's gateways (setPeerGateways);
 	// gatewayKick wakes the writer; what it wrote and its last error are
 	// shown in the status.
-	peerGateways           map[string][]Gateway
+	peerGateways           peerGateways
 	gatewayKick            chan struct{}
 	gatewayServicesWritten []string
 	gatewayWriteErr        string

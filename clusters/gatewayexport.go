@@ -74,6 +74,15 @@ func gatewayServiceName(network string, port int32) string {
 	return gatewayServicePrefix + "h-" + hex.EncodeToString(sum[:16]) + "-" + strconv.Itoa(int(port))
 }
 
+// peerGateways are every network's gateways as the members export them.
+// complete is false while some member's are not known yet (it has not
+// synced and has no persisted view): its network is unknown too, so no
+// written Service may be deleted on the strength of this set.
+type peerGateways struct {
+	networks map[string][]Gateway
+	complete bool
+}
+
 // desiredGatewayServices are the Services a member on network own gets:
 // for every other network, one per gateway port, with that network's
 // gateway addresses (sorted, at most maxGateways).
@@ -131,7 +140,7 @@ func sameGatewayService(have, want *corev1.Service) bool {
 
 // setPeerGateways hands the member every network's gateways; its writer
 // brings the member's Services in line.
-func (c *Cluster) setPeerGateways(peers map[string][]Gateway) {
+func (c *Cluster) setPeerGateways(peers peerGateways) {
 	c.mu.Lock()
 	c.peerGateways = peers
 	c.mu.Unlock()
@@ -142,15 +151,21 @@ func (c *Cluster) setPeerGateways(peers map[string][]Gateway) {
 }
 
 // exportedGateways is the member's network and gateways as the other
-// members' istiods should know them: live once its system namespace is
-// listed, else as its persisted view had them.
-func (c *Cluster) exportedGateways() (string, []Gateway) {
+// members' istiods should know them: live once its informers synced, else
+// as its persisted view had them if the Secret confirms that view's
+// network; known is false when it has neither.
+func (c *Cluster) exportedGateways() (network string, gateways []Gateway, known bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.informersSynced && c.systemSynced() { // its gateway Services are listed too
-		return c.gateways.network, c.gateways.gateways
+	switch {
+	case c.informersSynced: // its gateway Services and system namespace are listed too
+		return c.gateways.network, c.gateways.gateways, true
+	case !c.persistedAt.IsZero() && (c.secret == "" || c.confirmed == c.restoredNetwork):
+		return c.restoredNetwork, c.restoredGateways, true
+	case !c.persistedAt.IsZero():
+		return c.restoredNetwork, nil, true
 	}
-	return c.restoredNetwork, c.restoredGateways
+	return "", nil, false
 }
 
 // writeGatewayServices keeps the member's hub-gateway-* Services as
@@ -166,8 +181,8 @@ func (c *Cluster) writeGatewayServices(ctx context.Context) {
 		case <-c.gatewayKick:
 		case <-t.C:
 		}
-		if c.settled != nil && !c.settled() {
-			t.Reset(gatewaySettleRetry) // some networks' gateways are not known yet
+		if c.settled != nil && !c.settled() || !c.systemSynced() {
+			t.Reset(gatewaySettleRetry) // some networks' gateways, or its own network, are not known yet
 			continue
 		}
 		if c.isLeader == nil || c.isLeader() {
@@ -195,7 +210,7 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 	c.mu.Lock()
 	peers := c.peerGateways
 	c.mu.Unlock()
-	want := desiredGatewayServices(c.network(), peers)
+	want := desiredGatewayServices(c.network(), peers.networks)
 	existing, _ := c.services.Services(SystemNamespace).List(labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByHub}))
 	api := c.client.CoreV1().Services(SystemNamespace)
 	var errs []error
@@ -206,6 +221,8 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 		}
 		w, ok := want[have.Name]
 		switch {
+		case !ok && !peers.complete:
+			written = append(written, have.Name) // some member's network is not known yet: kept
 		case !ok:
 			if err := api.Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("deleting %s/%s: %w", SystemNamespace, have.Name, err))
@@ -259,7 +276,7 @@ func optionalRequest(ctx context.Context) context.Context {
 }
 
 // hubOwns reports whether the member's Service istio-system/name, as the
-// cache has it, is one the hub wrote (false when it is not cached: the
+// cache has it, is one the hub wrote; true when it is not cached yet (the
 // next round decides).
 func (c *Cluster) hubOwns(name string) bool {
 	svc, err := c.services.Services(SystemNamespace).Get(name)

@@ -263,13 +263,17 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 	return out, ""
 }
 
+// secretNetworking is what a remote Secret says of its members' network:
+// its AnnotationGateways and AnnotationNetwork, as written.
+type secretNetworking struct{ gateways, network string }
+
 // setSecretNetworking records what the member's remote Secret says of its
-// network: the gateways it names (AnnotationGateways) and the network it
-// confirms (AnnotationNetwork), and works out the member's gateways again
-// if they changed. The registry calls it whenever it reads the Secret.
-func (c *Cluster) setSecretNetworking(gateways, network string) {
-	gws, err := parseGatewayAnnotation(gateways)
-	nw := confirmedNetwork(network, c.id)
+// network: the gateways it names and the network it confirms, and works out
+// the member's gateways again if they changed. The registry calls it before
+// the member starts and whenever it reads the Secret.
+func (c *Cluster) setSecretNetworking(s secretNetworking) {
+	gws, err := parseGatewayAnnotation(s.gateways)
+	nw := confirmedNetwork(s.network, c.id)
 	c.mu.Lock()
 	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(err) && c.confirmed == nw
 	c.annotated, c.annotatedErr, c.confirmed = gws, err, nw

@@ -378,3 +378,25 @@ func TestConfirmedNetwork(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoredGatewaysNeedTheSecretsConfirmation: a persisted view's
+// gateways are served only while the remote Secret confirms its network
+// (a view persisted before the confirmation changed brings none back); the
+// home cluster's are its own.
+func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
+	gws := []Gateway{{Address: "203.0.113.7", Port: 15443, Source: "service istio-system/ew"}}
+	view := []*Service{{Namespace: "a", Name: "x", Network: "net-a", Gateways: gws}, {Namespace: "a", Name: "y", Network: "net-a"}}
+	for _, tc := range []struct {
+		secret, confirmed string
+		kept              bool
+	}{{"ns/s", "net-a", true}, {"ns/s", "net-b", false}, {"ns/s", "", false}, {"", "", true}} {
+		c := &Cluster{secret: tc.secret, confirmed: tc.confirmed}
+		got := c.confirmedGateways(view)
+		if kept := len(got[0].Gateways) > 0; kept != tc.kept {
+			t.Errorf("secret %q confirming %q: gateways kept %v; want %v", tc.secret, tc.confirmed, kept, tc.kept)
+		}
+		if len(view[0].Gateways) == 0 || got[1] != view[1] {
+			t.Error("confirmedGateways changed the view it was given, or copied a service without gateways")
+		}
+	}
+}

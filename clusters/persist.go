@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -351,6 +352,7 @@ func (p *viewPersister) restore(id string, c *Cluster) {
 	p.mu.Lock()
 	p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
 	p.mu.Unlock()
+	services = c.confirmedGateways(services)
 	p.next.ReplaceCluster(id, services)
 	c.servePersisted(v.WrittenAt, services)
 	endpoints := 0
@@ -528,6 +530,30 @@ func (r *Registry) namedBySecret(id string) (named, known bool) {
 	return false, true
 }
 
+// confirmedGateways returns a persisted view's services as the member may
+// serve them now: without gateways unless its remote Secret confirms the
+// view's network (the home cluster's is its own). A view persisted before
+// the Secret's confirmation changed cannot bring back gateways it no
+// longer allows.
+func (c *Cluster) confirmedGateways(services []*Service) []*Service {
+	c.mu.Lock()
+	confirmed := c.confirmed
+	c.mu.Unlock()
+	out := services
+	for i, s := range services {
+		if len(s.Gateways) == 0 || c.secret == "" || confirmed == s.Network {
+			continue
+		}
+		if &out[0] == &services[0] {
+			out = slices.Clone(services)
+		}
+		stripped := *s
+		stripped.Gateways = nil
+		out[i] = &stripped
+	}
+	return out
+}
+
 // servePersisted marks a member that has not started yet as serving a view
 // persisted at at (a state change to Stale, observed like any other).
 func (c *Cluster) servePersisted(at time.Time, services []*Service) {
@@ -541,6 +567,9 @@ func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 			if len(s.Gateways) > 0 {
 				c.restoredGateways = s.Gateways
 			}
+		}
+		if c.secret != "" && c.confirmed != c.restoredNetwork {
+			c.restoredGateways = nil // not confirmed by the Secret: not exported
 		}
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,7 +95,11 @@ type Config struct {
 // Registry is the set of member clusters, driven by remote Secrets.
 type Registry struct {
 	// peersMu serialises refreshPeerGateways.
-	peersMu     sync.Mutex
+	peersMu sync.Mutex
+	// settledOnce, settleMu and settleCheck are settled's memo.
+	settledOnce atomic.Bool
+	settleMu    sync.Mutex
+	settleCheck time.Time
 	cfg         Config
 	log         *slog.Logger
 	deps        clusterDeps
@@ -287,7 +292,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	var data map[string][]byte
 	var ref *corev1.ObjectReference
 	var ann identityAnnotations
-	var gateways, network string
+	var networking secretNetworking
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -297,7 +302,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		data = secret.Data
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
-		gateways, network = secret.Annotations[AnnotationGateways], secret.Annotations[AnnotationNetwork]
+		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork]}
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
@@ -329,7 +334,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		st, ok := r.apply(ctx, key, ref, ann, id, data[id])
+		st, ok := r.apply(ctx, key, ref, ann, networking, id, data[id])
 		if ok {
 			continue
 		}
@@ -366,7 +371,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.mu.Unlock()
 	for _, c := range clients {
-		c.setSecretNetworking(gateways, network)
+		c.setSecretNetworking(networking)
 	}
 	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
@@ -379,7 +384,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 
 // apply starts, keeps or replaces the member for one data key. It returns
 // ok=false with a status when the key runs no cluster of its own.
-func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, id string, kubeconfig []byte) (Status, bool) {
+func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, networking secretNetworking, id string, kubeconfig []byte) (Status, bool) {
 	st := Status{ID: id, Secret: secret}
 	if id == r.cfg.HomeID {
 		st.State, st.Message = StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", id)
@@ -457,6 +462,10 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		return st, false
 	}
 	c.gatewaysChanged, c.settled = r.refreshPeerGateways, r.settled
+	// What the Secret says of the member's network holds from the start,
+	// for a restored view too (a persisted gateway counts only if the
+	// Secret confirms its network).
+	c.setSecretNetworking(networking)
 	r.mu.Lock()
 	if existing == nil {
 		c.setObserver(r.observer(ref, ""))
@@ -561,10 +570,24 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	return true
 }
 
-// settled reports whether membership has settled (Ready).
+// settled reports whether membership has settled (Ready) once: from then
+// on it stays true (members added later are written around, see
+// Cluster.reconcileGatewayServices). Ready is asked at most every
+// gatewaySettleRetry, however many members' writers wait.
 func (r *Registry) settled() bool {
-	ok, _ := r.Ready()
-	return ok
+	if r.settledOnce.Load() {
+		return true
+	}
+	r.settleMu.Lock()
+	defer r.settleMu.Unlock()
+	if r.settledOnce.Load() || time.Since(r.settleCheck) < gatewaySettleRetry {
+		return r.settledOnce.Load()
+	}
+	r.settleCheck = time.Now()
+	if ok, _ := r.Ready(); ok {
+		r.settledOnce.Store(true)
+	}
+	return r.settledOnce.Load()
 }
 
 // refreshPeerGateways hands every member the gateways of every network, as
@@ -589,10 +612,14 @@ func (r *Registry) refreshPeerGateways() {
 	if sources[0] == nil {
 		return // during NewRegistry
 	}
-	peers := map[string][]Gateway{}
+	peers := peerGateways{networks: map[string][]Gateway{}, complete: true}
 	for _, c := range sources {
-		if nw, gws := c.exportedGateways(); nw != "" {
-			peers[nw] = append(peers[nw], gws...)
+		nw, gws, known := c.exportedGateways()
+		if !known {
+			peers.complete = false // its network's Services are kept as they are
+		}
+		if nw != "" {
+			peers.networks[nw] = append(peers.networks[nw], gws...)
 		}
 	}
 	for _, c := range append(all, sources[0]) {

@@ -55,6 +55,10 @@ type subscriber struct {
 	roots   bool
 
 	// Guarded by watcher.mu.
+	// view is the view the subscriber was last evaluated for: a watch of
+	// another view (the client's network became known, or changed) makes
+	// the next evaluation full.
+	view    xdsgen.View
 	parked  *watch
 	indexed bool
 	dirty   map[string]struct{} // changed hostnames not yet evaluated
@@ -372,6 +376,9 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscr
 		if s.last != nil && !s.last.sent.Load() {
 			s.full = true // a response was dropped for a newer request: the stream lacks it
 		}
+		if s.view != wt.view {
+			s.full, s.view = true, wt.view
+		}
 		s.last = nil
 		w.mu.Unlock()
 		return s
@@ -382,6 +389,7 @@ func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscr
 	ns := newSubscriber(wt.typeURL, names, false, true)
 	ns.aim(wt.ident)
 	ns.requested, ns.asked = digestOf(requested), requested
+	ns.view = wt.view
 	w.keep(rec, s, ns)
 	return ns
 }
@@ -416,9 +424,15 @@ func (w *watcher) deltaSubscriberFor(rec *streamRecord, wt *watch, names map[str
 	s := rec.subs[wt.typeURL]
 	w.mu.Unlock()
 	if s != nil && len(req.GetResourceNamesSubscribe()) == 0 && len(req.GetResourceNamesUnsubscribe()) == 0 && len(s.list) == len(names) {
+		w.mu.Lock()
+		if s.view != wt.view {
+			s.full, s.view = true, wt.view
+		}
+		w.mu.Unlock()
 		return s
 	}
 	ns := newSubscriber(wt.typeURL, names, false, true)
+	ns.view = wt.view
 	w.keep(rec, s, ns)
 	return ns
 }

@@ -83,7 +83,9 @@ const (
 // or on the client's is direct; one on another network goes through that
 // network's gateways, if the client speaks Istio mTLS (mtls: the gateway
 // routes on its SNI), else it is left out; a client without a network
-// reaches a network with no gateway directly (Istio's IsSameOrEmpty).
+// reaches a network with no gateway directly (Istio's IsSameOrEmpty), and
+// any network directly when it does not speak Istio mTLS (adding a gateway
+// must not take endpoints away from it).
 // Unlike istiod in sidecar mode, and like its ambient mode, a client on a
 // network does not get endpoints of another network that has no gateway:
 // they would not answer.
@@ -91,6 +93,8 @@ func memberSplit(network string, mtls bool, svc *clusters.Service, gateways []cl
 	switch {
 	case svc.Network == "" || svc.Network == network:
 		return splitDirect
+	case network == "" && !mtls:
+		return splitDirect // IsSameOrEmpty; a gateway would not take it anyway
 	case len(gateways) > 0 && mtls:
 		return splitGateway
 	case len(gateways) > 0:

@@ -107,6 +107,12 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 	if got, want := shape(cla), "west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("plaintext client on net-a:\n got %s\nwant %s", got, want)
 	}
+	// A plaintext client without a network reaches every network directly
+	// (Istio's IsSameOrEmpty), gateway or not.
+	_, cla = assignmentFor(t, g, echo, View{})
+	if got := shape(cla); !strings.Contains(got, "10.1.0.1:8080") || strings.Contains(got, "203.0.113.10") {
+		t.Errorf("plaintext client without a network: %s", got)
+	}
 }
 
 // TestSplitHorizonCacheKeepsViewsApart: whichever client asks first, a
