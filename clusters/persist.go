@@ -555,7 +555,8 @@ func (c *Cluster) confirmedGateways(services []*Service) []*Service {
 }
 
 // servePersisted marks a member that has not started yet as serving a view
-// persisted at at (a state change to Stale, observed like any other).
+// persisted at at (a state change to Stale, observed like any other); the
+// view's gateways are already those the Secret confirms (confirmedGateways).
 func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 	c.transition(func() {
 		c.persistedAt = at
@@ -567,9 +568,6 @@ func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 			if len(s.Gateways) > 0 {
 				c.restoredGateways = s.Gateways
 			}
-		}
-		if c.secret != "" && c.confirmed != c.restoredNetwork {
-			c.restoredGateways = nil // not confirmed by the Secret: not exported
 		}
 	})
 }
