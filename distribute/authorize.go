@@ -127,8 +127,18 @@ func (s *Source) authorize(o Object) (reason string, err error) {
 	if !slices.Contains(s.opts.Namespaces, o.Namespace) {
 		return ReasonNamespace, fmt.Errorf("namespace %s is not one distribution is allowed from (%s)", o.Namespace, strings.Join(s.opts.Namespaces, ", "))
 	}
-	if err := s.opts.Hosts.check(o.Namespace, o.Spec); err != nil {
+	if err := s.checkHosts(o); err != nil {
 		return ReasonHost, err
 	}
 	return "", nil
+}
+
+// checkHosts is HostGuard.check of o, saying of a DestinationRule that
+// the hub's own xDS still reads it (Source.Rules).
+func (s *Source) checkHosts(o Object) error {
+	err := s.opts.Hosts.check(o.Namespace, o.Spec)
+	if _, ok := o.Spec.(*networking.DestinationRule); ok && err != nil {
+		err = fmt.Errorf("%w; not distributed to members, but the hub's own xDS applies its load balancing settings to the hosts it serves", err)
+	}
+	return err
 }

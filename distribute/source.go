@@ -196,6 +196,31 @@ func (s *Source) Objects(kind string) (objects []Object, ready bool) {
 	return objects, s.discovered && st.ready
 }
 
+// Rules returns the objects of a kind that the hub's own xDS reads: the
+// distributed ones and those held back only because they name a host the
+// hub owns (ReasonHost), which are about exactly the hosts it serves
+// (DestinationRules of federated hosts: see HostGuard). Sorted and ready
+// as Objects; OnChange reports their changes too.
+func (s *Source) Rules(kind string) (objects []Object, ready bool) {
+	objects, ready = s.Objects(kind)
+	s.mu.Lock()
+	if st := s.states[kind]; st != nil {
+		for _, r := range st.rejected {
+			if r.object != nil && r.reason == ReasonHost {
+				objects = append(objects, *r.object)
+			}
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(objects, func(i, j int) bool {
+		if objects[i].Namespace != objects[j].Namespace {
+			return objects[i].Namespace < objects[j].Namespace
+		}
+		return objects[i].Name < objects[j].Name
+	})
+	return objects, ready
+}
+
 // notify tells OnChange that kind changed.
 func (s *Source) notify(kind string) {
 	if s.opts.OnChange != nil {

@@ -148,13 +148,16 @@ func (s *Source) acceptLocked(st *kindState, id string, o Object) bool {
 }
 
 // rejectLocked leaves an object out and reports whether what is
-// distributed changed and whether this rejection is to be recorded as an
-// Event (once per uid, generation and reason, and only by a replica that
-// may write); s.mu must be held.
+// distributed, or what Rules returns, changed and whether this rejection
+// is to be recorded as an Event (once per uid, generation and reason, and
+// only by a replica that may write); s.mu must be held.
 func (s *Source) rejectLocked(st *kindState, id string, r rejection) (changed, report bool) {
 	_, changed = st.objects[id]
 	delete(st.objects, id)
 	prev, seen := st.rejected[id]
+	if prev.object != nil || r.object != nil {
+		changed = changed || prev.object == nil || r.object == nil || prev.object.Version != r.object.Version
+	}
 	r.reported = seen && prev.sameAs(r) && prev.reported
 	report = !r.reported && s.mayWrite()
 	r.reported = r.reported || report
@@ -187,6 +190,7 @@ func (s *Source) remove(w *watcher, k kindInfo, obj any) {
 	var changed bool
 	if cur {
 		_, changed = st.objects[id]
+		changed = changed || st.rejected[id].object != nil // it was among Rules
 		delete(st.objects, id)
 		delete(st.rejected, id)
 	}
@@ -217,7 +221,7 @@ func (s *Source) recheckHosts(ctx context.Context) {
 			if !namesHosts(o.Spec) {
 				continue
 			}
-			if err := s.opts.Hosts.check(o.Namespace, o.Spec); err != nil {
+			if err := s.checkHosts(o); err != nil {
 				r := rejection{uid: o.ref.UID, generation: o.generation, reason: ReasonHost, message: err.Error(), object: &o}
 				ch, rep := s.rejectLocked(st, id, r)
 				changed = changed || ch

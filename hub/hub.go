@@ -61,6 +61,10 @@ type Options struct {
 	// cluster (distribute.Source, reporting to Changes): served to member
 	// istiods unchanged.
 	Policy mcp.Policy
+	// Rules, if set, has the DestinationRules the hub's own xDS takes
+	// locality load balancing and outlier detection from
+	// (distribute.Source.Rules, reporting to Changes).
+	Rules RuleSource
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
 	Roots   authn.RootSource
@@ -198,6 +202,7 @@ func New(opts Options) (*Hub, error) {
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
+	h.watcher.rules = opts.Rules
 	h.watcher.latency = latency
 	h.watcher.fleet, h.proxies.fleet = h.fleet, h.fleet
 	h.watcher.paceLimit = h.changes.Limit()

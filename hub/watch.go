@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
@@ -39,6 +40,7 @@ import (
 type watcher struct {
 	gen     *xdsgen.Generator
 	config  *mcp.Generator   // Istio config for member istiods
+	rules   RuleSource       // DestinationRules for gen (may be nil: none)
 	secrets SecretSource     // may be nil: no SDS
 	roots   authn.RootSource // may be nil: no SDS
 	// sar decides access reviews without waiting; nil: other namespaces
@@ -166,6 +168,12 @@ func checkType(typeURL string) error {
 	return nil
 }
 
+// RuleSource has the Istio objects of a kind the hub's own xDS reads
+// (distribute.Source.Rules).
+type RuleSource interface {
+	Rules(kind string) ([]distribute.Object, bool)
+}
+
 // viewOf is the view a stream's client gets (xdsgen.ViewOf): its member is
 // the one its credentials prove, else the one its node names.
 func (w *watcher) viewOf(node *corev3.Node, ident authn.Identity) xdsgen.View {
@@ -173,7 +181,7 @@ func (w *watcher) viewOf(node *corev3.Node, ident authn.Identity) xdsgen.View {
 	if member == "" {
 		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
 	}
-	return xdsgen.ViewOf(node, w.gen.MTLS(), w.gen.MemberNetwork(member), w.gen.KnownNetwork)
+	return w.gen.ViewOf(node, member)
 }
 
 // CreateWatch takes a State-of-the-World request of c's stream with the
@@ -311,6 +319,16 @@ type job struct {
 // ctx is done (the streams not reached keep their changes noted, for their
 // next request or push).
 func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
+	if _, ok := b.Kinds[xdsgen.DestinationRuleKind]; ok && w.rules != nil && w.gen != nil {
+		if objs, ready := w.rules.Rules(xdsgen.DestinationRuleKind); ready {
+			for _, host := range w.gen.SetDestinationRules(objs) {
+				if b.Hosts == nil {
+					b.Hosts = map[string]struct{}{}
+				}
+				b.Hosts[host] = struct{}{}
+			}
+		}
+	}
 	if w.gen != nil { // nil only in tests of the indexes
 		w.gen.Invalidate(b.Hosts)
 	}

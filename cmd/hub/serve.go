@@ -139,6 +139,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		Index:               index,
 		FederatedDomain:     cfg.federatedDomain,
 		Policy:              distributed,
+		Rules:               distributed,
 		Secrets:             registry,
 		Authorizer:          registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,

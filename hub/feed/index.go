@@ -24,6 +24,10 @@ type Index struct {
 	networks map[string]string
 	// demoted are the members that are not healthy, with their state.
 	demoted map[string]clusters.State
+	// localities counts the stored views with endpoints in each region
+	// ("region") and zone ("region/zone"): the client localities that mean
+	// something (KnownLocality).
+	localities map[string]int
 }
 
 // NewIndex creates an empty index that reports the hostnames whose view
@@ -36,8 +40,12 @@ func NewIndex(domainSuffix string, changes *Changes) *Index {
 		byCluster:    map[string]map[clusters.ServiceKey]*clusters.Service{},
 		networks:     map[string]string{},
 		demoted:      map[string]clusters.State{},
+		localities:   map[string]int{},
 	}
 }
+
+// DomainSuffix is the suffix of the hostnames (see Hostname).
+func (x *Index) DomainSuffix() string { return x.domainSuffix }
 
 // Hostname is a Service's federated hostname: <name>.<namespace>.svc.<suffix>.
 func (x *Index) Hostname(namespace, name string) string {
@@ -147,6 +155,8 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 		return changed
 	}
 	host := x.Hostname(key.Namespace, key.Name)
+	x.countLocalitiesLocked(old, -1)
+	x.countLocalitiesLocked(svc, 1)
 	if svc == nil {
 		delete(x.byCluster[cluster], key)
 		delete(x.byHost[host], cluster)
@@ -165,6 +175,55 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 		x.networks[cluster] = svc.Network
 	}
 	return append(changed, host)
+}
+
+// countLocalitiesLocked adds by to the count of each region and zone svc
+// has endpoints in (once per view).
+func (x *Index) countLocalitiesLocked(svc *clusters.Service, by int) {
+	if svc == nil {
+		return
+	}
+	seen := map[string]struct{}{}
+	for _, ep := range svc.Endpoints {
+		for _, k := range [2]string{ep.Region, ep.Region + "/" + ep.Zone} {
+			if _, ok := seen[k]; !ok {
+				seen[k] = struct{}{}
+				if x.localities[k] += by; x.localities[k] <= 0 {
+					delete(x.localities, k)
+				}
+			}
+		}
+	}
+}
+
+// KnownLocality is a client's region and zone as far as some member's
+// endpoints share them: a region no endpoint is in is UnknownLocality
+// (with no zone), a zone no endpoint of the region is in is
+// UnknownLocality. A client's locality only ranks endpoints by what it
+// shares with theirs, so nothing is lost, and clients cannot make the hub
+// keep a variant per made-up name.
+func (x *Index) KnownLocality(region, zone string) (string, string) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.localities[region] == 0 {
+		return UnknownLocality, ""
+	}
+	if x.localities[region+"/"+zone] == 0 {
+		return region, UnknownLocality
+	}
+	return region, zone
+}
+
+// UnknownLocality stands for a region or zone no endpoint is in (it is not
+// a valid label value, so no endpoint is in it).
+const UnknownLocality = "(other)"
+
+// KnownMember reports whether a member has views in the index.
+func (x *Index) KnownMember(cluster string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	_, ok := x.byCluster[cluster]
+	return ok
 }
 
 func (x *Index) notify(changed []string) {

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/feed"
 )
 
@@ -69,7 +70,9 @@ type Generator struct {
 	// healthy (see SetDemoteUnhealthy); fixed for the Generator's life.
 	keepUnhealthyFirst bool
 
-	mu    sync.Mutex
+	mu sync.Mutex
+	// rules are the DestinationRules read (SetDestinationRules).
+	rules *destinationRules
 	cache *simplelru.LRU[string, map[resourceKey]*Resource] // hostname → resource (only existing ones)
 	// wildcard memoises every resource of a type (what wildcard
 	// subscriptions get) with its set version. A change marks the
@@ -145,6 +148,9 @@ const maxWildcardChanges = 256
 // per change of the index however many wildcard watches ask.
 func (g *Generator) All(typeURL string, v View) (WildcardSet, error) {
 	v = viewFor(typeURL, v)
+	if !g.hasRules() {
+		v.Locality = Locality{} // one set for every locality
+	}
 	key := WildcardSetKey{typeURL, v}
 	g.mu.Lock()
 	set, ok := g.wildcard[key]
@@ -293,8 +299,10 @@ func viewFor(typeURL string, v View) View {
 		return View{Flavour: v.Flavour}
 	case resourcev3.EndpointType:
 		// The flavour says whether the client speaks Istio mTLS, which
-		// gateways need (see memberSplit).
-		return View{Network: v.Network, Flavour: v.Flavour}
+		// gateways need (see memberSplit); the locality matters only
+		// where a DestinationRule's locality load balancing applies
+		// (Resource drops it elsewhere).
+		return v
 	}
 	return View{}
 }
@@ -311,6 +319,13 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		return nil, nil
 	}
 	v = viewFor(typeURL, v)
+	var lb localityLB
+	if typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType {
+		lb = g.localityLB(host, port)
+	}
+	if !lb.applies() {
+		v.Locality = Locality{} // the client's locality changes nothing here
+	}
 	key := resourceKey{typeURL: typeURL, name: name, view: v}
 	g.mu.Lock()
 	if byName, ok := g.cache.Get(host); ok {
@@ -329,15 +344,17 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		switch typeURL {
 		case resourcev3.ClusterType:
 			c := buildCluster(name, sp)
+			lb.applyToCluster(c)
 			if v.Flavour == FlavourGRPCMTLS {
 				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port))
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS}
-			if needsSplit(v.Network, a.mtls, members) {
-				a.split, a.network = true, v.Network
-			} else {
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS, network: v.Network, lb: lb, client: v.Locality}
+			switch {
+			case needsSplit(v.Network, a.mtls, members):
+				a.split = true
+			case !lb.applies():
 				shared = resourceKey{typeURL: typeURL, name: name, direct: true}
 			}
 			msg = buildLoadAssignment(name, port, members, a)
@@ -379,11 +396,54 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 // default) or stay where they are. Call it before the Generator is used.
 func (g *Generator) SetDemoteUnhealthy(on bool) { g.keepUnhealthyFirst = !on }
 
-// MemberNetwork is a member's Istio network (feed.Index.MemberNetwork).
-func (g *Generator) MemberNetwork(member string) string { return g.index.MemberNetwork(member) }
+// ViewOf is the view of a client of member with node (see ViewOf).
+func (g *Generator) ViewOf(node *corev3.Node, member string) View {
+	return ViewOf(node, g.mtls, member, g.index)
+}
 
-// KnownNetwork reports whether some member is on network.
-func (g *Generator) KnownNetwork(network string) bool { return g.index.KnownNetwork(network) }
+// SetDestinationRules replaces the DestinationRules the hub's xDS takes
+// locality load balancing and outlier detection from (distribute.Source.Rules
+// of DestinationRuleKind) and returns the hostnames whose rule changed:
+// their resources are to be rebuilt and pushed (add them to the batch's
+// hosts before Invalidate).
+func (g *Generator) SetDestinationRules(objs []distribute.Object) []string {
+	next := newDestinationRules(objs, g.index.DomainSuffix())
+	g.mu.Lock()
+	prev := g.rules
+	g.rules = next
+	g.mu.Unlock()
+	if prev.empty() && next.empty() {
+		return nil
+	}
+	var changed []string
+	for _, host := range g.index.Hostnames() {
+		a, _ := prev.lookup(host)
+		b, _ := next.lookup(host)
+		if a.id != b.id {
+			changed = append(changed, host)
+		}
+	}
+	return changed
+}
+
+// localityLB is the locality load balancing of a host's port (none when
+// no rule applies).
+func (g *Generator) localityLB(host string, port int32) localityLB {
+	g.mu.Lock()
+	rule, ok := g.rules.lookup(host)
+	g.mu.Unlock()
+	if !ok {
+		return localityLB{}
+	}
+	return localityLBOf(rule.spec, port)
+}
+
+// hasRules reports whether any DestinationRule is read.
+func (g *Generator) hasRules() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.rules.empty()
+}
 
 // demoted reports whether a member's endpoints go behind the others.
 func (g *Generator) demoted(member string) bool {

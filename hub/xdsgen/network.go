@@ -21,22 +21,40 @@ type View struct {
 	// its member's network (see ViewOf). Endpoints on other networks reach
 	// it through their networks' gateways (DESIGN.md §3.9).
 	Network string
+	// Locality is where the client is, for the DestinationRules' locality
+	// load balancing (it matters only for hosts they apply to).
+	Locality Locality
 }
 
-// ViewOf is the view of a client: its flavour (FlavourOf) and its network,
-// node metadata NETWORK (as istio-agent writes it), else memberNetwork. A
-// network no member is on (known says which are) is OtherNetwork: every
-// such client gets the same, so a client cannot make the hub build and
-// keep a variant per made-up name.
-func ViewOf(node *corev3.Node, mode MTLSMode, memberNetwork string, known func(string) bool) View {
+// Places is what the index knows of members, networks and localities; a
+// view names only what it knows (feed.Index implements it).
+type Places interface {
+	MemberNetwork(member string) string
+	KnownNetwork(network string) bool
+	KnownMember(member string) bool
+	KnownLocality(region, zone string) (string, string)
+}
+
+// ViewOf is the view of a client of member: its flavour (FlavourOf), its
+// network, node metadata NETWORK (as istio-agent writes it), else its
+// member's, and its locality, the node's region and zone and its member.
+// A network no member is on is OtherNetwork, a region or zone no endpoint
+// is in is feed.UnknownLocality, an unknown member none: every such client
+// gets the same, so a client cannot make the hub build and keep a variant
+// per made-up name.
+func ViewOf(node *corev3.Node, mode MTLSMode, member string, places Places) View {
 	nw := node.GetMetadata().GetFields()["NETWORK"].GetStringValue()
 	if nw == "" {
-		nw = memberNetwork
+		nw = places.MemberNetwork(member)
 	}
-	if nw != "" && !known(nw) {
+	if nw != "" && !places.KnownNetwork(nw) {
 		nw = OtherNetwork
 	}
-	return View{Flavour: FlavourOf(node, mode), Network: nw}
+	if !places.KnownMember(member) {
+		member = ""
+	}
+	region, zone := places.KnownLocality(node.GetLocality().GetRegion(), node.GetLocality().GetZone())
+	return View{Flavour: FlavourOf(node, mode), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}}
 }
 
 // OtherNetwork stands for every network no member is on (it is not a valid
@@ -160,6 +178,10 @@ type assignment struct {
 	network string
 	mtls    bool // the client speaks Istio mTLS
 	demoted func(member string) bool
+	// lb is the DestinationRule's locality load balancing of the port and
+	// client the client's locality (used only when lb applies).
+	lb     localityLB
+	client Locality
 }
 
 // buildLoadAssignment groups a service port's endpoints into one locality per
@@ -249,20 +271,10 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		}
 		return a.zone < b.zone
 	})
-	demote := false
-	if a.demoted != nil {
-		healthy := false
-		for _, l := range locs {
-			if a.demoted(l.cluster) {
-				demote = true
-			} else {
-				healthy = true
-			}
-		}
-		demote = demote && healthy // never behind nothing: priorities start at 0
-	}
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	for _, l := range locs {
+	placedLocs := make([]placed, len(locs))
+	weights := make([]uint32, len(locs))
+	for i, l := range locs {
 		eps := groups[l]
 		sort.Slice(eps, func(i, j int) bool {
 			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
@@ -280,18 +292,54 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 				weight = v.draining
 			}
 		}
-		var priority uint32
-		if demote && a.demoted(l.cluster) {
-			priority = 1
+		weights[i] = weight
+		placedLocs[i] = placed{member: l.cluster, network: members[l.cluster].Network, region: l.region, zone: l.zone}
+	}
+	prio, distributed := rankLocalities(placedLocs, weights, a.client, a.network, a.lb)
+	demote(prio, placedLocs, a.demoted)
+	for i, l := range locs {
+		weight := weights[i]
+		if distributed != nil {
+			if weight = distributed[i]; weight == 0 {
+				continue // the rule's distribute leaves it out
+			}
 		}
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
 			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
-			LbEndpoints:         eps,
+			LbEndpoints:         groups[l],
 			LoadBalancingWeight: wrapperspb.UInt32(weight),
-			Priority:            priority,
+			Priority:            prio[i],
 		})
 	}
 	return cla
+}
+
+// demote moves the localities of demoted members behind every other one
+// (keeping their order among themselves), unless nothing else is left:
+// priorities start at 0.
+func demote(prio []uint32, locs []placed, demoted func(string) bool) {
+	if demoted == nil {
+		return
+	}
+	var healthy, bad bool
+	var top uint32
+	for i, l := range locs {
+		if demoted(l.member) {
+			bad = true
+		} else {
+			healthy = true
+		}
+		top = max(top, prio[i])
+	}
+	if !healthy || !bad {
+		return
+	}
+	for i, l := range locs {
+		if demoted(l.member) {
+			prio[i] += top + 1
+		}
+	}
+	compact(prio)
 }
 
 // endpointMetadata is the metadata of a member's endpoints: hub.cluster,

@@ -219,19 +219,51 @@ func TestMTLSClustersCarryIstioSNI(t *testing.T) {
 	}
 }
 
+// places is a fixed Places: members west (net-a) and east (net-b),
+// endpoints in region r1 zone z1 only.
+type places struct{}
+
+func (places) MemberNetwork(m string) string {
+	return map[string]string{"west": "net-a", "east": "net-b"}[m]
+}
+func (places) KnownNetwork(n string) bool  { return n == "net-a" || n == "net-b" }
+func (places) KnownMember(m string) bool   { return m == "west" || m == "east" }
+func (places) KnownLocality(r, z string) (string, string) {
+	if r != "r1" {
+		return feed.UnknownLocality, ""
+	}
+	if z != "z1" {
+		return r, feed.UnknownLocality
+	}
+	return r, z
+}
+
 // TestViewOfNetwork: NETWORK from the node, else the member's; a network
-// no member is on is OtherNetwork, whatever its name.
+// no member is on is OtherNetwork, whatever its name; a region, zone or
+// member nothing is in is not kept either.
 func TestViewOfNetwork(t *testing.T) {
-	known := func(n string) bool { return n == "net-a" || n == "net-b" }
-	node := func(nw string) *corev3.Node {
-		return &corev3.Node{Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"NETWORK": structpb.NewStringValue(nw)}}}
+	node := func(nw, region, zone string) *corev3.Node {
+		return &corev3.Node{Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"NETWORK": structpb.NewStringValue(nw)}},
+			Locality: &corev3.Locality{Region: region, Zone: zone}}
 	}
 	for _, tc := range []struct{ claimed, member, want string }{
-		{"net-b", "net-a", "net-b"}, {"", "net-a", "net-a"}, {"", "", ""},
-		{"made-up-1", "net-a", OtherNetwork}, {"made-up-2", "", OtherNetwork},
+		{"net-b", "west", "net-b"}, {"", "west", "net-a"}, {"", "", ""},
+		{"made-up-1", "west", OtherNetwork}, {"made-up-2", "", OtherNetwork},
 	} {
-		if got := ViewOf(node(tc.claimed), MTLSStrict, tc.member, known).Network; got != tc.want {
-			t.Errorf("NETWORK %q, member on %q: network %q; want %q", tc.claimed, tc.member, got, tc.want)
+		if got := ViewOf(node(tc.claimed, "", ""), MTLSStrict, tc.member, places{}).Network; got != tc.want {
+			t.Errorf("NETWORK %q, member %q: network %q; want %q", tc.claimed, tc.member, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		region, zone, member string
+		want                 Locality
+	}{
+		{"r1", "z1", "west", Locality{"r1", "z1", "west"}},
+		{"r1", "z7", "east", Locality{"r1", feed.UnknownLocality, "east"}},
+		{"made-up", "z1", "made-up", Locality{feed.UnknownLocality, "", ""}},
+	} {
+		if got := ViewOf(node("", tc.region, tc.zone), MTLSStrict, tc.member, places{}).Locality; got != tc.want {
+			t.Errorf("%s/%s of %s: locality %+v; want %+v", tc.region, tc.zone, tc.member, got, tc.want)
 		}
 	}
 }
