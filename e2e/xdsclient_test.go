@@ -181,6 +181,9 @@ type backend struct {
 	testgrpc.UnimplementedTestServiceServer
 	name string
 	addr *net.TCPAddr
+	// stop stops serving (its listener closes: calls are refused); it is
+	// also called when the test ends.
+	stop func()
 }
 
 func (b *backend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
@@ -202,10 +205,14 @@ func startBackend(t *testing.T, ip, name string) *backend {
 		defer close(done)
 		_ = srv.Serve(lis)
 	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
+	var once sync.Once
+	b.stop = func() {
+		once.Do(func() {
+			srv.Stop()
+			<-done
+		})
+	}
+	t.Cleanup(b.stop)
 	return b
 }
 
