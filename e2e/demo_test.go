@@ -114,13 +114,15 @@ func (d *demoRun) drainTraffic() {
 
 // TestDemo drives `hub demo` itself, as a newcomer runs it (the real
 // binary, its own three real clusters, its network namespace inside the
-// test's, real Chromium): its grpc-go clients' calls succeed over mTLS and
-// reach backends in at least two members; the dashboard shows three members
+// test's, real Chromium): its grpc-go clients' calls succeed over mTLS; the
+// dashboard shows three members
 // Ready and their workloads as connected proxies in the overview's
-// picture; freezing a member's API server (SIGSTOP) turns it Stale in the
-// picture without a reload while the calls keep
-// succeeding and keep reaching the members; on SIGTERM the demo exits 0
-// and leaves no network namespace, workload or API server behind.
+// picture; each client's calls stay in its own member (the demo's
+// DestinationRule); freezing a member's API server (SIGSTOP) turns it
+// Stale in the picture without a reload and moves its client's calls to
+// the other members (demoted) while every call keeps succeeding; on
+// SIGTERM the demo exits 0 and leaves no network namespace, workload or
+// API server behind.
 func TestDemo(t *testing.T) {
 	if os.Geteuid() != 0 {
 		msg := "the demo's workloads need root for their network namespace; run through `make test`"
@@ -136,18 +138,12 @@ func TestDemo(t *testing.T) {
 	dir := chromium.Artifacts(t)
 	d := startDemo(t)
 
-	// Traffic flows: every client's calls succeed over mTLS and reach
-	// backends in at least two members.
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		tr := d.nextTraffic(t, time.Until(deadline))
-		if err := trafficFlows(tr, 3, 2); err == nil {
-			t.Logf("traffic: %v", tr)
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no traffic line shows every client's calls succeeding: %v", err)
-		}
-	}
+	// Traffic flows: every client's calls succeed over mTLS, and stay in
+	// the client's own member (the demo's DestinationRule turns on
+	// locality failover).
+	waitTraffic(t, d, 3*time.Minute, "every client's calls succeeding in its own member", func(tr map[string]trafficOf) error {
+		return trafficStaysHome(tr, "")
+	})
 
 	adminURL := strings.TrimSuffix(d.bannerValue(t, "dashboard:"), "/")
 	token, _, _ := strings.Cut(d.bannerValue(t, "admin token:"), " ")
@@ -206,10 +202,14 @@ func TestDemo(t *testing.T) {
 		t.Errorf("the API says east is %q; want Stale", st)
 	}
 	chromium.Screenshot(t, bctx, dir, "02-overview-east-stale")
+	// East is demoted: its client moves to the next priority, the others
+	// stay home, and no call fails.
 	d.drainTraffic()
+	waitTraffic(t, d, time.Minute, "east's client moved off Stale east, the others at home", func(tr map[string]trafficOf) error {
+		return trafficStaysHome(tr, "east")
+	})
 	for range 5 {
-		tr := d.nextTraffic(t, time.Minute)
-		if err := trafficFlows(tr, 3, 2); err != nil {
+		if err := trafficStaysHome(d.nextTraffic(t, time.Minute), "east"); err != nil {
 			t.Fatalf("with east Stale: %v", err)
 		}
 	}
@@ -262,6 +262,43 @@ func waitSelector(t *testing.T, ctx context.Context, sel string, timeout time.Du
 
 // trafficFlows checks that a traffic line has wantClients clients whose
 // calls all succeeded over mTLS and reached at least minMembers members.
+// waitTraffic waits for a traffic line that ok accepts.
+func waitTraffic(t *testing.T, d *demoRun, timeout time.Duration, what string, ok func(map[string]trafficOf) error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		tr := d.nextTraffic(t, time.Until(deadline))
+		err := ok(tr)
+		if err == nil {
+			t.Logf("traffic, %s: %v", what, tr)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no traffic line shows %s: %v", what, err)
+		}
+	}
+}
+
+// trafficStaysHome checks a traffic line of the demo's three clients: all
+// calls succeed over mTLS; each client's calls all reach its own member
+// (client "<member>-1"), but for the demoted member's client, whose calls
+// reach none of its own member's backends and at least one other member.
+func trafficStaysHome(tr map[string]trafficOf, demoted string) error {
+	if err := trafficFlows(tr, 3, 1); err != nil {
+		return err
+	}
+	for name, c := range tr {
+		home := strings.TrimSuffix(name, "-1")
+		switch {
+		case home == demoted && (c.share[home] > 0 || len(c.reached()) == 0):
+			return fmt.Errorf("client %s of demoted %s reached %v; want only other members", name, home, c.share)
+		case home != demoted && c.share[home] != 100:
+			return fmt.Errorf("client %s reached %v; want only its own member %s", name, c.share, home)
+		}
+	}
+	return nil
+}
+
 func trafficFlows(tr map[string]trafficOf, wantClients, minMembers int) error {
 	if len(tr) != wantClients {
 		return fmt.Errorf("%d clients reported; want %d: %v", len(tr), wantClients, tr)

@@ -292,9 +292,10 @@ func demoWorkloads() []demoWorkload {
 }
 
 // setUpDemoClusters seeds every cluster, registers the members with remote
-// Secrets in the home cluster, and writes into work each cluster's
-// kubeconfig and each member's remote Secret (for re-registering it). It
-// returns a client per cluster.
+// Secrets in the home cluster, distributes echo's failover rule
+// (demoFailoverRule), and writes into work each cluster's kubeconfig and
+// each member's remote Secret (for re-registering it). It returns a client
+// per cluster.
 func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, work string) (map[string]kubernetes.Interface, error) {
 	clients := map[string]kubernetes.Interface{}
 	for _, dc := range demoClusters {
@@ -305,7 +306,7 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 		clients[dc.name] = c
 	}
 	homeClient := clients[demoClusters[0].name]
-	for _, ns := range []string{cfg.namespace, cfg.secretsNamespace} {
+	for _, ns := range []string{cfg.namespace, cfg.secretsNamespace, cfg.rootNamespace} {
 		if err := localcluster.EnsureNamespace(ctx, homeClient, ns); err != nil {
 			return nil, err
 		}
@@ -333,6 +334,10 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 		if err := os.WriteFile(filepath.Join(work, dc.name+"-remote-secret.yaml"), manifest, 0o600); err != nil {
 			return nil, err
 		}
+	}
+	host := fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix)
+	if err := applyDemoFailoverRule(ctx, env.Cluster(demoClusters[0].name).RESTConfig(), cfg.rootNamespace, host); err != nil {
+		return nil, err
 	}
 	return clients, nil
 }
@@ -392,14 +397,19 @@ hub demo is running (Ctrl-C stops everything)
 		fmt.Fprint(w, "\nThings to try (no workloads run: watch the dashboard's clusters and services):")
 	}
 	fmt.Fprintf(w, `
-  1. Freeze %[1]s's API server: on the dashboard %[1]s turns Stale within ~15 s, and the clients keep
-     calling its backends (a Stale member keeps serving its last endpoints):
+  The DestinationRule %[6]s/%[7]s (outlier detection: Istio's locality failover) keeps each
+  client's calls in its own member while that member is healthy.
+  1. Freeze %[1]s's API server: on the dashboard %[1]s turns Stale within ~15 s and is demoted: its
+     endpoints go behind the healthy members', so %[1]s's client moves to the next priority (the
+     others keep calling their own member); it comes back when %[1]s recovers:
        kill -STOP %[2]s        and later:   kill -CONT %[2]s
-  2. Remove member %[1]s: its endpoints are withdrawn and the clients' calls move to the others:
+  2. Remove member %[1]s: its endpoints are withdrawn and its client's calls move to the others:
        %[3]s -n %[4]s delete secret istio-remote-secret-%[1]s
   3. Register it again:
        %[3]s apply -f %[5]s
-`, demoPauseMember, pid, kubectl, cfg.secretsNamespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"))
+  4. Delete the rule: every client spreads its calls over all members (Istio's default):
+       %[3]s -n %[6]s delete destinationrule %[7]s
+`, demoPauseMember, pid, kubectl, cfg.secretsNamespace, filepath.Join(work, demoPauseMember+"-remote-secret.yaml"), cfg.rootNamespace, demoFailoverRule)
 	fmt.Fprintln(w)
 }
 

@@ -170,6 +170,17 @@ func writeAtomically(path string, data []byte) error {
 	return nil
 }
 
+// demoLocality is the bootstrap locality of a workload of member: its
+// member's node's region and zone, as istio-agent takes them from the node.
+func demoLocality(member string) map[string]any {
+	for _, dc := range demoClusters {
+		if dc.name == member {
+			return map[string]any{"region": dc.region, "zone": dc.zone}
+		}
+	}
+	return map[string]any{}
+}
+
 // writeDemoBootstrap writes the gRPC xDS bootstrap of a workload as
 // istio-agent writes it for proxyless gRPC (a file_watcher certificate
 // provider "default" on the files in dir, the inbound listener name
@@ -182,6 +193,7 @@ func writeDemoBootstrap(dir, xdsAddr, nodeID, member, namespace string, mtls boo
 		"node": map[string]any{
 			"id":       nodeID,
 			"metadata": map[string]any{"CLUSTER_ID": member, "NAMESPACE": namespace, "GENERATOR": "grpc"},
+			"locality": demoLocality(member),
 		},
 		"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s",
 	}
