@@ -171,3 +171,94 @@ func keys[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// TestRulesHaveDestinationRulesOfFederatedHosts: a DestinationRule naming
+// a federated host is not distributed, but Rules (what the hub's own xDS
+// reads) has it, its status says so, and its edits and deletion are
+// reported to OnChange.
+func TestRulesHaveDestinationRulesOfFederatedHosts(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home := e.Cluster("home")
+	dyn, kube := clients(t, home)
+	installCRDs(t, dyn, "DestinationRule")
+	ctx := context.Background()
+	allowed := testNamespace(t, kube, "root")
+	drGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"}
+	const drKind = "networking.istio.io/v1/DestinationRule"
+	var changes atomic.Int64
+	s := runSourceWith(t, home, Options{Recheck: 50 * time.Millisecond, Namespaces: []string{allowed},
+		Hosts: HostGuard{FederatedDomain: "clusterset.local", DomainSuffix: "cluster.local",
+			Federated: func(h string) bool { return h == "echo.demo.svc.cluster.local" }},
+		OnChange: func(kind string) {
+			if kind == drKind {
+				changes.Add(1)
+			}
+		}})
+	dr := func(host string, errors int64) map[string]any {
+		return map[string]any{"host": host, "trafficPolicy": map[string]any{"outlierDetection": map[string]any{"consecutive5xxErrors": errors}}}
+	}
+	drs := dyn.Resource(drGVR).Namespace(allowed)
+	if _, err := drs.Create(ctx, istioObject(drGVR, "DestinationRule", allowed, "external", true, dr("api.example.com", 1)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := drs.Create(ctx, istioObject(drGVR, "DestinationRule", allowed, "echo", true, dr("echo.demo.svc.cluster.local", 1)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rules := func() (map[string]int64, error) {
+		objs, ready := s.Rules(drKind)
+		if !ready {
+			return nil, fmt.Errorf("not ready")
+		}
+		out := map[string]int64{}
+		for _, o := range objs {
+			if o.Namespace == allowed {
+				out[o.Name] = int64(o.Spec.(*networking.DestinationRule).GetTrafficPolicy().GetOutlierDetection().GetConsecutive_5XxErrors().GetValue())
+			}
+		}
+		return out, nil
+	}
+	wait.Until(t, time.Minute, func() error {
+		distributed, err := objectsOf(s, drKind, allowed)
+		if err != nil {
+			return err
+		}
+		r, err := rules()
+		if err != nil {
+			return err
+		}
+		if _, ok := distributed["echo"]; ok || len(distributed) != 1 || len(r) != 2 {
+			return fmt.Errorf("distributed %v, rules %v; want external distributed, both in rules", keys(distributed), r)
+		}
+		return nil
+	})
+	for _, rej := range kindStatus(s.Status(), drKind).Rejected {
+		if rej.Object == allowed+"/echo" && !strings.Contains(rej.Message, "the hub's own xDS applies") {
+			t.Errorf("status of the held-back rule: %q", rej.Message)
+		}
+	}
+	before := changes.Load()
+	u, err := drs.Get(ctx, "echo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Object["spec"] = dr("echo.demo.svc.cluster.local", 7)
+	if _, err := drs.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, time.Minute, func() error {
+		if r, err := rules(); err != nil || r["echo"] != 7 || changes.Load() == before {
+			return fmt.Errorf("rules %v (%v), %d changes reported since the edit", r, err, changes.Load()-before)
+		}
+		return nil
+	})
+	before = changes.Load()
+	if err := drs.Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, time.Minute, func() error {
+		if r, err := rules(); err != nil || len(r) != 1 || changes.Load() == before {
+			return fmt.Errorf("rules %v (%v), %d changes reported since the deletion", r, err, changes.Load()-before)
+		}
+		return nil
+	})
+}
