@@ -16,10 +16,13 @@ import (
 // The overview's picture of the federation: the hub in the middle, the home
 // cluster and every member around it coloured by state, the xDS clients and
 // config subscribers of each member, and the trust domains on the side.
+// Members say their Istio network (coloured per network, with a legend of
+// the networks) and east-west gateways, and whether they are demoted.
 // It is laid out here and drawn by templates/picture.html twice: a wide
 // layout for desktops and a compact, stacked one for phones (CSS shows one).
 // Every name in it (cluster IDs, proxy IDs, trust domains, messages) is
-// untrusted and reaches the page only through html/template's escaping.
+// untrusted (network names and demotion reasons too) and reaches the page
+// only through html/template's escaping.
 
 // Limits that keep the picture legible with many members.
 const (
@@ -29,6 +32,8 @@ const (
 	maxTrustShown     = 8  // trust domains drawn
 	maxClientMarks    = 6  // a member's clients drawn one by one up to this many
 	wideCols          = 10 // members per row in dot mode
+	maxNetworksShown  = 12 // networks listed in the legend; the rest are counted
+	netPalette        = 6  // network colour classes, net-0 to net-5, reused in turn
 )
 
 // Kinds of xDS client, as the picture groups them.
@@ -228,6 +233,132 @@ type picMember struct {
 	Endpoints int
 	Message   string
 	Clients   clientGroup
+	Network   string // its Istio network, "" for none
+	NetLabel  string // Network, truncated for a card or a row
+	NetShort  string // Network, truncated for a dot
+	NetClass  string // its network's colour class, e.g. "net-2" ("" for none)
+	Gateways  int    // its accepted east-west gateways
+	Withheld  int    // its endpoints that proxies on other networks do not get
+	Demoted   string // why its endpoints are served behind the healthy members' ("" when they are not)
+}
+
+// NoGateway says the member is on a network but has no east-west gateway:
+// proxies on other networks get none of its endpoints.
+func (m picMember) NoGateway() bool { return m.Network != "" && m.Gateways == 0 }
+
+// Networking says the member has a network or a gateway to show.
+func (m picMember) Networking() bool { return m.Network != "" || m.Gateways > 0 }
+
+// GatewayText is the member's gateway count, e.g. "⇄ 2 gateways", with a
+// "!" when a member on a network has none.
+func (m picMember) GatewayText() string {
+	switch {
+	case m.NoGateway():
+		return "! no gateway"
+	case m.Gateways == 0:
+		return "no gateway"
+	}
+	return "⇄ " + plural(m.Gateways, "gateway", "gateways")
+}
+
+// GatewayMark is the member's gateway count for a dot, e.g. "⇄2".
+func (m picMember) GatewayMark() string { return fmt.Sprintf("⇄%d", m.Gateways) }
+
+// DemotedTitle is the tooltip of the member's demoted tag.
+func (m picMember) DemotedTitle() string { return "Demoted: " + truncateRunes(m.Demoted, 200) }
+
+// rank orders members for drawing when not all fit: the home cluster,
+// then members in trouble or demoted, then members whose endpoints other
+// networks do not get, then the rest.
+func (m picMember) rank() int {
+	switch {
+	case m.Home:
+		return 0
+	case m.Tone != toneOK || m.Demoted != "":
+		return 1
+	case m.NoGateway():
+		return 2
+	}
+	return 3
+}
+
+// networking says the member's network and gateways, e.g. "network
+// net-east, 1 east-west gateway".
+func (m picMember) networking() string {
+	s := "no network"
+	if m.Network != "" {
+		s = "network " + truncateRunes(m.Network, 120)
+	}
+	if m.Gateways == 0 {
+		s += ", no east-west gateway"
+	} else {
+		s += ", " + plural(m.Gateways, "east-west gateway", "east-west gateways")
+	}
+	if m.Withheld > 0 {
+		s += ", " + plural(m.Withheld, "endpoint", "endpoints") + " withheld from other networks"
+	}
+	return s
+}
+
+// picNetwork is one Istio network in the legend: the members on it.
+type picNetwork struct {
+	Name      string
+	Label     string // Name, truncated
+	Class     string // its colour class, e.g. "net-2"
+	Members   int
+	Gateways  int // its members' east-west gateways
+	NoGateway int // its members without a gateway
+}
+
+// Summary is the network's line in the legend, e.g. "2 members · 3 gateways".
+func (n picNetwork) Summary() string {
+	return plural(n.Members, "member", "members") + " · " + plural(n.Gateways, "gateway", "gateways")
+}
+
+// Title is the network's accessible summary.
+func (n picNetwork) Title() string {
+	s := fmt.Sprintf("Network %s: %s, %s", truncateRunes(n.Name, 120), plural(n.Members, "member", "members"),
+		plural(n.Gateways, "east-west gateway", "east-west gateways"))
+	if n.NoGateway > 0 {
+		s += fmt.Sprintf(" (%d without one: their endpoints are withheld from other networks)", n.NoGateway)
+	}
+	return s
+}
+
+// networks lists the members' networks sorted by name, and gives each
+// member its network's colour class: a network's colour is its place in
+// that list, so it stays put as long as the set of networks does.
+func networks(members []picMember) []picNetwork {
+	byName := map[string]*picNetwork{}
+	for _, m := range members {
+		if m.Network == "" {
+			continue
+		}
+		n := byName[m.Network]
+		if n == nil {
+			n = &picNetwork{Name: m.Network, Label: truncateRunes(m.Network, 40)}
+			byName[m.Network] = n
+		}
+		n.Members++
+		n.Gateways += m.Gateways
+		if m.NoGateway() {
+			n.NoGateway++
+		}
+	}
+	out := make([]picNetwork, 0, len(byName))
+	for _, n := range byName {
+		out = append(out, *n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	class := map[string]string{}
+	for i := range out {
+		out[i].Class = fmt.Sprintf("net-%d", i%netPalette)
+		class[out[i].Name] = out[i].Class
+	}
+	for i := range members {
+		members[i].NetClass = class[members[i].Network]
+	}
+	return out
 }
 
 // HubLine says how many clients the hub serves, e.g. "3 proxies · 1 istiod".
@@ -239,6 +370,12 @@ func (p picture) HubLine() string {
 func (m picMember) Title() string {
 	s := fmt.Sprintf("%s%s: %s, %s, %s; %s", m.ID, map[bool]string{true: " (home)"}[m.Home], m.State,
 		plural(m.Services, "service", "services"), plural(m.Endpoints, "endpoint", "endpoints"), m.Clients.Summary())
+	if m.Networking() {
+		s += "; " + m.networking()
+	}
+	if m.Demoted != "" {
+		s += "; demoted: " + truncateRunes(m.Demoted, 200)
+	}
 	if m.Message != "" {
 		s += ". " + truncateRunes(m.Message, 200)
 	}
@@ -295,9 +432,18 @@ type picture struct {
 	Istiods     int
 	Unassigned  clientGroup // clients of no known member
 
+	// Networks and demotion, in both layouts.
+	Networked      bool         // some member has a network or a gateway: every node says its own
+	Networks       []picNetwork // the legend's networks, by name
+	NetworksHidden int          // networks not in the legend
+	NoNetwork      int          // members on no network (when Networked)
+	Demoted        int          // demoted members
+
 	// Wide layout (viewBox 0 0 1000 WideH).
 	WideH       int
 	Cards       bool // members drawn as cards (few) or dots (many)
+	CardTop     int  // a card's top, relative to its centre
+	CardH       int  // a card's height
 	HubX, HubY  int
 	Spokes      []line
 	Wide        []wideNode
@@ -310,6 +456,7 @@ type picture struct {
 
 	// Compact layout (viewBox 0 0 400 CompactH).
 	CompactH      int
+	RowH          int // a member's row: 2 lines, 3 when networked
 	Rows          []compactRow
 	CompactHidden int
 	CMoreY        int // where the count of hidden members goes
@@ -332,6 +479,8 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 			ID: st.ID, Label: truncateRunes(st.ID, 16), Short: truncateRunes(st.ID, 10),
 			Home: st.Secret == "", State: string(st.State), Tone: t,
 			Services: st.Services, Endpoints: st.Endpoints, Message: st.Message,
+			Network: st.Network, NetLabel: truncateRunes(st.Network, 14), NetShort: truncateRunes(st.Network, 10),
+			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		})
 	}
 	// The home cluster first, then by ID: positions stay put as states change.
@@ -345,6 +494,7 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 		index[m.ID] = i
 	}
 	p := picture{Members: len(members)}
+	p.layoutNetworks(members)
 	sorted := append([]hub.ProxyStatus(nil), proxies...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].ID < sorted[j].ID })
 	for _, px := range sorted {
@@ -376,26 +526,41 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 	return p
 }
 
-// shown picks at most n members to draw, in their order: the home cluster
-// and members in trouble first, so that a problem is never among the hidden.
+// layoutNetworks sets the members' network colours, the legend of networks
+// and the counts of members on no network and demoted.
+func (p *picture) layoutNetworks(members []picMember) {
+	all := networks(members)
+	if len(all) > maxNetworksShown {
+		p.NetworksHidden = len(all) - maxNetworksShown
+		all = all[:maxNetworksShown]
+	}
+	p.Networks = all
+	for _, m := range members {
+		p.Networked = p.Networked || m.Networking()
+		if m.Network == "" {
+			p.NoNetwork++
+		}
+		if m.Demoted != "" {
+			p.Demoted++
+		}
+	}
+	if !p.Networked {
+		p.NoNetwork = 0
+	}
+}
+
+// shown picks at most n members to draw, in their order: the home cluster,
+// members in trouble or demoted, then members without the gateway their
+// network needs first, so that a problem is never among the hidden.
 func shown(members []picMember, n int) []picMember {
 	if len(members) <= n {
 		return members
-	}
-	rank := func(m picMember) int {
-		switch {
-		case m.Home:
-			return 0
-		case m.Tone != toneOK:
-			return 1
-		}
-		return 2
 	}
 	idx := make([]int, len(members))
 	for i := range idx {
 		idx[i] = i
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return rank(members[idx[a]]) < rank(members[idx[b]]) })
+	sort.SliceStable(idx, func(a, b int) bool { return members[idx[a]].rank() < members[idx[b]].rank() })
 	idx = idx[:n]
 	sort.Ints(idx)
 	out := make([]picMember, 0, n)
@@ -414,26 +579,37 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 	case len(drawn) == 0:
 		p.WideH, p.HubX, p.HubY = 200, 395, 70
 	case p.Cards:
-		// Cards on an ellipse around the hub, the home cluster at the top.
-		p.WideH, p.HubX, p.HubY = 530, 395, 265
-		const rx, ry = 290.0, 185.0
+		// Cards on an ellipse around the hub, the home cluster at the top;
+		// networked cards have two more lines (network, gateways).
+		p.WideH, p.HubX, p.HubY, p.CardTop, p.CardH = 530, 395, 265, -33, 66
+		ry := 185.0
+		if p.Networked {
+			p.WideH, p.HubY, p.CardTop, p.CardH, ry = 570, 285, -49, 98, 200
+		}
+		const rx = 290.0
 		for i, m := range drawn {
 			x, y := ellipse(p.HubX, p.HubY, rx, ry, i, len(drawn))
 			n := wideNode{picMember: m, X: x, Y: y}
-			// The clients sit on the card's outer side.
-			my := y + 33 + 16
+			// The clients sit on the card's outer side, clear of the
+			// demoted tag astride its top edge.
+			my := y + p.CardTop + p.CardH + 20
 			if y < p.HubY {
-				my = y - 33 - 16
+				my = y + p.CardTop - 20
 			}
 			n.Marks = m.Clients.marks(x, my)
 			p.Wide = append(p.Wide, n)
 			p.Spokes = append(p.Spokes, line{p.HubX, p.HubY, x, y, "spoke tone-" + m.Tone.Class})
 		}
 	default:
-		// Dots in rows of ten, half the rows above the hub and half below.
+		// Dots in rows of ten, half the rows above the hub and half below;
+		// networked dots have their network under their name.
 		rows := (len(drawn) + wideCols - 1) / wideCols
 		above := (rows + 1) / 2
-		const rowH, top = 74, 36
+		const top = 36
+		rowH, markY := 74, 46
+		if p.Networked {
+			rowH, markY = 92, 62
+		}
 		p.HubX = 395
 		p.HubY = top + above*rowH + 40
 		for i, m := range drawn {
@@ -445,7 +621,7 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 				y = p.HubY + 40 + 44 + (r-above)*rowH
 			}
 			n := wideNode{picMember: m, X: x, Y: y}
-			n.Marks = m.Clients.countMarks(x-m.Clients.countedWidth(28)/2, y+46, 28)
+			n.Marks = m.Clients.countMarks(x-m.Clients.countedWidth(28)/2, y+markY, 28)
 			p.Wide = append(p.Wide, n)
 			p.Spokes = append(p.Spokes, line{p.HubX, p.HubY, x, y, "spoke faint tone-" + m.Tone.Class})
 		}
@@ -471,6 +647,14 @@ func (p *picture) layoutWide(members []picMember, trusts []picTrust) {
 func (p *picture) layoutCompact(members []picMember, trusts []picTrust) {
 	drawn := shown(members, maxCompactMembers)
 	p.CompactHidden = len(members) - len(drawn)
+	p.RowH = 52
+	if p.Networked {
+		p.RowH = 70
+	}
+	step := p.RowH + 10
+	if p.Demoted > 0 {
+		step += 6 // room for the demoted tags astride the rows' top edges
+	}
 	y := 84 // below the hub
 	if p.Unassigned.Total() > 0 {
 		p.CUnassignedY = y
@@ -480,9 +664,9 @@ func (p *picture) layoutCompact(members []picMember, trusts []picTrust) {
 	for _, m := range drawn {
 		p.Rows = append(p.Rows, compactRow{picMember: m, Y: y,
 			Marks: m.Clients.countMarks(382-m.Clients.countedWidth(40), 21, 40)})
-		y += 62
+		y += step
 	}
-	p.TrunkY2 = y - 62 + 26
+	p.TrunkY2 = y - step + p.RowMid()
 	if len(drawn) == 0 {
 		p.TrunkY2 = 0
 	}
@@ -507,6 +691,14 @@ func (p *picture) layoutCompact(members []picMember, trusts []picTrust) {
 	p.CompactH = y + 8
 }
 
+// NoNetworkText is the legend's line for the members on no network.
+func (p picture) NoNetworkText() string {
+	return "no network: " + plural(p.NoNetwork, "member", "members")
+}
+
+// RowMid is the middle of a compact row, where its branch joins the trunk.
+func (p picture) RowMid() int { return p.RowH / 2 }
+
 // ellipse places the i-th of n points on an ellipse, the first at the top,
 // going clockwise.
 func ellipse(cx, cy int, rx, ry float64, i, n int) (int, int) {
@@ -526,17 +718,29 @@ func describe(members []picMember, p picture, trusts []picTrust) (string, string
 		states = append(states, fmt.Sprintf("%d %s", c.N, c.Key))
 	}
 	title := fmt.Sprintf("Federation: %s", plural(len(members), "member", "members"))
+	if nets := len(p.Networks) + p.NetworksHidden; nets > 0 {
+		title += " on " + plural(nets, "network", "networks")
+		if p.NoNetwork > 0 {
+			title += fmt.Sprintf(", %d on none", p.NoNetwork)
+		}
+	}
 	if len(states) > 0 {
 		title += " (" + strings.Join(states, ", ") + ")"
 	}
 	title += fmt.Sprintf(", %s, %s connected to the hub", plural(p.Proxies, "proxy", "proxies"), plural(p.Istiods, "istiod", "istiods"))
 	var b strings.Builder
-	for i, m := range members {
-		if i == maxWideMembers {
-			fmt.Fprintf(&b, " And %d more members.", len(members)-i)
-			break
-		}
+	drawn := shown(members, maxWideMembers)
+	for _, m := range drawn {
 		fmt.Fprintf(&b, "%s. ", m.Title())
+	}
+	if n := len(members) - len(drawn); n > 0 {
+		fmt.Fprintf(&b, "And %s. ", plural(n, "more member", "more members"))
+	}
+	for _, n := range p.Networks {
+		fmt.Fprintf(&b, "%s. ", n.Title())
+	}
+	if p.NetworksHidden > 0 {
+		fmt.Fprintf(&b, "And %s. ", plural(p.NetworksHidden, "more network", "more networks"))
 	}
 	if p.Unassigned.Total() > 0 {
 		fmt.Fprintf(&b, "Not tied to a member: %s. ", p.Unassigned.Summary())

@@ -99,3 +99,41 @@ func federation(n int) *pictureModels {
 	}
 	return m
 }
+
+// setNetworks puts the federation on Istio networks: the home cluster on
+// net-central with a gateway, the members on net-west, net-east and
+// net-central in turn with a gateway each, except every fifth from the
+// third (north), which has none (its endpoints are withheld from other
+// networks), and every ninth from the fifth, which is on no network.
+func (m *pictureModels) setNetworks() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	names := []string{"net-west", "net-east", "net-central"}
+	gw := []clusters.Gateway{{Address: "192.0.2.10", Port: clusters.DefaultGatewayPort, Source: "service istio-system/istio-eastwestgateway"}}
+	for i := range m.members {
+		st := &m.members[i]
+		st.Network, st.Gateways, st.CrossNetworkWithheld = "net-central", gw, 0
+		if i == 0 {
+			continue
+		}
+		switch j := i - 1; {
+		case j%9 == 4:
+			st.Network, st.Gateways = "", nil
+		case j%5 == 2:
+			st.Network, st.Gateways, st.CrossNetworkWithheld = names[j%3], nil, st.Endpoints
+		default:
+			st.Network = names[j%3]
+		}
+	}
+}
+
+// demote marks one member demoted, or no longer demoted with reason "".
+func (m *pictureModels) demote(id, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.members {
+		if m.members[i].ID == id {
+			m.members[i].Demoted = reason
+		}
+	}
+}
