@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -114,7 +115,9 @@ func (d *demoRun) drainTraffic() {
 
 // TestDemo drives `hub demo` itself, as a newcomer runs it (the real
 // binary, its own three real clusters, its network namespace inside the
-// test's, real Chromium): its grpc-go clients' calls succeed over mTLS; the
+// test's, real Chromium): its grpc-go clients' calls succeed over mTLS;
+// east is on a network of its own (a network namespace the others reach
+// only through its east-west gateway, and the other way round); the
 // dashboard shows three members
 // Ready and their workloads as connected proxies in the overview's
 // picture; each client's calls stay in its own member (the demo's
@@ -153,6 +156,16 @@ func TestDemo(t *testing.T) {
 		for _, id := range []string{"primary", "west", "east"} {
 			if cl[id].State != "Ready" {
 				return fmt.Errorf("member %s is %q; want Ready (%+v)", id, cl[id].State, cl)
+			}
+		}
+		return nil
+	})
+	// Two networks: east alone on net-east, each with its gateway.
+	eventually(t, 60*time.Second, func() error {
+		cl := h.clusters(t)
+		for id, nw := range map[string]string{"primary": "net-main", "west": "net-main", "east": "net-east"} {
+			if c := cl[id]; c.Network != nw || len(c.Gateways) != 1 {
+				return fmt.Errorf("member %s: network %q, gateways %v; want %s and its gateway", id, c.Network, c.Gateways, nw)
 			}
 		}
 		return nil
@@ -202,8 +215,9 @@ func TestDemo(t *testing.T) {
 		t.Errorf("the API says east is %q; want Stale", st)
 	}
 	chromium.Screenshot(t, bctx, dir, "02-overview-east-stale")
-	// East is demoted: its client moves to the next priority, the others
-	// stay home, and no call fails.
+	// East is demoted: its client moves to the next priority, the members
+	// of the other network, which its namespace reaches only through
+	// net-main's east-west gateway; the others stay home; no call fails.
 	d.drainTraffic()
 	waitTraffic(t, d, time.Minute, "east's client moved off Stale east, the others at home", func(tr map[string]trafficOf) error {
 		return trafficStaysHome(tr, "east")
@@ -266,17 +280,15 @@ func waitSelector(t *testing.T, ctx context.Context, sel string, timeout time.Du
 func waitTraffic(t *testing.T, d *demoRun, timeout time.Duration, what string, ok func(map[string]trafficOf) error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for {
-		tr := d.nextTraffic(t, time.Until(deadline))
-		err := ok(tr)
-		if err == nil {
+	err := errors.New("no traffic line yet")
+	for time.Now().Before(deadline) {
+		tr := d.nextTraffic(t, time.Until(deadline)+10*time.Second)
+		if err = ok(tr); err == nil {
 			t.Logf("traffic, %s: %v", what, tr)
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no traffic line shows %s: %v", what, err)
-		}
 	}
+	t.Fatalf("no traffic line within %s shows %s; the last: %v", timeout, what, err)
 }
 
 // trafficStaysHome checks a traffic line of the demo's three clients: all

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,28 +10,25 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
+
+	"github.com/hubmesh/hub/internal/ewgateway"
 )
 
-// The east-west gateway stand-in (role "ewgateway"): Envoy is not available
-// here, so this small TCP passthrough plays Istio's east-west gateway
-// (Gateway cross-network-gateway, port 15443, TLS AUTO_PASSTHROUGH). It
-// reads the TLS ClientHello's server name without terminating TLS, looks it
-// up in its routes (what istiod's SNI-DNAT clusters outbound_.<port>_._.<host>
-// are on a real gateway), dials that backend in its own network and copies
-// bytes both ways, the ClientHello included: mTLS stays end to end, the
-// gateway never holds a key. Its stdout: "listening <addr>", then
-// "route <sni> <backend>" per connection, or "refused <sni>: <why>".
+// The east-west gateway stand-in (role "ewgateway"; package ewgateway:
+// Envoy is not available here) listens on gatewayListenEnv and routes by
+// SNI to the backends of gatewayRoutesEnv, without terminating TLS. Its
+// stdout: "listening <addr>", then "route <sni> <backend>" per connection,
+// or "refused <sni>: <why>".
 const (
 	gatewayListenEnv = "HUB_E2E_GATEWAY_LISTEN" // ip:port
 	gatewayRoutesEnv = "HUB_E2E_GATEWAY_ROUTES" // <sni>=<ip:port>,...
 )
 
 func runEWGateway() {
-	routes := map[string]string{}
+	routes := map[string][]string{}
 	for r := range strings.SplitSeq(os.Getenv(gatewayRoutesEnv), ",") {
 		if sni, addr, ok := strings.Cut(r, "="); ok {
-			routes[sni] = addr
+			routes[sni] = append(routes[sni], addr)
 		}
 	}
 	lis, err := net.Listen("tcp", os.Getenv(gatewayListenEnv))
@@ -48,81 +42,21 @@ func runEWGateway() {
 		os.Exit(0)
 	}()
 	var out sync.Mutex
-	for {
-		c, err := lis.Accept()
-		if err != nil {
-			os.Exit(1)
-		}
-		go func() {
-			defer c.Close()
-			sni, hello, err := peekServerName(c)
-			backend, ok := routes[sni]
-			if err != nil || !ok {
-				out.Lock()
-				fmt.Printf("refused %q: %v (known: %v)\n", sni, err, ok)
-				out.Unlock()
-				return
-			}
-			b, err := net.DialTimeout("tcp", backend, 5*time.Second)
-			if err != nil {
-				out.Lock()
-				fmt.Printf("refused %q: dialing %s: %v\n", sni, backend, err)
-				out.Unlock()
-				return
-			}
-			defer b.Close()
+	g := &ewgateway.Gateway{Routes: routes,
+		Routed: func(sni, backend string) {
 			out.Lock()
+			defer out.Unlock()
 			fmt.Printf("route %s %s\n", sni, backend)
-			out.Unlock()
-			if _, err := b.Write(hello); err != nil {
-				return
-			}
-			done := make(chan struct{}, 2)
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
-				}
-				done <- struct{}{}
-			}
-			go pipe(b, c)
-			go pipe(c, b)
-			<-done
-			<-done
-		}()
-	}
-}
-
-// peekServerName reads a TLS ClientHello from c and returns its server
-// name and the bytes read (to be replayed to the backend). It lets
-// crypto/tls parse the hello and stops the handshake there.
-func peekServerName(c net.Conn) (string, []byte, error) {
-	var read bytes.Buffer
-	var sni string
-	errStop := errors.New("hello read")
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
-	err := tls.Server(recordingConn{Conn: c, r: io.TeeReader(c, &read)}, &tls.Config{
-		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-			sni = h.ServerName
-			return nil, errStop
 		},
-	}).HandshakeContext(context.Background())
-	if !errors.Is(err, errStop) && sni == "" {
-		return "", nil, fmt.Errorf("not a TLS ClientHello: %v", err)
+		Refused: func(sni string, err error) {
+			out.Lock()
+			defer out.Unlock()
+			fmt.Printf("refused %q: %s\n", sni, strings.ReplaceAll(err.Error(), "\n", " "))
+		},
 	}
-	return sni, read.Bytes(), nil
+	g.Serve(context.Background(), lis)
+	os.Exit(1)
 }
-
-// recordingConn reads through r and never writes (the handshake is
-// stopped before crypto/tls answers).
-type recordingConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c recordingConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
-func (c recordingConn) Write(p []byte) (int, error) { return len(p), nil }
 
 // netnsNetwork is a second network for a test: a network namespace whose
 // loopback carries workload addresses nothing outside can route to, joined

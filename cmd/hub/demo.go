@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,16 +33,32 @@ import (
 // scripted churn keeps the hub pushing (demo_churn.go), the clients' split
 // across members is printed once a second, and the demo prints what to try.
 
-// demoCluster is one cluster of the demo.
-type demoCluster struct{ name, region, zone, ipPrefix string }
+// demoCluster is one cluster of the demo, on one of its networks.
+type demoCluster struct{ name, region, zone, ipPrefix, network string }
 
 // demoClusters are the clusters `hub demo` starts; the first is home.
 // Backends of member n have addresses ipPrefix+"10", +"11", ...
 var demoClusters = []demoCluster{
-	{"primary", "eu-central", "eu-central-1a", "198.18.1."},
-	{"west", "us-west", "us-west-2b", "198.18.2."},
-	{"east", "us-east", "us-east-1c", "198.18.3."},
+	{"primary", "eu-central", "eu-central-1a", "198.18.1.", "net-main"},
+	{"west", "us-west", "us-west-2b", "198.18.2.", "net-main"},
+	{"east", "us-east", "us-east-1c", "198.18.3.", "net-east"},
 }
+
+// demoNetwork is one of the demo's Istio networks: its workloads run in a
+// network namespace of their own, and the other network reaches them only
+// through its east-west gateway (package ewgateway), on gatewayIP:15443
+// (the two namespaces' ends of the veth pair joining them).
+type demoNetwork struct{ name, gatewayIP string }
+
+// demoNetworks are the demo's networks; the first one's namespace also
+// holds the relay to the hub and the veth pair to the demo's own.
+var demoNetworks = []demoNetwork{
+	{"net-main", "198.19.253.1"},
+	{"net-east", "198.19.253.2"},
+}
+
+// demoGatewayPort is Istio's east-west gateway port.
+const demoGatewayPort = 15443
 
 // The member whose echo backends the churn scales, and the one the demo
 // suggests pausing.
@@ -62,12 +79,13 @@ func (o *demoOptions) register(fs *flag.FlagSet) {
 }
 
 // echoBackends are the echo backends of a cluster: one, and in the churned
-// member a second one that the churn adds and removes.
+// member a second one that the churn adds and removes. Each is a pod of
+// the mesh (seedDemoMeshPods), named as its workload.
 func echoBackends(dc demoCluster) []localcluster.Backend {
 	node := dc.name + "-node-1"
-	b := []localcluster.Backend{{IP: dc.ipPrefix + "10", Port: demoEchoPort, Node: node}}
+	b := []localcluster.Backend{{IP: dc.ipPrefix + "10", Port: demoEchoPort, Node: node, Pod: "echo-" + dc.name + "-1"}}
 	if dc.name == demoChurnMember {
-		b = append(b, localcluster.Backend{IP: dc.ipPrefix + "11", Port: demoEchoPort, Node: node})
+		b = append(b, localcluster.Backend{IP: dc.ipPrefix + "11", Port: demoEchoPort, Node: node, Pod: "echo-" + dc.name + "-2"})
 	}
 	return b
 }
@@ -134,27 +152,23 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	}
 	cfg.kubeconfig = filepath.Join(work, demoClusters[0].name+".kubeconfig")
 
-	var netns *demoNetns
+	var netns map[string]*demoNetns // by network
 	if opts.traffic {
 		if ok, why := canRunNetns(); !ok {
 			fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
 		} else {
-			var ips []string
-			for _, w := range demoWorkloads() {
-				if w.ip != "" {
-					ips = append(ips, w.ip)
-				}
-			}
 			// Root is not always enough (a container without
 			// CAP_NET_ADMIN, another demo holding the veth address): the
 			// demo then runs as without root, saying why.
-			if netns, err = newDemoNetns(ctx, ips); err != nil {
+			if netns, err = newDemoNetworks(ctx); err != nil {
 				netns = nil
-				fmt.Fprintf(os.Stderr, "no real traffic: creating the demo's network namespace: %v; the sample endpoints are made-up addresses\n", err)
+				fmt.Fprintf(os.Stderr, "no real traffic: creating the demo's network namespaces: %v; the sample endpoints are made-up addresses\n", err)
 			} else {
 				defer func() {
-					if err := netns.Close(); err != nil {
-						fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", netns.name, err)
+					for _, n := range netns {
+						if err := n.Close(); err != nil {
+							fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", n.name, err)
+						}
 					}
 				}()
 			}
@@ -221,7 +235,7 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 			err := runWorkloads(ctx, workloadsConfig{
 				netns: netns, workloads: demoWorkloads(), hubXDS: addrs["xds"], ca: ca, members: members,
 				dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
-				target: fmt.Sprintf("xds:///echo.%s.svc.%s:%d", demoNamespace, cfg.domainSuffix, demoEchoPort),
+				host: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
 			})
 			if err != nil {
 				fail("workloads", err)
@@ -241,7 +255,7 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	cancel()
 	parts.Wait()
 	if netns != nil {
-		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespace")
+		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespaces")
 	} else {
 		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
 	}
@@ -281,8 +295,8 @@ func demoPortsFree(cfg config) error {
 func demoWorkloads() []demoWorkload {
 	var ws []demoWorkload
 	for _, dc := range demoClusters {
-		for i, b := range echoBackends(dc) {
-			ws = append(ws, demoWorkload{role: "server", name: fmt.Sprintf("echo-%s-%d", dc.name, i+1), member: dc.name, ip: b.IP, sa: "echo"})
+		for _, b := range echoBackends(dc) {
+			ws = append(ws, demoWorkload{role: "server", name: b.Pod, member: dc.name, ip: b.IP, sa: "echo"})
 		}
 	}
 	for _, dc := range demoClusters {
@@ -323,6 +337,9 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 			continue
 		}
 		secret := localcluster.RemoteSecret(cfg.secretsNamespace, "istio-remote-secret-"+dc.name, map[string][]byte{dc.name: c.Kubeconfig()})
+		// The operator who registers the member confirms its network
+		// (else the hub would not use its gateways).
+		secret.Annotations = map[string]string{"hub.federation/network": dc.network}
 		if _, err := homeClient.CoreV1().Secrets(cfg.secretsNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 			return nil, fmt.Errorf("registering %s: %w", dc.name, err)
 		}
@@ -343,9 +360,10 @@ func setUpDemoClusters(ctx context.Context, env *localcluster.Env, cfg config, w
 }
 
 // seedDemo creates a node with topology labels, the demo namespace with the
-// workloads' ServiceAccounts, and two sample services: echo (in every
+// workloads' ServiceAccounts, two sample services: echo (in every
 // cluster, with the demo's backends) and a per-cluster one whose endpoint
-// is a made-up address.
+// is a made-up address, and the cluster's network and gateway
+// (seedDemoNetwork).
 func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error {
 	if err := localcluster.EnsureNamespace(ctx, c, demoNamespace); err != nil {
 		return err
@@ -360,6 +378,9 @@ func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error
 		return err
 	}
 	if err := localcluster.ApplyService(ctx, c, demoNamespace, "echo", "grpc", demoEchoPort, echoBackends(dc)); err != nil {
+		return err
+	}
+	if err := seedDemoNetwork(ctx, c, dc); err != nil {
 		return err
 	}
 	return localcluster.ApplyService(ctx, c, demoNamespace, dc.name+"-api", "http", 80,
@@ -386,8 +407,19 @@ hub demo is running (Ctrl-C stops everything)
 	for _, dc := range demoClusters {
 		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())
 	}
+	var nets []string
+	for _, nw := range demoNetworks {
+		var ms []string
+		for _, dc := range demoClusters {
+			if dc.network == nw.name {
+				ms = append(ms, dc.name)
+			}
+		}
+		nets = append(nets, fmt.Sprintf("%s (%s; gateway %s:%d)", nw.name, strings.Join(ms, ", "), nw.gatewayIP, demoGatewayPort))
+	}
+	fmt.Fprintf(w, "  networks:           %s\n", strings.Join(nets, "; "))
 	if traffic {
-		fmt.Fprintf(w, "  workloads:          echo backends in every member and one xds:/// client per member (mTLS mode %s), logs in %s\n",
+		fmt.Fprintf(w, "  workloads:          echo backends in every member and one xds:/// client per member (mTLS mode %s), each network's in a network namespace of its own; logs in %s\n",
 			cfg.mtlsMode, filepath.Join(work, "workloads"))
 	}
 	pid := strconv.Itoa(env.Cluster(demoPauseMember).APIServerPID())
@@ -400,8 +432,9 @@ hub demo is running (Ctrl-C stops everything)
   The DestinationRule %[6]s/%[7]s (outlier detection: Istio's locality failover) keeps each
   client's calls in its own member while that member is healthy.
   1. Freeze %[1]s's API server: on the dashboard %[1]s turns Stale within ~15 s and is demoted: its
-     endpoints go behind the healthy members', so %[1]s's client moves to the next priority (the
-     others keep calling their own member); it comes back when %[1]s recovers:
+     endpoints go behind the healthy members', so %[1]s's client moves to the next priority, the
+     members of the other network, through that network's east-west gateway (the others keep
+     calling their own member); it comes back when %[1]s recovers:
        kill -STOP %[2]s        and later:   kill -CONT %[2]s
   2. Remove member %[1]s: its endpoints are withdrawn and its client's calls move to the others:
        %[3]s -n %[4]s delete secret istio-remote-secret-%[1]s

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hubmesh/hub/internal/tcpproxy"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,7 +34,8 @@ import (
 // 198.19.254.1 via this host would reach the hub's xDS port). The demo
 // touches only the namespace and the veth pair it created.
 const (
-	// demoNetnsPrefix names the demo's namespaces: hub-demo-<pid of the demo>.
+	// demoNetnsPrefix names the demo's namespaces: hub-demo-<pid of the
+	// demo>, and hub-demo-<pid>-<network> for its other networks'.
 	demoNetnsPrefix = "hub-demo-"
 	// demoVethPrefix names the host side of the veth pair: hubdemo<pid>
 	// (at most 14 characters; interface names are limited to 15).
@@ -54,7 +55,7 @@ const demoVethPrefixLen = 30
 // demoNetns is the demo's network namespace and veth pair.
 type demoNetns struct {
 	name     string // the namespace, as `ip netns` knows it
-	hostLink string // host side of the veth pair; the other side is eth0 in the namespace
+	hostLink string // host side of the veth pair (the other side is eth0 in the namespace); "" for another network's
 
 	closed    chan struct{} // closed by Close; see do
 	closeOnce sync.Once
@@ -196,7 +197,7 @@ func (n *demoNetns) Close() error {
 	var errs []error
 	// Deleting one end deletes both; the namespace itself goes away
 	// asynchronously in the kernel, so its veth is not left to it.
-	if linkExists(n.hostLink) {
+	if n.hostLink != "" && linkExists(n.hostLink) {
 		errs = append(errs, ipCmd(ctx, "link", "del", n.hostLink))
 	}
 	errs = append(errs, ipCmd(ctx, "netns", "del", n.name))
@@ -213,15 +214,19 @@ func removeStaleDemoNetns(ctx context.Context) {
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-		pidText, ok := strings.CutPrefix(name, demoNetnsPrefix)
+		rest, ok := strings.CutPrefix(name, demoNetnsPrefix)
 		if !ok {
 			continue
 		}
+		pidText, network, _ := strings.Cut(rest, "-") // hub-demo-<pid>[-<network>]
 		pid, err := strconv.Atoi(pidText)
 		if err != nil || pid <= 0 || pid == os.Getpid() || processAlive(pid) {
 			continue
 		}
 		stale := demoNetnsOf(pid)
+		if network != "" { // another network's: no veth pair to the host
+			stale = &demoNetns{name: name, closed: make(chan struct{})}
+		}
 		if err := stale.Close(); err != nil {
 			fmt.Fprintf(os.Stderr, "removing the network namespace %s of an earlier demo: %v\n", name, err)
 		} else {
@@ -277,68 +282,12 @@ func ipCmd(ctx context.Context, args ...string) error {
 // all its goroutines have ended. The workloads in the namespace reach the
 // hub's xDS port on loopback through it (lis from demoNetns.Listen).
 func relay(ctx context.Context, lis net.Listener, target string) {
-	var (
-		mu    sync.Mutex
-		open  = map[net.Conn]struct{}{}
-		conns sync.WaitGroup
-	)
-	track := func(c net.Conn) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if ctx.Err() != nil {
-			c.Close()
-			return false
-		}
-		open[c] = struct{}{}
-		return true
-	}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		lis.Close()
-		mu.Lock()
-		for c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	for {
-		in, err := lis.Accept()
+	tcpproxy.Serve(ctx, lis, func(ctx context.Context, _ net.Conn) net.Conn {
+		var d net.Dialer
+		out, err := d.DialContext(ctx, "tcp", target)
 		if err != nil {
-			break
+			return nil
 		}
-		conns.Go(func() {
-			var d net.Dialer
-			out, err := d.DialContext(ctx, "tcp", target)
-			if err != nil {
-				in.Close()
-				return
-			}
-			if !track(in) || !track(out) {
-				in.Close()
-				out.Close()
-				return
-			}
-			var pipes sync.WaitGroup
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				// Half-close so the other direction can finish.
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
-				}
-			}
-			pipes.Go(func() { pipe(out, in) })
-			pipes.Go(func() { pipe(in, out) })
-			pipes.Wait()
-			mu.Lock()
-			delete(open, in)
-			delete(open, out)
-			mu.Unlock()
-			in.Close()
-			out.Close()
-		})
-	}
-	<-stopped
-	conns.Wait()
+		return out
+	})
 }

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/internal/ewgateway"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -40,13 +42,13 @@ const (
 
 // workloadsConfig is what runWorkloads needs.
 type workloadsConfig struct {
-	netns     *demoNetns
+	netns     map[string]*demoNetns // by network (demoNetworks)
 	workloads []demoWorkload
 	hubXDS    string  // the hub's plaintext xDS address (on loopback)
 	ca        *demoCA // nil: plaintext workloads
 	members   map[string]kubernetes.Interface
 	dir       string    // where certificates, bootstraps and logs go
-	target    string    // the clients' xds:/// target
+	host      string    // the echo Service's hostname, which the clients call
 	memberIDs []string  // members in display order, for the traffic view
 	out       io.Writer // the traffic view's lines
 }
@@ -65,14 +67,28 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	defer parts.Wait()
 	defer cancel()
 
-	// The relay listens on the namespace's own loopback: reachable from the
-	// workloads alone (see demo_netns.go).
-	lis, err := cfg.netns.Listen("127.0.0.1:0")
-	if err != nil {
-		return err
+	// In each network's namespace: the relay, on the namespace's own
+	// loopback (reachable from its workloads alone, see demo_netns.go),
+	// and the network's east-west gateway (demo_networks.go).
+	xdsAddrs := map[string]string{}
+	for _, nw := range demoNetworks {
+		netns := cfg.netns[nw.name]
+		lis, err := netns.Listen("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
+		xdsAddrs[nw.name] = lis.Addr().String()
+		gw, err := demoGateway(cfg, nw)
+		if err != nil {
+			return err
+		}
+		gwLis, err := netns.Listen(net.JoinHostPort(nw.gatewayIP, strconv.Itoa(demoGatewayPort)))
+		if err != nil {
+			return err
+		}
+		parts.Go(func() { gw.Serve(ctx, gwLis) })
 	}
-	parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
-	xdsAddr := lis.Addr().String()
 
 	var clients []string
 	for _, w := range cfg.workloads {
@@ -115,7 +131,8 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 			nodeIP = w.ip
 		}
 		nodeID := fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", nodeIP, w.name, demoNamespace, demoNamespace)
-		bootstrap, err := writeDemoBootstrap(dir, xdsAddr, nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
+		network := demoNetworkOf(w.member).name
+		bootstrap, err := writeDemoBootstrap(dir, xdsAddrs[network], nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
 		if err != nil {
 			return err
 		}
@@ -123,9 +140,10 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		if w.role == "server" {
 			env = append(env, demoListenEnv+"="+net.JoinHostPort(w.ip, strconv.Itoa(demoEchoPort)), demoMemberEnv+"="+w.member)
 		} else {
-			env = append(env, demoTargetEnv+"="+cfg.target, demoRateEnv+"="+strconv.Itoa(demoClientRate))
+			env = append(env, demoTargetEnv+"="+fmt.Sprintf("xds:///%s:%d", cfg.host, demoEchoPort), demoRateEnv+"="+strconv.Itoa(demoClientRate),
+				"GRPC_EXPERIMENTAL_XDS_SNI=true") // Istio's SNI, on which the gateways route (gRFC A101)
 		}
-		c, err := startDemoChild(cfg.netns, w.name, filepath.Join(dir, w.role+".log"), env, w.role == "client")
+		c, err := startDemoChild(cfg.netns[network], w.name, filepath.Join(dir, w.role+".log"), env, w.role == "client")
 		if err != nil {
 			return err
 		}
@@ -137,6 +155,26 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	parts.Go(func() { view.run(ctx, cfg.out) })
 	<-ctx.Done()
 	return nil
+}
+
+// demoGateway is a network's east-west gateway: Istio's SNI of the echo
+// Service routes to the backends of the network's members, dialled from
+// inside its namespace. It logs nothing: a refused connection shows as the
+// calling client's error.
+func demoGateway(cfg workloadsConfig, nw demoNetwork) (*ewgateway.Gateway, error) {
+	sni := xdsgen.SNI(cfg.host, demoEchoPort)
+	if sni == "" {
+		return nil, fmt.Errorf("the echo Service's hostname %q is too long for a server name", cfg.host)
+	}
+	var backends []string
+	for _, dc := range demoClusters {
+		if dc.network == nw.name {
+			for _, b := range echoBackends(dc) {
+				backends = append(backends, net.JoinHostPort(b.IP, strconv.Itoa(int(b.Port))))
+			}
+		}
+	}
+	return &ewgateway.Gateway{Routes: map[string][]string{sni: backends}, Dial: cfg.netns[nw.name].Dial}, nil
 }
 
 // issueWithRetry issues a workload's certificate, retrying for two minutes

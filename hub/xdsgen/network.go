@@ -6,6 +6,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -311,7 +312,89 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 			Priority:            prio[i],
 		})
 	}
+	cla.Endpoints = mergeDuplicates(cla.Endpoints)
 	return cla
+}
+
+// mergeDuplicates keeps each endpoint address once in an assignment, as
+// grpc-go requires (it NACKs an address listed twice, in any localities):
+// a network's gateway stands for the endpoints of every member on it, so
+// their localities list it each. An address stays in the locality of the
+// best priority listing it (the first such in order), with the weights of
+// its other listings added to its own and to that locality's; localities
+// left without endpoints are dropped.
+func mergeDuplicates(locs []*endpointv3.LocalityLbEndpoints) []*endpointv3.LocalityLbEndpoints {
+	type at struct{ loc, ep int }
+	order := make([]int, len(locs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return locs[order[a]].Priority < locs[order[b]].Priority })
+	first := map[string]at{}
+	var dup bool
+	drop := map[at]bool{}
+	for _, li := range order {
+		for ei, ep := range locs[li].LbEndpoints {
+			sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+			key := sa.GetAddress() + ":" + strconv.Itoa(int(sa.GetPortValue()))
+			if _, ok := first[key]; !ok {
+				first[key] = at{li, ei}
+				continue
+			}
+			dup = true
+			drop[at{li, ei}] = true
+		}
+	}
+	if !dup {
+		return locs
+	}
+	out := make([]*endpointv3.LocalityLbEndpoints, 0, len(locs))
+	kept := make(map[int]*endpointv3.LocalityLbEndpoints, len(locs))
+	for li, l := range locs {
+		c := &endpointv3.LocalityLbEndpoints{Locality: l.Locality, LoadBalancingWeight: wrapperspb.UInt32(l.GetLoadBalancingWeight().GetValue()), Priority: l.Priority}
+		for ei, ep := range l.LbEndpoints {
+			if !drop[at{li, ei}] {
+				c.LbEndpoints = append(c.LbEndpoints, proto.Clone(ep).(*endpointv3.LbEndpoint))
+			}
+		}
+		kept[li] = c
+	}
+	for a := range drop {
+		ep := locs[a.loc].LbEndpoints[a.ep]
+		sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+		f := first[sa.GetAddress()+":"+strconv.Itoa(int(sa.GetPortValue()))]
+		dst := kept[f.loc]
+		// The kept listing's index in dst: count the dropped ones before it.
+		idx := f.ep
+		for ei := range f.ep {
+			if drop[at{f.loc, ei}] {
+				idx--
+			}
+		}
+		w := ep.GetLoadBalancingWeight().GetValue()
+		dst.LbEndpoints[idx].LoadBalancingWeight = wrapperspb.UInt32(dst.LbEndpoints[idx].GetLoadBalancingWeight().GetValue() + w)
+		dst.LoadBalancingWeight = wrapperspb.UInt32(dst.GetLoadBalancingWeight().GetValue() + w)
+		src := kept[a.loc]
+		src.LoadBalancingWeight = wrapperspb.UInt32(src.GetLoadBalancingWeight().GetValue() - min(w, src.GetLoadBalancingWeight().GetValue()))
+	}
+	for li := range locs {
+		if c := kept[li]; len(c.LbEndpoints) > 0 {
+			if c.GetLoadBalancingWeight().GetValue() == 0 {
+				c.LoadBalancingWeight = wrapperspb.UInt32(1)
+			}
+			out = append(out, c)
+		}
+	}
+	// Priorities must stay 0..N without gaps.
+	prio := make([]uint32, len(out))
+	for i, l := range out {
+		prio[i] = l.Priority
+	}
+	compact(prio)
+	for i, l := range out {
+		l.Priority = prio[i]
+	}
+	return out
 }
 
 // demote moves the localities of demoted members behind every other one

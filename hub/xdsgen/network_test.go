@@ -226,8 +226,8 @@ type places struct{}
 func (places) MemberNetwork(m string) string {
 	return map[string]string{"west": "net-a", "east": "net-b"}[m]
 }
-func (places) KnownNetwork(n string) bool  { return n == "net-a" || n == "net-b" }
-func (places) KnownMember(m string) bool   { return m == "west" || m == "east" }
+func (places) KnownNetwork(n string) bool { return n == "net-a" || n == "net-b" }
+func (places) KnownMember(m string) bool  { return m == "west" || m == "east" }
 func (places) KnownLocality(r, z string) (string, string) {
 	if r != "r1" {
 		return feed.UnknownLocality, ""
@@ -265,5 +265,33 @@ func TestViewOfNetwork(t *testing.T) {
 		if got := ViewOf(node("", tc.region, tc.zone), MTLSStrict, tc.member, places{}).Locality; got != tc.want {
 			t.Errorf("%s/%s of %s: locality %+v; want %+v", tc.region, tc.zone, tc.member, got, tc.want)
 		}
+	}
+}
+
+// TestSharedGatewayListedOnce: two members on one network share its
+// gateway; a client on another network gets the gateway once (grpc-go
+// NACKs an address listed twice), in the better-placed locality, weighted
+// by every endpoint it stands for.
+func TestSharedGatewayListedOnce(t *testing.T) {
+	x := networkIndex()
+	port := []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}}
+	x.ReplaceCluster("east2", []*clusters.Service{
+		{Namespace: "demo", Name: "echo", Network: "net-b", Ports: port, Endpoints: []clusters.Endpoint{
+			{Address: "10.3.0.1", Port: 8080, ServicePort: 7070, MTLS: true},
+			{Address: "10.3.0.2", Port: 8080, ServicePort: 7070, MTLS: true},
+			{Address: "10.3.0.3", Port: 8080, ServicePort: 7070, MTLS: true},
+		}},
+	})
+	g := New(x)
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	_, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	if got, want := shape(cla), "east/p0/w5: 203.0.113.10:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
+		t.Errorf("shared gateway:\n got %s\nwant %s", got, want)
+	}
+	x.MemberState("east", clusters.StateStale) // east2's listing is the better one now
+	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	if got, want := shape(cla), "east2/p0/w5: 203.0.113.10:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
+		t.Errorf("shared gateway, east demoted:\n got %s\nwant %s", got, want)
 	}
 }

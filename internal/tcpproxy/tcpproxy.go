@@ -1,0 +1,82 @@
+// Package tcpproxy joins accepted TCP connections to others, both ways,
+// until its context ends: the loop under the demo's relay to the hub and
+// the east-west gateway stand-in (package ewgateway).
+package tcpproxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+)
+
+// Serve accepts connections on lis until ctx is done and joins each to the
+// connection connect returns for it (nil: the connection is closed),
+// copying both ways with half-closes. When ctx is done it closes lis and
+// every open connection, and returns once all its goroutines have ended.
+func Serve(ctx context.Context, lis net.Listener, connect func(ctx context.Context, in net.Conn) net.Conn) {
+	var (
+		mu    sync.Mutex
+		open  = map[net.Conn]struct{}{}
+		conns sync.WaitGroup
+	)
+	// track adds c to the open connections (false, and c closed, once
+	// stopping); untrack removes and closes it.
+	track := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctx.Err() != nil {
+			c.Close()
+			return false
+		}
+		open[c] = struct{}{}
+		return true
+	}
+	untrack := func(c net.Conn) {
+		mu.Lock()
+		delete(open, c)
+		mu.Unlock()
+		c.Close()
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		lis.Close()
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	for {
+		in, err := lis.Accept()
+		if err != nil {
+			break
+		}
+		conns.Go(func() {
+			if !track(in) {
+				return
+			}
+			defer untrack(in)
+			out := connect(ctx, in)
+			if out == nil || !track(out) {
+				return
+			}
+			defer untrack(out)
+			var pipes sync.WaitGroup
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				// Half-close so the other direction can finish.
+				if tc, ok := dst.(*net.TCPConn); ok {
+					_ = tc.CloseWrite()
+				}
+			}
+			pipes.Go(func() { pipe(out, in) })
+			pipes.Go(func() { pipe(in, out) })
+			pipes.Wait()
+		})
+	}
+	<-stopped
+	conns.Wait()
+}
