@@ -127,6 +127,11 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("creating the remote secret: %w", err)
 	}
+	if cfg.LocalityFailover {
+		if err := applyFailoverRule(ctx, home); err != nil {
+			return nil, err
+		}
+	}
 
 	hubDir := filepath.Join(work, "hub-run")
 	if cfg.Peer != "" {

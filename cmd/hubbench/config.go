@@ -26,6 +26,10 @@ type Config struct {
 	// every endpoint's pod labelled for Istio mTLS, and every stream on its
 	// member's network: the hub splits EDS per network. 1: no networks.
 	Networks int `json:"networks,omitempty"`
+	// LocalityFailover distributes a DestinationRule with outlier
+	// detection for every service (Istio's locality failover: each
+	// stream's endpoint assignment is ranked for its member and zone).
+	LocalityFailover bool `json:"localityFailover,omitempty"`
 	// Streams is the number of ADS streams, each on its own connection; 0
 	// is the shape's default (2,000; 10 for the istiod shape).
 	Streams int `json:"streams"`
@@ -165,6 +169,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
 	fs.IntVar(&c.Networks, "networks", c.Networks, "Istio networks the members are spread over (member i on net-<i mod N>, each with an east-west gateway, every endpoint's pod mTLS; streams on their member's network; a write is timed at the streams of its member's network): 1 for none")
+	fs.BoolVar(&c.LocalityFailover, "locality-failover", c.LocalityFailover, "distribute a DestinationRule with outlier detection for every service (*.svc.cluster.local), so each stream's endpoint assignments are ranked for its member and zone (Istio's locality failover); streams carry their member's region and a zone")
 	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod)")
 	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards) or ca (istio-agents asking the hub's CA for certificates: --streams callers with RSA-2048 CSRs and real tokens for --ca-duration)")
 	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")

@@ -11,8 +11,12 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/istiod"
 	"github.com/hubmesh/hub/internal/istiomod"
 	"github.com/hubmesh/hub/internal/localcluster"
@@ -121,3 +125,35 @@ func istiodSyncProblem(ctx context.Context, h *hubProcess, want map[string]int) 
 
 // peerDir is where the peer's files go.
 func peerDir(work string) string { return filepath.Join(work, "istiod-run") }
+
+// applyFailoverRule installs Istio's CRDs in the home cluster and
+// distributes (from the root namespace, istio-system) a DestinationRule
+// with outlier detection for every service: Istio's locality failover.
+func applyFailoverRule(ctx context.Context, home *localcluster.Cluster) error {
+	if err := istiod.InstallCRDs(ctx, home.RESTConfig()); err != nil {
+		return err
+	}
+	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
+	if err != nil {
+		return err
+	}
+	if err := localcluster.EnsureNamespace(ctx, homeClient, "istio-system"); err != nil {
+		return err
+	}
+	dc, err := dynamic.NewForConfig(home.RESTConfig())
+	if err != nil {
+		return err
+	}
+	rule := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+		"metadata": map[string]any{"name": "hubbench-failover", "namespace": "istio-system", "labels": map[string]any{distribute.Label: "true"}},
+		"spec": map[string]any{"host": "*.svc.cluster.local", "trafficPolicy": map[string]any{
+			"outlierDetection": map[string]any{"consecutive5xxErrors": int64(3), "interval": "5s", "baseEjectionTime": "30s"},
+		}},
+	}}
+	gvr := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "destinationrules"}
+	if _, err := dc.Resource(gvr).Namespace("istio-system").Create(ctx, rule, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the failover DestinationRule: %w", err)
+	}
+	return nil
+}

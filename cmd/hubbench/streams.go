@@ -388,7 +388,8 @@ func (s *stream) node() *corev3.Node {
 	if s.f.shape == shapeGRPC {
 		md["GENERATOR"] = structpb.NewStringValue("grpc") // as Istio's agent writes it into a gRPC bootstrap
 	}
-	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: md}}
+	return &corev3.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: md},
+		Locality: &corev3.Locality{Region: "region-" + s.clusterID, Zone: zones[s.idx%len(zones)]}}
 }
 
 // nodeOnce returns the node for the stream's first request and nil after,

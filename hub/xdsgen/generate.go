@@ -104,6 +104,14 @@ type WildcardSetKey struct {
 	View    View
 }
 
+// maxVariants bounds the resources kept per hostname: its types, ports
+// and the variants clients' views make of them (networks, flavours, and
+// where a DestinationRule ranks localities, the clients' localities).
+const maxVariants = 1024
+
+// maxWildcardSets bounds the wildcard sets kept (one per type and view).
+const maxWildcardSets = 1024
+
 // maxInbound bounds the Generator's memo of inbound listeners.
 const maxInbound = 4096
 
@@ -188,7 +196,7 @@ func (g *Generator) All(typeURL string, v View) (WildcardSet, error) {
 		}
 	}
 	g.mu.Lock()
-	if g.allGen == gen {
+	if _, had := g.wildcard[key]; g.allGen == gen && (had || len(g.wildcard) < maxWildcardSets) {
 		g.wildcard[key] = set
 	}
 	g.mu.Unlock()
@@ -319,20 +327,27 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		return nil, nil
 	}
 	v = viewFor(typeURL, v)
+	// The rule, the cache and the host's stamp are read together: a rule
+	// replaced (SetDestinationRules, then Invalidate) after this is seen
+	// as an invalidation, and what is built here is not kept.
+	g.mu.Lock()
 	var lb localityLB
 	if typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType {
-		lb = g.localityLB(host, port)
+		if rule, ok := g.rules.lookup(host); ok {
+			lb = localityLBOf(rule.spec, port)
+		}
 	}
 	if !lb.applies() {
 		v.Locality = Locality{} // the client's locality changes nothing here
 	}
 	key := resourceKey{typeURL: typeURL, name: name, view: v}
-	g.mu.Lock()
+	variants := 0
 	if byName, ok := g.cache.Get(host); ok {
 		if r, ok := byName[key]; ok {
 			g.mu.Unlock()
 			return r, nil
 		}
+		variants = len(byName)
 	}
 	gen := g.genOf(host)
 	g.mu.Unlock()
@@ -375,7 +390,10 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		return nil, nil // absent names are not cached: clients choose them freely
 	}
 	g.mu.Lock()
-	if g.genOf(host) == gen { // else the index changed while we built: do not cache
+	// Not kept: when the index changed while we built, and past
+	// maxVariants per hostname (clients choose their member, network and
+	// locality: each their own variant is built, not kept).
+	if g.genOf(host) == gen && variants < maxVariants {
 		byName, ok := g.cache.Get(host)
 		if !ok {
 			byName = map[resourceKey]*Resource{}
@@ -398,7 +416,10 @@ func (g *Generator) SetDemoteUnhealthy(on bool) { g.keepUnhealthyFirst = !on }
 
 // ViewOf is the view of a client of member with node (see ViewOf).
 func (g *Generator) ViewOf(node *corev3.Node, member string) View {
-	return ViewOf(node, g.mtls, member, g.index)
+	g.mu.Lock()
+	rules := g.rules
+	g.mu.Unlock()
+	return viewOf(node, g.mtls, member, g.index, rules)
 }
 
 // SetDestinationRules replaces the DestinationRules the hub's xDS takes
@@ -424,18 +445,6 @@ func (g *Generator) SetDestinationRules(objs []distribute.Object) []string {
 		}
 	}
 	return changed
-}
-
-// localityLB is the locality load balancing of a host's port (none when
-// no rule applies).
-func (g *Generator) localityLB(host string, port int32) localityLB {
-	g.mu.Lock()
-	rule, ok := g.rules.lookup(host)
-	g.mu.Unlock()
-	if !ok {
-		return localityLB{}
-	}
-	return localityLBOf(rule.spec, port)
 }
 
 // hasRules reports whether any DestinationRule is read.

@@ -4,13 +4,16 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/hubmesh/hub/distribute"
+	"github.com/hubmesh/hub/hub/feed"
 )
 
 // Locality is where a client is, for locality load balancing: its node's
@@ -38,6 +41,10 @@ const DestinationRuleKind = "networking.istio.io/v1/DestinationRule"
 type destinationRules struct {
 	exact     map[string]ruleOf
 	wildcards []ruleOf // most specific first
+	// regions ("region") and zones ("region/zone") the rules' failover
+	// and distribute entries name as where clients come from: a client
+	// there keeps its locality even when no endpoint is there.
+	from map[string]bool
 }
 
 // ruleOf is one DestinationRule and the host it names, expanded.
@@ -49,7 +56,7 @@ type ruleOf struct {
 }
 
 func newDestinationRules(objs []distribute.Object, domainSuffix string) *destinationRules {
-	r := &destinationRules{exact: map[string]ruleOf{}}
+	r := &destinationRules{exact: map[string]ruleOf{}, from: map[string]bool{}}
 	older := func(a, b ruleOf) bool {
 		if a.created != b.created {
 			return a.created < b.created
@@ -66,6 +73,10 @@ func newDestinationRules(objs []distribute.Object, domainSuffix string) *destina
 			host = host + "." + o.Namespace + ".svc." + domainSuffix
 		}
 		rule := ruleOf{host: host, id: o.Namespace + "/" + o.Name + "@" + o.Version, spec: dr, created: o.CreationTimestamp.UnixNano()}
+		r.noteFrom(dr.GetTrafficPolicy().GetLoadBalancer().GetLocalityLbSetting())
+		for _, pl := range dr.GetTrafficPolicy().GetPortLevelSettings() {
+			r.noteFrom(pl.GetLoadBalancer().GetLocalityLbSetting())
+		}
 		if strings.HasPrefix(host, "*") {
 			r.wildcards = append(r.wildcards, rule)
 			continue
@@ -82,6 +93,39 @@ func newDestinationRules(objs []distribute.Object, domainSuffix string) *destina
 		return older(a, b)
 	})
 	return r
+}
+
+// noteFrom records the regions and zones a setting's entries name as
+// where clients come from.
+func (r *destinationRules) noteFrom(s *networking.LocalityLoadBalancerSetting) {
+	for _, f := range s.GetFailover() {
+		r.from[f.GetFrom()] = true
+	}
+	for _, d := range s.GetDistribute() {
+		parts := strings.Split(d.GetFrom(), "/")
+		if parts[0] != "*" {
+			r.from[parts[0]] = true
+			if len(parts) > 1 && parts[1] != "*" && parts[1] != "" {
+				r.from[parts[0]+"/"+parts[1]] = true
+			}
+		}
+	}
+}
+
+// knownLocality is places.KnownLocality, keeping also the regions and
+// zones the rules name as where clients come from.
+func (r *destinationRules) knownLocality(places Places, region, zone string) (string, string) {
+	kr, kz := places.KnownLocality(region, zone)
+	if r == nil {
+		return kr, kz
+	}
+	if kr != region && r.from[region] {
+		kr, kz = region, feed.UnknownLocality
+	}
+	if kr == region && kz != zone && r.from[region+"/"+zone] {
+		kz = zone
+	}
+	return kr, kz
 }
 
 // lookup returns the rule that applies to a host, if any.
@@ -109,8 +153,11 @@ func (r *destinationRules) empty() bool {
 // ApplyToCluster): the rule's localityLbSetting, else the mesh's default
 // (Istio's default mesh config: enabled, nothing else set); failover, that
 // the rule has outlier detection (priorities only then: without it a
-// client would never leave priority 0). A port's portLevelSettings
-// replace the rule-wide loadBalancer and outlierDetection.
+// client would never leave priority 0). The first portLevelSettings entry
+// of the port replaces the rule-wide policy whole (Istio's port-level
+// policies do not inherit: what they leave out is the default). A rule
+// whose values Istio would refuse (validOutlier, validDistribute) counts
+// as absent.
 type localityLB struct {
 	setting *networking.LocalityLoadBalancerSetting // nil: off
 	outlier *networking.OutlierDetection            // nil: none (no failover)
@@ -120,16 +167,18 @@ func localityLBOf(dr *networking.DestinationRule, port int32) localityLB {
 	tp := dr.GetTrafficPolicy()
 	lb, outlier := tp.GetLoadBalancer(), tp.GetOutlierDetection()
 	for _, pl := range tp.GetPortLevelSettings() {
-		if int32(pl.GetPort().GetNumber()) == port {
-			if pl.GetLoadBalancer() != nil {
-				lb = pl.GetLoadBalancer()
-			}
-			if pl.GetOutlierDetection() != nil {
-				outlier = pl.GetOutlierDetection()
-			}
+		if pl.GetPort() != nil && int32(pl.GetPort().GetNumber()) == port {
+			lb, outlier = pl.GetLoadBalancer(), pl.GetOutlierDetection()
+			break
 		}
 	}
+	if !validOutlier(outlier) {
+		return localityLB{}
+	}
 	setting := lb.GetLocalityLbSetting()
+	if !validDistribute(setting.GetDistribute()) {
+		return localityLB{}
+	}
 	switch {
 	case setting == nil:
 		setting = &networking.LocalityLoadBalancerSetting{} // the mesh default: enabled
@@ -137,6 +186,44 @@ func localityLBOf(dr *networking.DestinationRule, port int32) localityLB {
 		setting = nil
 	}
 	return localityLB{setting: setting, outlier: outlier}
+}
+
+// validOutlier reports whether outlier detection has the values Istio's
+// validation accepts (durations of at least 1 ms, percentages 0–100):
+// Envoy and grpc-go refuse a Cluster with others.
+func validOutlier(o *networking.OutlierDetection) bool {
+	if o == nil {
+		return true
+	}
+	for _, d := range []*durationpb.Duration{o.GetInterval(), o.GetBaseEjectionTime()} {
+		if d != nil && (d.CheckValid() != nil || d.AsDuration() < time.Millisecond) {
+			return false
+		}
+	}
+	return o.GetMaxEjectionPercent() >= 0 && o.GetMaxEjectionPercent() <= 100 &&
+		o.GetMinHealthPercent() >= 0 && o.GetMinHealthPercent() <= 100
+}
+
+// validDistribute reports whether distribute entries are as Istio's
+// validation accepts them: each with a from, and to weights of 1–100
+// summing to 100.
+func validDistribute(ds []*networking.LocalityLoadBalancerSetting_Distribute) bool {
+	for _, d := range ds {
+		if d.GetFrom() == "" {
+			return false
+		}
+		var sum uint32
+		for _, w := range d.GetTo() {
+			if w == 0 || w > 100 {
+				return false
+			}
+			sum += w
+		}
+		if sum != 100 {
+			return false
+		}
+	}
+	return true
 }
 
 // applies reports whether the client's locality changes anything: weights
@@ -188,6 +275,7 @@ func (l localityLB) applyToCluster(c *clusterv3.Cluster) {
 	}
 	if o.GetSplitExternalLocalOriginErrors() {
 		out.SplitExternalLocalOriginErrors = true
+		out.EnforcingLocalOriginSuccessRate = wrapperspb.UInt32(0)
 		if n := o.GetConsecutiveLocalOriginFailures(); n != nil {
 			out.ConsecutiveLocalOriginFailure, out.EnforcingConsecutiveLocalOriginFailure = wrapperspb.UInt32(n.GetValue()), enforce(n.GetValue())
 		}
@@ -230,7 +318,7 @@ func (p placed) topologyLabel(label string) (string, bool) {
 	case labelZone:
 		return p.zone, true
 	case labelSubzone:
-		return "", true // neither side's sub-zone is known to the hub
+		return p.member, true // the hub's sub-zone is the member
 	}
 	return "", false
 }
@@ -356,8 +444,10 @@ func distributeWeights(locs []placed, base []uint32, client Locality, rules []*n
 				}
 			}
 			for _, i := range mine {
-				if w := float64(base[i]*share) / float64(total); w > 0 {
+				if w := float64(base[i]) * float64(share) / float64(total); w > 0 {
 					weights[i] = uint32(math.Ceil(w))
+				} else {
+					weights[i] = base[i] // as istiod: a weight of 0 leaves the locality's own
 				}
 			}
 		}
@@ -369,7 +459,7 @@ func distributeWeights(locs []placed, base []uint32, client Locality, rules []*n
 // localityMatch is istiod's util.LocalityMatch: a rule "region/zone/sub-zone"
 // where "*" or a missing part matches anything (the region must be given).
 func localityMatch(region, zone, subzone, rule string) bool {
-	parts := strings.SplitN(rule, "/", 3)
+	parts := strings.Split(rule, "/")
 	for len(parts) < 3 {
 		parts = append(parts, "")
 	}
@@ -381,7 +471,7 @@ func localityMatch(region, zone, subzone, rule string) bool {
 // specificity counts the parts of a locality rule that are not wildcards.
 func specificity(rule string) int {
 	n := 0
-	for _, p := range strings.SplitN(rule, "/", 3) {
+	for _, p := range strings.Split(rule, "/") {
 		if p != "" && p != "*" {
 			n++
 		}

@@ -226,3 +226,49 @@ func TestDestinationRuleSelection(t *testing.T) {
 func nodeAt(region, zone string) *corev3.Node {
 	return &corev3.Node{Locality: &corev3.Locality{Region: region, Zone: zone}}
 }
+
+// TestLocalityReviewCases: port-level settings replace the rule's whole
+// policy; values Istio refuses make the rule count as absent; a
+// distribute that keeps only a demoted member leaves it at priority 0; a
+// client in a region no endpoint is in keeps it when a rule names it as a
+// failover source.
+func TestLocalityReviewCases(t *testing.T) {
+	outlier := &networking.OutlierDetection{Consecutive_5XxErrors: wrapperspb.UInt32(1)}
+	noInherit := &networking.DestinationRule{TrafficPolicy: &networking.TrafficPolicy{OutlierDetection: outlier,
+		PortLevelSettings: []*networking.TrafficPolicy_PortTrafficPolicy{{
+			Port: &networking.PortSelector{Number: 7070}, ConnectionPool: &networking.ConnectionPoolSettings{}}}}}
+	if localityLBOf(noInherit, 7070).applies() || !localityLBOf(noInherit, 8080).applies() {
+		t.Error("a port-level entry without outlier detection inherits the rule's")
+	}
+	bad := &networking.DestinationRule{TrafficPolicy: &networking.TrafficPolicy{
+		OutlierDetection: &networking.OutlierDetection{Interval: durationpb.New(-time.Second)}}}
+	if localityLBOf(bad, 80).applies() {
+		t.Error("an invalid interval applies")
+	}
+	badDistribute := &networking.DestinationRule{TrafficPolicy: &networking.TrafficPolicy{LoadBalancer: &networking.LoadBalancerSettings{
+		LocalityLbSetting: &networking.LocalityLoadBalancerSetting{Distribute: []*networking.LocalityLoadBalancerSetting_Distribute{
+			{From: "r1/*", To: map[string]uint32{"r1/*": 60}}}}}}}
+	if localityLBOf(badDistribute, 80).applies() {
+		t.Error("a distribute summing to 60 applies")
+	}
+
+	x := localityIndex()
+	g := New(x)
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	toWest := &networking.TrafficPolicy{LoadBalancer: &networking.LoadBalancerSettings{LocalityLbSetting: &networking.LocalityLoadBalancerSetting{
+		Distribute: []*networking.LocalityLoadBalancerSetting_Distribute{{From: "*", To: map[string]uint32{"r1/z1/west": 100}}},
+		Failover:   []*networking.LocalityLoadBalancerSetting_Failover{{From: "r3", To: "r1"}},
+	}}}
+	g.SetDestinationRules([]distribute.Object{drObject("istio-system", "to-west", "echo.demo.svc.cluster.local", toWest, 0)})
+	x.MemberState("west", clusters.StateStale)
+	_, cla := assignmentFor(t, g, echo, g.ViewOf(nodeAt("r1", "z1"), "east"))
+	if got, want := shape(cla), "west/p0/w100: 10.0.0.1:8080×1"; got != want {
+		t.Errorf("distribute to a demoted member alone:\n got %s\nwant %s", got, want)
+	}
+	if v := g.ViewOf(nodeAt("r3", "z9"), "east"); v.Locality.Region != "r3" {
+		t.Errorf("a client in r3, which a rule names: view %+v", v.Locality)
+	}
+	if v := g.ViewOf(nodeAt("r4", "z9"), "east"); v.Locality.Region != feed.UnknownLocality {
+		t.Errorf("a client in r4: view %+v", v.Locality)
+	}
+}

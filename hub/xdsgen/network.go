@@ -1,6 +1,7 @@
 package xdsgen
 
 import (
+	"math"
 	"sort"
 	"strconv"
 
@@ -44,6 +45,12 @@ type Places interface {
 // gets the same, so a client cannot make the hub build and keep a variant
 // per made-up name.
 func ViewOf(node *corev3.Node, mode MTLSMode, member string, places Places) View {
+	return viewOf(node, mode, member, places, nil)
+}
+
+// viewOf is ViewOf keeping also the localities rules name (see
+// destinationRules.knownLocality).
+func viewOf(node *corev3.Node, mode MTLSMode, member string, places Places, rules *destinationRules) View {
 	nw := node.GetMetadata().GetFields()["NETWORK"].GetStringValue()
 	if nw == "" {
 		nw = places.MemberNetwork(member)
@@ -54,7 +61,7 @@ func ViewOf(node *corev3.Node, mode MTLSMode, member string, places Places) View
 	if !places.KnownMember(member) {
 		member = ""
 	}
-	region, zone := places.KnownLocality(node.GetLocality().GetRegion(), node.GetLocality().GetZone())
+	region, zone := rules.knownLocality(places, node.GetLocality().GetRegion(), node.GetLocality().GetZone())
 	return View{Flavour: FlavourOf(node, mode), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}}
 }
 
@@ -313,86 +320,93 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		})
 	}
 	cla.Endpoints = mergeDuplicates(cla.Endpoints)
+	compactLocalities(cla.Endpoints) // a distribute or a merge may have left a gap
 	return cla
+}
+
+// compactLocalities renumbers the localities' priorities 0..N in order.
+func compactLocalities(locs []*endpointv3.LocalityLbEndpoints) {
+	prio := make([]uint32, len(locs))
+	for i, l := range locs {
+		prio[i] = l.Priority
+	}
+	compact(prio)
+	for i, l := range locs {
+		l.Priority = prio[i]
+	}
 }
 
 // mergeDuplicates keeps each endpoint address once in an assignment, as
 // grpc-go requires (it NACKs an address listed twice, in any localities):
 // a network's gateway stands for the endpoints of every member on it, so
 // their localities list it each. An address stays in the locality of the
-// best priority listing it (the first such in order), with the weights of
-// its other listings added to its own and to that locality's; localities
-// left without endpoints are dropped.
+// best priority listing it (the first such in order) with the weights of
+// its other listings added; a locality that gives up listings gives up the
+// same share of its weight (its listings' weight over all of theirs) to
+// the localities keeping them; localities left without endpoints are
+// dropped. Priorities are compacted by the caller.
 func mergeDuplicates(locs []*endpointv3.LocalityLbEndpoints) []*endpointv3.LocalityLbEndpoints {
 	type at struct{ loc, ep int }
+	addr := func(ep *endpointv3.LbEndpoint) string {
+		sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
+		return sa.GetAddress() + ":" + strconv.Itoa(int(sa.GetPortValue()))
+	}
 	order := make([]int, len(locs))
 	for i := range order {
 		order[i] = i
 	}
 	sort.SliceStable(order, func(a, b int) bool { return locs[order[a]].Priority < locs[order[b]].Priority })
 	first := map[string]at{}
-	var dup bool
-	drop := map[at]bool{}
+	moved := map[at]at{} // a dropped listing → the one kept
 	for _, li := range order {
 		for ei, ep := range locs[li].LbEndpoints {
-			sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-			key := sa.GetAddress() + ":" + strconv.Itoa(int(sa.GetPortValue()))
-			if _, ok := first[key]; !ok {
-				first[key] = at{li, ei}
-				continue
+			if f, ok := first[addr(ep)]; ok {
+				moved[at{li, ei}] = f
+			} else {
+				first[addr(ep)] = at{li, ei}
 			}
-			dup = true
-			drop[at{li, ei}] = true
 		}
 	}
-	if !dup {
+	if len(moved) == 0 {
 		return locs
 	}
-	out := make([]*endpointv3.LocalityLbEndpoints, 0, len(locs))
-	kept := make(map[int]*endpointv3.LocalityLbEndpoints, len(locs))
+	epWeight := make([]float64, len(locs)) // per locality: its listings' weights
+	locWeight := make([]float64, len(locs))
+	epAdd := map[at]float64{}
 	for li, l := range locs {
-		c := &endpointv3.LocalityLbEndpoints{Locality: l.Locality, LoadBalancingWeight: wrapperspb.UInt32(l.GetLoadBalancingWeight().GetValue()), Priority: l.Priority}
+		locWeight[li] = float64(l.GetLoadBalancingWeight().GetValue())
+		for _, ep := range l.LbEndpoints {
+			epWeight[li] += float64(ep.GetLoadBalancingWeight().GetValue())
+		}
+	}
+	locAdd := make([]float64, len(locs))
+	for from, to := range moved {
+		w := float64(locs[from.loc].LbEndpoints[from.ep].GetLoadBalancingWeight().GetValue())
+		epAdd[to] += w
+		if epWeight[from.loc] > 0 {
+			share := locWeight[from.loc] * w / epWeight[from.loc]
+			locAdd[from.loc] -= share
+			locAdd[to.loc] += share
+		}
+	}
+	out := make([]*endpointv3.LocalityLbEndpoints, 0, len(locs))
+	for li, l := range locs {
+		c := &endpointv3.LocalityLbEndpoints{Locality: l.Locality, Priority: l.Priority}
 		for ei, ep := range l.LbEndpoints {
-			if !drop[at{li, ei}] {
-				c.LbEndpoints = append(c.LbEndpoints, proto.Clone(ep).(*endpointv3.LbEndpoint))
+			if _, gone := moved[at{li, ei}]; gone {
+				continue
 			}
-		}
-		kept[li] = c
-	}
-	for a := range drop {
-		ep := locs[a.loc].LbEndpoints[a.ep]
-		sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-		f := first[sa.GetAddress()+":"+strconv.Itoa(int(sa.GetPortValue()))]
-		dst := kept[f.loc]
-		// The kept listing's index in dst: count the dropped ones before it.
-		idx := f.ep
-		for ei := range f.ep {
-			if drop[at{f.loc, ei}] {
-				idx--
+			if add := epAdd[at{li, ei}]; add > 0 {
+				ep = proto.Clone(ep).(*endpointv3.LbEndpoint)
+				ep.LoadBalancingWeight = wrapperspb.UInt32(ep.GetLoadBalancingWeight().GetValue() + uint32(math.Round(add)))
 			}
+			c.LbEndpoints = append(c.LbEndpoints, ep)
 		}
-		w := ep.GetLoadBalancingWeight().GetValue()
-		dst.LbEndpoints[idx].LoadBalancingWeight = wrapperspb.UInt32(dst.LbEndpoints[idx].GetLoadBalancingWeight().GetValue() + w)
-		dst.LoadBalancingWeight = wrapperspb.UInt32(dst.GetLoadBalancingWeight().GetValue() + w)
-		src := kept[a.loc]
-		src.LoadBalancingWeight = wrapperspb.UInt32(src.GetLoadBalancingWeight().GetValue() - min(w, src.GetLoadBalancingWeight().GetValue()))
-	}
-	for li := range locs {
-		if c := kept[li]; len(c.LbEndpoints) > 0 {
-			if c.GetLoadBalancingWeight().GetValue() == 0 {
-				c.LoadBalancingWeight = wrapperspb.UInt32(1)
-			}
-			out = append(out, c)
+		if len(c.LbEndpoints) == 0 {
+			continue
 		}
-	}
-	// Priorities must stay 0..N without gaps.
-	prio := make([]uint32, len(out))
-	for i, l := range out {
-		prio[i] = l.Priority
-	}
-	compact(prio)
-	for i, l := range out {
-		l.Priority = prio[i]
+		c.LoadBalancingWeight = wrapperspb.UInt32(uint32(max(1, math.Round(locWeight[li]+locAdd[li]))))
+		out = append(out, c)
 	}
 	return out
 }

@@ -288,10 +288,19 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 	if got, want := shape(cla), "east/p0/w5: 203.0.113.10:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("shared gateway:\n got %s\nwant %s", got, want)
 	}
+	// Two gateways each: every locality gives up its weight once.
+	x.ReplaceCluster("east", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-b", Ports: port,
+		Gateways: []clusters.Gateway{{Address: "203.0.113.10", Port: 15443}, {Address: "203.0.113.11", Port: 15443}},
+		Endpoints: []clusters.Endpoint{{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, MTLS: true}, {Address: "10.1.0.2", Port: 8080, ServicePort: 7070, MTLS: true}}}})
+	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	if got, want := shape(cla), "east/p0/w5: 203.0.113.10:15443×5[tls] 203.0.113.11:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
+		t.Errorf("two shared gateways:\n got %s\nwant %s", got, want)
+	}
 	x.MemberState("east", clusters.StateStale) // east2's listing is the better one now
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
-	if got, want := shape(cla), "east2/p0/w5: 203.0.113.10:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
+	if got, want := shape(cla), "east2/p0/w5: 203.0.113.10:15443×5[tls] 203.0.113.11:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("shared gateway, east demoted:\n got %s\nwant %s", got, want)
 	}
 }

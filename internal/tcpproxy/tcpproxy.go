@@ -13,8 +13,11 @@ import (
 // Serve accepts connections on lis until ctx is done and joins each to the
 // connection connect returns for it (nil: the connection is closed),
 // copying both ways with half-closes. When ctx is done it closes lis and
-// every open connection, and returns once all its goroutines have ended.
+// every open connection, and returns once all its goroutines have ended;
+// so it does when lis fails.
 func Serve(ctx context.Context, lis net.Listener, connect func(ctx context.Context, in net.Conn) net.Conn) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var (
 		mu    sync.Mutex
 		open  = map[net.Conn]struct{}{}
@@ -52,6 +55,7 @@ func Serve(ctx context.Context, lis net.Listener, connect func(ctx context.Conte
 	for {
 		in, err := lis.Accept()
 		if err != nil {
+			cancel() // the listener failed: stop as if ctx ended
 			break
 		}
 		conns.Go(func() {
@@ -68,8 +72,8 @@ func Serve(ctx context.Context, lis net.Listener, connect func(ctx context.Conte
 			pipe := func(dst, src net.Conn) {
 				_, _ = io.Copy(dst, src)
 				// Half-close so the other direction can finish.
-				if tc, ok := dst.(*net.TCPConn); ok {
-					_ = tc.CloseWrite()
+				if hc, ok := dst.(interface{ CloseWrite() error }); ok {
+					_ = hc.CloseWrite()
 				}
 			}
 			pipes.Go(func() { pipe(out, in) })
