@@ -290,7 +290,7 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 	}
 	// Two gateways each: every locality gives up its weight once.
 	x.ReplaceCluster("east", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-b", Ports: port,
-		Gateways: []clusters.Gateway{{Address: "203.0.113.10", Port: 15443}, {Address: "203.0.113.11", Port: 15443}},
+		Gateways:  []clusters.Gateway{{Address: "203.0.113.10", Port: 15443}, {Address: "203.0.113.11", Port: 15443}},
 		Endpoints: []clusters.Endpoint{{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, MTLS: true}, {Address: "10.1.0.2", Port: 8080, ServicePort: 7070, MTLS: true}}}})
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})

@@ -70,7 +70,10 @@ func TestServeJoinsAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	done2 := make(chan struct{})
-	go func() { defer close(done2); Serve(context.Background(), lis2, func(context.Context, net.Conn) net.Conn { return nil }) }()
+	go func() {
+		defer close(done2)
+		Serve(context.Background(), lis2, func(context.Context, net.Conn) net.Conn { return nil })
+	}()
 	lis2.Close() // the listener fails
 	select {
 	case <-done2:
