@@ -188,6 +188,12 @@ func TestDemo(t *testing.T) {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-state="Ready"]`, id), 60*time.Second)
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.proxies[data-cluster=%q][data-count="%d"][data-grpc="%d"]`, id, n, n), 60*time.Second)
 	}
+	// The picture draws the networks and their gateways.
+	for id, nw := range map[string]string{"primary": "net-main", "west": "net-main", "east": "net-east"} {
+		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-network=%q][data-gateways="1"]`, id, nw), 30*time.Second)
+	}
+	waitSelector(t, bctx, `ul.fed-networks li.network[data-network="net-east"][data-members="1"]`, 10*time.Second)
+	waitSelector(t, bctx, `ul.fed-networks li.network[data-network="net-main"][data-members="2"]`, 10*time.Second)
 	chromium.Screenshot(t, bctx, dir, "01-overview-traffic")
 
 	// Freeze east's API server: east turns Stale on the overview without
@@ -209,6 +215,7 @@ func TestDemo(t *testing.T) {
 	}
 	t.Cleanup(resume)
 	waitSelector(t, bctx, `svg#federation g.member[data-cluster="east"][data-state="Stale"]`, 90*time.Second)
+	waitSelector(t, bctx, `svg#federation g.member[data-cluster="east"][data-demoted="true"]`, 30*time.Second)
 	chromium.WaitText(t, bctx, "ul.states", "Stale 1", 10*time.Second)
 	requireNoReload(t, bctx)
 	if st := h.clusters(t)["east"].State; st != "Stale" {
