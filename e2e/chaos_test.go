@@ -125,8 +125,8 @@ func TestChaosClusters(t *testing.T) {
 	homeEnv, memberEnv := start("chaos-home"), start("chaos-member")
 	home, member := homeEnv.Cluster("chaos-home"), memberEnv.Cluster("chaos-member")
 	app := "chaos-" + rand.String(5)
-	edsMember := seedEcho(t, member, app, 3)
-	edsWest := seedEcho(t, west, app, 2) // the same service in a healthy member
+	edsMember := seedEcho(t, member, app, 3, 1)
+	edsWest := seedEcho(t, west, app, 2, 2) // the same service in a healthy member (its own addresses)
 	if edsMember != edsWest {
 		t.Fatalf("names differ: %s %s", edsMember, edsWest)
 	}
@@ -358,7 +358,7 @@ func TestChaosHubRestartWith200Streams(t *testing.T) {
 	e := localcluster.Require(t, env)
 	home, east := e.Cluster("primary"), e.Cluster("east")
 	app := "restart-" + rand.String(5)
-	eds := seedEcho(t, east, app, 4)
+	eds := seedEcho(t, east, app, 4, 1)
 	ns := hubNamespace(t, home)
 	if _, err := client(t, home).CoreV1().Secrets(ns).Create(testContext(t), localcluster.RemoteSecret(ns, "members", map[string][]byte{"east": east.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

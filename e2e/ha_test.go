@@ -25,8 +25,10 @@ func (h *hubProcess) kill() {
 	})
 }
 
-// seedEcho creates namespace ns in c with a Service echo of n endpoints.
-func seedEcho(t *testing.T, c *localcluster.Cluster, ns string, n int) string {
+// seedEcho creates namespace ns in c with a Service echo of n endpoints at
+// 198.18.<third>.1..n (members that share the Service need their own
+// addresses: the hub lists an address once).
+func seedEcho(t *testing.T, c *localcluster.Cluster, ns string, n int, third byte) string {
 	t.Helper()
 	ctx := testContext(t)
 	if err := localcluster.EnsureNamespace(ctx, client(t, c), ns); err != nil {
@@ -34,7 +36,7 @@ func seedEcho(t *testing.T, c *localcluster.Cluster, ns string, n int) string {
 	}
 	var backends []localcluster.Backend
 	for i := range n {
-		backends = append(backends, localcluster.Backend{IP: fmt.Sprintf("198.18.1.%d", i+1), Port: 8080})
+		backends = append(backends, localcluster.Backend{IP: fmt.Sprintf("198.18.%d.%d", third, i+1), Port: 8080})
 	}
 	if err := localcluster.ApplyService(ctx, client(t, c), ns, "echo", "http", 80, backends); err != nil {
 		t.Fatal(err)
@@ -64,7 +66,7 @@ func TestHAFailover(t *testing.T) {
 	home, west := e.Cluster("primary"), e.Cluster("west")
 	ctx := testContext(t)
 	app := "ha-" + rand.String(5)
-	eds := seedEcho(t, west, app, 3)
+	eds := seedEcho(t, west, app, 3, 1)
 	ns := hubNamespace(t, home)
 	secrets := client(t, home).CoreV1().Secrets(ns)
 	if _, err := secrets.Create(ctx, localcluster.RemoteSecret(ns, "members", map[string][]byte{"west": west.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
@@ -197,7 +199,7 @@ func TestGracefulShutdown(t *testing.T) {
 	home, west := e.Cluster("primary"), e.Cluster("west")
 	ctx := testContext(t)
 	app := "term-" + rand.String(5)
-	eds := seedEcho(t, west, app, 2)
+	eds := seedEcho(t, west, app, 2, 1)
 	ns := hubNamespace(t, home)
 	if _, err := client(t, home).CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "members", map[string][]byte{"west": west.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
