@@ -321,7 +321,11 @@ type job struct {
 func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
 	if _, ok := b.Kinds[xdsgen.DestinationRuleKind]; ok && w.rules != nil && w.gen != nil {
 		if objs, ready := w.rules.Rules(xdsgen.DestinationRuleKind); ready {
-			for _, host := range w.gen.SetDestinationRules(objs) {
+			changed, refused := w.gen.SetDestinationRules(objs)
+			for _, r := range refused {
+				w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
+			}
+			for _, host := range changed {
 				if b.Hosts == nil {
 					b.Hosts = map[string]struct{}{}
 				}

@@ -426,17 +426,17 @@ func (g *Generator) ViewOf(node *corev3.Node, member string) View {
 // locality load balancing and outlier detection from (distribute.Source.Rules
 // of DestinationRuleKind) and returns the hostnames whose rule changed:
 // their resources are to be rebuilt and pushed (add them to the batch's
-// hosts before Invalidate).
-func (g *Generator) SetDestinationRules(objs []distribute.Object) []string {
+// hosts before Invalidate), and the rules whose values it refuses.
+func (g *Generator) SetDestinationRules(objs []distribute.Object) (changed []string, refused []Refused) {
+	refused = refusedRules(objs)
 	next := newDestinationRules(objs, g.index.DomainSuffix())
 	g.mu.Lock()
 	prev := g.rules
 	g.rules = next
 	g.mu.Unlock()
 	if prev.empty() && next.empty() {
-		return nil
+		return nil, refused
 	}
-	var changed []string
 	for _, host := range g.index.Hostnames() {
 		a, _ := prev.lookup(host)
 		b, _ := next.lookup(host)
@@ -444,7 +444,7 @@ func (g *Generator) SetDestinationRules(objs []distribute.Object) []string {
 			changed = append(changed, host)
 		}
 	}
-	return changed
+	return changed, refused
 }
 
 // hasRules reports whether any DestinationRule is read.

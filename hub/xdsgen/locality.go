@@ -128,6 +128,43 @@ func (r *destinationRules) knownLocality(places Places, region, zone string) (st
 	return kr, kz
 }
 
+// Refused is a DestinationRule whose load balancing the hub's xDS does not
+// apply, and why.
+type Refused struct {
+	Rule, Reason string // Rule: namespace/name
+}
+
+// refusedRules lists the rules with values Istio's validation refuses
+// (see localityLBOf): the hub applies none of their load balancing to the
+// ports they concern.
+func refusedRules(objs []distribute.Object) []Refused {
+	var out []Refused
+	for _, o := range objs {
+		dr, ok := o.Spec.(*networking.DestinationRule)
+		if !ok {
+			continue
+		}
+		policies := []*networking.TrafficPolicy{dr.GetTrafficPolicy()}
+		for _, pl := range dr.GetTrafficPolicy().GetPortLevelSettings() {
+			policies = append(policies, &networking.TrafficPolicy{LoadBalancer: pl.GetLoadBalancer(), OutlierDetection: pl.GetOutlierDetection()})
+		}
+		for _, tp := range policies {
+			var why string
+			switch {
+			case !validOutlier(tp.GetOutlierDetection()):
+				why = "outlierDetection: durations must be at least 1ms and percentages 0-100"
+			case !validDistribute(tp.GetLoadBalancer().GetLocalityLbSetting().GetDistribute()):
+				why = "localityLbSetting.distribute: every entry needs a from, and to weights of 1-100 summing to 100"
+			}
+			if why != "" {
+				out = append(out, Refused{Rule: o.Namespace + "/" + o.Name, Reason: why})
+				break
+			}
+		}
+	}
+	return out
+}
+
 // lookup returns the rule that applies to a host, if any.
 func (r *destinationRules) lookup(host string) (ruleOf, bool) {
 	if r == nil {

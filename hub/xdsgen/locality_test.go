@@ -3,6 +3,7 @@ package xdsgen
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,13 +135,13 @@ func TestDestinationRulesRankForTheClient(t *testing.T) {
 		LoadBalancer: &networking.LoadBalancerSettings{LocalityLbSetting: &networking.LocalityLoadBalancerSetting{
 			FailoverPriority: []string{labelCluster, labelZone}}},
 	}
-	changed := g.SetDestinationRules([]distribute.Object{
+	changed, refused := g.SetDestinationRules([]distribute.Object{
 		drObject("istio-system", "echo", "echo.demo.svc.cluster.local", tp, time.Hour),
 		drObject("istio-system", "younger", "echo.demo.svc.cluster.local", nil, 0), // the older rule wins
 		drObject("istio-system", "other", "*.other.svc.cluster.local", tp, 0),
 	})
-	if !slices.Equal(changed, []string{"echo.demo.svc.cluster.local"}) {
-		t.Fatalf("changed = %v", changed)
+	if !slices.Equal(changed, []string{"echo.demo.svc.cluster.local"}) || len(refused) != 0 {
+		t.Fatalf("changed = %v, refused %v", changed, refused)
 	}
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	for member, want := range map[string]string{
@@ -176,7 +177,7 @@ func TestDestinationRulesRankForTheClient(t *testing.T) {
 		t.Error(err)
 	}
 
-	if changed := g.SetDestinationRules(nil); !slices.Equal(changed, []string{"echo.demo.svc.cluster.local"}) {
+	if changed, _ := g.SetDestinationRules(nil); !slices.Equal(changed, []string{"echo.demo.svc.cluster.local"}) {
 		t.Errorf("removing the rules changed %v", changed)
 	}
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
@@ -250,6 +251,11 @@ func TestLocalityReviewCases(t *testing.T) {
 			{From: "r1/*", To: map[string]uint32{"r1/*": 60}}}}}}}
 	if localityLBOf(badDistribute, 80).applies() {
 		t.Error("a distribute summing to 60 applies")
+	}
+	_, refused := New(localityIndex()).SetDestinationRules([]distribute.Object{
+		{Namespace: "istio-system", Name: "bad", Spec: bad}, {Namespace: "istio-system", Name: "bad-distribute", Spec: badDistribute}})
+	if len(refused) != 2 || refused[0].Rule != "istio-system/bad" || !strings.Contains(refused[1].Reason, "summing to 100") {
+		t.Errorf("refused %+v", refused)
 	}
 
 	x := localityIndex()
