@@ -115,7 +115,7 @@ var openAPI = obj{
 					"address": str(), "port": integer(), "source": obj{"type": "string", "description": "service <namespace>/<name>, or secret annotation"},
 				}}},
 				"gatewaysRefused":      obj{"type": "array", "items": str(), "description": "why gateways were not accepted (another network's label, no address, a hostname, a malformed annotation)"},
-				"crossNetworkWithheld": obj{"type": "integer", "description": "endpoints proxies on other networks do not get: all of them without a gateway, else those that are not Istio mTLS"},
+				"crossNetworkWithheld": obj{"type": "integer", "description": "endpoints proxies on other networks do not get: all of them when no member of its network has a gateway, else those that are not Istio mTLS"},
 				"gatewayServices":      obj{"type": "array", "items": str(), "description": "Services the hub wrote into the member's istio-system so that its istiod knows the other networks' gateways"},
 				"gatewayServicesError": obj{"type": "string", "description": "why the last write of those Services failed (absent: it did not)"},
 				"demoted":              obj{"type": "string", "description": "why the member's endpoints are served one priority behind the healthy members' (absent: they are not)"},

@@ -114,9 +114,10 @@ type Cluster struct {
 	confirmed       string // the network the Secret confirms (AnnotationNetwork)
 	gateways        gatewayView
 	gatewayServices map[ServiceKey]bool
-	// withheld counts, per Service, the endpoints proxies of other
-	// networks do not get (Status.CrossNetworkWithheld).
-	withheld map[ServiceKey]int
+	// plaintext counts, per Service, the endpoints that do not accept
+	// Istio mTLS: what proxies of other networks do not get when the
+	// member's network has a gateway (Status.CrossNetworkWithheld).
+	plaintext map[ServiceKey]int
 	// restoredNetwork and restoredGateways are the network and gateways
 	// of the persisted view the member serves until its system namespace
 	// is listed (exportedGateways).
@@ -190,7 +191,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 		done:      make(chan struct{}),
 		state:     StatePending,
 		endpoints: map[ServiceKey]int{},
-		withheld:  map[ServiceKey]int{},
+		plaintext: map[ServiceKey]int{},
 		isLeader:  deps.isLeader,
 
 		gatewayKick: make(chan struct{}, 1),
@@ -596,13 +597,13 @@ func (c *Cluster) publishAll() {
 		views = append(views, v)
 		counts[ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = len(v.Endpoints)
 	}
-	withheld := make(map[ServiceKey]int, len(svcs))
+	plaintext := make(map[ServiceKey]int, len(svcs))
 	for _, v := range views {
-		withheld[ServiceKey{Namespace: v.Namespace, Name: v.Name}] = crossNetworkWithheld(v)
+		plaintext[ServiceKey{Namespace: v.Namespace, Name: v.Name}] = plaintextEndpoints(v)
 	}
 	c.sink.ReplaceCluster(c.id, views)
 	c.mu.Lock()
-	c.endpoints, c.withheld = counts, withheld
+	c.endpoints, c.plaintext = counts, plaintext
 	c.mu.Unlock()
 }
 
@@ -628,10 +629,10 @@ func (c *Cluster) processNext() bool {
 	c.mu.Lock()
 	if view == nil {
 		delete(c.endpoints, key)
-		delete(c.withheld, key)
+		delete(c.plaintext, key)
 	} else {
 		c.endpoints[key] = len(view.Endpoints)
-		c.withheld[key] = crossNetworkWithheld(view)
+		c.plaintext[key] = plaintextEndpoints(view)
 	}
 	c.lastSync = time.Now()
 	c.mu.Unlock()
@@ -704,10 +705,8 @@ func (c *Cluster) status() Status {
 	for _, n := range c.endpoints {
 		st.Endpoints += n
 	}
-	for _, n := range c.withheld {
-		st.CrossNetworkWithheld += n
-	}
 	st.Network = c.network()
+	st.CrossNetworkWithheld = c.crossNetworkWithheldLocked(st.Network, st.Endpoints)
 	st.Gateways = slices.Clone(c.gateways.gateways)
 	st.GatewaysRefused = slices.Clone(c.gateways.refused)
 	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)

@@ -364,20 +364,34 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	return true
 }
 
-// crossNetworkWithheld counts a Service view's endpoints that proxies on
-// other networks do not get (Status.CrossNetworkWithheld).
-func crossNetworkWithheld(v *Service) int {
-	switch {
-	case v.Network == "":
-		return 0 // no network: reached directly by everyone
-	case len(v.Gateways) == 0:
-		return len(v.Endpoints)
-	}
+// plaintextEndpoints counts a Service view's endpoints that do not accept
+// Istio mTLS (an east-west gateway routes on its SNI: it cannot take them).
+func plaintextEndpoints(v *Service) int {
 	n := 0
 	for _, e := range v.Endpoints {
 		if !e.MTLS {
 			n++
 		}
+	}
+	return n
+}
+
+// crossNetworkWithheldLocked counts the member's endpoints that proxies on
+// other networks do not get (Status.CrossNetworkWithheld): none without a
+// network; all of them (endpoints) when neither the member nor another
+// member of its network has a gateway (the hub's xDS reaches a member
+// through any gateway of its network); else those that do not accept
+// Istio mTLS. c.mu must be held.
+func (c *Cluster) crossNetworkWithheldLocked(network string, endpoints int) int {
+	switch {
+	case network == "":
+		return 0
+	case len(c.gateways.gateways) == 0 && len(c.peerGateways.networks[network]) == 0:
+		return endpoints
+	}
+	n := 0
+	for _, p := range c.plaintext {
+		n += p
 	}
 	return n
 }

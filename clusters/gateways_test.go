@@ -400,3 +400,26 @@ func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
 		}
 	}
 }
+
+// TestCrossNetworkWithheldCountsTheNetworksGateways: a member without a
+// gateway of its own is reached through another member's gateway on its
+// network, so only its plaintext endpoints are withheld then; without any
+// gateway on its network, all of them; without a network, none.
+func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
+	c := &Cluster{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1, {Namespace: "a", Name: "y"}: 2}}
+	if got := c.crossNetworkWithheldLocked("", 10); got != 0 {
+		t.Errorf("no network: %d", got)
+	}
+	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 10 {
+		t.Errorf("no gateway on the network: %d; want 10", got)
+	}
+	c.peerGateways = peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443}}}}
+	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
+		t.Errorf("another member's gateway on the network: %d; want 3 (the plaintext ones)", got)
+	}
+	c.peerGateways = peerGateways{}
+	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
+		t.Errorf("own gateway: %d; want 3", got)
+	}
+}

@@ -135,7 +135,8 @@ type Status struct {
 	GatewaysRefused []string
 	// CrossNetworkWithheld counts the member's endpoints that proxies on
 	// other networks do not get: all of them when the member has a network
-	// but no gateway, else those that do not accept Istio mTLS.
+	// on which no member has a gateway, else those that do not accept
+	// Istio mTLS.
 	CrossNetworkWithheld int
 	// GatewayServices are the Services the hub wrote into the member's
 	// istio-system for its istiod (other networks' gateways), and

@@ -238,13 +238,16 @@ type picMember struct {
 	NetShort  string // Network, truncated for a dot
 	NetClass  string // its network's colour class, e.g. "net-2" ("" for none)
 	Gateways  int    // its accepted east-west gateways
-	Withheld  int    // its endpoints that proxies on other networks do not get
-	Demoted   string // why its endpoints are served behind the healthy members' ("" when they are not)
+	// NetGateways says some member of its network has a gateway (the hub
+	// reaches the member through any of them).
+	NetGateways bool
+	Withheld    int    // its endpoints that proxies on other networks do not get
+	Demoted     string // why its endpoints are served behind the healthy members' ("" when they are not)
 }
 
-// NoGateway says the member is on a network but has no east-west gateway:
-// proxies on other networks get none of its endpoints.
-func (m picMember) NoGateway() bool { return m.Network != "" && m.Gateways == 0 }
+// NoGateway says the member is on a network on which no member has an
+// east-west gateway: proxies on other networks get none of its endpoints.
+func (m picMember) NoGateway() bool { return m.Network != "" && m.Gateways == 0 && !m.NetGateways }
 
 // Networking says the member has a network or a gateway to show.
 func (m picMember) Networking() bool { return m.Network != "" || m.Gateways > 0 }
@@ -482,6 +485,15 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 			Network: st.Network, NetLabel: truncateRunes(st.Network, 14), NetShort: truncateRunes(st.Network, 10),
 			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		})
+	}
+	gatewayed := map[string]bool{} // networks on which a member has a gateway
+	for _, m := range members {
+		if m.Network != "" && m.Gateways > 0 {
+			gatewayed[m.Network] = true
+		}
+	}
+	for i := range members {
+		members[i].NetGateways = gatewayed[members[i].Network]
 	}
 	// The home cluster first, then by ID: positions stay put as states change.
 	sort.SliceStable(members, func(i, j int) bool {

@@ -140,7 +140,7 @@ func checkNetworks(t *testing.T, ctx context.Context, id string) {
 	type shown struct{ Net, Gateways string }
 	for member, want := range map[string]shown{
 		"primary": {"net-central", "⇄ 1 gateway"}, "west": {"net-west", "⇄ 1 gateway"},
-		"east": {"net-east", "⇄ 1 gateway"}, "north": {"net-central", "! no gateway"},
+		"east": {"net-east", "⇄ 1 gateway"}, "north": {"net-dark", "! no gateway"},
 	} {
 		got := chromium.Eval[shown](t, ctx, fmt.Sprintf(`(() => {
 			const g = document.querySelector('svg#%s g.member[data-cluster=%q]');
@@ -157,7 +157,7 @@ func checkNetworks(t *testing.T, ctx context.Context, id string) {
 	if got := chromium.Eval[string](t, ctx, fmt.Sprintf(`document.querySelector('svg#%s g.member[data-cluster="west"] .demoted-tag title').textContent`, id)); !strings.HasPrefix(got, "Demoted: the member is Stale") {
 		t.Errorf("%s: west's demoted tag says %q", id, got)
 	}
-	if got := chromium.Eval[string](t, ctx, `[...document.querySelectorAll("ul.fed-networks li.network")].map(li => li.dataset.network + ":" + li.dataset.members).join(" ")`); got != "net-central:2 net-east:1 net-west:1" {
+	if got := chromium.Eval[string](t, ctx, `[...document.querySelectorAll("ul.fed-networks li.network")].map(li => li.dataset.network + ":" + li.dataset.members).join(" ")`); got != "net-central:1 net-dark:1 net-east:1 net-west:1" {
 		t.Errorf("the legend of networks says %q", got)
 	}
 }

@@ -119,8 +119,8 @@ func (m *pictureModels) setNetworks() {
 		switch j := i - 1; {
 		case j%9 == 4:
 			st.Network, st.Gateways = "", nil
-		case j%5 == 2:
-			st.Network, st.Gateways, st.CrossNetworkWithheld = names[j%3], nil, st.Endpoints
+		case j%5 == 2: // a network on which no member has a gateway
+			st.Network, st.Gateways, st.CrossNetworkWithheld = "net-dark", nil, st.Endpoints
 		default:
 			st.Network = names[j%3]
 		}

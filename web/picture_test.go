@@ -110,10 +110,10 @@ func TestPictureLayout(t *testing.T) {
 		{name: "50 members", members: 50, wide: 51, compact: maxCompactMembers, hiddenCompact: 51 - maxCompactMembers, trustShown: 3},
 		{name: "80 members", members: 80, wide: maxWideMembers, compact: maxCompactMembers, hiddenWide: 81 - maxWideMembers, hiddenCompact: 81 - maxCompactMembers, trustShown: 3},
 		{name: "home only, networked", networked: true, wide: 1, compact: 1, trustShown: 2, cards: true, wantTitle: "Federation: 1 member on 1 network (1 Ready)"},
-		{name: "3 members, networked", members: 3, networked: true, wide: 4, compact: 4, trustShown: 2, cards: true, wantTitle: "Federation: 4 members on 3 networks (4 Ready)"},
-		{name: "7 members, networked", members: 7, networked: true, wide: 8, compact: 8, trustShown: 3, cards: true, wantTitle: "Federation: 8 members on 3 networks, 1 on none ("},
+		{name: "3 members, networked", members: 3, networked: true, wide: 4, compact: 4, trustShown: 2, cards: true, wantTitle: "Federation: 4 members on 4 networks (4 Ready)"},
+		{name: "7 members, networked", members: 7, networked: true, wide: 8, compact: 8, trustShown: 3, cards: true, wantTitle: "Federation: 8 members on 4 networks, 1 on none ("},
 		{name: "50 members, networked", members: 50, networked: true, wide: 51, compact: maxCompactMembers, hiddenCompact: 51 - maxCompactMembers, trustShown: 3},
-		{name: "500 members, networked", members: 500, networked: true, wide: maxWideMembers, compact: maxCompactMembers, hiddenWide: 501 - maxWideMembers, hiddenCompact: 501 - maxCompactMembers, trustShown: 3, wantTitle: "Federation: 501 members on 3 networks, 56 on none ("},
+		{name: "500 members, networked", members: 500, networked: true, wide: maxWideMembers, compact: maxCompactMembers, hiddenWide: 501 - maxWideMembers, hiddenCompact: 501 - maxCompactMembers, trustShown: 3, wantTitle: "Federation: 501 members on 4 networks, 56 on none ("},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := federation(tc.members)
@@ -472,9 +472,10 @@ func TestPictureNetworks(t *testing.T) {
 		t.Errorf("networked %v, %d on no network, %d demoted, %d networks hidden; want true, 0, 1, 0", p.Networked, p.NoNetwork, p.Demoted, p.NetworksHidden)
 	}
 	wantNets := []picNetwork{
-		{Name: "net-central", Label: "net-central", Class: "net-0", Members: 2, Gateways: 1, NoGateway: 1},
-		{Name: "net-east", Label: "net-east", Class: "net-1", Members: 1, Gateways: 1},
-		{Name: "net-west", Label: "net-west", Class: "net-2", Members: 1, Gateways: 1},
+		{Name: "net-central", Label: "net-central", Class: "net-0", Members: 1, Gateways: 1},
+		{Name: "net-dark", Label: "net-dark", Class: "net-1", Members: 1, NoGateway: 1},
+		{Name: "net-east", Label: "net-east", Class: "net-2", Members: 1, Gateways: 1},
+		{Name: "net-west", Label: "net-west", Class: "net-3", Members: 1, Gateways: 1},
 	}
 	if len(p.Networks) != len(wantNets) {
 		t.Fatalf("networks %+v; want %+v", p.Networks, wantNets)
@@ -484,12 +485,12 @@ func TestPictureNetworks(t *testing.T) {
 			t.Errorf("network %d is %+v; want %+v", i, n, wantNets[i])
 		}
 	}
-	if want := "Federation: 4 members on 3 networks (3 Ready, 1 Stale)"; !strings.HasPrefix(p.Title, want) {
+	if want := "Federation: 4 members on 4 networks (3 Ready, 1 Stale)"; !strings.HasPrefix(p.Title, want) {
 		t.Errorf("title %q; want it to start with %q", p.Title, want)
 	}
-	for _, want := range []string{"north: Ready", "network net-central, no east-west gateway, 10 endpoints withheld from other networks",
+	for _, want := range []string{"north: Ready", "network net-dark, no east-west gateway, 10 endpoints withheld from other networks",
 		"east: Ready", "network net-east, 1 east-west gateway", "demoted: the member is Stale",
-		"Network net-central: 2 members, 1 east-west gateway (1 without one"} {
+		"Network net-dark: 1 member, 0 east-west gateways (1 without one"} {
 		if !strings.Contains(p.Desc, want) {
 			t.Errorf("the description lacks %q: %s", want, p.Desc)
 		}
@@ -500,9 +501,9 @@ func TestPictureNetworks(t *testing.T) {
 		demoted        bool
 	}{
 		"primary": {"net-central", "net-0", "⇄ 1 gateway", false, false},
-		"west":    {"net-west", "net-2", "⇄ 1 gateway", false, true},
-		"east":    {"net-east", "net-1", "⇄ 1 gateway", false, false},
-		"north":   {"net-central", "net-0", "! no gateway", true, false},
+		"west":    {"net-west", "net-3", "⇄ 1 gateway", false, true},
+		"east":    {"net-east", "net-2", "⇄ 1 gateway", false, false},
+		"north":   {"net-dark", "net-1", "! no gateway", true, false},
 	}
 	for _, n := range p.Wide {
 		w := want[n.ID]
@@ -721,4 +722,23 @@ func TestPictureKeepsProblems(t *testing.T) {
 		}
 	}
 	checkGeometry(t, p)
+}
+
+// TestPictureNetworkGatewayServesItsMembers: a member without a gateway of
+// its own on a network where another member has one is reached through
+// it (the hub's xDS), so it is not marked.
+func TestPictureNetworkGatewayServesItsMembers(t *testing.T) {
+	gw := []clusters.Gateway{{Address: "192.0.2.10", Port: clusters.DefaultGatewayPort}}
+	p := layoutPicture([]clusters.Status{
+		{ID: "a", Secret: "s", State: clusters.StateReady, Network: "net-x", Gateways: gw},
+		{ID: "b", Secret: "s", State: clusters.StateReady, Network: "net-x"},
+		{ID: "c", Secret: "s", State: clusters.StateReady, Network: "net-y"},
+	}, nil, nil)
+	marked := map[string]bool{}
+	for _, m := range p.Wide {
+		marked[m.ID] = m.NoGateway()
+	}
+	if marked["a"] || marked["b"] || !marked["c"] {
+		t.Errorf("marked without gateway: %v; want c alone", marked)
+	}
 }

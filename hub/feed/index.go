@@ -2,6 +2,7 @@ package feed
 
 import (
 	"reflect"
+	"slices"
 	"sort"
 	"sync"
 
@@ -20,8 +21,10 @@ type Index struct {
 	mu        sync.RWMutex
 	byHost    map[string]map[string]*clusters.Service // hostname → member → view
 	byCluster map[string]map[clusters.ServiceKey]*clusters.Service
-	// networks is each member's network as its last view set says.
+	// networks is each member's network as its last view set says, and
+	// gateways its gateways (every view of a member carries them).
 	networks map[string]string
+	gateways map[string][]clusters.Gateway
 	// demoted are the members that are not healthy, with their state.
 	demoted map[string]clusters.State
 	// localities counts the stored views with endpoints in each region
@@ -39,6 +42,7 @@ func NewIndex(domainSuffix string, changes *Changes) *Index {
 		byHost:       map[string]map[string]*clusters.Service{},
 		byCluster:    map[string]map[clusters.ServiceKey]*clusters.Service{},
 		networks:     map[string]string{},
+		gateways:     map[string][]clusters.Gateway{},
 		demoted:      map[string]clusters.State{},
 		localities:   map[string]int{},
 	}
@@ -90,7 +94,11 @@ func (x *Index) RemoveCluster(cluster string) {
 		changed = x.setLocked(cluster, key, nil, changed)
 	}
 	delete(x.byCluster, cluster)
+	if len(x.gateways[cluster]) > 0 {
+		changed = x.networkHostsLocked(x.networks[cluster], changed)
+	}
 	delete(x.networks, cluster)
+	delete(x.gateways, cluster)
 	delete(x.demoted, cluster)
 	x.mu.Unlock()
 	x.notify(changed)
@@ -139,6 +147,31 @@ func (x *Index) KnownNetwork(network string) bool {
 	return false
 }
 
+// NetworkGateways are the gateways of every member on a network, in the
+// order of the members' IDs, each once.
+func (x *Index) NetworkGateways(network string) []clusters.Gateway {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var ids []string
+	for id, nw := range x.networks {
+		if nw == network && network != "" {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	var out []clusters.Gateway
+	seen := map[clusters.Gateway]bool{}
+	for _, id := range ids {
+		for _, g := range x.gateways[id] {
+			if !seen[g] {
+				seen[g] = true
+				out = append(out, g)
+			}
+		}
+	}
+	return out
+}
+
 // MemberNetwork is a member's Istio network as its Services say ("" when
 // it has none or no Services yet).
 func (x *Index) MemberNetwork(cluster string) string {
@@ -173,8 +206,29 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 		x.byCluster[cluster][key] = svc
 		x.byHost[host][cluster] = svc
 		x.networks[cluster] = svc.Network
+		if !slices.Equal(x.gateways[cluster], svc.Gateways) {
+			x.gateways[cluster] = svc.Gateways
+			changed = x.networkHostsLocked(svc.Network, changed)
+		}
 	}
 	return append(changed, host)
+}
+
+// networkHostsLocked appends the hostnames of every member on network: a
+// network's gateways stand in for all of them (see NetworkGateways).
+func (x *Index) networkHostsLocked(network string, changed []string) []string {
+	if network == "" {
+		return changed
+	}
+	for id, nw := range x.networks {
+		if nw != network {
+			continue
+		}
+		for key := range x.byCluster[id] {
+			changed = append(changed, x.Hostname(key.Namespace, key.Name))
+		}
+	}
+	return changed
 }
 
 // countLocalitiesLocked adds by to the count of each region and zone svc

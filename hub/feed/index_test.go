@@ -104,3 +104,37 @@ func TestMemberStateDemotesAndNotifies(t *testing.T) {
 		t.Error("a removed member stays demoted")
 	}
 }
+
+// TestNetworkGatewaysFromEveryMember: a network's gateways are those of
+// every member on it, and a change of one member's gateways reports the
+// hostnames of every member on its network (their endpoints may go
+// through it), also when the member goes.
+func TestNetworkGatewaysFromEveryMember(t *testing.T) {
+	feed := NewChanges(0, 0)
+	hosts := func() []string { return slices.Sorted(maps.Keys(feed.take().Hosts)) }
+	x := NewIndex("cluster.local", feed)
+	gw := []clusters.Gateway{{Address: "203.0.113.50", Port: 15443}}
+	x.ReplaceCluster("plain", []*clusters.Service{{Namespace: "ns", Name: "echo", Network: "net-x"}})
+	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "ns", Name: "other", Network: "net-x", Gateways: gw}})
+	x.ReplaceCluster("far", []*clusters.Service{{Namespace: "ns", Name: "far", Network: "net-y"}})
+	hosts()
+	if got := x.NetworkGateways("net-x"); !slices.Equal(got, gw) {
+		t.Errorf("NetworkGateways(net-x) = %v", got)
+	}
+	if got := x.NetworkGateways("net-y"); len(got) != 0 {
+		t.Errorf("NetworkGateways(net-y) = %v", got)
+	}
+	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "ns", Name: "other", Network: "net-x"}})
+	if got, want := hosts(), []string{"echo.ns.svc.cluster.local", "other.ns.svc.cluster.local"}; !slices.Equal(got, want) {
+		t.Errorf("gateway gone reported %v; want %v", got, want)
+	}
+	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "ns", Name: "other", Network: "net-x", Gateways: gw}})
+	hosts()
+	x.RemoveCluster("gw")
+	if got, want := hosts(), []string{"echo.ns.svc.cluster.local", "other.ns.svc.cluster.local"}; !slices.Equal(got, want) {
+		t.Errorf("member with the gateway removed reported %v; want %v", got, want)
+	}
+	if got := x.NetworkGateways("net-x"); len(got) != 0 {
+		t.Errorf("NetworkGateways(net-x) after removal = %v", got)
+	}
+}

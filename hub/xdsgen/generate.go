@@ -365,9 +365,10 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS, network: v.Network, lb: lb, client: v.Locality}
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS, network: v.Network, lb: lb, client: v.Locality,
+				gateways: g.index.NetworkGateways}
 			switch {
-			case needsSplit(v.Network, a.mtls, members):
+			case needsSplit(v.Network, a.mtls, members, a.gateways):
 				a.split = true
 			case !lb.applies():
 				shared = resourceKey{typeURL: typeURL, name: name, direct: true}

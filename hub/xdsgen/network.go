@@ -132,9 +132,12 @@ func memberSplit(network string, mtls bool, svc *clusters.Service, gateways []cl
 }
 
 // memberGateways are the gateways to a member's endpoints: its own, else
-// those of the other members of the service on the same network (istiod
-// prefers the gateway of the endpoint's network and cluster likewise).
-func memberGateways(id string, members map[string]*clusters.Service, ids []string) []clusters.Gateway {
+// those of the other members of the service on the same network, else
+// those of any member on that network (network; nil: none): a network's
+// east-west gateway routes to every member's endpoints on it, as istiod
+// takes a network's gateways from any of its clusters, preferring the
+// endpoint's own.
+func memberGateways(id string, members map[string]*clusters.Service, ids []string, network func(string) []clusters.Gateway) []clusters.Gateway {
 	svc := members[id]
 	if len(svc.Gateways) > 0 || svc.Network == "" {
 		return svc.Gateways
@@ -153,16 +156,20 @@ func memberGateways(id string, members map[string]*clusters.Service, ids []strin
 			}
 		}
 	}
+	if len(out) == 0 && network != nil {
+		out = network(svc.Network)
+	}
 	return out
 }
 
 // needsSplit reports whether a client on network gets a service's
 // endpoints other than directly: only then is its assignment built for the
-// network; every other client shares the direct one.
-func needsSplit(network string, mtls bool, members map[string]*clusters.Service) bool {
+// network; every other client shares the direct one. gateways is a
+// network's gateways (see memberGateways).
+func needsSplit(network string, mtls bool, members map[string]*clusters.Service, gateways func(string) []clusters.Gateway) bool {
 	ids := sortedIDs(members)
 	for _, id := range ids {
-		if memberSplit(network, mtls, members[id], memberGateways(id, members, ids)) != splitDirect {
+		if memberSplit(network, mtls, members[id], memberGateways(id, members, ids, gateways)) != splitDirect {
 			return true
 		}
 	}
@@ -190,6 +197,9 @@ type assignment struct {
 	// client the client's locality (used only when lb applies).
 	lb     localityLB
 	client Locality
+	// gateways are a network's gateways, from every member on it (nil:
+	// only the service's members' are known).
+	gateways func(network string) []clusters.Gateway
 }
 
 // buildLoadAssignment groups a service port's endpoints into one locality per
@@ -214,7 +224,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		svc := members[id]
 		how, gateways := splitDirect, []clusters.Gateway(nil)
 		if a.split {
-			gateways = memberGateways(id, members, ids)
+			gateways = memberGateways(id, members, ids, a.gateways)
 			how = memberSplit(a.network, a.mtls, svc, gateways)
 		}
 		if how == splitDropped {

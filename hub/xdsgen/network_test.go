@@ -304,3 +304,21 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 		t.Errorf("shared gateway, east demoted:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestGatewayOfAnotherMemberOfTheNetwork: a member without a gateway of
+// its own, alone in its service on its network, is reached through the
+// gateway of another member of that network (istiod's network gateways).
+func TestGatewayOfAnotherMemberOfTheNetwork(t *testing.T) {
+	x := feed.NewIndex("cluster.local", nil)
+	port := []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}}
+	x.ReplaceCluster("plain", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-x", Ports: port,
+		Endpoints: []clusters.Endpoint{{Address: "10.9.0.1", Port: 8080, ServicePort: 7070, MTLS: true}}}})
+	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "demo", Name: "other", Network: "net-x", Ports: port,
+		Gateways: []clusters.Gateway{{Address: "203.0.113.50", Port: 15443}}}})
+	x.ReplaceCluster("client", []*clusters.Service{{Namespace: "demo", Name: "c", Network: "net-y", Ports: port}})
+	g := New(x)
+	_, cla := assignmentFor(t, g, "outbound|7070||echo.demo.svc.cluster.local", View{Network: "net-y", Flavour: FlavourGRPCMTLS})
+	if got, want := shape(cla), "plain/p0/w1: 203.0.113.50:15443×1[tls]"; got != want {
+		t.Errorf("through the network's gateway:\n got %s\nwant %s", got, want)
+	}
+}
