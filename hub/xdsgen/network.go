@@ -357,16 +357,22 @@ func compactLocalities(locs []*endpointv3.LocalityLbEndpoints) {
 // dropped. Priorities are compacted by the caller.
 func mergeDuplicates(locs []*endpointv3.LocalityLbEndpoints) []*endpointv3.LocalityLbEndpoints {
 	type at struct{ loc, ep int }
-	addr := func(ep *endpointv3.LbEndpoint) string {
+	type address struct {
+		ip   string
+		port uint32
+	}
+	addr := func(ep *endpointv3.LbEndpoint) address {
 		sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-		return sa.GetAddress() + ":" + strconv.Itoa(int(sa.GetPortValue()))
+		return address{sa.GetAddress(), sa.GetPortValue()}
 	}
 	order := make([]int, len(locs))
+	n := 0
 	for i := range order {
 		order[i] = i
+		n += len(locs[i].LbEndpoints)
 	}
 	sort.SliceStable(order, func(a, b int) bool { return locs[order[a]].Priority < locs[order[b]].Priority })
-	first := map[string]at{}
+	first := make(map[address]at, n)
 	moved := map[at]at{} // a dropped listing → the one kept
 	for _, li := range order {
 		for ei, ep := range locs[li].LbEndpoints {
