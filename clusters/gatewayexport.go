@@ -251,7 +251,11 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		if _, err := api.Create(ctx, want[name], metav1.CreateOptions{FieldManager: "hub"}); err != nil {
 			if apierrors.IsAlreadyExists(err) && c.hubOwns(name) {
-				continue // ours, not in the cache yet: the next round sees it
+				// Ours, written by an earlier round and not in the cache
+				// yet: it is there (the status says so); the next round
+				// checks its content.
+				written = append(written, name)
+				continue
 			}
 			errs = append(errs, fmt.Errorf("creating %s/%s: %w", SystemNamespace, name, err))
 			continue
