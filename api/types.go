@@ -138,6 +138,60 @@ type Proxy struct {
 	Warning          string       `json:"warning,omitempty"` // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
 	ConnectedAt      *time.Time   `json:"connectedAt"`
 	Types            []TypeStatus `json:"types"`
+	// Server is, for a proxyless gRPC server, what the distributed
+	// AuthorizationPolicies and PeerAuthentications make of its inbound
+	// listeners.
+	Server *ProxyServer `json:"server,omitempty"`
+}
+
+// ProxyServer is what the policies make of a proxyless gRPC server.
+type ProxyServer struct {
+	Workload ServerWorkload `json:"workload"`
+	// Pending: the policies have not been read yet; no inbound listener
+	// is served until they are.
+	Pending bool `json:"pending,omitempty"`
+	// PeerAuthentications decide its mTLS modes (namespace/name: mesh,
+	// namespace, workload level).
+	PeerAuthentications []string `json:"peerAuthentications"`
+	// The AuthorizationPolicies (namespace/name) that select it, by
+	// action. CUSTOM ones are enforced as DENY of what their rules match
+	// (proxyless gRPC cannot call an external authorizer); AUDIT ones
+	// change nothing.
+	Allow  []string `json:"allow"`
+	Deny   []string `json:"deny"`
+	Custom []string `json:"custom,omitempty"`
+	Audit  []string `json:"audit,omitempty"`
+	// Listeners are its inbound listeners and their modes.
+	Listeners []InboundListener `json:"listeners"`
+}
+
+// ServerWorkload is the workload behind a proxyless gRPC server, as the
+// policies select it.
+type ServerWorkload struct {
+	Namespace      string `json:"namespace"`
+	ServiceAccount string `json:"serviceAccount,omitempty"`
+	Member         string `json:"member,omitempty"`
+	// Labels is how many labels its node carries (their values are the
+	// proxy's words; see the proxy's configuration for them).
+	Labels int `json:"labels"`
+	// Verified: namespace and service account come from its verified
+	// identity; otherwise from its node metadata (plaintext xDS).
+	Verified bool `json:"verified"`
+	// ClaimedNamespace is another namespace its node claimed, which the
+	// hub did not take (its identity's wins).
+	ClaimedNamespace string `json:"claimedNamespace,omitempty"`
+}
+
+// InboundListener is one inbound listener of a proxyless gRPC server.
+type InboundListener struct {
+	Name string `json:"name"`
+	Port uint32 `json:"port"`
+	// Mode is how it is served: STRICT (client certificates required) or
+	// DISABLE (plaintext); PolicyMode is what the PeerAuthentications say
+	// (PERMISSIVE is served in plaintext, or STRICT for a workload
+	// labelled security.istio.io/tlsMode=istio, as istiod does).
+	Mode       string `json:"mode"`
+	PolicyMode string `json:"policyMode"`
 }
 
 // MaxNackError bounds the NACK text a proxy status shows: the text is the
@@ -157,7 +211,28 @@ func ToProxy(p hub.ProxyStatus) Proxy {
 			NackedVersion: t.NackedVersion, NackError: truncate(t.NackError, MaxNackError), NackedAt: timePtr(t.NackedAt), Nacks: t.Nacks,
 		})
 	}
+	if s := p.Server; s != nil {
+		w := s.Workload
+		out.Server = &ProxyServer{
+			Workload: ServerWorkload{Namespace: w.Namespace, ServiceAccount: w.ServiceAccount, Member: w.Member, Labels: len(w.Labels),
+				Verified: w.Verified, ClaimedNamespace: w.Claimed},
+			Pending: s.Pending, PeerAuthentications: nonNil(s.PeerAuthentications),
+			Allow: nonNil(s.Policies.Allow), Deny: nonNil(s.Policies.Deny), Custom: s.Policies.Custom, Audit: s.Policies.Audit,
+			Listeners: []InboundListener{},
+		}
+		for _, l := range s.Listeners {
+			out.Server.Listeners = append(out.Server.Listeners, InboundListener{Name: l.Name, Port: l.Port, Mode: string(l.Mode), PolicyMode: string(l.PolicyMode)})
+		}
+	}
 	return out
+}
+
+// nonNil is s, or an empty list for nil (JSON [] rather than null).
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // truncate cuts s to at most n bytes on a character boundary, marking the

@@ -36,7 +36,12 @@ func refOf(u *unstructured.Unstructured) corev1.ObjectReference {
 func (s *Source) reject(ctx context.Context, kind string, ref corev1.ObjectReference, generation int64, reason string, err error) {
 	s.log.Warn("object not distributed", "kind", kind, "namespace", ref.Namespace, "name", ref.Name,
 		"generation", generation, "reason", reason, "why", statusMessage(reason, err))
-	msg := fmt.Sprintf("not distributed to member istiods: %v", err)
+	s.recordEvent(ctx, kind, ref, RejectedReason, fmt.Sprintf("not distributed to member istiods: %v", err))
+}
+
+// recordEvent records a Warning Event on an object, its message cut to
+// maxEventMessage.
+func (s *Source) recordEvent(ctx context.Context, kind string, ref corev1.ObjectReference, reason, msg string) {
 	if len(msg) > maxEventMessage {
 		msg = msg[:maxEventMessage-3] + "..."
 	}
@@ -47,7 +52,7 @@ func (s *Source) reject(ctx context.Context, kind string, ref corev1.ObjectRefer
 			Namespace: ref.Namespace,
 		},
 		InvolvedObject:      ref,
-		Reason:              RejectedReason,
+		Reason:              reason,
 		Message:             msg,
 		Type:                corev1.EventTypeWarning,
 		Source:              corev1.EventSource{Component: eventComponent},
@@ -59,7 +64,7 @@ func (s *Source) reject(ctx context.Context, kind string, ref corev1.ObjectRefer
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := s.kube.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
-		s.log.Warn("recording the rejection Event failed", "kind", kind,
+		s.log.Warn("recording an Event failed", "kind", kind, "reason", reason,
 			"namespace", ref.Namespace, "name", ref.Name, "err", err)
 	}
 }

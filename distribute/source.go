@@ -81,6 +81,10 @@ type Source struct {
 	discoveryErr  string
 	lastDiscovery time.Time
 	unsupported   []string // Istio kinds served that the table does not know
+	// noted are the notes whose Events were recorded (see recordNotes).
+	noted map[noteKey]bool
+	// noteKick wakes Run to record new notes' Events.
+	noteKick chan struct{}
 }
 
 // kindState is what the Source knows of one kind; guarded by Source.mu.
@@ -92,6 +96,7 @@ type kindState struct {
 	ready    bool     // its watch synced (or it is not served)
 	objects  map[string]Object
 	rejected map[string]rejection // by namespace/name
+	notes    []Note               // what the hub's xDS does differently (SetNotes)
 }
 
 // rejection is an object left out, by uid, generation and reason, so
@@ -139,7 +144,7 @@ func New(cfg *rest.Config, opts Options) (*Source, error) {
 		log = slog.Default()
 	}
 	s := &Source{dyn: dyn, disco: disco, kube: kube, opts: opts, log: log.With("component", "distribute"),
-		states: map[string]*kindState{}}
+		states: map[string]*kindState{}, noted: map[noteKey]bool{}, noteKick: make(chan struct{}, 1)}
 	for _, k := range kinds {
 		s.states[k.name()] = &kindState{info: k, objects: map[string]Object{}, rejected: map[string]rejection{}}
 	}
@@ -164,6 +169,8 @@ func (s *Source) Run(ctx context.Context) error {
 			s.refresh(ctx)
 		case <-recheck.C:
 			s.recheckHosts(ctx)
+		case <-s.noteKick:
+			s.recordNotes(ctx)
 		}
 	}
 }

@@ -36,6 +36,9 @@ type KindStatus struct {
 	// Message says why the kind is not watched (its CRD is missing), or
 	// the latest error of its watch.
 	Message string `json:"message,omitempty"`
+	// Notes say what the hub's own xDS does with objects of the kind that
+	// its clients cannot do as Istio means it (see Note).
+	Notes []Note `json:"notes,omitempty"`
 }
 
 // Rejected is one object left out, and why (an Event on the object, reason
@@ -58,7 +61,7 @@ func (s *Source) Status() Status {
 		Unsupported: append([]string(nil), s.unsupported...)}
 	for _, name := range Kinds() {
 		st := s.states[name]
-		ks := KindStatus{Kind: name, Ready: s.discovered && st.ready, Objects: len(st.objects), Message: st.message}
+		ks := KindStatus{Kind: name, Ready: s.discovered && st.ready, Objects: len(st.objects), Message: st.message, Notes: st.notes}
 		if st.w != nil {
 			ks.Served = st.info.group + "/" + st.served
 		}

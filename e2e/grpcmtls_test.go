@@ -48,10 +48,14 @@ import (
 //	server: "listening <ip:port>", "serving", "not-serving <reason>",
 //	        "call peer=<SPIFFE ID of the caller, or - for plaintext>"
 //	client: "ok <server id> peer=<the caller's identity the server saw>", "err <message>"
+//	        (and with HUB_E2E_CLIENT_EMPTYCALL "empty ok", "empty err <message>")
 const (
 	serverListenEnv = "HUB_E2E_LISTEN"       // ip:port the server listens on (port 0: a free one)
 	serverIDEnv     = "HUB_E2E_SERVER_ID"    // what the server answers as server_id, e.g. its member
 	clientCredsEnv  = "HUB_E2E_CLIENT_CREDS" // "xds": xDS client credentials (insecure fallback); else insecure
+	// clientEmptyCallEnv, when set, makes the client call EmptyCall before
+	// each UnaryCall, printing "empty ok" or "empty err <message>".
+	clientEmptyCallEnv = "HUB_E2E_CLIENT_EMPTYCALL"
 )
 
 // echoServer answers with its id and the caller's verified identity.
@@ -64,6 +68,11 @@ func (s *echoServer) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (
 	caller := peerIdentity(ctx)
 	fmt.Printf("call peer=%s\n", caller)
 	return &testgrpc.SimpleResponse{ServerId: s.id, Hostname: s.id, Username: caller}, nil
+}
+
+// EmptyCall answers (a second method, for policies on gRPC methods).
+func (s *echoServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
 }
 
 // peerIdentity is the SPIFFE ID of the caller's verified certificate, "-"

@@ -53,8 +53,19 @@ func runXDSClient() {
 		}
 		clients = append(clients, testgrpc.NewTestServiceClient(conn))
 	}
+	alsoEmpty := os.Getenv(clientEmptyCallEnv) != ""
 	for i := 0; ; i++ {
 		c := clients[i%len(clients)]
+		if alsoEmpty {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := c.EmptyCall(ctx, &testgrpc.Empty{})
+			cancel()
+			if err != nil {
+				fmt.Printf("empty err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+			} else {
+				fmt.Printf("empty ok\n")
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		resp, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{FillServerId: true})
 		cancel()

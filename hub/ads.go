@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
@@ -322,6 +323,9 @@ func forgetUnread(n *corev3.Node) {
 			kept[k] = v
 		}
 	}
+	if v, ok := fields["LABELS"]; ok && xdsgen.Proxyless(n) {
+		kept["LABELS"] = v // which policies select a proxyless server (authz.WorkloadOf)
+	}
 	if len(kept) < len(fields) {
 		n.Metadata = &structpb.Struct{Fields: kept}
 	}
@@ -329,8 +333,9 @@ func forgetUnread(n *corev3.Node) {
 
 // readNodeMetadata are the node metadata keys the hub reads (as Istio
 // names them): the proxy's member cluster, namespace, generator (grpc:
-// proxyless; api: an istiod taking config) and Istio version.
-var readNodeMetadata = []string{"CLUSTER_ID", "NAMESPACE", "GENERATOR", "ISTIO_VERSION"}
+// proxyless; api: an istiod taking config), Istio version, network and
+// service account; and, of a proxyless gRPC node only, its LABELS.
+var readNodeMetadata = []string{"CLUSTER_ID", "NAMESPACE", "GENERATOR", "ISTIO_VERSION", "NETWORK", "SERVICE_ACCOUNT"}
 
 // sameSlice reports whether a and b are the same slice (not only equal):
 // an interned resource_names list (requestStream) repeated by an ACK.

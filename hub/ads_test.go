@@ -539,7 +539,7 @@ func TestForgetUnread(t *testing.T) {
 	if len(n.Extensions) != 0 || len(n.ClientFeatures) != 0 {
 		t.Errorf("extensions %v, client features %v kept", n.Extensions, n.ClientFeatures)
 	}
-	want := map[string]string{"CLUSTER_ID": "west", "NAMESPACE": "demo", "GENERATOR": "grpc", "ISTIO_VERSION": "1.28.0"}
+	want := map[string]string{"CLUSTER_ID": "west", "NAMESPACE": "demo", "GENERATOR": "grpc", "ISTIO_VERSION": "1.28.0", "LABELS": ""}
 	got := map[string]string{}
 	for k, v := range n.GetMetadata().GetFields() {
 		got[k] = v.GetStringValue()

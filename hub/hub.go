@@ -61,9 +61,12 @@ type Options struct {
 	// cluster (distribute.Source, reporting to Changes): served to member
 	// istiods unchanged.
 	Policy mcp.Policy
-	// Rules, if set, has the DestinationRules the hub's own xDS takes
-	// locality load balancing and outlier detection from
-	// (distribute.Source.Rules, reporting to Changes).
+	// Rules, if set, has the Istio objects the hub's own xDS reads
+	// (distribute.Source.Rules, reporting to Changes): DestinationRules
+	// (locality load balancing, outlier detection, client mTLS of
+	// proxyless gRPC), AuthorizationPolicies and PeerAuthentications
+	// (proxyless gRPC servers' inbound listeners). Until the policies are
+	// read, proxyless servers get no inbound listener.
 	Rules RuleSource
 	// Secrets and Roots feed SDS; without them no secrets are served.
 	Secrets SecretSource
@@ -195,8 +198,11 @@ func New(opts Options) (*Hub, error) {
 		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
 	}
 	h.gen = xdsgen.New(h.index)
-	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots); err != nil {
+	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots, opts.RootNamespace); err != nil {
 		return nil, err
+	}
+	if opts.Rules != nil {
+		h.gen.AwaitSecurity() // no inbound listener before the policies are read
 	}
 	h.gen.SetDemoteUnhealthy(!opts.KeepUnhealthyFirst)
 	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
@@ -211,7 +217,7 @@ func New(opts Options) (*Hub, error) {
 			Name: "hub_xds_push_quiet_seconds",
 			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
 		}, func() float64 { return h.changes.Quiet().Seconds() })
-		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, quiet)
+		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, h.watcher.policyServers, quiet)
 		for t := range feed.PushTriggers {
 			xdsCollectors = append(xdsCollectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "hub_xds_pushes_total",
@@ -240,6 +246,7 @@ func New(opts Options) (*Hub, error) {
 		collectors = append(collectors, h.proxies.tokens.Collectors()...)
 	}
 	h.proxies.identify = h.watcher.identify
+	h.proxies.server = h.watcher.serverSecurity
 	if opts.Signer != nil {
 		if opts.Roots == nil {
 			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")

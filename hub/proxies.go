@@ -65,7 +65,10 @@ type ProxyStatus struct {
 	Proxyless bool
 	// Warning says why the proxy gets less than it asks for, e.g. a member
 	// claim that its credential does not prove.
-	Warning     string
+	Warning string
+	// Server is, for a proxyless gRPC server (a stream asking for inbound
+	// listeners), what the policies make of them.
+	Server      *ServerSecurity
 	ConnectedAt time.Time
 	Types       []TypeStatus // by type URL
 }
@@ -91,6 +94,9 @@ type proxyTracker struct {
 	// identify tells the watcher a stream's verified identity once its
 	// node was checked (see request).
 	identify func(rec *streamRecord, id authn.Identity)
+	// server tells what the policies make of a stream's inbound
+	// listeners (watcher.serverSecurity; nil: not shown).
+	server func(rec *streamRecord) *ServerSecurity
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
 	tokens *authn.TokenAuth
@@ -585,10 +591,17 @@ func typeOrder(typeURL string) string {
 func (p *proxyTracker) proxies() []ProxyStatus {
 	p.mu.Lock()
 	out := make([]ProxyStatus, 0, len(p.streams))
+	conns := make([]*conn, 0, len(p.streams))
 	for _, c := range p.streams {
 		out = append(out, c.state.snapshot())
+		conns = append(conns, c)
 	}
 	p.mu.Unlock()
+	if p.server != nil {
+		for i, c := range conns {
+			out[i].Server = p.server(&c.rec)
+		}
+	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].ID != out[j].ID {
 			return out[i].ID < out[j].ID
@@ -601,27 +614,33 @@ func (p *proxyTracker) proxies() []ProxyStatus {
 // config returns the newest stream of a proxy and what it last received.
 func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	var found *streamState
+	var found *conn
 	for _, c := range p.streams {
-		if st := &c.state; st.status.ID == id && (found == nil || st.status.Stream > found.status.Stream) {
-			found = st
+		if st := &c.state; st.status.ID == id && (found == nil || st.status.Stream > found.state.status.Stream) {
+			found = c
 		}
 	}
 	if found == nil {
+		p.mu.Unlock()
 		return ProxyConfig{}, false
 	}
-	res := make(map[string][]*anypb.Any, len(found.held)+len(found.sotw))
-	for typeURL, list := range found.sotw {
+	st := &found.state
+	res := make(map[string][]*anypb.Any, len(st.held)+len(st.sotw))
+	for typeURL, list := range st.sotw {
 		res[typeURL] = list
 	}
-	for typeURL, held := range found.held {
+	for typeURL, held := range st.held {
 		names := slices.Sorted(maps.Keys(held.res))
 		for _, name := range names {
 			res[typeURL] = append(res[typeURL], held.res[name])
 		}
 	}
-	return ProxyConfig{Proxy: found.snapshot(), Resources: res}, true
+	pc := ProxyConfig{Proxy: st.snapshot(), Resources: res}
+	p.mu.Unlock()
+	if p.server != nil {
+		pc.Proxy.Server = p.server(&found.rec)
+	}
+	return pc, true
 }
 
 // pushesPerSecond returns the responses sent in each of the last 60

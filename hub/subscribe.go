@@ -12,6 +12,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
@@ -248,6 +249,11 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 type streamRecord struct {
 	ident authn.Identity
 	subs  map[string]*subscriber
+	// server is the workload behind the stream, for the inbound
+	// listeners of a proxyless gRPC server, as worked out for the
+	// identity serverFor (see watcher.serverOf; guarded by watcher.mu).
+	server    *authz.Workload
+	serverFor authn.Identity
 	// withheld logs each SDS name withheld from the stream once
 	// (secretResources), for the stream's whole life; it has its own lock
 	// (pushes evaluate the stream's watches beside its loop).
@@ -479,6 +485,9 @@ func (w *watcher) indexLocked(s *subscriber) {
 		w.byType[s] = struct{}{}
 	default:
 		x := s.idx
+		if isServer(s) {
+			w.byServer[s] = struct{}{}
+		}
 		if len(x.subs) == 0 {
 			for host := range x.hosts {
 				set := w.byHost[host]
@@ -528,6 +537,7 @@ func (w *watcher) unindexLocked(s *subscriber) {
 		delete(w.byType, s)
 	default:
 		x := s.idx
+		delete(w.byServer, s)
 		delete(x.subs, s)
 		if len(x.subs) > 0 {
 			return

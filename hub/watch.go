@@ -82,6 +82,13 @@ type watcher struct {
 	byRef    map[feed.SecretRef]map[*subscriber]struct{}
 	byMember map[string]map[*subscriber]struct{}
 	byRoots  map[*subscriber]struct{}
+	// byServer are the LDS subscribers that name an inbound listener: the
+	// proxyless gRPC servers a policy change may concern.
+	byServer map[*subscriber]struct{}
+
+	// policyServers counts the servers whose inbound listeners policy
+	// changes re-evaluated: what a policy edit costs.
+	policyServers prometheus.Counter
 }
 
 // watch is one request with its stream's subscription state. The map of
@@ -148,7 +155,11 @@ func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
 		}, []string{"type"}),
 		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
 		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
-		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{},
+		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{}, byServer: map[*subscriber]struct{}{},
+		policyServers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hub_xds_policy_server_updates_total",
+			Help: "Proxyless gRPC servers whose inbound listeners a change of AuthorizationPolicies or PeerAuthentications re-evaluated (only those the changed policies select, or every one when the mesh-wide mode changed).",
+		}),
 	}
 }
 
@@ -169,19 +180,26 @@ func checkType(typeURL string) error {
 }
 
 // RuleSource has the Istio objects of a kind the hub's own xDS reads
-// (distribute.Source.Rules).
+// (distribute.Source.Rules), and is told what the hub's xDS does with them
+// that its clients cannot do as Istio means it (distribute.Source.SetNotes).
 type RuleSource interface {
 	Rules(kind string) ([]distribute.Object, bool)
+	SetNotes(kind string, notes []distribute.Note)
 }
 
 // viewOf is the view a stream's client gets (xdsgen.ViewOf): its member is
-// the one its credentials prove, else the one its node names.
-func (w *watcher) viewOf(node *corev3.Node, ident authn.Identity) xdsgen.View {
+// the one its credentials prove, else the one its node names; a proxyless
+// client's workload is its server's (serverOf).
+func (w *watcher) viewOf(rec *streamRecord, node *corev3.Node, ident authn.Identity) xdsgen.View {
 	member := ident.Cluster
 	if member == "" {
 		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
 	}
-	return w.gen.ViewOf(node, member)
+	v := w.gen.ViewOf(node, member)
+	if v.Flavour == xdsgen.FlavourGRPC {
+		v.Server = w.serverOf(rec, node, ident)
+	}
+	return v
 }
 
 // CreateWatch takes a State-of-the-World request of c's stream with the
@@ -193,7 +211,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c 
 	}
 	rec := &c.rec
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
-	wt.view = w.viewOf(req.GetNode(), wt.ident)
+	wt.view = w.viewOf(rec, req.GetNode(), wt.ident)
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
@@ -229,7 +247,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	rec := &c.rec
 	ident := w.streamIdentity(rec)
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out}
-	wt.view = w.viewOf(req.GetNode(), ident)
+	wt.view = w.viewOf(rec, req.GetNode(), ident)
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
@@ -322,9 +340,12 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 	if _, ok := b.Kinds[xdsgen.DestinationRuleKind]; ok && w.rules != nil && w.gen != nil {
 		if objs, ready := w.rules.Rules(xdsgen.DestinationRuleKind); ready {
 			changed, refused := w.gen.SetDestinationRules(objs)
+			notes := make([]distribute.Note, 0, len(refused))
 			for _, r := range refused {
 				w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
+				notes = append(notes, distribute.Note{Object: r.Rule, Message: "load balancing not applied: " + r.Reason})
 			}
+			w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
 			for _, host := range changed {
 				if b.Hosts == nil {
 					b.Hosts = map[string]struct{}{}
@@ -333,6 +354,7 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 			}
 		}
 	}
+	servers := w.applySecurity(b)
 	if w.gen != nil { // nil only in tests of the indexes
 		w.gen.Invalidate(b.Hosts)
 	}
@@ -385,6 +407,12 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 	if b.Roots {
 		for s := range w.byRoots {
 			changedAll(s)
+		}
+	}
+	for _, s := range servers {
+		if s.indexed { // still subscribed
+			changedAll(s)
+			w.policyServers.Inc()
 		}
 	}
 	if len(b.Reviews) > 0 {
@@ -824,7 +852,7 @@ func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool
 // respond builds a whole-state response (LDS and CDS by name), or returns
 // nil when the stream already holds exactly these resources (the first
 // request of a type on a stream, watch.first, is always answered, possibly
-// with no resources).
+// with no resources), or when one of them is Kept (not buildable yet).
 func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	res, err := w.resources(wt)
 	if err != nil {
@@ -832,6 +860,12 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	}
 	returned := make(map[string]string, len(res))
 	for _, r := range res {
+		if r.Kept {
+			// A whole-state response without it would remove it from the
+			// client (a proxyless server would stop serving): wait until
+			// it can be built (a push re-evaluates the watch then).
+			return nil, nil
+		}
 		returned[r.Name] = r.Version
 	}
 	if !wt.first && maps.Equal(returned, wt.returned) {
@@ -839,9 +873,7 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	}
 	anys := make([]*anypb.Any, 0, len(res))
 	for _, r := range res {
-		if !r.Kept {
-			anys = append(anys, r.Any)
-		}
+		anys = append(anys, r.Any)
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
 		Request: wt.req,

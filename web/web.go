@@ -30,6 +30,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/trust"
 )
@@ -653,6 +654,15 @@ var funcs = template.FuncMap{
 		return d.String() + " ago"
 	},
 	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	// hasNotes reports whether any kind has a note (distribute.Note).
+	"hasNotes": func(kinds []distribute.KindStatus) bool {
+		for _, k := range kinds {
+			if len(k.Notes) > 0 {
+				return true
+			}
+		}
+		return false
+	},
 	// expiry shows when a time comes, and how far away it is.
 	"expiry": func(t *time.Time) string {
 		if t == nil {

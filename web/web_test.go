@@ -15,6 +15,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/authz"
 )
 
 // Pure-logic fakes for handler and session tests (live_test.go runs them on a
@@ -193,6 +194,49 @@ func TestDistributionPageShowsRefusals(t *testing.T) {
 	h := New(Config{Membership: m, Registrar: m, Federation: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
 	body := signedInGet(t, h, "/distribution")
 	for _, want := range []string{"tenant/claim", distribute.ReasonHost, "echo.demo.svc.clusterset.local", "&lt;clusterset.local&gt;"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %q:\n%s", want, body)
+		}
+	}
+}
+
+// The distribution page lists what the hub's own xDS applies differently
+// (notes), escaped.
+func TestDistributionPageShowsNotes(t *testing.T) {
+	m := fakeModels{}
+	st := distribute.Status{Discovered: true, Objects: 1, Kinds: []distribute.KindStatus{{
+		Kind: "security.istio.io/v1/AuthorizationPolicy", Ready: true, Objects: 1,
+		Notes: []distribute.Note{{Object: "app/ext", Message: `CUSTOM (extension provider "<opa>"): requests its rules match are denied`}},
+	}}}
+	h := New(Config{Membership: m, Registrar: m, Federation: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
+	body := signedInGet(t, h, "/distribution")
+	for _, want := range []string{"Applied differently by the hub", "app/ext", "&lt;opa&gt;", "requests its rules match are denied"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page lacks %q:\n%s", want, body)
+		}
+	}
+}
+
+// serverModels has one proxyless gRPC server connected.
+type serverModels struct{ fakeModels }
+
+func (serverModels) ProxyConfig(id string) (hub.ProxyConfig, bool) {
+	return hub.ProxyConfig{Proxy: hub.ProxyStatus{ID: id, Proxyless: true, Server: &hub.ServerSecurity{
+		Workload:            authz.Workload{Namespace: "app", ServiceAccount: "echo", Member: "west", Verified: true, Claimed: "other"},
+		PeerAuthentications: []string{"app/strict"},
+		Policies:            authz.Applied{Allow: []string{"app/only-alice"}, Custom: []string{"app/ext"}},
+		Listeners:           []hub.InboundListener{{Name: "xds.istio.io/grpc/lds/inbound/0.0.0.0:8080", Port: 8080, Mode: authz.Strict, PolicyMode: authz.Strict}},
+	}}}, true
+}
+
+// A proxyless server's page shows its workload, the policies that apply
+// and each inbound listener's mode.
+func TestProxyPageShowsServerPolicies(t *testing.T) {
+	m := serverModels{}
+	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}})
+	body := signedInGet(t, h, "/proxies/echo-0.app")
+	for _, want := range []string{"Proxyless gRPC server", "app / echo in west", "from its verified identity", "claimed namespace other",
+		"app/strict", "app/only-alice", "app/ext", "enforced as DENY", "0.0.0.0:8080", `class="mtls-mode">STRICT`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the page lacks %q:\n%s", want, body)
 		}

@@ -33,6 +33,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
+	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 )
 
@@ -61,11 +62,13 @@ const generatedHostnames = 20000
 // content hashes, so a resource rebuilt after eviction is not resent.
 type Generator struct {
 	index *feed.Index
-	// mtls is the mesh-wide mTLS mode of proxyless gRPC workloads and
-	// trustDomain ours, whose identities their clients accept (see
-	// FlavourOf, peerSANs); both are fixed for the Generator's life.
-	mtls        MTLSMode
-	trustDomain string
+	// meshDefault is the mesh-wide mTLS mode where no PeerAuthentication
+	// sets one, rootNamespace Istio's root namespace, and trustDomain
+	// ours, whose identities proxyless clients accept (see peerSANs); all
+	// are fixed for the Generator's life (SetMTLS).
+	meshDefault   MTLSMode
+	rootNamespace string
+	trustDomain   string
 	// keepUnhealthyFirst turns off the demotion of members that are not
 	// healthy (see SetDemoteUnhealthy); fixed for the Generator's life.
 	keepUnhealthyFirst bool
@@ -73,7 +76,12 @@ type Generator struct {
 	mu sync.Mutex
 	// rules are the DestinationRules read (SetDestinationRules).
 	rules *destinationRules
-	cache *simplelru.LRU[string, map[resourceKey]*Resource] // hostname → resource (only existing ones)
+	// security is the AuthorizationPolicies and PeerAuthentications read
+	// (SetSecurity); securityPending says they are awaited (see
+	// AwaitSecurity): no inbound listener is built until they come.
+	security        *authz.Set
+	securityPending bool
+	cache           *simplelru.LRU[string, map[resourceKey]*Resource] // hostname → resource (only existing ones)
 	// wildcard memoises every resource of a type (what wildcard
 	// subscriptions get) with its set version. A change marks the
 	// hostnames it touched in each set; the next ask checks only those
@@ -83,9 +91,10 @@ type Generator struct {
 	wildcard map[WildcardSetKey]WildcardSet
 	allGen   uint64
 	// inbound memoises proxyless gRPC servers' inbound listeners by name
-	// (they depend on the name and the mode only); cleared when it holds
-	// maxInbound, since the names are the clients' words.
-	inbound map[string]*Resource
+	// and the key of the policies that select the server (see
+	// authz.Selection.Key); cleared when it holds maxInbound, since the
+	// names are the clients' words, and when the policies change.
+	inbound map[inboundKey]*Resource
 	// gens stamps each hostname's last invalidation (from the counter
 	// stamp), so that a resource built from the index before an
 	// invalidation is never stored after it. Hostnames come and go: when
@@ -127,13 +136,14 @@ func (g *Generator) genOf(host string) uint64 {
 }
 
 // New returns a Generator of the resources of index's services, in
-// DefaultMTLSMode until SetMTLS.
+// DefaultMTLSMode, with no policies until SetMTLS and SetSecurity.
 func New(index *feed.Index) *Generator {
 	cache, err := simplelru.NewLRU[string, map[resourceKey]*Resource](generatedHostnames, nil)
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	return &Generator{index: index, mtls: DefaultMTLSMode, cache: cache, gens: map[string]uint64{}, wildcard: map[WildcardSetKey]WildcardSet{}, inbound: map[string]*Resource{}}
+	return &Generator{index: index, meshDefault: DefaultMTLSMode, security: authz.NewSet("", DefaultMTLSMode, authz.TrustDomainBundle{}, nil, nil),
+		cache: cache, gens: map[string]uint64{}, wildcard: map[WildcardSetKey]WildcardSet{}, inbound: map[inboundKey]*Resource{}}
 }
 
 // WildcardSet is every resource of one type, sorted by name, and the
@@ -310,6 +320,7 @@ func viewFor(typeURL string, v View) View {
 		// gateways need (see memberSplit); the locality matters only
 		// where a DestinationRule's locality load balancing applies
 		// (Resource drops it elsewhere).
+		v.Server = nil
 		return v
 	}
 	return View{}
@@ -320,7 +331,7 @@ func viewFor(typeURL string, v View) View {
 // not change (needsSplit) is the one resource every such client shares.
 func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 	if typeURL == resourcev3.ListenerType && strings.HasPrefix(name, InboundListenerPrefix) {
-		return g.inboundListener(name)
+		return g.inboundListener(name, v.Server)
 	}
 	host, port, ok := ParseName(typeURL, name)
 	if !ok {
@@ -333,8 +344,12 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 	g.mu.Lock()
 	var lb localityLB
 	if typeURL == resourcev3.ClusterType || typeURL == resourcev3.EndpointType {
-		if rule, ok := g.rules.lookup(host); ok {
+		rule, ok := g.rules.lookup(host)
+		if ok {
 			lb = localityLBOf(rule.spec, port)
+		}
+		if v.Flavour == FlavourGRPC && !g.clientMTLSLocked(rule.spec, port) {
+			v.Flavour = FlavourPlain // what a client without mTLS gets
 		}
 	}
 	if !lb.applies() {
@@ -360,12 +375,12 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		case resourcev3.ClusterType:
 			c := buildCluster(name, sp)
 			lb.applyToCluster(c)
-			if v.Flavour == FlavourGRPCMTLS {
+			if v.Flavour == FlavourGRPC {
 				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port))
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPCMTLS, network: v.Network, lb: lb, client: v.Locality,
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC, network: v.Network, lb: lb, client: v.Locality,
 				gateways: g.index.NetworkGateways}
 			switch {
 			case needsSplit(v.Network, a.mtls, members, a.gateways):
@@ -420,7 +435,7 @@ func (g *Generator) ViewOf(node *corev3.Node, member string) View {
 	g.mu.Lock()
 	rules := g.rules
 	g.mu.Unlock()
-	return viewOf(node, g.mtls, member, g.index, rules)
+	return viewOf(node, member, g.index, rules)
 }
 
 // SetDestinationRules replaces the DestinationRules the hub's xDS takes
@@ -471,32 +486,6 @@ type resourceKey struct {
 	typeURL, name string
 	view          View
 	direct        bool
-}
-
-// inboundListener returns a proxyless gRPC server's inbound listener, or
-// nil when the name is not one (see parseInboundName).
-func (g *Generator) inboundListener(name string) (*Resource, error) {
-	addr, ok := parseInboundName(name)
-	if !ok {
-		return nil, nil
-	}
-	g.mu.Lock()
-	r := g.inbound[name]
-	g.mu.Unlock()
-	if r != nil {
-		return r, nil
-	}
-	r, err := Marshal(name, resourcev3.ListenerType, buildInboundListener(name, addr, g.mtls))
-	if err != nil {
-		return nil, err
-	}
-	g.mu.Lock()
-	if len(g.inbound) >= maxInbound {
-		clear(g.inbound)
-	}
-	g.inbound[name] = r
-	g.mu.Unlock()
-	return r, nil
 }
 
 // serviceNamespace is the namespace of a hostname's Service (the same in
@@ -567,8 +556,8 @@ func ParseName(typeURL, name string) (string, int32, bool) {
 		}
 	case resourcev3.ListenerType, resourcev3.RouteType:
 		i := strings.LastIndexByte(name, ':')
-		if i < 0 {
-			return "", 0, false
+		if i < 0 || strings.HasPrefix(name, InboundListenerPrefix) {
+			return "", 0, false // a proxyless server's inbound listener names no service
 		}
 		host, portStr = name[:i], name[i+1:]
 	default:

@@ -124,7 +124,7 @@ func TestDestinationRulesRankForTheClient(t *testing.T) {
 	g := New(x)
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
 	viewOf := func(member string) View {
-		return ViewOf(nodeAt("r1", "z1"), MTLSPermissive, member, x)
+		return ViewOf(nodeAt("r1", "z1"), member, x)
 	}
 	_, before := assignmentFor(t, g, echo, viewOf("west"))
 	if got, want := shape(before), "east/p0/w1: 10.0.1.1:8080×1; north/p0/w1: 10.0.2.1:8080×1; west/p0/w1: 10.0.0.1:8080×1"; got != want {

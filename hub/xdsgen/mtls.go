@@ -10,7 +10,9 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacpb "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rbachttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -18,24 +20,23 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authz"
 )
 
-// MTLSMode is the mesh-wide mutual-TLS mode of proxyless gRPC workloads,
-// as Istio's PeerAuthentication modes apply to them (DESIGN.md §3.8).
-type MTLSMode string
+// MTLSMode is a mutual-TLS mode of proxyless gRPC workloads, as Istio's
+// PeerAuthentication modes apply to them (DESIGN.md §3.8; see authz.Mode).
+type MTLSMode = authz.Mode
 
-// The modes. Istio builds, for a proxyless gRPC server (grpcgen), an inbound
-// filter chain with a DownstreamTlsContext that requires client
-// certificates only in STRICT; PERMISSIVE serves plaintext, because a gRPC
-// server cannot tell TLS from plaintext on one port (gRFC A36 filter chain
-// matches have no useful transport_protocol), and so does DISABLE.
-// Clients get an UpstreamTlsContext only in STRICT here (Istio: with a
-// DestinationRule ISTIO_MUTUAL, which the hub does not read), so that
-// every mode is consistent on both ends.
+// The modes. The mesh-wide mode (a PeerAuthentication without selector in
+// the root namespace, else the Generator's default, see SetMTLS) decides
+// whether proxyless gRPC clients use mTLS where no DestinationRule says
+// (tls.mode ISTIO_MUTUAL or DISABLE; istiod's proxyless generator uses
+// mTLS only where one says ISTIO_MUTUAL); each server's own
+// PeerAuthentications decide its inbound listeners (see authz.Selection).
 const (
-	MTLSStrict     MTLSMode = "STRICT"
-	MTLSPermissive MTLSMode = "PERMISSIVE"
-	MTLSDisable    MTLSMode = "DISABLE"
+	MTLSStrict     = authz.Strict
+	MTLSPermissive = authz.Permissive
+	MTLSDisable    = authz.Disable
 )
 
 // DefaultMTLSMode is PERMISSIVE, Istio's mesh-wide default (no
@@ -61,24 +62,25 @@ type Flavour uint8
 
 const (
 	// FlavourPlain is what Envoy sidecars (which get their TLS from SDS),
-	// istiod and every other client get, and proxyless gRPC clients when
-	// no mTLS is asked for.
+	// istiod and every other client get, and proxyless gRPC clients of
+	// services they reach without mTLS.
 	FlavourPlain Flavour = iota
-	// FlavourGRPCMTLS is a proxyless gRPC client under STRICT: its
-	// Clusters carry an UpstreamTlsContext built on certificate provider
-	// instances (grpc-go has no SDS).
-	FlavourGRPCMTLS
+	// FlavourGRPC is a proxyless gRPC client: its Clusters of services it
+	// reaches with mTLS (see Generator.clientMTLS) carry an
+	// UpstreamTlsContext built on certificate provider instances (grpc-go
+	// has no SDS); the others are FlavourPlain's.
+	FlavourGRPC
 )
 
 // FlavourOf is the flavour of a client: a proxyless gRPC client (node
 // metadata GENERATOR=grpc, which Istio's agent writes into the gRPC
-// bootstrap, or a gRPC library's user agent, e.g. "gRPC Go") under
-// STRICT gets FlavourGRPCMTLS, every other client FlavourPlain.
-func FlavourOf(node *corev3.Node, mode MTLSMode) Flavour {
-	if mode != MTLSStrict || !Proxyless(node) {
+// bootstrap, or a gRPC library's user agent, e.g. "gRPC Go") gets
+// FlavourGRPC, every other client FlavourPlain.
+func FlavourOf(node *corev3.Node) Flavour {
+	if !Proxyless(node) {
 		return FlavourPlain
 	}
-	return FlavourGRPCMTLS
+	return FlavourGRPC
 }
 
 // Proxyless reports whether a node is a proxyless gRPC client.
@@ -128,7 +130,7 @@ func commonTLSContext(sans []*matcherv3.StringMatcher) *tlsv3.CommonTlsContext {
 }
 
 // upstreamTLS is the transport socket of a proxyless gRPC client's
-// Cluster under STRICT: the peer must present a certificate our roots
+// Cluster of a service it reaches with mTLS: the peer must present a certificate our roots
 // validate with one of sans.
 func upstreamTLS(sans []*matcherv3.StringMatcher, sni string) *corev3.TransportSocket {
 	return &corev3.TransportSocket{
@@ -181,11 +183,11 @@ const InboundListenerPrefix = "xds.istio.io/grpc/lds/inbound/"
 // longest ip:port ("[" IPv6 "]:" port) without a zone.
 const maxInboundNameBytes = len(InboundListenerPrefix) + len("[ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255]:65535")
 
-// parseInboundName reads the address of an inbound listener name: an IPv4
+// ParseInboundName reads the address of an inbound listener name: an IPv4
 // or IPv6 address (no zone; unspecified addresses too, for servers
 // listening on every interface) and a port 1–65535. Anything else is not an
 // inbound listener the hub serves.
-func parseInboundName(name string) (netip.AddrPort, bool) {
+func ParseInboundName(name string) (netip.AddrPort, bool) {
 	rest, ok := strings.CutPrefix(name, InboundListenerPrefix)
 	if !ok || len(name) > maxInboundNameBytes {
 		return netip.AddrPort{}, false
@@ -200,11 +202,12 @@ func parseInboundName(name string) (netip.AddrPort, bool) {
 // buildInboundListener is Istio's grpcgen inbound listener for a proxyless
 // gRPC server: the address it listens on, one filter chain (mTLS requiring
 // a client certificate in STRICT, plaintext otherwise) whose HCM has an
-// inline route (virtual host "*", prefix "/", non_forwarding_action) and
-// the router filter last. The server's certificate and the roots it checks
-// clients with come from its certificate provider instance; a client of a
-// federated trust domain is accepted when those roots hold that domain's.
-func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *listenerv3.Listener {
+// inline route (virtual host "*", prefix "/", non_forwarding_action), the
+// RBAC filters (DENY, then ALLOW; nil: none) and the router filter last. The
+// server's certificate and the roots it checks clients with come from its
+// certificate provider instance; a client of a federated trust domain is
+// accepted when those roots hold that domain's.
+func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode, deny, allow *rbacpb.RBAC) *listenerv3.Listener {
 	suffix := "plaintext"
 	var ts *corev3.TransportSocket
 	if mode == MTLSStrict {
@@ -217,6 +220,17 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 			})},
 		}
 	}
+	var filters []*hcmv3.HttpFilter
+	if deny != nil {
+		filters = append(filters, &hcmv3.HttpFilter{Name: RBACFilterNameDeny, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&rbachttpv3.RBAC{Rules: deny})}})
+	}
+	if allow != nil {
+		filters = append(filters, &hcmv3.HttpFilter{Name: RBACFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&rbachttpv3.RBAC{Rules: allow})}})
+	}
+	filters = append(filters, &hcmv3.HttpFilter{
+		Name:       "envoy.filters.http.router",
+		ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
+	})
 	hcm := &hcmv3.HttpConnectionManager{
 		CodecType:  hcmv3.HttpConnectionManager_AUTO,
 		StatPrefix: "inbound_" + strconv.Itoa(int(addr.Port())),
@@ -231,10 +245,7 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 				}},
 			}},
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{{
-			Name:       "envoy.filters.http.router",
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
-		}},
+		HttpFilters: filters,
 	}
 	return &listenerv3.Listener{
 		Name: name,
@@ -253,6 +264,13 @@ func buildInboundListener(name string, addr netip.AddrPort, mode MTLSMode) *list
 	}
 }
 
+// The names of the RBAC filters of an inbound listener, as istiod's grpcgen
+// names them.
+const (
+	RBACFilterName     = "envoy.filters.http.rbac"
+	RBACFilterNameDeny = "envoy.filters.http.rbac.DENY"
+)
+
 // TrustDomainSource tells the Generator our trust domain, whose
 // identities proxyless gRPC clients accept under STRICT (the hub's
 // authn.RootSource is one).
@@ -261,23 +279,31 @@ type TrustDomainSource interface {
 	LocalTrustDomain() string
 }
 
-// SetMTLS sets the Generator's mTLS mode, before it serves anything; roots
-// (nil: none) gives our trust domain, which STRICT needs.
-func (g *Generator) SetMTLS(mode MTLSMode, roots TrustDomainSource) error {
+// SetMTLS sets the Generator's mesh-wide mTLS mode where no
+// PeerAuthentication sets one (see SetSecurity) and Istio's root namespace
+// (whose policies apply mesh-wide), before it serves anything; roots (nil: none) gives our trust domain, which mTLS needs:
+// without it, proxyless gRPC clients never use mTLS.
+func (g *Generator) SetMTLS(mode MTLSMode, roots TrustDomainSource, rootNamespace string) error {
 	mode, err := ParseMTLSMode(string(mode))
 	if err != nil {
 		return err
 	}
-	g.mtls = mode
 	if roots != nil {
 		g.trustDomain = roots.LocalTrustDomain()
 	}
 	if mode == MTLSStrict && g.trustDomain == "" {
 		return errors.New("mTLS mode STRICT needs the local trust domain (Options.Roots)")
 	}
+	g.meshDefault, g.rootNamespace = mode, rootNamespace
+	g.security = authz.NewSet(g.rootNamespace, mode, g.trustDomains(), nil, nil)
 	return nil
 }
 
-// MTLS is the Generator's mTLS mode, which decides the flavour of each
-// client (see FlavourOf).
-func (g *Generator) MTLS() MTLSMode { return g.mtls }
+// trustDomains is the bundle principals are mapped with: ours, for
+// which Istio's "cluster.local" stands.
+func (g *Generator) trustDomains() authz.TrustDomainBundle {
+	if g.trustDomain == "" {
+		return authz.TrustDomainBundle{}
+	}
+	return authz.TrustDomainBundle{TrustDomains: []string{g.trustDomain}}
+}

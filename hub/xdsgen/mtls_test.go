@@ -78,7 +78,7 @@ func (fakeRoots) LocalTrustDomain() string { return "example.org" }
 func mtlsGenerator(t *testing.T, mode MTLSMode) *Generator {
 	t.Helper()
 	g := New(testIndex())
-	if err := g.SetMTLS(mode, fakeRoots{}); err != nil {
+	if err := g.SetMTLS(mode, fakeRoots{}, "istio-system"); err != nil {
 		t.Fatal(err)
 	}
 	return g
@@ -132,7 +132,7 @@ func TestMTLSModeAndClientKindDecideTLSContexts(t *testing.T) {
 		for kind, c := range clientKinds {
 			t.Run(string(mode)+"/"+kind, func(t *testing.T) {
 				g := mtlsGenerator(t, mode)
-				fl := FlavourOf(c.node, mode)
+				fl := FlavourOf(c.node)
 				res, err := g.Resources(resourcev3.ClusterType, []string{cluster}, View{Flavour: fl})
 				if err != nil || len(res) != 1 {
 					t.Fatalf("CDS = %v, %v", res, err)
@@ -266,10 +266,10 @@ func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 		KubernetesServiceAccounts: []string{"echo"},
 	}})
 	g := New(x)
-	if err := g.SetMTLS(MTLSStrict, fakeRoots{}); err != nil {
+	if err := g.SetMTLS(MTLSStrict, fakeRoots{}, "istio-system"); err != nil {
 		t.Fatal(err)
 	}
-	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPCMTLS})
+	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPC})
 	if err != nil || len(res) != 1 {
 		t.Fatalf("CDS = %v, %v", res, err)
 	}
@@ -304,7 +304,7 @@ func TestInboundListenerNames(t *testing.T) {
 		{strings.Repeat("1", 300) + ":80", false},
 	} {
 		name := InboundListenerPrefix + tc.addr
-		res, err := g.Resources(resourcev3.ListenerType, []string{name}, View{Flavour: FlavourGRPCMTLS})
+		res, err := g.Resources(resourcev3.ListenerType, []string{name}, View{Flavour: FlavourGRPC})
 		if err != nil {
 			t.Fatalf("%q: %v", tc.addr, err)
 		}
@@ -326,7 +326,7 @@ func TestInboundListenerNames(t *testing.T) {
 	}
 	// The memo of inbound listeners (clients' words) stays bounded.
 	for i := range maxInbound + 10 {
-		_, _ = g.inboundListener(InboundListenerPrefix + "10.0." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250) + ":80")
+		_, _ = g.inboundListener(InboundListenerPrefix+"10.0."+strconv.Itoa(i/250)+"."+strconv.Itoa(i%250)+":80", nil)
 	}
 	if n := len(g.inbound); n > maxInbound {
 		t.Errorf("inbound memo holds %d; want at most %d", n, maxInbound)
@@ -343,17 +343,17 @@ func TestFlavoursAreMarshalledOnceAndSharedWhereEqual(t *testing.T) {
 		return res[0]
 	}
 	const cds = "outbound|7070||echo.demo.svc.cluster.local"
-	first, again := get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS}), get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS})
+	first, again := get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPC}), get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPC})
 	if first != again {
 		t.Error("a gRPC Cluster was marshalled twice")
 	}
-	if get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPCMTLS}).Version == get(resourcev3.ClusterType, cds, View{Flavour: FlavourPlain}).Version {
+	if get(resourcev3.ClusterType, cds, View{Flavour: FlavourGRPC}).Version == get(resourcev3.ClusterType, cds, View{Flavour: FlavourPlain}).Version {
 		t.Error("gRPC and plain Clusters are the same")
 	}
-	if get(resourcev3.EndpointType, cds, View{Flavour: FlavourGRPCMTLS}) != get(resourcev3.EndpointType, cds, View{Flavour: FlavourPlain}) {
+	if get(resourcev3.EndpointType, cds, View{Flavour: FlavourGRPC}) != get(resourcev3.EndpointType, cds, View{Flavour: FlavourPlain}) {
 		t.Error("EDS is not shared between flavours")
 	}
-	a, err := g.All(resourcev3.ClusterType, View{Flavour: FlavourGRPCMTLS})
+	a, err := g.All(resourcev3.ClusterType, View{Flavour: FlavourGRPC})
 	if err != nil {
 		t.Fatal(err)
 	}

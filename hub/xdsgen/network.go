@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authz"
 )
 
 // View is what the resources a client gets depend on besides their names:
@@ -26,6 +27,11 @@ type View struct {
 	// Locality is where the client is, for the DestinationRules' locality
 	// load balancing (it matters only for hosts they apply to).
 	Locality Locality
+	// Server is the workload behind a proxyless gRPC server, which its
+	// inbound listeners depend on (nil: no policy selects it by its
+	// namespace or labels). Only inbound listeners read it: every other
+	// resource's key leaves it out (viewFor).
+	Server *authz.Workload
 }
 
 // Places is what the index knows of members, networks and localities; a
@@ -44,13 +50,13 @@ type Places interface {
 // is in is feed.UnknownLocality, an unknown member none: every such client
 // gets the same, so a client cannot make the hub build and keep a variant
 // per made-up name.
-func ViewOf(node *corev3.Node, mode MTLSMode, member string, places Places) View {
-	return viewOf(node, mode, member, places, nil)
+func ViewOf(node *corev3.Node, member string, places Places) View {
+	return viewOf(node, member, places, nil)
 }
 
 // viewOf is ViewOf keeping also the localities rules name (see
 // destinationRules.knownLocality).
-func viewOf(node *corev3.Node, mode MTLSMode, member string, places Places, rules *destinationRules) View {
+func viewOf(node *corev3.Node, member string, places Places, rules *destinationRules) View {
 	nw := node.GetMetadata().GetFields()["NETWORK"].GetStringValue()
 	if nw == "" {
 		nw = places.MemberNetwork(member)
@@ -62,7 +68,7 @@ func viewOf(node *corev3.Node, mode MTLSMode, member string, places Places, rule
 		member = ""
 	}
 	region, zone := rules.knownLocality(places, node.GetLocality().GetRegion(), node.GetLocality().GetZone())
-	return View{Flavour: FlavourOf(node, mode), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}}
+	return View{Flavour: FlavourOf(node), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}}
 }
 
 // OtherNetwork stands for every network no member is on (it is not a valid

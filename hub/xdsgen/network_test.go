@@ -84,7 +84,7 @@ func assignmentFor(t *testing.T, g *Generator, name string, v View) (*Resource, 
 // (tlsMode istio), and nothing of a network that has no gateway or of
 // plaintext endpoints across networks.
 func TestSplitHorizonEndpoints(t *testing.T) {
-	g := New(networkIndex())
+	g := strictGenerator(t, networkIndex())
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
 	for _, tc := range []struct {
 		network, want string
@@ -96,7 +96,7 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 		// directly, and a network with a gateway through it.
 		{"", "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p0/w1: 10.2.0.1:8080×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"},
 	} {
-		_, cla := assignmentFor(t, g, echo, View{Network: tc.network, Flavour: FlavourGRPCMTLS})
+		_, cla := assignmentFor(t, g, echo, View{Network: tc.network, Flavour: FlavourGRPC})
 		if got := shape(cla); got != tc.want {
 			t.Errorf("network %q:\n got %s\nwant %s", tc.network, got, tc.want)
 		}
@@ -120,10 +120,10 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 // forceGateway) and one on east's network (east directly) get their own.
 func TestSplitHorizonCacheKeepsViewsApart(t *testing.T) {
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
-	none := View{Flavour: FlavourGRPCMTLS}
-	own := View{Network: "net-b", Flavour: FlavourGRPCMTLS}
+	none := View{Flavour: FlavourGRPC}
+	own := View{Network: "net-b", Flavour: FlavourGRPC}
 	for _, order := range [][]View{{none, own}, {own, none}} {
-		g := New(networkIndex())
+		g := strictGenerator(t, networkIndex())
 		got := map[View]string{}
 		for _, v := range order {
 			_, cla := assignmentFor(t, g, echo, v)
@@ -142,27 +142,27 @@ func TestSplitHorizonCacheKeepsViewsApart(t *testing.T) {
 // client's network does not change is one resource for every client, and
 // the variants of a split service are marshalled once each.
 func TestSplitHorizonSharesUnsplitAssignments(t *testing.T) {
-	g := New(networkIndex())
+	g := strictGenerator(t, networkIndex())
 	const solo = "outbound|7070||solo.demo.svc.cluster.local"
 	direct, _ := assignmentFor(t, g, solo, View{Network: "net-a"})
-	if r, _ := assignmentFor(t, g, solo, View{Network: "net-a", Flavour: FlavourGRPCMTLS}); r != direct {
+	if r, _ := assignmentFor(t, g, solo, View{Network: "net-a", Flavour: FlavourGRPC}); r != direct {
 		t.Error("solo for its own network is not the shared assignment")
 	}
 	// Other networks cannot reach west (no gateway): they get none of it.
-	if _, cla := assignmentFor(t, g, solo, View{Network: "net-b", Flavour: FlavourGRPCMTLS}); len(cla.Endpoints) != 0 {
+	if _, cla := assignmentFor(t, g, solo, View{Network: "net-b", Flavour: FlavourGRPC}); len(cla.Endpoints) != 0 {
 		t.Errorf("solo for net-b: %s", shape(cla))
 	}
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
-	a1, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
-	a2, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
-	b, _ := assignmentFor(t, g, echo, View{Network: "net-b", Flavour: FlavourGRPCMTLS})
+	a1, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
+	a2, _ := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
+	b, _ := assignmentFor(t, g, echo, View{Network: "net-b", Flavour: FlavourGRPC})
 	if a1 != a2 {
 		t.Error("echo for net-a was marshalled twice")
 	}
 	if a1.Version == b.Version {
 		t.Error("echo for net-a and net-b are the same")
 	}
-	set, err := g.All(resourcev3.EndpointType, View{Network: "net-b", Flavour: FlavourGRPCMTLS})
+	set, err := g.All(resourcev3.EndpointType, View{Network: "net-b", Flavour: FlavourGRPC})
 	if err != nil || !slices.Contains(set.Resources, b) {
 		t.Errorf("the wildcard set for net-b does not share echo's assignment: %v", err)
 	}
@@ -173,12 +173,12 @@ func TestSplitHorizonSharesUnsplitAssignments(t *testing.T) {
 // and come back when it recovers; the flag turns it off.
 func TestUnhealthyMembersAreDemoted(t *testing.T) {
 	x := networkIndex()
-	g := New(x)
+	g := strictGenerator(t, x)
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
 	const solo = "outbound|7070||solo.demo.svc.cluster.local"
 	x.MemberState("south", clusters.StateStale)
 	x.MemberState("west", clusters.StateReady)
-	mtlsC := View{Network: "net-c", Flavour: FlavourGRPCMTLS}
+	mtlsC := View{Network: "net-c", Flavour: FlavourGRPC}
 	_, cla := assignmentFor(t, g, echo, mtlsC)
 	if got, want := shape(cla), "east/p0/w2: 203.0.113.10:15443×2[tls]; south/p1/w1: 10.2.0.1:8080×1[tls]"; got != want {
 		t.Errorf("south Stale:\n got %s\nwant %s", got, want)
@@ -195,7 +195,7 @@ func TestUnhealthyMembersAreDemoted(t *testing.T) {
 		t.Errorf("south recovered:\n got %s\nwant %s", got, want)
 	}
 
-	off := New(x)
+	off := strictGenerator(t, x)
 	off.SetDemoteUnhealthy(false)
 	x.MemberState("south", clusters.StateTimedOut)
 	if _, cla := assignmentFor(t, off, echo, mtlsC); strings.Contains(shape(cla), "/p1/") {
@@ -208,7 +208,7 @@ func TestUnhealthyMembersAreDemoted(t *testing.T) {
 // which an east-west gateway routes without terminating TLS.
 func TestMTLSClustersCarryIstioSNI(t *testing.T) {
 	g := mtlsGenerator(t, MTLSStrict)
-	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPCMTLS})
+	res, err := g.Resources(resourcev3.ClusterType, []string{"outbound|7070||echo.demo.svc.cluster.local"}, View{Flavour: FlavourGRPC})
 	if err != nil || len(res) != 1 {
 		t.Fatalf("CDS = %v, %v", res, err)
 	}
@@ -250,7 +250,7 @@ func TestViewOfNetwork(t *testing.T) {
 		{"net-b", "west", "net-b"}, {"", "west", "net-a"}, {"", "", ""},
 		{"made-up-1", "west", OtherNetwork}, {"made-up-2", "", OtherNetwork},
 	} {
-		if got := ViewOf(node(tc.claimed, "", ""), MTLSStrict, tc.member, places{}).Network; got != tc.want {
+		if got := ViewOf(node(tc.claimed, "", ""), tc.member, places{}).Network; got != tc.want {
 			t.Errorf("NETWORK %q, member %q: network %q; want %q", tc.claimed, tc.member, got, tc.want)
 		}
 	}
@@ -262,7 +262,7 @@ func TestViewOfNetwork(t *testing.T) {
 		{"r1", "z7", "east", Locality{"r1", feed.UnknownLocality, "east"}},
 		{"made-up", "z1", "made-up", Locality{feed.UnknownLocality, "", ""}},
 	} {
-		if got := ViewOf(node("", tc.region, tc.zone), MTLSStrict, tc.member, places{}).Locality; got != tc.want {
+		if got := ViewOf(node("", tc.region, tc.zone), tc.member, places{}).Locality; got != tc.want {
 			t.Errorf("%s/%s of %s: locality %+v; want %+v", tc.region, tc.zone, tc.member, got, tc.want)
 		}
 	}
@@ -282,9 +282,9 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 			{Address: "10.3.0.3", Port: 8080, ServicePort: 7070, MTLS: true},
 		}},
 	})
-	g := New(x)
+	g := strictGenerator(t, x)
 	const echo = "outbound|7070||echo.demo.svc.cluster.local"
-	_, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	_, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
 	if got, want := shape(cla), "east/p0/w5: 203.0.113.10:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("shared gateway:\n got %s\nwant %s", got, want)
 	}
@@ -293,13 +293,13 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 		Gateways:  []clusters.Gateway{{Address: "203.0.113.10", Port: 15443}, {Address: "203.0.113.11", Port: 15443}},
 		Endpoints: []clusters.Endpoint{{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, MTLS: true}, {Address: "10.1.0.2", Port: 8080, ServicePort: 7070, MTLS: true}}}})
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
-	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
 	if got, want := shape(cla), "east/p0/w5: 203.0.113.10:15443×5[tls] 203.0.113.11:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("two shared gateways:\n got %s\nwant %s", got, want)
 	}
 	x.MemberState("east", clusters.StateStale) // east2's listing is the better one now
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
-	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPCMTLS})
+	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
 	if got, want := shape(cla), "east2/p0/w5: 203.0.113.10:15443×5[tls] 203.0.113.11:15443×5[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"; got != want {
 		t.Errorf("shared gateway, east demoted:\n got %s\nwant %s", got, want)
 	}
@@ -316,9 +316,20 @@ func TestGatewayOfAnotherMemberOfTheNetwork(t *testing.T) {
 	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "demo", Name: "other", Network: "net-x", Ports: port,
 		Gateways: []clusters.Gateway{{Address: "203.0.113.50", Port: 15443}}}})
 	x.ReplaceCluster("client", []*clusters.Service{{Namespace: "demo", Name: "c", Network: "net-y", Ports: port}})
-	g := New(x)
-	_, cla := assignmentFor(t, g, "outbound|7070||echo.demo.svc.cluster.local", View{Network: "net-y", Flavour: FlavourGRPCMTLS})
+	g := strictGenerator(t, x)
+	_, cla := assignmentFor(t, g, "outbound|7070||echo.demo.svc.cluster.local", View{Network: "net-y", Flavour: FlavourGRPC})
 	if got, want := shape(cla), "plain/p0/w1: 203.0.113.50:15443×1[tls]"; got != want {
 		t.Errorf("through the network's gateway:\n got %s\nwant %s", got, want)
 	}
+}
+
+// strictGenerator is a Generator of x in the mesh-wide mode STRICT: its
+// proxyless clients (FlavourGRPC) speak Istio mTLS to every service.
+func strictGenerator(t *testing.T, x *feed.Index) *Generator {
+	t.Helper()
+	g := New(x)
+	if err := g.SetMTLS(MTLSStrict, fakeRoots{}, "istio-system"); err != nil {
+		t.Fatal(err)
+	}
+	return g
 }

@@ -1,0 +1,339 @@
+package authz
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	rbacpb "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+
+	"github.com/hubmesh/hub/distribute"
+)
+
+// The kinds (as distribute.Source names them) whose objects a Set is made of.
+const (
+	AuthorizationPolicyKind = "security.istio.io/v1/AuthorizationPolicy"
+	PeerAuthenticationKind  = "security.istio.io/v1/PeerAuthentication"
+)
+
+// Mode is a mutual-TLS mode, as PeerAuthentication names them.
+type Mode string
+
+// The modes. Istio's proxyless generator serves a port whose policy is
+// PERMISSIVE in plaintext (a gRPC server cannot tell TLS from plaintext on
+// one port: gRFC A36's filter chain match has no useful
+// transport_protocol), unless the workload carries the label
+// security.istio.io/tlsMode=istio (its clients would then try mTLS), which
+// makes it STRICT.
+const (
+	Strict     Mode = "STRICT"
+	Permissive Mode = "PERMISSIVE"
+	Disable    Mode = "DISABLE"
+)
+
+// Set is the distributed AuthorizationPolicies and PeerAuthentications,
+// compiled: which of them select a workload (Select) and what they make of
+// its inbound listener. Immutable once made.
+type Set struct {
+	rootNamespace string
+	meshDefault   Mode
+	authz         map[string][]*compiledPolicy // by namespace
+	peer          map[string][]peerPolicy      // by namespace
+	mesh          *peerPolicy                  // the mesh-wide PeerAuthentication, if any
+	problems      []Problem
+}
+
+// compiledPolicy is one AuthorizationPolicy and its rules as RBAC
+// policies of the action the hub enforces it with.
+type compiledPolicy struct {
+	id       string // namespace/name
+	version  string
+	action   securityv1beta1.AuthorizationPolicy_Action
+	selector func(Workload) bool
+	// rules are its RBAC policies, by name ("<ns>-<name>-<rule>"), of
+	// action enforce; none for AUDIT.
+	rules   map[string]*rbacpb.Policy
+	enforce rbacpb.RBAC_Action
+}
+
+// peerPolicy is one PeerAuthentication.
+type peerPolicy struct {
+	id, version string
+	created     int64
+	spec        *securityv1beta1.PeerAuthentication
+}
+
+// NewSet compiles the distributed policies (distribute.Source.Rules of
+// AuthorizationPolicyKind and PeerAuthenticationKind): those in
+// rootNamespace apply mesh-wide, the others in their namespace.
+// meshDefault is the mode when no mesh-wide PeerAuthentication sets one
+// (Istio's is PERMISSIVE). td maps principals' trust domains (see
+// TrustDomainBundle).
+func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzObjs, peerObjs []distribute.Object) *Set {
+	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, peer: map[string][]peerPolicy{}}
+	for _, o := range authzObjs {
+		spec, ok := o.Spec.(*securityv1beta1.AuthorizationPolicy)
+		if !ok || len(spec.GetTargetRefs()) > 0 || spec.GetTargetRef() != nil {
+			continue // targetRefs attach a policy to gateways and waypoints, never to a workload (istiod: ShouldAttachPolicy)
+		}
+		s.authz[o.Namespace] = append(s.authz[o.Namespace], s.compile(o, spec, td))
+	}
+	for _, o := range peerObjs {
+		spec, ok := o.Spec.(*securityv1beta1.PeerAuthentication)
+		if !ok {
+			continue
+		}
+		p := peerPolicy{id: o.Namespace + "/" + o.Name, version: o.Version, created: o.CreationTimestamp.UnixNano(), spec: spec}
+		s.peer[o.Namespace] = append(s.peer[o.Namespace], p)
+		if o.Namespace == rootNamespace && len(spec.GetSelector().GetMatchLabels()) == 0 && (s.mesh == nil || p.older(*s.mesh)) {
+			s.mesh = &p
+		}
+	}
+	for _, ps := range s.authz {
+		sort.Slice(ps, func(i, j int) bool { return ps[i].id < ps[j].id })
+	}
+	return s
+}
+
+// compile turns one AuthorizationPolicy into the RBAC policies the hub
+// enforces it with: ALLOW and DENY as istiod's proxyless generator does;
+// CUSTOM (an external authorizer, which proxyless gRPC cannot call) as
+// DENY of what its rules match, failing closed as istiod's sidecar builder
+// does for a provider it cannot use; AUDIT not at all (it never changes
+// access, and proxyless gRPC has no audit logger Istio configures).
+func (s *Set) compile(o distribute.Object, spec *securityv1beta1.AuthorizationPolicy, td TrustDomainBundle) *compiledPolicy {
+	c := &compiledPolicy{id: o.Namespace + "/" + o.Name, version: o.Version, action: spec.GetAction()}
+	sel := spec.GetSelector()
+	c.selector = func(w Workload) bool { return w.selects(sel) }
+	p := []Policy{{Namespace: o.Namespace, Name: o.Name, Spec: spec}}
+	var rbac *rbacpb.RBAC
+	var problems []Problem
+	switch spec.GetAction() {
+	case securityv1beta1.AuthorizationPolicy_ALLOW:
+		c.enforce = rbacpb.RBAC_ALLOW
+		rbac, problems = BuildRBAC(rbacpb.RBAC_ALLOW, p, td)
+	case securityv1beta1.AuthorizationPolicy_DENY:
+		c.enforce = rbacpb.RBAC_DENY
+		rbac, problems = BuildRBAC(rbacpb.RBAC_DENY, p, td)
+	case securityv1beta1.AuthorizationPolicy_CUSTOM:
+		c.enforce = rbacpb.RBAC_DENY
+		rbac, problems = BuildRBAC(rbacpb.RBAC_DENY, p, td)
+		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: fmt.Sprintf(
+			"CUSTOM (extension provider %q): proxyless gRPC cannot call an external authorizer; requests its rules match are denied", spec.GetProvider().GetName())})
+	case securityv1beta1.AuthorizationPolicy_AUDIT:
+		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: "AUDIT: proxyless gRPC servers do not log audits; the policy does not change access"})
+	default:
+		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: fmt.Sprintf("action %v is not known; the policy is not applied", spec.GetAction())})
+	}
+	c.rules = rbac.GetPolicies()
+	s.problems = append(s.problems, problems...)
+	return c
+}
+
+// older reports whether p takes precedence over q: the older one, as
+// istiod prefers, then the name.
+func (p peerPolicy) older(q peerPolicy) bool {
+	if p.created != q.created {
+		return p.created < q.created
+	}
+	return p.id < q.id
+}
+
+// Problems lists what the Set's policies ask that proxyless gRPC servers
+// cannot enforce as Istio means it, and what the hub does instead.
+func (s *Set) Problems() []Problem { return s.problems }
+
+// MeshMode is the mesh-wide mode: the oldest PeerAuthentication in the
+// root namespace without a selector, unless its mode is UNSET, else the
+// default NewSet was given.
+func (s *Set) MeshMode() Mode {
+	if s.mesh != nil {
+		if m, ok := modeOf(s.mesh.spec.GetMtls()); ok {
+			return m
+		}
+	}
+	return s.meshDefault
+}
+
+// modeOf is a PeerAuthentication mTLS setting's mode; false when UNSET
+// (inherited).
+func modeOf(m *securityv1beta1.PeerAuthentication_MutualTLS) (Mode, bool) {
+	switch m.GetMode() {
+	case securityv1beta1.PeerAuthentication_MutualTLS_STRICT:
+		return Strict, true
+	case securityv1beta1.PeerAuthentication_MutualTLS_PERMISSIVE:
+		return Permissive, true
+	case securityv1beta1.PeerAuthentication_MutualTLS_DISABLE:
+		return Disable, true
+	}
+	return "", false
+}
+
+// Selection is what applies to one workload: its PeerAuthentications and
+// AuthorizationPolicies.
+type Selection struct {
+	// Mesh, Namespace and Workload are the PeerAuthentications that decide
+	// its mode, each the oldest of its level (nil: none).
+	mesh, namespace, workload *peerPolicy
+	meshDefault               Mode
+	autoMTLS                  bool // label security.istio.io/tlsMode=istio
+	policies                  []*compiledPolicy
+}
+
+// Select is what applies to w: the PeerAuthentications of the root
+// namespace and of w's namespace that select it, and its
+// AuthorizationPolicies (those of the root namespace and of w's namespace
+// whose selector selects it), as istiod selects them.
+func (s *Set) Select(w Workload) Selection {
+	sel := Selection{meshDefault: s.meshDefault, mesh: s.mesh, autoMTLS: w.Labels["security.istio.io/tlsMode"] == "istio"}
+	if w.Namespace != s.rootNamespace {
+		for i, p := range s.peer[w.Namespace] {
+			switch {
+			case len(p.spec.GetSelector().GetMatchLabels()) == 0:
+				if sel.namespace == nil || p.older(*sel.namespace) {
+					sel.namespace = &s.peer[w.Namespace][i]
+				}
+			case w.selects(p.spec.GetSelector()):
+				if sel.workload == nil || p.older(*sel.workload) {
+					sel.workload = &s.peer[w.Namespace][i]
+				}
+			}
+		}
+	}
+	namespaces := []string{s.rootNamespace}
+	if w.Namespace != s.rootNamespace {
+		namespaces = append(namespaces, w.Namespace)
+	}
+	for _, ns := range namespaces {
+		for _, p := range s.authz[ns] {
+			if p.selector(w) {
+				sel.policies = append(sel.policies, p)
+			}
+		}
+	}
+	return sel
+}
+
+// Key identifies what the selection makes of a workload's listeners: two
+// workloads with the same key get the same inbound listeners.
+func (sel Selection) Key() string {
+	var b strings.Builder
+	b.WriteString(string(sel.meshDefault))
+	for _, p := range []*peerPolicy{sel.mesh, sel.namespace, sel.workload} {
+		b.WriteByte(0)
+		if p != nil {
+			b.WriteString(p.id + "@" + p.version)
+		}
+	}
+	b.WriteByte(0)
+	b.WriteString(strconv.FormatBool(sel.autoMTLS))
+	for _, p := range sel.policies {
+		b.WriteByte(0)
+		b.WriteString(p.id + "@" + p.version)
+	}
+	return b.String()
+}
+
+// PolicyMode is the mode the PeerAuthentications give port (the port the
+// server listens on: Istio's portLevelMtls names target ports), as
+// istiod's ComposePeerAuthentication: mesh, then namespace, then workload
+// level, UNSET inheriting; a workload policy's portLevelMtls for the port
+// last. The default is NewSet's meshDefault.
+func (sel Selection) PolicyMode(port uint32) Mode {
+	mode := sel.meshDefault
+	for _, p := range []*peerPolicy{sel.mesh, sel.namespace, sel.workload} {
+		if p == nil {
+			continue
+		}
+		if m, ok := modeOf(p.spec.GetMtls()); ok {
+			mode = m
+		}
+	}
+	if sel.workload != nil {
+		if pl, ok := sel.workload.spec.GetPortLevelMtls()[port]; ok {
+			if m, ok := modeOf(pl); ok {
+				mode = m
+			}
+		}
+	}
+	return mode
+}
+
+// ServerMode is the mode a proxyless gRPC server's inbound listener on
+// port is rendered in, as istiod's grpcgen: STRICT requires client
+// certificates; PERMISSIVE is served as DISABLE (plaintext), or as STRICT
+// when the workload carries security.istio.io/tlsMode=istio.
+func (sel Selection) ServerMode(port uint32) Mode {
+	switch m := sel.PolicyMode(port); {
+	case m == Strict, m == Permissive && sel.autoMTLS:
+		return Strict
+	default:
+		return Disable
+	}
+}
+
+// PeerAuthentications names the PeerAuthentications that decide the mode
+// (mesh, namespace, workload level; those absent left out).
+func (sel Selection) PeerAuthentications() []string {
+	var out []string
+	for _, p := range []*peerPolicy{sel.mesh, sel.namespace, sel.workload} {
+		if p != nil {
+			out = append(out, p.id)
+		}
+	}
+	return out
+}
+
+// Applied lists the AuthorizationPolicies selected, by the action they are
+// enforced with.
+type Applied struct {
+	Allow, Deny, Custom, Audit []string
+}
+
+// Policies lists the AuthorizationPolicies that apply, by action.
+func (sel Selection) Policies() Applied {
+	var a Applied
+	for _, p := range sel.policies {
+		switch p.action {
+		case securityv1beta1.AuthorizationPolicy_ALLOW:
+			a.Allow = append(a.Allow, p.id)
+		case securityv1beta1.AuthorizationPolicy_DENY:
+			a.Deny = append(a.Deny, p.id)
+		case securityv1beta1.AuthorizationPolicy_CUSTOM:
+			a.Custom = append(a.Custom, p.id)
+		case securityv1beta1.AuthorizationPolicy_AUDIT:
+			a.Audit = append(a.Audit, p.id)
+		}
+	}
+	return a
+}
+
+// RBAC is the RBAC configurations of the selection, in the order Istio
+// evaluates them: DENY (with the CUSTOM policies' rules), then ALLOW. Each
+// is nil when it has nothing to do: DENY without rules; ALLOW when no ALLOW
+// policy applies. An ALLOW policy that applies with no rule the hub could
+// build allows nothing, as in Istio (istiod's proxyless generator leaves
+// the filter out then, allowing everything).
+func (sel Selection) RBAC() (deny, allow *rbacpb.RBAC) {
+	for _, p := range sel.policies {
+		switch {
+		case p.enforce == rbacpb.RBAC_DENY && len(p.rules) > 0:
+			if deny == nil {
+				deny = &rbacpb.RBAC{Action: rbacpb.RBAC_DENY, Policies: map[string]*rbacpb.Policy{}}
+			}
+			for name, r := range p.rules {
+				deny.Policies[name] = r
+			}
+		case p.enforce == rbacpb.RBAC_ALLOW && p.action == securityv1beta1.AuthorizationPolicy_ALLOW:
+			if allow == nil {
+				allow = &rbacpb.RBAC{Action: rbacpb.RBAC_ALLOW, Policies: map[string]*rbacpb.Policy{}}
+			}
+			for name, r := range p.rules {
+				allow.Policies[name] = r
+			}
+		}
+	}
+	return deny, allow
+}
