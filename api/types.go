@@ -150,6 +150,10 @@ type ProxyServer struct {
 	// Pending: the policies have not been read yet; no inbound listener
 	// is served until they are.
 	Pending bool `json:"pending,omitempty"`
+	// FailClosed says why every request to it is denied and mTLS required
+	// whatever its policies say (its labels were not all read, or a
+	// PeerAuthentication that could select it cannot be read).
+	FailClosed string `json:"failClosed,omitempty"`
 	// PeerAuthentications decide its mTLS modes (namespace/name: mesh,
 	// namespace, workload level).
 	PeerAuthentications []string `json:"peerAuthentications"`
@@ -216,7 +220,7 @@ func ToProxy(p hub.ProxyStatus) Proxy {
 		out.Server = &ProxyServer{
 			Workload: ServerWorkload{Namespace: w.Namespace, ServiceAccount: w.ServiceAccount, Member: w.Member, Labels: len(w.Labels),
 				Verified: w.Verified, ClaimedNamespace: w.Claimed},
-			Pending: s.Pending, PeerAuthentications: nonNil(s.PeerAuthentications),
+			Pending: s.Pending, FailClosed: s.FailClosed, PeerAuthentications: nonNil(s.PeerAuthentications),
 			Allow: nonNil(s.Policies.Allow), Deny: nonNil(s.Policies.Deny), Custom: s.Policies.Custom, Audit: s.Policies.Audit,
 			Listeners: []InboundListener{},
 		}

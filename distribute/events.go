@@ -36,12 +36,12 @@ func refOf(u *unstructured.Unstructured) corev1.ObjectReference {
 func (s *Source) reject(ctx context.Context, kind string, ref corev1.ObjectReference, generation int64, reason string, err error) {
 	s.log.Warn("object not distributed", "kind", kind, "namespace", ref.Namespace, "name", ref.Name,
 		"generation", generation, "reason", reason, "why", statusMessage(reason, err))
-	s.recordEvent(ctx, kind, ref, RejectedReason, fmt.Sprintf("not distributed to member istiods: %v", err))
+	_ = s.recordEvent(ctx, kind, ref, RejectedReason, fmt.Sprintf("not distributed to member istiods: %v", err)) // logged
 }
 
 // recordEvent records a Warning Event on an object, its message cut to
-// maxEventMessage.
-func (s *Source) recordEvent(ctx context.Context, kind string, ref corev1.ObjectReference, reason, msg string) {
+// maxEventMessage; a failure is logged and returned.
+func (s *Source) recordEvent(ctx context.Context, kind string, ref corev1.ObjectReference, reason, msg string) error {
 	if len(msg) > maxEventMessage {
 		msg = msg[:maxEventMessage-3] + "..."
 	}
@@ -63,8 +63,10 @@ func (s *Source) recordEvent(ctx context.Context, kind string, ref corev1.Object
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := s.kube.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && ctx.Err() == nil {
+	_, err := s.kube.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	if err != nil && ctx.Err() == nil {
 		s.log.Warn("recording an Event failed", "kind", kind, "reason", reason,
 			"namespace", ref.Namespace, "name", ref.Name, "err", err)
 	}
+	return err
 }

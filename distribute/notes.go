@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // NoteReason is the reason of the Warning Event recorded on a distributed
@@ -27,7 +28,9 @@ const maxNotes = 1000
 
 // SetNotes replaces the notes on a kind's objects (see Note). The Events
 // of new notes are recorded by Run's goroutine (never by the caller), by
-// the replica that may write.
+// the replica that may write, a few per round; one that failed, or was
+// due while this replica could not write, on a later round (every
+// Options.Recheck).
 func (s *Source) SetNotes(kind string, notes []Note) {
 	notes = append([]Note(nil), notes...)
 	sort.Slice(notes, func(i, j int) bool {
@@ -95,11 +98,20 @@ func (s *Source) recordNotes(ctx context.Context) {
 			delete(s.noted, k) // forgotten: reported again should it come back
 		}
 	}
-	for _, d := range todo {
-		s.noted[d.key] = true
-	}
 	s.mu.Unlock()
+	if len(todo) > maxNoteEvents {
+		todo = todo[:maxNoteEvents] // the rest on a later round
+	}
 	for _, d := range todo {
-		s.recordEvent(ctx, d.key.kind, d.ref, NoteReason, "applied by the hub's xDS: "+d.key.message)
+		if err := s.recordEvent(ctx, d.key.kind, d.ref, NoteReason, "applied by the hub's xDS: "+d.key.message); err != nil && !apierrors.IsForbidden(err) {
+			continue // tried again on a later round (a refusal is final: logged once)
+		}
+		s.mu.Lock()
+		s.noted[d.key] = true
+		s.mu.Unlock()
 	}
 }
+
+// maxNoteEvents bounds the Events one round of recordNotes records (each
+// is an API call on Run's goroutine).
+const maxNoteEvents = 20

@@ -169,6 +169,7 @@ func (s *Source) Run(ctx context.Context) error {
 			s.refresh(ctx)
 		case <-recheck.C:
 			s.recheckHosts(ctx)
+			s.recordNotes(ctx) // those that failed, or came while this replica could not write
 		case <-s.noteKick:
 			s.recordNotes(ctx)
 		}
@@ -204,16 +205,19 @@ func (s *Source) Objects(kind string) (objects []Object, ready bool) {
 }
 
 // Rules returns the objects of a kind that the hub's own xDS reads: the
-// distributed ones and those held back only because they name a host the
-// hub owns (ReasonHost), which are about exactly the hosts it serves
-// (DestinationRules of federated hosts: see HostGuard). Sorted and ready
-// as Objects; OnChange reports their changes too.
+// distributed ones; those held back only because they name a host the hub
+// owns (ReasonHost), which are about exactly the hosts it serves
+// (DestinationRules of federated hosts: see HostGuard); and, with a nil
+// Spec, those of the namespaces distribution is allowed from whose spec
+// does not convert (ReasonSpec): a policy the hub cannot read is still
+// there, and the hub's xDS fails closed on it. Sorted and ready as
+// Objects; OnChange reports their changes too.
 func (s *Source) Rules(kind string) (objects []Object, ready bool) {
 	objects, ready = s.Objects(kind)
 	s.mu.Lock()
 	if st := s.states[kind]; st != nil {
 		for _, r := range st.rejected {
-			if r.object != nil && r.reason == ReasonHost {
+			if r.object != nil && (r.reason == ReasonHost || r.reason == ReasonSpec) {
 				objects = append(objects, *r.object)
 			}
 		}

@@ -3,6 +3,7 @@ package distribute
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,8 +120,14 @@ func (s *Source) apply(ctx context.Context, w *watcher, k kindInfo, obj any) {
 	var changed, report bool
 	if err != nil {
 		r := rejection{uid: u.GetUID(), generation: u.GetGeneration(), reason: reason, message: statusMessage(reason, err)}
-		if reason == ReasonHost {
+		switch {
+		case reason == ReasonHost:
 			r.object = &o // checked again when the federated hosts change
+		case reason == ReasonSpec && slices.Contains(s.opts.Namespaces, u.GetNamespace()):
+			// Unreadable, where it would count: the hub's own xDS must
+			// know it is there (Rules), to fail closed on it.
+			r.object = &Object{Kind: k.name(), Namespace: u.GetNamespace(), Name: u.GetName(),
+				Version: fmt.Sprintf("unreadable/%s/%d", u.GetUID(), u.GetGeneration()), ref: refOf(u), generation: u.GetGeneration()}
 		}
 		changed, report = s.rejectLocked(st, id, r)
 	} else {

@@ -343,7 +343,7 @@ func TestAuthorizationAsIstiodGRPCGen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs := istioObjects{t, dyn}
+	objs := istioObjects{t: t, dyn: dyn}
 	for _, c := range cases {
 		n := c.ns
 		if n == "" {

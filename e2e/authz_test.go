@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"regexp"
@@ -21,11 +22,12 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// istioObjects creates, updates and deletes Istio objects labelled for
-// distribution in the home cluster.
+// istioObjects creates and deletes Istio objects in a cluster, labelled
+// for distribution unless unlabelled says not.
 type istioObjects struct {
-	t   *testing.T
-	dyn dynamic.Interface
+	t          *testing.T
+	dyn        dynamic.Interface
+	unlabelled bool
 }
 
 var (
@@ -37,14 +39,24 @@ var (
 func (o istioObjects) apply(gvr schema.GroupVersionResource, ns, name string, spec map[string]any) {
 	o.t.Helper()
 	kind := map[string]string{"authorizationpolicies": "AuthorizationPolicy", "peerauthentications": "PeerAuthentication", "destinationrules": "DestinationRule"}[gvr.Resource]
+	meta := map[string]any{"name": name, "namespace": ns}
+	if !o.unlabelled {
+		meta["labels"] = map[string]any{distribute.Label: "true"}
+	}
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": gvr.Group + "/" + gvr.Version, "kind": kind,
-		"metadata": map[string]any{"name": name, "namespace": ns, "labels": map[string]any{distribute.Label: "true"}},
-		"spec":     spec,
+		"apiVersion": gvr.Group + "/" + gvr.Version, "kind": kind, "metadata": meta, "spec": spec,
 	}}
 	if _, err := o.dyn.Resource(gvr).Namespace(ns).Create(testContext(o.t), u, metav1.CreateOptions{}); err != nil {
 		o.t.Fatalf("creating %s %s/%s: %v", kind, ns, name, err)
 	}
+	// Gone with the test: every hub of the shared home cluster sees
+	// labelled objects (and reports those of namespaces it does not
+	// distribute from).
+	o.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = o.dyn.Resource(gvr).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
 }
 
 func (o istioObjects) remove(gvr schema.GroupVersionResource, ns, name string) {
@@ -120,8 +132,9 @@ func seen(t *testing.T, c *child, what string, n int, prefixes ...string) {
 // other client gets PermissionDenied, and the push reached exactly the two
 // servers it selects; a DENY of one gRPC method → that method denied, the
 // other still served; everything removed → every call succeeds again,
-// without restarting a client. No NACKs; the API shows each server's
-// policies and mode.
+// without restarting a client. Policies in a member's own API server, or
+// not labelled for distribution, are not read. No NACKs; the API shows
+// each server's policies and mode.
 func TestProxylessAuthorizationPolicies(t *testing.T) {
 	e := localcluster.Require(t, env)
 	pilotAgentBin(t)
@@ -143,7 +156,7 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs := istioObjects{t, dyn}
+	objs := istioObjects{t: t, dyn: dyn}
 	h := startAgentHub(t, e, spiffeid.RequireTrustDomainFromString("authz.test"), "--mtls-mode", "PERMISSIVE",
 		"--root-namespace", root, "--distribute-namespaces", strings.Join([]string{root, app, open}, ","))
 	ip := dataPlaneIP(t)
@@ -191,6 +204,18 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 	settle(t, plain, "plain, no policy", 20, okFrom)
 	settle(t, plainOpen, "plain-open, no policy", 20, func(l string) bool { return l == "ok open peer=-" })
 
+	// Only distributed policies count: a deny-all AuthorizationPolicy in
+	// a member's own API server, and one in the home cluster without the
+	// distribution label, change nothing for the hub's proxyless servers.
+	installIstioCRDs(t, west)
+	westDyn, err := dynamic.NewForConfig(west.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	denyAll := map[string]any{"action": "DENY", "rules": []any{map[string]any{}}}
+	istioObjects{t: t, dyn: westDyn, unlabelled: true}.apply(authorizationPolicies, app, "member-local-deny-all", denyAll)
+	istioObjects{t: t, dyn: dyn, unlabelled: true}.apply(authorizationPolicies, app, "unlabelled-deny-all", denyAll)
+	settle(t, bob, "bob, with member-local and unlabelled deny-all policies", 20, okFrom)
 	// STRICT in app (the mesh stays PERMISSIVE) and ISTIO_MUTUAL for its
 	// echo: alice and bob call over mTLS, plain is refused in app only.
 	objs.apply(peerAuthentications, app, "strict", map[string]any{"mtls": map[string]any{"mode": "STRICT"}})
@@ -251,8 +276,9 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 		t.Errorf("the ALLOW policy re-evaluated %d servers' inbound listeners; want 2 (app's echo in west and east, not open's)", n)
 	}
 	eventually(t, 30*time.Second, func() error {
-		if allow := servers()[west.Name+"/"+app].Allow; len(allow) != 1 || allow[0] != app+"/only-alice" {
-			return fmt.Errorf("west's app server: ALLOW %v", allow)
+		srv := servers()[west.Name+"/"+app]
+		if len(srv.Allow) != 1 || srv.Allow[0] != app+"/only-alice" || len(srv.Deny) != 0 {
+			return fmt.Errorf("west's app server: ALLOW %v, DENY %v; want only %s/only-alice, and no DENY (the deny-all policies are not distributed)", srv.Allow, srv.Deny, app)
 		}
 		return nil
 	})

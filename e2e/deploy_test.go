@@ -259,12 +259,20 @@ func TestDeploy(t *testing.T) {
 	}
 	forbidden := regexp.MustCompile(`(?i)forbidden`)
 	homeSecrets := regexp.MustCompile(`cannot (list|watch) resource \\?"secrets\\?" in API group \\?"\\?" at the cluster scope`)
+	// Events on objects labelled for distribution in namespaces the hub
+	// may not write Events to (other tests' objects in this shared home
+	// cluster): deploy/rbac.yaml says those rejections are logged.
+	foreignEvents := regexp.MustCompile(`"msg":"recording an Event failed".*"namespace":"([^"]+)".*cannot create resource \\?"events\\?"`)
+	foreign := func(line string) bool {
+		m := foreignEvents.FindStringSubmatch(line)
+		return m != nil && m[1] != deployNS && m[1] != "istio-system"
+	}
 	tolerated := 0
 	for _, line := range strings.Split(string(logData), "\n") {
 		if homeSecrets.MatchString(line) {
 			tolerated++
 		}
-		if forbidden.MatchString(line) && !homeSecrets.MatchString(line) {
+		if forbidden.MatchString(line) && !homeSecrets.MatchString(line) && !foreign(line) {
 			t.Errorf("hub was forbidden something with the deploy/ RBAC: %s", line)
 		}
 	}

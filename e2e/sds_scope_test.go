@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +98,39 @@ func TestSDSPushScopedToChangedSecret(t *testing.T) {
 			}
 			if got := w.last()[gw]; got != p.first {
 				return fmt.Errorf("%s holds gw-cert %q; want %q", p.name, got, p.first)
+			}
+			return nil
+		})
+	}
+	// Whatever the set-up left to push (e.g. a member's Secrets synced,
+	// reported while the watches were answered from its cache) is pushed
+	// before counting: three pushes after a change no SDS watch concerns
+	// (a Service in east's namespace b) mean every change reported before
+	// the first was pushed and its evaluations counted (pushes run one at
+	// a time; a push that started before a change may not carry it).
+	pushes := func() int {
+		t.Helper()
+		n := 0
+		for _, line := range strings.Split(h.scrapeMetrics(t), "\n") {
+			if rest, ok := strings.CutPrefix(line, "hub_xds_pushes_total{"); ok {
+				v, err := strconv.Atoi(rest[strings.LastIndexByte(rest, ' ')+1:])
+				if err != nil {
+					t.Fatalf("hub_xds_pushes_total: %q", line)
+				}
+				n += v
+			}
+		}
+		return n
+	}
+	for i := range 3 {
+		p := pushes()
+		if err := localcluster.ApplyService(ctx, client(t, east), b, "flush", "http", 8080,
+			[]localcluster.Backend{{IP: fmt.Sprintf("198.18.99.%d", i+1), Port: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 60*time.Second, func() error {
+			if n := pushes(); n <= p {
+				return fmt.Errorf("no push since %d", p)
 			}
 			return nil
 		})

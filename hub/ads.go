@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
@@ -310,7 +311,8 @@ func (c *sotwConn) close() {
 // node for as long as it lives. Envoy lists every extension compiled into
 // it (~130, 10–20 KB decoded), and an Istio sidecar's metadata (~17 KB
 // encoded: labels, annotations, the pod's ports, the agent's settings)
-// decodes to ~9 KB of structs; of the metadata only readNodeMetadata stay.
+// decodes to ~9 KB of structs; of the metadata only readNodeMetadata stay,
+// and a proxyless gRPC node's LABELS, bounded (authz.TrimLabels).
 func forgetUnread(n *corev3.Node) {
 	n.Extensions, n.ClientFeatures, n.DynamicParameters = nil, nil, nil
 	fields := n.GetMetadata().GetFields()
@@ -324,7 +326,7 @@ func forgetUnread(n *corev3.Node) {
 		}
 	}
 	if v, ok := fields["LABELS"]; ok && xdsgen.Proxyless(n) {
-		kept["LABELS"] = v // which policies select a proxyless server (authz.WorkloadOf)
+		kept["LABELS"] = authz.TrimLabels(v) // which policies select a proxyless server (authz.WorkloadOf)
 	}
 	if len(kept) < len(fields) {
 		n.Metadata = &structpb.Struct{Fields: kept}

@@ -217,7 +217,16 @@ func New(opts Options) (*Hub, error) {
 			Name: "hub_xds_push_quiet_seconds",
 			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
 		}, func() float64 { return h.changes.Quiet().Seconds() })
-		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, h.watcher.policyServers, quiet)
+		pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "hub_xds_policies_pending",
+			Help: "1 while the distributed AuthorizationPolicies and PeerAuthentications have not been read (since start): proxyless gRPC servers get no inbound listener, and streams asking for one no LDS response, until they are.",
+		}, func() float64 {
+			if _, known := h.gen.Security(); known {
+				return 0
+			}
+			return 1
+		})
+		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, h.watcher.policyServers, pending, quiet)
 		for t := range feed.PushTriggers {
 			xdsCollectors = append(xdsCollectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name:        "hub_xds_pushes_total",

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -25,8 +26,14 @@ func (w *watcher) serverOf(rec *streamRecord, node *corev3.Node, ident authn.Ide
 		return rec.server
 	}
 	var proven authz.Proven
-	if ident.Namespace != "" {
-		proven = authz.Proven{Namespace: ident.Namespace, ServiceAccount: authn.ServiceAccountOf(ident.SpiffeID), Member: ident.Cluster}
+	if !ident.SpiffeID.IsZero() {
+		// A proven identity stands, whatever the node says; one of
+		// another trust domain, or without /ns/<ns>/sa/<sa>, selects
+		// no namespace's policies.
+		proven = authz.Proven{Verified: true, Member: ident.Cluster}
+		if w.roots != nil && ident.Verified(w.roots.LocalTrustDomain()) {
+			proven.Namespace, proven.ServiceAccount = ident.Namespace, authn.ServiceAccountOf(ident.SpiffeID)
+		}
 	}
 	wl := authz.WorkloadOf(node, proven)
 	rec.server, rec.serverFor = &wl, ident
@@ -67,18 +74,20 @@ func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
 		return nil
 	}
 	change := w.gen.SetSecurity(authzObjs, peerObjs)
-	notes := make([]distribute.Note, 0, len(change.Problems))
+	notes := map[string][]distribute.Note{authz.AuthorizationPolicyKind: nil, authz.PeerAuthenticationKind: nil}
 	for _, p := range change.Problems {
 		msg := p.Message
 		if p.Rule >= 0 {
 			msg = fmt.Sprintf("rule %d: %s", p.Rule, msg)
 		}
-		notes = append(notes, distribute.Note{Object: p.Policy, Message: msg})
+		notes[p.Kind] = append(notes[p.Kind], distribute.Note{Object: p.Policy, Message: msg})
 	}
-	if len(notes) > 0 {
-		w.log.Warn("AuthorizationPolicies proxyless gRPC servers cannot enforce as Istio means them (see /api/v1/distribution)", "notes", len(notes))
+	if len(change.Problems) > 0 {
+		w.log.Warn("policies proxyless gRPC servers cannot enforce as Istio means them (see /api/v1/distribution)", "notes", len(change.Problems))
 	}
-	w.rules.SetNotes(authz.AuthorizationPolicyKind, notes)
+	for kind, n := range notes {
+		w.rules.SetNotes(kind, n)
+	}
 	if change.MeshMode {
 		if b.Hosts == nil {
 			b.Hosts = map[string]struct{}{}
@@ -87,15 +96,32 @@ func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
 			b.Hosts[host] = struct{}{}
 		}
 	}
+	// The servers, then what the change does to each kind of workload
+	// (namespace and labels), outside the lock every watch needs.
+	type server struct {
+		s  *subscriber
+		wl *authz.Workload
+	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	servers := make([]server, 0, len(w.byServer))
 	for s := range w.byServer {
+		servers = append(servers, server{s, s.view.Server})
+	}
+	w.mu.Unlock()
+	affects := map[string]bool{}
+	for _, sv := range servers {
 		wl := authz.Workload{}
-		if s.view.Server != nil {
-			wl = *s.view.Server
+		if sv.wl != nil {
+			wl = *sv.wl
 		}
-		if change.Affects(wl) {
-			affected = append(affected, s)
+		key := wl.Namespace + "\x00" + strconv.FormatBool(wl.Truncated) + "\x00" + wl.LabelsKey()
+		a, ok := affects[key]
+		if !ok {
+			a = change.Affects(wl)
+			affects[key] = a
+		}
+		if a {
+			affected = append(affected, sv.s)
 		}
 	}
 	return affected
@@ -116,6 +142,9 @@ type ServerSecurity struct {
 	// Pending says the policies have not been read yet: no inbound
 	// listener is served until they are.
 	Pending bool
+	// FailClosed says why every request to it is denied and mTLS
+	// required, if so (authz.Selection.FailsClosed).
+	FailClosed string
 }
 
 // InboundListener is one inbound listener of a proxyless gRPC server.
@@ -152,7 +181,7 @@ func (w *watcher) serverSecurity(rec *streamRecord) *ServerSecurity {
 	set, known := w.gen.Security()
 	out.Pending = !known
 	sel := set.Select(out.Workload)
-	out.PeerAuthentications, out.Policies = sel.PeerAuthentications(), sel.Policies()
+	out.PeerAuthentications, out.Policies, out.FailClosed = sel.PeerAuthentications(), sel.Policies(), sel.FailsClosed()
 	for _, name := range names {
 		ap, ok := xdsgen.ParseInboundName(name)
 		if !ok {

@@ -345,6 +345,9 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 				w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
 				notes = append(notes, distribute.Note{Object: r.Rule, Message: "load balancing not applied: " + r.Reason})
 			}
+			for _, r := range xdsgen.ClientTLSNotes(objs) {
+				notes = append(notes, distribute.Note{Object: r.Rule, Message: r.Reason})
+			}
 			w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
 			for _, host := range changed {
 				if b.Hosts == nil {
@@ -519,7 +522,9 @@ func (w *watcher) skipUnchangedWildcards(jobs []job, versions map[xdsgen.Wildcar
 	for _, j := range jobs {
 		wt := j.wt
 		if wt.wildcard && wt.typeURL != resourcev3.SecretType && wt.setVersion != "" {
-			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, View: wt.view}
+			view := wt.view
+			view.Server = nil // a wildcard set never holds inbound listeners
+			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, View: view}
 			v, ok := versions[key]
 			if !ok {
 				set, err := w.all(wt.typeURL, wt.view)

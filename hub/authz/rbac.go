@@ -31,6 +31,9 @@ type Policy struct {
 // Problem is something in a policy a proxyless gRPC server cannot enforce
 // as Istio means it, and what the hub did instead.
 type Problem struct {
+	// Kind is the policy's kind (AuthorizationPolicyKind or
+	// PeerAuthenticationKind).
+	Kind    string
 	Policy  string // "<namespace>/<name>"
 	Rule    int    // index in spec.rules, -1 for the whole policy
 	Message string // one sentence, e.g. `path "/a/{*}": path templates are not supported by gRPC's RBAC; the rule is not applied (ALLOW)`
@@ -79,7 +82,7 @@ func BuildRBAC(action rbacpb.RBAC_Action, policies []Policy, td TrustDomainBundl
 				messages = append(messages, fmt.Sprintf("RBAC policy name %q is also an earlier rule's; this rule replaces it, as in istiod", name))
 			}
 			for _, m := range messages {
-				problems = append(problems, Problem{Policy: id, Rule: i, Message: m})
+				problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: id, Rule: i, Message: m})
 			}
 			if policy != nil {
 				out.Policies[name] = policy

@@ -201,7 +201,7 @@ policies:
     permissions: [{andRules: {rules: [{orRules: {rules: [{urlPath: {path: {exact: /c}}}]}}]}}]
     principals: [{andIds: {ids: [{any: true}]}}]
 `,
-			problems: []Problem{{"foo/p", 0, `path "/b/{*}": path templates are not supported by gRPC's RBAC; the rule is not applied (ALLOW)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `path "/b/{*}": path templates are not supported by gRPC's RBAC; the rule is not applied (ALLOW)`}},
 		},
 		{
 			name:   "path template, DENY: the rule matches any path",
@@ -224,7 +224,7 @@ policies:
         ids:
         - orIds: {ids: [{authenticated: {principalName: {exact: "spiffe://cluster.local/ns/a/sa/b"}}}]}
 `,
-			problems: []Problem{{"foo/p", 0, `path "/b/{**}": path templates are not supported by gRPC's RBAC; the rule matches any path instead (DENY)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `path "/b/{**}": path templates are not supported by gRPC's RBAC; the rule matches any path instead (DENY)`}},
 		},
 		{
 			name:   "path template in notPaths, DENY: the rule matches any path",
@@ -239,7 +239,7 @@ policies:
     permissions: [{andRules: {rules: [{any: true}, {orRules: {rules: [{destinationPort: 8080}]}}]}}]
     principals: [{andIds: {ids: [{any: true}]}}]
 `,
-			problems: []Problem{{"foo/p", 0, `not path "/x/{*}": path templates are not supported by gRPC's RBAC; the rule matches any path instead (DENY)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `not path "/x/{*}": path templates are not supported by gRPC's RBAC; the rule matches any path instead (DENY)`}},
 		},
 		{
 			name:   "grpc- header, ALLOW: the rule is not applied",
@@ -248,7 +248,7 @@ policies:
 rules:
 - when: [{key: "request.headers[Grpc-Timeout]", values: ["1S"]}]
 `),
-			problems: []Problem{{"foo/p", 0, `request.headers[Grpc-Timeout] "1S": gRPC's RBAC refuses header matchers on "grpc-" headers (gRFC A41); the rule is not applied (ALLOW)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `request.headers[Grpc-Timeout] "1S": gRPC's RBAC refuses header matchers on "grpc-" headers (gRFC A41); the rule is not applied (ALLOW)`}},
 		},
 		{
 			name:   ":scheme header, DENY: the condition matches anything",
@@ -269,7 +269,7 @@ policies:
         - any: true
         - orIds: {ids: [{header: {name: x-user, stringMatch: {exact: bob}}}]}
 `,
-			problems: []Problem{{"foo/p", 0, `not request.headers[:scheme] "https": gRPC's RBAC refuses header matchers on ":scheme" (gRFC A41); the rule matches any request.headers[:scheme] instead (DENY)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `not request.headers[:scheme] "https": gRPC's RBAC refuses header matchers on ":scheme" (gRFC A41); the rule matches any request.headers[:scheme] instead (DENY)`}},
 		},
 		{
 			name:   "malformed value, ALLOW: the rule is not applied, as in istiod",
@@ -278,7 +278,7 @@ policies:
 rules:
 - from: [{source: {ipBlocks: ["10.0.0.0/8", "not-an-ip"]}}]
 `),
-			problems: []Problem{{"foo/p", 0, `source.ip "not-an-ip": ParseAddr("not-an-ip"): unable to parse IP; the rule is not applied, as in istiod (ALLOW)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `source.ip "not-an-ip": ParseAddr("not-an-ip"): unable to parse IP; the rule is not applied, as in istiod (ALLOW)`}},
 		},
 		{
 			name:   "malformed value, DENY: the value is ignored, as in istiod",
@@ -293,7 +293,7 @@ policies:
     permissions: [{andRules: {rules: [{any: true}]}}]
     principals: [{andIds: {ids: [{orIds: {ids: [{directRemoteIp: {addressPrefix: 10.0.0.0, prefixLen: 8}}]}}]}}]
 `,
-			problems: []Problem{{"foo/p", 0, `source.ip "not-an-ip": ParseAddr("not-an-ip"): unable to parse IP; the value is ignored, as in istiod (DENY)`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `source.ip "not-an-ip": ParseAddr("not-an-ip"): unable to parse IP; the value is ignored, as in istiod (DENY)`}},
 		},
 		{
 			name:   "unknown when key: the rule is skipped, as in istiod",
@@ -309,7 +309,7 @@ policies:
     permissions: [{andRules: {rules: [{any: true}]}}]
     principals: [{andIds: {ids: [{orIds: {ids: [{authenticated: {principalName: {exact: "spiffe://x"}}}]}}]}}]
 `,
-			problems: []Problem{{"foo/p", 0, `invalid rule: unknown attribute request.regex.headers[x]; it is skipped, as in istiod`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `invalid rule: unknown attribute request.regex.headers[x]; it is skipped, as in istiod`}},
 		},
 		{
 			name:   "what gRPC accepts but does not evaluate as Envoy: kept, reported",
@@ -344,11 +344,11 @@ policies:
             value: {orMatch: {valueMatchers: [{listMatch: {oneOf: {stringMatch: {exact: admin}}}}, {stringMatch: {exact: admin}}]}}
 `,
 			problems: []Problem{
-				{"foo/p", 0, `connection.sni: gRPC's RBAC matches it against an empty server name; kept as istiod emits it (ALLOW)`},
-				{"foo/p", 0, `experimental.envoy.filters.http.foo[bar]: gRPC's RBAC never matches filter metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
-				{"foo/p", 0, `request.auth.principal: proxyless gRPC servers do not authenticate JWTs and gRPC's RBAC never matches metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
-				{"foo/p", 0, `remote.ip: gRPC's RBAC matches it against the direct peer address (no X-Forwarded-For or PROXY protocol); kept as istiod emits it (ALLOW)`},
-				{"foo/p", 0, `request.auth.claims[groups]: proxyless gRPC servers do not authenticate JWTs and gRPC's RBAC never matches metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
+				{AuthorizationPolicyKind, "foo/p", 0, `connection.sni: gRPC's RBAC matches it against an empty server name; kept as istiod emits it (ALLOW)`},
+				{AuthorizationPolicyKind, "foo/p", 0, `experimental.envoy.filters.http.foo[bar]: gRPC's RBAC never matches filter metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
+				{AuthorizationPolicyKind, "foo/p", 0, `request.auth.principal: proxyless gRPC servers do not authenticate JWTs and gRPC's RBAC never matches metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
+				{AuthorizationPolicyKind, "foo/p", 0, `remote.ip: gRPC's RBAC matches it against the direct peer address (no X-Forwarded-For or PROXY protocol); kept as istiod emits it (ALLOW)`},
+				{AuthorizationPolicyKind, "foo/p", 0, `request.auth.claims[groups]: proxyless gRPC servers do not authenticate JWTs and gRPC's RBAC never matches metadata (a negated one always matches); kept as istiod emits it (ALLOW)`},
 			},
 		},
 		{
@@ -370,7 +370,7 @@ policies:
     permissions: [{andRules: {rules: [{any: true}]}}]
     principals: [{andIds: {ids: [{any: true}]}}]
 `,
-			problems: []Problem{{"foo/p", 0, `the rule is null; it is skipped, as istiod's sidecar builder does`}},
+			problems: []Problem{{AuthorizationPolicyKind, "foo/p", 0, `the rule is null; it is skipped, as istiod's sidecar builder does`}},
 		},
 		{
 			name:   "a later rule of the same name replaces an earlier one, as in istiod",
@@ -387,7 +387,7 @@ policies:
     permissions: [{andRules: {rules: [{any: true}]}}]
     principals: [{andIds: {ids: [{orIds: {ids: [{authenticated: {principalName: {exact: "spiffe://x"}}}]}}]}}]
 `,
-			problems: []Problem{{"a/b-c", 0, `RBAC policy name "a-b-c-0" is also an earlier rule's; this rule replaces it, as in istiod`}},
+			problems: []Problem{{AuthorizationPolicyKind, "a/b-c", 0, `RBAC policy name "a-b-c-0" is also an earlier rule's; this rule replaces it, as in istiod`}},
 		},
 		{
 			name:   "no trust domain bundle: principals as written, as grpcgen",

@@ -2,6 +2,8 @@ package authz
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,7 +44,11 @@ type Set struct {
 	authz         map[string][]*compiledPolicy // by namespace
 	peer          map[string][]peerPolicy      // by namespace
 	mesh          *peerPolicy                  // the mesh-wide PeerAuthentication, if any
-	problems      []Problem
+	// unreadablePeer are the PeerAuthentications whose spec did not
+	// convert, by namespace: they make the servers they could select
+	// STRICT (failing closed).
+	unreadablePeer map[string][]string
+	problems       []Problem
 }
 
 // compiledPolicy is one AuthorizationPolicy and its rules as RBAC
@@ -72,8 +78,13 @@ type peerPolicy struct {
 // (Istio's is PERMISSIVE). td maps principals' trust domains (see
 // TrustDomainBundle).
 func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzObjs, peerObjs []distribute.Object) *Set {
-	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, peer: map[string][]peerPolicy{}}
+	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, peer: map[string][]peerPolicy{},
+		unreadablePeer: map[string][]string{}}
 	for _, o := range authzObjs {
+		if o.Spec == nil {
+			s.authz[o.Namespace] = append(s.authz[o.Namespace], s.unreadable(o))
+			continue
+		}
 		spec, ok := o.Spec.(*securityv1beta1.AuthorizationPolicy)
 		if !ok || len(spec.GetTargetRefs()) > 0 || spec.GetTargetRef() != nil {
 			continue // targetRefs attach a policy to gateways and waypoints, never to a workload (istiod: ShouldAttachPolicy)
@@ -81,6 +92,12 @@ func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzO
 		s.authz[o.Namespace] = append(s.authz[o.Namespace], s.compile(o, spec, td))
 	}
 	for _, o := range peerObjs {
+		if o.Spec == nil {
+			s.unreadablePeer[o.Namespace] = append(s.unreadablePeer[o.Namespace], o.Namespace+"/"+o.Name+"@"+o.Version)
+			s.problems = append(s.problems, Problem{Kind: PeerAuthenticationKind, Policy: o.Namespace + "/" + o.Name, Rule: -1,
+				Message: "its spec does not convert (see its DistributionRejected Event); proxyless gRPC servers it could select require mTLS (STRICT) until it is fixed"})
+			continue
+		}
 		spec, ok := o.Spec.(*securityv1beta1.PeerAuthentication)
 		if !ok {
 			continue
@@ -120,16 +137,42 @@ func (s *Set) compile(o distribute.Object, spec *securityv1beta1.AuthorizationPo
 	case securityv1beta1.AuthorizationPolicy_CUSTOM:
 		c.enforce = rbacpb.RBAC_DENY
 		rbac, problems = BuildRBAC(rbacpb.RBAC_DENY, p, td)
-		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: fmt.Sprintf(
+		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf(
 			"CUSTOM (extension provider %q): proxyless gRPC cannot call an external authorizer; requests its rules match are denied", spec.GetProvider().GetName())})
 	case securityv1beta1.AuthorizationPolicy_AUDIT:
-		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: "AUDIT: proxyless gRPC servers do not log audits; the policy does not change access"})
+		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: "AUDIT: proxyless gRPC servers do not log audits; the policy does not change access"})
 	default:
-		problems = append(problems, Problem{Policy: c.id, Rule: -1, Message: fmt.Sprintf("action %v is not known; the policy is not applied", spec.GetAction())})
+		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf("action %v is not known; the policy is not applied", spec.GetAction())})
 	}
 	c.rules = rbac.GetPolicies()
 	s.problems = append(s.problems, problems...)
 	return c
+}
+
+// unreadable stands for an AuthorizationPolicy whose spec did not convert
+// (distribute.Source.Rules gives it with a nil Spec): the hub cannot know
+// what it selects or allows, so it denies every request to every server
+// it could select (those of its namespace; of the mesh in the root
+// namespace), failing closed, until it is fixed.
+func (s *Set) unreadable(o distribute.Object) *compiledPolicy {
+	c := &compiledPolicy{id: o.Namespace + "/" + o.Name, version: o.Version, action: securityv1beta1.AuthorizationPolicy_DENY,
+		selector: func(Workload) bool { return true }, enforce: rbacpb.RBAC_DENY,
+		rules: map[string]*rbacpb.Policy{o.Namespace + "-" + o.Name + "-unreadable": denyAll()}}
+	scope := "its namespace's"
+	if o.Namespace == s.rootNamespace {
+		scope = "the mesh's"
+	}
+	s.problems = append(s.problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf(
+		"its spec does not convert (see its DistributionRejected Event); every request to %s proxyless gRPC servers is denied until it is fixed", scope)})
+	return c
+}
+
+// denyAll is an RBAC policy that matches every request.
+func denyAll() *rbacpb.Policy {
+	return &rbacpb.Policy{
+		Permissions: []*rbacpb.Permission{{Rule: &rbacpb.Permission_Any{Any: true}}},
+		Principals:  []*rbacpb.Principal{{Identifier: &rbacpb.Principal_Any{Any: true}}},
+	}
 }
 
 // older reports whether p takes precedence over q: the older one, as
@@ -174,12 +217,19 @@ func modeOf(m *securityv1beta1.PeerAuthentication_MutualTLS) (Mode, bool) {
 // Selection is what applies to one workload: its PeerAuthentications and
 // AuthorizationPolicies.
 type Selection struct {
-	// Mesh, Namespace and Workload are the PeerAuthentications that decide
-	// its mode, each the oldest of its level (nil: none).
+	// mesh, namespace and workload are the PeerAuthentications that
+	// decide its mode, each the oldest of its level (nil: none).
 	mesh, namespace, workload *peerPolicy
 	meshDefault               Mode
 	autoMTLS                  bool // label security.istio.io/tlsMode=istio
 	policies                  []*compiledPolicy
+	// unreadable are the PeerAuthentications that could select it but
+	// could not be read (they make it STRICT).
+	unreadable []string
+	// truncated says the workload's labels were more than the hub reads
+	// (Workload.Truncated): no selector can be trusted, so every request
+	// is denied and mTLS required.
+	truncated bool
 }
 
 // Select is what applies to w: the PeerAuthentications of the root
@@ -187,7 +237,11 @@ type Selection struct {
 // AuthorizationPolicies (those of the root namespace and of w's namespace
 // whose selector selects it), as istiod selects them.
 func (s *Set) Select(w Workload) Selection {
-	sel := Selection{meshDefault: s.meshDefault, mesh: s.mesh, autoMTLS: w.Labels["security.istio.io/tlsMode"] == "istio"}
+	sel := Selection{meshDefault: s.meshDefault, mesh: s.mesh, autoMTLS: w.Labels["security.istio.io/tlsMode"] == "istio", truncated: w.Truncated}
+	sel.unreadable = append(sel.unreadable, s.unreadablePeer[s.rootNamespace]...)
+	if w.Namespace != s.rootNamespace {
+		sel.unreadable = append(sel.unreadable, s.unreadablePeer[w.Namespace]...)
+	}
 	if w.Namespace != s.rootNamespace {
 		for i, p := range s.peer[w.Namespace] {
 			switch {
@@ -229,6 +283,12 @@ func (sel Selection) Key() string {
 	}
 	b.WriteByte(0)
 	b.WriteString(strconv.FormatBool(sel.autoMTLS))
+	b.WriteString(strconv.FormatBool(sel.truncated))
+	for _, id := range sel.unreadable {
+		b.WriteByte(0)
+		b.WriteString(id)
+	}
+	b.WriteByte(1)
 	for _, p := range sel.policies {
 		b.WriteByte(0)
 		b.WriteString(p.id + "@" + p.version)
@@ -267,11 +327,27 @@ func (sel Selection) PolicyMode(port uint32) Mode {
 // when the workload carries security.istio.io/tlsMode=istio.
 func (sel Selection) ServerMode(port uint32) Mode {
 	switch m := sel.PolicyMode(port); {
+	case sel.truncated, len(sel.unreadable) > 0:
+		return Strict // failing closed: see Selection.unreadable, truncated
 	case m == Strict, m == Permissive && sel.autoMTLS:
 		return Strict
 	default:
 		return Disable
 	}
+}
+
+// FailsClosed says why the hub denies every request to the workload and
+// requires mTLS, whatever its policies say ("" when it does not): its
+// labels were not all read, or a PeerAuthentication that could select it
+// could not be read.
+func (sel Selection) FailsClosed() string {
+	switch {
+	case sel.truncated:
+		return fmt.Sprintf("its node's labels exceed what the hub reads (%d labels, %d bytes, strings only): the policies that select it cannot be known", MaxLabels, MaxLabelBytes)
+	case len(sel.unreadable) > 0:
+		return "a PeerAuthentication that could select it cannot be read: mTLS is required"
+	}
+	return ""
 }
 
 // PeerAuthentications names the PeerAuthentications that decide the mode
@@ -316,24 +392,40 @@ func (sel Selection) Policies() Applied {
 // policy applies. An ALLOW policy that applies with no rule the hub could
 // build allows nothing, as in Istio (istiod's proxyless generator leaves
 // the filter out then, allowing everything).
+//
+// Rules of different policies whose names collide ("<ns>-<name>-<i>":
+// "istio-system/deny" and "istio/system-deny" both make
+// "istio-system-deny-0") are both kept, the later under a name of its
+// own: a namespace's policy cannot replace a mesh-wide rule.
 func (sel Selection) RBAC() (deny, allow *rbacpb.RBAC) {
+	if sel.truncated {
+		return &rbacpb.RBAC{Action: rbacpb.RBAC_DENY, Policies: map[string]*rbacpb.Policy{"hub-labels-unread": denyAll()}}, nil
+	}
 	for _, p := range sel.policies {
 		switch {
 		case p.enforce == rbacpb.RBAC_DENY && len(p.rules) > 0:
 			if deny == nil {
 				deny = &rbacpb.RBAC{Action: rbacpb.RBAC_DENY, Policies: map[string]*rbacpb.Policy{}}
 			}
-			for name, r := range p.rules {
-				deny.Policies[name] = r
-			}
+			merge(deny.Policies, p)
 		case p.enforce == rbacpb.RBAC_ALLOW && p.action == securityv1beta1.AuthorizationPolicy_ALLOW:
 			if allow == nil {
 				allow = &rbacpb.RBAC{Action: rbacpb.RBAC_ALLOW, Policies: map[string]*rbacpb.Policy{}}
 			}
-			for name, r := range p.rules {
-				allow.Policies[name] = r
-			}
+			merge(allow.Policies, p)
 		}
 	}
 	return deny, allow
+}
+
+// merge adds p's rules to into, a rule whose name another policy's rule
+// has taken under "<name>~<namespace>/<policy>".
+func merge(into map[string]*rbacpb.Policy, p *compiledPolicy) {
+	for _, name := range slices.Sorted(maps.Keys(p.rules)) {
+		key := name
+		if _, taken := into[key]; taken {
+			key = name + "~" + p.id
+		}
+		into[key] = p.rules[name]
+	}
 }

@@ -1,7 +1,9 @@
 package authz
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,25 +187,89 @@ func sameSet(a, b []string) bool {
 	return slices.Equal(a, b)
 }
 
-// TestWorkloadOf: node metadata, held to the proven identity.
+// TestWorkloadOf: node metadata, held to the proven identity; labels past
+// what the hub reads make the workload Truncated.
 func TestWorkloadOf(t *testing.T) {
 	md, err := structpb.NewStruct(map[string]any{
 		"NAMESPACE": "other", "SERVICE_ACCOUNT": "root", "CLUSTER_ID": "east",
-		"LABELS": map[string]any{"app": "echo", "version": "v1", "n": 3.0},
+		"LABELS": map[string]any{"app": "echo", "version": "v1"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := &corev3.Node{Id: "sidecar~10.0.0.1~echo-0.app~app.svc.cluster.local", Metadata: md}
 	w := WorkloadOf(node, Proven{})
-	if w.Namespace != "other" || w.ServiceAccount != "root" || w.Member != "east" || w.Verified || len(w.Labels) != 2 {
+	if w.Namespace != "other" || w.ServiceAccount != "root" || w.Member != "east" || w.Verified || len(w.Labels) != 2 || w.Truncated {
 		t.Errorf("unverified: %+v", w)
 	}
-	w = WorkloadOf(node, Proven{Namespace: "app", ServiceAccount: "echo", Member: "west"})
+	w = WorkloadOf(node, Proven{Verified: true, Namespace: "app", ServiceAccount: "echo", Member: "west"})
 	if w.Namespace != "app" || w.ServiceAccount != "echo" || w.Member != "west" || !w.Verified || w.Claimed != "other" {
 		t.Errorf("verified: %+v", w)
+	}
+	if w := WorkloadOf(node, Proven{Verified: true}); w.Namespace != "" || !w.Verified {
+		t.Errorf("an identity without a namespace keeps the node's: %+v", w)
 	}
 	if w := WorkloadOf(&corev3.Node{Id: node.Id}, Proven{}); w.Namespace != "app" {
 		t.Errorf("namespace from the node ID: %+v", w)
 	}
+
+	many := map[string]any{}
+	for i := range MaxLabels + 1 {
+		many[fmt.Sprint("l", i)] = "v"
+	}
+	big := map[string]any{"big": strings.Repeat("x", MaxLabelBytes)}
+	for name, labels := range map[string]any{"too many": many, "too large": big, "not a string": map[string]any{"n": 3.0}, "not a map": "app=echo"} {
+		md, err := structpb.NewStruct(map[string]any{"NAMESPACE": "app", "LABELS": labels})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := WorkloadOf(&corev3.Node{Metadata: md}, Proven{}); !w.Truncated {
+			t.Errorf("%s: not Truncated: %+v", name, w)
+		}
+		trimmed := TrimLabels(md.Fields["LABELS"])
+		if w := WorkloadOf(&corev3.Node{Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"LABELS": trimmed}}}, Proven{}); !w.Truncated {
+			t.Errorf("%s: trimmed labels are not Truncated", name)
+		}
+	}
+}
+
+// TestFailClosed: a workload whose labels were not all read, and the
+// servers an unreadable policy could select, deny every request and
+// require mTLS; a policy cannot erase another's rule by a colliding name.
+func TestFailClosed(t *testing.T) {
+	s := NewSet(root, Permissive, TrustDomainBundle{}, []distribute.Object{
+		{Kind: AuthorizationPolicyKind, Namespace: "app", Name: "broken", Version: "unreadable/1"},
+		obj(root, "deny", 1, denyPolicy("x/ns/y/sa/mesh")),
+		obj("istio", "system-deny", 1, denyPolicy("x/ns/y/sa/ns")),
+	}, []distribute.Object{{Kind: PeerAuthenticationKind, Namespace: "app", Name: "broken-peer", Version: "unreadable/1"}})
+	sel := s.Select(Workload{Namespace: "app"})
+	if sel.ServerMode(8080) != Strict {
+		t.Error("an unreadable PeerAuthentication of the namespace: not STRICT")
+	}
+	if d, _ := sel.RBAC(); d == nil || d.Policies["app-broken-unreadable"] == nil {
+		t.Errorf("an unreadable AuthorizationPolicy of the namespace: DENY filter %v", d)
+	}
+	if other := s.Select(Workload{Namespace: "web"}); other.ServerMode(8080) != Disable {
+		t.Error("another namespace's server failed closed on app's unreadable policies")
+	}
+	if n := len(s.Problems()); n < 2 {
+		t.Errorf("%d problems; want the unreadable policies reported", n)
+	}
+
+	tr := s.Select(Workload{Namespace: "web", Truncated: true})
+	if d, a := tr.RBAC(); tr.ServerMode(8080) != Strict || d == nil || len(d.Policies) != 1 || a != nil {
+		t.Errorf("truncated labels: mode %s, DENY %v, ALLOW %v; want STRICT, deny all", tr.ServerMode(8080), d, a)
+	}
+
+	// "istio-system/deny" and "istio/system-deny" both name their rule
+	// "istio-system-deny-0": both are kept.
+	if d, _ := s.Select(Workload{Namespace: "istio"}).RBAC(); d == nil || len(d.Policies) != 2 {
+		t.Errorf("colliding rule names: DENY %v; want both rules", d)
+	}
+}
+
+func denyPolicy(principals ...string) *securityv1beta1.AuthorizationPolicy {
+	p := allow(nil, principals...)
+	p.Action = securityv1beta1.AuthorizationPolicy_DENY
+	return p
 }

@@ -26,21 +26,60 @@ type Workload struct {
 	// Claimed is the namespace the node claimed when it differs from its
 	// verified identity's, which wins ("" otherwise).
 	Claimed string
+	// Truncated says the node's labels were more than the hub reads
+	// (MaxLabels, MaxLabelBytes, string values only): the policies that
+	// select it cannot be known, so its servers fail closed (every request
+	// denied, mTLS required; see Selection).
+	Truncated bool
 }
 
 // Proven is what the hub verified about a stream, which a node's words
-// cannot override.
+// cannot override: Verified says it proved a workload identity of ours,
+// whose namespace and ServiceAccount then stand (even empty: an identity
+// without /ns/<ns>/sa/<sa> selects no namespace's policies).
 type Proven struct {
+	Verified                          bool
 	Namespace, ServiceAccount, Member string
 }
 
-// maxLabels bounds the labels read from a node (a pod has few; the node
-// is the client's words).
-const maxLabels = 64
+// The labels read from a node (the client's words, kept for the stream's
+// life): at most MaxLabels labels of MaxLabelBytes in all (a pod has a
+// few dozen bytes each).
+const (
+	MaxLabels     = 128
+	MaxLabelBytes = 8 << 10
+)
 
-// maxLabelBytes bounds a label's key and value each (Kubernetes allows
-// 317 for a key, 63 for a value).
-const maxLabelBytes = 320
+// TrimLabels is a node's LABELS metadata cut to what WorkloadOf reads:
+// the labels themselves when within bounds, else a marker that makes the
+// workload Truncated. A stream keeps no more of them than this.
+func TrimLabels(v *structpb.Value) *structpb.Value {
+	if _, ok := readLabels(v.GetStructValue().GetFields()); !ok {
+		return structpb.NewStringValue("truncated")
+	}
+	return v
+}
+
+// readLabels reads label fields; false when they exceed the bounds or a
+// value is not a string.
+func readLabels(fields map[string]*structpb.Value) (map[string]string, bool) {
+	if len(fields) > MaxLabels {
+		return nil, false
+	}
+	out := make(map[string]string, len(fields))
+	size := 0
+	for k, v := range fields {
+		s, ok := v.GetKind().(*structpb.Value_StringValue)
+		if !ok {
+			return nil, false
+		}
+		if size += len(k) + len(s.StringValue); size > MaxLabelBytes {
+			return nil, false
+		}
+		out[k] = s.StringValue
+	}
+	return out, true
+}
 
 // WorkloadOf is the workload of a node: node metadata NAMESPACE, LABELS,
 // SERVICE_ACCOUNT and CLUSTER_ID, as istio-agent's bootstrap carries them,
@@ -58,18 +97,12 @@ func WorkloadOf(node *corev3.Node, proven Proven) Workload {
 	if w.Namespace == "" {
 		w.Namespace = namespaceOfNodeID(node.GetId())
 	}
-	if labels := md["LABELS"].GetStructValue().GetFields(); len(labels) > 0 {
-		w.Labels = make(map[string]string, min(len(labels), maxLabels))
-		for _, k := range slices.Sorted(maps.Keys(labels)) {
-			_, ok := labels[k].GetKind().(*structpb.Value_StringValue)
-			s := labels[k].GetStringValue()
-			if !ok || len(k) > maxLabelBytes || len(s) > maxLabelBytes || len(w.Labels) == maxLabels {
-				continue
-			}
-			w.Labels[k] = s
-		}
+	if v, ok := md["LABELS"]; ok {
+		_, isStruct := v.GetKind().(*structpb.Value_StructValue)
+		w.Labels, ok = readLabels(v.GetStructValue().GetFields())
+		w.Truncated = !ok || !isStruct
 	}
-	if proven.Namespace != "" {
+	if proven.Verified {
 		if w.Namespace != proven.Namespace && w.Namespace != "" {
 			w.Claimed = w.Namespace
 		}

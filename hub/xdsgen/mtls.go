@@ -66,7 +66,7 @@ const (
 	// services they reach without mTLS.
 	FlavourPlain Flavour = iota
 	// FlavourGRPC is a proxyless gRPC client: its Clusters of services it
-	// reaches with mTLS (see Generator.clientMTLS) carry an
+	// reaches with mTLS (see Generator.clientMTLSLocked) carry an
 	// UpstreamTlsContext built on certificate provider instances (grpc-go
 	// has no SDS); the others are FlavourPlain's.
 	FlavourGRPC

@@ -27,10 +27,11 @@ type View struct {
 	// Locality is where the client is, for the DestinationRules' locality
 	// load balancing (it matters only for hosts they apply to).
 	Locality Locality
-	// Server is the workload behind a proxyless gRPC server, which its
-	// inbound listeners depend on (nil: no policy selects it by its
-	// namespace or labels). Only inbound listeners read it: every other
-	// resource's key leaves it out (viewFor).
+	// Server is the workload behind a proxyless gRPC client, which the
+	// inbound listeners it asks for as a server depend on (nil for other
+	// clients: such a client asking for one gets what a workload of no
+	// namespace and no labels gets). Only inbound listeners read it:
+	// every other resource's key leaves it out (viewFor).
 	Server *authz.Workload
 }
 

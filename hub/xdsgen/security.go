@@ -16,8 +16,10 @@ type inboundKey struct {
 
 // AwaitSecurity says the Generator's policies are to come (SetSecurity):
 // until they do, no inbound listener is built (a server without its
-// policies would serve unprotected), and streams keep what they have.
-// Call it before the Generator serves anything.
+// policies would serve unprotected): it is Kept, and the hub withholds a
+// whole-state LDS response that would lack it, so that a server keeps
+// what it had (e.g. across a hub restart). Call it before the Generator
+// serves anything.
 func (g *Generator) AwaitSecurity() {
 	g.mu.Lock()
 	g.securityPending = true
@@ -138,3 +140,28 @@ func (g *Generator) inboundListener(name string, w *authz.Workload) (*Resource, 
 
 // Hostnames lists every hostname the Generator builds resources of.
 func (g *Generator) Hostnames() []string { return g.index.Hostnames() }
+
+// ClientTLSNotes lists the DestinationRules whose client TLS mode
+// proxyless gRPC clients do not follow (as istiod's grpcgen, which
+// supports ISTIO_MUTUAL and DISABLE only): they connect in plaintext.
+func ClientTLSNotes(objs []distribute.Object) []Refused {
+	var out []Refused
+	for _, o := range objs {
+		dr, ok := o.Spec.(*networking.DestinationRule)
+		if !ok {
+			continue
+		}
+		modes := []*networking.ClientTLSSettings{dr.GetTrafficPolicy().GetTls()}
+		for _, pl := range dr.GetTrafficPolicy().GetPortLevelSettings() {
+			modes = append(modes, pl.GetTls())
+		}
+		for _, tls := range modes {
+			if m := tls.GetMode(); m == networking.ClientTLSSettings_SIMPLE || m == networking.ClientTLSSettings_MUTUAL {
+				out = append(out, Refused{Rule: o.Namespace + "/" + o.Name, Reason: "tls.mode " + m.String() +
+					" is not supported for proxyless gRPC clients (as in istiod): they connect to the host in plaintext"})
+				break
+			}
+		}
+	}
+	return out
+}
