@@ -42,6 +42,7 @@ type Set struct {
 	rootNamespace string
 	meshDefault   Mode
 	authz         map[string][]*compiledPolicy // by namespace
+	byID          map[string]*compiledPolicy   // the readable ones, by namespace/name
 	peer          map[string][]peerPolicy      // by namespace
 	mesh          *peerPolicy                  // the mesh-wide PeerAuthentication, if any
 	// unreadablePeer are the PeerAuthentications whose spec did not
@@ -62,6 +63,8 @@ type compiledPolicy struct {
 	// action enforce; none for AUDIT.
 	rules   map[string]*rbacpb.Policy
 	enforce rbacpb.RBAC_Action
+	// problems are what it asks that the hub enforces otherwise.
+	problems []Problem
 }
 
 // peerPolicy is one PeerAuthentication.
@@ -78,7 +81,14 @@ type peerPolicy struct {
 // (Istio's is PERMISSIVE). td maps principals' trust domains (see
 // TrustDomainBundle).
 func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzObjs, peerObjs []distribute.Object) *Set {
-	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, peer: map[string][]peerPolicy{},
+	return NextSet(nil, rootNamespace, meshDefault, td, authzObjs, peerObjs)
+}
+
+// NextSet is NewSet reusing what prev (nil: none; made with the same
+// trust domains) compiled of the AuthorizationPolicies that did not
+// change: a policy edit compiles that policy alone.
+func NextSet(prev *Set, rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzObjs, peerObjs []distribute.Object) *Set {
+	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, byID: map[string]*compiledPolicy{}, peer: map[string][]peerPolicy{},
 		unreadablePeer: map[string][]string{}}
 	for _, o := range authzObjs {
 		if o.Spec == nil {
@@ -89,7 +99,13 @@ func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzO
 		if !ok || len(spec.GetTargetRefs()) > 0 || spec.GetTargetRef() != nil {
 			continue // targetRefs attach a policy to gateways and waypoints, never to a workload (istiod: ShouldAttachPolicy)
 		}
-		s.authz[o.Namespace] = append(s.authz[o.Namespace], s.compile(o, spec, td))
+		c := prev.compiled(o)
+		if c == nil {
+			c = s.compile(o, spec, td)
+		}
+		s.byID[c.id] = c
+		s.problems = append(s.problems, c.problems...)
+		s.authz[o.Namespace] = append(s.authz[o.Namespace], c)
 	}
 	for _, o := range peerObjs {
 		if o.Spec == nil {
@@ -144,9 +160,20 @@ func (s *Set) compile(o distribute.Object, spec *securityv1beta1.AuthorizationPo
 	default:
 		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf("action %v is not known; the policy is not applied", spec.GetAction())})
 	}
-	c.rules = rbac.GetPolicies()
-	s.problems = append(s.problems, problems...)
+	c.rules, c.problems = rbac.GetPolicies(), problems
 	return c
+}
+
+// compiled is what s compiled of o, if o has not changed since; nil
+// otherwise (or when s is nil).
+func (s *Set) compiled(o distribute.Object) *compiledPolicy {
+	if s == nil {
+		return nil
+	}
+	if c := s.byID[o.Namespace+"/"+o.Name]; c != nil && c.version == o.Version {
+		return c
+	}
+	return nil
 }
 
 // unreadable stands for an AuthorizationPolicy whose spec did not convert

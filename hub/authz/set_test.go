@@ -273,3 +273,23 @@ func denyPolicy(principals ...string) *securityv1beta1.AuthorizationPolicy {
 	p.Action = securityv1beta1.AuthorizationPolicy_DENY
 	return p
 }
+
+// TestNextSetReusesUnchangedPolicies: a policy whose version did not
+// change is not compiled again; an edited one is.
+func TestNextSetReusesUnchangedPolicies(t *testing.T) {
+	a, b := obj("app", "a", 1, allow(nil, "x/ns/y/sa/a")), obj("app", "b", 1, allow(nil, "x/ns/y/sa/b"))
+	prev := NewSet(root, Permissive, TrustDomainBundle{}, []distribute.Object{a, b}, nil)
+	b2 := obj("app", "b", 1, allow(nil, "x/ns/y/sa/b2"))
+	b2.Version = "v2"
+	next := NextSet(prev, root, Permissive, TrustDomainBundle{}, []distribute.Object{a, b2}, nil)
+	if next.byID["app/a"] != prev.byID["app/a"] {
+		t.Error("the unchanged policy was compiled again")
+	}
+	if next.byID["app/b"] == prev.byID["app/b"] {
+		t.Fatal("the edited policy was not compiled again")
+	}
+	_, al := next.Select(Workload{Namespace: "app"}).RBAC()
+	if got := al.Policies["app-b-0"].GetPrincipals()[0].String(); !strings.Contains(got, "x/ns/y/sa/b2") {
+		t.Errorf("the edited policy's rule: %s", got)
+	}
+}

@@ -52,9 +52,11 @@ func (c SecurityChange) Affects(w authz.Workload) bool {
 // of authz.AuthorizationPolicyKind and authz.PeerAuthenticationKind) and
 // returns what that changed.
 func (g *Generator) SetSecurity(authzObjs, peerObjs []distribute.Object) SecurityChange {
-	next := authz.NewSet(g.rootNamespace, g.meshDefault, g.trustDomains(), authzObjs, peerObjs)
 	g.mu.Lock()
 	prev := g.security // while pending, the defaults (SetMTLS), which Clusters were built with
+	g.mu.Unlock()
+	next := authz.NextSet(prev, g.rootNamespace, g.meshDefault, g.trustDomains(), authzObjs, peerObjs)
+	g.mu.Lock()
 	change := SecurityChange{Problems: next.Problems(), MeshMode: prev.MeshMode() != next.MeshMode(), prev: prev, next: next}
 	if g.securityPending {
 		change.prev = nil // every server's inbound listeners are new
