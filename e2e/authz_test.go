@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/distribute"
+	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -231,6 +234,7 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 	settle(t, plainOpen, "plain-open: open still answering", 20, func(l string) bool { return l == "ok open peer=-" })
 
 	// The API shows the servers' mode and the policies deciding it.
+	ids := map[string]string{} // member/namespace → the server's proxy ID
 	servers := func() map[string]api.ProxyServer {
 		var ps struct{ Items []api.Proxy }
 		h.getJSON(t, "/api/v1/proxies", &ps)
@@ -238,6 +242,7 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 		for _, p := range ps.Items {
 			if p.Server != nil {
 				out[p.Cluster+"/"+p.Server.Workload.Namespace] = *p.Server
+				ids[p.Cluster+"/"+p.Server.Workload.Namespace] = p.ID
 			}
 		}
 		return out
@@ -282,6 +287,22 @@ func TestProxylessAuthorizationPolicies(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The proxy page, in a real browser, shows the same.
+	if bctx := browserIfAvailable(t); bctx != nil {
+		chromium.Do(t, bctx, "sign in", chromedp.Navigate(h.adminURL+"/"), chromedp.WaitVisible(chromedp.ID("token")),
+			chromedp.SetValue(chromedp.ID("token"), e.Cluster("primary").AdminToken()), chromedp.Submit(chromedp.ID("token")),
+			chromedp.WaitVisible(chromedp.CSS("#members-total")))
+		chromium.Do(t, bctx, "open west's server", chromedp.Navigate(h.adminURL+"/proxies/"+url.PathEscape(ids[west.Name+"/"+app])),
+			chromedp.WaitVisible(chromedp.CSS("dl.server-security")))
+		chromium.Screenshot(t, bctx, chromium.Artifacts(t), "authz-proxy-server")
+		page := chromium.PageHTML(t, bctx)
+		for _, want := range []string{app + "/only-alice", app + "/strict", `class="mtls-mode">STRICT`, "from its verified identity"} {
+			if !strings.Contains(page, want) {
+				t.Errorf("the proxy page does not show %q", want)
+			}
+		}
+	}
 
 	// DENY one gRPC method: alice's EmptyCall is denied, her UnaryCall
 	// still served.
