@@ -150,9 +150,10 @@ type ProxyServer struct {
 	// Pending: the policies have not been read yet; no inbound listener
 	// is served until they are.
 	Pending bool `json:"pending,omitempty"`
-	// FailClosed says why every request to it is denied and mTLS required
-	// whatever its policies say (its labels were not all read, or a
-	// PeerAuthentication that could select it cannot be read).
+	// FailClosed says what the hub enforces on it whatever its policies
+	// say, and why: every request denied and mTLS required (its labels
+	// were not all read), or mTLS required (a PeerAuthentication that
+	// could select it cannot be read).
 	FailClosed string `json:"failClosed,omitempty"`
 	// PeerAuthentications decide its mTLS modes (namespace/name: mesh,
 	// namespace, workload level).

@@ -13,6 +13,10 @@ import (
 // eventComponent is the source of the Events the Source records.
 const eventComponent = "hub"
 
+// maxEventNamePrefix bounds the object name an Event's name starts with
+// (Event names are at most 253 bytes; a 16-digit stamp follows).
+const maxEventNamePrefix = 200
+
 // maxEventMessage bounds an Event's message (conversion errors quote the
 // offending JSON).
 const maxEventMessage = 1024
@@ -48,7 +52,7 @@ func (s *Source) recordEvent(ctx context.Context, kind string, ref corev1.Object
 	now := metav1.NewTime(time.Now())
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      fmt.Sprintf("%s.%x", ref.Name, now.UnixNano()),
+			Name:      fmt.Sprintf("%s.%x", ref.Name[:min(len(ref.Name), maxEventNamePrefix)], now.UnixNano()),
 			Namespace: ref.Namespace,
 		},
 		InvolvedObject:      ref,

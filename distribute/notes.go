@@ -2,6 +2,7 @@ package distribute
 
 import (
 	"context"
+	"errors"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,8 +17,9 @@ const NoteReason = "HubXDSNote"
 // Note says what the hub's own xDS does with part of a distributed object
 // that its clients cannot do as Istio means it, e.g. an AuthorizationPolicy
 // rule proxyless gRPC servers cannot enforce, which the hub makes fail
-// closed. Status lists the notes; each is recorded once as a Warning Event
-// on its object.
+// closed. Status lists the notes; each is recorded as a Warning Event on
+// its object once per version of the object and per leader (the record
+// of what was recorded is the leader's memory).
 type Note struct {
 	Object  string `json:"object"` // namespace/name
 	Message string `json:"message"`
@@ -103,13 +105,24 @@ func (s *Source) recordNotes(ctx context.Context) {
 		todo = todo[:maxNoteEvents] // the rest on a later round
 	}
 	for _, d := range todo {
-		if err := s.recordEvent(ctx, d.key.kind, d.ref, NoteReason, "applied by the hub's xDS: "+d.key.message); err != nil && !apierrors.IsForbidden(err) {
-			continue // tried again on a later round (a refusal is final: logged once)
+		if !s.mayWrite() {
+			return // no longer the writer
+		}
+		err := s.recordEvent(ctx, d.key.kind, d.ref, NoteReason, "applied by the hub's xDS: "+d.key.message)
+		if transient(err) {
+			return // the API server is struggling: the whole round again later
 		}
 		s.mu.Lock()
-		s.noted[d.key] = true
+		s.noted[d.key] = true // recorded, or refused for good (logged once)
 		s.mu.Unlock()
 	}
+}
+
+// transient reports whether an Event's creation may succeed if tried
+// again later.
+func transient(err error) bool {
+	return err != nil && (apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // maxNoteEvents bounds the Events one round of recordNotes records (each

@@ -208,20 +208,27 @@ func (s *Source) Objects(kind string) (objects []Object, ready bool) {
 // distributed ones; those held back only because they name a host the hub
 // owns (ReasonHost), which are about exactly the hosts it serves
 // (DestinationRules of federated hosts: see HostGuard); and, with a nil
-// Spec, those of the namespaces distribution is allowed from whose spec
-// does not convert (ReasonSpec): a policy the hub cannot read is still
-// there, and the hub's xDS fails closed on it. Sorted and ready as
+// Spec, the AuthorizationPolicies and PeerAuthentications of the
+// namespaces distribution is allowed from whose spec does not convert
+// (ReasonSpec): a policy the hub cannot read is still there, and the
+// hub's xDS fails closed on it. Sorted and ready as
 // Objects; OnChange reports their changes too.
 func (s *Source) Rules(kind string) (objects []Object, ready bool) {
-	objects, ready = s.Objects(kind)
-	s.mu.Lock()
-	if st := s.states[kind]; st != nil {
-		for _, r := range st.rejected {
-			if r.object != nil && (r.reason == ReasonHost || r.reason == ReasonSpec) {
-				objects = append(objects, *r.object)
-			}
+	s.mu.Lock() // one look at both lists: an object moving between them is in exactly one
+	st := s.states[kind]
+	if st == nil {
+		s.mu.Unlock()
+		return nil, false
+	}
+	for _, o := range st.objects {
+		objects = append(objects, o)
+	}
+	for _, r := range st.rejected {
+		if r.object != nil && (r.reason == ReasonHost || r.reason == ReasonSpec) {
+			objects = append(objects, *r.object)
 		}
 	}
+	ready = s.discovered && st.ready
 	s.mu.Unlock()
 	sort.Slice(objects, func(i, j int) bool {
 		if objects[i].Namespace != objects[j].Namespace {

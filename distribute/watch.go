@@ -60,6 +60,11 @@ func (s *Source) startWatch(parent context.Context, k kindInfo, gvr schema.Group
 	return w
 }
 
+// failsClosed are the kinds (Kind) whose unreadable objects Rules hands
+// out with a nil Spec: the policies the hub's own xDS enforces, and so
+// must fail closed on when it cannot read one.
+var failsClosed = map[string]bool{"AuthorizationPolicy": true, "PeerAuthentication": true}
+
 // current reports whether w is still k's watcher; s.mu must be held.
 func (s *Source) current(w *watcher, k kindInfo) (*kindState, bool) {
 	st := s.states[k.name()]
@@ -123,7 +128,7 @@ func (s *Source) apply(ctx context.Context, w *watcher, k kindInfo, obj any) {
 		switch {
 		case reason == ReasonHost:
 			r.object = &o // checked again when the federated hosts change
-		case reason == ReasonSpec && slices.Contains(s.opts.Namespaces, u.GetNamespace()):
+		case reason == ReasonSpec && failsClosed[k.kind] && slices.Contains(s.opts.Namespaces, u.GetNamespace()):
 			// Unreadable, where it would count: the hub's own xDS must
 			// know it is there (Rules), to fail closed on it.
 			r.object = &Object{Kind: k.name(), Namespace: u.GetNamespace(), Name: u.GetName(),

@@ -325,10 +325,12 @@ func forgetUnread(n *corev3.Node) {
 			kept[k] = v
 		}
 	}
+	trimmed := false
 	if v, ok := fields["LABELS"]; ok && xdsgen.Proxyless(n) {
 		kept["LABELS"] = authz.TrimLabels(v) // which policies select a proxyless server (authz.WorkloadOf)
+		trimmed = kept["LABELS"] != v
 	}
-	if len(kept) < len(fields) {
+	if len(kept) < len(fields) || trimmed {
 		n.Metadata = &structpb.Struct{Fields: kept}
 	}
 }

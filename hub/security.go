@@ -114,7 +114,7 @@ func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
 		if sv.wl != nil {
 			wl = *sv.wl
 		}
-		key := wl.Namespace + "\x00" + strconv.FormatBool(wl.Truncated) + "\x00" + wl.LabelsKey()
+		key := strconv.Quote(wl.Namespace) + strconv.FormatBool(wl.Truncated) + wl.LabelsKey()
 		a, ok := affects[key]
 		if !ok {
 			a = change.Affects(wl)
@@ -142,8 +142,8 @@ type ServerSecurity struct {
 	// Pending says the policies have not been read yet: no inbound
 	// listener is served until they are.
 	Pending bool
-	// FailClosed says why every request to it is denied and mTLS
-	// required, if so (authz.Selection.FailsClosed).
+	// FailClosed says what the hub enforces on it whatever its policies
+	// say, and why, if anything (authz.Selection.FailsClosed).
 	FailClosed string
 }
 

@@ -50,6 +50,7 @@ type Set struct {
 	// STRICT (failing closed).
 	unreadablePeer map[string][]string
 	problems       []Problem
+	td             TrustDomainBundle // what principals were mapped with
 }
 
 // compiledPolicy is one AuthorizationPolicy and its rules as RBAC
@@ -84,12 +85,15 @@ func NewSet(rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzO
 	return NextSet(nil, rootNamespace, meshDefault, td, authzObjs, peerObjs)
 }
 
-// NextSet is NewSet reusing what prev (nil: none; made with the same
-// trust domains) compiled of the AuthorizationPolicies that did not
-// change: a policy edit compiles that policy alone.
+// NextSet is NewSet reusing what prev (nil: none) compiled of the
+// AuthorizationPolicies that did not change, when it mapped principals
+// with the same trust domains: a policy edit compiles that policy alone.
 func NextSet(prev *Set, rootNamespace string, meshDefault Mode, td TrustDomainBundle, authzObjs, peerObjs []distribute.Object) *Set {
+	if prev != nil && !slices.Equal(prev.td.TrustDomains, td.TrustDomains) {
+		prev = nil // compiled with other trust domains
+	}
 	s := &Set{rootNamespace: rootNamespace, meshDefault: meshDefault, authz: map[string][]*compiledPolicy{}, byID: map[string]*compiledPolicy{}, peer: map[string][]peerPolicy{},
-		unreadablePeer: map[string][]string{}}
+		unreadablePeer: map[string][]string{}, td: td}
 	for _, o := range authzObjs {
 		if o.Spec == nil {
 			s.authz[o.Namespace] = append(s.authz[o.Namespace], s.unreadable(o))
@@ -157,8 +161,12 @@ func (s *Set) compile(o distribute.Object, spec *securityv1beta1.AuthorizationPo
 			"CUSTOM (extension provider %q): proxyless gRPC cannot call an external authorizer; requests its rules match are denied", spec.GetProvider().GetName())})
 	case securityv1beta1.AuthorizationPolicy_AUDIT:
 		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: "AUDIT: proxyless gRPC servers do not log audits; the policy does not change access"})
-	default:
-		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf("action %v is not known; the policy is not applied", spec.GetAction())})
+	default: // a value newer than the hub's Istio API: what it means cannot be known
+		c.action, c.enforce = securityv1beta1.AuthorizationPolicy_DENY, rbacpb.RBAC_DENY
+		c.selector = func(Workload) bool { return true }
+		rbac = &rbacpb.RBAC{Policies: map[string]*rbacpb.Policy{o.Namespace + "-" + o.Name + "-unreadable": denyAll()}}
+		problems = append(problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf(
+			"action %v is not known to the hub; every request to %s proxyless gRPC servers is denied until it is one the hub knows", spec.GetAction(), s.scopeOf(o.Namespace))})
 	}
 	c.rules, c.problems = rbac.GetPolicies(), problems
 	return c
@@ -185,13 +193,17 @@ func (s *Set) unreadable(o distribute.Object) *compiledPolicy {
 	c := &compiledPolicy{id: o.Namespace + "/" + o.Name, version: o.Version, action: securityv1beta1.AuthorizationPolicy_DENY,
 		selector: func(Workload) bool { return true }, enforce: rbacpb.RBAC_DENY,
 		rules: map[string]*rbacpb.Policy{o.Namespace + "-" + o.Name + "-unreadable": denyAll()}}
-	scope := "its namespace's"
-	if o.Namespace == s.rootNamespace {
-		scope = "the mesh's"
-	}
 	s.problems = append(s.problems, Problem{Kind: AuthorizationPolicyKind, Policy: c.id, Rule: -1, Message: fmt.Sprintf(
-		"its spec does not convert (see its DistributionRejected Event); every request to %s proxyless gRPC servers is denied until it is fixed", scope)})
+		"its spec does not convert (see its DistributionRejected Event); every request to %s proxyless gRPC servers is denied until it is fixed", s.scopeOf(o.Namespace))})
 	return c
+}
+
+// scopeOf names the servers a policy of namespace ns may select.
+func (s *Set) scopeOf(ns string) string {
+	if ns == s.rootNamespace {
+		return "the mesh's"
+	}
+	return "its namespace's"
 }
 
 // denyAll is an RBAC policy that matches every request.
@@ -217,8 +229,12 @@ func (s *Set) Problems() []Problem { return s.problems }
 
 // MeshMode is the mesh-wide mode: the oldest PeerAuthentication in the
 // root namespace without a selector, unless its mode is UNSET, else the
-// default NewSet was given.
+// default NewSet was given; STRICT while a PeerAuthentication of the root
+// namespace cannot be read.
 func (s *Set) MeshMode() Mode {
+	if len(s.unreadablePeer[s.rootNamespace]) > 0 {
+		return Strict // failing closed: the servers are STRICT (Selection.ServerMode), so are their clients
+	}
 	if s.mesh != nil {
 		if m, ok := modeOf(s.mesh.spec.GetMtls()); ok {
 			return m
@@ -363,16 +379,17 @@ func (sel Selection) ServerMode(port uint32) Mode {
 	}
 }
 
-// FailsClosed says why the hub denies every request to the workload and
-// requires mTLS, whatever its policies say ("" when it does not): its
-// labels were not all read, or a PeerAuthentication that could select it
-// could not be read.
+// FailsClosed says what the hub enforces on the workload whatever its
+// policies say, and why ("" when nothing): with labels it did not all
+// read, every request is denied and mTLS required; with a
+// PeerAuthentication that could select it unreadable, mTLS is required.
+// (An unreadable AuthorizationPolicy is among Policies().Deny.)
 func (sel Selection) FailsClosed() string {
 	switch {
 	case sel.truncated:
-		return fmt.Sprintf("its node's labels exceed what the hub reads (%d labels, %d bytes, strings only): the policies that select it cannot be known", MaxLabels, MaxLabelBytes)
+		return fmt.Sprintf("every request denied, mTLS required: its node's labels exceed what the hub reads (%d labels, %d bytes, strings only), so the policies that select it cannot be known", MaxLabels, MaxLabelBytes)
 	case len(sel.unreadable) > 0:
-		return "a PeerAuthentication that could select it cannot be read: mTLS is required"
+		return "mTLS required: a PeerAuthentication that could select it cannot be read"
 	}
 	return ""
 }

@@ -12,7 +12,12 @@ import (
 // namespaces, with 10 mesh-wide DENY policies.
 func benchSet(b *testing.B) *Set {
 	b.Helper()
-	var authz, peers []distribute.Object
+	authz, peers := benchObjects()
+	return NewSet(root, Permissive, TrustDomainBundle{TrustDomains: []string{"cluster.local"}}, authz, peers)
+}
+
+// benchObjects are benchSet's policies.
+func benchObjects() (authz, peers []distribute.Object) {
 	for i := range 1000 {
 		ns := fmt.Sprint("ns-", i%100)
 		authz = append(authz, obj(ns, fmt.Sprint("p-", i), i, allow(map[string]string{"app": fmt.Sprint("app-", i%10)}, "cluster.local/ns/"+ns+"/sa/caller")))
@@ -23,7 +28,7 @@ func benchSet(b *testing.B) *Set {
 	for i := range 100 {
 		peers = append(peers, obj(fmt.Sprint("ns-", i), "strict", i, pa(strict, nil, nil)))
 	}
-	return NewSet(root, Permissive, TrustDomainBundle{TrustDomains: []string{"cluster.local"}}, authz, peers)
+	return authz, peers
 }
 
 // BenchmarkNewSet: compiling every policy, what each policy change costs
@@ -58,14 +63,10 @@ func BenchmarkSelectionRBAC(b *testing.B) {
 // others' compilation (what the hub does on each policy edit).
 func BenchmarkNextSetOneEdit(b *testing.B) {
 	prev := benchSet(b)
-	var authz []distribute.Object
-	for i := range 1000 {
-		ns := fmt.Sprint("ns-", i%100)
-		authz = append(authz, obj(ns, fmt.Sprint("p-", i), i, allow(map[string]string{"app": fmt.Sprint("app-", i%10)}, "cluster.local/ns/"+ns+"/sa/caller")))
-	}
+	authz, peers := benchObjects()
 	authz[0].Version = "v2"
 	td := TrustDomainBundle{TrustDomains: []string{"cluster.local"}}
 	for b.Loop() {
-		NextSet(prev, root, Permissive, td, authz, nil)
+		NextSet(prev, root, Permissive, td, authz, peers)
 	}
 }

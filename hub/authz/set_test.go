@@ -261,6 +261,27 @@ func TestFailClosed(t *testing.T) {
 		t.Errorf("truncated labels: mode %s, DENY %v, ALLOW %v; want STRICT, deny all", tr.ServerMode(8080), d, a)
 	}
 
+	// An action the hub does not know denies everything in its scope; an
+	// unreadable root PeerAuthentication makes the mesh (clients too)
+	// STRICT.
+	future := allow(nil, "x/ns/y/sa/a")
+	future.Action = securityv1beta1.AuthorizationPolicy_Action(42)
+	fs := NewSet(root, Permissive, TrustDomainBundle{}, []distribute.Object{obj("app", "future", 1, future)},
+		[]distribute.Object{{Kind: PeerAuthenticationKind, Namespace: root, Name: "broken", Version: "unreadable/1"}})
+	if d, _ := fs.Select(Workload{Namespace: "app"}).RBAC(); d == nil || d.Policies["app-future-unreadable"] == nil {
+		t.Errorf("unknown action: DENY filter %v; want deny-all", d)
+	}
+	if fs.MeshMode() != Strict || fs.Select(Workload{Namespace: "web"}).FailsClosed() == "" {
+		t.Errorf("unreadable root PeerAuthentication: mesh mode %s; want STRICT, and every server failing closed", fs.MeshMode())
+	}
+
+	// Labels that would join into the same string are different keys.
+	a := Workload{Namespace: "app", Labels: map[string]string{"app": "web", "tier": "front"}}
+	b := Workload{Namespace: "app", Labels: map[string]string{"app": "web\x00tier=front"}}
+	if a.LabelsKey() == b.LabelsKey() {
+		t.Error("two label sets share a key")
+	}
+
 	// "istio-system/deny" and "istio/system-deny" both name their rule
 	// "istio-system-deny-0": both are kept.
 	if d, _ := s.Select(Workload{Namespace: "istio"}).RBAC(); d == nil || len(d.Policies) != 2 {

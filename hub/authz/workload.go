@@ -3,6 +3,7 @@ package authz
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -52,7 +53,7 @@ const (
 
 // TrimLabels is a node's LABELS metadata cut to what WorkloadOf reads:
 // the labels themselves when within bounds, else a marker that makes the
-// workload Truncated. A stream keeps no more of them than this.
+// workload Truncated.
 func TrimLabels(v *structpb.Value) *structpb.Value {
 	if _, ok := readLabels(v.GetStructValue().GetFields()); !ok {
 		return structpb.NewStringValue("truncated")
@@ -140,14 +141,15 @@ func (w Workload) selects(selector *typev1beta1.WorkloadSelector) bool {
 	return true
 }
 
-// LabelsKey is the workload's labels in one string, sorted (for keys).
+// LabelsKey is the workload's labels in one string, sorted, each key and
+// value quoted (the node's words: no two label sets share a key).
 func (w Workload) LabelsKey() string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(w.Labels)) {
-		b.WriteString(k)
+		b.WriteString(strconv.Quote(k))
 		b.WriteByte('=')
-		b.WriteString(w.Labels[k])
-		b.WriteByte(0)
+		b.WriteString(strconv.Quote(w.Labels[k]))
+		b.WriteByte(',')
 	}
 	return b.String()
 }
