@@ -40,19 +40,23 @@ func (w *watcher) serverOf(rec *streamRecord, node *corev3.Node, ident authn.Ide
 	return rec.server
 }
 
-// isServer reports whether an LDS subscription names an inbound listener
+// inboundNames lists the inbound listener names of an LDS subscription
 // (its names that name no hostname come after those that do).
-func isServer(s *subscriber) bool {
-	if s.typeURL != resourcev3.ListenerType || s.idx == nil {
-		return false
+func inboundNames(s *subscriber) []string {
+	if s == nil || s.typeURL != resourcev3.ListenerType || s.idx == nil {
+		return nil
 	}
+	var names []string
 	for _, name := range s.idx.list[s.idx.hosted:] {
 		if strings.HasPrefix(name, xdsgen.InboundListenerPrefix) {
-			return true
+			names = append(names, name)
 		}
 	}
-	return false
+	return names
 }
+
+// isServer reports whether an LDS subscription names an inbound listener.
+func isServer(s *subscriber) bool { return len(inboundNames(s)) > 0 }
 
 // applySecurity reads the distributed AuthorizationPolicies and
 // PeerAuthentications into the Generator when b changed either kind (and
@@ -161,15 +165,7 @@ type InboundListener struct {
 // listeners; nil when it asks for none.
 func (w *watcher) serverSecurity(rec *streamRecord) *ServerSecurity {
 	w.mu.Lock()
-	s, wl := rec.subs[resourcev3.ListenerType], rec.server
-	var names []string
-	if s != nil && s.idx != nil {
-		for _, name := range s.idx.list[s.idx.hosted:] {
-			if strings.HasPrefix(name, xdsgen.InboundListenerPrefix) {
-				names = append(names, name)
-			}
-		}
-	}
+	names, wl := inboundNames(rec.subs[resourcev3.ListenerType]), rec.server
 	w.mu.Unlock()
 	if len(names) == 0 || w.gen == nil {
 		return nil

@@ -203,11 +203,8 @@ type localityLB struct {
 func localityLBOf(dr *networking.DestinationRule, port int32) localityLB {
 	tp := dr.GetTrafficPolicy()
 	lb, outlier := tp.GetLoadBalancer(), tp.GetOutlierDetection()
-	for _, pl := range tp.GetPortLevelSettings() {
-		if pl.GetPort() != nil && int32(pl.GetPort().GetNumber()) == port {
-			lb, outlier = pl.GetLoadBalancer(), pl.GetOutlierDetection()
-			break
-		}
+	if pl := portLevel(dr, port); pl != nil {
+		lb, outlier = pl.GetLoadBalancer(), pl.GetOutlierDetection()
 	}
 	if !validOutlier(outlier) {
 		return localityLB{}
@@ -535,4 +532,16 @@ func compact(prio []uint32) {
 	for i, p := range prio {
 		prio[i] = rank[p]
 	}
+}
+
+// portLevel is a rule's first portLevelSettings entry for port, which
+// replaces its whole traffic policy for that port, as in Istio; nil when
+// none names it.
+func portLevel(dr *networking.DestinationRule, port int32) *networking.TrafficPolicy_PortTrafficPolicy {
+	for _, pl := range dr.GetTrafficPolicy().GetPortLevelSettings() {
+		if pl.GetPort() != nil && int32(pl.GetPort().GetNumber()) == port {
+			return pl
+		}
+	}
+	return nil
 }

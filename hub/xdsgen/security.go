@@ -87,11 +87,8 @@ func (g *Generator) clientMTLSLocked(rule *networking.DestinationRule, port int3
 		return false
 	}
 	tls := rule.GetTrafficPolicy().GetTls()
-	for _, pl := range rule.GetTrafficPolicy().GetPortLevelSettings() {
-		if pl.GetPort() != nil && int32(pl.GetPort().GetNumber()) == port {
-			tls = pl.GetTls()
-			break
-		}
+	if pl := portLevel(rule, port); pl != nil {
+		tls = pl.GetTls()
 	}
 	if tls != nil {
 		return tls.GetMode() == networking.ClientTLSSettings_ISTIO_MUTUAL
