@@ -154,9 +154,14 @@ func TestIdentityScopeFollowsSyncAndAnnotations(t *testing.T) {
 			return nil
 		}))
 	}
-	if after := ev.count("member1"); after < before+4 {
-		t.Errorf("SecretsSynced(member1) called %d times for 4 annotation changes", after-before)
-	}
+	// The scope is visible before SecretsSynced is called for its change:
+	// wait for the last call.
+	eventually(t, 10*time.Second, func() error {
+		if after := ev.count("member1"); after < before+4 {
+			return fmt.Errorf("SecretsSynced(member1) called %d times for 4 annotation changes", after-before)
+		}
+		return nil
+	})
 
 	if sc, err := r.IdentityScope("home"); err != nil || !sc.Home || !sc.AllowRootNamespace {
 		t.Errorf("home: %+v, %v; want the home cluster, root namespace allowed", sc, err)
