@@ -119,6 +119,10 @@ var openAPI = obj{
 				"gatewayServices":      obj{"type": "array", "items": str(), "description": "Services the hub wrote into the member's istio-system so that its istiod knows the other networks' gateways"},
 				"gatewayServicesError": obj{"type": "string", "description": "why the last write of those Services failed (absent: it did not)"},
 				"demoted":              obj{"type": "string", "description": "why the member's endpoints are served one priority behind the healthy members' (absent: they are not)"},
+				"watchScope":           obj{"type": "string", "description": "what the hub watches in the member: all namespaces, the namespaces of the remote Secret's hub.federation/watch-namespaces, or those its hub.federation/watch-namespace-selector selects"},
+				"watchedNamespaces":    obj{"type": "array", "items": str(), "description": "the namespaces watched now (absent: every namespace); istio-system is always watched for gateways, its Services federated only when in scope"},
+				"watchRefused":         obj{"type": "integer", "description": "selected namespaces not watched: past the bound of 256 per member"},
+				"objects":              obj{"type": "object", "additionalProperties": integer(), "description": "objects the member's informers hold, by kind (Service, EndpointSlice, MeshPod, Node, Secret)"},
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
 				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},

@@ -56,6 +56,18 @@ type Cluster struct {
 	// Demoted says why the member's endpoints are served behind the
 	// healthy members' (absent: they are not).
 	Demoted string `json:"demoted,omitempty"`
+	// WatchScope says what the hub watches in the member ("all
+	// namespaces", "namespaces a,b", "namespaces selected by k=v"; the
+	// remote Secret's hub.federation/watch-namespaces or
+	// watch-namespace-selector), WatchedNamespaces the namespaces watched
+	// now (absent: every namespace), WatchRefused how many selected
+	// namespaces were not watched for the bound of 256, and Objects the
+	// objects its informers hold, by kind (Service, EndpointSlice,
+	// MeshPod, Node, Secret).
+	WatchScope        string         `json:"watchScope"`
+	WatchedNamespaces []string       `json:"watchedNamespaces,omitempty"`
+	WatchRefused      int            `json:"watchRefused,omitempty"`
+	Objects           map[string]int `json:"objects,omitempty"`
 }
 
 // Gateway is an east-west gateway of a member.
@@ -73,6 +85,8 @@ func ToCluster(st clusters.Status) Cluster {
 		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused,
 		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,
+		WatchScope: st.WatchScope.String(), WatchedNamespaces: st.WatchedNamespaces, WatchRefused: st.WatchRefused,
+		Objects: st.Objects,
 	}
 	for _, g := range st.Gateways {
 		c.Gateways = append(c.Gateways, Gateway(g))

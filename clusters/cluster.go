@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -67,16 +66,35 @@ type Cluster struct {
 	objects    atomic.Int64
 	overflowed atomic.Bool
 	secrets    *secretController
-	factory    informers.SharedInformerFactory
-	informers  map[string]cache.SharedIndexInformer // by kind, for object counts
-	services   corelisters.ServiceLister
-	slices     discoverylisters.EndpointSliceLister
+	meta       metadata.Interface
+	factory    informers.SharedInformerFactory // Nodes
+	nodeInf    cache.SharedIndexInformer
+	services   corelisters.ServiceLister // over every watch (scopedServices)
 	nodes      corelisters.NodeLister
 	system     informers.SharedInformerFactory // the system namespace alone (network)
 	namespaces corelisters.NamespaceLister
-	mesh       *meshPods // which pods accept Istio mTLS (optional)
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[ServiceKey]
+
+	// counts are the objects the member-wide informers hold (Nodes,
+	// Secrets), by kind; each watch counts its own.
+	counts kindCounts
+
+	// scope is what the member's Secret says to watch (WatchScope);
+	// watches are the namespaces watched, by name ("" for every
+	// namespace), guarded by watchMu; runCtx is the cluster's run context
+	// once it started (watches added later start at once). selected is
+	// the Namespace informer of a selector scope (nil otherwise), and
+	// watchLimit bounds how many namespaces it may add (0: no bound);
+	// watchRefused counts those refused.
+	scope           WatchScope
+	watchMu         sync.RWMutex
+	watches         map[string]*nsWatch
+	runCtx          context.Context
+	selectedFactory informers.SharedInformerFactory
+	selected        cache.ResourceEventHandlerRegistration
+	watchLimit      int
+	watchRefused    int
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -154,7 +172,7 @@ type clusterDeps struct {
 	isLeader func() bool
 }
 
-func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, error) {
+func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps clusterDeps) (*Cluster, error) {
 	cfg := rest.CopyConfig(kc.Config)
 	cfg.UserAgent = "hub/" + id
 	if cfg.QPS == 0 {
@@ -202,7 +220,7 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	if err != nil {
 		return nil, fmt.Errorf("building metadata client for cluster %s: %w", id, err)
 	}
-	c.mesh = newMeshPods(mc)
+	c.meta = mc
 	var onSecret func(ServiceKey)
 	if ev := deps.secretEvents; ev != nil {
 		onSecret = func(key ServiceKey) { ev.SecretChanged(id, key) }
@@ -228,66 +246,43 @@ func newCluster(id, secret string, kc *Kubeconfig, deps clusterDeps) (*Cluster, 
 	}); err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
-	svcInf := c.factory.Core().V1().Services()
-	sliceInf := c.factory.Discovery().V1().EndpointSlices()
 	nodeInf := c.factory.Core().V1().Nodes()
-	c.informers = map[string]cache.SharedIndexInformer{
-		"Service": svcInf.Informer(), "EndpointSlice": sliceInf.Informer(), "Node": nodeInf.Informer(),
-	}
-	for _, inf := range c.informers {
-		if err := inf.SetTransform(stripObject); err != nil {
-			return nil, fmt.Errorf("setting informer transform: %w", err)
-		}
-	}
-	if err := c.mesh.inf.SetTransform(stripToName); err != nil {
+	c.nodeInf, c.nodes = nodeInf.Informer(), nodeInf.Lister()
+	if err := c.nodeInf.SetTransform(stripObject); err != nil {
 		return nil, fmt.Errorf("setting informer transform: %w", err)
 	}
-	c.informers["MeshPod"] = c.mesh.inf
-	if err := c.watchMeshPods(); err != nil {
+	c.counts = newKindCounts("Node", "Secret")
+	if err := c.countObjects(c.counts, "Secret", c.secrets.inf); err != nil {
 		return nil, err
 	}
-	if err := c.countObjects(); err != nil {
+	if err := c.countObjects(c.counts, "Node", c.nodeInf); err != nil {
 		return nil, err
 	}
-	c.services, c.slices, c.nodes = svcInf.Lister(), sliceInf.Lister(), nodeInf.Lister()
-
-	onService := func(obj any) {
-		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			ns, name, _ := cache.SplitMetaNamespaceKey(key)
-			c.queue.Add(ServiceKey{Namespace: ns, Name: name})
-			c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
-		}
-	}
-	onSlice := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-			c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
-		}
+	c.services = scopedServices{c}
+	if err := c.watchNamespaces(scope); err != nil {
+		return nil, err
 	}
 	onNode := func(any) {
 		if !c.refreshGateways(false) { // a node port gateway's address may have moved
 			c.enqueueAll()
 		}
 	}
-	handlers := []struct {
-		inf cache.SharedIndexInformer
-		fn  func(any)
-	}{{svcInf.Informer(), onService}, {sliceInf.Informer(), onSlice}, {nodeInf.Informer(), onNode}}
-	for _, h := range handlers {
-		fn := h.fn
-		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    fn,
-			UpdateFunc: func(_, obj any) { fn(obj) },
-			DeleteFunc: fn,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("adding event handler: %w", err)
-		}
-		c.synced = append(c.synced, reg.HasSynced)
+	reg, err := c.nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onNode,
+		UpdateFunc: func(_, obj any) { onNode(obj) },
+		DeleteFunc: onNode,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
+	c.synced = append(c.synced, reg.HasSynced, c.watchesSynced)
 	return c, nil
+}
+
+// runs reports whether the cluster is the client of this kubeconfig
+// (same bytes) and watch scope.
+func (c *Cluster) runs(kc *Kubeconfig, scope WatchScope) bool {
+	return c.hash == kc.SHA256 && c.scope.equal(scope)
 }
 
 // start runs the cluster until stop is called.
@@ -305,7 +300,7 @@ func (c *Cluster) stop() {
 	<-c.done
 	c.factory.Shutdown()
 	c.system.Shutdown()
-	c.mesh.factory.Shutdown()
+	c.stopWatches()
 	c.secrets.factory.Shutdown()
 	c.conns.closeAll()
 }
@@ -314,7 +309,7 @@ func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
 	c.system.Start(ctx.Done())
-	c.mesh.factory.Start(ctx.Done())
+	c.startWatches(ctx)
 	c.secrets.factory.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -338,7 +333,9 @@ func (c *Cluster) run(ctx context.Context) {
 	// pods): wait for them a little, so that the first view already marks
 	// the mTLS endpoints, but never hold the member up for them.
 	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
-	cache.WaitForCacheSync(meshCtx.Done(), c.mesh.inf.HasSynced)
+	for _, w := range c.watchList() {
+		cache.WaitForCacheSync(meshCtx.Done(), w.mesh.inf.HasSynced)
+	}
 	cancelMesh()
 	c.mu.Lock()
 	c.informersSynced = true
@@ -590,7 +587,7 @@ func (c *Cluster) publishAll() {
 	views := make([]*Service, 0, len(svcs))
 	counts := make(map[ServiceKey]int, len(svcs))
 	for _, svc := range svcs {
-		if isHubGatewayService(svc) {
+		if isHubGatewayService(svc) || !c.federates(svc.Namespace) {
 			continue
 		}
 		v := c.build(svc)
@@ -622,6 +619,7 @@ func (c *Cluster) processNext() bool {
 		c.queue.AddRateLimited(key)
 		return true
 	case isHubGatewayService(svc): // the hub's own, not the member's
+	case !c.federates(svc.Namespace): // watched for gateways only
 	default:
 		view = c.build(svc)
 	}
@@ -641,13 +639,12 @@ func (c *Cluster) processNext() bool {
 }
 
 func (c *Cluster) build(svc *corev1.Service) *Service {
-	slices, _ := c.slices.EndpointSlices(svc.Namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
-	out := buildService(svc, slices, func(name string) map[string]string {
+	out := buildService(svc, c.endpointSlices(svc), func(name string) map[string]string {
 		if n, err := c.nodes.Get(name); err == nil {
 			return n.Labels
 		}
 		return nil
-	}, c.mesh.has)
+	}, c.meshPod)
 	out.Network = c.network()
 	c.mu.Lock()
 	if c.gateways.network == out.Network { // else a refresh for the new network is under way
@@ -694,6 +691,13 @@ func (c *Cluster) enqueueAll() {
 
 // status reports the cluster's current status.
 func (c *Cluster) status() Status {
+	st := c.statusLocked()
+	st.WatchedNamespaces, st.WatchRefused = c.watchedNamespaces()
+	st.Objects = c.objectCounts()
+	return st
+}
+
+func (c *Cluster) statusLocked() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := Status{
@@ -711,16 +715,22 @@ func (c *Cluster) status() Status {
 	st.GatewaysRefused = slices.Clone(c.gateways.refused)
 	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)
 	st.GatewayServicesError = c.gatewayWriteErr
+	st.WatchScope = c.scope
 	return st
 }
 
-// objectCounts reports how many objects each informer holds.
+// objectCounts reports how many objects the member's informers hold, by
+// kind, over every watched namespace.
 func (c *Cluster) objectCounts() map[string]int {
-	out := make(map[string]int, len(c.informers)+1)
-	for kind, inf := range c.informers {
-		out[kind] = len(inf.GetStore().ListKeys())
+	out := map[string]int{}
+	for kind, n := range c.counts {
+		out[kind] = int(n.Load())
 	}
-	out["Secret"] = len(c.secrets.inf.GetStore().ListKeys())
+	for _, w := range c.watchList() {
+		for kind, n := range w.counts {
+			out[kind] += int(n.Load())
+		}
+	}
 	return out
 }
 

@@ -98,7 +98,7 @@ current-context: x
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newCluster("proxied", "", kc, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
+	c, err := newCluster("proxied", "", kc, WatchScope{}, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
 	if err != nil {
 		t.Fatal(err)
 	}

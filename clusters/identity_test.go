@@ -256,7 +256,7 @@ func TestRestoredMemberAssertsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newCluster("restored", "ns/members", kc, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
+	c, err := newCluster("restored", "ns/members", kc, WatchScope{}, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func TestReadyzIsBounded(t *testing.T) {
 	defer srv.Close()
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	kc := &Kubeconfig{Config: &rest.Config{Host: srv.URL, TLSClientConfig: rest.TLSClientConfig{CAData: ca}}, Server: srv.URL}
-	c, err := newCluster("probe", "", kc, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
+	c, err := newCluster("probe", "", kc, WatchScope{}, clusterDeps{sink: newRecordingSink(), timeout: time.Minute, log: slog.Default()})
 	if err != nil {
 		t.Fatal(err)
 	}

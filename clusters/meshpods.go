@@ -38,8 +38,9 @@ const meshPodsSyncWait = 5 * time.Second
 // podIndex indexes EndpointSlices by the pods their endpoints point to.
 const podIndex = "pod"
 
-func newMeshPods(client metadata.Interface) *meshPods {
-	factory := metadatainformer.NewFilteredSharedInformerFactory(client, 0, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+// newMeshPods watches the mesh pods of one namespace ("": every namespace).
+func newMeshPods(client metadata.Interface, namespace string) *meshPods {
+	factory := metadatainformer.NewFilteredSharedInformerFactory(client, 0, namespace, func(o *metav1.ListOptions) {
 		o.LabelSelector = LabelTLSMode + "=" + TLSModeIstio
 	})
 	inf := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
@@ -68,11 +69,11 @@ func slicePods(obj any) ([]string, error) {
 	return keys, nil
 }
 
-// watchMeshPods rebuilds the Services whose endpoints point to a pod when
+// watchMeshPods rebuilds, for one watch, the Services whose endpoints point to a pod when
 // the pod enters or leaves the mesh (its label set or removed, or it is
 // deleted).
-func (c *Cluster) watchMeshPods() error {
-	if err := c.informers["EndpointSlice"].AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
+func (c *Cluster) watchMeshPods(w *nsWatch) error {
+	if err := w.sliceInf.AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
 		return fmt.Errorf("adding EndpointSlice pod index: %w", err)
 	}
 	onPod := func(obj any) {
@@ -80,14 +81,14 @@ func (c *Cluster) watchMeshPods() error {
 		if err != nil {
 			return
 		}
-		slices, _ := c.informers["EndpointSlice"].GetIndexer().ByIndex(podIndex, key)
+		slices, _ := w.sliceInf.GetIndexer().ByIndex(podIndex, key)
 		for _, o := range slices {
 			if s, ok := o.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
 				c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
 			}
 		}
 	}
-	_, err := c.mesh.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := w.mesh.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    onPod,
 		DeleteFunc: onPod,
 	})

@@ -2,35 +2,53 @@ package clusters
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"k8s.io/client-go/tools/cache"
 )
 
-// countObjects counts the objects the member's informers hold (Services,
-// EndpointSlices, Nodes and Secrets) and stops the member once they pass
-// its cap. The count follows the informers' add and delete notifications,
-// so it costs nothing per object held. The cap bounds what stays in memory;
-// one oversize list is still decoded once before the member is stopped.
-func (c *Cluster) countObjects() error {
-	if c.maxObjects <= 0 {
-		return nil
+// kindCounts counts a member's objects by kind (fixed at construction).
+type kindCounts map[string]*atomic.Int64
+
+func newKindCounts(kinds ...string) kindCounts {
+	out := make(kindCounts, len(kinds))
+	for _, k := range kinds {
+		out[k] = new(atomic.Int64)
 	}
+	return out
+}
+
+// total is the sum over every kind.
+func (k kindCounts) total() int64 {
+	var n int64
+	for _, v := range k {
+		n += v.Load()
+	}
+	return n
+}
+
+// countObjects counts the objects an informer of the member holds, as
+// kind in counts and in the member's total, and stops the member once the
+// total passes its cap (Services, EndpointSlices, Nodes, Secrets and mesh
+// pods). The counts follow the informers' add and delete notifications, so
+// they cost nothing per object held. The cap bounds what stays in memory;
+// one oversize list is still decoded once before the member is stopped.
+func (c *Cluster) countObjects(counts kindCounts, kind string, inf cache.SharedIndexInformer) error {
+	n := counts[kind]
 	counter := cache.ResourceEventHandlerFuncs{
 		AddFunc: func(any) {
-			if c.objects.Add(1) > int64(c.maxObjects) {
+			n.Add(1)
+			if c.objects.Add(1) > int64(c.maxObjects) && c.maxObjects > 0 {
 				c.overflow()
 			}
 		},
-		DeleteFunc: func(any) { c.objects.Add(-1) },
+		DeleteFunc: func(any) {
+			n.Add(-1)
+			c.objects.Add(-1)
+		},
 	}
-	infs := []cache.SharedIndexInformer{c.secrets.inf}
-	for _, inf := range c.informers {
-		infs = append(infs, inf)
-	}
-	for _, inf := range infs {
-		if _, err := inf.AddEventHandler(counter); err != nil {
-			return fmt.Errorf("adding object counter: %w", err)
-		}
+	if _, err := inf.AddEventHandler(counter); err != nil {
+		return fmt.Errorf("adding object counter: %w", err)
 	}
 	return nil
 }

@@ -171,7 +171,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			Help: "Member state changes, by member and new state.",
 		}, []string{"cluster", "to"}),
 	}
-	home, err := newCluster(cfg.HomeID, "", &Kubeconfig{Config: cfg.Home, Server: cfg.Home.Host}, r.deps)
+	home, err := newCluster(cfg.HomeID, "", &Kubeconfig{Config: cfg.Home, Server: cfg.Home.Host}, WatchScope{}, r.deps)
 	if err != nil {
 		return nil, err
 	}
@@ -293,6 +293,8 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	var ref *corev1.ObjectReference
 	var ann identityAnnotations
 	var networking secretNetworking
+	var scope WatchScope
+	var scopeErr error
 	secret, err := r.secrets.Secrets(ns).Get(name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -303,6 +305,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
 		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork]}
+		scope, scopeErr = readWatchScope(secret.Annotations)
 	}
 
 	// Keys that no longer exist: stop their clusters and drop their services.
@@ -334,7 +337,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		st, ok := r.apply(ctx, key, ref, ann, networking, id, data[id])
+		st, ok := r.apply(ctx, key, ref, ann, networking, scope, scopeErr, id, data[id])
 		if ok {
 			continue
 		}
@@ -384,7 +387,11 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 
 // apply starts, keeps or replaces the member for one data key. It returns
 // ok=false with a status when the key runs no cluster of its own.
-func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, networking secretNetworking, id string, kubeconfig []byte) (Status, bool) {
+//
+// A member's client is its kubeconfig and its WatchScope: a change of
+// either starts a new client, make-before-break; a scope annotation that
+// is not understood is refused like a kubeconfig that is not (scopeErr).
+func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, networking secretNetworking, scope WatchScope, scopeErr error, id string, kubeconfig []byte) (Status, bool) {
 	st := Status{ID: id, Secret: secret}
 	if id == r.cfg.HomeID {
 		st.State, st.Message = StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", id)
@@ -416,7 +423,11 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		r.mu.Unlock()
 		r.queue.Add(displaced)
 	}
+	reason, what := "KubeconfigRejected", "new kubeconfig rejected"
 	kc, err := r.cfg.Policy.ParseKubeconfig(kubeconfig)
+	if err == nil && scopeErr != nil {
+		err, reason, what = scopeErr, "WatchScopeRejected", "new watch scope rejected"
+	}
 	if err != nil {
 		r.log.Warn("rejected kubeconfig", "cluster", id, "secret", secret, "error", err)
 		if existing == nil {
@@ -433,7 +444,7 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 			discard.stop()
 		}
 		if changed {
-			r.event(ref, corev1.EventTypeWarning, "KubeconfigRejected", "cluster %s: new kubeconfig rejected, still using the previous one: %s", id, err)
+			r.event(ref, corev1.EventTypeWarning, reason, "cluster %s: %s, still using the previous one: %s", id, what, err)
 		}
 		return st, true
 	}
@@ -443,8 +454,8 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	if existing != nil {
 		existing.rejected = ""
 		existing.ref = ref
-		if existing.active.hash == kc.SHA256 || existing.next != nil && existing.next.hash == kc.SHA256 {
-			if existing.active.hash == kc.SHA256 {
+		if existing.active.runs(kc, scope) || existing.next != nil && existing.next.runs(kc, scope) {
+			if existing.active.runs(kc, scope) {
 				discard, existing.next = existing.next, nil // rotated back before the candidate synced
 			}
 			r.mu.Unlock()
@@ -456,7 +467,7 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 	}
 	r.mu.Unlock()
 
-	c, err := newCluster(id, secret, kc, r.deps)
+	c, err := newCluster(id, secret, kc, scope, r.deps)
 	if err != nil {
 		st.State, st.Message = StateInvalid, err.Error()
 		return st, false

@@ -146,6 +146,16 @@ type Status struct {
 	// Demoted says why the member's endpoints are served one priority
 	// behind the healthy members' ("" when they are not).
 	Demoted string
+	// WatchScope is what the hub watches in the member (its remote
+	// Secret's watch annotations), WatchedNamespaces the namespaces
+	// watched now (nil: every namespace; the system namespace is always
+	// watched for gateways), WatchRefused how many selected namespaces
+	// were not watched for the bound, and Objects how many objects the
+	// member's informers hold, by kind.
+	WatchScope        WatchScope
+	WatchedNamespaces []string
+	WatchRefused      int
+	Objects           map[string]int
 }
 
 // StateObserver is told the state changes of members (the federated index
