@@ -161,6 +161,9 @@ var openAPI = obj{
 				"hostname": str(), "namespace": str(), "name": str(),
 				"ports":     obj{"type": "array", "items": ref("Port")},
 				"endpoints": obj{"type": "object", "additionalProperties": integer(), "description": "member cluster ID → endpoints"},
+				"exports": obj{"type": "object", "description": "member cluster ID → its export, for the members whose view is not offered to every other member (absent: all are); its own member's proxies always get it, member istiods only views offered to every member", "additionalProperties": obj{"type": "object", "properties": obj{
+					"exported": obj{"type": "boolean"}, "exportTo": obj{"type": "array", "items": str(), "description": "hub.federation/export-to: the only other members offered it"}, "reason": str(),
+				}}},
 			}},
 			"TypeStatus": obj{"type": "object", "properties": obj{
 				"type": str(), "typeUrl": str(), "sentVersion": str(), "sentNonce": str(), "sentAt": timeStr(), "resources": integer(), "sends": integer(),

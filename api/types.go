@@ -109,11 +109,35 @@ type Service struct {
 	Name      string         `json:"name"`
 	Ports     []Port         `json:"ports"`
 	Endpoints map[string]int `json:"endpoints"`
+	// Exports are, by member, the views not offered to every other member
+	// (absent: every member offers its view to every other).
+	Exports map[string]ServiceExport `json:"exports,omitempty"`
+}
+
+// ServiceExport is one member's export of a Service that is not offered
+// to every other member: not at all (Exported false, with the reason), or
+// to the members of ExportTo only (hub.federation/export-to). Its own
+// member's proxies always get it; member istiods get only views offered
+// to every member.
+type ServiceExport struct {
+	Exported bool     `json:"exported"`
+	ExportTo []string `json:"exportTo,omitempty"`
+	Reason   string   `json:"reason,omitempty"`
 }
 
 // ToService converts a service summary.
 func ToService(s hub.ServiceSummary) Service {
 	out := Service{Hostname: s.Hostname, Namespace: s.Namespace, Name: s.Name, Ports: []Port{}, Endpoints: s.Endpoints}
+	for id, v := range s.Restricted {
+		if out.Exports == nil {
+			out.Exports = map[string]ServiceExport{}
+		}
+		reason := v.ExportReason
+		if !v.NotExported {
+			reason = "annotated hub.federation/export-to: offered to these members only"
+		}
+		out.Exports[id] = ServiceExport{Exported: !v.NotExported, ExportTo: v.ExportTo, Reason: reason}
+	}
 	for _, p := range s.Ports {
 		out.Ports = append(out.Ports, Port{Name: p.Name, Port: p.Port, Protocol: p.Protocol, AppProtocol: p.AppProtocol})
 	}

@@ -80,6 +80,9 @@ type Cluster struct {
 	// Secrets), by kind; each watch counts its own.
 	counts kindCounts
 
+	// exportMode says which Services are exported (--export-mode).
+	exportMode ExportMode
+
 	// scope is what the member's Secret says to watch (WatchScope);
 	// watches are the namespaces watched, by name ("" for every
 	// namespace), guarded by watchMu; runCtx is the cluster's run context
@@ -170,6 +173,8 @@ type clusterDeps struct {
 	secretEvents SecretEvents
 	// isLeader says whether this replica writes into members (nil: it does).
 	isLeader func() bool
+	// exportMode says which Services are exported ("": ExportAll).
+	exportMode ExportMode
 }
 
 func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps clusterDeps) (*Cluster, error) {
@@ -204,13 +209,14 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		httpClient: httpClient, maxObjects: kc.maxObjects,
 		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
 		client: client, conns: conns,
-		factory:   informers.NewSharedInformerFactory(client, 0),
-		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]()),
-		done:      make(chan struct{}),
-		state:     StatePending,
-		endpoints: map[ServiceKey]int{},
-		plaintext: map[ServiceKey]int{},
-		isLeader:  deps.isLeader,
+		factory:    informers.NewSharedInformerFactory(client, 0),
+		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]()),
+		done:       make(chan struct{}),
+		state:      StatePending,
+		endpoints:  map[ServiceKey]int{},
+		plaintext:  map[ServiceKey]int{},
+		isLeader:   deps.isLeader,
+		exportMode: deps.exportMode,
 
 		gatewayKick: make(chan struct{}, 1),
 
@@ -334,7 +340,7 @@ func (c *Cluster) run(ctx context.Context) {
 	// the mTLS endpoints, but never hold the member up for them.
 	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
 	for _, w := range c.watchList() {
-		cache.WaitForCacheSync(meshCtx.Done(), w.mesh.inf.HasSynced)
+		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced()...)
 	}
 	cancelMesh()
 	c.mu.Lock()
@@ -646,6 +652,8 @@ func (c *Cluster) build(svc *corev1.Service) *Service {
 		return nil
 	}, c.meshPod)
 	out.Network = c.network()
+	exported, listed := c.serviceExported(svc.Namespace, svc.Name)
+	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, c.exportMode, exported, listed)
 	c.mu.Lock()
 	if c.gateways.network == out.Network { // else a refresh for the new network is under way
 		out.Gateways = c.gateways.gateways
@@ -736,7 +744,7 @@ func (c *Cluster) objectCounts() map[string]int {
 
 // stripObject drops what the hub never reads from informer objects, to keep
 // memory per member small: managed fields, annotations (but a Service's
-// service-account ones, see Service.KubernetesServiceAccounts, and a gateway
+// export-to (AnnotationExportTo) and service-account ones, see Service.KubernetesServiceAccounts, and a gateway
 // Service's node selector) and status everywhere (but a gateway Service's
 // load balancer ingress), all of a Node
 // but its name, labels and IP addresses, and an EndpointSlice's target
@@ -756,7 +764,7 @@ func stripObject(obj any) (any, error) {
 	case *corev1.Service:
 		var kept map[string]string
 		_, gateway := o.Labels[LabelNetwork]
-		keep := []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts}
+		keep := []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts, AnnotationExportTo}
 		if gateway {
 			keep = append(keep, AnnotationNodeSelector)
 		}

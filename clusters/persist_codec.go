@@ -40,6 +40,11 @@ type viewService struct {
 	Endpoints []viewEndpoint `json:"e,omitempty"`
 	// NotExported is Service.NotExported (absent: exported).
 	NotExported bool `json:"x,omitempty"`
+	// ExportTo and ExportReason are Service.ExportTo (absent: every
+	// member; present and empty: none) and ExportReason.
+	ExportTo     []string `json:"et,omitempty"`
+	HasExportTo  bool     `json:"eth,omitempty"`
+	ExportReason string   `json:"xr,omitempty"`
 	// Network is Service.Network (absent: none).
 	Network string `json:"w,omitempty"`
 	// KSA and CSA are Service.KubernetesServiceAccounts and
@@ -86,7 +91,8 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
 	for _, s := range sorted {
 		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network,
-			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts}
+			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts,
+			ExportTo: s.ExportTo, HasExportTo: s.ExportTo != nil, ExportReason: s.ExportReason}
 		if !s.Created.IsZero() {
 			vs.Created = s.Created.Unix()
 		}
@@ -128,7 +134,10 @@ func decodeView(data []byte) ([]*Service, error) {
 	gateways := map[string][]Gateway{}
 	for _, vs := range doc.Services {
 		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
-			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA}
+			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA, ExportReason: vs.ExportReason}
+		if vs.HasExportTo {
+			s.ExportTo = append([]string{}, vs.ExportTo...)
+		}
 		if vs.Created != 0 { // validateService refuses a time before 1970
 			s.Created = time.Unix(vs.Created, 0).UTC()
 		}

@@ -71,6 +71,9 @@ type Config struct {
 	SyncTimeout time.Duration
 	// Policy says what remote kubeconfigs may contain beyond inline credentials.
 	Policy KubeconfigPolicy
+	// ExportMode says which Services of every member, the home cluster
+	// included, are exported ("": ExportAll).
+	ExportMode ExportMode
 	// Sink receives every member's services.
 	Sink Sink
 	// SecretEvents, if set, is told when members' Secrets change (SDS
@@ -159,7 +162,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		views:      views,
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader},
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},

@@ -22,10 +22,15 @@ type Service struct {
 	Ports   []ServicePort
 	// Endpoints holds one entry per (address, service port).
 	Endpoints []Endpoint
-	// NotExported says the Service is labelled hub.federation/export:
-	// "false" (LabelExport): it is not offered to other members' istiods
-	// as config (DESIGN.md §3.7).
-	NotExported bool
+	// NotExported says the Service is not offered to other members (their
+	// proxies and istiods): labelled hub.federation/export: "false"
+	// (LabelExport), or, in export mode serviceexport, without a
+	// ServiceExport; ExportTo, if not nil, are the only other members it
+	// is offered to (AnnotationExportTo, sorted); ExportReason says why
+	// it is not exported ("" when it is). See ExportedTo.
+	NotExported  bool
+	ExportTo     []string
+	ExportReason string
 	// Network is the member's Istio network: the topology.istio.io/network
 	// label of its system namespace (SystemNamespace), "" when unset.
 	Network string

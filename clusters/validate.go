@@ -54,6 +54,29 @@ func validateView(services []*Service, now time.Time, maxServices int) error {
 // MaxDeclaredServiceAccounts, each at most maxServiceAccountBytes, sorted,
 // unique, no commas or spaces); a creation time not before the epoch nor
 // more than maxCreatedSkew after now.
+// maxExportReason bounds Service.ExportReason.
+const maxExportReason = 1024
+
+// validateExport checks a view's export fields as exportOf makes them:
+// member IDs, sorted and unique, at most maxExportTo; a bounded reason.
+func validateExport(s *Service) error {
+	if len(s.ExportTo) > maxExportTo {
+		return fmt.Errorf("exported to %d members; at most %d", len(s.ExportTo), maxExportTo)
+	}
+	for i, id := range s.ExportTo {
+		if err := ValidateClusterID(id); err != nil {
+			return fmt.Errorf("export-to: %w", err)
+		}
+		if i > 0 && s.ExportTo[i-1] >= id {
+			return errors.New("export-to members are not sorted and unique")
+		}
+	}
+	if len(s.ExportReason) > maxExportReason {
+		return fmt.Errorf("export reason is longer than %d bytes", maxExportReason)
+	}
+	return nil
+}
+
 func validateService(s *Service, now time.Time) error {
 	if err := dns1123Label("namespace", s.Namespace); err != nil {
 		return err
@@ -89,6 +112,9 @@ func validateService(s *Service, now time.Time) error {
 		if err := validateEndpoint(e, ports); err != nil {
 			return fmt.Errorf("endpoint %d: %w", i, err)
 		}
+	}
+	if err := validateExport(s); err != nil {
+		return err
 	}
 	if err := validateDeclared("kubernetes service accounts", s.KubernetesServiceAccounts); err != nil {
 		return err

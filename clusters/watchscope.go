@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -125,6 +126,7 @@ type nsWatch struct {
 	services  corelisters.ServiceLister
 	slices    discoverylisters.EndpointSliceLister
 	synced    []cache.InformerSynced
+	exports   *serviceExports    // export mode serviceexport only
 	counts    kindCounts         // objects held, by kind
 	cancel    context.CancelFunc // nil until started
 }
@@ -153,6 +155,12 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 	}
 	if err := c.watchMeshPods(w); err != nil {
 		return nil, err
+	}
+	if c.exportMode == ExportServiceExport {
+		w.counts["ServiceExport"] = new(atomic.Int64)
+		if err := c.watchServiceExports(w); err != nil {
+			return nil, err
+		}
 	}
 	onService := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -194,7 +202,21 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 
 // informers are the watch's informers by kind, for object counts.
 func (w *nsWatch) informers() map[string]cache.SharedIndexInformer {
-	return map[string]cache.SharedIndexInformer{"Service": w.svcInf, "EndpointSlice": w.sliceInf, "MeshPod": w.mesh.inf}
+	out := map[string]cache.SharedIndexInformer{"Service": w.svcInf, "EndpointSlice": w.sliceInf, "MeshPod": w.mesh.inf}
+	if w.exports != nil {
+		out["ServiceExport"] = w.exports.inf
+	}
+	return out
+}
+
+// optionalSynced are the watch's informers that a first publish waits
+// for only a little (meshPodsSyncWait): mesh pods and ServiceExports.
+func (w *nsWatch) optionalSynced() []cache.InformerSynced {
+	out := []cache.InformerSynced{w.mesh.inf.HasSynced}
+	if w.exports != nil {
+		out = append(out, w.exports.inf.HasSynced)
+	}
+	return out
 }
 
 // start runs the watch's informers until ctx ends or stop.
@@ -202,6 +224,9 @@ func (w *nsWatch) start(ctx context.Context) {
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.factory.Start(ctx.Done())
 	w.mesh.factory.Start(ctx.Done())
+	if w.exports != nil {
+		w.exports.factory.Start(ctx.Done())
+	}
 }
 
 // stop stops the watch's informers and waits for them.
@@ -211,6 +236,9 @@ func (w *nsWatch) stop() {
 	}
 	w.factory.Shutdown()
 	w.mesh.factory.Shutdown()
+	if w.exports != nil {
+		w.exports.factory.Shutdown()
+	}
 }
 
 // hasSynced reports whether the watch's Services and EndpointSlices are

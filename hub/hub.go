@@ -324,6 +324,10 @@ type ServiceSummary struct {
 	Name      string
 	Ports     []clusters.ServicePort
 	Endpoints map[string]int // member ID → endpoints (address, port)
+	// Restricted are the members whose view is not offered to every
+	// other member (clusters.Service.Restricted), with what they say:
+	// NotExported, ExportTo and ExportReason.
+	Restricted map[string]*clusters.Service
 }
 
 // Services summarises every federated service, sorted by hostname.
@@ -335,6 +339,12 @@ func (h *Hub) Services() []ServiceSummary {
 		for id, svc := range members {
 			s.Namespace, s.Name = svc.Namespace, svc.Name
 			s.Endpoints[id] = len(svc.Endpoints)
+			if svc.Restricted() {
+				if s.Restricted == nil {
+					s.Restricted = map[string]*clusters.Service{}
+				}
+				s.Restricted[id] = svc
+			}
 		}
 		out = append(out, s)
 	}

@@ -46,12 +46,16 @@ type serviceEntry struct {
 // first member in ID order names a port), one endpoint per ready address
 // of every member, in the member's Istio network (clusters.Service.Network,
 // "" for none), labelled security.istio.io/tlsMode=istio when its pod is
-// (clusters.Endpoint.MTLS). Members whose Service opts out (clusters.Service.NotExported)
-// are left out; nil when none is left, or when the Service has no ports.
+// (clusters.Endpoint.MTLS). Members whose Service is not exported to every
+// member (clusters.Service.Restricted: not exported, or exported to some
+// members only) are left out: every member istiod gets the same set, so a
+// view meant for some members reaches none of their istiods (the hub's own
+// xDS serves it to those members' proxies); nil when none is left, or when
+// the Service has no ports.
 func buildServiceEntry(members map[string]*clusters.Service, domain string) *serviceEntry {
 	ids := make([]string, 0, len(members))
 	for id, svc := range members {
-		if !svc.NotExported {
+		if !svc.Restricted() {
 			ids = append(ids, id)
 		}
 	}

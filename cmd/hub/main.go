@@ -70,6 +70,7 @@ type config struct {
 	xdsLimits            xdsLimits
 	mtlsMode             string
 	demoteUnhealthy      bool
+	exportMode           string
 	hardening            hardeningFlags
 }
 
@@ -120,6 +121,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.xdsLimits.maxNodeMetadataBytes, "xds-max-node-metadata-bytes", hub.DefaultMaxNodeMetadataBytes, "largest xDS node metadata accepted (bytes, marshalled)")
 	fs.IntVar(&c.xdsLimits.maxResourceNames, "xds-max-resource-names", hub.DefaultMaxResourceNames, "resource names one xDS stream may subscribe to per type")
 	fs.DurationVar(&c.maxWorkloadCertTTL, "max-workload-cert-ttl", ca.DefaultMaxWorkloadCertTTL, "longest workload certificate the Istio CA API on --xds-tls-addr issues (requests above it get InvalidArgument; without validity_duration they get 24h, or this if shorter)")
+	fs.StringVar(&c.exportMode, "export-mode", string(clusters.ExportAll), "which members' Services are federated to the other members: all (every Service but those labelled hub.federation/export: \"false\") or serviceexport (only Services with a Multi-Cluster Services ServiceExport of the same name; a member without the CRD exports none); either way a Service annotated hub.federation/export-to: a,b goes to those members only, and its own member's proxies always get it")
 	fs.BoolVar(&c.demoteUnhealthy, "demote-unhealthy-members", true, "serve the endpoints of a member that is Stale, Unreachable or TimedOut one priority behind the healthy members' (never dropped while it is the only one; restored on recovery)")
 	fs.StringVar(&c.mtlsMode, "mtls-mode", string(xdsgen.DefaultMTLSMode), "mesh-wide mTLS mode of proxyless gRPC workloads (xDS credentials) where no PeerAuthentication in the root namespace sets one, as Istio's modes apply to them: STRICT (clients use mTLS where no DestinationRule says otherwise, servers require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port); distributed PeerAuthentications and DestinationRules decide per workload and per service")
 	c.hardening.register(fs)
@@ -191,6 +193,9 @@ func (c *config) validate() error {
 	}
 	if c.memberMaxObjects <= 0 {
 		return fmt.Errorf("--member-max-objects must be positive, not %d", c.memberMaxObjects)
+	}
+	if _, err := clusters.ParseExportMode(c.exportMode); err != nil {
+		return fmt.Errorf("--export-mode: %w", err)
 	}
 	if err := c.hardening.validate(); err != nil {
 		return err

@@ -112,6 +112,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		Sink:            index,
 		States:          index,
 		DemoteUnhealthy: cfg.demoteUnhealthy,
+		ExportMode:      clusters.ExportMode(cfg.exportMode),
 		SecretEvents:    changes,
 		Metrics:         metrics,
 		Log:             log,

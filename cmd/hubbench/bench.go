@@ -71,8 +71,12 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
 	}
 	l := newLayout(cfg)
-	names := append([]string{homeID}, l.memberIDs...)
-	cfg.progress("starting %d local API servers (%s and %d members) from %s", len(names), homeID, cfg.Members, binDir)
+	names := append([]string{homeID}, l.servers...)
+	if l.scale {
+		cfg.progress("scale mode: starting %d local API servers (%s and %d for the %d member IDs) from %s", len(names), homeID, len(l.servers), cfg.Members, binDir)
+	} else {
+		cfg.progress("starting %d local API servers (%s and %d members) from %s", len(names), homeID, cfg.Members, binDir)
+	}
 	clustersDir := filepath.Join(work, "clusters")
 	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
 		<-built
@@ -90,19 +94,32 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, err
 	}
 
-	clients := make([]kubernetes.Interface, cfg.Members)
-	for i, id := range l.memberIDs {
-		if clients[i], err = kubernetes.NewForConfig(env.Cluster(id).RESTConfig()); err != nil {
+	// clients[i] is member i's API server's (one client per API server).
+	serverClients := make([]kubernetes.Interface, len(l.servers))
+	for i, name := range l.servers {
+		if serverClients[i], err = kubernetes.NewForConfig(env.Cluster(name).RESTConfig()); err != nil {
 			return nil, err
 		}
 	}
-	cfg.progress("creating %d services × %d members with %d endpoints (%d workers)", cfg.Services, cfg.serviceMembers(), cfg.Endpoints, cfg.CreateWorkers)
+	clients := make([]kubernetes.Interface, cfg.Members)
+	for i := range clients {
+		clients[i] = serverClients[l.server[i]]
+	}
+	if l.scale {
+		cfg.progress("creating %d members × %d services × %d endpoints: %d Services and EndpointSlices, %d endpoints, over %d API servers (%d workers)",
+			cfg.Members, cfg.ServicesPerMember, cfg.EndpointsPerService, cfg.Members*cfg.ServicesPerMember, cfg.Endpoints, len(l.servers), cfg.CreateWorkers)
+	} else {
+		cfg.progress("creating %d services × %d members with %d endpoints (%d workers)", cfg.Services, cfg.serviceMembers(), cfg.Endpoints, cfg.CreateWorkers)
+	}
 	start = time.Now()
 	if err := l.create(ctx, clients, cfg.CreateWorkers, cfg.progress); err != nil {
 		return nil, fmt.Errorf("creating services: %w", err)
 	}
 	sum.CreateSeconds = time.Since(start).Seconds()
 	sum.Layout = l.summary(cfg)
+	if l.scale {
+		sum.Scale = &ScaleSummary{APIServers: l.servers}
+	}
 
 	home := env.Cluster(homeID)
 	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
@@ -113,19 +130,27 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		return nil, err
 	}
 	kubeconfigs := map[string][]byte{}
-	for _, id := range l.memberIDs {
-		kubeconfigs[id] = env.Cluster(id).Kubeconfig()
-	}
-	secret := localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs)
-	if cfg.Networks > 1 { // the operator confirms each member's network (hub.federation/network)
-		var nets []string
-		for i, id := range l.memberIDs {
-			nets = append(nets, id+"="+l.memberNetwork(i))
+	if l.scale {
+		// One Secret per member ID, each with its own client certificate
+		// and namespace (scale.go).
+		if sum.Scale.SecretsSeconds, err = createScaleSecrets(ctx, cfg, l, env, homeClient); err != nil {
+			return nil, err
 		}
-		secret.Annotations = map[string]string{"hub.federation/network": strings.Join(nets, ",")}
-	}
-	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("creating the remote secret: %w", err)
+	} else {
+		for _, id := range l.memberIDs {
+			kubeconfigs[id] = env.Cluster(id).Kubeconfig()
+		}
+		secret := localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs)
+		if cfg.Networks > 1 { // the operator confirms each member's network (hub.federation/network)
+			var nets []string
+			for i, id := range l.memberIDs {
+				nets = append(nets, id+"="+l.memberNetwork(i))
+			}
+			secret.Annotations = map[string]string{"hub.federation/network": strings.Join(nets, ",")}
+		}
+		if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating the remote secret: %w", err)
+		}
 	}
 	if cfg.LocalityFailover {
 		if err := applyFailoverRule(ctx, home); err != nil {
@@ -152,7 +177,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer h.stop()
+	defer func() { h.stop() }() // the scale mode restarts the hub: stop the last one
 	defer func() {
 		if err != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w\nhub log (%s) tail:\n%s", err, h.logPath, h.tail(20))
@@ -162,6 +187,12 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		sum.HubLog = h.logPath
 	}
 	sum.HubPID = h.pid()
+	if l.scale {
+		cfg.progress("waiting for all %d members to be Ready (polling /api/v1/clusters)", cfg.Members)
+		if sum.Scale.Start, err = readyTimeline(ctx, h, cfg, l, hubStart); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Peer != "" {
 		err = waitIstiodSynced(ctx, h, cfg, l)
 	} else {
@@ -174,6 +205,11 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	cfg.progress("hub synced %d members and %d services in %.1fs", cfg.Members+1, cfg.Services, sum.MemberSyncSeconds)
 	if sum.Hub.AfterSync, err = procStats(h.pid()); err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+	if l.scale {
+		if err := measureSteady(ctx, cfg, l, h, work, sum.Scale); err != nil {
+			return nil, err
+		}
 	}
 
 	// Live heap before the streams (heap.go).
@@ -278,6 +314,28 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if e := h.exited(); e != nil {
 		return nil, e
 	}
+	if l.scale {
+		// With the streams of the shape still connected: the REST API and
+		// the dashboard, then the other shapes, then a restart.
+		if sum.Scale.API, err = measureAPI(ctx, cfg, h); err != nil {
+			return nil, err
+		}
+		f.close()
+		for _, shape := range cfg.AlsoShapes {
+			r, err := measureShape(ctx, cfg, shape, l, clients, h)
+			if err != nil {
+				return nil, err
+			}
+			sum.Scale.Shapes = append(sum.Scale.Shapes, r)
+		}
+		if h, err = measureRestart(ctx, cfg, l, h, sum.Scale); err != nil {
+			return nil, err
+		}
+		sum.HubPID = h.pid()
+		if cfg.WorkDir != "" {
+			sum.Scale.RestartHubLog = h.logPath
+		}
+	}
 	return sum, nil
 }
 
@@ -307,11 +365,11 @@ func waitSynced(ctx context.Context, h *hubProcess, cfg Config, l *layout) error
 	for _, s := range l.services {
 		m := map[string]int{}
 		for k, mi := range s.members {
-			m[memberID(mi)] = len(s.backend[k])
+			m[l.memberIDs[mi]] = len(s.backend[k])
 		}
-		want[hostname(s.name)] = m
+		want[s.host()] = m
 	}
-	return waitServer(ctx, h, cfg, "the hub", func() (string, error) { return syncProblem(ctx, h, cfg, want) })
+	return waitServer(ctx, h, cfg, "the hub", func() (string, error) { return syncProblem(ctx, h, l, want) })
 }
 
 // waitServer polls problem until it says nothing is missing (""), the
@@ -345,8 +403,12 @@ func waitServer(ctx context.Context, h *hubProcess, cfg Config, server string, p
 	}
 }
 
-// syncProblem says what is not synced yet, or "" when everything is.
-func syncProblem(ctx context.Context, h *hubProcess, cfg Config, want map[string]map[string]int) (string, error) {
+// syncProblem says what is not synced yet, or "" when everything is. In
+// the scale mode a service may also have endpoints in members that should
+// not see it: a hub that does not scope its watches by the remote Secret's
+// hub.federation/watch-namespaces shows each member every namespace of its
+// API server (scale.go reports it).
+func syncProblem(ctx context.Context, h *hubProcess, l *layout, want map[string]map[string]int) (string, error) {
 	cs, err := h.clusters(ctx)
 	if err != nil {
 		return "", err
@@ -360,7 +422,7 @@ func syncProblem(ctx context.Context, h *hubProcess, cfg Config, want map[string
 			notReady = append(notReady, fmt.Sprintf("%s is %s (%s)", c.ID, c.State, c.Message))
 		}
 	}
-	for _, id := range append([]string{homeID}, memberIDs(cfg.Members)...) {
+	for _, id := range append([]string{homeID}, l.memberIDs...) {
 		if !ready[id] && !slices.ContainsFunc(notReady, func(s string) bool { return strings.HasPrefix(s, id+" ") }) {
 			notReady = append(notReady, id+" is not listed")
 		}
@@ -382,7 +444,7 @@ func syncProblem(ctx context.Context, h *hubProcess, cfg Config, want map[string
 		switch {
 		case !ok:
 			wrong = append(wrong, host+" missing")
-		case len(g) != len(members):
+		case len(g) != len(members) && !(l.scale && len(g) > len(members)):
 			wrong = append(wrong, fmt.Sprintf("%s has endpoints in %v, want %v", host, g, members))
 		default:
 			for m, n := range members {
@@ -402,14 +464,6 @@ func syncProblem(ctx context.Context, h *hubProcess, cfg Config, want map[string
 		return fmt.Sprintf("%d/%d services listed; %s%s", len(svcs), len(want), strings.Join(wrong, "; "), more), nil
 	}
 	return "", nil
-}
-
-func memberIDs(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = memberID(i)
-	}
-	return out
 }
 
 // waitCDS waits until every stream holds every service's CDS cluster.
@@ -458,12 +512,13 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	for w := range cfg.Writes {
 		svc := l.services[watched[w%len(watched)]]
 		k := w % len(svc.members)
-		member := memberID(svc.members[k])
-		addr := address(cfg.Endpoints + w)
-		slicesAPI := clients[svc.members[k]].DiscoveryV1().EndpointSlices(benchNamespace)
+		member := l.memberIDs[svc.members[k]]
+		addr := address(cfg.Endpoints + l.written)
+		l.written++
+		slicesAPI := clients[svc.members[k]].DiscoveryV1().EndpointSlices(svc.namespace)
 		slice, err := slicesAPI.Get(ctx, svc.name+"-hub", metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, benchNamespace, svc.name, member, err)
+			return fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, svc.namespace, svc.name, member, err)
 		}
 		ep := discoveryv1.Endpoint{
 			Addresses:  []string{addr},
@@ -471,7 +526,7 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			NodeName:   ptr.To("node-0"),
 		}
 		if pod := svc.backend[k][0].Pod; pod != "" { // a mesh pod: reached across networks through the gateway
-			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: benchNamespace, Name: pod}
+			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: svc.namespace, Name: pod}
 		}
 		slice.Endpoints = append(slice.Endpoints, ep)
 		watchers := l.watchers[watched[w%len(watched)]]
@@ -489,11 +544,11 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			}
 			watchers = local
 		}
-		t := newWriteTarget(svc.cluster, serviceEntryName(svc.name), addr, len(f.streams), watchers)
+		t := newWriteTarget(svc.cluster, svc.entry(), addr, len(f.streams), watchers)
 		t.start = time.Now()
 		f.target.Store(t)
 		if _, err := slicesAPI.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("write %d: updating EndpointSlice %s/%s-hub in %s: %w", w+1, benchNamespace, svc.name, member, err)
+			return fmt.Errorf("write %d: updating EndpointSlice %s/%s-hub in %s: %w", w+1, svc.namespace, svc.name, member, err)
 		}
 		apiLatency := time.Since(t.start)
 		timer := time.NewTimer(cfg.WriteTimeout)

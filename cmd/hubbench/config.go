@@ -109,6 +109,27 @@ type Config struct {
 	// reproducible.
 	Seed uint64 `json:"seed"`
 
+	// APIServers, between 1 and Members-1, is the scale mode (scale.go):
+	// Members member IDs registered over this many real API servers, member
+	// i on API server i mod APIServers, each ID with its own remote Secret,
+	// client certificate and namespace team-<i / APIServers>, which holds
+	// ServicesPerMember services of EndpointsPerService endpoints. Services,
+	// ServiceMembers and Endpoints are then derived from it (validate). 0
+	// (or Members): one API server per member, the layout of layout.go.
+	APIServers          int `json:"apiServers,omitempty"`
+	ServicesPerMember   int `json:"servicesPerMember,omitempty"`
+	EndpointsPerService int `json:"endpointsPerService,omitempty"`
+	// AlsoShapes (scale mode) are shapes measured after Shape, each with
+	// Streams new streams and Writes writes of its own; nil is the
+	// default (envoy when Shape is grpc), empty none.
+	AlsoShapes []string `json:"alsoShapes,omitempty"`
+	// IdleWindow (scale mode) is how long the hub's idle CPU is measured
+	// once every member is Ready and its view persisted.
+	IdleWindow time.Duration `json:"idleWindowNs,omitempty"`
+	// APISamples (scale mode) is how many times each REST and dashboard
+	// page is fetched for its response time.
+	APISamples int `json:"apiSamples,omitempty"`
+
 	// Progress, if set, receives progress lines.
 	Progress func(format string, args ...any) `json:"-"`
 }
@@ -118,13 +139,15 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{
 		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000, Networks: 1,
-		Shape: shapeNamed, Writes: 20, DeltaNodeEveryRequest: true,
+		Writes: 20, DeltaNodeEveryRequest: true,
 		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
 		CADuration:  20 * time.Second,
 		BulkWriters: 8, BulkTimeout: 10 * time.Minute,
-		Seed: 1,
+		Seed:              1,
+		ServicesPerMember: 100, EndpointsPerService: 10,
+		IdleWindow: 30 * time.Second, APISamples: 20,
 	}
 }
 
@@ -157,6 +180,32 @@ func (p perStreamFlag) Set(v string) error {
 	return nil
 }
 
+// shapeListFlag is --also-shapes: comma-separated shapes, or none.
+type shapeListFlag struct{ s *[]string }
+
+func (f shapeListFlag) String() string {
+	switch {
+	case f.s == nil || *f.s == nil:
+		return ""
+	case len(*f.s) == 0:
+		return "none"
+	}
+	return strings.Join(*f.s, ",")
+}
+
+func (f shapeListFlag) Set(v string) error {
+	*f.s = []string{}
+	if v == "none" {
+		return nil
+	}
+	for _, shape := range strings.Split(v, ",") {
+		if shape = strings.TrimSpace(shape); shape != "" {
+			*f.s = append(*f.s, shape)
+		}
+	}
+	return nil
+}
+
 type stringList []string
 
 func (s *stringList) String() string     { return strings.Join(*s, " ") }
@@ -164,14 +213,20 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func (c *Config) register(fs *flag.FlagSet) {
 	*c = defaultConfig()
-	fs.IntVar(&c.Members, "members", c.Members, "member clusters besides the home cluster")
+	fs.IntVar(&c.Members, "members", c.Members, "member clusters besides the home cluster (with --apiservers: member IDs, each registered as a distinct cluster)")
+	fs.IntVar(&c.APIServers, "apiservers", c.APIServers, "scale mode when below --members: run this many real API servers and register the --members IDs over them, member i on API server i mod N, each with its own remote Secret (hub.federation/watch-namespaces: team-<i/N>), client certificate and namespace holding --services-per-member services; --services, --endpoints and --service-members are then derived. 0: one API server per member")
+	fs.IntVar(&c.ServicesPerMember, "services-per-member", c.ServicesPerMember, "scale mode: services in each member's namespace (the members with the same team index serve the same hostnames)")
+	fs.IntVar(&c.EndpointsPerService, "endpoints-per-service", c.EndpointsPerService, "scale mode: endpoints of each service in each member")
+	fs.Var(shapeListFlag{&c.AlsoShapes}, "also-shapes", "scale mode: comma-separated shapes measured after --shape, each with --streams new streams and --writes writes of its own; none for none (default: envoy when --shape is grpc)")
+	fs.DurationVar(&c.IdleWindow, "idle-window", c.IdleWindow, "scale mode: how long the hub's idle CPU is measured once every member is Ready")
+	fs.IntVar(&c.APISamples, "api-samples", c.APISamples, "scale mode: fetches of each REST path and dashboard page timed")
 	fs.IntVar(&c.Services, "services", c.Services, "services in total, spread evenly over the members")
 	fs.IntVar(&c.ServiceMembers, "service-members", c.ServiceMembers, "members every service exists in (its endpoints are split between them)")
 	fs.IntVar(&c.Endpoints, "endpoints", c.Endpoints, "endpoints in total, spread evenly over the services")
 	fs.IntVar(&c.Networks, "networks", c.Networks, "Istio networks the members are spread over (member i on net-<i mod N>, each with an east-west gateway, every endpoint's pod mTLS; streams on their member's network; a write is timed at the streams of its member's network): 1 for none")
 	fs.BoolVar(&c.LocalityFailover, "locality-failover", c.LocalityFailover, "distribute a DestinationRule with outlier detection for every service (*.svc.cluster.local), so each stream's endpoint assignments are ranked for its member and zone (Istio's locality failover); streams carry their member's region and a zone")
-	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod)")
-	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to: named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards) or ca (istio-agents asking the hub's CA for certificates: --streams callers with RSA-2048 CSRs and real tokens for --ca-duration)")
+	fs.IntVar(&c.Streams, "streams", c.Streams, "ADS streams, each on its own gRPC connection (0: 2000, or 10 with --shape istiod, 200 in scale mode)")
+	fs.StringVar(&c.Shape, "shape", c.Shape, "what each stream subscribes to (default named; grpc in scale mode): named (CDS per --cds, EDS for --services-per-stream random services), envoy (CDS wildcard, then EDS for every cluster CDS returned), grpc (grpc-go's xds:///<host>:<port>: LDS, RDS, CDS, EDS by name) istiod (a member istiod's MCP config stream: the 16 Istio config types as wildcards) or ca (istio-agents asking the hub's CA for certificates: --streams callers with RSA-2048 CSRs and real tokens for --ca-duration)")
 	fs.Var(perStreamFlag{&c.ServicesPerStream}, "services-per-stream", "named shape: services each stream subscribes to with EDS (default 50); grpc shape: xds:/// targets per client (default 1); all: the envoy shape")
 	fs.IntVar(&c.Writes, "writes", c.Writes, "EndpointSlice writes whose convergence is measured, one at a time")
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
@@ -220,9 +275,13 @@ func (c *Config) validate() error {
 			c.ServicesPerStream = 0
 		}
 	}
+	if c.Shape == "" && c.scale() {
+		c.Shape = shapeGRPC
+	}
 	if c.Shape == "" {
 		c.Shape = shapeNamed
 	}
+	errs = append(errs, c.validateScale()...)
 	switch c.Shape {
 	case shapeNamed:
 		if c.ServicesPerStream == 0 {
@@ -277,6 +336,9 @@ func (c *Config) validate() error {
 		case shapeCA:
 			c.Streams = 16
 		}
+		if c.scale() {
+			c.Streams = 200
+		}
 	}
 	positive := map[string]int{
 		"--members": c.Members, "--services": c.Services, "--service-members": c.ServiceMembers,
@@ -299,20 +361,100 @@ func (c *Config) validate() error {
 	if c.Networks < 1 || c.Networks > c.Members && c.Networks > 1 {
 		errs = append(errs, fmt.Errorf("--networks must be between 1 and --members (%d), not %d", c.Members, c.Networks))
 	}
-	if c.Members > 99 {
-		errs = append(errs, fmt.Errorf("--members must be at most 99 (one API server each), not %d", c.Members))
-	}
-	if sm := c.serviceMembers(); c.Services > 0 && c.Endpoints < c.Services*sm {
-		errs = append(errs, fmt.Errorf("--endpoints (%d) must be at least --services × members per service (%d × %d): every member's EndpointSlice needs an endpoint", c.Endpoints, c.Services, sm))
-	}
-	if c.Endpoints+c.Writes > maxAddresses {
-		errs = append(errs, fmt.Errorf("--endpoints + --writes (%d) exceeds the %d addresses of 198.18.0.0/15", c.Endpoints+c.Writes, maxAddresses))
+	switch {
+	case c.scale():
+		if n := c.Endpoints + c.Writes*(1+len(c.AlsoShapes)); n > maxScaleAddresses {
+			errs = append(errs, fmt.Errorf("--members × --services-per-member × --endpoints-per-service + the writes of every shape (%d) exceed the %d addresses of 198.18.0.0/15 and 100.64.0.0/10", n, maxScaleAddresses))
+		}
+	case c.Members > 99:
+		errs = append(errs, fmt.Errorf("--members must be at most 99 (one API server each; --apiservers for more), not %d", c.Members))
+	default:
+		if sm := c.serviceMembers(); c.Services > 0 && c.Endpoints < c.Services*sm {
+			errs = append(errs, fmt.Errorf("--endpoints (%d) must be at least --services × members per service (%d × %d): every member's EndpointSlice needs an endpoint", c.Endpoints, c.Services, sm))
+		}
+		if c.Endpoints+c.Writes > maxAddresses {
+			errs = append(errs, fmt.Errorf("--endpoints + --writes (%d) exceeds the %d addresses of 198.18.0.0/15", c.Endpoints+c.Writes, maxAddresses))
+		}
 	}
 	errs = append(errs, c.validateBulk()...)
 	if c.WriteTimeout <= 0 || c.SyncTimeout <= 0 || c.ConnectTimeout <= 0 || c.WriteGap < 0 {
 		errs = append(errs, errors.New("timeouts must be positive and --write-gap not negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// scale reports whether the run is in scale mode: more member IDs than
+// API servers (scale.go).
+func (c *Config) scale() bool { return c.APIServers > 0 && c.APIServers < c.Members }
+
+// maxScaleMembers bounds --members in scale mode (member IDs have three
+// digits).
+const maxScaleMembers = 999
+
+// validateScale checks the scale mode's flags and, in scale mode, derives
+// Services, ServiceMembers and Endpoints from the layout and fills in the
+// default AlsoShapes (after Shape is settled).
+func (c *Config) validateScale() []error {
+	var errs []error
+	if c.APIServers < 0 || c.APIServers > c.Members {
+		errs = append(errs, fmt.Errorf("--apiservers must be between 0 and --members (%d), not %d", c.Members, c.APIServers))
+	}
+	if !c.scale() {
+		if len(c.AlsoShapes) > 0 {
+			errs = append(errs, errors.New("--also-shapes needs the scale mode (--apiservers below --members)"))
+		}
+		return errs
+	}
+	if c.APIServers > 99 {
+		errs = append(errs, fmt.Errorf("--apiservers must be at most 99, not %d", c.APIServers))
+	}
+	if c.Members > maxScaleMembers {
+		errs = append(errs, fmt.Errorf("--members must be at most %d, not %d", maxScaleMembers, c.Members))
+	}
+	if c.ServicesPerMember < 1 || c.EndpointsPerService < 1 {
+		errs = append(errs, fmt.Errorf("--services-per-member and --endpoints-per-service must be at least 1, not %d and %d", c.ServicesPerMember, c.EndpointsPerService))
+	}
+	switch {
+	case c.Peer != "":
+		errs = append(errs, errors.New("--peer does not apply in scale mode (--apiservers): istiod reads one remote Secret, not one per member"))
+	case c.Networks > 1 || c.LocalityFailover:
+		errs = append(errs, errors.New("--networks and --locality-failover do not apply in scale mode (--apiservers)"))
+	case c.Bulk > 0:
+		errs = append(errs, errors.New("--bulk does not apply in scale mode (--apiservers)"))
+	}
+	scaleShape := func(shape string) bool { return shape == shapeNamed || shape == shapeEnvoy || shape == shapeGRPC }
+	if !scaleShape(c.Shape) {
+		errs = append(errs, fmt.Errorf("scale mode (--apiservers) measures the named, envoy and grpc shapes, not --shape %s", c.Shape))
+	}
+	if c.AlsoShapes == nil {
+		c.AlsoShapes = []string{}
+		if c.Shape == shapeGRPC {
+			c.AlsoShapes = []string{shapeEnvoy}
+		}
+	}
+	seen := map[string]bool{c.Shape: true}
+	for _, s := range c.AlsoShapes {
+		if !scaleShape(s) || seen[s] {
+			errs = append(errs, fmt.Errorf("--also-shapes: %q is not a shape (named, envoy, grpc) other than --shape and the others listed", s))
+		}
+		seen[s] = true
+	}
+	if c.IdleWindow < 0 || c.APISamples < 1 {
+		errs = append(errs, fmt.Errorf("--idle-window must not be negative and --api-samples must be at least 1, not %s and %d", c.IdleWindow, c.APISamples))
+	}
+	teams := (c.Members + c.APIServers - 1) / c.APIServers
+	c.Services = teams * c.ServicesPerMember
+	c.ServiceMembers = c.APIServers
+	c.Endpoints = c.Members * c.ServicesPerMember * c.EndpointsPerService
+	return errs
+}
+
+// forShape is the configuration of an extra shape of the scale mode (an
+// entry of AlsoShapes): the same run with the shape's own defaults.
+func (c Config) forShape(shape string) (Config, error) {
+	c.Shape, c.ServicesPerStream, c.CDS, c.AlsoShapes = shape, 0, "", []string{}
+	err := c.validate()
+	return c, err
 }
 
 // validateBulk checks the bulk phase's flags.

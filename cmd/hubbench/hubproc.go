@@ -36,6 +36,11 @@ type hubProcess struct {
 	done     chan struct{}
 	waitErr  error
 	http     *http.Client
+	// bin, args and env are how it was started (restart starts it so
+	// again).
+	bin  string
+	args []string
+	env  []string
 }
 
 // buildHub builds ./cmd/hub into dir and returns the binary's path and
@@ -98,31 +103,54 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 	h := &hubProcess{
 		logPath: filepath.Join(dir, "hub.log"),
 		token:   hex.EncodeToString(tok[:]),
-		done:    make(chan struct{}),
 		http:    &http.Client{Timeout: 30 * time.Second},
+		bin:     bin,
+		env:     withGCTrace(append(os.Environ(), env...)),
 	}
 	tokenFile := filepath.Join(dir, "api-tokens")
 	if err := os.WriteFile(tokenFile, []byte(h.token+",hubbench,write\n"), 0o600); err != nil {
 		return nil, err
 	}
-	logFile, err := os.Create(h.logPath)
-	if err != nil {
-		return nil, err
-	}
-	args := append([]string{"serve",
+	h.args = append([]string{"serve",
 		"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace, "--remote-secrets-namespace", hubNamespace,
 		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--xds-tls-addr", "", "--bundle-addr", "",
 		"--api-token-file", tokenFile,
 	}, extra...)
-	h.cmd = exec.Command(bin, args...)
-	h.cmd.Env = withGCTrace(append(os.Environ(), env...))
+	if err := h.launch(ctx); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// restart starts a stopped hub again, with the same binary, arguments
+// (home kubeconfig, namespace, API token file), and environment, logging
+// into logPath: it restores what it persisted in the home cluster as any
+// restarted hub does. Its listeners get new ports.
+func (h *hubProcess) restart(ctx context.Context, logPath string) (*hubProcess, error) {
+	n := &hubProcess{logPath: logPath, token: h.token, http: h.http, bin: h.bin, args: h.args, env: h.env}
+	if err := n.launch(ctx); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// launch starts the hub process and waits for its "hub listening" log
+// line.
+func (h *hubProcess) launch(ctx context.Context) error {
+	h.done = make(chan struct{})
+	logFile, err := os.Create(h.logPath)
+	if err != nil {
+		return err
+	}
+	h.cmd = exec.Command(h.bin, h.args...)
+	h.cmd.Env = h.env
 	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
 	// The hub dies with us even if we are killed with SIGKILL.
 	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := h.cmd.Start(); err != nil {
 		logFile.Close()
-		return nil, fmt.Errorf("starting the hub %s: %w", bin, err)
+		return fmt.Errorf("starting the hub %s: %w", h.bin, err)
 	}
 	go func() {
 		h.waitErr = h.cmd.Wait()
@@ -135,21 +163,21 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 			h.adminURL, h.xdsAddr = "http://"+addrs["admin"], addrs["xds"]
 			if addrs["admin"] == "" || addrs["xds"] == "" {
 				h.stop()
-				return nil, fmt.Errorf("the hub's \"hub listening\" line lacks admin or xds: %v", addrs)
+				return fmt.Errorf("the hub's \"hub listening\" line lacks admin or xds: %v", addrs)
 			}
-			return h, nil
+			return nil
 		}
 		select {
 		case <-h.done:
-			return nil, fmt.Errorf("the hub exited before listening (%v); log tail:\n%s", h.waitErr, h.tail(30))
+			return fmt.Errorf("the hub exited before listening (%v); log tail:\n%s", h.waitErr, h.tail(30))
 		case <-ctx.Done():
 			h.stop()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			h.stop()
-			return nil, fmt.Errorf("the hub did not log \"hub listening\" within 2 minutes; log tail:\n%s", h.tail(30))
+			return fmt.Errorf("the hub did not log \"hub listening\" within 2 minutes; log tail:\n%s", h.tail(30))
 		}
 	}
 }

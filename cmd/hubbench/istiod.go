@@ -45,8 +45,8 @@ const (
 
 // serviceEntryName is the MCP metadata.name of a benchmark service's
 // ServiceEntry: <namespace>/hub-<name>.
-func serviceEntryName(svc string) string {
-	return benchNamespace + "/" + serviceEntryPrefix + svc
+func serviceEntryName(namespace, svc string) string {
+	return namespace + "/" + serviceEntryPrefix + svc
 }
 
 // istiodKind is the short name of a config type URL (its Kind).

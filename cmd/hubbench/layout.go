@@ -21,7 +21,7 @@ import (
 // The layout of a run (documented in docs/performance.md):
 //
 //   - clusters: the home cluster "primary" (registered members live in its
-//     remote Secret; it holds no services) and members "m01".."mNN";
+//     remote Secret; it holds no services) and members "m001".."mNNN";
 //   - every member has three Nodes, "node-0".."node-2", in zones
 //     "zone-a".."zone-c" of region "region-<member>", so every member
 //     contributes three localities to a service;
@@ -38,6 +38,9 @@ import (
 //     random (seeded) without repetition, so every service has about
 //     Streams×ServicesPerStream/Services watchers; with the envoy and
 //     istiod shapes every stream watches every service.
+//
+// The scale mode (--apiservers, scale.go) places members differently; see
+// placeScale.
 
 const (
 	benchNamespace = "bench"
@@ -54,26 +57,56 @@ const (
 // (without .0 of the first /24 and the broadcast-looking last address).
 const maxAddresses = 1<<17 - 2
 
+// maxScaleAddresses is how many the scale mode has: after those of
+// 198.18.0.0/15 it goes on in 100.64.0.0/10 (shared address space, RFC
+// 6598; never dialled either), the same way.
+const maxScaleAddresses = maxAddresses + 1<<22 - 2
+
 var zones = [nodesPerMember]string{"zone-a", "zone-b", "zone-c"}
 
-// address is the n-th endpoint address (n from 0): 198.18.0.1 + n.
+// address is the n-th endpoint address (n from 0): 198.18.0.1 + n, and
+// from n = maxAddresses on 100.64.0.1 + (n - maxAddresses).
 func address(n int) string {
 	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], (198<<24|18<<16)+uint32(n)+1)
+	if n < maxAddresses {
+		binary.BigEndian.PutUint32(b[:], (198<<24|18<<16)+uint32(n)+1)
+	} else {
+		binary.BigEndian.PutUint32(b[:], (100<<24|64<<16)+uint32(n-maxAddresses)+1)
+	}
 	return netip.AddrFrom4(b).String()
 }
 
 // service is one benchmark service and where it lives.
 type service struct {
-	name    string
-	cluster string                   // its CDS/EDS cluster name, outbound|80||<hostname>
-	members []int                    // member indexes
-	backend [][]localcluster.Backend // per entry of members
+	name      string
+	namespace string                   // benchNamespace, or in scale mode its team's
+	cluster   string                   // its CDS/EDS cluster name, outbound|80||<hostname>
+	members   []int                    // member indexes
+	backend   [][]localcluster.Backend // per entry of members
+	// headless: a Service without a cluster IP (the scale mode's: the hub
+	// never uses cluster IPs, and the API servers allocate none).
+	headless bool
 }
+
+func (s *service) host() string     { return hostname(s.namespace, s.name) }
+func (s *service) listener() string { return listenerName(s.namespace, s.name) }
+func (s *service) entry() string    { return serviceEntryName(s.namespace, s.name) }
 
 // layout is every object a run creates and who watches what.
 type layout struct {
 	memberIDs []string
+	// servers are the names of the member API servers (local clusters),
+	// server[i] member i's index in them and namespace[i] the namespace
+	// its services live in; without the scale mode servers are memberIDs
+	// and every namespace is benchNamespace.
+	servers   []string
+	server    []int
+	namespace []string
+	// scale is the scale mode (Config.APIServers, scale.go).
+	scale bool
+	// written counts the writes made so far: each write adds the address
+	// after the services' and the earlier writes' (measureWrites).
+	written int
 	// networks is Config.Networks (see memberNetwork).
 	networks int
 	services []*service
@@ -85,7 +118,14 @@ type layout struct {
 	bulk []*service
 }
 
-func memberID(i int) string { return fmt.Sprintf("m%02d", i+1) }
+func memberID(i int) string { return fmt.Sprintf("m%03d", i+1) }
+
+// apiServerName is the scale mode's API server a's cluster name.
+func apiServerName(a int) string { return fmt.Sprintf("api%02d", a+1) }
+
+// teamNamespace is the namespace of the scale mode's team t: the members
+// on different API servers with the same team index serve its services.
+func teamNamespace(t int) string { return fmt.Sprintf("team-%03d", t) }
 
 // memberNetwork is member i's Istio network ("" with one network).
 func (l *layout) memberNetwork(i int) string {
@@ -98,22 +138,40 @@ func (l *layout) memberNetwork(i int) string {
 // gatewayAddress is member i's east-west gateway address (never dialled).
 func gatewayAddress(i int) string { return fmt.Sprintf("198.19.200.%d", i+1) }
 
-func hostname(name string) string { return name + "." + benchNamespace + ".svc." + domainSuffix }
+func hostname(namespace, name string) string { return name + "." + namespace + ".svc." + domainSuffix }
 
-func clusterName(name string) string {
-	return fmt.Sprintf("outbound|%d||%s", servicePort, hostname(name))
+func clusterName(namespace, name string) string {
+	return fmt.Sprintf("outbound|%d||%s", servicePort, hostname(namespace, name))
 }
 
 // listenerName is the LDS (and RDS) name of a service's port, what a
 // grpc-go client dialing xds:///<hostname>:<port> asks for.
-func listenerName(name string) string {
-	return fmt.Sprintf("%s:%d", hostname(name), servicePort)
+func listenerName(namespace, name string) string {
+	return fmt.Sprintf("%s:%d", hostname(namespace, name), servicePort)
 }
 
 func newLayout(cfg Config) *layout {
-	l := &layout{networks: cfg.Networks}
+	l := &layout{networks: cfg.Networks, scale: cfg.scale()}
 	for i := range cfg.Members {
 		l.memberIDs = append(l.memberIDs, memberID(i))
+	}
+	if l.scale {
+		l.placeScale(cfg)
+	} else {
+		l.place(cfg)
+	}
+	l.bulk = bulkServices(cfg)
+	l.assignWatchers(cfg)
+	return l
+}
+
+// place is the layout without the scale mode: one API server per member,
+// services spread over the members as the comment at the top says.
+func (l *layout) place(cfg Config) {
+	l.servers = l.memberIDs
+	for i := range cfg.Members {
+		l.server = append(l.server, i)
+		l.namespace = append(l.namespace, benchNamespace)
 	}
 	sm := cfg.serviceMembers()
 	next := 0 // next address index
@@ -124,7 +182,51 @@ func newLayout(cfg Config) *layout {
 		}
 		l.services = append(l.services, placeService(fmt.Sprintf("svc-%05d", i), i, total, sm, cfg.Members, cfg.Networks > 1, &next))
 	}
-	l.bulk = bulkServices(cfg)
+}
+
+// placeScale is the scale mode's layout: member i is registered against
+// API server i mod A and serves namespace team-<i / A>, which holds
+// ServicesPerMember services svc-<k> of EndpointsPerService endpoints each
+// on that API server. So the members with the same team index, on A
+// different API servers, serve the same hostnames: each service is
+// federated across (up to) A members, and the API server of member i
+// holds the namespaces of all its members, (Members / A) × services.
+// Addresses count up over (team, service, member, endpoint), each one
+// distinct; every API server has the three Nodes of every member, in
+// region region-<API server>.
+func (l *layout) placeScale(cfg Config) {
+	a := cfg.APIServers
+	for s := range a {
+		l.servers = append(l.servers, apiServerName(s))
+	}
+	for i := range cfg.Members {
+		l.server = append(l.server, i%a)
+		l.namespace = append(l.namespace, teamNamespace(i/a))
+	}
+	width := max(3, len(fmt.Sprint(cfg.ServicesPerMember-1)))
+	next := 0
+	for t := 0; t*a < cfg.Members; t++ {
+		for k := range cfg.ServicesPerMember {
+			s := &service{name: fmt.Sprintf("svc-%0*d", width, k), namespace: teamNamespace(t), headless: true}
+			s.cluster = clusterName(s.namespace, s.name)
+			for m := t * a; m < min((t+1)*a, cfg.Members); m++ {
+				var backends []localcluster.Backend
+				for e := range cfg.EndpointsPerService {
+					backends = append(backends, localcluster.Backend{IP: address(next), Port: targetPort, Node: fmt.Sprintf("node-%d", e%nodesPerMember)})
+					next++
+				}
+				s.members = append(s.members, m)
+				s.backend = append(s.backend, backends)
+			}
+			l.services = append(l.services, s)
+		}
+	}
+}
+
+// assignWatchers decides which services each stream watches, for the
+// shape of cfg (again for every shape of the scale mode).
+func (l *layout) assignWatchers(cfg Config) {
+	l.watched = nil
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6875626265))
 	per := cfg.servicesPerStream()
 	l.watchers = make([][]int, cfg.Services)
@@ -145,14 +247,13 @@ func newLayout(cfg Config) *layout {
 			l.watchers[s] = append(l.watchers[s], j)
 		}
 	}
-	return l
 }
 
 // placeService is service number i, name, with total endpoints split
 // between sm consecutive members from member i mod members, on addresses
 // from *next on; with pods, each endpoint names its pod ep-<address index>.
 func placeService(name string, i, total, sm, members int, pods bool, next *int) *service {
-	s := &service{name: name, cluster: clusterName(name)}
+	s := &service{name: name, namespace: benchNamespace, cluster: clusterName(benchNamespace, name)}
 	for k := range sm {
 		n := total / sm
 		if k < total%sm {
@@ -195,9 +296,12 @@ func serviceJobs(services []*service) []job {
 	for _, s := range services {
 		for k, m := range s.members {
 			out = append(out, job{m, func(ctx context.Context, c kubernetes.Interface) error {
+				if s.headless {
+					return localcluster.ApplyService(ctx, c, s.namespace, s.name, portName, servicePort, s.backend[k])
+				}
 				// Cluster IPs, as real Services have, so that istiod (--peer)
 				// serves them over EDS as it would in a mesh.
-				return localcluster.ApplyClusterIPService(ctx, c, benchNamespace, s.name, portName, servicePort, s.backend[k])
+				return localcluster.ApplyClusterIPService(ctx, c, s.namespace, s.name, portName, servicePort, s.backend[k])
 			}})
 		}
 	}
@@ -205,16 +309,20 @@ func serviceJobs(services []*service) []job {
 }
 
 // create makes the namespaces, nodes, Services and EndpointSlices in the
-// members with at most workers concurrent objects in flight.
+// members (clients[i] is member i's API server's) with at most workers
+// concurrent objects in flight.
 func (l *layout) create(ctx context.Context, clients []kubernetes.Interface, workers int, progress func(string, ...any)) error {
 	var prep []job
 	for m := range clients {
 		prep = append(prep, job{m, func(ctx context.Context, c kubernetes.Interface) error {
-			return localcluster.EnsureNamespace(ctx, c, benchNamespace)
+			return localcluster.EnsureNamespace(ctx, c, l.namespace[m])
 		}})
+		if l.server[m] != m {
+			continue // the nodes are its API server's first member's
+		}
 		for n := range nodesPerMember {
 			prep = append(prep, job{m, func(ctx context.Context, c kubernetes.Interface) error {
-				return localcluster.ApplyNode(ctx, c, fmt.Sprintf("node-%d", n), "region-"+memberID(m), zones[n])
+				return localcluster.ApplyNode(ctx, c, fmt.Sprintf("node-%d", n), "region-"+l.servers[l.server[m]], zones[n])
 			}})
 		}
 	}

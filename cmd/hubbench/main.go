@@ -7,6 +7,8 @@
 //	         [--shape named|envoy|grpc|istiod|ca] [--services-per-stream N|all]
 //	         [--writes 20] [--delta] [--delta-node-every-request=true]
 //	         [--bulk N --bulk-writers 8] [--json]
+//	hubbench --members 300 --apiservers 10 [--services-per-member 100]
+//	         [--endpoints-per-service 10] [--also-shapes envoy] [--idle-window 30s]
 //
 // The shape is what every stream subscribes to, like a kind of client
 // (shapes.go): envoy (CDS wildcard, then EDS for every cluster CDS
@@ -24,7 +26,13 @@
 // and CPU, also per write, and its live heap per stream. With --bulk (envoy
 // shape), W writers then create N new services while the streams watch
 // (bulk.go): responses per stream, hub CPU, API write time and time to
-// converge. See docs/performance.md for the figures and how to read them.
+// converge. With --apiservers N below --members (the scale mode, scale.go)
+// the members are many IDs registered over N real API servers, each with
+// its own remote Secret, client certificate and namespace, and it also
+// reports time to every member Ready (after start and after a restart),
+// memory per member and per endpoint, idle CPU, REST and dashboard
+// response times and each shape's convergence. See docs/performance.md
+// for the figures and how to read them.
 package main
 
 import (

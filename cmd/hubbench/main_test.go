@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -328,5 +330,214 @@ func TestPeerFlagsChecked(t *testing.T) {
 		if err := cfg.validate(); err == nil {
 			t.Errorf("%s: validate accepted it", tc.name)
 		}
+	}
+}
+
+// TestRunScale runs the scale mode tiny against real API servers and the
+// real hub binary: 6 member IDs over 2 API servers (3 each), 3 services ×
+// 2 endpoints per member, 5 grpc streams and then 5 envoy streams, 2
+// writes each, and a restart. It checks that every member got Ready, also
+// after the restart, and that every figure is filled in; it never judges
+// a time.
+func TestRunScale(t *testing.T) {
+	requireK8sBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	hubBin, _, err := buildHub(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tinyScaleConfig()
+	cfg.HubBin = hubBin
+	cfg.Progress = t.Logf
+	sum, err := run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	sum.WriteText(&text)
+	t.Logf("summary:\n%s", text.String())
+
+	if p := sum.Problems(); len(p) != 0 {
+		t.Errorf("problems: %v", p)
+	}
+	sc := sum.Scale
+	if sc == nil {
+		t.Fatal("no scale figures in the summary")
+	}
+	teams := cfg.Members / cfg.APIServers
+	if len(sc.APIServers) != cfg.APIServers || sc.MembersPerAPIServer != teams {
+		t.Errorf("API servers %v with %d members each, want %d with %d", sc.APIServers, sc.MembersPerAPIServer, cfg.APIServers, teams)
+	}
+	if want := teams * cfg.ServicesPerMember; sum.Config.Services != want || sum.Config.Endpoints != cfg.Members*cfg.ServicesPerMember*cfg.EndpointsPerService {
+		t.Errorf("derived %d services and %d endpoints, want %d (teams × services per member) and %d", sum.Config.Services, sum.Config.Endpoints, want, cfg.Members*cfg.ServicesPerMember*cfg.EndpointsPerService)
+	}
+	for what, tl := range map[string]ReadyTimeline{"start": sc.Start, "restart": sc.Restart.Timeline} {
+		if tl.AllReadySeconds <= 0 || tl.ReadyBy60s+tl.MemberReady.N == 0 || tl.MemberReady.N != cfg.Members || tl.AllServingSeconds <= 0 || tl.AllListedSeconds <= 0 {
+			t.Errorf("%s: timeline incomplete: %+v", what, tl)
+		}
+	}
+	if sc.ViewsPersisted != cfg.Members {
+		t.Errorf("%d member views persisted, want %d", sc.ViewsPersisted, cfg.Members)
+	}
+	if sc.Restart.RestoredViews != cfg.Members || sc.Restart.ViewsRejected != 0 {
+		t.Errorf("the restarted hub served %d persisted views and refused %v, want %d and none", sc.Restart.RestoredViews, sc.Restart.ViewsRejected, cfg.Members)
+	}
+	if sc.MembersPerService.Min < cfg.APIServers {
+		t.Errorf("services have endpoints in %+v members, want at least their team's %d", sc.MembersPerService, cfg.APIServers)
+	}
+	m := sc.Memory
+	if m.SteadyRSSMiB <= 0 || m.PeakRSSMiB < m.SteadyRSSMiB || m.LiveHeapMiB <= 0 || m.LiveHeapPerEndpointBytes <= 0 || m.Goroutines <= 0 || m.Sockets <= 0 {
+		t.Errorf("memory figures incomplete: %+v", m)
+	}
+	if m.HeapProfile == "" && m.HeapProfileNote == "" {
+		t.Error("neither a heap profile nor why there is none")
+	}
+	if sc.Idle.WindowSeconds <= 0 || sc.Idle.CPUSeconds < 0 {
+		t.Errorf("idle figures incomplete: %+v", sc.Idle)
+	}
+	if len(sc.API) != 4 {
+		t.Errorf("%d API timings, want 4", len(sc.API))
+	}
+	for _, a := range sc.API {
+		if a.Time.N != cfg.APISamples || a.Bytes <= 0 {
+			t.Errorf("GET %s: %d samples of %d bytes, want %d of some", a.Path, a.Time.N, a.Bytes, cfg.APISamples)
+		}
+	}
+	if sum.Shape != shapeGRPC || sum.Convergence.N == 0 || sum.StreamConnect.N != cfg.Streams {
+		t.Errorf("grpc shape: %s, %d convergence pairs, %d streams connected", sum.Shape, sum.Convergence.N, sum.StreamConnect.N)
+	}
+	if len(sc.Shapes) != 1 || sc.Shapes[0].Shape != shapeEnvoy {
+		t.Fatalf("extra shapes %+v, want envoy", sc.Shapes)
+	}
+	if r := sc.Shapes[0]; r.Convergence.N != cfg.Writes*cfg.Streams || r.StreamConnect.N != cfg.Streams || r.Unreached != 0 || r.Resends != 0 {
+		t.Errorf("envoy shape: %+v, want every write at every stream", r)
+	}
+}
+
+// tinyScaleConfig is the scale mode of TestRunScale: the size CI keeps
+// running (issue 24), 30 members on 3 API servers, small services.
+func tinyScaleConfig() Config {
+	cfg := defaultConfig()
+	cfg.Members, cfg.APIServers, cfg.ServicesPerMember, cfg.EndpointsPerService = 30, 3, 5, 2
+	cfg.Streams, cfg.Writes = 10, 3
+	cfg.IdleWindow, cfg.APISamples = 2*time.Second, 3
+	cfg.WriteGap = 150 * time.Millisecond
+	cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, 3*time.Minute, 2*time.Minute
+	return cfg
+}
+
+// The scale layout: members round-robin over the API servers, a namespace
+// per team, each team's services in its members on distinct API servers,
+// every address distinct.
+func TestScaleLayout(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.Members, cfg.APIServers, cfg.ServicesPerMember, cfg.EndpointsPerService = 7, 3, 4, 5
+	cfg.Streams = 6
+	if err := cfg.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Shape != shapeGRPC || cfg.Streams != 6 || !slices.Equal(cfg.AlsoShapes, []string{shapeEnvoy}) {
+		t.Errorf("shape %s, %d streams, also %v; want grpc, 6, envoy", cfg.Shape, cfg.Streams, cfg.AlsoShapes)
+	}
+	if cfg.Services != 3*4 || cfg.Endpoints != 7*4*5 || cfg.ServiceMembers != 3 {
+		t.Errorf("derived %d services, %d endpoints, %d members per service; want 12, 140, 3", cfg.Services, cfg.Endpoints, cfg.ServiceMembers)
+	}
+	l := newLayout(cfg)
+	if !slices.Equal(l.servers, []string{"api01", "api02", "api03"}) {
+		t.Errorf("API servers %v", l.servers)
+	}
+	for i, id := range l.memberIDs {
+		if want := fmt.Sprintf("m%03d", i+1); id != want {
+			t.Errorf("member %d is %s, want %s", i, id, want)
+		}
+		if l.server[i] != i%3 || l.namespace[i] != teamNamespace(i/3) {
+			t.Errorf("member %s on API server %d in %s, want %d in %s", id, l.server[i], l.namespace[i], i%3, teamNamespace(i/3))
+		}
+	}
+	if len(l.services) != cfg.Services {
+		t.Fatalf("%d services, want %d", len(l.services), cfg.Services)
+	}
+	seen := map[string]bool{}
+	endpoints := 0
+	for _, s := range l.services {
+		servers := map[int]bool{}
+		for k, m := range s.members {
+			if l.namespace[m] != s.namespace {
+				t.Errorf("%s in member %s of namespace %s", s.host(), l.memberIDs[m], l.namespace[m])
+			}
+			servers[l.server[m]] = true
+			if len(s.backend[k]) != cfg.EndpointsPerService {
+				t.Errorf("%s has %d endpoints in %s, want %d", s.host(), len(s.backend[k]), l.memberIDs[m], cfg.EndpointsPerService)
+			}
+			for _, b := range s.backend[k] {
+				if seen[b.IP] {
+					t.Errorf("address %s used twice", b.IP)
+				}
+				seen[b.IP] = true
+				endpoints++
+			}
+		}
+		if len(servers) != len(s.members) {
+			t.Errorf("%s: members %v share an API server", s.host(), s.members)
+		}
+		wantMembers := 3
+		if s.namespace == teamNamespace(2) {
+			wantMembers = 1 // m007 alone
+		}
+		if len(s.members) != wantMembers || !s.headless {
+			t.Errorf("%s in %d members (headless %t), want %d, headless", s.host(), len(s.members), s.headless, wantMembers)
+		}
+	}
+	if endpoints != cfg.Endpoints {
+		t.Errorf("%d endpoints placed, want %d", endpoints, cfg.Endpoints)
+	}
+	if got := l.services[5].host(); got != "svc-001.team-001.svc.cluster.local" {
+		t.Errorf("service 5 is %s", got)
+	}
+	if got := l.services[5].listener(); got != "svc-001.team-001.svc.cluster.local:80" {
+		t.Errorf("service 5's listener is %s", got)
+	}
+	if got := address(maxAddresses); got != "100.64.0.1" {
+		t.Errorf("address(maxAddresses) = %s, want 100.64.0.1", got)
+	}
+	if got := address(maxScaleAddresses - 1); got != "100.127.255.254" {
+		t.Errorf("last scale address = %s", got)
+	}
+}
+
+// Flags that do not fit the scale mode are refused.
+func TestScaleFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"more API servers than members", func(c *Config) { c.APIServers = 7 }},
+		{"istiod shape", func(c *Config) { c.Shape = shapeIstiod }},
+		{"bulk", func(c *Config) { c.Bulk = 3 }},
+		{"networks", func(c *Config) { c.Networks = 2 }},
+		{"peer", func(c *Config) { c.Peer = peerIstiod }},
+		{"also the same shape", func(c *Config) { c.AlsoShapes = []string{shapeGRPC} }},
+		{"also an unknown shape", func(c *Config) { c.AlsoShapes = []string{"kuma"} }},
+		{"no services", func(c *Config) { c.ServicesPerMember = 0 }},
+		{"too many members", func(c *Config) { c.Members, c.APIServers = 1000, 10 }},
+		{"too many addresses", func(c *Config) { c.Members, c.APIServers, c.EndpointsPerService = 900, 10, 100 }},
+		{"also-shapes without scale mode", func(c *Config) { c.APIServers, c.AlsoShapes = 0, []string{shapeEnvoy} }},
+	} {
+		cfg := defaultConfig()
+		cfg.Members, cfg.APIServers = 6, 2
+		tc.edit(&cfg)
+		if err := cfg.validate(); err == nil {
+			t.Errorf("%s: validate accepted it", tc.name)
+		}
+	}
+	cfg := defaultConfig()
+	cfg.Members, cfg.APIServers, cfg.Shape = 6, 2, shapeEnvoy
+	if err := cfg.validate(); err != nil || len(cfg.AlsoShapes) != 0 || cfg.Streams != 200 {
+		t.Errorf("envoy scale mode: %v, also %v, %d streams; want none and 200", err, cfg.AlsoShapes, cfg.Streams)
+	}
+	var none []string
+	if err := (shapeListFlag{&none}).Set("none"); err != nil || none == nil || len(none) != 0 {
+		t.Errorf("--also-shapes none: %v %#v", err, none)
 	}
 }

@@ -83,7 +83,7 @@ func waitIstiodSynced(ctx context.Context, h *hubProcess, cfg Config, l *layout)
 	want := map[string]int{} // hostname → endpoints, all members
 	for _, s := range l.services {
 		for k := range s.members {
-			want[hostname(s.name)] += len(s.backend[k])
+			want[s.host()] += len(s.backend[k])
 		}
 	}
 	return waitServer(ctx, h, cfg, "istiod", func() (string, error) { return istiodSyncProblem(ctx, h, want) })

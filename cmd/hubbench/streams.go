@@ -145,7 +145,7 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 	f.cds = map[string]bool{}
 	for _, s := range l.services {
 		if cfg.Shape == shapeIstiod {
-			f.cds[serviceEntryName(s.name)] = true
+			f.cds[s.entry()] = true
 		} else {
 			f.cds[s.cluster] = true
 		}
@@ -166,7 +166,7 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 			case shapeNamed:
 				s.targets = append(s.targets, svc.cluster)
 			case shapeGRPC:
-				s.targets = append(s.targets, listenerName(svc.name))
+				s.targets = append(s.targets, svc.listener())
 			}
 		}
 		s.cdsWant = f.services

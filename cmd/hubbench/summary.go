@@ -73,6 +73,8 @@ type Summary struct {
 	Heap HeapSummary `json:"heap"`
 	// Bulk is the bulk phase (--bulk), if any.
 	Bulk *BulkSummary `json:"bulk,omitempty"`
+	// Scale is the scale mode's figures (--apiservers), if any.
+	Scale *ScaleSummary `json:"scale,omitempty"`
 
 	Hub struct {
 		AfterSync    ProcStats `json:"afterSync"`
@@ -101,7 +103,10 @@ type Machine struct {
 
 // LayoutSummary is what the run created.
 type LayoutSummary struct {
-	Clusters            []string `json:"clusters"`
+	Clusters []string `json:"clusters"`
+	// APIServers are the scale mode's member API servers (the members
+	// share them).
+	APIServers          []string `json:"apiServers,omitempty"`
 	ServicesPerMember   int      `json:"servicesPerMember"` // max over members
 	EndpointsPerService int      `json:"endpointsPerService"`
 	SlicesCreated       int      `json:"slicesCreated"`
@@ -167,6 +172,9 @@ func percentiles(ds []time.Duration) Percentiles {
 
 func (l *layout) summary(cfg Config) LayoutSummary {
 	out := LayoutSummary{Clusters: append([]string{homeID}, l.memberIDs...)}
+	if l.scale {
+		out.APIServers = l.servers
+	}
 	perMember := make([]int, cfg.Members)
 	for _, s := range l.services {
 		for _, m := range s.members {
@@ -251,6 +259,9 @@ func (s *Summary) Problems() []string {
 		if w.Reached != w.Watchers {
 			out = append(out, fmt.Sprintf("write %d reached %d of %d watching streams", i+1, w.Reached, w.Watchers))
 		}
+	}
+	if s.Scale != nil {
+		out = append(out, s.Scale.problems()...)
 	}
 	return out
 }
@@ -337,6 +348,9 @@ func (s *Summary) WriteText(w io.Writer) {
 	}
 	if b := s.Bulk; b != nil {
 		b.writeText(p, s.Hub.AfterBulk)
+	}
+	if sc := s.Scale; sc != nil {
+		sc.writeText(p, s)
 	}
 	p("")
 	verdicts, _ := s.check()

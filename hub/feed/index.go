@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/hubmesh/hub/clusters"
@@ -31,6 +32,10 @@ type Index struct {
 	// ("region") and zone ("region/zone"): the client localities that mean
 	// something (KnownLocality).
 	localities map[string]int
+	// restricted counts, per hostname, the views some other member may
+	// not have (clusters.Service.Restricted): only those hostnames'
+	// resources differ between members (Audience).
+	restricted map[string]int
 }
 
 // NewIndex creates an empty index that reports the hostnames whose view
@@ -45,6 +50,7 @@ func NewIndex(domainSuffix string, changes *Changes) *Index {
 		gateways:     map[string][]clusters.Gateway{},
 		demoted:      map[string]clusters.State{},
 		localities:   map[string]int{},
+		restricted:   map[string]int{},
 	}
 }
 
@@ -190,6 +196,14 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 	host := x.Hostname(key.Namespace, key.Name)
 	x.countLocalitiesLocked(old, -1)
 	x.countLocalitiesLocked(svc, 1)
+	if old != nil && old.Restricted() {
+		if x.restricted[host]--; x.restricted[host] == 0 {
+			delete(x.restricted, host)
+		}
+	}
+	if svc != nil && svc.Restricted() {
+		x.restricted[host]++
+	}
 	if svc == nil {
 		delete(x.byCluster[cluster], key)
 		delete(x.byHost[host], cluster)
@@ -298,6 +312,60 @@ func (x *Index) Service(hostname string) map[string]*clusters.Service {
 	out := make(map[string]*clusters.Service, len(members))
 	for id, s := range members {
 		out[id] = s
+	}
+	return out
+}
+
+// AnyRestricted reports whether some view is not offered to every member
+// (then members' views of the mesh differ).
+func (x *Index) AnyRestricted() bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return len(x.restricted) > 0
+}
+
+// Audience names what a client of member gets of a hostname: "" when
+// every member gets every view of it, else the member IDs whose views it
+// gets (its own, and those exported to it), comma-separated, sorted, and
+// "-" for none. Clients with the same audience get the same resources.
+func (x *Index) Audience(hostname, member string) string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.restricted[hostname] == 0 {
+		return ""
+	}
+	var ids []string
+	for id, s := range x.byHost[hostname] {
+		if id == member || s.ExportedTo(member) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return "-"
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, ",")
+}
+
+// Visible is the views of a hostname a client of member gets (its
+// member's own and those exported to it): members itself when none is
+// restricted. Shared: read only.
+func Visible(members map[string]*clusters.Service, member string) map[string]*clusters.Service {
+	restricted := false
+	for _, s := range members {
+		if s.Restricted() {
+			restricted = true
+			break
+		}
+	}
+	if !restricted {
+		return members
+	}
+	out := make(map[string]*clusters.Service, len(members))
+	for id, s := range members {
+		if id == member || s.ExportedTo(member) {
+			out[id] = s
+		}
 	}
 	return out
 }

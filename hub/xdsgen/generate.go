@@ -169,6 +169,9 @@ func (g *Generator) All(typeURL string, v View) (WildcardSet, error) {
 	if !g.hasRules() {
 		v.Locality = Locality{} // one set for every locality
 	}
+	if !g.index.AnyRestricted() {
+		v.Client = "" // one set for every member
+	}
 	key := WildcardSetKey{typeURL, v}
 	g.mu.Lock()
 	set, ok := g.wildcard[key]
@@ -314,7 +317,7 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 func viewFor(typeURL string, v View) View {
 	switch typeURL {
 	case resourcev3.ClusterType:
-		return View{Flavour: v.Flavour}
+		return View{Flavour: v.Flavour, Client: v.Client}
 	case resourcev3.EndpointType:
 		// The flavour says whether the client speaks Istio mTLS, which
 		// gateways need (see memberSplit); the locality matters only
@@ -323,7 +326,7 @@ func viewFor(typeURL string, v View) View {
 		v.Server = nil
 		return v
 	}
-	return View{}
+	return View{Client: v.Client}
 }
 
 // Resource returns the named resource of one type in a view, or nil when
@@ -338,6 +341,10 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		return nil, nil
 	}
 	v = viewFor(typeURL, v)
+	// Members' clients differ only for hostnames with views not exported
+	// to every member: the key holds whose views the client gets.
+	client := v.Client
+	v.Client, v.Audience = "", g.index.Audience(host, client)
 	// The rule, the cache and the host's stamp are read together: a rule
 	// replaced (SetDestinationRules, then Invalidate) after this is seen
 	// as an invalidation, and what is built here is not kept.
@@ -368,6 +375,9 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 	g.mu.Unlock()
 
 	members := g.index.Service(host)
+	if v.Audience != "" {
+		members = feed.Visible(members, client)
+	}
 	var msg proto.Message
 	shared := key // the key of the resource all views that get the same share
 	if sp, ok := findPort(FederatedPorts(members), port); ok {
@@ -386,7 +396,7 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 			case needsSplit(v.Network, a.mtls, members, a.gateways):
 				a.split = true
 			case !lb.applies():
-				shared = resourceKey{typeURL: typeURL, name: name, direct: true}
+				shared = resourceKey{typeURL: typeURL, name: name, view: View{Audience: v.Audience}, direct: true}
 			}
 			msg = buildLoadAssignment(name, port, members, a)
 		case resourcev3.ListenerType:
@@ -481,7 +491,7 @@ func (g *Generator) demoted(member string) bool {
 
 // resourceKey names a generated resource within its hostname's cache entry:
 // the resource of a view, or (direct) the endpoint assignment every client
-// gets whose network does not change it.
+// of an audience gets whose network does not change it.
 type resourceKey struct {
 	typeURL, name string
 	view          View

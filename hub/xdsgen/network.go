@@ -33,6 +33,13 @@ type View struct {
 	// namespace and no labels gets). Only inbound listeners read it:
 	// every other resource's key leaves it out (viewFor).
 	Server *authz.Workload
+	// Client is the client's member ("" when unknown): which Services it
+	// gets when some are not exported to every member (feed.Visible).
+	// Audience is what a resource's key holds instead (feed.Index.Audience):
+	// the members whose views of its hostname the client gets, "" when
+	// the hostname's views go to every member.
+	Client   string
+	Audience string
 }
 
 // Places is what the index knows of members, networks and localities; a
@@ -69,7 +76,7 @@ func viewOf(node *corev3.Node, member string, places Places, rules *destinationR
 		member = ""
 	}
 	region, zone := rules.knownLocality(places, node.GetLocality().GetRegion(), node.GetLocality().GetZone())
-	return View{Flavour: FlavourOf(node), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}}
+	return View{Flavour: FlavourOf(node), Network: nw, Locality: Locality{Region: region, Zone: zone, Member: member}, Client: member}
 }
 
 // OtherNetwork stands for every network no member is on (it is not a valid
