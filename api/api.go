@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"strings"
 	"time"
@@ -112,6 +113,18 @@ func Mount(r chi.Router, cfg Config) {
 		}
 		r.Handle("/metrics", metrics)
 	}
+	// Go's runtime profiles (heap, goroutines, CPU) for whoever may change
+	// the hub: a CPU profile or trace costs the hub CPU while it runs.
+	r.Route("/debug/pprof", func(r chi.Router) {
+		r.Use(s.require(Write))
+		r.Get("/", pprof.Index)
+		r.Get("/profile", pprof.Profile)
+		r.Get("/trace", pprof.Trace)
+		r.Get("/symbol", pprof.Symbol)
+		r.Get("/{profile}", func(w http.ResponseWriter, r *http.Request) {
+			pprof.Handler(chi.URLParam(r, "profile")).ServeHTTP(w, r)
+		})
+	})
 	r.Route("/api/v1", func(r chi.Router) {
 		r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 			WriteProblem(w, http.StatusNotFound, "no route for "+r.URL.Path)
@@ -274,11 +287,25 @@ func (s *server) writeError(w http.ResponseWriter, err error) {
 	WriteProblem(w, http.StatusBadGateway, "the home cluster rejected the change: "+err.Error())
 }
 
-func (s *server) listServices(w http.ResponseWriter, _ *http.Request) {
+// listServices lists the federated services; with ?member=<id>, each says
+// whether that member's proxies are routed to it and, where a member's
+// view is withheld from them, why.
+func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
+	member := r.URL.Query().Get("member")
+	if member != "" {
+		if err := clusters.ValidateClusterID(member); err != nil {
+			WriteProblem(w, http.StatusBadRequest, "member: "+err.Error())
+			return
+		}
+	}
 	svcs := s.cfg.Federation.Services()
 	out := List[Service]{Items: make([]Service, 0, len(svcs))}
 	for _, sv := range svcs {
-		out.Items = append(out.Items, ToService(sv))
+		item := ToService(sv)
+		if member != "" {
+			item.RoutedFor(member, sv)
+		}
+		out.Items = append(out.Items, item)
 	}
 	writeJSON(w, http.StatusOK, out)
 }

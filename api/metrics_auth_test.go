@@ -62,3 +62,30 @@ func TestMetricsNeedATokenByDefault(t *testing.T) {
 		t.Errorf("open /metrics without a token: %d %.200s", code, body)
 	}
 }
+
+// TestProfilesNeedWriteAccess: Go's runtime profiles are served to tokens
+// that may change the hub only (a CPU profile costs the hub CPU).
+func TestProfilesNeedWriteAccess(t *testing.T) {
+	srv := httptest.NewServer(NewHandler(Config{Membership: &fakeMembership{}, Registrar: &fakeRegistrar{}, Federation: fakeFederation{}, Auth: staticAuth(t)}))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusUnauthorized}, {"reader-token", http.StatusForbidden}, {"writer-token", http.StatusOK}} {
+		for _, path := range []string{"/debug/pprof/heap", "/debug/pprof/goroutine", "/debug/pprof/"} {
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want || tc.want == http.StatusOK && len(body) == 0 {
+				t.Errorf("GET %s with %q: %d (%d bytes), want %d", path, tc.token, resp.StatusCode, len(body), tc.want)
+			}
+		}
+	}
+}

@@ -62,7 +62,8 @@ var openAPI = obj{
 			"delete": op("Remove a member (its key or its Secret); idempotent", obj{"204": obj{"description": "removed or already gone"}}, pathParam("id", "cluster ID")),
 		},
 		"/api/v1/services": obj{
-			"get": op("List federated services", obj{"200": obj{"description": "services", "content": jsonContent(listOf("Service"))}}),
+			"get": op("List federated services", obj{"200": obj{"description": "services", "content": jsonContent(listOf("Service"))}},
+				obj{"name": "member", "in": "query", "required": false, "description": "a member cluster ID: each service then says whether that member's proxies are routed to it and why not (routed, withheld)", "schema": obj{"type": "string"}}),
 		},
 		"/api/v1/proxies": obj{
 			"get": op("List connected xDS streams with per-type ACK/NACK state", obj{"200": obj{"description": "proxies", "content": jsonContent(listOf("Proxy"))}}),
@@ -122,7 +123,11 @@ var openAPI = obj{
 				"watchScope":           obj{"type": "string", "description": "what the hub watches in the member: all namespaces, the namespaces of the remote Secret's hub.federation/watch-namespaces, or those its hub.federation/watch-namespace-selector selects"},
 				"watchedNamespaces":    obj{"type": "array", "items": str(), "description": "the namespaces watched now (absent: every namespace); istio-system is always watched for gateways, its Services federated only when in scope"},
 				"watchRefused":         obj{"type": "integer", "description": "selected namespaces not watched: past the bound of 256 per member"},
-				"objects":              obj{"type": "object", "additionalProperties": integer(), "description": "objects the member's informers hold, by kind (Service, EndpointSlice, MeshPod, Node, Secret)"},
+				"objects":              obj{"type": "object", "additionalProperties": integer(), "description": "objects the member's informers hold, by kind (Service, EndpointSlice, MeshPod, Node, Secret, ServiceExport)"},
+				"serviceExports": obj{"type": "array", "description": "with --export-mode=serviceexport: the member's ServiceExports, the conditions the hub works out (Valid: the Service exists; Conflict: a port's protocol differs from another exporting member's) and whether it wrote them into their status", "items": obj{"type": "object", "properties": obj{
+					"namespace": str(), "name": str(), "written": obj{"type": "boolean"}, "writeError": str(),
+					"conditions": obj{"type": "array", "items": obj{"type": "object", "properties": obj{"type": str(), "status": str(), "reason": str(), "message": str()}}},
+				}}},
 			}},
 			"RegisterRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"id", "kubeconfig"}, "properties": obj{
 				"id": str(), "kubeconfig": obj{"type": "string", "description": "kubeconfig YAML with inline credentials"},
@@ -164,6 +169,8 @@ var openAPI = obj{
 				"exports": obj{"type": "object", "description": "member cluster ID → its export, for the members whose view is not offered to every other member (absent: all are); its own member's proxies always get it, member istiods only views offered to every member", "additionalProperties": obj{"type": "object", "properties": obj{
 					"exported": obj{"type": "boolean"}, "exportTo": obj{"type": "array", "items": str(), "description": "hub.federation/export-to: the only other members offered it"}, "reason": str(),
 				}}},
+				"routed":   obj{"type": "boolean", "description": "with ?member=<id>: whether that member's proxies get the service from the hub"},
+				"withheld": obj{"type": "object", "additionalProperties": str(), "description": "with ?member=<id>: member → why its view of the service is not served to that member's proxies"},
 			}},
 			"TypeStatus": obj{"type": "object", "properties": obj{
 				"type": str(), "typeUrl": str(), "sentVersion": str(), "sentNonce": str(), "sentAt": timeStr(), "resources": integer(), "sends": integer(),

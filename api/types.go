@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -68,6 +70,27 @@ type Cluster struct {
 	WatchedNamespaces []string       `json:"watchedNamespaces,omitempty"`
 	WatchRefused      int            `json:"watchRefused,omitempty"`
 	Objects           map[string]int `json:"objects,omitempty"`
+	// ServiceExports are, with --export-mode=serviceexport, the member's
+	// ServiceExports with the conditions the hub works out (Valid,
+	// Conflict) and whether it wrote them into their status.
+	ServiceExports []ServiceExportStatus `json:"serviceExports,omitempty"`
+}
+
+// ServiceExportStatus is one ServiceExport of a member as the hub sees it.
+type ServiceExportStatus struct {
+	Namespace  string      `json:"namespace"`
+	Name       string      `json:"name"`
+	Conditions []Condition `json:"conditions"`
+	Written    bool        `json:"written"`
+	WriteError string      `json:"writeError,omitempty"`
+}
+
+// Condition is a Kubernetes-style condition.
+type Condition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
 }
 
 // Gateway is an east-west gateway of a member.
@@ -91,6 +114,16 @@ func ToCluster(st clusters.Status) Cluster {
 	for _, g := range st.Gateways {
 		c.Gateways = append(c.Gateways, Gateway(g))
 	}
+	for key, es := range st.ServiceExports {
+		out := ServiceExportStatus{Namespace: key.Namespace, Name: key.Name, Written: es.Written, WriteError: es.WriteError}
+		for _, cond := range es.Conditions {
+			out.Conditions = append(out.Conditions, Condition{Type: cond.Type, Status: string(cond.Status), Reason: cond.Reason, Message: cond.Message})
+		}
+		c.ServiceExports = append(c.ServiceExports, out)
+	}
+	slices.SortFunc(c.ServiceExports, func(a, b ServiceExportStatus) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
 	return c
 }
 
@@ -112,6 +145,36 @@ type Service struct {
 	// Exports are, by member, the views not offered to every other member
 	// (absent: every member offers its view to every other).
 	Exports map[string]ServiceExport `json:"exports,omitempty"`
+	// Routed and Withheld answer GET /api/v1/services?member=<id>:
+	// whether that member's proxies get the service from the hub (its own
+	// view or one exported to it), and, for each member whose view they do
+	// not get, why ("why not routed").
+	Routed   *bool             `json:"routed,omitempty"`
+	Withheld map[string]string `json:"withheld,omitempty"`
+}
+
+// RoutedFor fills Routed and Withheld for the proxies of member.
+func (s *Service) RoutedFor(member string, sum hub.ServiceSummary) {
+	routed := false
+	for id := range sum.Endpoints {
+		v, restricted := sum.Restricted[id]
+		switch {
+		case id == member || !restricted || v.ExportedTo(member):
+			routed = true
+		case v.NotExported:
+			s.addWithheld(id, "not exported: "+v.ExportReason)
+		default:
+			s.addWithheld(id, "exported to "+strings.Join(v.ExportTo, ", ")+" only (hub.federation/export-to)")
+		}
+	}
+	s.Routed = &routed
+}
+
+func (s *Service) addWithheld(id, why string) {
+	if s.Withheld == nil {
+		s.Withheld = map[string]string{}
+	}
+	s.Withheld[id] = why
 }
 
 // ServiceExport is one member's export of a Service that is not offered

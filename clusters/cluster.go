@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -67,6 +68,7 @@ type Cluster struct {
 	overflowed atomic.Bool
 	secrets    *secretController
 	meta       metadata.Interface
+	dynamic    dynamic.Interface               // ServiceExport status
 	factory    informers.SharedInformerFactory // Nodes
 	nodeInf    cache.SharedIndexInformer
 	services   corelisters.ServiceLister // over every watch (scopedServices)
@@ -227,6 +229,9 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		return nil, fmt.Errorf("building metadata client for cluster %s: %w", id, err)
 	}
 	c.meta = mc
+	if c.dynamic, err = dynamic.NewForConfigAndClient(cfg, httpClient); err != nil {
+		return nil, fmt.Errorf("building dynamic client for cluster %s: %w", id, err)
+	}
 	var onSecret func(ServiceKey)
 	if ev := deps.secretEvents; ev != nil {
 		onSecret = func(key ServiceKey) { ev.SecretChanged(id, key) }
@@ -258,11 +263,9 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		return nil, fmt.Errorf("setting informer transform: %w", err)
 	}
 	c.counts = newKindCounts("Node", "Secret")
-	if err := c.countObjects(c.counts, "Secret", c.secrets.inf); err != nil {
-		return nil, err
-	}
-	if err := c.countObjects(c.counts, "Node", c.nodeInf); err != nil {
-		return nil, err
+	// The secret controller's informer has its handler; this one counts.
+	if _, err := c.secrets.inf.AddEventHandler(c.counting(c.counts, "Secret", cache.ResourceEventHandlerFuncs{})); err != nil {
+		return nil, fmt.Errorf("adding object counter: %w", err)
 	}
 	c.services = scopedServices{c}
 	if err := c.watchNamespaces(scope); err != nil {
@@ -273,11 +276,11 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 			c.enqueueAll()
 		}
 	}
-	reg, err := c.nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := c.nodeInf.AddEventHandler(c.counting(c.counts, "Node", cache.ResourceEventHandlerFuncs{
 		AddFunc:    onNode,
 		UpdateFunc: func(_, obj any) { onNode(obj) },
 		DeleteFunc: onNode,
-	})
+	}))
 	if err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
@@ -736,6 +739,9 @@ func (c *Cluster) objectCounts() map[string]int {
 	}
 	for _, w := range c.watchList() {
 		for kind, n := range w.counts {
+			if kind == "ServiceExport" && w.exports == nil {
+				continue // not watched in this export mode
+			}
 			out[kind] += int(n.Load())
 		}
 	}

@@ -117,7 +117,7 @@ func (c *Cluster) watchServiceExports(w *nsWatch) error {
 			c.queue.Add(ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()})
 		}
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: on, DeleteFunc: on}); err != nil {
+	if _, err := inf.AddEventHandler(c.counting(w.counts, "ServiceExport", cache.ResourceEventHandlerFuncs{AddFunc: on, DeleteFunc: on})); err != nil {
 		return fmt.Errorf("adding ServiceExport event handler: %w", err)
 	}
 	w.exports = &serviceExports{factory: factory, inf: inf}

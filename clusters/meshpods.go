@@ -88,10 +88,10 @@ func (c *Cluster) watchMeshPods(w *nsWatch) error {
 			}
 		}
 	}
-	_, err := w.mesh.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := w.mesh.inf.AddEventHandler(c.counting(w.counts, "MeshPod", cache.ResourceEventHandlerFuncs{
 		AddFunc:    onPod,
 		DeleteFunc: onPod,
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("adding pod event handler: %w", err)
 	}

@@ -27,30 +27,34 @@ func (k kindCounts) total() int64 {
 	return n
 }
 
-// countObjects counts the objects an informer of the member holds, as
-// kind in counts and in the member's total, and stops the member once the
-// total passes its cap (Services, EndpointSlices, Nodes, Secrets and mesh
-// pods). The counts follow the informers' add and delete notifications, so
-// they cost nothing per object held. The cap bounds what stays in memory;
-// one oversize list is still decoded once before the member is stopped.
-func (c *Cluster) countObjects(counts kindCounts, kind string, inf cache.SharedIndexInformer) error {
+// counting wraps an informer's handler so that it also counts the objects
+// the informer holds, as kind in counts and in the member's total, and
+// stops the member once the total passes its cap (Services,
+// EndpointSlices, Nodes, Secrets, mesh pods and ServiceExports). The
+// counts follow the informer's add and delete notifications, so they cost
+// nothing per object held, and no listener of their own. The cap bounds
+// what stays in memory; one oversize list is still decoded once before the
+// member is stopped.
+func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEventHandlerFuncs) cache.ResourceEventHandlerFuncs {
 	n := counts[kind]
-	counter := cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) {
-			n.Add(1)
-			if c.objects.Add(1) > int64(c.maxObjects) && c.maxObjects > 0 {
-				c.overflow()
-			}
-		},
-		DeleteFunc: func(any) {
-			n.Add(-1)
-			c.objects.Add(-1)
-		},
+	add, del := h.AddFunc, h.DeleteFunc
+	h.AddFunc = func(obj any) {
+		n.Add(1)
+		if c.objects.Add(1) > int64(c.maxObjects) && c.maxObjects > 0 {
+			c.overflow()
+		}
+		if add != nil {
+			add(obj)
+		}
 	}
-	if _, err := inf.AddEventHandler(counter); err != nil {
-		return fmt.Errorf("adding object counter: %w", err)
+	h.DeleteFunc = func(obj any) {
+		n.Add(-1)
+		c.objects.Add(-1)
+		if del != nil {
+			del(obj)
+		}
 	}
-	return nil
+	return h
 }
 
 // overflow makes the member Invalid and stops its informers and endpoint

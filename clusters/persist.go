@@ -403,68 +403,90 @@ func (p *viewPersister) run(ctx context.Context) {
 }
 
 // writeDue writes every member view that changed and was not written within
-// the interval.
+// the interval, viewWriters at a time.
 func (p *viewPersister) writeDue(ctx context.Context) {
-	type job struct {
-		id       string
-		services []*Service
-		sum      string
-		server   string
-	}
 	key := p.writeKey(ctx)
 	if key == nil {
 		return // changes stay dirty until there is a key
 	}
 	now := time.Now()
-	var jobs []job
+	var jobs []viewJob
 	p.mu.Lock()
 	for id, t := range p.members {
 		if !t.dirty || t.services == nil || now.Sub(t.lastWrite) < p.interval {
 			continue
 		}
 		t.dirty = false
-		j := job{id: id, sum: t.sum, server: t.server, services: make([]*Service, 0, len(t.services))}
+		j := viewJob{id: id, sum: t.sum, server: t.server, services: make([]*Service, 0, len(t.services))}
 		for _, s := range t.services {
 			j.services = append(j.services, s)
 		}
 		jobs = append(jobs, j)
 	}
 	p.mu.Unlock()
+	work := make(chan viewJob)
+	var wg sync.WaitGroup
+	for range min(viewWriters, len(jobs)) {
+		wg.Go(func() {
+			for j := range work {
+				p.writeView(ctx, key, j, now)
+			}
+		})
+	}
 	for _, j := range jobs {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		content, sum, err := encodeView(j.services)
+		work <- j
+	}
+	close(work)
+	wg.Wait()
+}
+
+// viewWriters bounds the member views written at once (the home client's
+// rate limit bounds them too).
+const viewWriters = 8
+
+// viewJob is one member view to write.
+type viewJob struct {
+	id       string
+	services []*Service
+	sum      string // what was last written
+	server   string
+}
+
+// writeView writes one member view, unless it is what was last written.
+func (p *viewPersister) writeView(ctx context.Context, key []byte, j viewJob, now time.Time) {
+	content, sum, err := encodeView(j.services)
+	if err != nil {
+		p.log.Error("encoding a member view", "cluster", j.id, "error", err)
+		return
+	}
+	if sum == j.sum {
+		return // changed and changed back: nothing new to write
+	}
+	res, err := p.store.write(ctx, key, j.id, content, sum, j.server, now)
+	p.mu.Lock()
+	if t := p.members[j.id]; t != nil {
+		t.lastWrite = now
 		if err != nil {
-			p.log.Error("encoding a member view", "cluster", j.id, "error", err)
-			continue
+			t.dirty = true // try again after the interval
+		} else {
+			t.sum = sum
 		}
-		if sum == j.sum {
-			continue // changed and changed back: nothing new to write
+	}
+	p.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil { // not just stopping
+			p.log.Warn("persisting a member view", "cluster", j.id, "error", err)
 		}
-		res, err := p.store.write(ctx, key, j.id, content, sum, j.server, now)
-		p.mu.Lock()
-		if t := p.members[j.id]; t != nil {
-			t.lastWrite = now
-			if err != nil {
-				t.dirty = true // try again after the interval
-			} else {
-				t.sum = sum
-			}
-		}
-		p.mu.Unlock()
-		if err != nil {
-			if ctx.Err() == nil { // not just stopping
-				p.log.Warn("persisting a member view", "cluster", j.id, "error", err)
-			}
-			continue
-		}
-		if !res.Skipped {
-			p.writes.WithLabelValues(j.id).Inc()
-			p.bytes.WithLabelValues(j.id, "json").Set(float64(res.Bytes))
-			p.bytes.WithLabelValues(j.id, "gzip").Set(float64(res.Compressed))
-			p.log.Debug("persisted member view", "cluster", j.id, "bytes", res.Bytes, "compressed", res.Compressed, "objects", res.Objects)
-		}
+		return
+	}
+	if !res.Skipped {
+		p.writes.WithLabelValues(j.id).Inc()
+		p.bytes.WithLabelValues(j.id, "json").Set(float64(res.Bytes))
+		p.bytes.WithLabelValues(j.id, "gzip").Set(float64(res.Compressed))
+		p.log.Debug("persisted member view", "cluster", j.id, "bytes", res.Bytes, "compressed", res.Compressed, "objects", res.Objects)
 	}
 }
 

@@ -152,13 +152,24 @@ func (s *viewStore) write(ctx context.Context, key []byte, id string, content []
 	}
 	version := sum[:versionLen]
 	name := manifestName(id)
+	// Chunks to prune can exist only when this write or the manifest it
+	// replaces has chunks, or when there was no manifest (an interrupted
+	// first write may have left some): a single-object view replacing
+	// another costs two requests.
+	prune := len(parts) > 1
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cur, err := s.cms.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			cur = nil
+			prune = true
 		case err != nil:
 			return fmt.Errorf("reading %s: %w", name, err)
+		case cur.Labels[viewVersionLabel] != "":
+			prune = true
+		}
+		switch {
+		case cur == nil:
 		case cur.Data[viewKeySHA256] == sum && cur.Data[viewKeyServer] == server && manifestValid(key, id, cur):
 			res.Skipped = true // another replica (or an earlier term) wrote it
 			return nil
@@ -196,7 +207,7 @@ func (s *viewStore) write(ctx context.Context, key []byte, id string, content []
 		}
 		return nil
 	})
-	if err != nil || res.Skipped {
+	if err != nil || res.Skipped || !prune {
 		return res, err
 	}
 	return res, s.pruneChunks(ctx, id)

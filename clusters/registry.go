@@ -115,6 +115,7 @@ type Registry struct {
 	secrets       corelisters.SecretLister
 	secretsSynced cache.InformerSynced
 	views         *viewPersister // wraps cfg.Sink; persists and restores member views
+	exports       *exportStatus  // wraps views in export mode serviceexport (else nil)
 
 	mu      sync.Mutex
 	history map[string][]Transition      // by cluster ID, newest last, at most maxHistory
@@ -158,8 +159,15 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	cfg.Sink = views
+	var exports *exportStatus
+	if cfg.ExportMode == ExportServiceExport {
+		exports = newExportStatus(views, cfg.Log)
+		exports.isLeader = cfg.IsLeader
+		cfg.Sink = exports
+	}
 	r := &Registry{
 		views:      views,
+		exports:    exports,
 		cfg:        cfg,
 		log:        cfg.Log,
 		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode},
@@ -237,6 +245,14 @@ func (r *Registry) Run(ctx context.Context) error {
 		defer close(viewsDone)
 		r.views.run(ctx)
 	}()
+	exportsDone := make(chan struct{})
+	go func() {
+		defer close(exportsDone)
+		if r.exports != nil {
+			r.exports.members = r.activeClusters
+			r.exports.run(ctx)
+		}
+	}()
 	go func() {
 		defer close(done)
 		r.views.load(ctx) // before any member starts, so each can be restored
@@ -248,6 +264,7 @@ func (r *Registry) Run(ctx context.Context) error {
 	r.queue.ShutDown()
 	<-done
 	<-viewsDone
+	<-exportsDone
 	factory.Shutdown()
 	r.home.stop()
 	r.mu.Lock()
@@ -755,7 +772,7 @@ func (r *Registry) Clusters() []Status {
 		}
 		if m.rejected != "" {
 			st.State = StateInvalid
-			st.Message = "new kubeconfig rejected, still using the previous one: " + m.rejected
+			st.Message = "the remote Secret's new kubeconfig or watch scope was rejected, still using the previous one: " + m.rejected
 		}
 		out = append(out, r.withDemotion(st))
 	}
@@ -777,6 +794,7 @@ func (r *Registry) withDemotion(st Status) Status {
 			st.Demoted = fmt.Sprintf("the member is %s: its endpoints are served one priority behind the healthy members' (as long as any other member serves the service)", st.State)
 		}
 	}
+	st.ServiceExports = r.ServiceExportStatus(st.ID)
 	return st
 }
 
@@ -892,4 +910,14 @@ func (r *Registry) activeClusters() []*Cluster {
 		out = append(out, m.active)
 	}
 	return out
+}
+
+// ServiceExportStatus is what the hub made of a member's ServiceExports
+// (export mode serviceexport; nil otherwise): their conditions, and
+// whether they were written back.
+func (r *Registry) ServiceExportStatus(member string) map[ServiceKey]ExportStatus {
+	if r.exports == nil {
+		return nil
+	}
+	return r.exports.exportStatuses(member)
 }

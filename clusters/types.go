@@ -161,6 +161,9 @@ type Status struct {
 	WatchedNamespaces []string
 	WatchRefused      int
 	Objects           map[string]int
+	// ServiceExports are, in export mode serviceexport, the conditions of
+	// the member's ServiceExports and whether they were written back.
+	ServiceExports map[ServiceKey]ExportStatus
 }
 
 // StateObserver is told the state changes of members (the federated index

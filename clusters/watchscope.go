@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -134,7 +133,7 @@ type nsWatch struct {
 // newNSWatch builds (but does not start) the informers of one namespace,
 // with the cluster's handlers and object counter.
 func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error) {
-	w := &nsWatch{namespace: namespace, federated: federated, counts: newKindCounts("Service", "EndpointSlice", "MeshPod")}
+	w := &nsWatch{namespace: namespace, federated: federated, counts: newKindCounts("Service", "EndpointSlice", "MeshPod", "ServiceExport")}
 	var opts []informers.SharedInformerOption
 	if namespace != "" {
 		opts = append(opts, informers.WithNamespace(namespace))
@@ -157,7 +156,6 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 		return nil, err
 	}
 	if c.exportMode == ExportServiceExport {
-		w.counts["ServiceExport"] = new(atomic.Int64)
 		if err := c.watchServiceExports(w); err != nil {
 			return nil, err
 		}
@@ -178,35 +176,22 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 		}
 	}
 	for _, h := range []struct {
-		inf cache.SharedIndexInformer
-		fn  func(any)
-	}{{w.svcInf, onService}, {w.sliceInf, onSlice}} {
+		kind string
+		inf  cache.SharedIndexInformer
+		fn   func(any)
+	}{{"Service", w.svcInf, onService}, {"EndpointSlice", w.sliceInf, onSlice}} {
 		fn := h.fn
-		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := h.inf.AddEventHandler(c.counting(w.counts, h.kind, cache.ResourceEventHandlerFuncs{
 			AddFunc:    fn,
 			UpdateFunc: func(_, obj any) { fn(obj) },
 			DeleteFunc: fn,
-		})
+		}))
 		if err != nil {
 			return nil, fmt.Errorf("adding event handler: %w", err)
 		}
 		w.synced = append(w.synced, reg.HasSynced)
 	}
-	for kind, inf := range w.informers() {
-		if err := c.countObjects(w.counts, kind, inf); err != nil {
-			return nil, err
-		}
-	}
 	return w, nil
-}
-
-// informers are the watch's informers by kind, for object counts.
-func (w *nsWatch) informers() map[string]cache.SharedIndexInformer {
-	out := map[string]cache.SharedIndexInformer{"Service": w.svcInf, "EndpointSlice": w.sliceInf, "MeshPod": w.mesh.inf}
-	if w.exports != nil {
-		out["ServiceExport"] = w.exports.inf
-	}
-	return out
 }
 
 // optionalSynced are the watch's informers that a first publish waits

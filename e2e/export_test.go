@@ -7,10 +7,7 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/dynamic"
 
@@ -18,43 +15,13 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-var (
-	crdGVR           = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	serviceExportGVR = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
-)
-
-// installServiceExportCRD installs the Multi-Cluster Services API's
-// ServiceExport CRD (as sigs.k8s.io/mcs-api ships it, schema trimmed) in a
-// cluster and waits until it is served.
+// installServiceExportCRD installs the ServiceExport CRD in a cluster.
 func installServiceExportCRD(t *testing.T, c *localcluster.Cluster) dynamic.Interface {
 	t.Helper()
-	ctx := testContext(t)
-	dc, err := dynamic.NewForConfig(c.RESTConfig())
+	dc, err := localcluster.InstallServiceExportCRD(testContext(t), c.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	crd := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-		"metadata": map[string]any{"name": "serviceexports.multicluster.x-k8s.io"},
-		"spec": map[string]any{
-			"group": "multicluster.x-k8s.io", "scope": "Namespaced",
-			"names": map[string]any{"plural": "serviceexports", "singular": "serviceexport", "kind": "ServiceExport", "listKind": "ServiceExportList"},
-			"versions": []any{map[string]any{
-				"name": "v1alpha1", "served": true, "storage": true,
-				"subresources": map[string]any{"status": map[string]any{}},
-				"schema": map[string]any{"openAPIV3Schema": map[string]any{
-					"type": "object", "x-kubernetes-preserve-unknown-fields": true,
-				}},
-			}},
-		},
-	}}
-	if _, err := dc.Resource(crdGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, func() error {
-		_, err := dc.Resource(serviceExportGVR).Namespace("default").List(ctx, metav1.ListOptions{})
-		return err
-	})
 	return dc
 }
 
@@ -149,12 +116,9 @@ func TestExportModes(t *testing.T) {
 		}
 
 		// east exports echo: west's proxies get east's endpoint too.
-		se := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
-			"metadata": map[string]any{"name": "echo", "namespace": ns},
-		}}
+		se := localcluster.ServiceExport(ns, "echo")
 		created := time.Now()
-		if _, err := eastDyn.Resource(serviceExportGVR).Namespace(ns).Create(ctx, se, metav1.CreateOptions{}); err != nil {
+		if _, err := eastDyn.Resource(localcluster.ServiceExportGVR).Namespace(ns).Create(ctx, se, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		first := fromWest.waitFor(t, 60*time.Second, "an answer from east-1", func(l clientLine) bool { return l.text == "ok east-1" })
@@ -165,7 +129,7 @@ func TestExportModes(t *testing.T) {
 
 		// Deleted: east's endpoint leaves west's proxies again.
 		deleted := time.Now()
-		if err := eastDyn.Resource(serviceExportGVR).Namespace(ns).Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
+		if err := eastDyn.Resource(localcluster.ServiceExportGVR).Namespace(ns).Delete(ctx, "echo", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		answers(t, fromWest, "west-1")
@@ -210,6 +174,14 @@ func TestExportModes(t *testing.T) {
 		}
 		answers(t, fromWest, "west-1")
 		answers(t, fromEast, "east-1")
+		// Why west's proxies do not get east's endpoint, in the API.
+		var forWest struct{ Items []api.Service }
+		h.getJSON(t, "/api/v1/services?member="+west.Name, &forWest)
+		for _, s := range forWest.Items {
+			if s.Hostname == host && (s.Routed == nil || !*s.Routed || !strings.Contains(s.Withheld[east.Name], "exported to "+home.Name+" only")) {
+				t.Errorf("services?member=%s: routed %v, withheld %v; want routed (its own), east withheld as exported to %s only", west.Name, s.Routed, s.Withheld, home.Name)
+			}
+		}
 		ex := exports(t, h)
 		if e := ex[east.Name]; !e.Exported || strings.Join(e.ExportTo, ",") != home.Name {
 			t.Errorf("east export = %+v; want exported to %s only", e, home.Name)

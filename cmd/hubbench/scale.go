@@ -597,7 +597,7 @@ func (h *hubProcess) heapProfile(ctx context.Context, cfg Config, work string) (
 		return "", "GET /debug/pprof/heap: " + err.Error()
 	}
 	if resp.StatusCode != http.StatusOK || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
-		return "", fmt.Sprintf("the hub serves no heap profile (GET /debug/pprof/heap on its admin port: %s; cmd/hub has no pprof flag)", resp.Status)
+		return "", fmt.Sprintf("the hub serves no heap profile (GET /debug/pprof/heap on its admin port: %s)", resp.Status)
 	}
 	if cfg.WorkDir == "" {
 		return "", fmt.Sprintf("the hub served a heap profile (%d bytes); pass --work-dir to keep it", len(body))
