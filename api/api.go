@@ -48,6 +48,12 @@ type Federation interface {
 	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
+// Exchange is what a member exports and imports; Federation may implement
+// it (*hub.Hub does) for GET /api/v1/clusters/{id}.
+type Exchange interface {
+	Exchange(member string) hub.MemberExchange
+}
+
 // CertificateAuthority is the read model of the hub's CA (Istio's CA API):
 // certificates issued per member and namespace, requests refused per
 // reason (*hub.Hub implements it; ok is false when it serves no CA).
@@ -222,7 +228,12 @@ func (s *server) getCluster(w http.ResponseWriter, r *http.Request) {
 		WriteProblem(w, http.StatusNotFound, "cluster "+id+" is not registered")
 		return
 	}
-	writeJSON(w, http.StatusOK, ToCluster(st))
+	out := ToCluster(st)
+	if ex, ok := s.cfg.Federation.(Exchange); ok {
+		e := ToExchange(ex.Exchange(id))
+		out.Exchange = &e
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // RegisterRequest is the body of POST /api/v1/clusters.

@@ -124,6 +124,9 @@ var openAPI = obj{
 				"watchedNamespaces":    obj{"type": "array", "items": str(), "description": "the namespaces watched now (absent: every namespace); istio-system is always watched for gateways, its Services federated only when in scope"},
 				"watchRefused":         obj{"type": "integer", "description": "selected namespaces not watched: past the bound of 256 per member"},
 				"objects":              obj{"type": "object", "additionalProperties": integer(), "description": "objects the member's informers hold, by kind (Service, EndpointSlice, MeshPod, Node, Secret, ServiceExport)"},
+				"exchange": obj{"type": "object", "description": "GET /api/v1/clusters/{id} only: services the member offers every other member (exported), some (exportedToSome, hub.federation/export-to), none (notExported); services its proxies get from other members' views (imported), of which it has none itself (importedOnly)", "properties": obj{
+					"exported": integer(), "exportedToSome": integer(), "notExported": integer(), "imported": integer(), "importedOnly": integer(),
+				}},
 				"serviceExports": obj{"type": "array", "description": "with --export-mode=serviceexport: the member's ServiceExports, the conditions the hub works out (Valid: the Service exists; Conflict: a port's protocol differs from another exporting member's) and whether it wrote them into their status", "items": obj{"type": "object", "properties": obj{
 					"namespace": str(), "name": str(), "written": obj{"type": "boolean"}, "writeError": str(),
 					"conditions": obj{"type": "array", "items": obj{"type": "object", "properties": obj{"type": str(), "status": str(), "reason": str(), "message": str()}}},

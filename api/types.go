@@ -74,7 +74,23 @@ type Cluster struct {
 	// ServiceExports with the conditions the hub works out (Valid,
 	// Conflict) and whether it wrote them into their status.
 	ServiceExports []ServiceExportStatus `json:"serviceExports,omitempty"`
+	// Exchange is what the member exports and imports (GET
+	// /api/v1/clusters/{id} only: it is worked out over every service).
+	Exchange *MemberExchange `json:"exchange,omitempty"`
 }
+
+// MemberExchange is what a member exports to the other members and
+// imports from them, in services.
+type MemberExchange struct {
+	Exported       int `json:"exported"`
+	ExportedToSome int `json:"exportedToSome"`
+	NotExported    int `json:"notExported"`
+	Imported       int `json:"imported"`
+	ImportedOnly   int `json:"importedOnly"`
+}
+
+// ToExchange converts a member's exchange.
+func ToExchange(e hub.MemberExchange) MemberExchange { return MemberExchange(e) }
 
 // ServiceExportStatus is one ServiceExport of a member as the hub sees it.
 type ServiceExportStatus struct {

@@ -100,6 +100,9 @@ type Cluster struct {
 	selected        cache.ResourceEventHandlerRegistration
 	watchLimit      int
 	watchRefused    int
+	// replacing tracks the goroutines that swap in a replaced watch once
+	// it synced (replaceWatchLocked); stop waits for them.
+	replacing sync.WaitGroup
 
 	cancel context.CancelFunc
 	done   chan struct{}

@@ -131,7 +131,9 @@ type nsWatch struct {
 }
 
 // newNSWatch builds (but does not start) the informers of one namespace,
-// with the cluster's handlers and object counter.
+// with the cluster's handlers and object counter. A watch that is not
+// federated (the system namespace outside the scope, watched for gateway
+// Services) has a Service informer only.
 func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error) {
 	w := &nsWatch{namespace: namespace, federated: federated, counts: newKindCounts("Service", "EndpointSlice", "MeshPod", "ServiceExport")}
 	var opts []informers.SharedInformerOption
@@ -140,46 +142,40 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 	}
 	w.factory = informers.NewSharedInformerFactoryWithOptions(c.client, 0, opts...)
 	svc := w.factory.Core().V1().Services()
-	slice := w.factory.Discovery().V1().EndpointSlices()
-	w.svcInf, w.sliceInf = svc.Informer(), slice.Informer()
-	w.services, w.slices = svc.Lister(), slice.Lister()
-	w.mesh = newMeshPods(c.meta, namespace)
-	for _, inf := range []cache.SharedIndexInformer{w.svcInf, w.sliceInf} {
-		if err := inf.SetTransform(stripObject); err != nil {
-			return nil, fmt.Errorf("setting informer transform: %w", err)
-		}
-	}
-	if err := w.mesh.inf.SetTransform(stripToName); err != nil {
+	w.svcInf, w.services = svc.Informer(), svc.Lister()
+	if err := w.svcInf.SetTransform(stripObject); err != nil {
 		return nil, fmt.Errorf("setting informer transform: %w", err)
 	}
-	if err := c.watchMeshPods(w); err != nil {
-		return nil, err
-	}
-	if c.exportMode == ExportServiceExport {
-		if err := c.watchServiceExports(w); err != nil {
-			return nil, err
-		}
-	}
-	onService := func(obj any) {
-		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			ns, name, _ := cache.SplitMetaNamespaceKey(key)
-			c.queue.Add(ServiceKey{Namespace: ns, Name: name})
-			c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
-		}
-	}
-	onSlice := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-			c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
-		}
-	}
-	for _, h := range []struct {
+	handlers := []struct {
 		kind string
 		inf  cache.SharedIndexInformer
 		fn   func(any)
-	}{{"Service", w.svcInf, onService}, {"EndpointSlice", w.sliceInf, onSlice}} {
+	}{{"Service", w.svcInf, c.onService}}
+	if federated {
+		slice := w.factory.Discovery().V1().EndpointSlices()
+		w.sliceInf, w.slices = slice.Informer(), slice.Lister()
+		if err := w.sliceInf.SetTransform(stripObject); err != nil {
+			return nil, fmt.Errorf("setting informer transform: %w", err)
+		}
+		handlers = append(handlers, struct {
+			kind string
+			inf  cache.SharedIndexInformer
+			fn   func(any)
+		}{"EndpointSlice", w.sliceInf, c.onSlice})
+		w.mesh = newMeshPods(c.meta, namespace)
+		if err := w.mesh.inf.SetTransform(stripToName); err != nil {
+			return nil, fmt.Errorf("setting informer transform: %w", err)
+		}
+		if err := c.watchMeshPods(w); err != nil {
+			return nil, err
+		}
+		if c.exportMode == ExportServiceExport {
+			if err := c.watchServiceExports(w); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, h := range handlers {
 		fn := h.fn
 		reg, err := h.inf.AddEventHandler(c.counting(w.counts, h.kind, cache.ResourceEventHandlerFuncs{
 			AddFunc:    fn,
@@ -194,10 +190,32 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 	return w, nil
 }
 
+// onService rebuilds a Service, and reconsiders it as a gateway.
+func (c *Cluster) onService(obj any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		ns, name, _ := cache.SplitMetaNamespaceKey(key)
+		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
+		c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
+	}
+}
+
+// onSlice rebuilds the Service of an EndpointSlice.
+func (c *Cluster) onSlice(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+		c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
+	}
+}
+
 // optionalSynced are the watch's informers that a first publish waits
 // for only a little (meshPodsSyncWait): mesh pods and ServiceExports.
 func (w *nsWatch) optionalSynced() []cache.InformerSynced {
-	out := []cache.InformerSynced{w.mesh.inf.HasSynced}
+	var out []cache.InformerSynced
+	if w.mesh != nil {
+		out = append(out, w.mesh.inf.HasSynced)
+	}
 	if w.exports != nil {
 		out = append(out, w.exports.inf.HasSynced)
 	}
@@ -208,7 +226,9 @@ func (w *nsWatch) optionalSynced() []cache.InformerSynced {
 func (w *nsWatch) start(ctx context.Context) {
 	ctx, w.cancel = context.WithCancel(ctx)
 	w.factory.Start(ctx.Done())
-	w.mesh.factory.Start(ctx.Done())
+	if w.mesh != nil {
+		w.mesh.factory.Start(ctx.Done())
+	}
 	if w.exports != nil {
 		w.exports.factory.Start(ctx.Done())
 	}
@@ -220,7 +240,9 @@ func (w *nsWatch) stop() {
 		w.cancel()
 	}
 	w.factory.Shutdown()
-	w.mesh.factory.Shutdown()
+	if w.mesh != nil {
+		w.mesh.factory.Shutdown()
+	}
 	if w.exports != nil {
 		w.exports.factory.Shutdown()
 	}
@@ -244,8 +266,7 @@ func (c *Cluster) addWatch(namespace string, federated bool) error {
 	defer c.watchMu.Unlock()
 	if w, ok := c.watches[namespace]; ok {
 		if w.federated != federated {
-			w.federated = federated
-			c.enqueueWatch(w)
+			return c.replaceWatchLocked(w, federated)
 		}
 		return nil
 	}
@@ -275,13 +296,22 @@ func (c *Cluster) removeWatch(namespace string) {
 		return
 	}
 	if namespace == SystemNamespace {
-		w.federated = false
-		c.enqueueWatch(w)
+		if w.federated {
+			if err := c.replaceWatchLocked(w, false); err != nil {
+				c.log.Warn("system namespace watch not narrowed", "error", err)
+			}
+		}
 		c.watchMu.Unlock()
 		return
 	}
 	delete(c.watches, namespace)
 	c.watchMu.Unlock()
+	c.retire(w)
+}
+
+// retire stops a watch that is no longer in the map and rebuilds its
+// Services from whatever watch holds their namespace now (none: gone).
+func (c *Cluster) retire(w *nsWatch) {
 	keys := w.svcInf.GetStore().ListKeys()
 	w.stop()
 	c.objects.Add(-w.counts.total())
@@ -289,6 +319,42 @@ func (c *Cluster) removeWatch(namespace string) {
 		ns, name, _ := cache.SplitMetaNamespaceKey(k)
 		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
 	}
+}
+
+// replaceWatchLocked replaces a namespace's watch by one that is (or is
+// not) federated, make-before-break: while the cluster runs, the old one
+// answers until the new one has synced (the system namespace's gateway
+// Services never disappear in between). watchMu is held.
+func (c *Cluster) replaceWatchLocked(old *nsWatch, federated bool) error {
+	w, err := c.newNSWatch(old.namespace, federated)
+	if err != nil {
+		return err
+	}
+	if c.runCtx == nil {
+		c.watches[old.namespace] = w
+		return nil
+	}
+	ctx := c.runCtx
+	w.start(ctx)
+	c.replacing.Go(func() {
+		if !cache.WaitForCacheSync(ctx.Done(), w.hasSynced) {
+			w.stop()
+			return
+		}
+		c.watchMu.Lock()
+		current := c.watches[old.namespace] == old
+		if current {
+			c.watches[old.namespace] = w
+		}
+		c.watchMu.Unlock()
+		if !current { // replaced again meanwhile
+			w.stop()
+			return
+		}
+		c.retire(old)
+		c.enqueueWatch(w)
+	})
+	return nil
 }
 
 // enqueueWatch rebuilds every Service of a watch.
@@ -422,8 +488,10 @@ func (c *Cluster) startWatches(ctx context.Context) {
 	}
 }
 
-// stopWatches stops every watch and waits for them.
+// stopWatches stops every watch and waits for them (and for replacements
+// under way, which end with the cluster's context).
 func (c *Cluster) stopWatches() {
+	c.replacing.Wait()
 	if c.selectedFactory != nil {
 		c.selectedFactory.Shutdown()
 	}
@@ -460,7 +528,7 @@ func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceL
 // endpointSlices lists the EndpointSlices of one Service.
 func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
 	w := c.watchOf(svc.Namespace)
-	if w == nil {
+	if w == nil || w.slices == nil {
 		return nil
 	}
 	out, _ := w.slices.EndpointSlices(svc.Namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
@@ -470,5 +538,5 @@ func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSli
 // meshPod reports whether pod namespace/name is labelled for Istio mTLS.
 func (c *Cluster) meshPod(namespace, name string) bool {
 	w := c.watchOf(namespace)
-	return w != nil && w.mesh.has(namespace, name)
+	return w != nil && w.mesh != nil && w.mesh.has(namespace, name)
 }

@@ -163,6 +163,37 @@ func TestScopedWatching(t *testing.T) {
 		return nil
 	})
 
+	// istio-system is watched for gateways (Services only) whatever the
+	// scope; selected, its Services are federated too (the watch is
+	// replaced, make-before-break), unselected they go again.
+	if err := localcluster.EnsureNamespace(ctx, member, SystemNamespace); err != nil {
+		t.Fatal(err)
+	}
+	probe := ServiceKey{Namespace: SystemNamespace, Name: "scope-probe-" + suffix}
+	if err := localcluster.ApplyService(ctx, member, probe.Namespace, probe.Name, "http", 80, []localcluster.Backend{{IP: "198.18.30.9", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = member.CoreV1().Services(SystemNamespace).Delete(context.Background(), probe.Name, metav1.DeleteOptions{})
+	})
+	probed := func(want bool) func() error {
+		return func() error {
+			got := sink.service("scoped", probe)
+			if (got != nil) != want || want && len(got.Endpoints) != 1 {
+				return fmt.Errorf("istio-system's probe federated: %+v, want %v (with its endpoint)", got, want)
+			}
+			return nil
+		}
+	}
+	if err := probed(false)(); err != nil {
+		t.Error(err)
+	}
+	label(SystemNamespace, true)
+	t.Cleanup(func() { label(SystemNamespace, false) })
+	eventually(t, 20*time.Second, probed(true))
+	label(SystemNamespace, false)
+	eventually(t, 20*time.Second, probed(false))
+
 	// Both annotations: refused, the running scope kept and the reason shown.
 	r.mu.Lock()
 	before := r.members["scoped"].active

@@ -182,6 +182,13 @@ func TestExportModes(t *testing.T) {
 				t.Errorf("services?member=%s: routed %v, withheld %v; want routed (its own), east withheld as exported to %s only", west.Name, s.Routed, s.Withheld, home.Name)
 			}
 		}
+		// Per member, what it exports and imports.
+		var westC, eastC api.Cluster
+		h.getJSON(t, "/api/v1/clusters/"+west.Name, &westC)
+		h.getJSON(t, "/api/v1/clusters/"+east.Name, &eastC)
+		if westC.Exchange == nil || westC.Exchange.NotExported < 1 || eastC.Exchange == nil || eastC.Exchange.ExportedToSome < 1 {
+			t.Errorf("exchange: west %+v, east %+v; want west keeping echo home, east exporting it to some", westC.Exchange, eastC.Exchange)
+		}
 		ex := exports(t, h)
 		if e := ex[east.Name]; !e.Exported || strings.Join(e.ExportTo, ",") != home.Name {
 			t.Errorf("east export = %+v; want exported to %s only", e, home.Name)

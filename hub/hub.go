@@ -330,6 +330,48 @@ type ServiceSummary struct {
 	Restricted map[string]*clusters.Service
 }
 
+// MemberExchange is what one member exports to the others and imports
+// from them, in services (hostnames).
+type MemberExchange struct {
+	// Exported are its services offered to every other member;
+	// ExportedToSome those offered to some (hub.federation/export-to);
+	// NotExported those kept home.
+	Exported, ExportedToSome, NotExported int
+	// Imported are the services its proxies get from another member's
+	// view (exported to it); of them, Only those it has no view of itself.
+	Imported, ImportedOnly int
+}
+
+// Exchange works out what a member exports and imports (one pass over
+// the index: call it for one member at a time).
+func (h *Hub) Exchange(member string) MemberExchange {
+	var ex MemberExchange
+	for _, host := range h.index.Hostnames() {
+		members := h.index.Service(host)
+		own, has := members[member]
+		if has {
+			switch {
+			case own.NotExported:
+				ex.NotExported++
+			case own.ExportTo != nil:
+				ex.ExportedToSome++
+			default:
+				ex.Exported++
+			}
+		}
+		for id, s := range members {
+			if id != member && s.ExportedTo(member) {
+				ex.Imported++
+				if !has {
+					ex.ImportedOnly++
+				}
+				break
+			}
+		}
+	}
+	return ex
+}
+
 // Services summarises every federated service, sorted by hostname.
 func (h *Hub) Services() []ServiceSummary {
 	var out []ServiceSummary

@@ -498,7 +498,12 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 		if !ok {
 			status = http.StatusNotFound
 		}
-		m["Found"], m["Cluster"], m["History"] = ok, api.ToCluster(st), a.Membership.History(id)
+		c := api.ToCluster(st)
+		if ex, isEx := a.Federation.(api.Exchange); ok && isEx {
+			e := api.ToExchange(ex.Exchange(id))
+			c.Exchange = &e
+		}
+		m["Found"], m["Cluster"], m["History"] = ok, c, a.Membership.History(id)
 	case "services":
 		var out []api.Service
 		for _, sv := range a.Federation.Services() {
