@@ -129,6 +129,11 @@ type Config struct {
 	// APISamples (scale mode) is how many times each REST and dashboard
 	// page is fetched for its response time.
 	APISamples int `json:"apiSamples,omitempty"`
+	// Unscoped (scale mode, --watch-scope=false) registers the members
+	// without hub.federation/watch-namespaces: each then watches every
+	// namespace of its API server, its team's and the others' (what
+	// scoped watching saves).
+	Unscoped bool `json:"unscoped,omitempty"`
 
 	// Progress, if set, receives progress lines.
 	Progress func(format string, args ...any) `json:"-"`
@@ -218,6 +223,11 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.ServicesPerMember, "services-per-member", c.ServicesPerMember, "scale mode: services in each member's namespace (the members with the same team index serve the same hostnames)")
 	fs.IntVar(&c.EndpointsPerService, "endpoints-per-service", c.EndpointsPerService, "scale mode: endpoints of each service in each member")
 	fs.Var(shapeListFlag{&c.AlsoShapes}, "also-shapes", "scale mode: comma-separated shapes measured after --shape, each with --streams new streams and --writes writes of its own; none for none (default: envoy when --shape is grpc)")
+	fs.Func("watch-scope", "scale mode: register each member with hub.federation/watch-namespaces naming its namespace (true, the default) or without it, so that it watches every namespace of its API server (false)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		c.Unscoped = !on
+		return err
+	})
 	fs.DurationVar(&c.IdleWindow, "idle-window", c.IdleWindow, "scale mode: how long the hub's idle CPU is measured once every member is Ready")
 	fs.IntVar(&c.APISamples, "api-samples", c.APISamples, "scale mode: fetches of each REST path and dashboard page timed")
 	fs.IntVar(&c.Services, "services", c.Services, "services in total, spread evenly over the members")

@@ -221,7 +221,9 @@ func createScaleSecrets(ctx context.Context, cfg Config, l *layout, env *localcl
 			return 0, fmt.Errorf("member %s: issuing its client certificate: %w", id, err)
 		}
 		secret := localcluster.RemoteSecret(hubNamespace, "hubbench-"+id, map[string][]byte{id: kubeconfig})
-		secret.Annotations = map[string]string{annotationWatchNamespaces: l.namespace[i]}
+		if !cfg.Unscoped {
+			secret.Annotations = map[string]string{annotationWatchNamespaces: l.namespace[i]}
+		}
 		if _, err := secrets.Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 			return 0, fmt.Errorf("member %s: creating its remote Secret: %w", id, err)
 		}
@@ -406,7 +408,7 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 	if len(spread) > 0 {
 		sc.MembersPerService = *minMax(spread)
 	}
-	if !sc.WatchScoped {
+	if !sc.WatchScoped && !cfg.Unscoped {
 		cfg.progress("the hub does not scope its watches by %s: services have endpoints in %d–%d members, want their team's %d", annotationWatchNamespaces, sc.MembersPerService.Min, sc.MembersPerService.Max, cfg.APIServers)
 	}
 
@@ -848,7 +850,10 @@ func (sc *ScaleSummary) writeText(p func(string, ...any), s *Summary) {
 	p("          %d services × %d endpoints per member: %d Services and EndpointSlices, %d endpoints; %d hostnames, each in up to %d members; registered in %.1fs",
 		c.ServicesPerMember, c.EndpointsPerService, c.Members*c.ServicesPerMember, c.Endpoints, c.Services, c.APIServers, sc.SecretsSeconds)
 	scoped := "NOT honoured (the hub watches every namespace of a member's API server)"
-	if sc.WatchScoped {
+	switch {
+	case c.Unscoped:
+		scoped = "not set (--watch-scope=false: every member watches every namespace of its API server)"
+	case sc.WatchScoped:
 		scoped = "honoured"
 	}
 	p("  watch-namespaces          %s: services have endpoints in %d–%d members (want %d); members' watch scope %v; objects per member ≤ %v",
