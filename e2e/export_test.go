@@ -123,7 +123,7 @@ func TestExportModes(t *testing.T) {
 		}
 		first := fromWest.waitFor(t, 60*time.Second, "an answer from east-1", func(l clientLine) bool { return l.text == "ok east-1" })
 		answers(t, fromWest, "west-1", "east-1")
-		t.Logf("ServiceExport created → hub's EDS push to west's client %s after, its first answer from east %s after (debounce-after 100ms)",
+		t.Logf("ServiceExport created → hub's EDS push to west's client %s after, its first answer from east %s after (the push waits for the hub's adaptive debounce: members just synced)",
 			edsSentAt(t, h, west.Name).Sub(created).Round(time.Millisecond), first.at.Sub(created).Round(time.Millisecond))
 		answers(t, fromEast, "east-1") // west still exports nothing
 
