@@ -274,10 +274,42 @@ func TestIstiodTakesFederationOverPlaintext(t *testing.T) {
 	if err := localcluster.ApplyService(ctx, kc, ns, "echo", "http", 8080, []localcluster.Backend{{IP: "198.18.42.1", Port: 8080}}); err != nil {
 		t.Fatal(err)
 	}
+	// A Service offered to east only (hub.federation/export-to): istiod's
+	// config-source client names no member, so it gets the set every
+	// member gets, without it.
+	if err := localcluster.ApplyService(ctx, kc, ns, "limited", "http", 8080, []localcluster.Backend{{IP: "198.18.42.2", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	limited, err := kc.CoreV1().Services(ns).Get(ctx, "limited", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited.Annotations = map[string]string{"hub.federation/export-to": east.Name}
+	if _, err := kc.CoreV1().Services(ns).Update(ctx, limited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	h := startHub(t, home, "--namespace", hubNamespace(t, home), "--trust-domain", "mcpplain.test")
 	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, {Address: "xds://" + h.xdsAddr}}})
 	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
 	if !strings.Contains(string(se.Spec), "198.18.42.1") {
 		t.Errorf("the ServiceEntry istiod took over plaintext: %s; want endpoint 198.18.42.1", se.Spec)
 	}
+	list, err := p.configz()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range list {
+		if c.Key() == "ServiceEntry/"+ns+"/hub-limited" {
+			t.Errorf("an istiod that names no member took %s, offered to %s only", c.Key(), east.Name)
+		}
+	}
+	// Offered to every member, it arrives.
+	if limited, err = kc.CoreV1().Services(ns).Get(ctx, "limited", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	limited.Annotations = nil
+	if _, err := kc.CoreV1().Services(ns).Update(ctx, limited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitConfig(t, time.Minute, "ServiceEntry/"+ns+"/hub-limited", false)
 }

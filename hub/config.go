@@ -27,7 +27,7 @@ const configLabel = "MCP"
 // xDS generator (xdsgen).
 func (w *watcher) all(typeURL string, v xdsgen.View) (xdsgen.WildcardSet, error) {
 	if mcp.IsConfigType(typeURL) {
-		set, err := w.config.Set(typeURL)
+		set, err := w.config.Set(typeURL, v.Client)
 		if err != nil {
 			return xdsgen.WildcardSet{}, err
 		}

@@ -31,8 +31,16 @@ const serviceEntryType = "networking.istio.io/v1/ServiceEntry"
 // istiodNode is the node istiod's config-source client (adsc) sends: an
 // ID without a proxy type or IP, GENERATOR=api, ISTIO_VERSION, no
 // CLUSTER_ID.
-func istiodNode() *corev3.Node {
-	meta, _ := structpb.NewStruct(map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.1"})
+func istiodNode() *corev3.Node { return istiodNodeOf("") }
+
+// istiodNodeOf is istiodNode with a CLUSTER_ID when cluster is set (a
+// config-source client configured to name its member).
+func istiodNodeOf(cluster string) *corev3.Node {
+	fields := map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.1"}
+	if cluster != "" {
+		fields["CLUSTER_ID"] = cluster
+	}
+	meta, _ := structpb.NewStruct(fields)
 	return &corev3.Node{Id: "~~istiod-0.istio-system~istio-system.svc.cluster.local", Metadata: meta}
 }
 
@@ -42,9 +50,13 @@ func istiodNode() *corev3.Node {
 type istiodStream struct {
 	t      *testing.T
 	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	node   *corev3.Node
 }
 
-func openIstiod(t *testing.T, addr string) *istiodStream {
+func openIstiod(t *testing.T, addr string) *istiodStream { return openIstiodOf(t, addr, "") }
+
+// openIstiodOf opens an istiod stream whose node names member cluster.
+func openIstiodOf(t *testing.T, addr, cluster string) *istiodStream {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -57,12 +69,13 @@ func openIstiod(t *testing.T, addr string) *istiodStream {
 	if err != nil {
 		t.Fatal(err)
 	}
+	node := istiodNodeOf(cluster)
 	for _, typeURL := range istiodConfigTypes {
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typeURL}); err != nil {
+		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return &istiodStream{t: t, stream: stream}
+	return &istiodStream{t: t, stream: stream, node: node}
 }
 
 // recv returns the next response, ACKed as adsc does (nonce, version, no
@@ -83,7 +96,7 @@ func (s *istiodStream) recv() *discoveryv3.DiscoveryResponse {
 		if r.err != nil {
 			s.t.Fatalf("receiving: %v", r.err)
 		}
-		if err := s.stream.Send(&discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: r.resp.TypeUrl, VersionInfo: r.resp.VersionInfo, ResponseNonce: r.resp.Nonce}); err != nil {
+		if err := s.stream.Send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: r.resp.TypeUrl, VersionInfo: r.resp.VersionInfo, ResponseNonce: r.resp.Nonce}); err != nil {
 			s.t.Fatalf("ACK: %v", err)
 		}
 		return r.resp
@@ -315,4 +328,32 @@ func TestConfigTypesPerStreamAreBounded(t *testing.T) {
 		}
 	}
 	t.Fatalf("a stream asking for %d types was not refused", maxTypesPerStream+1)
+}
+
+// TestIstiodExportTo: a member's view annotated hub.federation/export-to
+// reaches the istiods of the members named only (the member the stream
+// names: here its node's CLUSTER_ID on the plaintext port).
+func TestIstiodExportTo(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	echo := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
+	h.index.UpdateService("west", echo, echoMember("10.1.0.1"))
+	limited := echoMember("10.2.0.1")
+	limited.ExportTo = []string{"north"}
+	h.index.UpdateService("east", echo, limited)
+	firstSE := func(s *istiodStream) []string {
+		for {
+			if resp := s.recv(); resp.TypeUrl == serviceEntryType {
+				_, specs := serviceEntries(t, resp)
+				return addresses(specs["demo/hub-echo"])
+			}
+		}
+	}
+	if got, want := firstSE(openIstiodOf(t, addr, "north")), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+		t.Errorf("north's istiod: %v, want %v", got, want)
+	}
+	for _, member := range []string{"south", ""} {
+		if got, want := firstSE(openIstiodOf(t, addr, member)), []string{"west=10.1.0.1"}; !slices.Equal(got, want) {
+			t.Errorf("istiod of %q: %v, want %v", member, got, want)
+		}
+	}
 }

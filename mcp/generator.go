@@ -83,6 +83,12 @@ type Generator struct {
 	dirty   map[string]struct{} // hostnames changed since the set was built
 	built   bool                // entries reflect the whole index but for dirty
 	set     *Set                // the ServiceEntry set; nil: rebuild from entries
+	// variants are, for the hostnames with views offered to some members
+	// only (hub.federation/export-to), the ServiceEntry each member named
+	// gets instead of entries' (nil: none, the host is absent for it);
+	// memberSets the ServiceEntry sets of members, cleared with set.
+	variants   map[string]map[string]*entry
+	memberSets map[string]*Set
 	// policyKinds are the distributed objects by kind (distribute.CanonicalKind).
 	policyKinds map[string]*policyKind
 }
@@ -104,7 +110,8 @@ func New(index Index, opts Options) *Generator {
 		opts.Now = time.Now
 	}
 	return &Generator{index: index, domain: opts.FederatedDomain, now: opts.Now, policy: opts.Policy,
-		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{}}
+		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
+		variants: map[string]map[string]*entry{}, memberSets: map[string]*Set{}}
 }
 
 // Invalidate records that the federated view of these hostnames changed.
@@ -119,13 +126,14 @@ func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 	}
 }
 
-// Set returns the full state of an Istio config type (IsConfigType): for
-// networking.istio.io/<any version>/ServiceEntry the federated
-// ServiceEntries, and for every kind the objects distributed from the home
-// cluster (Options.Policy); an empty set for a kind with neither. The
-// caller echoes the type URL it was asked for; the resources are the same
-// for every version.
-func (g *Generator) Set(typeURL string) (Set, error) {
+// Set returns the full state of an Istio config type (IsConfigType) for
+// the istiod of member: for networking.istio.io/<any version>/ServiceEntry
+// the federated ServiceEntries (of the views offered to every member, and
+// to member by hub.federation/export-to), and for every kind the objects
+// distributed from the home cluster (Options.Policy); an empty set for a
+// kind with neither. The caller echoes the type URL it was asked for; the
+// resources are the same for every version.
+func (g *Generator) Set(typeURL, member string) (Set, error) {
 	group, _, kindName, ok := typeURLParts(typeURL)
 	if !ok {
 		return Set{}, fmt.Errorf("%q is not an Istio config type URL", typeURL)
@@ -147,12 +155,37 @@ func (g *Generator) Set(typeURL string) (Set, error) {
 	}
 	if g.set == nil {
 		g.set = g.buildSetLocked()
+		clear(g.memberSets)
 	}
+	set := g.memberSetLocked(member)
 	if len(distributed) == 0 {
-		return *g.set, nil
+		return *set, nil
 	}
-	return *setOf(merge(g.sortedEntriesLocked(), distributed)), nil
+	return *setOf(merge(g.sortedEntriesLocked(member), distributed)), nil
 }
+
+// memberSetLocked is the ServiceEntry set of member's istiod: the shared
+// one unless a hostname has a variant for it.
+func (g *Generator) memberSetLocked(member string) *Set {
+	if set, ok := g.memberSets[member]; ok {
+		return set
+	}
+	set := g.set
+	for _, byMember := range g.variants {
+		if _, ok := byMember[member]; ok {
+			set = setOf(g.sortedEntriesLocked(member))
+			break
+		}
+	}
+	if len(g.memberSets) < maxMemberSets {
+		g.memberSets[member] = set
+	}
+	return set
+}
+
+// maxMemberSets bounds the member sets kept (member IDs come from clients:
+// one not named by any export-to gets the shared set, kept or not).
+const maxMemberSets = 1024
 
 // refreshLocked rebuilds the entries of the changed hostnames (of every
 // hostname the first time), with g.mu held. Reading the index under g.mu
@@ -179,19 +212,64 @@ func (g *Generator) refreshLocked() error {
 	return nil
 }
 
-// rebuildLocked regenerates one hostname's entry and reports whether it
+// rebuildLocked regenerates one hostname's entry, and its variants for
+// the members its views' export-to lists name, and reports whether any
 // changed (appeared, went, or got a new version).
 func (g *Generator) rebuildLocked(host string) (bool, error) {
-	old := g.entries[host]
-	se := buildServiceEntry(g.index.Service(host), g.domain)
-	if se == nil {
+	members := g.index.Service(host)
+	e, changed, err := g.entryLocked(members, "", g.entries[host])
+	if err != nil {
+		return false, err
+	}
+	if e == nil {
 		delete(g.entries, host)
-		return old != nil, nil
+	} else {
+		g.entries[host] = e
+	}
+	named := map[string]bool{}
+	for _, s := range members {
+		if !s.NotExported {
+			for _, id := range s.ExportTo {
+				named[id] = true
+			}
+		}
+	}
+	old := g.variants[host]
+	if len(named) == 0 {
+		delete(g.variants, host)
+		return changed || len(old) > 0, nil
+	}
+	variants := make(map[string]*entry, len(named))
+	for id := range named {
+		prev, had := old[id]
+		v, vchanged, err := g.entryLocked(members, id, prev)
+		if err != nil {
+			return false, err
+		}
+		variants[id] = v
+		changed = changed || vchanged || !had
+	}
+	for id := range old {
+		if !named[id] {
+			changed = true
+		}
+	}
+	g.variants[host] = variants
+	return changed, nil
+}
+
+// entryLocked builds the ServiceEntry of a hostname's views offered to
+// audience (buildServiceEntry) and reports whether it differs from old,
+// which it stands in for (its create_time kept when no member knows one).
+func (g *Generator) entryLocked(members map[string]*clusters.Service, audience string, old *entry) (*entry, bool, error) {
+	se := buildServiceEntry(members, g.domain, audience)
+	if se == nil {
+		return nil, old != nil, nil
 	}
 	name := se.namespace + "/" + se.name
 	version, err := contentVersion(se)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	created := se.created
 	if created.IsZero() { // no member knows when it was created: keep the first stamp
@@ -201,24 +279,36 @@ func (g *Generator) rebuildLocked(host string) (bool, error) {
 		}
 	}
 	if old != nil && old.name == name && old.version == version && old.created.Equal(created) {
-		return false, nil
+		return old, false, nil
 	}
 	e, err := marshalEntry(name, version, created, se)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
-	g.entries[host] = e
-	return true, nil
+	return e, true, nil
 }
 
 // buildSetLocked collects the entries into a set sorted by name.
-func (g *Generator) buildSetLocked() *Set { return setOf(g.sortedEntriesLocked()) }
+func (g *Generator) buildSetLocked() *Set { return setOf(g.sortedEntriesLocked("")) }
 
-// sortedEntriesLocked lists the federated ServiceEntries sorted by name.
-func (g *Generator) sortedEntriesLocked() []*entry {
+// sortedEntriesLocked lists the federated ServiceEntries member's istiod
+// gets ("": the shared ones), sorted by name.
+func (g *Generator) sortedEntriesLocked(member string) []*entry {
 	list := make([]*entry, 0, len(g.entries))
-	for _, e := range g.entries {
-		list = append(list, e)
+	for host, e := range g.entries {
+		if v, ok := g.variants[host][member]; ok && member != "" {
+			e = v
+		}
+		if e != nil {
+			list = append(list, e)
+		}
+	}
+	if member != "" {
+		for host, byMember := range g.variants {
+			if v := byMember[member]; v != nil && g.entries[host] == nil {
+				list = append(list, v) // offered to some members only
+			}
+		}
 	}
 	slices.SortFunc(list, func(a, b *entry) int { return strings.Compare(a.name, b.name) })
 	return list

@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"reflect"
 	"sort"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ func TestGeneratorSetVersions(t *testing.T) {
 	echo := x.set("west", echoView("demo", "echo", "10.0.0.1"), "demo", "echo")
 	web := x.set("east", echoView("shop", "web", "10.9.0.1"), "shop", "web")
 
-	s1, err := g.Set(seType)
+	s1, err := g.Set(seType, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestGeneratorSetVersions(t *testing.T) {
 	// the same version, the same shared bytes.
 	g.Invalidate(map[string]struct{}{echo: {}, web: {}})
 	x.set("west", echoView("demo", "echo", "10.0.0.1"), "demo", "echo") // a new, equal view
-	s2, _ := g.Set(seType)
+	s2, _ := g.Set(seType, "")
 	if s2.Version != s1.Version || s2.Resources[0] != s1.Resources[0] || s2.Resources[1] != s1.Resources[1] {
 		t.Errorf("unchanged content: version %s → %s (resources shared: %v); want the same set", s1.Version, s2.Version, s2.Resources[0] == s1.Resources[0])
 	}
@@ -125,7 +126,7 @@ func TestGeneratorSetVersions(t *testing.T) {
 	now = now.Add(time.Hour)
 	x.set("west", echoView("demo", "echo", "10.0.0.1", "10.0.0.2"), "demo", "echo")
 	g.Invalidate(map[string]struct{}{echo: {}})
-	s3, _ := g.Set(seType)
+	s3, _ := g.Set(seType, "")
 	metas3, specs3 := decode(t, s3)
 	if s3.Version == s2.Version || metas3["demo/hub-echo"].Version == m.Version {
 		t.Errorf("endpoint added: set %s → %s, object %s → %s; want both to change", s2.Version, s3.Version, m.Version, metas3["demo/hub-echo"].Version)
@@ -142,7 +143,7 @@ func TestGeneratorSetVersions(t *testing.T) {
 
 	// An invalidation without a change in the index: nothing moves.
 	g.Invalidate(map[string]struct{}{echo: {}})
-	if s4, _ := g.Set(seType); s4.Version != s3.Version {
+	if s4, _ := g.Set(seType, ""); s4.Version != s3.Version {
 		t.Errorf("no change: version %s → %s", s3.Version, s4.Version)
 	}
 
@@ -151,14 +152,14 @@ func TestGeneratorSetVersions(t *testing.T) {
 	optOut.NotExported = true
 	x.set("west", optOut, "demo", "echo")
 	g.Invalidate(map[string]struct{}{echo: {}})
-	s5, _ := g.Set(seType)
+	s5, _ := g.Set(seType, "")
 	if _, specs5 := decode(t, s5); len(specs5) != 1 || specs5["shop/hub-web"] == nil {
 		t.Errorf("after the opt-out: %v, want only shop/hub-web", specs5)
 	}
 	x.set("west", nil, "demo", "echo")
 	x.set("east", nil, "shop", "web")
 	g.Invalidate(map[string]struct{}{echo: {}, web: {}})
-	if s6, _ := g.Set(seType); len(s6.Resources) != 0 || s6.Version != emptySet.Version {
+	if s6, _ := g.Set(seType, ""); len(s6.Resources) != 0 || s6.Version != emptySet.Version {
 		t.Errorf("everything gone: %d resources, version %s; want an empty set", len(s6.Resources), s6.Version)
 	}
 }
@@ -167,7 +168,7 @@ func TestGeneratorEveryKind(t *testing.T) {
 	x := &fakeIndex{}
 	x.set("west", echoView("demo", "echo", "10.0.0.1"), "demo", "echo")
 	g := New(x, Options{FederatedDomain: "mesh.example"})
-	v1, err := g.Set(seType)
+	v1, err := g.Set(seType, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestGeneratorEveryKind(t *testing.T) {
 		t.Errorf("hosts %v, want echo.demo.svc.mesh.example", specs["demo/hub-echo"].GetHosts())
 	}
 	// A pre-1.24 istiod asks for v1alpha3: the same resources.
-	old, _ := g.Set("networking.istio.io/v1alpha3/ServiceEntry")
+	old, _ := g.Set("networking.istio.io/v1alpha3/ServiceEntry", "")
 	if old.Version != v1.Version || len(old.Resources) != 1 || old.Resources[0] != v1.Resources[0] {
 		t.Errorf("v1alpha3: %d resources version %s; want v1's", len(old.Resources), old.Version)
 	}
@@ -183,12 +184,12 @@ func TestGeneratorEveryKind(t *testing.T) {
 		if typeURL == seType {
 			continue
 		}
-		set, err := g.Set(typeURL)
+		set, err := g.Set(typeURL, "")
 		if err != nil || len(set.Resources) != 0 || set.Version == "" {
 			t.Errorf("Set(%s) = %d resources, version %q, %v; want an empty list with a version", typeURL, len(set.Resources), set.Version, err)
 		}
 	}
-	if _, err := g.Set("type.googleapis.com/envoy.config.cluster.v3.Cluster"); err == nil {
+	if _, err := g.Set("type.googleapis.com/envoy.config.cluster.v3.Cluster", ""); err == nil {
 		t.Error("Set of an Envoy type: want an error")
 	}
 }
@@ -207,7 +208,7 @@ func TestGeneratorCreateTimeIsTheOldestServiceCreation(t *testing.T) {
 
 	createTime := func(g *Generator) (time.Time, string) {
 		t.Helper()
-		s, err := g.Set(seType)
+		s, err := g.Set(seType, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -240,4 +241,74 @@ func TestGeneratorCreateTimeIsTheOldestServiceCreation(t *testing.T) {
 	if got3, v3 := createTime(g1); !got3.Equal(older) || v3 == v1 {
 		t.Errorf("after an older member joined: create_time %v version %s; want %v and a new version", got3, v3, older)
 	}
+}
+
+// TestGeneratorExportTo: a view annotated hub.federation/export-to reaches
+// the istiods of the members it names only, in a variant of its
+// hostname's ServiceEntry; every other istiod shares the set without it.
+func TestGeneratorExportTo(t *testing.T) {
+	x := &fakeIndex{}
+	g := New(x, Options{})
+	echo := x.set("west", echoView("demo", "echo", "10.0.0.1"), "demo", "echo")
+	east := echoView("demo", "echo", "10.0.0.2")
+	east.ExportTo = []string{"north"}
+	x.set("east", east, "demo", "echo")
+	only := echoView("demo", "only", "10.0.0.3")
+	only.ExportTo = []string{"north", "south"}
+	onlyHost := x.set("east", only, "demo", "only")
+	kept := echoView("demo", "kept", "10.0.0.4")
+	kept.NotExported = true
+	x.set("east", kept, "demo", "kept")
+
+	endpoints := func(member string) map[string][]string {
+		t.Helper()
+		set, err := g.Set(seType, member)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, specs := decode(t, set)
+		out := map[string][]string{}
+		for name, se := range specs {
+			for _, ep := range se.Endpoints {
+				out[name] = append(out[name], ep.Address)
+			}
+			sort.Strings(out[name])
+		}
+		return out
+	}
+	shared := map[string][]string{"demo/hub-echo": {"10.0.0.1"}}
+	for _, member := range []string{"", "west", "east", "unknown"} {
+		if got := endpoints(member); !reflect.DeepEqual(got, shared) {
+			t.Errorf("istiod of %q gets %v, want %v", member, got, shared)
+		}
+	}
+	if got, want := endpoints("north"), map[string][]string{"demo/hub-echo": {"10.0.0.1", "10.0.0.2"}, "demo/hub-only": {"10.0.0.3"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("north's istiod gets %v, want %v", got, want)
+	}
+	if got, want := endpoints("south"), map[string][]string{"demo/hub-echo": {"10.0.0.1"}, "demo/hub-only": {"10.0.0.3"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("south's istiod gets %v, want %v", got, want)
+	}
+	if a, b := mustSet(t, g, "west"), mustSet(t, g, ""); a.Version != b.Version {
+		t.Errorf("a member no export-to names gets version %s, the shared set is %s", a.Version, b.Version)
+	}
+
+	// The list dropped: every istiod gets it, and the variants go.
+	only.ExportTo = nil
+	x.set("east", only, "demo", "only")
+	g.Invalidate(map[string]struct{}{onlyHost: {}, echo: {}})
+	if got := endpoints("west"); len(got["demo/hub-only"]) != 1 {
+		t.Errorf("west's istiod gets %v after the export-to list went", got)
+	}
+	if got := endpoints("south"); !reflect.DeepEqual(got, endpoints("")) {
+		t.Errorf("south's istiod gets %v, the shared set %v", got, endpoints(""))
+	}
+}
+
+func mustSet(t *testing.T, g *Generator, member string) Set {
+	t.Helper()
+	s, err := g.Set(seType, member)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -49,7 +49,7 @@ func TestDistributedObjects(t *testing.T) {
 	p := &fakePolicy{objects: map[string][]distribute.Object{}, complete: map[string]bool{}}
 	g := New(&fakeIndex{}, Options{Policy: p})
 	p.put(paKind, true, strict("istio-system", "default", "v1"), strict("a", "pa", "v1"))
-	s1, err := g.Set(paKind)
+	s1, err := g.Set(paKind, "")
 	if err != nil || len(s1.Resources) != 2 {
 		t.Fatalf("Set = %d resources, %v; want 2", len(s1.Resources), err)
 	}
@@ -67,26 +67,26 @@ func TestDistributedObjects(t *testing.T) {
 	if !proto.Equal(&pa, strict("", "", "").Spec) {
 		t.Errorf("body %v", &pa)
 	}
-	if s, _ := g.Set("security.istio.io/v1beta1/PeerAuthentication"); s.Version != s1.Version {
+	if s, _ := g.Set("security.istio.io/v1beta1/PeerAuthentication", ""); s.Version != s1.Version {
 		t.Errorf("another version of the kind gets set %s; want %s", s.Version, s1.Version)
 	}
-	if s, _ := g.Set(paKind); s.Version != s1.Version || s.Resources[0] != s1.Resources[0] {
+	if s, _ := g.Set(paKind, ""); s.Version != s1.Version || s.Resources[0] != s1.Resources[0] {
 		t.Error("the same objects gave a new set or new bytes")
 	}
 	p.put(paKind, false) // e.g. the watch is re-syncing
-	if s, _ := g.Set(paKind); s.Version != s1.Version {
+	if s, _ := g.Set(paKind, ""); s.Version != s1.Version {
 		t.Error("an incomplete kind did not keep its last list")
 	}
 	p.put(paKind, true, strict("a", "pa", "v2"))
-	if s, _ := g.Set(paKind); s.Version == s1.Version || len(s.Resources) != 1 {
+	if s, _ := g.Set(paKind, ""); s.Version == s1.Version || len(s.Resources) != 1 {
 		t.Errorf("after an edit and a removal: %d resources, version %s", len(s.Resources), s.Version)
 	}
-	if s, _ := g.Set("security.istio.io/v1/AuthorizationPolicy"); len(s.Resources) != 0 {
+	if s, _ := g.Set("security.istio.io/v1/AuthorizationPolicy", ""); len(s.Resources) != 0 {
 		t.Error("a kind with no objects is not empty")
 	}
 	seKind := "networking.istio.io/v1/ServiceEntry"
 	p.put(seKind, true, distribute.Object{Kind: seKind, Namespace: "a", Name: "ext", Version: "v1", Spec: &networking.ServiceEntry{Hosts: []string{"ext.example.com"}}})
-	if s, _ := g.Set(seKind); len(s.Resources) != 1 {
+	if s, _ := g.Set(seKind, ""); len(s.Resources) != 1 {
 		t.Errorf("a distributed ServiceEntry with no federated ones: %d resources", len(s.Resources))
 	}
 }

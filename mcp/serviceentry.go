@@ -46,16 +46,15 @@ type serviceEntry struct {
 // first member in ID order names a port), one endpoint per ready address
 // of every member, in the member's Istio network (clusters.Service.Network,
 // "" for none), labelled security.istio.io/tlsMode=istio when its pod is
-// (clusters.Endpoint.MTLS). Members whose Service is not exported to every
-// member (clusters.Service.Restricted: not exported, or exported to some
-// members only) are left out: every member istiod gets the same set, so a
-// view meant for some members reaches none of their istiods (the hub's own
-// xDS serves it to those members' proxies); nil when none is left, or when
-// the Service has no ports.
-func buildServiceEntry(members map[string]*clusters.Service, domain string) *serviceEntry {
+// (clusters.Endpoint.MTLS). The views are those offered to the istiod of
+// member audience: not kept home (clusters.Service.NotExported), and
+// either offered to every member or, by hub.federation/export-to, to
+// audience ("": to every member only); nil when none is left, or when the
+// Service has no ports.
+func buildServiceEntry(members map[string]*clusters.Service, domain, audience string) *serviceEntry {
 	ids := make([]string, 0, len(members))
 	for id, svc := range members {
-		if !svc.Restricted() {
+		if !svc.NotExported && (svc.ExportTo == nil || audience != "" && slices.Contains(svc.ExportTo, audience)) {
 			ids = append(ids, id)
 		}
 	}

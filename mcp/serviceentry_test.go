@@ -67,7 +67,7 @@ func TestBuildServiceEntry(t *testing.T) {
 		},
 	}
 	west.Network = "net-west"
-	got := buildServiceEntry(map[string]*clusters.Service{"west": west, "east": east}, "clusterset.local")
+	got := buildServiceEntry(map[string]*clusters.Service{"west": west, "east": east}, "clusterset.local", "")
 	if got.namespace != "demo" || got.name != "hub-echo" {
 		t.Errorf("object %s/%s, want demo/hub-echo", got.namespace, got.name)
 	}
@@ -103,17 +103,17 @@ func TestBuildServiceEntryExportOptOut(t *testing.T) {
 			Endpoints: []clusters.Endpoint{{Address: "10.0.0." + member, Port: 80, ServicePort: 80}},
 		}
 	}
-	got := buildServiceEntry(map[string]*clusters.Service{"1": svc("1", false), "2": svc("2", true)}, "clusterset.local")
+	got := buildServiceEntry(map[string]*clusters.Service{"1": svc("1", false), "2": svc("2", true)}, "clusterset.local", "")
 	if len(got.spec.Endpoints) != 1 || got.spec.Endpoints[0].Address != "10.0.0.1" {
 		t.Errorf("endpoints %v, want only member 1's (member 2 opted out)", got.spec.Endpoints)
 	}
-	if se := buildServiceEntry(map[string]*clusters.Service{"2": svc("2", true)}, "clusterset.local"); se != nil {
+	if se := buildServiceEntry(map[string]*clusters.Service{"2": svc("2", true)}, "clusterset.local", ""); se != nil {
 		t.Errorf("every member opted out: got %v, want no ServiceEntry", se.spec)
 	}
-	if se := buildServiceEntry(map[string]*clusters.Service{"1": {Namespace: "demo", Name: "headless"}}, "clusterset.local"); se != nil {
+	if se := buildServiceEntry(map[string]*clusters.Service{"1": {Namespace: "demo", Name: "headless"}}, "clusterset.local", ""); se != nil {
 		t.Errorf("a Service without ports: got %v, want no ServiceEntry", se.spec)
 	}
-	if se := buildServiceEntry(nil, "clusterset.local"); se != nil {
+	if se := buildServiceEntry(nil, "clusterset.local", ""); se != nil {
 		t.Errorf("no member: got %v, want no ServiceEntry", se.spec)
 	}
 }
@@ -127,12 +127,12 @@ func TestBuildServiceEntryDeterministic(t *testing.T) {
 		addr := "10.0.0." + string(rune('0'+i%10)) + string(rune('0'+i/10))
 		svc.Endpoints = append(svc.Endpoints, clusters.Endpoint{Address: addr, Port: 80, ServicePort: 80}, clusters.Endpoint{Address: addr, Port: 90, ServicePort: 90})
 	}
-	first, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x"))
+	first, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
-		v, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x"))
+		v, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", ""))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,6 +36,10 @@ type Index struct {
 	// not have (clusters.Service.Restricted): only those hostnames'
 	// resources differ between members (Audience).
 	restricted map[string]int
+	// named counts, per member ID, the views whose export-to lists name it
+	// (clusters.Service.ExportTo): such a member is known (KnownMember)
+	// even before it has views of its own.
+	named map[string]int
 }
 
 // NewIndex creates an empty index that reports the hostnames whose view
@@ -51,6 +55,7 @@ func NewIndex(domainSuffix string, changes *Changes) *Index {
 		demoted:      map[string]clusters.State{},
 		localities:   map[string]int{},
 		restricted:   map[string]int{},
+		named:        map[string]int{},
 	}
 }
 
@@ -200,9 +205,17 @@ func (x *Index) setLocked(cluster string, key clusters.ServiceKey, svc *clusters
 		if x.restricted[host]--; x.restricted[host] == 0 {
 			delete(x.restricted, host)
 		}
+		for _, id := range old.ExportTo {
+			if x.named[id]--; x.named[id] == 0 {
+				delete(x.named, id)
+			}
+		}
 	}
 	if svc != nil && svc.Restricted() {
 		x.restricted[host]++
+		for _, id := range svc.ExportTo {
+			x.named[id]++
+		}
 	}
 	if svc == nil {
 		delete(x.byCluster[cluster], key)
@@ -286,12 +299,13 @@ func (x *Index) KnownLocality(region, zone string) (string, string) {
 // a valid label value, so no endpoint is in it).
 const UnknownLocality = "(other)"
 
-// KnownMember reports whether a member has views in the index.
+// KnownMember reports whether a member has views in the index, or is named
+// by a view's export-to list (a client of it gets what is exported to it).
 func (x *Index) KnownMember(cluster string) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	_, ok := x.byCluster[cluster]
-	return ok
+	return ok || x.named[cluster] > 0
 }
 
 func (x *Index) notify(changed []string) {
