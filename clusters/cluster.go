@@ -1,6 +1,7 @@
 package clusters
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,8 +83,12 @@ type Cluster struct {
 	// Secrets), by kind; each watch counts its own.
 	counts kindCounts
 
-	// exportMode says which Services are exported (--export-mode).
+	// exportMode says which Services are exported (--export-mode);
+	// exportsOn, in export mode serviceexport, that the member serves
+	// ServiceExports and their informers run (watchServiceExportsWhenServed).
 	exportMode ExportMode
+	exportPoll time.Duration
+	exportsOn  atomic.Bool
 
 	// scope is what the member's Secret says to watch (WatchScope);
 	// watches are the namespaces watched, by name ("" for every
@@ -178,8 +183,11 @@ type clusterDeps struct {
 	secretEvents SecretEvents
 	// isLeader says whether this replica writes into members (nil: it does).
 	isLeader func() bool
-	// exportMode says which Services are exported ("": ExportAll).
+	// exportMode says which Services are exported ("": ExportAll);
+	// exportPoll how often a member without ServiceExports is asked
+	// again (0: serviceExportPoll).
 	exportMode ExportMode
+	exportPoll time.Duration
 }
 
 func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps clusterDeps) (*Cluster, error) {
@@ -222,6 +230,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		plaintext:  map[ServiceKey]int{},
 		isLeader:   deps.isLeader,
 		exportMode: deps.exportMode,
+		exportPoll: cmp.Or(deps.exportPoll, serviceExportPoll),
 
 		gatewayKick: make(chan struct{}, 1),
 
@@ -345,8 +354,9 @@ func (c *Cluster) run(ctx context.Context) {
 	// pods): wait for them a little, so that the first view already marks
 	// the mTLS endpoints, but never hold the member up for them.
 	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
+	exportsServed := c.exportMode == ExportServiceExport && c.watchServiceExportsWhenServed(ctx, meshCtx, &wg)
 	for _, w := range c.watchList() {
-		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced()...)
+		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced(exportsServed)...)
 	}
 	cancelMesh()
 	c.mu.Lock()

@@ -1,11 +1,15 @@
 package clusters
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/metadata/metadatainformer"
@@ -122,6 +126,71 @@ func (c *Cluster) watchServiceExports(w *nsWatch) error {
 	}
 	w.exports = &serviceExports{factory: factory, inf: inf}
 	return nil
+}
+
+// serviceExportsServed reports whether the member's API server serves
+// ServiceExports (the CRD is installed): false only when it says it does
+// not (404), so that the first publish does not wait for an informer that
+// cannot list.
+func (c *Cluster) serviceExportsServed(ctx context.Context) bool {
+	err := c.client.Discovery().RESTClient().Get().AbsPath("/apis", ServiceExportGVR.Group, ServiceExportGVR.Version).Do(optionalRequest(ctx)).Error()
+	return !apierrors.IsNotFound(err)
+}
+
+// serviceExportPoll is how often a member that does not serve
+// ServiceExports is asked again whether it does.
+const serviceExportPoll = 30 * time.Second
+
+// watchServiceExportsWhenServed runs the member's ServiceExport informers
+// once its API server serves ServiceExports (export mode serviceexport):
+// at once if it does now (reported true: the first publish may wait for
+// them), else when a poll finds the CRD installed (every Service is then
+// rebuilt once they are listed). An informer on a resource the server
+// does not serve would fail every list, and say so in the log, for as
+// long as it ran.
+func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *sync.WaitGroup) bool {
+	if c.serviceExportsServed(first) {
+		c.enableServiceExports()
+		return true
+	}
+	c.log.Info("the member does not serve ServiceExports (multicluster.x-k8s.io CRD absent): none of its Services is exported; asking again", "every", c.exportPoll.String())
+	wg.Go(func() {
+		t := time.NewTicker(c.exportPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if c.serviceExportsServed(ctx) {
+				c.log.Info("the member serves ServiceExports now")
+				// Every Service is rebuilt once they are listed: those
+				// without one now say so instead of "not listed".
+				if cache.WaitForCacheSync(ctx.Done(), c.enableServiceExports()...) {
+					c.enqueueAll()
+				}
+				return
+			}
+		}
+	})
+	return false
+}
+
+// enableServiceExports starts every watch's ServiceExport informer, and
+// those of watches added later, and returns whether those started synced.
+func (c *Cluster) enableServiceExports() []cache.InformerSynced {
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	c.exportsOn.Store(true)
+	var synced []cache.InformerSynced
+	for _, w := range c.watches {
+		w.startExports()
+		if w.exports != nil {
+			synced = append(synced, w.exports.inf.HasSynced)
+		}
+	}
+	return synced
 }
 
 // serviceExported reports whether Service namespace/name has a

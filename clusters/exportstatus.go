@@ -42,6 +42,10 @@ type ExportStatus struct {
 	Conditions []ExportCondition
 	Written    bool
 	WriteError string
+	// resourceVersion is the ServiceExport's after the hub wrote (or
+	// found) these conditions: while the cache still has it and the
+	// conditions are the same, nothing is read or written.
+	resourceVersion string
 }
 
 // exportStatus sits in front of the Sink (export mode serviceexport): it
@@ -161,16 +165,33 @@ func (e *exportStatus) run(ctx context.Context) {
 		keys := slices.Collect(maps.Keys(e.dirty))
 		clear(e.dirty)
 		e.mu.Unlock()
-		for _, c := range e.members() {
-			for _, key := range keys {
-				if ctx.Err() != nil {
-					return
+		// Members in parallel (each its own API server and client), each
+		// member's Services one after the other.
+		members := make(chan *Cluster)
+		var wg sync.WaitGroup
+		for range exportStatusWriters {
+			wg.Go(func() {
+				for c := range members {
+					for _, key := range keys {
+						if ctx.Err() != nil {
+							break
+						}
+						e.reconcile(ctx, c, key)
+					}
 				}
-				e.reconcile(ctx, c, key)
-			}
+			})
 		}
+		for _, c := range e.members() {
+			members <- c
+		}
+		close(members)
+		wg.Wait()
 	}
 }
+
+// exportStatusWriters bounds the members whose ServiceExports are worked
+// on at once.
+const exportStatusWriters = 8
 
 // reconcile works out the conditions of one member's ServiceExport of a
 // Service (none: nothing to do) and writes them when they changed.
@@ -187,8 +208,16 @@ func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey
 	e.mu.Unlock()
 	_, err := c.services.Services(key.Namespace).Get(key.Name)
 	conds := exportConditions(c.id, apierrors.IsNotFound(err) || !c.federates(key.Namespace), others)
+	cached := c.serviceExportVersion(key)
+	e.mu.Lock()
+	prev, had := e.results[c.id][key]
+	e.mu.Unlock()
+	if had && prev.Written && prev.resourceVersion == cached && slices.Equal(prev.Conditions, conds) {
+		return // written, and the ServiceExport has not changed since
+	}
 	st := ExportStatus{Conditions: conds}
-	werr := c.writeExportStatus(ctx, key, conds)
+	rv, werr := c.writeExportStatus(ctx, key, conds)
+	st.resourceVersion = rv
 	if werr != nil {
 		st.WriteError = werr.Error()
 		e.log.Warn("writing ServiceExport status", "cluster", c.id, "service", key, "error", werr)
@@ -246,13 +275,13 @@ func exportConditions(member string, noService bool, ports map[string][]ServiceP
 // ServiceExport key, keeping each unchanged condition's transition time;
 // nothing when they are already there. It is optional for the member's
 // state: a member that may not write it stays Ready.
-func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds []ExportCondition) error {
+func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds []ExportCondition) (resourceVersion string, err error) {
 	ctx, cancel := context.WithTimeout(optionalRequest(ctx), 10*time.Second)
 	defer cancel()
 	res := c.dynamic.Resource(ServiceExportGVR).Namespace(key.Namespace)
 	cur, err := res.Get(ctx, key.Name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("reading ServiceExport %s: %w", key, err)
+		return "", fmt.Errorf("reading ServiceExport %s: %w", key, err)
 	}
 	have, _, _ := unstructured.NestedSlice(cur.Object, "status", "conditions")
 	now := metav1.Now().UTC().Format(time.RFC3339)
@@ -275,15 +304,30 @@ func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds [
 		out = append(out, m)
 	}
 	if same {
-		return nil
+		return cur.GetResourceVersion(), nil
 	}
 	if err := unstructured.SetNestedSlice(cur.Object, out, "status", "conditions"); err != nil {
-		return err
+		return "", err
 	}
-	if _, err := res.UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("writing ServiceExport %s status: %w", key, err)
+	updated, err := res.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("writing ServiceExport %s status: %w", key, err)
 	}
-	return nil
+	return updated.GetResourceVersion(), nil
+}
+
+// serviceExportVersion is the resource version the cache has of the
+// member's ServiceExport key ("" when none).
+func (c *Cluster) serviceExportVersion(key ServiceKey) string {
+	w := c.watchOf(key.Namespace)
+	if w == nil || w.exports == nil {
+		return ""
+	}
+	obj, ok, _ := w.exports.inf.GetStore().GetByKey(key.Namespace + "/" + key.Name)
+	if m, isMeta := obj.(metav1.Object); ok && isMeta {
+		return m.GetResourceVersion()
+	}
+	return ""
 }
 
 // exportStatuses is what the hub made of a member's ServiceExports.

@@ -109,3 +109,59 @@ func TestServiceExportConditions(t *testing.T) {
 	eventually(t, 30*time.Second, conditions("x1", "web", "Valid=True/ServiceExported", "Conflict=False/NoConflicts"))
 	eventually(t, 10*time.Second, conditions("x2", "web", "Valid=True/ServiceExported", "Conflict=False/NoConflicts"))
 }
+
+// TestServiceExportCRDInstalledLater: in export mode serviceexport a member
+// whose API server does not serve ServiceExports exports nothing (and runs
+// no informer that cannot list); once the CRD is installed, a poll finds it
+// and its ServiceExports count.
+func TestServiceExportCRDInstalledLater(t *testing.T) {
+	ctx := context.Background()
+	sink := newRecordingSink()
+	r, ns := startRegistryWith(t, func(c *Config) {
+		c.SyncTimeout, c.Sink, c.ExportMode, c.ServiceExportPoll = 30*time.Second, sink, ExportServiceExport, 200*time.Millisecond
+	})
+	// The home API server: no test installs the CRD there but this one,
+	// which removes it again.
+	c := env.Cluster("home")
+	kc := kube(t, c)
+	app := "late-" + rand.String(5)
+	if err := localcluster.EnsureNamespace(ctx, kc, app); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kc.CoreV1().Namespaces().Delete(context.Background(), app, metav1.DeleteOptions{}) })
+	if err := localcluster.ApplyService(ctx, kc, app, "web", "http", 80, []localcluster.Backend{{IP: "198.18.41.1", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	secret := localcluster.RemoteSecret(ns, "late", map[string][]byte{"late": c.Kubeconfig()})
+	secret.Annotations = map[string]string{AnnotationWatchNamespaces: app}
+	if _, err := kc.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	key := ServiceKey{Namespace: app, Name: "web"}
+	exported := func(want bool, reason string) func() error {
+		return func() error {
+			svc := sink.service("late", key)
+			if svc == nil || svc.NotExported == want || !strings.Contains(svc.ExportReason, reason) {
+				return fmt.Errorf("web in late: %+v; want exported %v (reason containing %q)", svc, want, reason)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, exported(false, "CRD is absent"))
+
+	d, err := localcluster.InstallServiceExportCRD(ctx, c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = d.Resource(localcluster.CRDGVR).Delete(context.Background(), "serviceexports.multicluster.x-k8s.io", metav1.DeleteOptions{})
+	})
+	eventually(t, 30*time.Second, exported(false, "no ServiceExport"))
+	if _, err := d.Resource(localcluster.ServiceExportGVR).Namespace(app).Create(ctx, localcluster.ServiceExport(app, "web"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, exported(true, ""))
+	if st, _ := r.Cluster("late"); st.Objects["ServiceExport"] != 1 {
+		t.Errorf("late holds %v", st.Objects)
+	}
+}

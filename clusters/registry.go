@@ -74,6 +74,9 @@ type Config struct {
 	// ExportMode says which Services of every member, the home cluster
 	// included, are exported ("": ExportAll).
 	ExportMode ExportMode
+	// ServiceExportPoll is how often a member that does not serve
+	// ServiceExports is asked again (export mode serviceexport; 0: 30 s).
+	ServiceExportPoll time.Duration
 	// Sink receives every member's services.
 	Sink Sink
 	// SecretEvents, if set, is told when members' Secrets change (SDS
@@ -170,7 +173,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		exports:    exports,
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode},
+		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode, exportPoll: cfg.ServiceExportPoll},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},

@@ -127,6 +127,7 @@ type nsWatch struct {
 	synced    []cache.InformerSynced
 	exports   *serviceExports    // export mode serviceexport only
 	counts    kindCounts         // objects held, by kind
+	ctx       context.Context    // nil until started
 	cancel    context.CancelFunc // nil until started
 }
 
@@ -210,27 +211,37 @@ func (c *Cluster) onSlice(obj any) {
 }
 
 // optionalSynced are the watch's informers that a first publish waits
-// for only a little (meshPodsSyncWait): mesh pods and ServiceExports.
-func (w *nsWatch) optionalSynced() []cache.InformerSynced {
+// for only a little (meshPodsSyncWait): mesh pods, and ServiceExports if
+// the member serves them (exports: else their informer cannot list).
+func (w *nsWatch) optionalSynced(exports bool) []cache.InformerSynced {
 	var out []cache.InformerSynced
 	if w.mesh != nil {
 		out = append(out, w.mesh.inf.HasSynced)
 	}
-	if w.exports != nil {
+	if w.exports != nil && exports {
 		out = append(out, w.exports.inf.HasSynced)
 	}
 	return out
 }
 
-// start runs the watch's informers until ctx ends or stop.
-func (w *nsWatch) start(ctx context.Context) {
-	ctx, w.cancel = context.WithCancel(ctx)
-	w.factory.Start(ctx.Done())
+// start runs the watch's informers until ctx ends or stop; its
+// ServiceExport informer only with exports (see startExports).
+func (w *nsWatch) start(ctx context.Context, exports bool) {
+	w.ctx, w.cancel = context.WithCancel(ctx)
+	w.factory.Start(w.ctx.Done())
 	if w.mesh != nil {
-		w.mesh.factory.Start(ctx.Done())
+		w.mesh.factory.Start(w.ctx.Done())
 	}
-	if w.exports != nil {
-		w.exports.factory.Start(ctx.Done())
+	if exports {
+		w.startExports()
+	}
+}
+
+// startExports starts the watch's ServiceExport informer (a no-op when it
+// has none or it runs), once started.
+func (w *nsWatch) startExports() {
+	if w.exports != nil && w.ctx != nil {
+		w.exports.factory.Start(w.ctx.Done())
 	}
 }
 
@@ -280,7 +291,7 @@ func (c *Cluster) addWatch(namespace string, federated bool) error {
 	}
 	c.watches[namespace] = w
 	if c.runCtx != nil {
-		w.start(c.runCtx)
+		w.start(c.runCtx, c.exportsOn.Load())
 	}
 	return nil
 }
@@ -335,7 +346,7 @@ func (c *Cluster) replaceWatchLocked(old *nsWatch, federated bool) error {
 		return nil
 	}
 	ctx := c.runCtx
-	w.start(ctx)
+	w.start(ctx, c.exportsOn.Load())
 	c.replacing.Go(func() {
 		if !cache.WaitForCacheSync(ctx.Done(), w.hasSynced) {
 			w.stop()
@@ -480,7 +491,7 @@ func (c *Cluster) startWatches(ctx context.Context) {
 	c.watchMu.Lock()
 	c.runCtx = ctx
 	for _, w := range c.watches {
-		w.start(ctx)
+		w.start(ctx, c.exportsOn.Load())
 	}
 	c.watchMu.Unlock()
 	if c.selectedFactory != nil {

@@ -16,6 +16,9 @@ import (
 // ServiceExportGVR is the Multi-Cluster Services API's ServiceExport.
 var ServiceExportGVR = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1alpha1", Resource: "serviceexports"}
 
+// CRDGVR is CustomResourceDefinitions.
+var CRDGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
 // InstallServiceExportCRD installs the Multi-Cluster Services API's
 // ServiceExport CRD (as sigs.k8s.io/mcs-api ships it, with a status
 // subresource; schema not enforced) and waits until it is served. It
@@ -40,8 +43,7 @@ func InstallServiceExportCRD(ctx context.Context, cfg *rest.Config) (dynamic.Int
 			}},
 		},
 	}}
-	gvr := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-	if _, err := dc.Resource(gvr).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := dc.Resource(CRDGVR).Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("creating the ServiceExport CRD: %w", err)
 	}
 	for {
