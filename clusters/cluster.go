@@ -100,6 +100,7 @@ type Cluster struct {
 	scope           WatchScope
 	watchMu         sync.RWMutex
 	watches         map[string]*nsWatch
+	wantFederated   map[string]bool // a replaced watch's wanted state (replaceWatchLocked)
 	runCtx          context.Context
 	selectedFactory informers.SharedInformerFactory
 	selected        cache.ResourceEventHandlerRegistration

@@ -275,6 +275,7 @@ func (w *nsWatch) hasSynced() bool {
 func (c *Cluster) addWatch(namespace string, federated bool) error {
 	c.watchMu.Lock()
 	defer c.watchMu.Unlock()
+	c.wantFederated[namespace] = federated
 	if w, ok := c.watches[namespace]; ok {
 		if w.federated != federated {
 			return c.replaceWatchLocked(w, federated)
@@ -307,6 +308,7 @@ func (c *Cluster) removeWatch(namespace string) {
 		return
 	}
 	if namespace == SystemNamespace {
+		c.wantFederated[namespace] = false
 		if w.federated {
 			if err := c.replaceWatchLocked(w, false); err != nil {
 				c.log.Warn("system namespace watch not narrowed", "error", err)
@@ -316,6 +318,7 @@ func (c *Cluster) removeWatch(namespace string) {
 		return
 	}
 	delete(c.watches, namespace)
+	delete(c.wantFederated, namespace)
 	c.watchMu.Unlock()
 	c.retire(w)
 }
@@ -353,12 +356,14 @@ func (c *Cluster) replaceWatchLocked(old *nsWatch, federated bool) error {
 			return
 		}
 		c.watchMu.Lock()
-		current := c.watches[old.namespace] == old
+		// Not when replaced meanwhile, nor when what is wanted changed
+		// back (the old watch is what is wanted then).
+		current := c.watches[old.namespace] == old && c.wantFederated[old.namespace] == federated
 		if current {
 			c.watches[old.namespace] = w
 		}
 		c.watchMu.Unlock()
-		if !current { // replaced again meanwhile
+		if !current {
 			w.stop()
 			return
 		}
@@ -439,7 +444,7 @@ func (c *Cluster) federates(namespace string) bool {
 // (a Namespace informer adds and removes them); the system namespace is
 // watched for gateways in every case.
 func (c *Cluster) watchNamespaces(scope WatchScope) error {
-	c.watches = map[string]*nsWatch{}
+	c.watches, c.wantFederated = map[string]*nsWatch{}, map[string]bool{}
 	c.scope = scope
 	switch {
 	case scope.All():
