@@ -1,4 +1,4 @@
-// Package api is the hub's REST API (DESIGN.md §3.3) on chi, plus the health,
+// Package api is the hub's REST API (docs/architecture.md §3.3) on chi, plus the health,
 // readiness and metrics endpoints. It reads the hub's read models; its only
 // writes are remote Secrets in the home cluster, through clusters.Registrar.
 package api

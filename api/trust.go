@@ -36,7 +36,7 @@ type JWTAuthority struct {
 	KeyID string `json:"keyID"`
 }
 
-// TrustDomain is the JSON form of a trust domain (DESIGN.md §3.3, §3.5).
+// TrustDomain is the JSON form of a trust domain (docs/architecture.md §3.3, §3.5).
 type TrustDomain struct {
 	TrustDomain       string          `json:"trustDomain"`
 	Local             bool            `json:"local"`

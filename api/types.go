@@ -29,7 +29,7 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// Cluster is the JSON form of a member cluster (DESIGN.md §3.3).
+// Cluster is the JSON form of a member cluster (docs/architecture.md §3.3).
 type Cluster struct {
 	ID           string     `json:"id"`
 	Secret       string     `json:"secret"`

@@ -24,7 +24,7 @@ const (
 //
 // A Service port maps to EndpointSlice ports by name (an unnamed Service port
 // to the unnamed slice port). Ready endpoints are Healthy, serving but
-// terminating ones Draining, and all others are left out (DESIGN.md §3.5).
+// terminating ones Draining, and all others are left out (docs/architecture.md §3.5).
 func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string, meshPod func(namespace, name string) bool) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
 	if !svc.CreationTimestamp.IsZero() {

@@ -19,7 +19,7 @@ import (
 	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Member istiods learn other networks' gateways from the hub (DESIGN.md
+// Member istiods learn other networks' gateways from the hub (docs/architecture.md
 // §3.9). istiod takes no gateway from ServiceEntries (its ServiceEntry
 // registry has none), but it takes one from any Service of its own cluster
 // labelled topology.istio.io/network that listens on 15443 (or

@@ -16,7 +16,7 @@ import (
 
 var clusterIDPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
 
-// ValidateClusterID checks a cluster ID against DESIGN.md §3.2.
+// ValidateClusterID checks a cluster ID against docs/architecture.md §3.2.
 func ValidateClusterID(id string) error {
 	if len(id) == 0 || len(id) > 63 {
 		return fmt.Errorf("cluster ID %q must be 1-63 characters", id)

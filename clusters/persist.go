@@ -17,7 +17,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
 
-// Stale-not-empty across restarts (DESIGN.md §4): the leader persists each
+// Stale-not-empty across restarts (docs/architecture.md §4): the leader persists each
 // member's last good view (what its endpoint controller delivered to the
 // Sink) in the home cluster, and a starting hub serves a member from that
 // view, as Stale, until the member syncs.

@@ -100,7 +100,7 @@ type Endpoint struct {
 	MTLS bool
 }
 
-// State is the lifecycle state of a member cluster (DESIGN.md §3.3).
+// State is the lifecycle state of a member cluster (docs/architecture.md §3.3).
 type State string
 
 // Member states.

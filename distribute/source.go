@@ -2,7 +2,7 @@
 // Istio objects in the home cluster labelled hub.federation/distribute=true,
 // in any namespace, of every Istio kind whose CRD the home cluster serves,
 // converted to their istio.io/api protos for the MCP config generator to
-// serve to every member's istiod unchanged (DESIGN.md §3.7).
+// serve to every member's istiod unchanged (docs/architecture.md §3.7).
 //
 // Which kinds are served is asked of the discovery API at start and then
 // every Options.Rediscover (a periodic refresh rather than a CRD informer:

@@ -148,7 +148,7 @@ func TestDeploy(t *testing.T) {
 	args := dep.Spec.Template.Spec.Containers[0].Args
 	for _, flag := range []string{"--xds-addr=", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443", "--remote-secrets-namespace=" + secretsNS} {
 		if !slices.Contains(args, flag) {
-			t.Errorf("Deployment args %q lack %s (plaintext xDS off, DESIGN.md §3.1, §3.7)", args, flag)
+			t.Errorf("Deployment args %q lack %s (plaintext xDS off, docs/architecture.md §3.1, §3.7)", args, flag)
 		}
 	}
 	dnsNames, _ := flagValue(args, "--tls-dns-names")

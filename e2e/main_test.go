@@ -271,7 +271,7 @@ func testContext(t *testing.T) context.Context {
 }
 
 // missing ends a test that needs a real component this machine lacks
-// (DESIGN.md §2): it fails in CI and skips elsewhere, saying so.
+// (docs/architecture.md §2): it fails in CI and skips elsewhere, saying so.
 func missing(t *testing.T, msg string) {
 	t.Helper()
 	if os.Getenv("CI") != "" {

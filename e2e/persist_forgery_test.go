@@ -275,7 +275,7 @@ func sidecarNode(cluster string) *corev3.Node {
 	return node
 }
 
-// istiodNode is a member istiod as it opens its MCP stream (DESIGN.md §3.7).
+// istiodNode is a member istiod as it opens its MCP stream (docs/architecture.md §3.7).
 func istiodNode() *corev3.Node {
 	meta, _ := structpb.NewStruct(map[string]any{"GENERATOR": "api", "ISTIO_VERSION": "1.31.1"})
 	return &corev3.Node{Id: "~~istiod-0.istio-system~istio-system.svc.cluster.local", Metadata: meta}

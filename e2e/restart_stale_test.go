@@ -20,7 +20,7 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// TestRestartServesPersistedViewAsStale (DESIGN.md §4): a hub restarted
+// TestRestartServesPersistedViewAsStale (docs/architecture.md §4): a hub restarted
 // while a member's API server is down serves that member from the view it
 // persisted, as Stale, instead of as empty. A live grpc-go xds:/// client
 // and a few raw ADS proxies ride through the restart: the client keeps

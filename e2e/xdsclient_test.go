@@ -228,7 +228,7 @@ func startBackend(t *testing.T, ip, name string) *backend {
 }
 
 // dataPlaneIP returns a non-loopback address of this machine that backends
-// can bind to and EndpointSlices accept (DESIGN.md §5): HUB_TEST_DATAPLANE_IP,
+// can bind to and EndpointSlices accept (docs/architecture.md §5): HUB_TEST_DATAPLANE_IP,
 // set by `make test` inside its network namespace.
 func dataPlaneIP(t *testing.T) string {
 	t.Helper()

@@ -27,7 +27,7 @@ import (
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
-// adsServer is the hub's xDS server (DESIGN.md §3.6): the handlers of ADS
+// adsServer is the hub's xDS server (docs/architecture.md §3.6): the handlers of ADS
 // and of the per-type discovery services, each running one stream's loop.
 // A loop holds its stream's conn (one object per stream), takes the
 // stream's requests in order, has the tracker check and record them

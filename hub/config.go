@@ -8,7 +8,7 @@ import (
 	"github.com/hubmesh/hub/mcp"
 )
 
-// Istio config (MCP-over-XDS, DESIGN.md §3.7): a member's istiod opens one
+// Istio config (MCP-over-XDS, docs/architecture.md §3.7): a member's istiod opens one
 // SotW stream and subscribes, as wildcards, to every Istio config type URL
 // (<group>/<version>/<Kind>). The watcher answers each with the full state
 // of that type from the mcp generator, under the type URL asked for, and

@@ -4,7 +4,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
-// conn is one ADS stream, SotW or Delta, as the hub holds it (DESIGN.md
+// conn is one ADS stream, SotW or Delta, as the hub holds it (docs/architecture.md
 // §3.6): made by the stream's loop (serveStream), registered with the
 // tracker while it is open, and handed to every watch of the stream, so
 // that nothing looks a stream up by its node or its ID on the way from a

@@ -115,7 +115,7 @@ type Options struct {
 	MTLSMode xdsgen.MTLSMode
 	// KeepUnhealthyFirst turns off the demotion of members that are not
 	// healthy (Stale, Unreachable, TimedOut): by default their endpoints go
-	// one priority behind the healthy members' (DESIGN.md §3.9).
+	// one priority behind the healthy members' (docs/architecture.md §3.9).
 	KeepUnhealthyFirst bool
 	// Settled reports whether membership has settled: the home cluster and
 	// every member synced, timed out, or served from its persisted view

@@ -56,7 +56,7 @@ type ProxyStatus struct {
 	Address   string // peer address
 	Identity  string // SPIFFE ID of a verified client certificate, if any
 	// ConfigSubscriber says the stream is an istiod reading Istio config
-	// (node metadata GENERATOR=api, DESIGN.md §3.7), not a proxy;
+	// (node metadata GENERATOR=api, docs/architecture.md §3.7), not a proxy;
 	// IstioVersion is its ISTIO_VERSION metadata (as sent, truncated).
 	ConfigSubscriber bool
 	IstioVersion     string
@@ -209,7 +209,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 	claimed := ""
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("clusterid"); len(v) > 0 {
-			claimed = v[0] // DESIGN.md §3.4: the ClusterID header, unless metadata says otherwise
+			claimed = v[0] // docs/architecture.md §3.4: the ClusterID header, unless metadata says otherwise
 		}
 		// A token is only worth reviewing where secrets can be served: on
 		// the mTLS listener, from a client without a certificate.

@@ -26,7 +26,7 @@ import (
 	"github.com/hubmesh/hub/mcp"
 )
 
-// watcher decides what each stream gets and when (DESIGN.md §3.6); the
+// watcher decides what each stream gets and when (docs/architecture.md §3.6); the
 // stream loops (adsServer) hand it every request as a watch. A request is answered at once when
 // the stream lacks something it subscribes to; otherwise the watch is parked
 // until a push changes it. Because the comparison is against what was sent

@@ -1,5 +1,5 @@
 // Package mcp generates Istio config for member istiods (MCP-over-XDS,
-// DESIGN.md §3.7): the federated services as ServiceEntries and the Istio
+// docs/architecture.md §3.7): the federated services as ServiceEntries and the Istio
 // objects distributed from the home cluster, each wrapped in an
 // istio.mcp.v1alpha1.Resource envelope, marshalled once per version and
 // shared by every stream. It only builds resources; the hub's xDS

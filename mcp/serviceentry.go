@@ -12,7 +12,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 )
 
-// Names and labels of the generated ServiceEntries (DESIGN.md §3.7).
+// Names and labels of the generated ServiceEntries (docs/architecture.md §3.7).
 const (
 	// NamePrefix starts the name of every generated ServiceEntry: Service
 	// <ns>/<name> becomes ServiceEntry <ns>/hub-<name>. Operators keep the

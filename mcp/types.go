@@ -5,7 +5,7 @@ import "strings"
 // Istio config type URLs have the form <group>/<version>/<Kind>, e.g.
 // networking.istio.io/v1/ServiceEntry, with group core for MeshConfig
 // (core/v1alpha1/MeshConfig). istiod subscribes with the version it was
-// built for (DESIGN.md §3.7): every version of a kind gets the same
+// built for (docs/architecture.md §3.7): every version of a kind gets the same
 // resources, under the type URL it asked for.
 
 // Kind names the kinds the generator fills; every other config kind is
@@ -87,7 +87,7 @@ func validKind(k string) bool {
 const IstiodTypeCount = 16
 
 // IstiodTypes returns the type URLs istiod (1.24 and later) subscribes to
-// on its config-source stream, in its order (DESIGN.md §3.7): the shape the
+// on its config-source stream, in its order (docs/architecture.md §3.7): the shape the
 // hub is tested and benchmarked against.
 func IstiodTypes() [IstiodTypeCount]string { return istiodTypes }
 

@@ -49,7 +49,7 @@ const (
 	keyAccepted    = "accepted-bundle"
 )
 
-// Refresh bounds (DESIGN.md / issue: honour the peer's hint within 10 s–1 h).
+// Refresh bounds (docs/architecture.md / issue: honour the peer's hint within 10 s–1 h).
 const (
 	MinRefresh = 10 * time.Second
 	MaxRefresh = time.Hour
@@ -70,7 +70,7 @@ type PeerSpec struct {
 // State of a trust domain.
 type State string
 
-// Trust domain states (DESIGN.md §3.3).
+// Trust domain states (docs/architecture.md §3.3).
 const (
 	StatePending State = "Pending"
 	StateReady   State = "Ready"

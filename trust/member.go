@@ -27,7 +27,7 @@ import (
 // X.509 parser rejects every certificate with such an extension OID.
 var MemberOID = asn1.ObjectIdentifier{1, 2, 840, 113556, 1, 8000, 2554, 35025, 39314, 41843, 18579, 44278, 9416716, 6172307}
 
-// clusterIDPattern is a member cluster ID (DESIGN.md §3.2).
+// clusterIDPattern is a member cluster ID (docs/architecture.md §3.2).
 var clusterIDPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
 
 func validMember(member string) bool {

@@ -22,7 +22,7 @@ import (
 
 // The demo's workloads (gRPC backends and clients) run in a network
 // namespace of their own: member API servers refuse loopback addresses in
-// EndpointSlices (DESIGN.md §5), so each backend gets an address from the
+// EndpointSlices (docs/architecture.md §5), so each backend gets an address from the
 // benchmark range 198.18.0.0/15 on the namespace's loopback. A veth pair
 // joins the namespace to the network namespace the demo runs in (the host's,
 // or a test's); the hub, the clusters and the dashboard stay on loopback. The

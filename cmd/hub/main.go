@@ -32,7 +32,7 @@ import (
 	"github.com/hubmesh/hub/trust"
 )
 
-// config is every flag of `hub serve` (DESIGN.md §3.1).
+// config is every flag of `hub serve` (docs/architecture.md §3.1).
 type config struct {
 	kubeconfig           string
 	clusterID            string

@@ -21,7 +21,7 @@ import (
 )
 
 // The istiod shape: a member's istiod taking the federation as Istio config
-// from the hub (MCP-over-XDS, DESIGN.md §3.7), as Istio's adsc does in
+// from the hub (MCP-over-XDS, docs/architecture.md §3.7), as Istio's adsc does in
 // istiod's config controller: one SotW ADS stream; node metadata
 // GENERATOR=api and ISTIO_VERSION, no CLUSTER_ID; a wildcard request for
 // each of istiodConfigTypes, in that order; every response ACKed with its
@@ -39,7 +39,7 @@ const (
 	// istioVersion is the ISTIO_VERSION the streams announce.
 	istioVersion = "1.31.0"
 	// serviceEntryPrefix is what the hub puts before a Service's name to
-	// name its ServiceEntry (mcp.NamePrefix; DESIGN.md §3.7).
+	// name its ServiceEntry (mcp.NamePrefix; docs/architecture.md §3.7).
 	serviceEntryPrefix = "hub-"
 )
 

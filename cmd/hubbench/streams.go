@@ -156,7 +156,7 @@ func newFleet(ctx context.Context, addr string, cfg Config, l *layout) *fleet {
 			network: l.memberNetwork(i % len(l.memberIDs)), watch: map[string]bool{},
 		}
 		if cfg.Shape == shapeIstiod {
-			// istiod sends no CLUSTER_ID (DESIGN.md §3.7).
+			// istiod sends no CLUSTER_ID (docs/architecture.md §3.7).
 			s.nodeID, s.clusterID = fmt.Sprintf("istiod-%d", i), ""
 		}
 		for _, si := range svcs {

@@ -40,7 +40,7 @@ type ScopeError struct {
 // Error says who may not assert what, and why.
 func (e *ScopeError) Error() string { return e.msg }
 
-// Scope decides which identities a member may assert (DESIGN.md §3.8,
+// Scope decides which identities a member may assert (docs/architecture.md §3.8,
 // README "CA and SDS"): a member asserts nothing until it has synced;
 // nobody asserts identities of the hub's own namespace; only the home
 // cluster, and members whose remote Secret says so, assert identities of

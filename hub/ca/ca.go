@@ -1,4 +1,4 @@
-// Package ca is Istio's CA API (DESIGN.md §3.8): istio-agent sends a CSR
+// Package ca is Istio's CA API (docs/architecture.md §3.8): istio-agent sends a CSR
 // to istio.v1.auth.IstioCertificateService/CreateCertificate on the hub's
 // mTLS xDS port and gets the certificate of its workload identity. The
 // caller proves who it is (hub/authn) with a client certificate of our

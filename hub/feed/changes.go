@@ -25,7 +25,7 @@ import (
 // change arriving when nothing happened for `after` is pushed at once
 // (leading edge); later changes wait for the push being delivered, then
 // for a quiet period as long as its delivery took, but never longer than
-// `max` (DESIGN.md §4); under sustained churn pushes back off to one per
+// `max` (docs/architecture.md §4); under sustained churn pushes back off to one per
 // `max`, and each reaches the streams in waves that leave the fleet idle
 // most of the time (see Run and Pace). Each batch carries the time its
 // oldest change was reported, from which push latency is measured.

@@ -13,7 +13,7 @@ import (
 // Index is the federated index: every member's services, grouped by service
 // hostname. It implements clusters.Sink and reports the hostnames whose
 // federated view changed to the hub's change feed. It is independent of xDS
-// so that other generators (the Istio config of package mcp, DESIGN.md §3.7)
+// so that other generators (the Istio config of package mcp, docs/architecture.md §3.7)
 // read it too.
 type Index struct {
 	domainSuffix string

@@ -38,7 +38,7 @@ import (
 )
 
 // MetadataNamespace is the filter-metadata namespace of every LbEndpoint; its
-// "cluster" field is the member cluster ID (DESIGN.md §3.4: hub.cluster).
+// "cluster" field is the member cluster ID (docs/architecture.md §3.4: hub.cluster).
 const MetadataNamespace = "hub"
 
 // Resource is one generated, marshalled xDS resource. It is immutable and

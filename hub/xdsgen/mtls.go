@@ -24,7 +24,7 @@ import (
 )
 
 // MTLSMode is a mutual-TLS mode of proxyless gRPC workloads, as Istio's
-// PeerAuthentication modes apply to them (DESIGN.md §3.8; see authz.Mode).
+// PeerAuthentication modes apply to them (docs/architecture.md §3.8; see authz.Mode).
 type MTLSMode = authz.Mode
 
 // The modes. The mesh-wide mode (a PeerAuthentication without selector in

@@ -22,7 +22,7 @@ type View struct {
 	Flavour Flavour
 	// Network is the client's Istio network: node metadata NETWORK, else
 	// its member's network (see ViewOf). Endpoints on other networks reach
-	// it through their networks' gateways (DESIGN.md §3.9).
+	// it through their networks' gateways (docs/architecture.md §3.9).
 	Network string
 	// Locality is where the client is, for the DestinationRules' locality
 	// load balancing (it matters only for hosts they apply to).

@@ -1,5 +1,5 @@
 // Package chromium drives a real headless Chromium for the dashboard's
-// tests (DESIGN.md §6) through chromedp: one copy of starting the browser,
+// tests (docs/architecture.md §6) through chromedp: one copy of starting the browser,
 // running steps with generous deadlines, waiting on the page without
 // reloading it, watching it for errors, and saving screenshots.
 package chromium

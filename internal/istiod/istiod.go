@@ -1,7 +1,7 @@
 // Package istiod runs a real istiod (Istio's pilot-discovery, built from the
 // same Istio module as e2e/interop by e2e/interop/build-istiod.sh) as a child
 // process against a local cluster's API server: the e2e tests read its
-// config from the hub (MCP-over-XDS, DESIGN.md §3.7), and hubbench
+// config from the hub (MCP-over-XDS, docs/architecture.md §3.7), and hubbench
 // (--peer istiod) serves the same client shapes from it to measure the hub
 // beside it.
 package istiod
