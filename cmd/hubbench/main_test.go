@@ -31,17 +31,25 @@ func requireK8sBinaries(t *testing.T) {
 	t.Skipf("hubbench needs real etcd and kube-apiserver binaries: %s (skipping outside CI; in CI this fails)", problem)
 }
 
-// TestRunTiny runs the whole benchmark, every shape with SotW and with
-// Delta (istiod: SotW only), with tiny figures against real local clusters
-// and the real hub binary.
-func TestRunTiny(t *testing.T) {
+// hubForRun skips (or, in CI, fails) without the Kubernetes binaries and
+// builds the hub binary; the context bounds the test's run.
+func hubForRun(t *testing.T) (context.Context, string) {
+	t.Helper()
 	requireK8sBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	hubBin, _, err := buildHub(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, hubBin
+}
+
+// TestRunTiny runs the whole benchmark, every shape with SotW and with
+// Delta (istiod: SotW only), with tiny figures against real local clusters
+// and the real hub binary.
+func TestRunTiny(t *testing.T) {
+	ctx, hubBin := hubForRun(t)
 	for _, shape := range []string{shapeNamed, shapeEnvoy, shapeGRPC, shapeIstiod} {
 		for _, delta := range []bool{false, true} {
 			if shape == shapeIstiod && delta {
@@ -74,13 +82,7 @@ func TestRunTiny(t *testing.T) {
 // clusters and the real hub, and checks that the report is complete and
 // every stream converged. The figures are printed, never judged.
 func TestRunBulk(t *testing.T) {
-	requireK8sBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	hubBin, _, err := buildHub(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, hubBin := hubForRun(t)
 	for _, delta := range []bool{false, true} {
 		protocol := map[bool]string{false: "SotW", true: "Delta"}[delta]
 		t.Run(protocol, func(t *testing.T) {
@@ -333,20 +335,14 @@ func TestPeerFlagsChecked(t *testing.T) {
 	}
 }
 
-// TestRunScale runs the scale mode tiny against real API servers and the
-// real hub binary: 6 member IDs over 2 API servers (3 each), 3 services ×
-// 2 endpoints per member, 5 grpc streams and then 5 envoy streams, 2
-// writes each, and a restart. It checks that every member got Ready, also
+// TestRunScale runs the scale mode at the size CI keeps (tinyScaleConfig)
+// against real API servers and the real hub binary: 30 member IDs over 3
+// API servers, 5 services × 2 endpoints per member, 10 grpc streams and
+// then 10 envoy streams, 3 writes each, and a restart. It checks that every member got Ready, also
 // after the restart, and that every figure is filled in; it never judges
 // a time.
 func TestRunScale(t *testing.T) {
-	requireK8sBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	hubBin, _, err := buildHub(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, hubBin := hubForRun(t)
 	cfg := tinyScaleConfig()
 	cfg.HubBin = hubBin
 	cfg.Progress = t.Logf
