@@ -110,8 +110,9 @@ var openAPI = obj{
 				"id": str(), "secret": obj{"type": "string", "description": "namespace/name of the remote Secret; empty for the home cluster"},
 				"state":   obj{"type": "string", "enum": []string{"Pending", "Syncing", "Ready", "Stale", "Unreachable", "TimedOut", "Invalid", "Conflict"}},
 				"message": str(), "server": str(), "services": integer(), "endpoints": integer(), "lastSyncTime": timeStr(),
-				"warnings": obj{"type": "array", "items": str(), "description": "accepted but risky kubeconfig settings, e.g. insecure-skip-tls-verify"},
-				"network":  obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
+				"kubeconfigSHA256": obj{"type": "string", "description": "SHA-256 (hex) of the kubeconfig the member's active client runs (absent for the home cluster): after writing a remote Secret, the hub uses it once this matches (hub register --rotate waits for it)"},
+				"warnings":         obj{"type": "array", "items": str(), "description": "accepted but risky kubeconfig settings, e.g. insecure-skip-tls-verify"},
+				"network":          obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
 				"gateways": obj{"type": "array", "description": "east-west gateways into the member's network: its Services labelled with the network on port 15443 (or networking.istio.io/gatewayPort), and the remote Secret's hub.federation/gateways", "items": obj{"type": "object", "properties": obj{
 					"address": str(), "port": integer(), "source": obj{"type": "string", "description": "service <namespace>/<name>, or secret annotation"},
 				}}},

@@ -31,14 +31,17 @@ type Problem struct {
 
 // Cluster is the JSON form of a member cluster (docs/architecture.md §3.3).
 type Cluster struct {
-	ID           string     `json:"id"`
-	Secret       string     `json:"secret"`
-	State        string     `json:"state"`
-	Message      string     `json:"message"`
-	Server       string     `json:"server"`
-	Services     int        `json:"services"`
-	Endpoints    int        `json:"endpoints"`
-	LastSyncTime *time.Time `json:"lastSyncTime"`
+	ID      string `json:"id"`
+	Secret  string `json:"secret"`
+	State   string `json:"state"`
+	Message string `json:"message"`
+	Server  string `json:"server"`
+	// KubeconfigSHA256 is the SHA-256 (hex) of the kubeconfig the
+	// member's active client runs (absent for the home cluster).
+	KubeconfigSHA256 string     `json:"kubeconfigSHA256,omitempty"`
+	Services         int        `json:"services"`
+	Endpoints        int        `json:"endpoints"`
+	LastSyncTime     *time.Time `json:"lastSyncTime"`
 	// Warnings are accepted but risky settings of the member's kubeconfig.
 	Warnings []string `json:"warnings,omitempty"`
 	// Network is the member's Istio network (absent: none).
@@ -120,7 +123,7 @@ type Gateway struct {
 func ToCluster(st clusters.Status) Cluster {
 	c := Cluster{
 		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
-		Server: st.Server, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
+		Server: st.Server, KubeconfigSHA256: st.KubeconfigSHA256, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
 		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused,
 		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,

@@ -3,6 +3,7 @@ package clusters
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -729,6 +730,9 @@ func (c *Cluster) statusLocked() Status {
 		ID: c.id, Secret: c.secret, Server: c.server,
 		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
 		Warnings: slices.Clone(c.warnings),
+	}
+	if c.hash != ([32]byte{}) {
+		st.KubeconfigSHA256 = hex.EncodeToString(c.hash[:])
 	}
 	st.State, st.Message = c.shownLocked()
 	for _, n := range c.endpoints {

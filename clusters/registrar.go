@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"strings"
 
@@ -39,6 +40,14 @@ func NewRegistrar(secrets typedcorev1.SecretInterface, namespace, homeID string,
 
 var nonNameChars = regexp.MustCompile(`[^a-z0-9.-]+`)
 
+// RemoteSecretName is the Secret `istioctl create-remote-secret` would use
+// for a cluster ID.
+func RemoteSecretName(id string) string { return secretNameFor(id) }
+
+// ConfirmedNetwork is the network a remote Secret's AnnotationNetwork
+// value confirms for member id ("" when it names none for it).
+func ConfirmedNetwork(annotation, id string) string { return confirmedNetwork(annotation, id) }
+
 // secretNameFor is the Secret `istioctl create-remote-secret` would use.
 func secretNameFor(id string) string {
 	return "istio-remote-secret-" + strings.Trim(nonNameChars.ReplaceAllString(strings.ToLower(id), "-"), "-.")
@@ -48,6 +57,13 @@ func secretNameFor(id string) string {
 // remote Secret that already holds it, or creates istio-remote-secret-<id>.
 // It returns the Secret (namespace/name) and whether the cluster is new.
 func (g *Registrar) Register(ctx context.Context, id string, kubeconfig []byte) (secret string, created bool, err error) {
+	return g.RegisterAnnotated(ctx, id, kubeconfig, nil)
+}
+
+// RegisterAnnotated is Register that also sets annotations on the remote
+// Secret (e.g. AnnotationNetwork), in the same write; other annotations are
+// left as they are.
+func (g *Registrar) RegisterAnnotated(ctx context.Context, id string, kubeconfig []byte, annotations map[string]string) (secret string, created bool, err error) {
 	if err := ValidateClusterID(id); err != nil {
 		return "", false, invalid("%v", err)
 	}
@@ -77,6 +93,7 @@ func (g *Registrar) Register(ctx context.Context, id string, kubeconfig []byte) 
 				},
 				Data: map[string][]byte{id: kubeconfig},
 			}
+			maps.Copy(s.Annotations, annotations)
 			_, err = g.secrets.Create(ctx, s, metav1.CreateOptions{})
 			return err
 		}
@@ -92,6 +109,10 @@ func (g *Registrar) Register(ctx context.Context, id string, kubeconfig []byte) 
 			cur.Data = map[string][]byte{}
 		}
 		cur.Data[id] = kubeconfig
+		if len(annotations) > 0 && cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		maps.Copy(cur.Annotations, annotations)
 		_, err = g.secrets.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})

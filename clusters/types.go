@@ -118,14 +118,18 @@ const (
 // Status is what the hub reports about one member cluster. It never contains
 // credentials.
 type Status struct {
-	ID           string
-	Secret       string // namespace/name of the remote Secret; empty for the home cluster
-	State        State
-	Message      string
-	Server       string // API server URL
-	Services     int
-	Endpoints    int
-	LastSyncTime time.Time
+	ID      string
+	Secret  string // namespace/name of the remote Secret; empty for the home cluster
+	State   State
+	Message string
+	Server  string // API server URL
+	// KubeconfigSHA256 is the SHA-256 (hex) of the kubeconfig the member's
+	// active client runs ("" for the home cluster): whoever wrote the
+	// remote Secret can tell when the hub has switched to it.
+	KubeconfigSHA256 string
+	Services         int
+	Endpoints        int
+	LastSyncTime     time.Time
 	// SyncDuration is how long the first full sync of the current client took.
 	SyncDuration time.Duration
 	// Warnings are accepted but risky settings of the member's kubeconfig

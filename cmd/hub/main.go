@@ -289,6 +289,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	if cmd == "register" { // its own flags (register.go), none of serve's
+		os.Exit(registerMain(ctx, args, os.Stdout, os.Stderr))
+	}
 	cfg := new(config)
 	fs, run, ok := command(cmd, cfg)
 	if !ok {

@@ -1,0 +1,156 @@
+package register
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/hubmesh/hub/deploy"
+)
+
+// fieldManager owns what `hub register` writes (server-side apply).
+const fieldManager = "hub-register"
+
+// MemberRBAC is what a member grants its remote Secret's credentials:
+// exactly the objects of deploy/remote-member-rbac.yaml, and the
+// ServiceAccount their bindings name.
+type MemberRBAC struct {
+	// Objects are the file's objects in its order (ClusterRole, Role,
+	// RoleBinding, ClusterRoleBinding).
+	Objects []runtime.Object
+	// ServiceAccount is the one subject of the file's bindings, whose
+	// tokens `hub register` mints.
+	ServiceAccount types.NamespacedName
+}
+
+// LoadMemberRBAC decodes deploy/remote-member-rbac.yaml.
+func LoadMemberRBAC() (*MemberRBAC, error) { return parseMemberRBAC(deploy.RemoteMemberRBAC) }
+
+func parseMemberRBAC(data []byte) (*MemberRBAC, error) {
+	out := &MemberRBAC{}
+	dec := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := dec.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("member RBAC: %w", err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		obj, gvk, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("member RBAC: %w", err)
+		}
+		obj.GetObjectKind().SetGroupVersionKind(*gvk) // the apply body needs it
+		var subjects []rbacv1.Subject
+		switch o := obj.(type) {
+		case *rbacv1.ClusterRole, *rbacv1.Role:
+		case *rbacv1.RoleBinding:
+			subjects = o.Subjects
+		case *rbacv1.ClusterRoleBinding:
+			subjects = o.Subjects
+		default:
+			return nil, fmt.Errorf("member RBAC: unexpected %T", obj)
+		}
+		for _, s := range subjects {
+			sa := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
+			if s.Kind != rbacv1.ServiceAccountKind || out.ServiceAccount.Name != "" && out.ServiceAccount != sa {
+				return nil, fmt.Errorf("member RBAC: bindings must name one ServiceAccount, not also %s %s", s.Kind, sa)
+			}
+			out.ServiceAccount = sa
+		}
+		out.Objects = append(out.Objects, obj)
+	}
+	if out.ServiceAccount.Name == "" {
+		return nil, errors.New("member RBAC binds no ServiceAccount")
+	}
+	return out, nil
+}
+
+// stripComments drops comment lines, so that a document of comments alone
+// counts as empty.
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			out = append(out, line)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+// Apply makes the member grant exactly this: the ServiceAccount's namespace
+// and the ServiceAccount (created if absent), then every object by
+// server-side apply, so that a second run, or one after the file changed,
+// converges.
+func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: m.ServiceAccount.Namespace}}
+	if _, err := c.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: fieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: m.ServiceAccount.Name, Namespace: m.ServiceAccount.Namespace}}
+	if _, err := c.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{FieldManager: fieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating service account %s: %w", m.ServiceAccount, err)
+	}
+	force := true
+	opts := metav1.PatchOptions{FieldManager: fieldManager, Force: &force}
+	for _, obj := range m.Objects {
+		body, err := json.Marshal(obj)
+		if err != nil {
+			return err
+		}
+		rbac := c.RbacV1()
+		switch o := obj.(type) {
+		case *rbacv1.ClusterRole:
+			_, err = rbac.ClusterRoles().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		case *rbacv1.Role:
+			_, err = rbac.Roles(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		case *rbacv1.RoleBinding:
+			_, err = rbac.RoleBindings(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		case *rbacv1.ClusterRoleBinding:
+			_, err = rbac.ClusterRoleBindings().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		}
+		if err != nil {
+			return fmt.Errorf("applying %s: %w", describe(obj), err)
+		}
+	}
+	return nil
+}
+
+// describe names an object as kubectl does (kind/namespace/name).
+func describe(obj runtime.Object) string {
+	meta, err := metaOf(obj)
+	if err != nil {
+		return fmt.Sprintf("%T", obj)
+	}
+	kind := obj.GetObjectKind().GroupVersionKind().Kind
+	if meta.GetNamespace() != "" {
+		return kind + " " + meta.GetNamespace() + "/" + meta.GetName()
+	}
+	return kind + " " + meta.GetName()
+}
+
+func metaOf(obj runtime.Object) (metav1.Object, error) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("%T has no object metadata", obj)
+	}
+	return m, nil
+}

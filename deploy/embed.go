@@ -1,0 +1,11 @@
+// Package deploy holds the manifests in this directory; Go code reads the
+// ones it applies from here, so that what it applies is the file.
+package deploy
+
+import _ "embed"
+
+// RemoteMemberRBAC is remote-member-rbac.yaml: what a member grants the
+// credentials in its remote Secret (`hub register` applies it).
+//
+//go:embed remote-member-rbac.yaml
+var RemoteMemberRBAC []byte
