@@ -43,6 +43,8 @@ const DefaultTokenTTL = 7 * 24 * time.Hour
 
 // Member is a member cluster as the operator reaches it.
 type Member struct {
+	// Context names the operator's kubeconfig context, for messages.
+	Context string
 	// Config is the operator's own access (kubectl's context): it applies
 	// the RBAC, mints tokens and checks that a new token works.
 	Config *rest.Config
@@ -254,13 +256,13 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	if err := rbac.Apply(ctx, member); err != nil {
-		return nil, fmt.Errorf("member RBAC: %w", err)
+		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
 	o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
 	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID}
 	cred, err := toks.mint(ctx, o.TokenTTL)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
 	o.progress("credential generation %d minted, bound to Secret %s/%s, expires %s", cred.Generation, rbac.ServiceAccount.Namespace, cred.Secret, cred.Expires.UTC().Format(time.RFC3339))
 	if short := time.Until(cred.Expires); short < o.TokenTTL-time.Minute {

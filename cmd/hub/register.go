@@ -160,7 +160,7 @@ func loadMember(path, context string) (register.Member, string, error) {
 	if err := rest.LoadTLSFiles(&tlsCfg); err != nil {
 		return register.Member{}, "", fmt.Errorf("context %q: %w", name, err)
 	}
-	return register.Member{Config: cfg, Server: cfg.Host, CAData: tlsCfg.CAData, TLSServerName: cfg.ServerName}, name, nil
+	return register.Member{Context: name, Config: cfg, Server: cfg.Host, CAData: tlsCfg.CAData, TLSServerName: cfg.ServerName}, name, nil
 }
 
 // loadConfig resolves a context of a kubeconfig (kubectl's loading rules
