@@ -86,8 +86,8 @@ type Result struct {
 	Kubeconfig []byte // as written; it holds the token
 	// Revoked counts the previous generations deleted (with Rotate).
 	Revoked int
-	// NotReady are the states other than Ready the hub reported for the
-	// member while it switched (none, if rotation was seamless).
+	// NotReady are, with Rotate, the states other than Ready the hub
+	// reported for the member while it switched (none, if seamless).
 	NotReady []string
 	// Verified says the hub reported the member Ready with this kubeconfig.
 	Verified bool
@@ -307,7 +307,10 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, o.Wait)
 	defer cancel()
-	res.NotReady, err = o.Hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
+	notReady, err := o.Hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
+	if o.Rotate { // a new member is Pending and Syncing first, as it should
+		res.NotReady = notReady
+	}
 	if err != nil {
 		if !o.Rotate {
 			return res, fmt.Errorf("registered, but not seen Ready: %w", err)
