@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,6 +74,18 @@ func TestRegisterAndRotate(t *testing.T) {
 	}
 	common := []string{"--kubeconfig", memberKC, "--context", west.Name, "--cluster-id", id,
 		"--hub-kubeconfig", homeKC, "--namespace", ns, "--hub-url", h.adminURL, "--hub-token-file", tokenFile}
+
+	// A hub URL whose token the hub refuses stops it before anything is made.
+	badToken := filepath.Join(dir, "bad-token")
+	if err := os.WriteFile(badToken, []byte("not-a-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runHubRegister(ctx, append(slices.Clone(common), "--hub-token-file", badToken)...); err == nil || !strings.Contains(out, "the hub's API: hub answered 401 Unauthorized") {
+		t.Errorf("registering with a token the hub refuses: %v\n%s", err, out)
+	}
+	if gens, err := westClient.CoreV1().Secrets("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-token-for=" + id}); err != nil || len(gens.Items) != 0 {
+		t.Errorf("a refused registration left %v credential generations (%v)", len(gens.Items), err)
+	}
 
 	// 1. Register.
 	start := time.Now()

@@ -55,6 +55,8 @@ func (h *Hub) status(ctx context.Context, id string) (st memberStatus, found boo
 	case http.StatusOK:
 	case http.StatusNotFound:
 		return st, false, nil
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return st, false, &deniedError{fmt.Sprintf("hub answered %s: %s (check --hub-token-file)", resp.Status, truncate(string(body), 300))}
 	default:
 		return st, false, fmt.Errorf("hub answered %s: %s", resp.Status, truncate(string(body), 300))
 	}
@@ -80,6 +82,9 @@ func (h *Hub) waitReady(ctx context.Context, id, sha string) (notReady []string,
 	for {
 		st, found, err := h.status(ctx, id)
 		switch {
+		case err != nil && ctx.Err() != nil: // cut short by the wait's end: keep what was seen
+		case errors.As(err, new(*deniedError)):
+			return notReady, err // asking again does not help
 		case err != nil:
 			last = err.Error()
 		case !found:
@@ -98,11 +103,16 @@ func (h *Hub) waitReady(ctx context.Context, id, sha string) (notReady []string,
 		}
 		select {
 		case <-ctx.Done():
-			return notReady, fmt.Errorf("the hub did not report cluster %s Ready with the new kubeconfig (last: %s): %w", id, last, context.Cause(ctx))
+			return notReady, fmt.Errorf("the hub did not report cluster %s Ready with the new kubeconfig in time (last seen: %s): %w", id, last, context.Cause(ctx))
 		case <-tick.C:
 		}
 	}
 }
+
+// deniedError is the hub refusing the API token.
+type deniedError struct{ msg string }
+
+func (e *deniedError) Error() string { return e.msg }
 
 func truncate(s string, n int) string {
 	if len(s) > n {

@@ -247,6 +247,11 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	case prev == nil && o.Rotate:
 		return nil, fmt.Errorf("cluster %s is not registered in namespace %s: nothing to rotate (register it first, without --rotate)", o.ClusterID, o.Namespace)
 	}
+	if o.Hub != nil { // before anything is made: the wait must be able to succeed
+		if _, _, err := o.Hub.status(ctx, o.ClusterID); err != nil {
+			return nil, fmt.Errorf("the hub's API: %w", err)
+		}
+	}
 	member, err := kubernetes.NewForConfig(o.Member.Config)
 	if err != nil {
 		return nil, fmt.Errorf("member client: %w", err)
