@@ -45,7 +45,7 @@ metadata: {name: a}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: a}
 subjects: [{kind: User, name: alice}]
 `,
-		"no binding": "# nothing\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: a}\n",
+		"no binding":   "# nothing\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: a}\n",
 		"another kind": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
 	} {
 		if _, err := parseMemberRBAC([]byte(doc)); err == nil {
