@@ -134,6 +134,50 @@ func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 	return nil
 }
 
+// OtherBindings lists the bindings in the member that name the
+// ServiceAccount but are not the file's (kind namespace/name): through
+// them its tokens may do more than the file grants (Istio's own
+// istio-reader binding, where Istio is installed).
+func (m *MemberRBAC) OtherBindings(ctx context.Context, c kubernetes.Interface) ([]string, error) {
+	ours := map[string]bool{}
+	for _, obj := range m.Objects {
+		switch o := obj.(type) {
+		case *rbacv1.RoleBinding:
+			ours["RoleBinding "+o.Namespace+"/"+o.Name] = true
+		case *rbacv1.ClusterRoleBinding:
+			ours["ClusterRoleBinding "+o.Name] = true
+		}
+	}
+	names := func(subjects []rbacv1.Subject) bool {
+		for _, s := range subjects {
+			if s.Kind == rbacv1.ServiceAccountKind && s.Namespace == m.ServiceAccount.Namespace && s.Name == m.ServiceAccount.Name {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	crbs, err := c.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing ClusterRoleBindings: %w", err)
+	}
+	for _, b := range crbs.Items {
+		if key := "ClusterRoleBinding " + b.Name; names(b.Subjects) && !ours[key] {
+			out = append(out, key)
+		}
+	}
+	rbs, err := c.RbacV1().RoleBindings("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing RoleBindings: %w", err)
+	}
+	for _, b := range rbs.Items {
+		if key := "RoleBinding " + b.Namespace + "/" + b.Name; names(b.Subjects) && !ours[key] {
+			out = append(out, key)
+		}
+	}
+	return out, nil
+}
+
 // describe names an object as kubectl does (kind/namespace/name).
 func describe(obj runtime.Object) string {
 	meta, err := metaOf(obj)

@@ -109,6 +109,9 @@ func (o *Options) Validate() error {
 	if o.Secrets == nil && (o.Rotate || o.Hub != nil) {
 		return errors.New("rotating, or waiting for the hub, needs the hub's cluster to write the remote Secret in")
 	}
+	if o.Hub != nil && o.Wait <= 0 {
+		return fmt.Errorf("the wait for the hub must be positive, not %s", o.Wait)
+	}
 	if o.Rotate && o.Hub == nil {
 		return errors.New("rotation needs the hub's API: the previous credential is revoked only once the hub is seen Ready with the new one")
 	}
@@ -264,6 +267,11 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
 	o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
+	if others, err := rbac.OtherBindings(ctx, member); err != nil {
+		o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
+	} else if len(others) > 0 {
+		o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
+	}
 	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID}
 	cred, err := toks.mint(ctx, o.TokenTTL)
 	if err != nil {
@@ -334,6 +342,9 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 			return res, fmt.Errorf("rotated, but revoking the previous credential: %w", err)
 		}
 		o.progress("%d previous credential generation(s) revoked", res.Revoked)
+		if res.Revoked == 0 {
+			o.progress("the previous credential was not minted by hub register: revoke it where it was made")
+		}
 	}
 	return res, nil
 }

@@ -1,12 +1,16 @@
 package register
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 func TestLoadMemberRBAC(t *testing.T) {
@@ -108,5 +112,23 @@ func TestKubeconfigIsCheckedAsTheHubChecksIt(t *testing.T) {
 	}
 	if !strings.Contains(string(data), "current-context: west") {
 		t.Errorf("kubeconfig:\n%s", data)
+	}
+}
+
+func TestOtherBindings(t *testing.T) {
+	m, err := LoadMemberRBAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: m.ServiceAccount.Namespace, Name: m.ServiceAccount.Name}
+	objs := []runtime.Object{
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "hub-remote-member"}, Subjects: []rbacv1.Subject{sa}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "hub-remote-member-gateways"}, Subjects: []rbacv1.Subject{sa}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "istio-reader-clusterrole-istio-system"}, Subjects: []rbacv1.Subject{sa}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "unrelated"}, Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "alice"}}},
+	}
+	got, err := m.OtherBindings(context.Background(), fake.NewClientset(objs...))
+	if err != nil || strings.Join(got, ",") != "ClusterRoleBinding istio-reader-clusterrole-istio-system" {
+		t.Errorf("OtherBindings: %v, %v", got, err)
 	}
 }
