@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
@@ -252,6 +253,36 @@ func TestRegisterAndRotate(t *testing.T) {
 		}
 		return nil
 	})
+
+	// 4. -o yaml --show-token prints the remote Secret (nothing written in
+	// the home cluster) with a working token.
+	printed := id + "-printed"
+	t.Cleanup(func() { cleanupRegistration(t, westClient, printed) })
+	cmd := exec.CommandContext(ctx, hubBin, "register", "--kubeconfig", memberKC, "--context", west.Name, "--cluster-id", printed,
+		"--namespace", ns, "-o", "yaml", "--show-token")
+	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("hub register -o yaml: %v\n%s", err, stderr.String())
+	}
+	var ps corev1.Secret
+	if err := yaml.UnmarshalStrict(stdout.Bytes(), &ps); err != nil {
+		t.Fatalf("-o yaml printed %v", err)
+	}
+	if ps.Name != "istio-remote-secret-"+printed || ps.Labels["istio/multiCluster"] != "true" {
+		t.Errorf("printed secret %+v", ps.ObjectMeta)
+	}
+	printedToken := tokenOf(t, []byte(ps.StringData[printed]))
+	if strings.Contains(stderr.String(), printedToken) {
+		t.Error("hub register -o yaml printed the token on stderr")
+	}
+	if _, err := memberTokenClient(t, west, printedToken).CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		t.Errorf("the printed token does not work: %v", err)
+	}
+	if _, err := homeClient.CoreV1().Secrets(ns).Get(ctx, ps.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("-o yaml wrote the remote Secret into the home cluster (%v)", err)
+	}
 }
 
 // runHubRegister runs `hub register` with args, with no KUBECONFIG of
@@ -502,7 +533,9 @@ func memberState(ctx context.Context, h *hubProcess, id string) string {
 	return c.State
 }
 
-// cleanupRegistration removes what `hub register` made in the member.
+// cleanupRegistration deletes the credential generations `hub register`
+// made in the member for id (the member RBAC stays: it is the same for
+// every registration, and TestDeploy applies it too).
 func cleanupRegistration(t *testing.T, c kubernetes.Interface, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
