@@ -364,8 +364,25 @@ func (c *Cluster) run(ctx context.Context) {
 	c.mu.Lock()
 	c.informersSynced = true
 	c.mu.Unlock()
-	if c.beforePublish != nil && !c.beforePublish() || ctx.Err() != nil {
-		return // superseded, or stopped while swapping: publish nothing
+	ready := func() {
+		took := time.Since(started)
+		c.transition(func() {
+			if c.state != StateInvalid {
+				c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
+			}
+		})
+		c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
+	}
+	if c.beforePublish != nil {
+		// A new kubeconfig's client is Ready as itself before it becomes the
+		// member's active client: the member, shown as its active client, is
+		// never seen Syncing because its credentials rotated.
+		ready()
+		if !c.beforePublish() || ctx.Err() != nil {
+			return // superseded, or stopped while swapping: publish nothing
+		}
+	} else if ctx.Err() != nil {
+		return
 	}
 	c.publishAll()
 	c.mu.Lock()
@@ -376,13 +393,9 @@ func (c *Cluster) run(ctx context.Context) {
 	}
 	wg.Go(func() { c.writeGatewayServices(ctx) })
 	defer c.withdrawIfOverflowed()
-	took := time.Since(started)
-	c.transition(func() {
-		if c.state != StateInvalid {
-			c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
-		}
-	})
-	c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
+	if c.beforePublish == nil {
+		ready()
+	}
 	if c.secretsSynced != nil {
 		// The member may assert identities from now on (IdentityScope):
 		// SDS answers withheld until it synced go out.

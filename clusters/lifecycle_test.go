@@ -172,6 +172,17 @@ func TestRotationIsMakeBeforeBreak(t *testing.T) {
 	if sink.removedCount("m1") != 0 || sink.emptied("m1") {
 		t.Errorf("rotation removed or emptied the member's services")
 	}
+	// The candidates' own changes (TimedOut, Syncing → Ready) are not the
+	// member's: it became Ready once, at registration, and never timed out.
+	for state, want := range map[State]float64{StateReady: 1, StateTimedOut: 0} {
+		var m dto.Metric
+		if err := r.transitions.WithLabelValues("m1", string(state)).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetCounter().GetValue(); got != want {
+			t.Errorf("hub_cluster_state_transitions_total{cluster=m1,to=%s} = %v after two rotations; want %v", state, got, want)
+		}
+	}
 
 	// The new client is live: it follows changes.
 	if err := localcluster.ApplyEndpoints(ctx, kube(t, m1), appNS, "web", "http", []localcluster.Backend{{IP: "198.18.6.2", Port: 8080}}); err != nil {

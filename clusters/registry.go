@@ -662,10 +662,16 @@ func (r *Registry) refreshPeerGateways() {
 }
 
 // observer returns the state-change hook of one member's client: a metric,
-// a log line and an Event on the owning Secret.
+// a log line and an Event on the owning Secret. A candidate client (a new
+// kubeconfig synced make-before-break, prefix non-empty) logs and records
+// its changes under that prefix but does not count them in
+// hub_cluster_state_transitions_total: the member itself has not changed
+// state, and alerts on that metric must not see a rotation as flapping.
 func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Status, State) {
 	return func(st Status, from State) {
-		r.transitions.WithLabelValues(st.ID, string(st.State)).Inc()
+		if prefix == "" {
+			r.transitions.WithLabelValues(st.ID, string(st.State)).Inc()
+		}
 		r.record(st.ID, Transition{At: time.Now(), From: from, To: st.State, Message: prefix + st.Message})
 		level, typ := slog.LevelInfo, corev1.EventTypeNormal
 		switch st.State {
