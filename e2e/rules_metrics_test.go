@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -34,30 +33,41 @@ import (
 const chartRulesFile = "../charts/hub/files/prometheus-rules.yaml"
 
 // ruleFamily is a metric family the chart's alert rules use: the TYPE the
-// rules assume and, for a family another change of issue 25 adds, that
+// rules assume, the labels they read (each with the values they match, or
+// nil for any) and, for a family another change of issue 25 adds, that
 // change (empty: the hub exports it today).
 type ruleFamily struct {
 	typ     string
+	labels  map[string][]string
 	addedBy string
 }
 
-// ruleFamilies lists every metric family the alert rules use (the test
-// fails when the rules use one not listed). A family whose addedBy is set
+// expiryMetrics is the change that adds the expiry families.
+const expiryMetrics = "issue 25 item 5 (expiry metrics)"
+
+// ruleFamilies lists every metric family the alert rules use, with every
+// label and value their matchers use (the test fails when the rules use one
+// not listed), and the labels their annotations and aggregations read. A
+// family whose addedBy is set
 // is checked like the others as soon as the hub's source names it (a
 // string literal in a non-test Go file); until then it is only logged.
 var ruleFamilies = map[string]ruleFamily{
-	"hub_cluster_state":                                    {typ: "gauge"},
-	"hub_member_view_rejected_total":                       {typ: "counter"},
-	"hub_xds_push_latency_seconds":                         {typ: "histogram"},
-	"hub_xds_nacks_total":                                  {typ: "counter"},
-	"hub_xds_responses_total":                              {typ: "counter"},
-	"hub_ca_requests_failed_total":                         {typ: "counter"},
-	"hub_leader":                                           {typ: "gauge"},
-	"hub_member_credential_expiry_timestamp_seconds":       {typ: "gauge", addedBy: "issue 25 item 5 (expiry metrics)"},
-	"citadel_server_root_cert_expiry_timestamp":            {typ: "gauge", addedBy: "issue 25 item 5 (expiry metrics)"},
-	"citadel_server_cert_chain_expiry_timestamp":           {typ: "gauge", addedBy: "issue 25 item 5 (expiry metrics)"},
-	"hub_trust_peer_bundle_expiry_timestamp_seconds":       {typ: "gauge", addedBy: "issue 25 item 5 (expiry metrics)"},
-	"hub_trust_peer_bundle_last_refresh_timestamp_seconds": {typ: "gauge", addedBy: "issue 25 item 5 (expiry metrics)"},
+	"hub_cluster_state": {typ: "gauge", labels: map[string][]string{
+		"cluster": nil, "secret": nil, "state": {"Ready", "Stale", "Unreachable", "TimedOut", "Invalid"}}},
+	"hub_member_view_rejected_total": {typ: "counter", labels: map[string][]string{"reason": nil}},
+	"hub_xds_push_latency_seconds":   {typ: "histogram", labels: map[string][]string{"type": nil}},
+	"hub_xds_nacks_total":            {typ: "counter", labels: map[string][]string{"type": nil}},
+	"hub_xds_responses_total":        {typ: "counter", labels: map[string][]string{"type": nil}},
+	"hub_ca_requests_failed_total":   {typ: "counter", labels: map[string][]string{"reason": {"signing_failed"}}},
+	"hub_leader":                     {typ: "gauge"},
+	"hub_member_credential_expiry_timestamp_seconds": {typ: "gauge", addedBy: expiryMetrics, labels: map[string][]string{
+		"cluster": nil, "credential": {"token", "client_certificate"}}},
+	"citadel_server_root_cert_expiry_timestamp":  {typ: "gauge", addedBy: expiryMetrics},
+	"citadel_server_cert_chain_expiry_timestamp": {typ: "gauge", addedBy: expiryMetrics},
+	"hub_trust_peer_bundle_expiry_timestamp_seconds": {typ: "gauge", addedBy: expiryMetrics, labels: map[string][]string{
+		"trust_domain": nil}},
+	"hub_trust_peer_bundle_last_refresh_timestamp_seconds": {typ: "gauge", addedBy: expiryMetrics, labels: map[string][]string{
+		"trust_domain": nil}},
 }
 
 // promqlNoise is what an expression holds besides metric names: string
@@ -71,10 +81,8 @@ var promqlName = regexp.MustCompile(`([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?`)
 var promqlKeywords = map[string]bool{"and": true, "or": true, "unless": true, "bool": true, "offset": true,
 	"by": true, "without": true, "on": true, "ignoring": true, "group_left": true, "group_right": true, "inf": true, "nan": true}
 
-// ruleMetricNames returns the metric families the expressions of the
-// rules file at path select, a histogram's _bucket, _count and _sum series
-// named by their family.
-func ruleMetricNames(t *testing.T, path string) []string {
+// ruleExprs returns the expressions of the rules file at path.
+func ruleExprs(t *testing.T, path string) []string {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -90,20 +98,33 @@ func ruleMetricNames(t *testing.T, path string) []string {
 	if err := yaml.Unmarshal(data, &f); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	seen := map[string]bool{}
+	var exprs []string
 	for _, g := range f.Groups {
 		for _, r := range g.Rules {
-			for _, m := range promqlName.FindAllStringSubmatch(promqlNoise.ReplaceAllString(r.Expr, " "), -1) {
-				name := m[1]
-				if m[2] != "" || promqlKeywords[strings.ToLower(name)] {
-					continue
-				}
-				for _, suffix := range []string{"_bucket", "_count", "_sum"} {
-					if base, ok := strings.CutSuffix(name, suffix); ok && ruleFamilies[base].typ == "histogram" {
-						name = base
-					}
-				}
-				seen[name] = true
+			exprs = append(exprs, r.Expr)
+		}
+	}
+	return exprs
+}
+
+// ruleFamilyOf is the family a series name of the rules belongs to: a
+// histogram's _bucket, _count and _sum series are named by their family.
+func ruleFamilyOf(name string) string {
+	for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && ruleFamilies[base].typ == "histogram" {
+			return base
+		}
+	}
+	return name
+}
+
+// ruleMetricNames returns the metric families exprs select, sorted.
+func ruleMetricNames(exprs []string) []string {
+	seen := map[string]bool{}
+	for _, expr := range exprs {
+		for _, m := range promqlName.FindAllStringSubmatch(promqlNoise.ReplaceAllString(expr, " "), -1) {
+			if m[2] == "" && !promqlKeywords[strings.ToLower(m[1])] {
+				seen[ruleFamilyOf(m[1])] = true
 			}
 		}
 	}
@@ -115,19 +136,83 @@ func ruleMetricNames(t *testing.T, path string) []string {
 	return names
 }
 
-// metricTypes returns the TYPE of every family on a /metrics page (text
-// format). The Go client describes a family only once it has a series, so
-// the test first makes the events that create them.
-func metricTypes(page string) map[string]string {
-	types := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(page))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			types[f[2]] = f[3]
+var (
+	promqlSelector = regexp.MustCompile(`([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}`)
+	promqlMatcher  = regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*"([^"]*)"`)
+)
+
+// unlistedMatchers returns the label matchers of exprs that ruleFamilies
+// does not list: a label of a family it does not name, or a value (one
+// alternative of a regular expression) it does not list for that label.
+func unlistedMatchers(exprs []string) []string {
+	var out []string
+	for _, expr := range exprs {
+		for _, sel := range promqlSelector.FindAllStringSubmatch(expr, -1) {
+			family := ruleFamilyOf(sel[1])
+			for _, m := range promqlMatcher.FindAllStringSubmatch(sel[2], -1) {
+				values, ok := ruleFamilies[family].labels[m[1]]
+				if !ok {
+					out = append(out, fmt.Sprintf("%s: label %s", family, m[1]))
+					continue
+				}
+				for _, v := range strings.Split(m[2], "|") {
+					if !slices.Contains(values, v) {
+						out = append(out, fmt.Sprintf("%s: %s=%q", family, m[1], v))
+					}
+				}
+			}
 		}
 	}
-	return types
+	return out
+}
+
+// scrape is what a /metrics page (text format) says of its families:
+// each one's TYPE, and the values each label takes in its series (a
+// histogram's _bucket, _count and _sum series count as its family's). The
+// Go client describes a family only once it has a series, so the test
+// first makes the events that create them.
+type scrape struct {
+	types  map[string]string
+	labels map[string]map[string]map[string]bool // family → label → values
+}
+
+var sampleLabel = regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"`)
+
+func parseMetrics(page string) scrape {
+	s := scrape{types: map[string]string{}, labels: map[string]map[string]map[string]bool{}}
+	var samples []string
+	for _, line := range strings.Split(page, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			s.types[f[2]] = f[3]
+		} else if line != "" && !strings.HasPrefix(line, "#") {
+			samples = append(samples, line)
+		}
+	}
+	for _, line := range samples {
+		name, _, _ := strings.Cut(line, " ")
+		set := ""
+		if i := strings.IndexByte(line, '{'); i >= 0 && i < len(name) {
+			name, set = line[:i], line[i:strings.LastIndexByte(line, '}')+1]
+		}
+		family := name
+		if _, ok := s.types[name]; !ok {
+			for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+				if base, ok := strings.CutSuffix(name, suffix); ok && (s.types[base] == "histogram" || s.types[base] == "summary") {
+					family = base
+				}
+			}
+		}
+		if s.labels[family] == nil {
+			s.labels[family] = map[string]map[string]bool{}
+		}
+		for _, m := range sampleLabel.FindAllStringSubmatch(set, -1) {
+			if s.labels[family][m[1]] == nil {
+				s.labels[family][m[1]] = map[string]bool{}
+			}
+			s.labels[family][m[1]][m[2]] = true
+		}
+	}
+	return s
 }
 
 // hubSourceNames reports which of names occur as a string literal in the
@@ -205,7 +290,8 @@ func tokenMember(t *testing.T, c *localcluster.Cluster) []byte {
 // change; families another change adds are checked once the source names
 // them (ruleFamilies).
 func TestAlertRulesUseExportedMetrics(t *testing.T) {
-	used := ruleMetricNames(t, chartRulesFile)
+	exprs := ruleExprs(t, chartRulesFile)
+	used := ruleMetricNames(exprs)
 	var listed []string
 	for n := range ruleFamilies {
 		listed = append(listed, n)
@@ -213,6 +299,9 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	slices.Sort(listed)
 	if !slices.Equal(used, listed) {
 		t.Fatalf("the alert rules use the metric families %v; ruleFamilies lists %v", used, listed)
+	}
+	if u := unlistedMatchers(exprs); len(u) > 0 {
+		t.Fatalf("the alert rules match labels and values that ruleFamilies does not list: %v", u)
 	}
 
 	e := localcluster.Require(t, env)
@@ -260,7 +349,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	// A NACKed first response, then a change pushed to the same stream.
 	nackingProxy(t, h.xdsAddr, "rules-proxy", "rejected for the alert rules test")
 	eventually(t, 30*time.Second, func() error {
-		if _, ok := metricTypes(h.scrapeMetrics(t))["hub_xds_nacks_total"]; !ok {
+		if _, ok := parseMetrics(h.scrapeMetrics(t)).types["hub_xds_nacks_total"]; !ok {
 			return fmt.Errorf("no NACK counted yet")
 		}
 		return nil
@@ -268,30 +357,43 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	seedEcho(t, west, "rules-"+rand.String(5), 1, 77)
 
 	inSource := hubSourceNames(t, used)
-	var types map[string]string
+	var page scrape
 	eventually(t, 60*time.Second, func() error {
-		types = metricTypes(h.scrapeMetrics(t))
+		page = parseMetrics(h.scrapeMetrics(t))
 		var problems []string
 		for _, n := range used {
 			want := ruleFamilies[n]
-			got, ok := types[n]
+			got, ok := page.types[n]
 			switch {
 			case !ok && want.addedBy != "" && !inSource[n]:
-				// Logged below, once.
+				continue // logged below, once
 			case !ok:
 				problems = append(problems, n+" is not on /metrics")
+				continue
 			case got != want.typ:
 				problems = append(problems, fmt.Sprintf("%s is a %s; the rules use it as a %s", n, got, want.typ))
 			}
+			for label, values := range want.labels {
+				have := page.labels[n][label]
+				if have == nil {
+					problems = append(problems, fmt.Sprintf("%s has no series with the label %s", n, label))
+				}
+				for _, v := range values {
+					if have != nil && !have[v] {
+						problems = append(problems, fmt.Sprintf("%s has no series with %s=%q", n, label, v))
+					}
+				}
+			}
 		}
 		if len(problems) > 0 {
+			slices.Sort(problems)
 			return fmt.Errorf("%s", strings.Join(problems, "; "))
 		}
 		return nil
 	})
 	for _, n := range used {
 		if f := ruleFamilies[n]; f.addedBy != "" && !inSource[n] {
-			if _, ok := types[n]; !ok {
+			if _, ok := page.types[n]; !ok {
 				t.Logf("%s: not exported by this hub yet (%s adds it); not checked", n, f.addedBy)
 			}
 		}
