@@ -52,12 +52,13 @@ lint:
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent"; } & building=$$!; \
+	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && internal/tools/promtool/build.sh >"$$bins/promtool"; } & building=$$!; \
 	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
 	wait $$building; stage "Kubernetes and Istio binaries (after lint)"; \
 	[ $$lint = 0 ] || exit $$lint; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
 	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN; \
+	HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); export HUB_PROMTOOL_BIN; \
 	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
 	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \
