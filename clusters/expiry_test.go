@@ -9,13 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
@@ -23,35 +19,26 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// adminServiceAccountToken creates, in a fresh namespace of cs, a service
-// account bound to cluster-admin and returns a TokenRequest token for it
-// that expires after ttl, with its expiry as the API server states it.
-func adminServiceAccountToken(t *testing.T, cs kubernetes.Interface, name string, ttl time.Duration) (string, time.Time) {
+// adminTokenKubeconfig is a kubeconfig of c holding a cluster-admin
+// TokenRequest token that expires after ttl, and that expiry.
+func adminTokenKubeconfig(t *testing.T, c *localcluster.Cluster, ttl time.Duration) ([]byte, time.Time) {
 	t.Helper()
-	ctx := context.Background()
-	ns := "exp-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: ns},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
-		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cs.RbacV1().ClusterRoleBindings().Delete(context.Background(), ns, metav1.DeleteOptions{})
-		_ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	})
-	secs := int64(ttl / time.Second)
-	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	kc, exp, cleanup, err := c.AdminTokenKubeconfig(context.Background(), ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tr.Status.Token, tr.Status.ExpirationTimestamp.UTC()
+	t.Cleanup(cleanup)
+	return kc, exp
+}
+
+// kubeconfigToken is the bearer token of a kubeconfig's current user.
+func kubeconfigToken(t *testing.T, kubeconfig []byte) string {
+	t.Helper()
+	cfg, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.AuthInfos[cfg.Contexts[cfg.CurrentContext].AuthInfo].Token
 }
 
 // kubeconfigCertExpiry is the notAfter of the client certificate of a
@@ -84,8 +71,9 @@ func TestCredentialExpiryOnRealMembers(t *testing.T) {
 	home := kube(t, e.Cluster("home"))
 	m1 := e.Cluster("member1")
 
-	short, shortExp := adminServiceAccountToken(t, kube(t, m1), "hub-short", 3*24*time.Hour)
-	long, longExp := adminServiceAccountToken(t, kube(t, m1), "hub-long", 30*24*time.Hour)
+	shortKC, shortExp := adminTokenKubeconfig(t, m1, 3*24*time.Hour)
+	longKC, longExp := adminTokenKubeconfig(t, m1, 30*24*time.Hour)
+	short, long := kubeconfigToken(t, shortKC), kubeconfigToken(t, longKC)
 	certKC, err := e.Cluster("member2").NewCertKubeconfig()
 	if err != nil {
 		t.Fatal(err)
@@ -100,8 +88,8 @@ func TestCredentialExpiryOnRealMembers(t *testing.T) {
 	}
 
 	secret := localcluster.RemoteSecret(ns, "s", map[string][]byte{
-		"short":   m1.TokenKubeconfig(short),
-		"long":    m1.TokenKubeconfig(long),
+		"short":   shortKC,
+		"long":    longKC,
 		"cert":    certKC,
 		"expired": m1.TokenKubeconfig(forged),
 	})
