@@ -218,37 +218,14 @@ func (r *Registry) memberCredentials() []memberCreds {
 	return out
 }
 
-// expiryCheckEvery is how often members' credentials are checked against
-// the warning window when nothing changes.
-const expiryCheckEvery = time.Minute
-
-// kickExpiry asks watchExpiry to check now (a member was added or switched
-// to a new kubeconfig).
-func (r *Registry) kickExpiry() {
-	select {
-	case r.expiryKick <- struct{}{}:
-	default:
-	}
-}
-
 // watchExpiry records a Warning Event on a member's remote Secret when one
 // of its credentials comes within Config.ExpiryWarning of expiring
 // (CredentialExpiring) and when it has expired (CredentialExpired): once
 // per crossing and credential, not on every check, and only on the leader
 // (a replica that gains leadership tells what it has not told itself).
-func (r *Registry) watchExpiry(ctx context.Context) {
-	tick := time.NewTicker(expiryCheckEvery)
-	defer tick.Stop()
-	for {
-		r.checkExpiry(time.Now())
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-r.expiryKick:
-		}
-	}
-}
+// It checks when a member is added or switches to a new kubeconfig
+// (expiryKick) and every expiry.CheckEvery, until ctx is done.
+func (r *Registry) watchExpiry(ctx context.Context) { expiry.Watch(ctx, r.expiryKick, r.checkExpiry) }
 
 func (r *Registry) checkExpiry(now time.Time) {
 	members := r.memberCredentials()

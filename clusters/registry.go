@@ -121,7 +121,7 @@ type Registry struct {
 	recorder    record.EventRecorder
 	transitions *prometheus.CounterVec
 	// expiryKick wakes watchExpiry; expiryWarned is what it warned of.
-	expiryKick   chan struct{}
+	expiryKick   expiry.Kick
 	expiryWarned expiry.Warned
 
 	secrets       corelisters.SecretLister
@@ -189,7 +189,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		extra:      map[string]map[string]Status{},
 		reconciled: map[string]struct{}{},
 		history:    map[string][]Transition{},
-		expiryKick: make(chan struct{}, 1),
+		expiryKick: expiry.NewKick(),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_cluster_state_transitions_total",
 			Help: "Member state changes, by member and new state.",
@@ -420,7 +420,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
-	r.kickExpiry()
+	r.expiryKick.Now()
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
 		r.requeueConflicts(key)
@@ -621,7 +621,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	}
 	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
 	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)
-	r.kickExpiry()
+	r.expiryKick.Now()
 	return true
 }
 

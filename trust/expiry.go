@@ -154,38 +154,18 @@ func (f *Federation) withExpiry(st Status, now time.Time) Status {
 	return st
 }
 
-// expiryCheckEvery is how often expiry is checked when nothing changes.
-const expiryCheckEvery = time.Minute
-
-// kickExpiry asks watchExpiry to check now.
-func (f *Federation) kickExpiry() {
-	select {
-	case f.expiryKick <- struct{}{}:
-	default:
-	}
-}
-
 // watchExpiry records Warning Events when our CA's root or chain
 // (CAExpiring, CAExpired, on the Secret holding the CA) or a peer's bundle
 // (PeerBundleExpiring, PeerBundleExpired, on its ConfigMap) comes within
 // Config.ExpiryWarning of expiring and when it has expired: once per
-// crossing, only on the leader, until ctx is done.
+// crossing, only on the leader; it checks when roots change and every
+// expiry.CheckEvery, until ctx is done.
 func (f *Federation) watchExpiry(ctx context.Context) {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: f.cfg.Client.CoreV1().Events(f.cfg.Namespace)})
 	defer broadcaster.Shutdown()
 	rec := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "hub"})
-	tick := time.NewTicker(expiryCheckEvery)
-	defer tick.Stop()
-	for {
-		f.checkExpiry(rec, time.Now())
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-f.expiryKick:
-		}
-	}
+	expiry.Watch(ctx, f.expiryKick, func(now time.Time) { f.checkExpiry(rec, now) })
 }
 
 func (f *Federation) checkExpiry(rec record.EventRecorder, now time.Time) {

@@ -134,7 +134,7 @@ type Federation struct {
 	peers map[string]*peer // by trust domain name
 
 	// expiryKick wakes watchExpiry; expiryWarned is what it warned of.
-	expiryKick   chan struct{}
+	expiryKick   expiry.Kick
 	expiryWarned expiry.Warned
 }
 
@@ -158,7 +158,7 @@ func New(cfg Config) *Federation {
 	if cfg.EndpointGuard == nil {
 		cfg.EndpointGuard = DefaultEndpointGuard
 	}
-	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}, expiryKick: make(chan struct{}, 1)}
+	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}, expiryKick: expiry.NewKick()}
 }
 
 // Start loads (or creates and persists) our CA. It must succeed before the
@@ -253,7 +253,7 @@ func (f *Federation) LeadershipGained(ctx context.Context) {
 }
 
 func (f *Federation) changed() {
-	f.kickExpiry()
+	f.expiryKick.Now()
 	if f.cfg.OnChange != nil {
 		f.cfg.OnChange()
 	}

@@ -6,6 +6,7 @@
 package expiry
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -134,6 +135,40 @@ func (w *Warned) Retain(keep func(key string) bool) {
 	for k := range w.m {
 		if !keep(k) {
 			delete(w.m, k)
+		}
+	}
+}
+
+// CheckEvery is how often Watch checks when nothing asks it to: threshold
+// crossings are told within it.
+const CheckEvery = time.Minute
+
+// Kick wakes a Watch (make it with NewKick).
+type Kick chan struct{}
+
+// NewKick makes a Kick.
+func NewKick() Kick { return make(Kick, 1) }
+
+// Now asks the Watch to check now; it never blocks.
+func (k Kick) Now() {
+	select {
+	case k <- struct{}{}:
+	default:
+	}
+}
+
+// Watch calls check with the time at once, then every CheckEvery and
+// whenever kick is kicked, until ctx is done.
+func Watch(ctx context.Context, kick Kick, check func(now time.Time)) {
+	tick := time.NewTicker(CheckEvery)
+	defer tick.Stop()
+	for {
+		check(time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-kick:
 		}
 	}
 }
