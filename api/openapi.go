@@ -41,6 +41,20 @@ func str() obj     { return obj{"type": "string"} }
 func integer() obj { return obj{"type": "integer"} }
 func timeStr() obj { return obj{"type": "string", "format": "date-time", "nullable": true} }
 
+func expiryState() obj {
+	return obj{"type": "string", "enum": []string{"valid", "expiring", "expired"}, "description": "expiring: within --expiry-warning"}
+}
+
+func badgeStr() obj {
+	return obj{"type": "string", "description": "the dashboard's badge: \"expires in 3d\" (or 5h, 12m), \"expired\""}
+}
+
+func certExpiry(desc string) obj {
+	return obj{"type": "object", "description": desc, "properties": obj{
+		"subject": str(), "notAfter": obj{"type": "string", "format": "date-time"}, "state": expiryState(), "badge": badgeStr(),
+	}}
+}
+
 // openAPI documents every /api/v1 route; a test checks it against the router.
 var openAPI = obj{
 	"openapi": "3.0.3",
@@ -112,7 +126,13 @@ var openAPI = obj{
 				"message": str(), "server": str(), "services": integer(), "endpoints": integer(), "lastSyncTime": timeStr(),
 				"kubeconfigSHA256": obj{"type": "string", "description": "SHA-256 (hex) of the kubeconfig the member's active client runs (absent for the home cluster): after writing a remote Secret, the hub uses it once this matches (hub register --rotate waits for it)"},
 				"warnings":         obj{"type": "array", "items": str(), "description": "accepted but risky kubeconfig settings, e.g. insecure-skip-tls-verify"},
-				"network":          obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
+				"credentials": obj{"type": "array", "description": "when the inline credentials of the member's kubeconfig expire: a bearer token's JWT exp claim (read, not verified), a client certificate's notAfter; absent: none with a known expiry (an opaque token, files, exec plugins)", "items": obj{"type": "object", "required": []string{"credential"}, "properties": obj{
+					"credential": obj{"type": "string", "enum": []string{"token", "client_certificate"}},
+					"notAfter":   obj{"type": "string", "format": "date-time", "description": "absent when error says why it could not be read"},
+					"state":      expiryState(), "badge": badgeStr(),
+					"error": obj{"type": "string", "description": "why a token that is a JWT has no readable exp"},
+				}}},
+				"network": obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
 				"gateways": obj{"type": "array", "description": "east-west gateways into the member's network: its Services labelled with the network on port 15443 (or networking.istio.io/gatewayPort), and the remote Secret's hub.federation/gateways", "items": obj{"type": "object", "properties": obj{
 					"address": str(), "port": integer(), "source": obj{"type": "string", "description": "service <namespace>/<name>, or secret annotation"},
 				}}},
@@ -144,6 +164,12 @@ var openAPI = obj{
 				"sequence": obj{"type": "integer", "nullable": true}, "refreshHint": obj{"type": "integer", "nullable": true, "description": "seconds"},
 				"x509Authorities": obj{"type": "array", "items": obj{"type": "object", "properties": obj{"subject": str(), "notAfter": timeStr(), "sha256": str()}}},
 				"jwtAuthorities":  obj{"type": "array", "items": obj{"type": "object", "properties": obj{"keyID": str()}}},
+				"bundleExpiry":    certExpiry("peers: the first X.509 authority of the bundle to expire (absent while there is none)"),
+				"ca": obj{"type": "object", "description": "our trust domain: when our CA expires", "properties": obj{
+					"root":   certExpiry("the first of the CA's current roots to expire (roots kept after a rotation are not counted)"),
+					"chain":  certExpiry("the first of the CA's signing certificate and intermediates to expire (a self-signed CA: its root)"),
+					"secret": obj{"type": "string", "description": "namespace/name of the Secret holding the CA (cacerts or hub-trust-state)"},
+				}},
 			}},
 			"PeerRequest": obj{"type": "object", "additionalProperties": false, "required": []string{"bundleEndpointURL", "profile"}, "properties": obj{
 				"bundleEndpointURL": str(), "profile": obj{"type": "string", "enum": []string{"https_web", "https_spiffe"}},

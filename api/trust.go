@@ -51,6 +51,11 @@ type TrustDomain struct {
 	RefreshHint       *int64          `json:"refreshHint"`
 	X509Authorities   []X509Authority `json:"x509Authorities"`
 	JWTAuthorities    []JWTAuthority  `json:"jwtAuthorities"`
+	// BundleExpiry is, for a peer, the first X.509 authority of its bundle
+	// to expire (absent while there is none).
+	BundleExpiry *CertExpiry `json:"bundleExpiry,omitempty"`
+	// CA is, for our own trust domain, when our CA's root and chain expire.
+	CA *CAExpiry `json:"ca,omitempty"`
 }
 
 // ToTrustDomain converts a trust domain status.
@@ -60,6 +65,7 @@ func ToTrustDomain(st trust.Status) TrustDomain {
 		Profile: string(st.Spec.Profile), EndpointSPIFFEID: st.Spec.EndpointSPIFFEID,
 		State: string(st.State), Message: st.Message, LastRefresh: timePtr(st.LastSuccess), NextRefresh: timePtr(st.NextRefresh),
 		X509Authorities: []X509Authority{}, JWTAuthorities: []JWTAuthority{},
+		BundleExpiry: ToCertExpiry(st.BundleExpiry), CA: ToCAExpiry(st.CA),
 	}
 	if b := st.Bundle; b != nil {
 		if s, ok := b.SequenceNumber(); ok {

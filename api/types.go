@@ -44,6 +44,9 @@ type Cluster struct {
 	LastSyncTime     *time.Time `json:"lastSyncTime"`
 	// Warnings are accepted but risky settings of the member's kubeconfig.
 	Warnings []string `json:"warnings,omitempty"`
+	// Credentials are when the inline credentials of the member's
+	// kubeconfig expire (absent: none with a known expiry).
+	Credentials []CredentialExpiry `json:"credentials,omitempty"`
 	// Network is the member's Istio network (absent: none).
 	Network string `json:"network,omitempty"`
 	// Gateways are the member's east-west gateways, and GatewaysRefused
@@ -128,7 +131,7 @@ func ToCluster(st clusters.Status) Cluster {
 		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,
 		WatchScope: st.WatchScope.String(), WatchedNamespaces: st.WatchedNamespaces, WatchRefused: st.WatchRefused,
-		Objects: st.Objects,
+		Objects: st.Objects, Credentials: ToCredentialExpiries(st.Credentials),
 	}
 	for _, g := range st.Gateways {
 		c.Gateways = append(c.Gateways, Gateway(g))

@@ -63,6 +63,9 @@ type Cluster struct {
 	httpClient *http.Client // client's, for requests outside client-go's decoders
 	conns      *connTracker
 	warnings   []string // from the kubeconfig, for status
+	// credentials are when the kubeconfig's credentials expire; never
+	// modified after newCluster.
+	credentials []CredentialExpiry
 	// maxObjects caps the objects the informers hold (0: none); objects
 	// counts them, and overflowed is set once the cap was passed.
 	maxObjects int
@@ -220,7 +223,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		return nil, fmt.Errorf("building client for cluster %s: %w", id, err)
 	}
 	*c = Cluster{
-		id: id, secret: secret, server: kc.Server, hash: kc.SHA256, warnings: kc.Warnings,
+		id: id, secret: secret, server: kc.Server, hash: kc.SHA256, warnings: kc.Warnings, credentials: kc.Credentials,
 		httpClient: httpClient, maxObjects: kc.maxObjects,
 		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
 		client: client, conns: conns,
@@ -742,7 +745,7 @@ func (c *Cluster) statusLocked() Status {
 	st := Status{
 		ID: c.id, Secret: c.secret, Server: c.server,
 		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
-		Warnings: slices.Clone(c.warnings),
+		Warnings: slices.Clone(c.warnings), Credentials: slices.Clone(c.credentials),
 	}
 	if c.hash != ([32]byte{}) {
 		st.KubeconfigSHA256 = hex.EncodeToString(c.hash[:])

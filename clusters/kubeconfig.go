@@ -48,6 +48,9 @@ type Kubeconfig struct {
 	SHA256 [32]byte
 	// Warnings are accepted but risky settings, shown in the member's status.
 	Warnings []string
+	// Credentials are when its inline credentials expire (see
+	// CredentialExpiry), shown in the member's status.
+	Credentials []CredentialExpiry
 
 	// guard checks every address the member's client dials (nil: none, for
 	// the home cluster, which the operator configured).
@@ -166,6 +169,6 @@ func (p KubeconfigPolicy) ParseKubeconfig(data []byte) (*Kubeconfig, error) {
 	}
 	return &Kubeconfig{
 		Config: res.config, Server: res.server, SHA256: sha256.Sum256(data), Warnings: res.warnings,
-		guard: guard, maxObjects: p.maxObjects(),
+		Credentials: credentialExpiries(res.config), guard: guard, maxObjects: p.maxObjects(),
 	}, nil
 }

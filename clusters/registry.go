@@ -30,6 +30,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/hubmesh/hub/internal/expiry"
 )
 
 // MultiClusterLabel marks a Secret whose data keys are cluster IDs and whose
@@ -96,6 +98,10 @@ type Config struct {
 	// member views (one replica does, so that N replicas do not write N
 	// copies); nil means always.
 	IsLeader func() bool
+	// ExpiryWarning is how long before a member's credential expires the
+	// hub warns (an Event on its remote Secret, its status); 0 means
+	// seven days.
+	ExpiryWarning time.Duration
 }
 
 // Registry is the set of member clusters, driven by remote Secrets.
@@ -114,6 +120,9 @@ type Registry struct {
 	queue       workqueue.TypedRateLimitingInterface[string] // namespace/name of remote Secrets
 	recorder    record.EventRecorder
 	transitions *prometheus.CounterVec
+	// expiryKick wakes watchExpiry; expiryWarned is what it warned of.
+	expiryKick   expiry.Kick
+	expiryWarned expiry.Warned
 
 	secrets       corelisters.SecretLister
 	secretsSynced cache.InformerSynced
@@ -180,6 +189,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		extra:      map[string]map[string]Status{},
 		reconciled: map[string]struct{}{},
 		history:    map[string][]Transition{},
+		expiryKick: expiry.NewKick(),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_cluster_state_transitions_total",
 			Help: "Member state changes, by member and new state.",
@@ -197,6 +207,9 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 		if err := cfg.Metrics.Register(registryCollector{r}); err != nil {
+			return nil, fmt.Errorf("registering metrics: %w", err)
+		}
+		if err := cfg.Metrics.Register(expiryCollector{r}); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 	}
@@ -262,12 +275,18 @@ func (r *Registry) Run(ctx context.Context) error {
 		for r.processNext(ctx) {
 		}
 	}()
+	expiryDone := make(chan struct{})
+	go func() {
+		defer close(expiryDone)
+		r.watchExpiry(ctx)
+	}()
 
 	<-ctx.Done()
 	r.queue.ShutDown()
 	<-done
 	<-viewsDone
 	<-exportsDone
+	<-expiryDone
 	factory.Shutdown()
 	r.home.stop()
 	r.mu.Lock()
@@ -401,6 +420,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
+	r.expiryKick.Now()
 	// A freed ID may let a conflicting Secret take over.
 	if len(freed) > 0 {
 		r.requeueConflicts(key)
@@ -601,6 +621,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	}
 	r.log.Info("cluster switched to its new kubeconfig", "cluster", id)
 	r.event(m.ref, corev1.EventTypeNormal, "KubeconfigRotated", "cluster %s now uses its new kubeconfig", id)
+	r.expiryKick.Now()
 	return true
 }
 
@@ -795,8 +816,10 @@ func (r *Registry) Clusters() []Status {
 }
 
 // withDemotion sets Status.Demoted for a member whose endpoints the hub
-// serves behind the healthy members' (the index demotes the same states).
+// serves behind the healthy members' (the index demotes the same states),
+// and grades its credentials' expiry now.
 func (r *Registry) withDemotion(st Status) Status {
+	st.Credentials = withLevels(st.Credentials, time.Now(), r.cfg.ExpiryWarning)
 	switch st.State {
 	case StateStale, StateUnreachable, StateTimedOut:
 		if r.cfg.DemoteUnhealthy && st.Endpoints > 0 {

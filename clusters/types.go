@@ -135,6 +135,10 @@ type Status struct {
 	// Warnings are accepted but risky settings of the member's kubeconfig
 	// (e.g. insecure-skip-tls-verify).
 	Warnings []string
+	// Credentials are when the inline credentials of the member's
+	// kubeconfig expire, graded against Config.ExpiryWarning (none for the
+	// home cluster, or when no expiry is known).
+	Credentials []CredentialExpiry
 	// Network is the member's Istio network ("" when its system
 	// namespace has no topology.istio.io/network label).
 	Network string

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/hubmesh/hub/internal/dialguard"
+	"github.com/hubmesh/hub/internal/expiry"
 )
 
 // PeerLabel marks a ConfigMap in the hub's namespace that declares a
@@ -88,6 +89,12 @@ type Status struct {
 	LastSuccess time.Time
 	NextRefresh time.Time
 	Bundle      *spiffebundle.Bundle // nil until one is known
+	// BundleExpiry is, for a peer, its bundle's first X.509 authority to
+	// expire (zero while it has none), graded against Config.ExpiryWarning.
+	BundleExpiry CertExpiry
+	// CA is, for our own trust domain, when our CA's root and chain
+	// expire (nil until the CA is loaded).
+	CA *CAExpiry
 }
 
 // Config holds the Federation's dependencies.
@@ -111,6 +118,10 @@ type Config struct {
 	// bundleEndpointURL when a relationship is applied; nil means
 	// DefaultEndpointGuard.
 	EndpointGuard *dialguard.Guard
+	// ExpiryWarning is how long before our CA or a peer's bundle expires
+	// the hub warns (Events, the trust domain's status); 0 means seven
+	// days.
+	ExpiryWarning time.Duration
 }
 
 // Federation is our trust domain and every peer we federate with.
@@ -121,6 +132,10 @@ type Federation struct {
 	mu    sync.RWMutex
 	local *caState
 	peers map[string]*peer // by trust domain name
+
+	// expiryKick wakes watchExpiry; expiryWarned is what it warned of.
+	expiryKick   expiry.Kick
+	expiryWarned expiry.Warned
 }
 
 type peer struct {
@@ -143,7 +158,7 @@ func New(cfg Config) *Federation {
 	if cfg.EndpointGuard == nil {
 		cfg.EndpointGuard = DefaultEndpointGuard
 	}
-	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}}
+	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}, expiryKick: expiry.NewKick()}
 }
 
 // Start loads (or creates and persists) our CA. It must succeed before the
@@ -189,7 +204,13 @@ func (f *Federation) Run(ctx context.Context) error {
 		return err
 	}
 	factory.Start(ctx.Done())
+	expiryDone := make(chan struct{})
+	go func() {
+		defer close(expiryDone)
+		f.watchExpiry(ctx)
+	}()
 	<-ctx.Done()
+	<-expiryDone
 	factory.Shutdown()
 	f.mu.Lock()
 	peers := f.peers
@@ -232,6 +253,7 @@ func (f *Federation) LeadershipGained(ctx context.Context) {
 }
 
 func (f *Federation) changed() {
+	f.expiryKick.Now()
 	if f.cfg.OnChange != nil {
 		f.cfg.OnChange()
 	}
@@ -546,8 +568,10 @@ func (f *Federation) RootsPEM(td string) ([]byte, bool) {
 	return encodeCerts(b.X509Authorities()), true
 }
 
-// TrustDomains lists ours first, then every peer by name.
+// TrustDomains lists ours first, then every peer by name, with what
+// expires when (Status.CA, Status.BundleExpiry).
 func (f *Federation) TrustDomains() []Status {
+	now := time.Now()
 	local := Status{Spec: PeerSpec{TrustDomain: f.cfg.TrustDomain.Name()}, Local: true, State: StatePending}
 	if b, err := f.LocalBundle(); err == nil {
 		local.State, local.Bundle = StateReady, b
@@ -558,6 +582,9 @@ func (f *Federation) TrustDomains() []Status {
 		out = append(out, p.status)
 	}
 	f.mu.RUnlock()
+	for i := range out {
+		out[i] = f.withExpiry(out[i], now)
+	}
 	sort.Slice(out[1:], func(i, j int) bool { return out[i+1].Spec.TrustDomain < out[j+1].Spec.TrustDomain })
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	corev1 "k8s.io/api/core/v1"
@@ -213,6 +214,24 @@ func TestPeerBundlePersistedOnLeadershipGain(t *testing.T) {
 		}
 		if seq, _ := b.SequenceNumber(); seq != 2 {
 			return fmt.Errorf("persisted sequence %d; want 2", seq)
+		}
+		return nil
+	})
+
+	// The peer's bundle metrics follow the rotation: its expiry is the
+	// rotated root's, its last refresh the fetch that brought it.
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(f.Collector())
+	// (A refresh between reading the status and the metrics is retried.)
+	wait.Until(t, 10*time.Second, func() error {
+		st, err := f.TrustDomain(peerTD.Name())
+		if err != nil {
+			return err
+		}
+		got := gauges(t, metrics, "hub_trust_peer_bundle_expiry_timestamp_seconds", "hub_trust_peer_bundle_last_refresh_timestamp_seconds")
+		if got[`hub_trust_peer_bundle_expiry_timestamp_seconds{trust_domain="peer.example"}`] != float64(rotated.Cert.NotAfter.Unix()) ||
+			got[`hub_trust_peer_bundle_last_refresh_timestamp_seconds{trust_domain="peer.example"}`] != float64(st.LastSuccess.Unix()) || st.LastSuccess.IsZero() {
+			return fmt.Errorf("peer bundle metrics %v; want expiry %d, last refresh %d", got, rotated.Cert.NotAfter.Unix(), st.LastSuccess.Unix())
 		}
 		return nil
 	})

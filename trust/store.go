@@ -32,6 +32,8 @@ const (
 type caState struct {
 	ca       *CA
 	roots    []*x509.Certificate // current roots first, then older unexpired ones
+	current  int                 // how many of roots are current (the CA's own)
+	secret   string              // the Secret the CA comes from (PluggedCASecret or StateSecret)
 	sequence uint64
 }
 
@@ -172,12 +174,14 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, ns string,
 
 	var ca *CA
 	var current []*x509.Certificate
+	source := StateSecret
 	plugged, err := secrets.Get(ctx, PluggedCASecret, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		if ca, current, err = parsePlugged(td, plugged.Data); err != nil {
 			return nil, corrupt(pluggedName, "plugged-in CA (Istio cacerts)", pluggedRemedy, err)
 		}
+		source = PluggedCASecret
 	case apierrors.IsNotFound(err):
 		certPEM, keyPEM := state.Data["ca-cert.pem"], state.Data["ca-key.pem"]
 		if len(certPEM) == 0 && len(keyPEM) == 0 {
@@ -235,7 +239,7 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, ns string,
 			return nil, fmt.Errorf("persisting Secret %s: %w", stateName, err)
 		}
 	}
-	return &caState{ca: ca, roots: roots, sequence: seq}, nil
+	return &caState{ca: ca, roots: roots, current: len(current), secret: source, sequence: seq}, nil
 }
 
 // parsePlugged reads Istio's plug-in CA Secret: ca-cert.pem (the signing

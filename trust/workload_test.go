@@ -5,8 +5,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"testing"
 	"time"
 
@@ -17,24 +15,7 @@ import (
 // root, as an operator's plugged-in cacerts does.
 func intermediateCA(t *testing.T, root *CA) *CA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "intermediate"},
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}, root.Cert, &key.PublicKey, root.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &CA{TrustDomain: root.TrustDomain, Cert: cert, Key: key}
+	return intermediateUntil(t, root, time.Now().Add(time.Hour))
 }
 
 func TestWorkloadChainEndsWithTheRoot(t *testing.T) {

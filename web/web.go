@@ -658,7 +658,25 @@ var funcs = template.FuncMap{
 		}
 		return d.String() + " ago"
 	},
-	"stamp": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"stamp": func(t any) string {
+		switch t := t.(type) {
+		case time.Time:
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		case *time.Time:
+			if t != nil {
+				return t.UTC().Format("2006-01-02 15:04:05Z")
+			}
+		}
+		return "—"
+	},
+	// credentialName names what a badge is about: a member's credential
+	// ("token", "client certificate"), nothing for a certificate.
+	"credentialName": func(e any) string {
+		if c, ok := e.(api.CredentialExpiry); ok {
+			return strings.ReplaceAll(c.Credential, "_", " ")
+		}
+		return ""
+	},
 	// hasNotes reports whether any kind has a note (distribute.Note).
 	"hasNotes": func(kinds []distribute.KindStatus) bool {
 		for _, k := range kinds {

@@ -29,6 +29,7 @@ import (
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/internal/expiry"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -67,6 +68,7 @@ type config struct {
 	newStreamsPerSecond  float64
 	shutdownGrace        time.Duration
 	maxWorkloadCertTTL   time.Duration
+	expiryWarning        time.Duration
 	xdsLimits            xdsLimits
 	mtlsMode             string
 	demoteUnhealthy      bool
@@ -124,6 +126,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.exportMode, "export-mode", string(clusters.ExportAll), "which members' Services are federated to the other members: all (every Service but those labelled hub.federation/export: \"false\") or serviceexport (only Services with a Multi-Cluster Services ServiceExport of the same name; a member without the CRD exports none); either way a Service annotated hub.federation/export-to: a,b goes to those members only, and its own member's proxies always get it")
 	fs.BoolVar(&c.demoteUnhealthy, "demote-unhealthy-members", true, "serve the endpoints of a member that is Stale, Unreachable or TimedOut one priority behind the healthy members' (never dropped while it is the only one; restored on recovery)")
 	fs.StringVar(&c.mtlsMode, "mtls-mode", string(xdsgen.DefaultMTLSMode), "mesh-wide mTLS mode of proxyless gRPC workloads (xDS credentials) where no PeerAuthentication in the root namespace sets one, as Istio's modes apply to them: STRICT (clients use mTLS where no DestinationRule says otherwise, servers require client certificates), PERMISSIVE or DISABLE (plaintext: a gRPC server cannot accept both on one port); distributed PeerAuthentications and DestinationRules decide per workload and per service")
+	fs.DurationVar(&c.expiryWarning, "expiry-warning", expiry.DefaultWarning, "warn this long before a member's kubeconfig credential (token exp, client certificate), the hub CA's root or chain, or a peer's bundle expires: a Warning Event, a dashboard badge, the expiry state in the API")
 	c.hardening.register(fs)
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM: readiness fails at once, xDS streams are closed one by one over half of this, the rest are cut at its end")
 }
@@ -163,6 +166,9 @@ func (c *config) validate() error {
 	}
 	if c.maxWorkloadCertTTL < time.Second {
 		return fmt.Errorf("--max-workload-cert-ttl must be at least 1s, not %s", c.maxWorkloadCertTTL)
+	}
+	if c.expiryWarning <= 0 {
+		return fmt.Errorf("--expiry-warning must be positive, not %s", c.expiryWarning)
 	}
 	if c.shutdownGrace <= 0 {
 		return fmt.Errorf("--shutdown-grace must be positive, not %s", c.shutdownGrace)

@@ -100,7 +100,9 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		return err
 	}
 	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard})
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard,
+		ExpiryWarning: cfg.expiryWarning})
+	metrics.MustRegister(fed.Collector())
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
 		Home:            home,
@@ -117,6 +119,7 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		Metrics:         metrics,
 		Log:             log,
 		IsLeader:        elector.IsLeader,
+		ExpiryWarning:   cfg.expiryWarning,
 	})
 	if err != nil {
 		return err
