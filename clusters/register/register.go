@@ -34,12 +34,14 @@ import (
 	"github.com/hubmesh/hub/clusters"
 )
 
-// DefaultTokenTTL is how long a minted token is valid: a week. Run
-// `hub register --rotate` daily (a CronJob) and a rotation that breaks
-// leaves six days to notice and fix it before the member goes stale; a
-// leaked token is useful for a week at most, and rotation revokes it at
-// once anyway.
-const DefaultTokenTTL = 7 * 24 * time.Hour
+// DefaultTokenTTL is how long a minted token is valid: two weeks. Run
+// `hub register --rotate` weekly (a CronJob): a token is then never within
+// the hub's default --expiry-warning (7 days) unless a rotation failed, and
+// that warning (a CredentialExpiring Event, the dashboard badge, the
+// HubMemberCredentialExpiresSoon alert) leaves a week to fix it before the
+// member goes stale. A leaked token is useful for two weeks at most, and
+// rotation revokes it at once anyway.
+const DefaultTokenTTL = 14 * 24 * time.Hour
 
 // Member is a member cluster as the operator reaches it.
 type Member struct {
