@@ -19,10 +19,11 @@ build:
 k8s-bin:
 	$(K8S_BIN)
 
-# Istio's pilot-discovery (istiod) and pilot-agent from e2e/interop's Istio
-# module, for the MCP-over-XDS and workload-certificate e2e tests (cached
-# outside the repo; prints istiod's path, `e2e/interop/build-istiod.sh
-# pilot-agent` the agent's).
+# Istio's pilot-discovery (istiod), pilot-agent and istioctl from
+# e2e/interop's Istio module, for the MCP-over-XDS, workload-certificate and
+# proxy-status e2e tests (cached outside the repo; prints istiod's path,
+# `e2e/interop/build-istiod.sh pilot-agent` the agent's, `... istioctl`
+# istioctl's).
 istiod-bin:
 	$(ISTIOD_BIN)
 
@@ -52,12 +53,13 @@ lint:
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent"; } & building=$$!; \
+	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl"; } & building=$$!; \
 	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
 	wait $$building; stage "Kubernetes and Istio binaries (after lint)"; \
 	[ $$lint = 0 ] || exit $$lint; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
-	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN; \
+	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); HUB_ISTIOCTL_BIN=$$(tail -n1 "$$bins/istioctl"); \
+	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN; \
 	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
 	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \
