@@ -150,10 +150,12 @@ func validateWorkload(e Endpoint, namespace string) error {
 const cachedWorkload = "hub.internal/workload"
 
 // stripMeshPod keeps of a mesh pod what the hub reads: its key, and its
-// workload (podWorkload) as the annotation cachedWorkload.
+// workload (podWorkload) as the annotation cachedWorkload. An object
+// without labels is one it stripped already (the informer may hand it an
+// object twice; a mesh pod always has the label it is selected by): kept.
 func stripMeshPod(obj any) (any, error) {
 	o, ok := obj.(*metav1.PartialObjectMetadata)
-	if !ok {
+	if !ok || o.Labels == nil {
 		return obj, nil
 	}
 	out := &metav1.PartialObjectMetadata{TypeMeta: o.TypeMeta, ObjectMeta: metav1.ObjectMeta{

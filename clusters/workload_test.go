@@ -80,3 +80,15 @@ func TestPersistedWorkloadIsValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestStripMeshPodIsIdempotent: the informer may transform an object it
+// already transformed; the workload stays.
+func TestStripMeshPodIsIdempotent(t *testing.T) {
+	pod := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "solo",
+		Labels: map[string]string{LabelTLSMode: TLSModeIstio, "app": "echo", "version": "v3"}}}
+	once, _ := stripMeshPod(pod)
+	twice, _ := stripMeshPod(once)
+	if w := workloadOf(twice); w != "solo;ns;echo;v3" {
+		t.Errorf("stripped twice: workload %q; want solo;ns;echo;v3", w)
+	}
+}
