@@ -113,6 +113,7 @@ func controlPlaneOf(instance string) *corev3.ControlPlane {
 // debugReply is what one debug request is answered with.
 type debugReply struct {
 	version   string
+	nonce     string                  // set by adsServer.debugReply
 	resources []*discoveryv3.Resource // named ClientConfigs
 }
 
@@ -279,46 +280,58 @@ func (d debugAnswered) wants(typeURL, responseNonce string) bool {
 
 // answerDebug answers a SotW debug request on c's stream, from its loop.
 func (c *sotwConn) answerDebug(req *discoveryv3.DiscoveryRequest) error {
-	if !c.debug.wants(req.TypeUrl, req.ResponseNonce) {
-		return nil
-	}
-	reply, err := c.a.syncz.answer(c.conn)
-	if err != nil {
+	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	if !ok {
 		return err
 	}
 	anys := make([]*anypb.Any, len(reply.resources))
 	for i, r := range reply.resources {
 		anys[i] = r.Resource
 	}
-	c.nonce++
 	out := &discoveryv3.DiscoveryResponse{TypeUrl: req.TypeUrl, VersionInfo: reply.version, Resources: anys,
-		Nonce: strconv.FormatInt(c.nonce, 10), ControlPlane: c.a.syncz.controlPlane}
-	c.debug[req.TypeUrl] = out.Nonce
-	c.a.tracker.onDebugResponse(c.conn, out.TypeUrl, out.VersionInfo, out.Nonce, len(anys), proto.Size(out))
-	c.a.fleet.Hand() // its ACK answers it
+		Nonce: reply.nonce, ControlPlane: c.a.syncz.controlPlane}
+	c.a.debugSent(c.conn, out.TypeUrl, out.VersionInfo, out.Nonce, len(anys), proto.Size(out))
 	return c.st.Send(out)
 }
 
 // answerDebug answers a Delta debug request on c's stream, from its loop:
 // the whole list every time (a debug type keeps no state to diff against).
 func (c *deltaConn) answerDebug(req *discoveryv3.DeltaDiscoveryRequest) error {
-	if !c.debug.wants(req.TypeUrl, req.ResponseNonce) {
-		return nil
-	}
-	reply, err := c.a.syncz.answer(c.conn)
-	if err != nil {
+	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	if !ok {
 		return err
 	}
-	c.nonce++
-	out := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: req.TypeUrl, SystemVersionInfo: reply.version, Resources: reply.resources,
-		Nonce: strconv.FormatInt(c.nonce, 10), ControlPlane: c.a.syncz.controlPlane}
-	for _, r := range out.Resources {
+	for _, r := range reply.resources {
 		r.Version = reply.version
 	}
-	c.debug[req.TypeUrl] = out.Nonce
-	c.a.tracker.onDebugResponse(c.conn, out.TypeUrl, out.SystemVersionInfo, out.Nonce, len(reply.resources), proto.Size(out))
-	c.a.fleet.Hand()
+	out := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: req.TypeUrl, SystemVersionInfo: reply.version, Resources: reply.resources,
+		Nonce: reply.nonce, ControlPlane: c.a.syncz.controlPlane}
+	c.a.debugSent(c.conn, out.TypeUrl, out.SystemVersionInfo, out.Nonce, len(reply.resources), proto.Size(out))
 	return c.st.Send(out)
+}
+
+// debugReply builds the reply to a debug request of stream c, with the
+// stream's next nonce, unless the request gets none (ok false; err ends the
+// stream).
+func (a *adsServer) debugReply(c *conn, answered debugAnswered, typeURL, responseNonce string) (debugReply, bool, error) {
+	if !answered.wants(typeURL, responseNonce) {
+		return debugReply{}, false, nil
+	}
+	reply, err := a.syncz.answer(c)
+	if err != nil {
+		return debugReply{}, false, err
+	}
+	c.nonce++
+	reply.nonce = strconv.FormatInt(c.nonce, 10)
+	answered[typeURL] = reply.nonce
+	return reply, true, nil
+}
+
+// debugSent records a debug response about to be sent: the tracker knows
+// its nonce, and the pacing counts it handed (its ACK answers it).
+func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources, size int) {
+	a.tracker.onDebugResponse(c, typeURL, version, nonce, resources, size)
+	a.fleet.Hand()
 }
 
 // onDebugResponse records a debug response sent: its nonce, so that the
