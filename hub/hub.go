@@ -431,7 +431,8 @@ func (h *Hub) admitStream(ctx context.Context) error {
 // without a verified certificate or a valid service-account token may read
 // Istio config only (istiod's config sources over SIMPLE TLS; anything else
 // is refused with Unauthenticated), and Istio's CA API is served beside ADS
-// when the hub has a signer (Options.Signer); never in plaintext. When ctx ends it drains (see
+// when the hub has a signer (Options.Signer); never in plaintext. Both answer
+// TypeSyncz, each to whom TypeSyncz says. When ctx ends it drains (see
 // Options.DrainGrace) and returns once every stream is gone; pushes keep
 // flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
