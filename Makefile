@@ -6,6 +6,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 K8S_BIN      = internal/localcluster/k8sbin/build.sh
 ISTIOD_BIN   = e2e/interop/build-istiod.sh
 NETNS        = internal/localcluster/netns.sh
+PROMTOOL_BIN = internal/tools/promtool/build.sh
 TRACKED      = .ci/check-tracked-files.sh
 
 .PHONY: all build demo test lint unit k8s-bin istiod-bin bench clean
@@ -19,10 +20,11 @@ build:
 k8s-bin:
 	$(K8S_BIN)
 
-# Istio's pilot-discovery (istiod) and pilot-agent from e2e/interop's Istio
-# module, for the MCP-over-XDS and workload-certificate e2e tests (cached
-# outside the repo; prints istiod's path, `e2e/interop/build-istiod.sh
-# pilot-agent` the agent's).
+# Istio's pilot-discovery (istiod), pilot-agent and istioctl from
+# e2e/interop's Istio module, for the MCP-over-XDS, workload-certificate and
+# proxy-status e2e tests (cached outside the repo; prints istiod's path,
+# `e2e/interop/build-istiod.sh pilot-agent` the agent's, `... istioctl`
+# istioctl's).
 istiod-bin:
 	$(ISTIOD_BIN)
 
@@ -42,8 +44,9 @@ lint:
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
 # address. Binaries and modules are fetched and built first, outside it:
-# Kubernetes, then Istio's istiod and pilot-agent, built beside lint (a
-# cold build spends minutes downloading and linking, when a core is idle);
+# Kubernetes, then Istio's istiod, pilot-agent and istioctl, then
+# Prometheus's promtool, built beside lint (a cold build spends minutes
+# downloading and linking, when a core is idle);
 # Istio's adsc client (e2e/interop, its own module, with the flags of the
 # Istio build, so they share compiled packages); then every package and
 # test of ours compiled with -race but not linked (`go list -export`), so
@@ -52,13 +55,13 @@ lint:
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && internal/tools/promtool/build.sh >"$$bins/promtool"; } & building=$$!; \
+	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool"; } & building=$$!; \
 	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
-	wait $$building; stage "Kubernetes and Istio binaries (after lint)"; \
+	wait $$building; stage "Kubernetes, Istio and promtool binaries (after lint)"; \
 	[ $$lint = 0 ] || exit $$lint; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
-	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN; \
-	HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); export HUB_PROMTOOL_BIN; \
+	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); HUB_ISTIOCTL_BIN=$$(tail -n1 "$$bins/istioctl"); HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); \
+	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN; \
 	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
 	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \

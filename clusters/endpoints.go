@@ -20,12 +20,12 @@ const (
 // buildService turns a Service and its EndpointSlices into the hub's view.
 // nodeLabels looks up a node's labels by name (nil when unknown); meshPod
 // says whether a pod of the Service's namespace accepts Istio mTLS
-// (Endpoint.MTLS; nil: none does).
+// (Endpoint.MTLS; nil: none does) and its workload (Endpoint.Workload).
 //
 // A Service port maps to EndpointSlice ports by name (an unnamed Service port
 // to the unnamed slice port). Ready endpoints are Healthy, serving but
 // terminating ones Draining, and all others are left out (docs/architecture.md §3.5).
-func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string, meshPod func(namespace, name string) bool) *Service {
+func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string, meshPod func(namespace, name string) (string, bool)) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
 	if !svc.CreationTimestamp.IsZero() {
 		out.Created = time.Unix(svc.CreationTimestamp.Unix(), 0).UTC()
@@ -63,11 +63,15 @@ func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 				if ep.Zone != nil && *ep.Zone != "" {
 					zone = *ep.Zone
 				}
-				mtls := meshPod != nil && ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" && meshPod(slice.Namespace, ep.TargetRef.Name)
+				var workload string
+				var mtls bool
+				if meshPod != nil && ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+					workload, mtls = meshPod(slice.Namespace, ep.TargetRef.Name)
+				}
 				for _, addr := range ep.Addresses {
 					out.Endpoints = append(out.Endpoints, Endpoint{
 						Address: addr, Port: target, ServicePort: sp.Port,
-						Health: health, Region: region, Zone: zone, MTLS: mtls,
+						Health: health, Region: region, Zone: zone, MTLS: mtls, Workload: workload,
 					})
 				}
 			}

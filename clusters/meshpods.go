@@ -20,9 +20,10 @@ const (
 	TLSModeIstio = "istio"
 )
 
-// meshPods knows which of a member's pods accept Istio mTLS: a metadata
-// informer (names and labels only) on the pods labelled
-// security.istio.io/tlsMode=istio, so its cost is the mesh's pods, not
+// meshPods knows which of a member's pods accept Istio mTLS, and their
+// workloads (podWorkload, istiod's telemetry names): a metadata informer
+// on the pods labelled security.istio.io/tlsMode=istio, each kept as its
+// key and workload only (stripMeshPod), so its cost is the mesh's pods, not
 // every pod. It is optional: a member whose credentials may not list pods
 // has no endpoint marked MTLS (they are then not reached across networks),
 // and its failures do not make the member Stale.
@@ -47,10 +48,11 @@ func newMeshPods(client metadata.Interface, namespace string) *meshPods {
 	return &meshPods{factory: factory, inf: inf}
 }
 
-// has reports whether the pod namespace/name is labelled for Istio mTLS.
-func (m *meshPods) has(namespace, name string) bool {
-	_, ok, _ := m.inf.GetStore().GetByKey(namespace + "/" + name)
-	return ok
+// workload reports whether the pod namespace/name is labelled for Istio
+// mTLS, and its workload (podWorkload; "" if not a valid one).
+func (m *meshPods) workload(namespace, name string) (string, bool) {
+	obj, ok, _ := m.inf.GetStore().GetByKey(namespace + "/" + name)
+	return workloadOf(obj), ok
 }
 
 // slicePods is the podIndex function: the namespace/name of every pod an
@@ -71,7 +73,7 @@ func slicePods(obj any) ([]string, error) {
 
 // watchMeshPods rebuilds, for one watch, the Services whose endpoints point to a pod when
 // the pod enters or leaves the mesh (its label set or removed, or it is
-// deleted).
+// deleted) or its workload changes (its labels do).
 func (c *Cluster) watchMeshPods(w *nsWatch) error {
 	if err := w.sliceInf.AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
 		return fmt.Errorf("adding EndpointSlice pod index: %w", err)
@@ -89,7 +91,12 @@ func (c *Cluster) watchMeshPods(w *nsWatch) error {
 		}
 	}
 	_, err := w.mesh.inf.AddEventHandler(c.counting(w.counts, "MeshPod", cache.ResourceEventHandlerFuncs{
-		AddFunc:    onPod,
+		AddFunc: onPod,
+		UpdateFunc: func(old, cur any) {
+			if workloadOf(old) != workloadOf(cur) {
+				onPod(cur)
+			}
+		},
 		DeleteFunc: onPod,
 	}))
 	if err != nil {

@@ -70,6 +70,7 @@ type viewEndpoint struct {
 	Region      string `json:"r,omitempty"`
 	Zone        string `json:"z,omitempty"`
 	MTLS        bool   `json:"m,omitempty"`
+	Workload    string `json:"wl,omitempty"`
 }
 
 type viewGateway struct {

@@ -50,7 +50,7 @@ func TestViewCodecRoundTrip(t *testing.T) {
 	gateways := []Gateway{{Address: "203.0.113.7", Port: 15443, Source: "service istio-system/eastwest"}, {Address: "2001:db8::1", Port: 443, Source: "secret annotation"}}
 	for _, name := range []string{"gw-1", "gw-2"} {
 		view = append(view, &Service{Namespace: "b", Name: name, Network: "net-1", Gateways: gateways, Ports: []ServicePort{{Port: 80, Protocol: "TCP"}},
-			Endpoints: []Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 80, MTLS: true}, {Address: "10.0.0.2", Port: 8080, ServicePort: 80}}})
+			Endpoints: []Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 80, MTLS: true, Workload: "echo-v1;b;echo;v1"}, {Address: "10.0.0.2", Port: 8080, ServicePort: 80}}})
 	}
 	if err := validateView(view, time.Now(), 0); err != nil {
 		t.Fatalf("the synthetic view is not valid: %v", err)

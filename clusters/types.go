@@ -98,6 +98,11 @@ type Endpoint struct {
 	// istiod reads it. Only such endpoints are reached across networks:
 	// the gateway routes by the SNI of Istio's mTLS.
 	MTLS bool
+	// Workload is, for a mesh pod's endpoint, what Istio's telemetry knows
+	// it by, as istiod's endpoint metadata istio.workload says it without
+	// the member: "<workload>;<namespace>;<canonical-name>;<canonical-revision>"
+	// (see podWorkload); "" when not known (not a mesh pod).
+	Workload string
 }
 
 // State is the lifecycle state of a member cluster (docs/architecture.md §3.3).

@@ -112,6 +112,9 @@ func validateService(s *Service, now time.Time) error {
 		if err := validateEndpoint(e, ports); err != nil {
 			return fmt.Errorf("endpoint %d: %w", i, err)
 		}
+		if err := validateWorkload(e, s.Namespace); err != nil {
+			return fmt.Errorf("endpoint %d: %w", i, err)
+		}
 	}
 	if err := validateExport(s); err != nil {
 		return err

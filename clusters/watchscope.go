@@ -164,7 +164,7 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 			fn   func(any)
 		}{"EndpointSlice", w.sliceInf, c.onSlice})
 		w.mesh = newMeshPods(c.meta, namespace)
-		if err := w.mesh.inf.SetTransform(stripToName); err != nil {
+		if err := w.mesh.inf.SetTransform(stripMeshPod); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
 		}
 		if err := c.watchMeshPods(w); err != nil {
@@ -551,8 +551,12 @@ func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSli
 	return out
 }
 
-// meshPod reports whether pod namespace/name is labelled for Istio mTLS.
-func (c *Cluster) meshPod(namespace, name string) bool {
+// meshPod reports whether pod namespace/name is labelled for Istio mTLS,
+// and its workload (podWorkload).
+func (c *Cluster) meshPod(namespace, name string) (string, bool) {
 	w := c.watchOf(namespace)
-	return w != nil && w.mesh != nil && w.mesh.has(namespace, name)
+	if w == nil || w.mesh == nil {
+		return "", false
+	}
+	return w.mesh.workload(namespace, name)
 }

@@ -55,6 +55,7 @@ type adsServer struct {
 	versions *versionHoldings // what the streams were sent, shared
 	names    *nameHoldings    // what the Delta streams subscribe to, shared
 	fleet    *feed.Deliveries // may be nil
+	syncz    *syncz           // answers TypeSyncz
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
@@ -161,6 +162,7 @@ type sotwConn struct {
 	a     *adsServer
 	st    sotwStream
 	types map[string]*sotwType
+	debug debugAnswered
 }
 
 // sotwType is a SotW stream's state for one type.
@@ -175,7 +177,7 @@ type sotwType struct {
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
-	c := &sotwConn{conn: newConn(a.sotwID(a.count.Add(1))), a: a, st: st, types: map[string]*sotwType{}}
+	c := &sotwConn{conn: newConn(a.sotwID(a.count.Add(1))), a: a, st: st, types: map[string]*sotwType{}, debug: debugAnswered{}}
 	return serveStream(a, st, defaultType, c.conn, c)
 }
 
@@ -254,6 +256,9 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		return err
 	}
 	forgetUnread(c.node)
+	if isDebugType(req.TypeUrl) {
+		return c.answerDebug(req) // answered here, never watched
+	}
 	if t == nil {
 		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.versions)}
 		c.types[req.TypeUrl] = t
@@ -470,6 +475,7 @@ type deltaConn struct {
 	a     *adsServer
 	st    deltaStream
 	types map[string]*deltaType
+	debug debugAnswered
 }
 
 // deltaType is a Delta stream's state for one type.
@@ -581,7 +587,7 @@ func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
-	c := &deltaConn{conn: newConn(a.deltaID(a.count.Add(1))), a: a, st: st, types: map[string]*deltaType{}}
+	c := &deltaConn{conn: newConn(a.deltaID(a.count.Add(1))), a: a, st: st, types: map[string]*deltaType{}, debug: debugAnswered{}}
 	return serveStream(a, st, defaultType, c.conn, c)
 }
 
@@ -604,6 +610,9 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 			return errNoType
 		}
 		req.TypeUrl = defaultType
+	}
+	if isDebugType(req.TypeUrl) {
+		return c.answerDebug(req) // answered here, never watched
 	}
 	t := c.types[req.TypeUrl]
 	if t == nil {

@@ -137,6 +137,10 @@ type Options struct {
 	Metrics prometheus.Registerer
 	// Log is the logger; nil means slog.Default().
 	Log *slog.Logger
+	// Instance names this replica where xDS clients see it: the ID of the
+	// control plane in TypeSyncz responses (istioctl proxy-status's ISTIOD
+	// column). Empty: the host name (a pod's name in Kubernetes).
+	Instance string
 }
 
 // Hub federates every member's services and serves them over ADS.
@@ -154,6 +158,7 @@ type Hub struct {
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
+	syncz   *syncz
 	ca      *ca.Server       // nil: no CA API
 	codec   *sharedCodec     // the ADS servers' gRPC codec
 	fleet   *feed.Deliveries // what the streams take in: paces the pushes
@@ -254,6 +259,7 @@ func New(opts Options) (*Hub, error) {
 		h.proxies.tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
 		collectors = append(collectors, h.proxies.tokens.Collectors()...)
 	}
+	h.syncz = newSyncz(h.proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance)
 	h.proxies.identify = h.watcher.identify
 	h.proxies.server = h.watcher.serverSecurity
 	if opts.Signer != nil {
@@ -425,7 +431,8 @@ func (h *Hub) admitStream(ctx context.Context) error {
 // without a verified certificate or a valid service-account token may read
 // Istio config only (istiod's config sources over SIMPLE TLS; anything else
 // is refused with Unauthenticated), and Istio's CA API is served beside ADS
-// when the hub has a signer (Options.Signer); never in plaintext. When ctx ends it drains (see
+// when the hub has a signer (Options.Signer); never in plaintext. Both answer
+// TypeSyncz, each to whom TypeSyncz says. When ctx ends it drains (see
 // Options.DrainGrace) and returns once every stream is gone; pushes keep
 // flowing to the streams not yet closed as long as Run runs.
 func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config) error {
@@ -463,7 +470,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	defer stopServing()
 	seq := h.servers.Add(1)
 	xds := &adsServer{
-		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet, admit: h.admitStream, done: done,
+		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet, syncz: h.syncz, admit: h.admitStream, done: done,
 		sotwID:  func(id int64) int64 { return seq<<40 | id },
 		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
 	}

@@ -121,17 +121,20 @@ func typeLabel(typeURL string) string {
 	if mcp.IsConfigType(typeURL) {
 		return configLabel
 	}
+	if isDebugType(typeURL) {
+		return "syncz"
+	}
 	if !servedTypes[typeURL] {
 		return "other"
 	}
 	return shortType(typeURL)
 }
 
-// checkRequestType refuses a type URL the hub does not serve before the
-// request is recorded anywhere. An empty one is left to the server (it
+// checkRequestType refuses a type URL the hub does not serve (debug types
+// are served: TypeSyncz) before the request is recorded anywhere. An empty one is left to the server (it
 // refuses it on ADS streams; per-type services fill in their own).
 func checkRequestType(typeURL string) error {
-	if typeURL == "" {
+	if typeURL == "" || isDebugType(typeURL) {
 		return nil
 	}
 	return checkType(typeURL)

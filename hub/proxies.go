@@ -40,6 +40,7 @@ type TypeStatus struct {
 	Resources     int
 	Sends         int
 	AckedVersion  string
+	AckedNonce    string // the nonce of the response AckedVersion was sent in
 	AckedAt       time.Time
 	NackedVersion string
 	NackError     string
@@ -141,6 +142,8 @@ type streamState struct {
 	// certificate nor a bearer token: it may read Istio config and nothing
 	// else (see checkAnonymous).
 	anonymous bool
+	// plaintext is a stream on the plaintext listener (no TLS at all).
+	plaintext bool
 }
 
 // sent is what a response carried: the type and version a nonce names.
@@ -217,6 +220,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 			st.token = authn.BearerToken(md)
 		}
 	}
+	st.plaintext = !secure
 	if secure && st.ident.SpiffeID.IsZero() && st.token == "" {
 		st.anonymous = true
 		if typ != resourcev3.AnyType {
@@ -498,7 +502,7 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 		p.nacks.WithLabelValues(typeLabel(s.typeURL)).Inc()
 		return
 	}
-	ts.AckedVersion, ts.AckedAt = s.version, time.Now()
+	ts.AckedVersion, ts.AckedNonce, ts.AckedAt = s.version, nonce, time.Now()
 }
 
 func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse) {

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Builds Istio's pilot-discovery (istiod) and pilot-agent (istio-agent) from
-# the Istio module this module requires (the same one adscclient is built
-# from; go.mod lists both as a `tool`) into the cache directory keyed by this
-# module's go.mod, go.sum and this script, and prints the path of the binary
-# named by the argument (pilot-discovery, the default, or pilot-agent) on
-# stdout's last line. The same module's Istio CRDs are copied next to them as
+# Builds Istio's pilot-discovery (istiod), pilot-agent (istio-agent) and
+# istioctl from the Istio module this module requires (the same one
+# adscclient is built from; go.mod lists the three as a `tool`) into the cache
+# directory keyed by this module's go.mod, go.sum and this script, and prints
+# the path of the binary named by the argument (pilot-discovery, the default,
+# pilot-agent or istioctl) on stdout's last line. The same module's Istio CRDs are copied next to them as
 # istio-crds.yaml (the e2e tests install them in the API server istiod
 # watches). A cached build is reused; nothing is written inside the
-# repository. With HUB_ISTIOD_BIN (pilot-discovery) or HUB_PILOT_AGENT_BIN
-# (pilot-agent) set to an executable, that one is printed instead.
+# repository. With HUB_ISTIOD_BIN (pilot-discovery), HUB_PILOT_AGENT_BIN
+# (pilot-agent) or HUB_ISTIOCTL_BIN (istioctl) set to an executable, that one
+# is printed instead.
 set -euo pipefail
 NAME=${1:-pilot-discovery}
 case "$NAME" in
   pilot-discovery) PRESET=${HUB_ISTIOD_BIN:-} ;;
   pilot-agent) PRESET=${HUB_PILOT_AGENT_BIN:-} ;;
-  *) echo "usage: $0 [pilot-discovery|pilot-agent]" >&2; exit 2 ;;
+  istioctl) PRESET=${HUB_ISTIOCTL_BIN:-} ;;
+  *) echo "usage: $0 [pilot-discovery|pilot-agent|istioctl]" >&2; exit 2 ;;
 esac
 if [ -n "$PRESET" ] && [ -x "$PRESET" ]; then
   echo "$PRESET"; exit 0
@@ -23,7 +25,7 @@ cd "$(dirname "$0")"
 KEY=$(cat go.mod go.sum "$(basename "$0")" | sha256sum | cut -c1-16)
 OUT=${XDG_CACHE_HOME:-$HOME/.cache}/hub/istio-$KEY
 CRDS=$OUT/istio-crds.yaml
-if [ -x "$OUT/pilot-discovery" ] && [ -x "$OUT/pilot-agent" ] && [ -f "$CRDS" ]; then
+if [ -x "$OUT/pilot-discovery" ] && [ -x "$OUT/pilot-agent" ] && [ -x "$OUT/istioctl" ] && [ -f "$CRDS" ]; then
   echo "$OUT/$NAME"; exit 0
 fi
 # Download the module first: `go list -m -f {{.Dir}}` prints an empty
@@ -45,13 +47,15 @@ X=istio.io/istio/pkg/version
 LD="-s -w -X $X.buildVersion=$VER -X $X.buildGitRevision=$REV -X $X.buildStatus=Clean -X $X.buildTag=$V"
 TMP=$(mktemp -d "$OUT/.build-XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-echo "building pilot-discovery and pilot-agent $VER ($V) into $OUT (cold: ~11 min on 2 cores, ~2.2 GB peak RSS)" >&2
-# One go command for both: they share most packages.
+echo "building pilot-discovery, pilot-agent and istioctl $VER ($V) into $OUT (cold, modules downloaded: ~7 min on 2 cores, ~2.3 GB peak RSS)" >&2
+# One go command for the three: they share most packages.
 CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "$LD" -o "$TMP/" \
-  istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/pilot/cmd/pilot-agent
+  istio.io/istio/pilot/cmd/pilot-discovery istio.io/istio/pilot/cmd/pilot-agent \
+  istio.io/istio/istioctl/cmd/istioctl
 install -m 0644 "$SRC_CRDS" "$TMP/istio-crds.yaml"
 mv "$TMP/istio-crds.yaml" "$CRDS"
+mv "$TMP/istioctl" "$OUT/istioctl"
 mv "$TMP/pilot-agent" "$OUT/pilot-agent"
 mv "$TMP/pilot-discovery" "$OUT/pilot-discovery"
-echo "built pilot-discovery and pilot-agent in ${SECONDS}s" >&2
+echo "built pilot-discovery, pilot-agent and istioctl in ${SECONDS}s" >&2
 echo "$OUT/$NAME"

@@ -244,7 +244,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		if how == splitDropped {
 			continue
 		}
-		meta, mtlsMeta := endpointMetadata(id, false), endpointMetadata(id, true)
+		meta := memberMetadata{member: id}
 		for _, ep := range svc.Endpoints {
 			if ep.ServicePort != port {
 				continue
@@ -270,11 +270,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 			if ep.Health == clusters.Draining {
 				health = corev3.HealthStatus_DRAINING
 			}
-			m := meta
-			if ep.MTLS {
-				m = mtlsMeta
-			}
-			groups[loc] = append(groups[loc], lbEndpoint(ep.Address, uint32(ep.Port), health, 1, m))
+			groups[loc] = append(groups[loc], lbEndpoint(ep.Address, uint32(ep.Port), health, 1, meta.of(ep.Workload, ep.MTLS)))
 		}
 		for loc, g := range viaGateway {
 			if loc.cluster != id {
@@ -285,7 +281,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 				weight, health = g.draining, corev3.HealthStatus_DRAINING
 			}
 			for _, gw := range gateways {
-				groups[loc] = append(groups[loc], lbEndpoint(gw.Address, uint32(gw.Port), health, weight, mtlsMeta))
+				groups[loc] = append(groups[loc], lbEndpoint(gw.Address, uint32(gw.Port), health, weight, meta.of(gatewayWorkload, true)))
 			}
 		}
 	}
@@ -469,10 +465,14 @@ func demote(prio []uint32, locs []placed, demoted func(string) bool) {
 	compact(prio)
 }
 
-// endpointMetadata is the metadata of a member's endpoints: hub.cluster,
-// and for those that accept Istio mTLS Envoy's transport socket match
-// tlsMode: istio. Shared by the endpoints of the member.
-func endpointMetadata(member string, mtls bool) *corev3.Metadata {
+// endpointMetadata is the metadata of a member's endpoints of one workload
+// (clusters.Endpoint.Workload): hub.cluster; Istio's istio.workload
+// "<workload>;<namespace>;<canonical-name>;<canonical-revision>;<member>"
+// when the workload is known, which Istio's telemetry reads (the member is
+// its cluster ID, as istiod's is the cluster's); and for endpoints that
+// accept Istio mTLS Envoy's transport socket match tlsMode: istio, as
+// istiod's endpoint builder sets them (util.AppendLbEndpointMetadata).
+func endpointMetadata(member, workload string, mtls bool) *corev3.Metadata {
 	m := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 		MetadataNamespace: {Fields: map[string]*structpb.Value{"cluster": structpb.NewStringValue(member)}},
 	}}
@@ -481,7 +481,47 @@ func endpointMetadata(member string, mtls bool) *corev3.Metadata {
 			tlsModeKey: structpb.NewStringValue(tlsModeIstio),
 		}}
 	}
+	if workload != "" {
+		m.FilterMetadata[istioMetadata] = &structpb.Struct{Fields: map[string]*structpb.Value{
+			istioWorkloadKey: structpb.NewStringValue(workload + ";" + member),
+		}}
+	}
 	return m
+}
+
+// Istio's endpoint metadata for telemetry: istio.workload.
+const (
+	istioMetadata    = "istio"
+	istioWorkloadKey = "workload"
+)
+
+// gatewayWorkload is the workload of a network gateway's endpoint standing
+// for a member's endpoints: none known, as istiod sends it (";;;;<cluster>").
+const gatewayWorkload = ";;;"
+
+// memberMetadata makes the metadata of one member's endpoints, shared by
+// the endpoints of each workload.
+type memberMetadata struct {
+	member string
+	byKey  map[metadataKey]*corev3.Metadata
+}
+
+type metadataKey struct {
+	workload string
+	mtls     bool
+}
+
+func (m *memberMetadata) of(workload string, mtls bool) *corev3.Metadata {
+	k := metadataKey{workload, mtls}
+	if md, ok := m.byKey[k]; ok {
+		return md
+	}
+	if m.byKey == nil {
+		m.byKey = map[metadataKey]*corev3.Metadata{}
+	}
+	md := endpointMetadata(m.member, workload, mtls)
+	m.byKey[k] = md
+	return md
 }
 
 func lbEndpoint(addr string, port uint32, health corev3.HealthStatus, weight uint32, meta *corev3.Metadata) *endpointv3.LbEndpoint {

@@ -333,3 +333,44 @@ func strictGenerator(t *testing.T, x *feed.Index) *Generator {
 	}
 	return g
 }
+
+// TestIstioEndpointMetadata: a mesh pod's endpoint carries istiod's
+// istio.workload (its workload with the member appended) and tlsMode; a
+// gateway standing for a member's endpoints ";;;;<member>"; an endpoint
+// whose workload is not known neither; hub.cluster stays on every one.
+func TestIstioEndpointMetadata(t *testing.T) {
+	x := networkIndex()
+	x.ReplaceCluster("west", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-a",
+		Ports: []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}}, Endpoints: []clusters.Endpoint{
+			{Address: "10.0.0.1", Port: 8080, ServicePort: 7070, MTLS: true, Workload: "echo-v1;demo;echo;v1"},
+			{Address: "10.0.0.2", Port: 8080, ServicePort: 7070, MTLS: true, Workload: "echo-v2;demo;echo;v2"},
+			{Address: "10.0.0.3", Port: 8080, ServicePort: 7070},
+		}}})
+	g := strictGenerator(t, x)
+	got := map[string]string{}
+	for _, network := range []string{"net-a", "net-c"} { // net-c reaches east through its gateway
+		_, cla := assignmentFor(t, g, "outbound|7070||echo.demo.svc.cluster.local", View{Network: network, Flavour: FlavourGRPC})
+		for _, l := range cla.Endpoints {
+			for _, ep := range l.LbEndpoints {
+				md := ep.GetMetadata().GetFilterMetadata()
+				if md[MetadataNamespace].GetFields()["cluster"].GetStringValue() != l.Locality.SubZone {
+					t.Errorf("%s lacks hub.cluster %s", ep.GetEndpoint().GetAddress().GetSocketAddress().GetAddress(), l.Locality.SubZone)
+				}
+				got[ep.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()] = md["istio"].GetFields()["workload"].GetStringValue() +
+					" " + md[transportSocketMatch].GetFields()[tlsModeKey].GetStringValue()
+			}
+		}
+	}
+	want := map[string]string{
+		"10.0.0.1":     "echo-v1;demo;echo;v1;west istio",
+		"10.0.0.2":     "echo-v2;demo;echo;v2;west istio",
+		"10.0.0.3":     " ",
+		"203.0.113.10": ";;;;east istio",
+		"10.2.0.1":     " istio", // south's mesh pod whose workload is not known
+	}
+	for addr, w := range want {
+		if got[addr] != w {
+			t.Errorf("%s: istio.workload and tlsMode %q; want %q", addr, got[addr], w)
+		}
+	}
+}

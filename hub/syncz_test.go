@@ -1,0 +1,225 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/hubmesh/hub/clusters"
+)
+
+// syncState is one proxy as a TypeSyncz response lists it.
+type syncState struct {
+	cluster, namespace string
+	types              map[string]statusv3.ConfigStatus // short type → state
+}
+
+// syncz asks c's stream for TypeSyncz (as istioctl does: a fresh request)
+// and decodes the answer by proxy ID.
+func (c *adsClient) syncz(t *testing.T) (map[string]syncState, *discoveryv3.DiscoveryResponse) {
+	t.Helper()
+	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
+	r := c.expect(t, TypeSyncz, "syncz")
+	out := map[string]syncState{}
+	for _, a := range r.Resources {
+		var cc statusv3.ClientConfig
+		if err := a.UnmarshalTo(&cc); err != nil {
+			t.Fatalf("syncz resource: %v", err)
+		}
+		f := cc.GetNode().GetMetadata().GetFields()
+		s := syncState{cluster: f["CLUSTER_ID"].GetStringValue(), namespace: f["NAMESPACE"].GetStringValue(), types: map[string]statusv3.ConfigStatus{}}
+		for _, g := range cc.GenericXdsConfigs {
+			s.types[shortType(g.TypeUrl)] = g.ConfigStatus
+			if g.ConfigStatus == statusv3.ConfigStatus_ERROR && g.GetErrorState().GetDetails() == "" {
+				t.Errorf("%s %s is ERROR without the NACK's details", cc.GetNode().GetId(), g.TypeUrl)
+			}
+		}
+		out[cc.GetNode().GetId()] = s
+	}
+	return out, r
+}
+
+func proxyNode(id, cluster, namespace string) *discoveryv3.DiscoveryRequest {
+	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster, "NAMESPACE": namespace, "ISTIO_VERSION": "1.31.0"})
+	n := node(id, cluster)
+	n.Metadata = meta
+	return &discoveryv3.DiscoveryRequest{Node: n}
+}
+
+// TestSynczListsProxiesWithTheirSyncState: on the plaintext port a
+// TypeSyncz request is answered with one ClientConfig per proxy stream (not
+// the asking stream), each type SYNCED once its last response is ACKed,
+// STALE before, ERROR after a NACK; the answer names the hub as control
+// plane; its ACK is not answered, a new request is.
+func TestSynczListsProxiesWithTheirSyncState(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{Instance: "hub-0"})
+	twoServices(h)
+	plain := insecure.NewCredentials()
+
+	synced := dialADS(t, addr, plain)
+	req := proxyNode("sidecar~10.0.0.5~a-1.demo~demo.svc.cluster.local", "west", "demo")
+	req.TypeUrl = resourcev3.ClusterType
+	synced.send(t, req)
+	cds := synced.expect(t, resourcev3.ClusterType, "CDS")
+	synced.send(t, ack(resourcev3.ClusterType, nil, cds))
+	synced.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
+	eds := synced.expect(t, resourcev3.EndpointType, "EDS")
+	synced.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}, ResponseNonce: eds.Nonce, ErrorDetail: &rpcstatus.Status{Code: 3, Message: "bad endpoints"}})
+	synced.barrier(t, "after the ACK and the NACK") // both recorded
+
+	stale := dialADS(t, addr, plain)
+	req = proxyNode("sidecar~10.1.0.5~b-1.other~other.svc.cluster.local", "east", "other")
+	req.TypeUrl = resourcev3.ClusterType
+	stale.send(t, req)
+	staleCDS := stale.expect(t, resourcev3.ClusterType, "CDS") // not ACKed yet
+
+	ctl := dialADS(t, addr, plain)
+	got, r := ctl.syncz(t)
+	if len(got) != 2 {
+		t.Fatalf("syncz lists %v; want the two proxies, not the asking stream", got)
+	}
+	a := got["sidecar~10.0.0.5~a-1.demo~demo.svc.cluster.local"]
+	if a.cluster != "west" || a.namespace != "demo" || a.types["Cluster"] != statusv3.ConfigStatus_SYNCED ||
+		a.types["ClusterLoadAssignment"] != statusv3.ConfigStatus_ERROR || len(a.types) != 3 {
+		t.Errorf("the ACKing proxy is listed as %+v; want west/demo, CDS SYNCED, EDS ERROR (and the barrier type)", a)
+	}
+	b := got["sidecar~10.1.0.5~b-1.other~other.svc.cluster.local"]
+	if b.cluster != "east" || b.namespace != "other" || b.types["Cluster"] != statusv3.ConfigStatus_STALE {
+		t.Errorf("the silent proxy is listed as %+v; want east/other, CDS STALE", b)
+	}
+	var cp struct{ Component, ID string }
+	if err := json.Unmarshal([]byte(r.GetControlPlane().GetIdentifier()), &cp); err != nil || cp.Component != "hub" || cp.ID != "hub-0" {
+		t.Errorf("control plane %q (%v); want component hub, ID hub-0", r.GetControlPlane().GetIdentifier(), err)
+	}
+
+	// The ACK is not answered; a new request is, with the new state.
+	ctl.send(t, ack(TypeSyncz, nil, r))
+	ctl.barrier(t, "after the syncz ACK")
+	stale.send(t, ack(resourcev3.ClusterType, nil, staleCDS))
+	stale.barrier(t, "after the late ACK")
+	got, _ = ctl.syncz(t)
+	if s := got["sidecar~10.1.0.5~b-1.other~other.svc.cluster.local"].types["Cluster"]; s != statusv3.ConfigStatus_SYNCED {
+		t.Errorf("after its ACK the proxy's CDS is %s; want SYNCED", s)
+	}
+}
+
+// TestSynczOnTheMTLSPortIsScopedToTheCallersNamespace: on the mTLS port a
+// tenant's identity sees the proxies verified in its own namespace only
+// (not another namespace's, not a plaintext proxy that claims its
+// namespace); Istio's root namespace asserted by the home cluster sees
+// every proxy; a federated trust domain's identity, and one its member may
+// not assert, are refused with PermissionDenied, an anonymous stream with
+// Unauthenticated.
+func TestSynczOnTheMTLSPortIsScopedToTheCallersNamespace(t *testing.T) {
+	scopes := &fakeScopes{m: map[string]clusters.IdentityScope{"home": {Synced: true, Home: true}, "west": {Synced: true}}}
+	s := startSecureHub(t, Options{RootNamespace: "istio-system", IdentityScopes: scopes})
+	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
+	connect := func(c *adsClient, id, namespace string) {
+		req := proxyNode(id, "west", namespace)
+		req.TypeUrl = resourcev3.ClusterType
+		c.send(t, req)
+		r := c.expect(t, resourcev3.ClusterType, id+" CDS")
+		c.send(t, ack(resourcev3.ClusterType, nil, r))
+		c.barrier(t, id+" ACK")
+	}
+	connect(dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")), "proxy-a", "a")
+	connect(dialADS(t, s.secure, s.workload(t, s.ca, "b", "west")), "proxy-b", "b")
+	connect(dialADS(t, s.plain, insecure.NewCredentials()), "claims-a", "a")
+	connect(dialADS(t, s.secure, s.workload(t, s.peerCA, "a", "")), "peer-a", "a")
+
+	tenant, _ := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")).syncz(t)
+	if len(tenant) != 1 || tenant["proxy-a"].types["Cluster"] != statusv3.ConfigStatus_SYNCED || tenant["proxy-a"].namespace != "a" {
+		t.Errorf("namespace a's identity sees %v; want proxy-a alone, CDS SYNCED", tenant)
+	}
+	root, _ := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "home")).syncz(t)
+	if len(root) != 4 {
+		t.Errorf("the home cluster's root namespace identity sees %v; want all four proxies", root)
+	}
+	// The root namespace of a member not annotated for it: refused; bound
+	// to no member: its own namespace only (no proxy there).
+	notRoot := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "west"))
+	notRoot.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
+	notRoot.refused(t, codes.PermissionDenied, "syncz from a root namespace identity its member may not assert")
+	if unbound, _ := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "")).syncz(t); len(unbound) != 0 {
+		t.Errorf("a root namespace identity bound to no member sees %v; want no proxy", unbound)
+	}
+	plain, _ := dialADS(t, s.plain, insecure.NewCredentials()).syncz(t)
+	if len(plain) != 4 {
+		t.Errorf("the plaintext port lists %v; want all four proxies", plain)
+	}
+
+	peer := dialADS(t, s.secure, s.workload(t, s.peerCA, "istio-system", ""))
+	peer.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
+	peer.refused(t, codes.PermissionDenied, "syncz from a federated trust domain's identity")
+	anon := dialADS(t, s.secure, s.anonymous())
+	anon.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
+	anon.refused(t, codes.Unauthenticated, "syncz from an anonymous stream")
+}
+
+// TestSynczOverDelta: a Delta stream gets the same list, named by proxy ID.
+func TestSynczOverDelta(t *testing.T) {
+	h, addr, _ := serveHub(t, Options{})
+	twoServices(h)
+	p := dialADS(t, addr, insecure.NewCredentials())
+	req := proxyNode("proxy-1", "west", "demo")
+	req.TypeUrl = resourcev3.ClusterType
+	p.send(t, req)
+	p.expect(t, resourcev3.ClusterType, "CDS")
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Resources) != 1 || r.Resources[0].Name != "proxy-1" {
+		t.Fatalf("Delta syncz: %d resources %v; want proxy-1", len(r.Resources), r.Resources)
+	}
+	var cc statusv3.ClientConfig
+	if err := r.Resources[0].Resource.UnmarshalTo(&cc); err != nil || len(cc.GenericXdsConfigs) != 1 ||
+		cc.GenericXdsConfigs[0].ConfigStatus != statusv3.ConfigStatus_STALE {
+		t.Errorf("Delta syncz ClientConfig %v (%v); want CDS STALE", &cc, err)
+	}
+}
+
+func TestSyncStatus(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		ts   TypeStatus
+		want statusv3.ConfigStatus
+	}{
+		{"nothing sent", TypeStatus{}, statusv3.ConfigStatus_NOT_SENT},
+		{"sent, not answered", TypeStatus{SentNonce: "2"}, statusv3.ConfigStatus_STALE},
+		{"an older one ACKed", TypeStatus{SentNonce: "4", AckedNonce: "2", AckedAt: now}, statusv3.ConfigStatus_STALE},
+		{"the last one ACKed", TypeStatus{SentNonce: "4", AckedNonce: "4", AckedAt: now}, statusv3.ConfigStatus_SYNCED},
+		{"NACKed", TypeStatus{SentNonce: "4", AckedNonce: "2", AckedAt: now, Nacks: 1, NackedAt: now.Add(time.Second)}, statusv3.ConfigStatus_ERROR},
+		{"ACKed after a NACK", TypeStatus{SentNonce: "6", AckedNonce: "6", AckedAt: now.Add(time.Second), Nacks: 1, NackedAt: now}, statusv3.ConfigStatus_SYNCED},
+	} {
+		if got := syncStatus(c.ts); got != c.want {
+			t.Errorf("%s: %s; want %s", c.name, got, c.want)
+		}
+	}
+}
