@@ -5,56 +5,24 @@
 package charts
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/hubmesh/hub/charts/charttest"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
-
-// helm returns the helm binary from HUB_HELM_BIN: missing, the test fails in
-// CI (CI set) and is skipped elsewhere, like localcluster.Require.
-func helm(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("HUB_HELM_BIN")
-	if bin == "" {
-		msg := "HUB_HELM_BIN is not set (charts/helmbin/build.sh prints it)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg + " (skipping outside CI; in CI this fails)")
-	}
-	return bin
-}
-
-// runHelm runs helm and returns its stdout, failing the test on a non-zero exit.
-func runHelm(t *testing.T, args ...string) []byte {
-	t.Helper()
-	cmd := exec.Command(helm(t), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
-	}
-	return out
-}
 
 // object is one parsed manifest.
 type object map[string]any
@@ -77,28 +45,18 @@ func (o object) key() string {
 	return o.str("kind") + "/" + o.str("metadata", "namespace") + "/" + o.str("metadata", "name")
 }
 
-// parseManifests splits multi-document YAML into objects (empty documents,
-// e.g. a template rendering nothing, are skipped).
+// parseManifests parses a multi-document manifest into objects.
 func parseManifests(t *testing.T, name string, data []byte) []object {
 	t.Helper()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var objs []object
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return objs
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+	for _, m := range charttest.Split(t, data) {
 		var o object
-		if err := yaml.Unmarshal(doc, &o); err != nil {
-			t.Fatalf("%s: %v\n%s", name, err, doc)
+		if err := yaml.Unmarshal(m.Raw, &o); err != nil {
+			t.Fatalf("%s: %s: %v", name, m.Key(), err)
 		}
-		if len(o) > 0 {
-			objs = append(objs, o)
-		}
+		objs = append(objs, o)
 	}
+	return objs
 }
 
 // byKey indexes objects by key, failing on a duplicate.
@@ -117,24 +75,46 @@ func byKey(t *testing.T, name string, objs []object) map[string]object {
 // render is `helm template` of a chart in this directory.
 func render(t *testing.T, chart, namespace string, args ...string) []object {
 	t.Helper()
-	out := runHelm(t, append([]string{"template", "release", chart, "--namespace", namespace}, args...)...)
-	return parseManifests(t, chart+" "+strings.Join(args, " "), out)
+	return parseManifests(t, chart+" "+strings.Join(args, " "), charttest.Template(t, chart, namespace, args...))
 }
 
-// decodeStrict decodes an object into its typed form, refusing unknown
-// fields (a misspelt field in a template fails here, not silently in a
-// cluster).
-func decodeStrict[T any](t *testing.T, o object) *T {
+// decodeStrictInto decodes an object into its typed form v, refusing
+// unknown fields (a misspelt field in a template fails here, not silently
+// in a cluster).
+func decodeStrictInto(t *testing.T, o object, v any) {
 	t.Helper()
 	data, err := yaml.Marshal(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := new(T)
 	if err := yaml.UnmarshalStrict(data, v); err != nil {
 		t.Fatalf("%s: %v", o.key(), err)
 	}
+}
+
+// decodeStrict is decodeStrictInto a new T.
+func decodeStrict[T any](t *testing.T, o object) *T {
+	t.Helper()
+	v := new(T)
+	decodeStrictInto(t, o, v)
 	return v
+}
+
+// typed are the kinds the hub chart renders, each with a new value of its
+// Go type (nil: a custom resource's kind, without one here).
+var typed = map[string]func() any{
+	"Deployment":              func() any { return new(appsv1.Deployment) },
+	"Service":                 func() any { return new(corev1.Service) },
+	"ServiceAccount":          func() any { return new(corev1.ServiceAccount) },
+	"Role":                    func() any { return new(rbacv1.Role) },
+	"ClusterRole":             func() any { return new(rbacv1.ClusterRole) },
+	"RoleBinding":             func() any { return new(rbacv1.RoleBinding) },
+	"ClusterRoleBinding":      func() any { return new(rbacv1.ClusterRoleBinding) },
+	"PodDisruptionBudget":     func() any { return new(policyv1.PodDisruptionBudget) },
+	"NetworkPolicy":           func() any { return new(networkingv1.NetworkPolicy) },
+	"HorizontalPodAutoscaler": func() any { return new(autoscalingv2.HorizontalPodAutoscaler) },
+	"ServiceMonitor":          nil,
+	"PrometheusRule":          nil,
 }
 
 // ciValues are the chart's other values files (charts/hub/ci).
@@ -150,10 +130,10 @@ func ciValues(t *testing.T) []string {
 // TestChartLint lints both charts with the real helm, the hub chart with its
 // default values and every values file in charts/hub/ci.
 func TestChartLint(t *testing.T) {
-	runHelm(t, "lint", "--strict", "hub-member")
-	runHelm(t, "lint", "--strict", "hub")
+	charttest.Run(t, "lint", "--strict", "hub-member")
+	charttest.Run(t, "lint", "--strict", "hub")
 	for _, f := range ciValues(t) {
-		runHelm(t, "lint", "--strict", "hub", "--namespace", "hub-lint", "-f", f)
+		charttest.Run(t, "lint", "--strict", "hub", "--namespace", "hub-lint", "-f", f)
 	}
 }
 
@@ -208,32 +188,23 @@ func TestChartTemplate(t *testing.T) {
 		var r rendered
 		r.objs = objs
 		for k, o := range objs {
-			switch o.str("kind") {
-			case "Deployment":
-				r.dep = decodeStrict[appsv1.Deployment](t, o)
-			case "Service":
-				decodeStrict[corev1.Service](t, o)
-			case "ServiceAccount":
-				decodeStrict[corev1.ServiceAccount](t, o)
-			case "Role":
-				decodeStrict[rbacv1.Role](t, o)
-			case "ClusterRole":
-				decodeStrict[rbacv1.ClusterRole](t, o)
-			case "RoleBinding":
-				rb := decodeStrict[rbacv1.RoleBinding](t, o)
-				requireSubject(t, k, rb.Subjects, ns)
-			case "ClusterRoleBinding":
-				crb := decodeStrict[rbacv1.ClusterRoleBinding](t, o)
-				requireSubject(t, k, crb.Subjects, ns)
-			case "PodDisruptionBudget":
-				decodeStrict[policyv1.PodDisruptionBudget](t, o)
-			case "NetworkPolicy":
-				decodeStrict[networkingv1.NetworkPolicy](t, o)
-			case "HorizontalPodAutoscaler":
-				decodeStrict[autoscalingv2.HorizontalPodAutoscaler](t, o)
-			case "ServiceMonitor", "PrometheusRule":
-			default:
+			newTyped, ok := typed[o.str("kind")]
+			if !ok {
 				t.Errorf("unexpected object %s", k)
+				continue
+			}
+			if newTyped == nil { // a CRD's kind: no Go type here
+				continue
+			}
+			v := newTyped()
+			decodeStrictInto(t, o, v)
+			switch v := v.(type) {
+			case *appsv1.Deployment:
+				r.dep = v
+			case *rbacv1.RoleBinding:
+				requireSubject(t, k, v.Subjects, ns)
+			case *rbacv1.ClusterRoleBinding:
+				requireSubject(t, k, v.Subjects, ns)
 			}
 			if ons := o.str("metadata", "namespace"); ons == "" && !strings.HasPrefix(o.str("kind"), "Cluster") {
 				t.Errorf("%s names no namespace", k)

@@ -1,100 +1,22 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 
+	"github.com/hubmesh/hub/charts/charttest"
 	rbacv1 "k8s.io/api/rbac/v1"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
 
-// helmBin is the real helm (HUB_HELM_BIN, charts/helmbin/build.sh): missing,
-// the test fails in CI and is skipped elsewhere.
-func helmBin(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("HUB_HELM_BIN")
-	if bin == "" {
-		msg := "HUB_HELM_BIN is not set (charts/helmbin/build.sh prints it)"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg + " (skipping outside CI; in CI this fails)")
-	}
-	return bin
-}
-
-// helmTemplate renders a chart of charts/ with the real helm.
-func helmTemplate(t *testing.T, chart, namespace string, args ...string) []byte {
-	t.Helper()
-	cmd := exec.Command(helmBin(t), append([]string{"template", chart, filepath.Join("..", "charts", chart), "--namespace", namespace}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm template %s %v: %v\n%s", chart, args, err, stderr.Bytes())
-	}
-	return out
-}
-
-// manifest is one object of a rendered manifest, raw and with its identity.
-type manifest struct {
-	raw                        []byte
-	kind, apiVersion, ns, name string
-}
-
-// splitManifests parses multi-document YAML (empty documents skipped).
-func splitManifests(t *testing.T, data []byte) []manifest {
-	t.Helper()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-	var out []manifest
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			return out
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var meta struct {
-			APIVersion string `json:"apiVersion"`
-			Kind       string `json:"kind"`
-			Metadata   struct {
-				Name      string `json:"name"`
-				Namespace string `json:"namespace"`
-			} `json:"metadata"`
-		}
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatalf("%v\n%s", err, doc)
-		}
-		if meta.Kind == "" {
-			continue
-		}
-		out = append(out, manifest{raw: doc, kind: meta.Kind, apiVersion: meta.APIVersion, ns: meta.Metadata.Namespace, name: meta.Metadata.Name})
-	}
-}
-
-// joinManifests is the multi-document YAML of some manifests.
-func joinManifests(ms []manifest) []byte {
-	var b bytes.Buffer
-	for _, m := range ms {
-		b.WriteString("---\n")
-		b.Write(m.raw)
-		b.WriteString("\n")
-	}
-	return b.Bytes()
-}
+// manifest is one object of a rendered manifest.
+type manifest = charttest.Manifest
 
 // grant is one verb on one resource that a role gives a subject: in one
 // namespace (a Role) or everywhere (a ClusterRole, ns "*").
@@ -119,22 +41,22 @@ func grantsOf(t *testing.T, ms []manifest, saNS, sa string) []grant {
 	}
 	var bindings []binding
 	for _, m := range ms {
-		switch m.kind {
+		switch m.Kind {
 		case "Role", "ClusterRole":
 			var r rbacv1.ClusterRole // the same rules field
-			if err := yaml.Unmarshal(m.raw, &r); err != nil {
+			if err := yaml.Unmarshal(m.Raw, &r); err != nil {
 				t.Fatal(err)
 			}
-			roles[m.kind+"/"+m.ns+"/"+m.name] = r.Rules
+			roles[m.Kind+"/"+m.NS+"/"+m.Name] = r.Rules
 		case "RoleBinding", "ClusterRoleBinding":
 			var b rbacv1.RoleBinding
-			if err := yaml.Unmarshal(m.raw, &b); err != nil {
+			if err := yaml.Unmarshal(m.Raw, &b); err != nil {
 				t.Fatal(err)
 			}
 			bound := slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
 				return s.Kind == "ServiceAccount" && s.Namespace == saNS && s.Name == sa
 			})
-			bindings = append(bindings, binding{ns: m.ns, ref: b.RoleRef, matches: bound})
+			bindings = append(bindings, binding{ns: m.NS, ref: b.RoleRef, matches: bound})
 		}
 	}
 	for _, b := range bindings {

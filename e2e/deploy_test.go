@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hubmesh/hub/charts/charttest"
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/trust"
@@ -100,8 +101,8 @@ func TestDeploy(t *testing.T) {
 			t.Fatal(err)
 		}
 		runDeployment(t, home, west, homeKubectl, westKubectl, deployment{
-			home:   splitManifests(t, []byte(homeKubectl(ctx, "kustomize", deployDir))),
-			member: splitManifests(t, memberRBAC),
+			home:   charttest.Split(t, []byte(homeKubectl(ctx, "kustomize", deployDir))),
+			member: charttest.Split(t, memberRBAC),
 			ns:     deployNS, sa: "hub", remoteNS: secretsNS, rootNS: secretsNS,
 			memberNS: secretsNS, memberSA: memberSA, createMemberSA: true,
 			deployDir: deployDir,
@@ -113,15 +114,15 @@ func TestDeploy(t *testing.T) {
 		// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs:
 		// minimal ones here, so only their envelope is validated).
 		fullNS := "hub-full-" + rand.String(5)
-		full := splitManifests(t, helmTemplate(t, "hub", fullNS, "-f", filepath.Join("..", "charts", "hub", "ci", "full-values.yaml")))
+		full := charttest.Split(t, charttest.Template(t, "hub", fullNS, "-f", "hub/ci/full-values.yaml"))
 		applyRender(t, ctx, homeKubectl, client(t, home), fullNS, append(monitoringCRDs(t), full...), "")
 
 		ns := "hub-chart-" + rand.String(5)
 		memberNS := "hub-member-" + rand.String(5)
-		canary := helmTemplate(t, "hub", ns, "-f", filepath.Join("..", "charts", "hub", "ci", "canary-values.yaml"))
-		member := helmTemplate(t, "hub-member", memberNS, "--set", "revision=canary,serviceAccount.create=true,serviceAccount.name=hub-canary-reader")
+		canary := charttest.Template(t, "hub", ns, "-f", "hub/ci/canary-values.yaml")
+		member := charttest.Template(t, "hub-member", memberNS, "--set", "revision=canary,serviceAccount.create=true,serviceAccount.name=hub-canary-reader")
 		runDeployment(t, home, west, homeKubectl, westKubectl, deployment{
-			home: splitManifests(t, canary), member: splitManifests(t, member),
+			home: charttest.Split(t, canary), member: charttest.Split(t, member),
 			ns: ns, sa: "hub-canary", remoteNS: "hub-e2e-remote", rootNS: "hub-e2e-root",
 			memberNS: memberNS, memberSA: "hub-canary-reader",
 		})
@@ -153,7 +154,7 @@ spec:
             spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
 `, k[0], k[1], strings.ToLower(k[0]))
 	}
-	return splitManifests(t, []byte(b.String()))
+	return charttest.Split(t, []byte(b.String()))
 }
 
 // applyRender applies manifests server-side (strict field validation) after
@@ -170,8 +171,8 @@ func applyRender(t *testing.T, ctx context.Context, kubectl func(context.Context
 	}
 	// Namespaces the objects need but do not create (istio-system is Istio's).
 	for _, m := range ms {
-		if m.ns != "" && !slices.ContainsFunc(ms, func(o manifest) bool { return o.kind == "Namespace" && o.name == m.ns }) {
-			if err := localcluster.EnsureNamespace(ctx, cs, m.ns); err != nil {
+		if m.NS != "" && !slices.ContainsFunc(ms, func(o manifest) bool { return o.Kind == "Namespace" && o.Name == m.NS }) {
+			if err := localcluster.EnsureNamespace(ctx, cs, m.NS); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -181,25 +182,25 @@ func applyRender(t *testing.T, ctx context.Context, kubectl func(context.Context
 	}
 	var crds, rest, deletable []manifest
 	for _, m := range ms {
-		switch m.kind {
+		switch m.Kind {
 		case "CustomResourceDefinition":
 			crds = append(crds, m)
 		default:
 			rest = append(rest, m)
 		}
-		if m.kind != "Namespace" {
+		if m.Kind != "Namespace" {
 			deletable = append(deletable, m)
 		}
 	}
-	file := writeTemp(t, dir, "render-"+rand.String(5)+".yaml", joinManifests(rest))
+	file := writeTemp(t, dir, "render-"+rand.String(5)+".yaml", charttest.Join(rest))
 	t.Cleanup(func() {
 		if len(deletable) > 0 {
 			kubectl(context.Background(), "delete", "--ignore-not-found", "--wait=false", "-f",
-				writeTemp(t, dir, "delete-"+rand.String(5)+".yaml", joinManifests(deletable)))
+				writeTemp(t, dir, "delete-"+rand.String(5)+".yaml", charttest.Join(deletable)))
 		}
 	})
 	if len(crds) > 0 {
-		crdFile := writeTemp(t, dir, "crds-"+rand.String(5)+".yaml", joinManifests(crds))
+		crdFile := writeTemp(t, dir, "crds-"+rand.String(5)+".yaml", charttest.Join(crds))
 		kubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", crdFile)
 		kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "-f", crdFile)
 	}
@@ -225,7 +226,7 @@ func runDeployment(t *testing.T, home, west *localcluster.Cluster, homeKubectl, 
 		}
 	}
 	releaseNS := d.ns
-	if slices.ContainsFunc(d.home, func(m manifest) bool { return m.kind == "Namespace" && m.name == d.ns }) {
+	if slices.ContainsFunc(d.home, func(m manifest) bool { return m.Kind == "Namespace" && m.Name == d.ns }) {
 		releaseNS = "" // deploy/ creates its own
 	}
 	applyRender(t, ctx, homeKubectl, homeClient, releaseNS, d.home, dir)
