@@ -5,11 +5,12 @@ GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 K8S_BIN      = internal/localcluster/k8sbin/build.sh
 ISTIOD_BIN   = e2e/interop/build-istiod.sh
+HELM_BIN     = internal/tools/helm/build.sh
 NETNS        = internal/localcluster/netns.sh
 PROMTOOL_BIN = internal/tools/promtool/build.sh
 TRACKED      = .ci/check-tracked-files.sh
 
-.PHONY: all build demo test lint unit k8s-bin istiod-bin bench clean
+.PHONY: all build demo test lint unit k8s-bin istiod-bin helm-bin bench clean
 
 all: build
 
@@ -28,6 +29,11 @@ k8s-bin:
 istiod-bin:
 	$(ISTIOD_BIN)
 
+# helm, for the chart tests (charts/; cached outside the repo; prints its
+# path, for HUB_HELM_BIN).
+helm-bin:
+	$(HELM_BIN)
+
 # Three real local clusters, sample workloads and the hub on them.
 demo: build
 	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) ./bin/hub demo
@@ -45,8 +51,8 @@ lint:
 # real local clusters, inside a network namespace that carries the data-plane
 # address. Binaries and modules are fetched and built first, outside it:
 # Kubernetes, then Istio's istiod, pilot-agent and istioctl, then
-# Prometheus's promtool, built beside lint (a cold build spends minutes
-# downloading and linking, when a core is idle);
+# Prometheus's promtool and helm (charts/), built beside lint (a cold build
+# spends minutes downloading and linking, when a core is idle);
 # Istio's adsc client (e2e/interop, its own module, with the flags of the
 # Istio build, so they share compiled packages); then every package and
 # test of ours compiled with -race but not linked (`go list -export`), so
@@ -55,13 +61,13 @@ lint:
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool"; } & building=$$!; \
+	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool" && $(HELM_BIN) >"$$bins/helm"; } & building=$$!; \
 	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
-	wait $$building; stage "Kubernetes, Istio and promtool binaries (after lint)"; \
+	wait $$building; stage "Kubernetes, Istio, promtool and helm binaries (after lint)"; \
 	[ $$lint = 0 ] || exit $$lint; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
 	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); HUB_ISTIOCTL_BIN=$$(tail -n1 "$$bins/istioctl"); HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); \
-	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN; \
+	HUB_HELM_BIN=$$(tail -n1 "$$bins/helm"); export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN HUB_HELM_BIN; \
 	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
 	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \

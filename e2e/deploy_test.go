@@ -20,11 +20,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hubmesh/hub/charts/charttest"
+	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/trust"
 )
@@ -37,127 +42,266 @@ const (
 	memberSA = "istio-reader-service-account"
 )
 
-// TestDeploy applies deploy/ with the real kubectl to a real API server, then
-// runs the real hub with nothing but the ServiceAccount token that base
-// creates and the Deployment's own flags (plaintext xDS off): it must become
-// ready, federate the home cluster and a member registered through its API
-// (a remote Secret in istio-system, with a token limited to
-// remote-member-rbac.yaml), write its Secrets, ConfigMaps and Events, and
-// never be forbidden anything but the home cluster's Secrets (opt-in:
-// home-sds-rbac.yaml); SubjectAccessReviews pin down what it must not be able
-// to do. The example istiod mesh config names the Service's TLS port by a
-// name on the hub's certificate.
+// deployment is one way of installing the hub that TestDeploy proves: the
+// manifests for the home cluster and for a member, and the names they use.
+type deployment struct {
+	home, member []manifest // applied to the home cluster and to the member
+	// ns and sa are the hub's namespace and ServiceAccount; remoteNS and
+	// rootNS its --remote-secrets-namespace and --root-namespace.
+	ns, sa, remoteNS, rootNS string
+	// memberNS and memberSA: the identity of the member's remote Secret.
+	memberNS, memberSA string
+	// createMemberSA: the member manifests do not create memberSA.
+	createMemberSA bool
+	// deployDir: deploy/, whose other files are checked too.
+	deployDir string
+}
+
+// TestDeploy installs the hub as its users do, with the real kubectl
+// (server-side apply) on real API servers: deploy/ (kustomize), and the Helm
+// chart charts/hub rendered by the real helm with ci/canary-values.yaml (one
+// replica, a revision, its own namespace, remote Secrets and root namespace
+// elsewhere; charts/chart_deploy_test.go proves the default render equal to
+// deploy/), and ci/full-values.yaml applied too. Each time it then runs the
+// real hub with nothing but a TokenRequest token of the installed
+// ServiceAccount and the Deployment's own flags, against API servers that
+// write an audit log: it must become ready, lead (Lease), federate the home
+// cluster and a member registered, re-registered and removed through its API
+// (a remote Secret whose token is the member RBAC's identity's), persist the
+// member views, distribute and reject Istio policy (Events), write and delete
+// a federation ConfigMap. The audit logs then prove the RBAC exact: nothing
+// the hub or its member identity asked was forbidden (but the home cluster's
+// Secrets, opt-in), and every verb the Roles grant was used, so that any
+// verb taken away fails this test (requireAudited). SubjectAccessReviews pin
+// down what the hub must not be able to do.
 func TestDeploy(t *testing.T) {
 	e := localcluster.Require(t, env)
 	ctx := testContext(t)
 	home, west := e.Cluster("primary"), e.Cluster("west")
-	homeClient, westClient := client(t, home), client(t, west)
 	binDir, err := localcluster.BinDir(ctx)
 	if err != nil {
 		t.Fatalf("kubectl is needed: %v", err)
 	}
-	deployDir, err := filepath.Abs(filepath.Join("..", "deploy"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	homeKubectl := kubectlFor(t, filepath.Join(binDir, "kubectl"), writeTemp(t, dir, "primary.kubeconfig", home.Kubeconfig()))
-	westKubectl := kubectlFor(t, filepath.Join(binDir, "kubectl"), writeTemp(t, dir, "west.kubeconfig", west.Kubeconfig()))
+	homeKubeconfig := writeTemp(t, dir, "primary.kubeconfig", home.Kubeconfig())
+	westKubeconfig := writeTemp(t, dir, "west.kubeconfig", west.Kubeconfig())
+	kubectls := func(t *testing.T) (homeKubectl, westKubectl func(context.Context, ...string) string) {
+		return kubectlFor(t, filepath.Join(binDir, "kubectl"), homeKubeconfig), kubectlFor(t, filepath.Join(binDir, "kubectl"), westKubeconfig)
+	}
 
-	// 1. The base applies for real (server-side, strict field validation) and
-	// every object it lists is there.
-	requireListedManifests(t, deployDir)
-	byNamespace := map[string][]string{ // "" is cluster-scoped
-		deployNS: {
-			"serviceaccount/hub",
-			"role.rbac.authorization.k8s.io/hub",
-			"rolebinding.rbac.authorization.k8s.io/hub",
-			"service/hub",
-			"service/hub-bundle",
-			"deployment.apps/hub",
-			"poddisruptionbudget.policy/hub",
-			"networkpolicy.networking.k8s.io/hub",
-		},
-		secretsNS: {
-			"role.rbac.authorization.k8s.io/hub-remote-secrets",
-			"rolebinding.rbac.authorization.k8s.io/hub-remote-secrets",
-			"role.rbac.authorization.k8s.io/hub-gateways",
-			"rolebinding.rbac.authorization.k8s.io/hub-gateways",
-		},
-		"": {
-			"namespace/" + deployNS,
-			"clusterrole.rbac.authorization.k8s.io/hub",
-			"clusterrolebinding.rbac.authorization.k8s.io/hub",
-		},
+	t.Run("deploy", func(t *testing.T) {
+		homeKubectl, westKubectl := kubectls(t)
+		deployDir, err := filepath.Abs(filepath.Join("..", "deploy"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireListedManifests(t, deployDir)
+		memberRBAC, err := os.ReadFile(filepath.Join(deployDir, "remote-member-rbac.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runDeployment(t, home, west, homeKubectl, westKubectl, deployment{
+			home:   charttest.Split(t, []byte(homeKubectl(ctx, "kustomize", deployDir))),
+			member: charttest.Split(t, memberRBAC),
+			ns:     deployNS, sa: "hub", remoteNS: secretsNS, rootNS: secretsNS,
+			memberNS: secretsNS, memberSA: memberSA, createMemberSA: true,
+			deployDir: deployDir,
+		})
+	})
+	t.Run("chart", func(t *testing.T) {
+		homeKubectl, westKubectl := kubectls(t)
+		// The chart with everything optional on applies too (its
+		// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs:
+		// minimal ones here, so only their envelope is validated).
+		fullNS := "hub-full-" + rand.String(5)
+		full := charttest.Split(t, charttest.Template(t, "hub", fullNS, "-f", "hub/ci/full-values.yaml"))
+		applyRender(t, ctx, homeKubectl, client(t, home), fullNS, append(monitoringCRDs(t), full...), "")
+
+		ns := "hub-chart-" + rand.String(5)
+		memberNS := "hub-member-" + rand.String(5)
+		canary := charttest.Template(t, "hub", ns, "-f", "hub/ci/canary-values.yaml")
+		member := charttest.Template(t, "hub-member", memberNS, "--set", "revision=canary,serviceAccount.create=true,serviceAccount.name=hub-canary-reader")
+		runDeployment(t, home, west, homeKubectl, westKubectl, deployment{
+			home: charttest.Split(t, canary), member: charttest.Split(t, member),
+			ns: ns, sa: "hub-canary", remoteNS: "hub-e2e-remote", rootNS: "hub-e2e-root",
+			memberNS: memberNS, memberSA: "hub-canary-reader",
+		})
+	})
+}
+
+// monitoringCRDs are minimal CustomResourceDefinitions of
+// prometheus-operator's ServiceMonitor and PrometheusRule (any spec).
+func monitoringCRDs(t *testing.T) []manifest {
+	var b strings.Builder
+	for _, k := range [][2]string{{"ServiceMonitor", "servicemonitors"}, {"PrometheusRule", "prometheusrules"}} {
+		fmt.Fprintf(&b, `---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: %[2]s.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: %[1]s, plural: %[2]s, listKind: %[1]sList, singular: %[3]s}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+`, k[0], k[1], strings.ToLower(k[0]))
 	}
-	var want []string
-	for _, names := range byNamespace {
-		want = append(want, names...)
+	return charttest.Split(t, []byte(b.String()))
+}
+
+// applyRender applies manifests server-side (strict field validation) after
+// creating ns (helm install --create-namespace) when given, checks every
+// object reads back, and deletes them at cleanup (but Namespaces: without a
+// controller-manager a deleted namespace never goes away, and other tests
+// share hub-system and istio-system).
+func applyRender(t *testing.T, ctx context.Context, kubectl func(context.Context, ...string) string, cs kubernetes.Interface, ns string, ms []manifest, dir string) {
+	t.Helper()
+	if ns != "" {
+		if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// Namespaces the objects need but do not create (istio-system is Istio's).
+	for _, m := range ms {
+		if m.NS != "" && !slices.ContainsFunc(ms, func(o manifest) bool { return o.Kind == "Namespace" && o.Name == m.NS }) {
+			if err := localcluster.EnsureNamespace(ctx, cs, m.NS); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	var crds, rest, deletable []manifest
+	for _, m := range ms {
+		switch m.Kind {
+		case "CustomResourceDefinition":
+			crds = append(crds, m)
+		default:
+			rest = append(rest, m)
+		}
+		if m.Kind != "Namespace" {
+			deletable = append(deletable, m)
+		}
+	}
+	file := writeTemp(t, dir, "render-"+rand.String(5)+".yaml", charttest.Join(rest))
 	t.Cleanup(func() {
-		// Everything but the namespace: other tests use hub-system, and
-		// without a controller-manager a deleted namespace never goes away.
-		for ns, names := range byNamespace {
-			var objs []string
-			for _, n := range names {
-				if !strings.HasPrefix(n, "namespace/") {
-					objs = append(objs, n)
-				}
-			}
-			args := []string{"delete", "--ignore-not-found", "--wait=false"}
-			if ns != "" {
-				args = append(args, "-n", ns)
-			}
-			homeKubectl(context.Background(), append(args, objs...)...)
+		if len(deletable) > 0 {
+			kubectl(context.Background(), "delete", "--ignore-not-found", "--wait=false", "-f",
+				writeTemp(t, dir, "delete-"+rand.String(5)+".yaml", charttest.Join(deletable)))
 		}
 	})
-	// istio-system is Istio's: the base does not create it (namespace.yaml).
-	if err := localcluster.EnsureNamespace(ctx, homeClient, secretsNS); err != nil {
-		t.Fatal(err)
+	if len(crds) > 0 {
+		crdFile := writeTemp(t, dir, "crds-"+rand.String(5)+".yaml", charttest.Join(crds))
+		kubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", crdFile)
+		kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "-f", crdFile)
 	}
-	homeKubectl(ctx, "apply", "-k", deployDir, "--server-side", "--field-manager="+deployManager)
-	got := strings.Fields(homeKubectl(ctx, "get", "-k", deployDir, "-o", "name"))
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Fatalf("objects of the kustomization read back:\n  %v\nwant\n  %v", got, want)
+	kubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", file)
+	got := strings.Fields(kubectl(ctx, "get", "-f", file, "-o", "name"))
+	if len(got) != len(rest) {
+		t.Fatalf("%d objects read back, %d applied: %v", len(got), len(rest), got)
 	}
-	dep, err := homeClient.AppsV1().Deployments(deployNS).Get(ctx, "hub", metav1.GetOptions{})
+}
+
+// runDeployment is TestDeploy for one installation.
+func runDeployment(t *testing.T, home, west *localcluster.Cluster, homeKubectl, westKubectl func(context.Context, ...string) string, d deployment) {
+	ctx := testContext(t)
+	homeClient, westClient := client(t, home), client(t, west)
+	dir := t.TempDir()
+
+	// 1. The manifests apply for real (server-side, strict field
+	// validation) and every object reads back. istio-system is Istio's:
+	// neither deploy/ nor the chart creates it (namespace.yaml).
+	for _, ns := range []string{"istio-system", d.remoteNS, d.rootNS} {
+		if err := localcluster.EnsureNamespace(ctx, homeClient, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	releaseNS := d.ns
+	if slices.ContainsFunc(d.home, func(m manifest) bool { return m.Kind == "Namespace" && m.Name == d.ns }) {
+		releaseNS = "" // deploy/ creates its own
+	}
+	applyRender(t, ctx, homeKubectl, homeClient, releaseNS, d.home, dir)
+	depName := d.sa // the Deployment and its ServiceAccount share the name
+	dep, err := homeClient.AppsV1().Deployments(d.ns).Get(ctx, depName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	requireRestrictedPodSecurity(t, ctx, homeClient, dep.Spec.Template)
-
-	// The member-side RBAC is valid for a member's API server.
-	// (Its Role for gateway Services lives in istio-system, Istio's.)
-	memberRBAC := filepath.Join(deployDir, "remote-member-rbac.yaml")
-	if err := localcluster.EnsureNamespace(ctx, westClient, secretsNS); err != nil {
+	// The member-side RBAC, in the member (its gateway Role in istio-system).
+	if err := localcluster.EnsureNamespace(ctx, westClient, "istio-system"); err != nil {
 		t.Fatal(err)
 	}
-	westKubectl(ctx, "apply", "--dry-run=server", "-f", memberRBAC)
+	applyRender(t, ctx, westKubectl, westClient, d.memberNS, d.member, dir)
+	if d.createMemberSA {
+		if _, err := westClient.CoreV1().ServiceAccounts(d.memberNS).Create(ctx,
+			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: d.memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
 
-	// 2. The real hub with the ServiceAccount's token, and the Deployment's
+	// 2. API servers of both clusters that audit the hub's and the member
+	// identity's requests.
+	hubUser := "system:serviceaccount:" + d.ns + ":" + d.sa
+	memberUser := "system:serviceaccount:" + d.memberNS + ":" + d.memberSA
+	homeAudited, homeAudit, stopHomeAudited, err := home.StartAuditedAPIServer(ctx, auditPolicy(hubUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopHomeAudited)
+	westAudited, westAudit, stopWestAudited, err := west.StartAuditedAPIServer(ctx, auditPolicy(memberUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopWestAudited)
+
+	// 3. The real hub with the ServiceAccount's token, and the Deployment's
 	// own arguments (so the binary must accept them), addresses and log level
 	// overridden for the test.
 	exp := int64(3600)
-	tok, err := homeClient.CoreV1().ServiceAccounts(deployNS).CreateToken(ctx, "hub",
+	tok, err := homeClient.CoreV1().ServiceAccounts(d.ns).CreateToken(ctx, d.sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := dep.Spec.Template.Spec.Containers[0].Args
-	for _, flag := range []string{"--xds-addr=", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443", "--remote-secrets-namespace=" + secretsNS} {
+	for _, flag := range []string{"--xds-addr=", "--xds-tls-addr=:15012", "--admin-addr=:8080", "--bundle-addr=:8443",
+		"--remote-secrets-namespace=" + d.remoteNS, "--root-namespace=" + d.rootNS} {
 		if !slices.Contains(args, flag) {
 			t.Errorf("Deployment args %q lack %s (plaintext xDS off, docs/architecture.md §3.1, §3.7)", args, flag)
 		}
 	}
 	dnsNames, _ := flagValue(args, "--tls-dns-names")
-	requireIstiodExample(t, deployDir, strings.Split(dnsNames, ","))
+	if want := fmt.Sprintf("%[1]s.%[2]s.svc,%[1]s.%[2]s.svc.cluster.local,%[1]s.%[2]s", d.sa, d.ns); dnsNames != want {
+		t.Errorf("--tls-dns-names=%s; want the Service's names %s", dnsNames, want)
+	}
+	if d.deployDir != "" {
+		requireIstiodExample(t, d.deployDir, strings.Split(dnsNames, ","))
+	}
+	// A stale Lease of another test's hub would only delay leading; gone, the
+	// hub creates it.
+	if err := homeClient.CoordinationV1().Leases(d.ns).Delete(ctx, "hub-leader", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	installIstioCRDs(t, home) // distributed policy is authored in the home cluster
 	// The Deployment's --xds-addr= stays: the hub runs without plaintext xDS.
 	args = append(slices.Clone(args),
-		"--kubeconfig", writeTemp(t, dir, "hub-sa.kubeconfig", home.TokenKubeconfig(tok.Status.Token)),
-		"--namespace", deployNS, "--cluster-id", home.Name, "--xds-tls-addr", "127.0.0.1:0",
+		"--kubeconfig", writeTemp(t, dir, "hub-sa.kubeconfig", home.TokenKubeconfigAt(homeAudited.Host, tok.Status.Token)),
+		"--namespace", d.ns, "--cluster-id", home.Name, "--xds-tls-addr", "127.0.0.1:0",
 		"--admin-addr", "127.0.0.1:0", "--bundle-addr", "127.0.0.1:0", "--log-level", "debug")
+	// Informers list, then watch, as with API servers that do not stream
+	// lists: with client-go's WatchListClient they only watch (and fall
+	// back to a list where streaming is refused), which would leave list
+	// unproven by the audit log.
+	t.Setenv("KUBE_FEATURE_WatchListClient", "false")
 	podName := "hub-deploy-e2e-" + rand.String(5)
 	t.Setenv("POD_NAME", podName)   // the leader-election identity, from the downward API in the Deployment
 	h := startHub(t, home, args...) // waits for /readyz 200
@@ -170,35 +314,33 @@ func TestDeploy(t *testing.T) {
 		}
 		return nil
 	})
-	// It leads (another test's hub may have left the Lease held: wait for it
-	// to expire).
 	eventually(t, 40*time.Second, func() error {
-		if holder := leaseHolder(ctx, homeClient); holder != podName {
-			return fmt.Errorf("Lease %s/hub-leader is held by %q, want %q", deployNS, holder, podName)
+		if holder := leaseHolder(ctx, homeClient, d.ns); holder != podName {
+			return fmt.Errorf("Lease %s/hub-leader is held by %q, want %q", d.ns, holder, podName)
 		}
 		return nil
 	})
 
 	// A member registered through the API (remote Secret created in
-	// istio-system), whose credentials have only remote-member-rbac.yaml.
-	// (The member's istio-reader-service-account lives in its istio-system.)
-	westKubectl(ctx, "apply", "--server-side", "--field-manager="+deployManager, "-f", memberRBAC)
-	if _, err := westClient.CoreV1().ServiceAccounts(secretsNS).Create(ctx,
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	memberTok, err := westClient.CoreV1().ServiceAccounts(secretsNS).CreateToken(ctx, memberSA,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// remoteNS), whose credentials have only the member RBAC; registered
+	// again with a new token (the Secret updated), as a rotation does.
+	memberToken := func() string {
+		tok, err := westClient.CoreV1().ServiceAccounts(d.memberNS).CreateToken(ctx, d.memberSA,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok.Status.Token
 	}
 	const remoteSecret = "istio-remote-secret-west" // the Registrar's name for "west"
 	t.Cleanup(func() {
-		_ = homeClient.CoreV1().Secrets(secretsNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
+		_ = homeClient.CoreV1().Secrets(d.remoteNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
 	})
-	body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(west.TokenKubeconfig(memberTok.Status.Token))})
-	if code, resp := h.do(t, http.MethodPost, "/api/v1/clusters", string(body)); code != http.StatusCreated && code != http.StatusOK {
-		t.Fatalf("POST /api/v1/clusters: %d %s", code, resp)
+	for _, want := range []int{http.StatusCreated, http.StatusOK} {
+		body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(west.TokenKubeconfigAt(westAudited.Host, memberToken()))})
+		if code, resp := h.do(t, http.MethodPost, "/api/v1/clusters", string(body)); code != want {
+			t.Fatalf("POST /api/v1/clusters: %d %s, want %d", code, resp, want)
+		}
 	}
 	eventually(t, 30*time.Second, func() error {
 		if c := h.clusters(t)[west.Name]; c.State != "Ready" {
@@ -206,23 +348,100 @@ func TestDeploy(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, func() error { // Events on the remote Secret
-		evs, err := homeClient.CoreV1().Events(secretsNS).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.name": remoteSecret, "reason": "ClusterReady"}.AsSelector().String()})
+	hubEvent := func(ns string, selector fields.Set) func() error {
+		return func() error {
+			evs, err := homeClient.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: selector.AsSelector().String()})
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs.Items {
+				if ev.Source.Component == "hub" {
+					return nil
+				}
+			}
+			return fmt.Errorf("no Event %v from the hub in %s yet", selector, ns)
+		}
+	}
+	eventually(t, 30*time.Second, hubEvent(d.remoteNS, fields.Set{"involvedObject.name": remoteSecret, "reason": "ClusterReady"}))
+	// The leader persists each member's view in its namespace.
+	eventually(t, 30*time.Second, func() error {
+		cms, err := homeClient.CoreV1().ConfigMaps(d.ns).List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-view,hub.federation/cluster=" + west.Name})
 		if err != nil {
 			return err
 		}
-		for _, ev := range evs.Items {
-			if ev.Source.Component == "hub" {
+		for _, cm := range cms.Items {
+			if cm.Labels["hub.federation/member-view-role"] == "manifest" {
 				return nil
 			}
 		}
-		return fmt.Errorf("no ClusterReady Event from the hub on %s/%s yet", secretsNS, remoteSecret)
+		return fmt.Errorf("no persisted view of %s in %s yet", west.Name, d.ns)
 	})
+
+	// Distribution from the root namespace: a PeerAuthentication is served;
+	// a ServiceEntry claiming a federated host is refused with a
+	// DistributionRejected Event there.
+	app := "hub-deploy-app-" + rand.String(5)
+	if err := localcluster.EnsureNamespace(ctx, westClient, app); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.ApplyService(ctx, westClient, app, "echo", "http", 8080, []localcluster.Backend{{IP: "198.18.51.1", Port: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := dynamic.NewForConfig(home.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := rand.String(5)
+	paGVR := schema.GroupVersionResource{Group: "security.istio.io", Version: "v1", Resource: "peerauthentications"}
+	seGVR := schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "serviceentries"}
+	pa := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+		"metadata": map[string]any{"name": "deploy-" + suffix, "namespace": d.rootNS, "labels": map[string]any{distribute.Label: "true"}},
+		"spec":     map[string]any{"mtls": map[string]any{"mode": "STRICT"}},
+	}}
+	shadow := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+		"metadata": map[string]any{"name": "shadow-" + suffix, "namespace": d.rootNS, "labels": map[string]any{distribute.Label: "true"}},
+		"spec": map[string]any{"hosts": []any{"echo." + app + ".svc.clusterset.local"}, "location": "MESH_INTERNAL", "resolution": "STATIC",
+			"ports": []any{map[string]any{"number": int64(8080), "name": "http", "protocol": "HTTP"}}},
+	}}
+	for _, o := range []struct {
+		gvr schema.GroupVersionResource
+		obj *unstructured.Unstructured
+	}{{paGVR, pa}, {seGVR, shadow}} {
+		if _, err := dc.Resource(o.gvr).Namespace(d.rootNS).Create(ctx, o.obj, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = dc.Resource(o.gvr).Namespace(d.rootNS).Delete(context.Background(), o.obj.GetName(), metav1.DeleteOptions{})
+		})
+	}
+	eventually(t, 60*time.Second, func() error {
+		var dist distribute.Status
+		h.getJSON(t, "/api/v1/distribution", &dist)
+		served, rejected := false, false
+		for _, k := range dist.Kinds {
+			if k.Kind == "security.istio.io/v1/PeerAuthentication" && k.Ready && k.Objects >= 1 {
+				served = true
+			}
+			for _, r := range k.Rejected {
+				if strings.Contains(fmt.Sprint(r), shadow.GetName()) {
+					rejected = true
+				}
+			}
+		}
+		if !served || !rejected {
+			return fmt.Errorf("distribution %+v: PeerAuthentication served %v, %s rejected %v", dist, served, shadow.GetName(), rejected)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, hubEvent(d.rootNS, fields.Set{"involvedObject.name": shadow.GetName(), "reason": "DistributionRejected"}))
+
+	// The member removed through the API: its Secret and view are deleted.
 	if code, resp := h.do(t, http.MethodDelete, "/api/v1/clusters/"+west.Name, ""); code != http.StatusNoContent {
 		t.Fatalf("DELETE /api/v1/clusters/%s: %d %s", west.Name, code, resp)
 	}
-	if _, err := homeClient.CoreV1().Secrets(secretsNS).Get(ctx, remoteSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := homeClient.CoreV1().Secrets(d.remoteNS).Get(ctx, remoteSecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("remote Secret after DELETE: %v, want NotFound", err)
 	}
 	eventually(t, 30*time.Second, func() error {
@@ -234,24 +453,40 @@ func TestDeploy(t *testing.T) {
 
 	// A federation relationship: its ConfigMap is written and deleted. The
 	// bundle endpoint is a closed port on this machine; the fetch just fails.
-	const peerTD = "deploy-peer.example"
-	peer := `{"bundleEndpointURL":"https://127.0.0.1:1/bundle","profile":"https_web"}`
-	if code, resp := h.do(t, http.MethodPut, "/api/v1/trustdomains/"+peerTD, peer); code != http.StatusCreated && code != http.StatusOK {
-		t.Fatalf("PUT /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
+	peerTD := "deploy-peer-" + suffix + ".example"
+	// Put twice: created, then updated (another endpoint).
+	for _, port := range []int{1, 2} {
+		peer := fmt.Sprintf(`{"bundleEndpointURL":"https://127.0.0.1:%d/bundle","profile":"https_web"}`, port)
+		if code, resp := h.do(t, http.MethodPut, "/api/v1/trustdomains/"+peerTD, peer); code != http.StatusCreated && code != http.StatusOK {
+			t.Fatalf("PUT /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
+		}
 	}
-	if _, err := homeClient.CoreV1().ConfigMaps(deployNS).Get(ctx, trust.PeerConfigMapName(spiffeid.RequireTrustDomainFromString(peerTD)), metav1.GetOptions{}); err != nil {
+	if _, err := homeClient.CoreV1().ConfigMaps(d.ns).Get(ctx, trust.PeerConfigMapName(spiffeid.RequireTrustDomainFromString(peerTD)), metav1.GetOptions{}); err != nil {
 		t.Fatalf("federation ConfigMap: %v", err)
 	}
 	if code, resp := h.do(t, http.MethodDelete, "/api/v1/trustdomains/"+peerTD, ""); code != http.StatusNoContent {
 		t.Fatalf("DELETE /api/v1/trustdomains/%s: %d %s", peerTD, code, resp)
 	}
 
+	// Every verb granted is used by now, or about to be (the last informers
+	// start their watches right after their lists); then the hub stops.
+	hubGrants, memberGrants := grantsOf(t, d.home, d.ns, d.sa), grantsOf(t, d.member, d.memberNS, d.memberSA)
+	eventually(t, 30*time.Second, func() error {
+		if missing := unused(readAudit(t, homeAudit, hubUser), hubGrants, hubUnexercised(d)); len(missing) > 0 {
+			return fmt.Errorf("the hub has not used yet: %v", missing)
+		}
+		if missing := unused(readAudit(t, westAudit, memberUser), memberGrants, memberUnexercised(d)); len(missing) > 0 {
+			return fmt.Errorf("the member identity has not been used for: %v", missing)
+		}
+		return nil
+	})
+
 	// Nothing the hub did was forbidden (client-go logs refused list/watch
 	// and Event writes; the hub logs failed reads and writes) but the home
-	// cluster's Secrets for SDS, which the base does not grant.
+	// cluster's Secrets for SDS, which is opt-in.
 	h.stop(t)
-	if holder := leaseHolder(ctx, homeClient); holder == podName {
-		t.Errorf("Lease %s/hub-leader still held by the stopped hub %q, want it released", deployNS, holder)
+	if holder := leaseHolder(ctx, homeClient, d.ns); holder == podName {
+		t.Errorf("Lease %s/hub-leader still held by the stopped hub %q, want it released", d.ns, holder)
 	}
 	logData, err := os.ReadFile(h.logPath)
 	if err != nil {
@@ -265,7 +500,7 @@ func TestDeploy(t *testing.T) {
 	foreignEvents := regexp.MustCompile(`"msg":"recording an Event failed".*"namespace":"([^"]+)".*cannot create resource \\?"events\\?"`)
 	foreign := func(line string) bool {
 		m := foreignEvents.FindStringSubmatch(line)
-		return m != nil && m[1] != deployNS && m[1] != "istio-system"
+		return m != nil && m[1] != d.ns && m[1] != d.remoteNS && m[1] != d.rootNS
 	}
 	tolerated := 0
 	for _, line := range strings.Split(string(logData), "\n") {
@@ -273,44 +508,53 @@ func TestDeploy(t *testing.T) {
 			tolerated++
 		}
 		if forbidden.MatchString(line) && !homeSecrets.MatchString(line) && !foreign(line) {
-			t.Errorf("hub was forbidden something with the deploy/ RBAC: %s", line)
+			t.Errorf("hub was forbidden something with the installed RBAC: %s", line)
 		}
 	}
-	// The one refusal the base means: the home cluster's Secrets (opt-in).
 	if tolerated == 0 {
-		t.Error("the hub's log shows no forbidden list/watch of the home cluster's Secrets: does the base grant them?")
+		t.Error("the hub's log shows no forbidden list/watch of the home cluster's Secrets: are they granted?")
 	}
-	t.Logf("%d log lines of the home cluster's Secrets watch being forbidden (home-sds-rbac.yaml is opt-in)", tolerated)
 
-	// 3. ... and it may do no more than it needs.
-	requireAccess(t, ctx, homeClient, "system:serviceaccount:"+deployNS+":hub", deployNS, []access{
+	// 4. The audit logs: nothing forbidden but that, every granted verb used.
+	stopHomeAudited()
+	stopWestAudited()
+	requireAudited(t, "the hub ("+hubUser+")", readAudit(t, homeAudit, hubUser), hubGrants,
+		func(e auditEvent) bool { // the home cluster's Secrets (opt-in)
+			return e.ObjectRef != nil && e.ObjectRef.Resource == "secrets" && e.ObjectRef.Namespace == "" && (e.Verb == "list" || e.Verb == "watch")
+		}, hubUnexercised(d))
+	requireAudited(t, "the member identity ("+memberUser+")", readAudit(t, westAudit, memberUser), memberGrants,
+		nil, memberUnexercised(d))
+
+	// 5. ... and it may do no more than it needs.
+	requireAccess(t, ctx, homeClient, hubUser, d.ns, []access{
 		// Leader election: only the Lease hub-leader.
-		{allow: true, verb: "create", group: "coordination.k8s.io", resource: "leases", ns: deployNS},
-		{allow: true, verb: "get", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
-		{allow: true, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
-		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "other"},
-		{allow: false, verb: "delete", group: "coordination.k8s.io", resource: "leases", ns: deployNS, name: "hub-leader"},
+		{allow: true, verb: "create", group: "coordination.k8s.io", resource: "leases", ns: d.ns},
+		{allow: true, verb: "get", group: "coordination.k8s.io", resource: "leases", ns: d.ns, name: "hub-leader"},
+		{allow: true, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: d.ns, name: "hub-leader"},
+		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: d.ns, name: "other"},
+		{allow: false, verb: "delete", group: "coordination.k8s.io", resource: "leases", ns: d.ns, name: "hub-leader"},
 		{allow: false, verb: "update", group: "coordination.k8s.io", resource: "leases", ns: "kube-system", name: "kube-controller-manager"},
 		// Events: on the remote Secrets, the root namespace's objects and
 		// the hub's own (refused persisted views) only.
-		{allow: true, verb: "patch", resource: "events", ns: secretsNS},
-		{allow: true, verb: "create", resource: "events", ns: secretsNS},
-		{allow: true, verb: "create", resource: "events", ns: deployNS},
+		{allow: true, verb: "patch", resource: "events", ns: d.remoteNS},
+		{allow: true, verb: "create", resource: "events", ns: d.remoteNS},
+		{allow: true, verb: "create", resource: "events", ns: d.rootNS},
+		{allow: true, verb: "create", resource: "events", ns: d.ns},
 		{allow: false, verb: "create", resource: "events", ns: "kube-system"},
 		// Its own Secrets: by name, but for create (RBAC cannot restrict it).
-		{allow: true, verb: "get", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
-		{allow: false, verb: "update", resource: "secrets", ns: deployNS, name: "hub-view-key"},
-		{allow: false, verb: "update", resource: "secrets", ns: deployNS, name: "anything"},
-		{allow: false, verb: "delete", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
-		{allow: false, verb: "patch", resource: "secrets", ns: deployNS, name: "hub-trust-state"},
+		{allow: true, verb: "get", resource: "secrets", ns: d.ns, name: "hub-trust-state"},
+		{allow: false, verb: "update", resource: "secrets", ns: d.ns, name: "hub-view-key"},
+		{allow: false, verb: "update", resource: "secrets", ns: d.ns, name: "anything"},
+		{allow: false, verb: "delete", resource: "secrets", ns: d.ns, name: "hub-trust-state"},
+		{allow: false, verb: "patch", resource: "secrets", ns: d.ns, name: "hub-trust-state"},
 		// Remote Secrets: read, and written for the API's registration; never
 		// patched or deleted wholesale.
-		{allow: true, verb: "list", resource: "secrets", ns: secretsNS},
-		{allow: true, verb: "create", resource: "secrets", ns: secretsNS},
-		{allow: false, verb: "patch", resource: "secrets", ns: secretsNS, name: "anything"},
-		{allow: false, verb: "deletecollection", resource: "secrets", ns: secretsNS},
-		// No Secret of any other namespace, not even by list (home-sds-rbac.yaml
-		// is opt-in).
+		{allow: true, verb: "list", resource: "secrets", ns: d.remoteNS},
+		{allow: true, verb: "create", resource: "secrets", ns: d.remoteNS},
+		{allow: false, verb: "patch", resource: "secrets", ns: d.remoteNS, name: "anything"},
+		{allow: false, verb: "deletecollection", resource: "secrets", ns: d.remoteNS},
+		// No Secret of any other namespace, not even by list (home SDS is
+		// opt-in).
 		{allow: false, verb: "list", resource: "secrets"},
 		{allow: false, verb: "watch", resource: "secrets"},
 		{allow: false, verb: "list", resource: "secrets", ns: "default"},
@@ -319,35 +563,87 @@ func TestDeploy(t *testing.T) {
 		{allow: false, verb: "create", resource: "secrets", ns: "kube-system"},
 		{allow: false, verb: "update", resource: "secrets", ns: "default", name: "anything"},
 		// ConfigMaps: its own namespace only.
-		{allow: true, verb: "update", resource: "configmaps", ns: deployNS, name: "anything"},
+		{allow: true, verb: "update", resource: "configmaps", ns: d.ns, name: "anything"},
 		{allow: false, verb: "update", resource: "configmaps", ns: "kube-system", name: "anything"},
-		{allow: false, verb: "list", resource: "configmaps", ns: secretsNS},
+		{allow: false, verb: "list", resource: "configmaps", ns: d.remoteNS},
 		// Distributed Istio policy is read, never written.
 		{allow: true, verb: "list", group: "security.istio.io", resource: "peerauthentications"},
-		{allow: false, verb: "create", group: "security.istio.io", resource: "peerauthentications", ns: secretsNS},
+		{allow: false, verb: "create", group: "security.istio.io", resource: "peerauthentications", ns: d.rootNS},
 		{allow: false, verb: "update", group: "networking.istio.io", resource: "virtualservices", ns: "default", name: "anything"},
 		// Members' objects are read-only.
 		{allow: false, verb: "update", resource: "nodes", name: "anything"},
 		{allow: false, verb: "update", resource: "services", ns: "default", name: "kubernetes"},
 		{allow: false, verb: "create", group: "discovery.k8s.io", resource: "endpointslices", ns: "default"},
-		// Nothing else.
 		// Pods: listed (metadata of the mesh's pods, clusters/meshpods.go),
 		// never read one by one, never written.
 		{allow: true, verb: "list", resource: "pods"},
-		{allow: false, verb: "get", resource: "pods", ns: deployNS},
-		{allow: false, verb: "create", resource: "pods", ns: deployNS},
-		{allow: false, verb: "delete", resource: "pods", ns: deployNS},
+		{allow: false, verb: "get", resource: "pods", ns: d.ns},
+		{allow: false, verb: "create", resource: "pods", ns: d.ns},
+		{allow: false, verb: "delete", resource: "pods", ns: d.ns},
 		// Services: written only in istio-system (other networks' gateways for
 		// the home cluster's istiod, clusters/gatewayexport.go).
 		{allow: true, verb: "create", resource: "services", ns: "istio-system"},
-		{allow: false, verb: "create", resource: "services", ns: deployNS},
+		{allow: false, verb: "create", resource: "services", ns: d.ns},
 		{allow: false, verb: "create", resource: "services", ns: "default"},
-		{allow: false, verb: "create", resource: "serviceaccounts", subresource: "token", ns: deployNS, name: "hub"},
+		// Nothing else.
+		{allow: false, verb: "create", resource: "serviceaccounts", subresource: "token", ns: d.ns, name: d.sa},
 		{allow: false, verb: "create", resource: "namespaces"},
 		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "clusterroles"},
-		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", ns: deployNS},
+		{allow: false, verb: "create", group: "rbac.authorization.k8s.io", resource: "rolebindings", ns: d.ns},
 		{allow: false, verb: "impersonate", resource: "users", name: "admin"},
 	})
+}
+
+// hubUnexercised are the grants of the hub's RBAC that TestDeploy cannot
+// reach, and why; every other granted verb must show in the audit log.
+func hubUnexercised(d deployment) map[string]string {
+	own := "Role/" + d.ns + "/" + d.sa
+	gateways := "Role/istio-system/" + d.sa + "-gateways"
+	const (
+		forged  = "Events in the hub's namespace are PersistedViewRejected and ViewKeyInvalid, on forged persisted views only (e2e/persist_forgery_test.go)"
+		network = "written only when the home cluster is on a network and another network has an east-west gateway (clusters/gatewayexport.go), which this test does not set up"
+	)
+	m := map[string]string{
+		own + ": update secrets. in " + d.ns:            "hub-trust-state is updated only when the trust roots change (trust/store.go), which they do not in this run",
+		own + ": create events. in " + d.ns:             forged,
+		own + ": patch events. in " + d.ns:              forged,
+		gateways + ": get services. in istio-system":    network,
+		gateways + ": create services. in istio-system": network,
+		gateways + ": update services. in istio-system": network,
+		gateways + ": delete services. in istio-system": network,
+	}
+	if d.rootNS != d.remoteNS {
+		// (With both in one namespace, the Events on remote Secrets are
+		// patched there.)
+		m["Role/"+d.rootNS+"/"+d.sa+"-events: patch events. in "+d.rootNS] = "client-go's recorder patches an Event that repeats; the one rejection here is recorded once"
+	}
+	return m
+}
+
+// memberUnexercised is hubUnexercised for the member identity.
+func memberUnexercised(d deployment) map[string]string {
+	name := "hub-remote-member"
+	if d.deployDir == "" {
+		name += "-canary"
+	}
+	gateways := "Role/istio-system/" + name + "-gateways"
+	const (
+		network = "written only when the member is on a network and another network has an east-west gateway (clusters/gatewayexport.go), which this test does not set up"
+		exports = "read and written with --export-mode=serviceexport only (clusters/export.go); this run federates every Service"
+		sds     = "SDS of the member's own proxies (clusters/secrets.go); none connects in this test (e2e/sdstoken_test.go, e2e/sds_scope_test.go)"
+	)
+	return map[string]string{
+		gateways + ": get services. in istio-system":                                         network,
+		gateways + ": create services. in istio-system":                                      network,
+		gateways + ": update services. in istio-system":                                      network,
+		gateways + ": delete services. in istio-system":                                      network,
+		"ClusterRole//" + name + ": get serviceexports.multicluster.x-k8s.io in *":           exports,
+		"ClusterRole//" + name + ": list serviceexports.multicluster.x-k8s.io in *":          exports,
+		"ClusterRole//" + name + ": watch serviceexports.multicluster.x-k8s.io in *":         exports,
+		"ClusterRole//" + name + ": update serviceexports/status.multicluster.x-k8s.io in *": exports,
+		"ClusterRole//" + name + ": create tokenreviews.authentication.k8s.io in *":          sds,
+		"ClusterRole//" + name + ": create subjectaccessreviews.authorization.k8s.io in *":   sds,
+	}
 }
 
 // kubectlFor returns a runner of the real kubectl against one kubeconfig
@@ -471,8 +767,8 @@ func requireRestrictedPodSecurity(t *testing.T, ctx context.Context, cs kubernet
 }
 
 // leaseHolder is the holder of the hub's leader Lease, or "error: ...".
-func leaseHolder(ctx context.Context, cs kubernetes.Interface) string {
-	l, err := cs.CoordinationV1().Leases(deployNS).Get(ctx, "hub-leader", metav1.GetOptions{})
+func leaseHolder(ctx context.Context, cs kubernetes.Interface, ns string) string {
+	l, err := cs.CoordinationV1().Leases(ns).Get(ctx, "hub-leader", metav1.GetOptions{})
 	if err != nil {
 		return "error: " + err.Error()
 	}

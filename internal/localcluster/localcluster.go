@@ -312,8 +312,14 @@ func (c *Cluster) NewCertKubeconfig() ([]byte, error) {
 // TokenKubeconfig returns a kubeconfig that authenticates with a bearer token
 // instead of a client certificate.
 func (c *Cluster) TokenKubeconfig(token string) []byte {
+	return c.TokenKubeconfigAt(c.Server(), token)
+}
+
+// TokenKubeconfigAt is TokenKubeconfig for another API server of the
+// cluster (a spare's address).
+func (c *Cluster) TokenKubeconfigAt(server, token string) []byte {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: c.Server(), CertificateAuthorityData: c.env.pki.caPEM}
+	cfg.Clusters[c.Name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: c.env.pki.caPEM}
 	cfg.AuthInfos["token"] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts[c.Name] = &clientcmdapi.Context{Cluster: c.Name, AuthInfo: "token"}
 	cfg.CurrentContext = c.Name
@@ -343,18 +349,19 @@ func (c *Cluster) StartAPIServer() error {
 	return nil
 }
 
-func (c *Cluster) startAPIServer(port int, logName string) (*process, error) {
+func (c *Cluster) startAPIServer(port int, logName string, extraArgs ...string) (*process, error) {
 	p := c.env.pki
-	proc, err := startProcess(filepath.Join(c.env.binDir, "kube-apiserver"),
-		filepath.Join(c.env.dir, logName),
-		"--etcd-servers="+c.env.etcdURL, "--etcd-prefix=/cluster-"+c.Name,
+	args := append([]string{
+		"--etcd-servers=" + c.env.etcdURL, "--etcd-prefix=/cluster-" + c.Name,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
-		"--tls-cert-file="+p.serverCertFile, "--tls-private-key-file="+p.serverKeyFile,
-		"--client-ca-file="+p.caFile, "--token-auth-file="+p.tokenFile,
+		"--tls-cert-file=" + p.serverCertFile, "--tls-private-key-file=" + p.serverKeyFile,
+		"--client-ca-file=" + p.caFile, "--token-auth-file=" + p.tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+p.saPubFile, "--service-account-signing-key-file="+p.saKeyFile,
-		"--service-cluster-ip-range=10.0.0.0/16", "--endpoint-reconciler-type=none", "--profiling=false")
+		"--service-account-key-file=" + p.saPubFile, "--service-account-signing-key-file=" + p.saKeyFile,
+		"--service-cluster-ip-range=10.0.0.0/16", "--endpoint-reconciler-type=none", "--profiling=false"},
+		extraArgs...)
+	proc, err := startProcess(filepath.Join(c.env.binDir, "kube-apiserver"), filepath.Join(c.env.dir, logName), args...)
 	if err != nil {
 		return nil, fmt.Errorf("starting API server %s: %w", c.Name, err)
 	}
@@ -366,11 +373,39 @@ func (c *Cluster) startAPIServer(port int, logName string) (*process, error) {
 // it is ready. Tests use it to change a cluster while the hub's API server
 // is down. The returned stop function stops the spare.
 func (c *Cluster) StartSpareAPIServer(ctx context.Context) (*rest.Config, func(), error) {
+	return c.startSpare(ctx, "spare")
+}
+
+// StartAuditedAPIServer starts a spare API server (as StartSpareAPIServer)
+// that writes an audit log: every request its policy (an audit.k8s.io/v1
+// Policy) selects, one JSON event per line, written before the request is
+// answered (blocking mode). Tests point a client with restricted credentials
+// at it and read what that client did and whether RBAC allowed it. The
+// returned stop function stops the server.
+func (c *Cluster) StartAuditedAPIServer(ctx context.Context, policy []byte) (cfg *rest.Config, auditLog string, stop func(), err error) {
+	f, err := os.CreateTemp(c.env.dir, "audit-policy-*.yaml")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if _, err := f.Write(policy); err != nil {
+		f.Close()
+		return nil, "", nil, err
+	}
+	if err := f.Close(); err != nil {
+		return nil, "", nil, err
+	}
+	auditLog = strings.TrimSuffix(f.Name(), ".yaml") + ".log"
+	cfg, stop, err = c.startSpare(ctx, "audited", "--audit-policy-file="+f.Name(), "--audit-log-path="+auditLog,
+		"--audit-log-format=json", "--audit-log-mode=blocking")
+	return cfg, auditLog, stop, err
+}
+
+func (c *Cluster) startSpare(ctx context.Context, kind string, extraArgs ...string) (*rest.Config, func(), error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, nil, err
 	}
-	proc, err := c.startAPIServer(port, fmt.Sprintf("apiserver-%s-spare-%d.log", c.Name, port))
+	proc, err := c.startAPIServer(port, fmt.Sprintf("apiserver-%s-%s-%d.log", c.Name, kind, port), extraArgs...)
 	if err != nil {
 		return nil, nil, err
 	}
