@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -336,18 +338,24 @@ func runDeployment(t *testing.T, home, west *localcluster.Cluster, homeKubectl, 
 	t.Cleanup(func() {
 		_ = homeClient.CoreV1().Secrets(d.remoteNS).Delete(context.Background(), remoteSecret, metav1.DeleteOptions{})
 	})
-	for _, want := range []int{http.StatusCreated, http.StatusOK} {
-		body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(west.TokenKubeconfigAt(westAudited.Host, memberToken()))})
+	// Rotated twice, each rotation taken before the next: the second
+	// KubeconfigRotated Event repeats the first, which client-go's recorder
+	// patches (the Role's patch on events in remoteNS).
+	for _, want := range []int{http.StatusCreated, http.StatusOK, http.StatusOK} {
+		kubeconfig := west.TokenKubeconfigAt(westAudited.Host, memberToken())
+		body, _ := json.Marshal(map[string]string{"id": west.Name, "kubeconfig": string(kubeconfig)})
 		if code, resp := h.do(t, http.MethodPost, "/api/v1/clusters", string(body)); code != want {
 			t.Fatalf("POST /api/v1/clusters: %d %s, want %d", code, resp, want)
 		}
+		sum := sha256.Sum256(kubeconfig)
+		eventually(t, 30*time.Second, func() error {
+			c := h.clusters(t)[west.Name]
+			if c.State != "Ready" || c.KubeconfigSHA256 != hex.EncodeToString(sum[:]) {
+				return fmt.Errorf("member %s is %q (%s) on kubeconfig %q, want Ready on the one just posted", west.Name, c.State, c.Message, c.KubeconfigSHA256)
+			}
+			return nil
+		})
 	}
-	eventually(t, 30*time.Second, func() error {
-		if c := h.clusters(t)[west.Name]; c.State != "Ready" {
-			return fmt.Errorf("member %s is %q (%s), want Ready", west.Name, c.State, c.Message)
-		}
-		return nil
-	})
 	hubEvent := func(ns string, selector fields.Set) func() error {
 		return func() error {
 			evs, err := homeClient.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: selector.AsSelector().String()})
