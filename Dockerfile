@@ -4,6 +4,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
+# The server alone: the demo (cmd/hubdemo) and its workloads are not in it.
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/hub ./cmd/hub
 
 FROM gcr.io/distroless/static-debian12:nonroot

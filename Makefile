@@ -10,12 +10,16 @@ NETNS        = internal/localcluster/netns.sh
 PROMTOOL_BIN = internal/tools/promtool/build.sh
 TRACKED      = .ci/check-tracked-files.sh
 
-.PHONY: all build demo test lint unit k8s-bin istiod-bin helm-bin bench clean
+.PHONY: all build build-demo demo test lint unit k8s-bin istiod-bin helm-bin bench clean
 
 all: build
 
+# The server (what the image ships), and the demo (cmd/hubdemo), which runs it.
 build:
 	$(GO) build -o bin/hub ./cmd/hub
+
+build-demo: build
+	$(GO) build -o bin/hubdemo ./cmd/hubdemo
 
 # Kubernetes binaries for local clusters (cached outside the repo).
 k8s-bin:
@@ -34,9 +38,9 @@ istiod-bin:
 helm-bin:
 	$(HELM_BIN)
 
-# Three real local clusters, sample workloads and the hub on them.
-demo: build
-	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) ./bin/hub demo
+# Three real local clusters, sample workloads and the hub (bin/hub) on them.
+demo: build-demo
+	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) ./bin/hubdemo --hub-bin ./bin/hub
 
 # gofmt, vet, staticcheck, and no tracked file over 1 MiB or compiled.
 lint:

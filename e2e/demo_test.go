@@ -22,7 +22,7 @@ import (
 	"github.com/hubmesh/hub/internal/chromium"
 )
 
-// demoRun is a running `hub demo` and what it printed.
+// demoRun is a running demo (cmd/hubdemo) and what it printed.
 type demoRun struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
@@ -113,8 +113,8 @@ func (d *demoRun) drainTraffic() {
 	}
 }
 
-// TestDemo drives `hub demo` itself, as a newcomer runs it (the real
-// binary, its own three real clusters, its network namespace inside the
+// TestDemo drives the demo itself, as a newcomer runs it (the real
+// hubdemo binary running the real hub binary, its own three real clusters, its network namespace inside the
 // test's, real Chromium): its grpc-go clients' calls succeed over mTLS;
 // east is on a network of its own (a network namespace the others reach
 // only through its east-west gateway, and the other way round); the
@@ -124,8 +124,8 @@ func (d *demoRun) drainTraffic() {
 // DestinationRule); freezing a member's API server (SIGSTOP) turns it
 // Stale in the picture without a reload and moves its client's calls to
 // the other members (demoted) while every call keeps succeeding; on
-// SIGTERM the demo exits 0 and leaves no network namespace, workload or
-// API server behind.
+// SIGTERM the demo exits 0 and leaves no network namespace, hub, workload
+// or API server behind.
 func TestDemo(t *testing.T) {
 	if os.Geteuid() != 0 {
 		msg := "the demo's workloads need root for their network namespace; run through `make test`"
@@ -257,7 +257,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	if left := processesMentioning(workDir); len(left) > 0 {
-		t.Errorf("after SIGTERM processes of the demo's workloads still run: %v", left)
+		t.Errorf("after SIGTERM processes of the demo's hub or workloads still run: %v", left)
 	}
 	if _, err := os.Stat(workDir); !os.IsNotExist(err) {
 		t.Errorf("after SIGTERM the demo's work directory %s is still there (%v)", workDir, err)
@@ -335,17 +335,21 @@ func trafficFlows(tr map[string]trafficOf, wantClients, minMembers int) error {
 	return nil
 }
 
-// startDemo runs `hub demo` with every listener on a free loopback port
-// and waits until it printed its banner.
+// startDemo builds the demo and runs it on the hub binary with every
+// listener on a free loopback port, and waits until it printed its banner.
 func startDemo(t *testing.T) *demoRun {
 	t.Helper()
+	demoBin := filepath.Join(binsDir, "hubdemo")
+	if out, err := exec.Command("go", "build", "-o", demoBin, "github.com/hubmesh/hub/cmd/hubdemo").CombinedOutput(); err != nil {
+		t.Fatalf("building the demo: %v\n%s", err, out)
+	}
 	stderrPath := filepath.Join(t.TempDir(), "demo.stderr")
 	stderr, err := os.Create(stderrPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &demoRun{done: make(chan struct{}), traffic: make(chan map[string]trafficOf, 600)}
-	d.cmd = exec.Command(hubBin, "demo", "--admin-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0",
+	d.cmd = exec.Command(demoBin, "--hub-bin", hubBin, "--admin-addr", "127.0.0.1:0", "--xds-addr", "127.0.0.1:0",
 		"--xds-tls-addr", "127.0.0.1:0", "--bundle-addr", "127.0.0.1:0")
 	d.cmd.Stderr = stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -354,7 +358,7 @@ func startDemo(t *testing.T) *demoRun {
 		t.Fatal(err)
 	}
 	if err := d.cmd.Start(); err != nil {
-		t.Fatalf("starting hub demo: %v", err)
+		t.Fatalf("starting the demo: %v", err)
 	}
 	bannerDone := make(chan struct{})
 	var readers sync.WaitGroup
@@ -427,9 +431,9 @@ func startDemo(t *testing.T) *demoRun {
 	select {
 	case <-bannerDone:
 	case <-d.done:
-		t.Fatalf("hub demo exited before any traffic: %v", d.exitErr)
+		t.Fatalf("the demo exited before any traffic: %v", d.exitErr)
 	case <-time.After(5 * time.Minute):
-		t.Fatal("hub demo printed no traffic within 5 minutes")
+		t.Fatal("the demo printed no traffic within 5 minutes")
 	}
 	return d
 }
@@ -446,12 +450,12 @@ func (d *demoRun) stop(t *testing.T) {
 	select {
 	case <-d.done:
 		if d.exitErr != nil {
-			t.Errorf("hub demo did not exit cleanly on SIGTERM: %v", d.exitErr)
+			t.Errorf("the demo did not exit cleanly on SIGTERM: %v", d.exitErr)
 		}
 	case <-time.After(2 * time.Minute):
 		_ = d.cmd.Process.Kill()
 		<-d.done
-		t.Errorf("hub demo did not stop within 2 minutes of SIGTERM")
+		t.Errorf("the demo did not stop within 2 minutes of SIGTERM")
 	}
 }
 

@@ -1,11 +1,9 @@
 // Command hub federates a service mesh across Kubernetes clusters.
 //
-//	hub [serve] [flags]   run the hub (default)
-//	hub demo [flags]      start local clusters with sample workloads and run the hub on them
+//	hub [serve] [flags]      run the hub (default)
+//	hub register [flags]     register a member cluster (register.go)
 //
-// `hub demo` also runs this binary as its workloads (gRPC backends and
-// clients) in a hidden role selected by the environment variable
-// HUB_DEMO_CHILD (see demo_child.go); that is not a command.
+// The demo is a command of its own, cmd/hubdemo, which runs this binary.
 package main
 
 import (
@@ -254,39 +252,19 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return errors.Join(errs...)
 }
 
-// command returns the flag set of a subcommand, filling cfg (and the
-// command's own options) when parsed, and the function that runs it; ok
-// is false for an unknown command. Flags of `hub demo` alone (demoOptions)
-// are not flags of `hub serve`.
+// command returns the flag set of a subcommand, filling cfg when parsed,
+// and the function that runs it; ok is false for an unknown command.
 func command(cmd string, cfg *config) (fs *flag.FlagSet, run func(context.Context, config, *slog.Logger) error, ok bool) {
 	fs = flag.NewFlagSet("hub "+cmd, flag.ContinueOnError)
 	cfg.register(fs)
 	switch cmd {
 	case "serve":
 		return fs, serve, true
-	case "demo":
-		opts := new(demoOptions)
-		opts.register(fs)
-		// The demo is for a laptop: keep its listeners on loopback. Its
-		// workloads hold certificates from the hub's CA: mTLS is required.
-		for name, def := range map[string]string{
-			"xds-addr": "127.0.0.1:15010", "xds-tls-addr": "127.0.0.1:15012",
-			"admin-addr": "127.0.0.1:8080", "bundle-addr": "127.0.0.1:8443",
-			"mtls-mode": string(xdsgen.MTLSStrict),
-		} {
-			f := fs.Lookup(name)
-			_ = f.Value.Set(def)
-			f.DefValue = def
-		}
-		return fs, func(ctx context.Context, cfg config, log *slog.Logger) error { return demo(ctx, cfg, *opts, log) }, true
 	}
 	return nil, nil, false
 }
 
 func main() {
-	if role := os.Getenv(demoChildEnv); role != "" {
-		os.Exit(runDemoChild(role))
-	}
 	args := os.Args[1:]
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -301,7 +279,7 @@ func main() {
 	cfg := new(config)
 	fs, run, ok := command(cmd, cfg)
 	if !ok {
-		fmt.Fprintf(os.Stderr, "hub: unknown command %q (want serve or demo)\n", cmd)
+		fmt.Fprintf(os.Stderr, "hub: unknown command %q (want serve or register; the demo is make demo, cmd/hubdemo)\n", cmd)
 		os.Exit(2)
 	}
 	if err := parseFlags(fs, args); err != nil {

@@ -52,15 +52,10 @@ import (
 //  8. the admin server: the REST API (package api) and the dashboard
 //     (package web) on one router.
 //
-// Then the listeners open and everything runs until ctx is done.
+// Then the listeners open (logged as "hub listening" with their addresses
+// by name: xds, admin, xds-tls, bundle; the demo, cmd/hubdemo, and the
+// tests read that line) and everything runs until ctx is done.
 func serve(ctx context.Context, cfg config, log *slog.Logger) error {
-	return serveNotify(ctx, cfg, log, nil)
-}
-
-// serveNotify is serve, calling listening (when not nil) with the address
-// of every listener (by name: xds, admin, xds-tls, bundle) once they are
-// all open, so that `hub demo` can print them and start its workloads.
-func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening func(addrs map[string]string)) error {
 	home, err := homeConfig(cfg.kubeconfig)
 	if err != nil {
 		return err
@@ -246,15 +241,10 @@ func serveNotify(ctx context.Context, cfg config, log *slog.Logger, listening fu
 		return err
 	}
 	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "remoteSecretsNamespace", cfg.secretsNamespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
-	opened := map[string]string{}
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())
-		opened[name] = l.Addr().String()
 	}
 	log.Info("hub listening", addrs...)
-	if listening != nil {
-		listening(opened)
-	}
 
 	// Shutdown (SIGTERM, or any part failing): readiness fails first, the
 	// xDS listeners drain their streams while everything else keeps running

@@ -1,5 +1,5 @@
 // Package localcluster runs real Kubernetes API servers on loopback for tests
-// and for `hub demo`: one etcd and one kube-apiserver per cluster, each cluster
+// and for the demo (cmd/hubdemo): one etcd and one kube-apiserver per cluster, each cluster
 // under its own etcd prefix. Binaries are built from the Go module proxy by the
 // k8sbin tool module and cached outside the repository.
 package localcluster
@@ -463,7 +463,7 @@ func (c *Cluster) ResumeAPIServer() error {
 }
 
 // APIServerPID is the process ID of the cluster's API server, or 0 when
-// none runs (`hub demo` prints it for people to pause the member).
+// none runs (the demo prints it for people to pause the member).
 func (c *Cluster) APIServerPID() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -8,35 +8,48 @@ import (
 	"time"
 )
 
-// TestDemoFlagsStayInDemo: the demo's own flags exist for `hub demo` only,
-// and the demo defaults to loopback listeners and STRICT mTLS.
-func TestDemoFlagsStayInDemo(t *testing.T) {
+// TestParseArgs: the demo defaults to loopback listeners and STRICT mTLS,
+// hands the hub's flags it takes on to `hub serve` with the flags after
+// "--", and refuses after "--" a flag it sets itself.
+func TestParseArgs(t *testing.T) {
 	var cfg config
-	serveFlags, _, ok := command("serve", &cfg)
-	if !ok {
-		t.Fatal("no serve command")
-	}
-	for _, name := range []string{"demo-churn", "demo-traffic"} {
-		if serveFlags.Lookup(name) != nil {
-			t.Errorf("hub serve has the demo's flag --%s", name)
-		}
-	}
-	if err := parseFlags(serveFlags, []string{"--demo-churn=false"}); err == nil {
-		t.Error("hub serve accepted --demo-churn")
-	}
-	var dcfg config
-	demoFlags, _, ok := command("demo", &dcfg)
-	if !ok {
-		t.Fatal("no demo command")
-	}
-	if err := parseFlags(demoFlags, []string{"--demo-churn=false", "--admin-addr", "127.0.0.1:0"}); err != nil {
+	var opts options
+	err := parseArgs([]string{"--demo-churn=false", "--admin-addr", "127.0.0.1:0", "--hub-bin", "/bin/hub",
+		"--", "--max-workload-cert-ttl", "1m", "--demote-unhealthy-members=false"}, &cfg, &opts)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if dcfg.mtlsMode != "STRICT" || dcfg.xdsAddr != "127.0.0.1:15010" || dcfg.adminAddr != "127.0.0.1:0" {
-		t.Errorf("demo defaults: mtls %q, xds %q, admin %q; want STRICT, 127.0.0.1:15010, 127.0.0.1:0", dcfg.mtlsMode, dcfg.xdsAddr, dcfg.adminAddr)
+	if cfg.mtlsMode != "STRICT" || cfg.xdsAddr != "127.0.0.1:15010" || cfg.adminAddr != "127.0.0.1:0" || opts.churn || !opts.traffic || opts.hubBin != "/bin/hub" {
+		t.Errorf("parsed: mtls %q, xds %q, admin %q, churn %v, traffic %v, hub %q; want STRICT, 127.0.0.1:15010, 127.0.0.1:0, false, true, /bin/hub",
+			cfg.mtlsMode, cfg.xdsAddr, cfg.adminAddr, opts.churn, opts.traffic, opts.hubBin)
 	}
-	if _, _, ok := command("bogus", &cfg); ok {
-		t.Error("an unknown command was accepted")
+	cfg.kubeconfig = "/tmp/primary.kubeconfig"
+	got := strings.Join(cfg.serveArgs(opts.hubArgs), " ")
+	for _, want := range []string{"serve --kubeconfig=/tmp/primary.kubeconfig --cluster-id=primary ", " --admin-addr=127.0.0.1:0 ",
+		" --mtls-mode=STRICT ", " --bundle-addr=127.0.0.1:8443 ", " --max-workload-cert-ttl 1m --demote-unhealthy-members=false"} {
+		if !strings.Contains(got+" ", want) {
+			t.Errorf("hub command line %q lacks %q", got, want)
+		}
+	}
+
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--", "--mtls-mode=DISABLE"}, "--mtls-mode after --: the demo sets it"},
+		{[]string{"--", "-kubeconfig", "x"}, "--kubeconfig after --"},
+		{[]string{"--", "--cluster-id=x"}, "--cluster-id after --"},
+		{[]string{"--mtls-mode", "LOOSE"}, "--mtls-mode"},
+		{[]string{"--admin-tls-cert", "c.pem"}, "go together"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+		{[]string{"--max-workload-cert-ttl", "1m"}, "flag provided but not defined"},
+	} {
+		var cfg config
+		var opts options
+		err := parseArgs(tc.args, &cfg, &opts)
+		if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%v: %v; want an error saying %q", tc.args, err, tc.wantErr)
+		}
 	}
 }
 

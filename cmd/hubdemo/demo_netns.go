@@ -87,7 +87,7 @@ func canRunNetns() (bool, string) {
 func newDemoNetns(ctx context.Context, addrs []string) (_ *demoNetns, err error) {
 	removeStaleDemoNetns(ctx)
 	if owner := interfaceWith(demoVethHostIP); owner != "" {
-		return nil, fmt.Errorf("%s is already on interface %s (another hub demo running?)", demoVethHostIP, owner)
+		return nil, fmt.Errorf("%s is already on interface %s (another demo running?)", demoVethHostIP, owner)
 	}
 	n := demoNetnsOf(os.Getpid())
 	if err := ipCmd(ctx, "netns", "add", n.name); err != nil {

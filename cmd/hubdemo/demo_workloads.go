@@ -114,7 +114,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 				return cfg.ca.issue(ctx, cfg.members[w.member], w.member, demoNamespace, w.sa, dir)
 			}
 			v, err := issueWithRetry(ctx, issue, func(err error) {
-				fmt.Fprintf(os.Stderr, "hub demo: the certificate of %s (retrying): %v\n", w.name, err)
+				fmt.Fprintf(os.Stderr, "hubdemo: the certificate of %s (retrying): %v\n", w.name, err)
 			})
 			if err != nil {
 				return err
@@ -122,7 +122,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 			refresh = v.refreshInterval()
 			parts.Go(func() {
 				renewCertificate(ctx, v, issue, func(err error) {
-					fmt.Fprintf(os.Stderr, "hub demo: renewing the certificate of %s: %v\n", w.name, err)
+					fmt.Fprintf(os.Stderr, "hubdemo: renewing the certificate of %s: %v\n", w.name, err)
 				})
 			})
 		}
@@ -245,7 +245,7 @@ type demoChild struct {
 func startDemoChild(netns *demoNetns, name, logPath string, env []string, pipeStdout bool) (*demoChild, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("locating the hub binary: %w", err)
+		return nil, fmt.Errorf("locating the demo binary: %w", err)
 	}
 	logFile, err := os.Create(logPath)
 	if err != nil {

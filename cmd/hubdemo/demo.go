@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,9 +22,10 @@ import (
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
-// `hub demo` is a live federation to watch and poke: three real local
+// The demo is a live federation to watch and poke: three real local
 // clusters (primary is home; west and east are members registered with
-// remote Secrets), sample Services, and the hub on them. As root it also
+// remote Secrets), sample Services, and the hub binary on them (hub.go).
+// As root it also
 // runs real traffic (demo_workloads.go): gRPC backends answering with their
 // member's name, registered in each member's EndpointSlices, and grpc-go
 // xds:/// clients calling them through the hub, all with certificates from
@@ -36,7 +36,7 @@ import (
 // demoCluster is one cluster of the demo, on one of its networks.
 type demoCluster struct{ name, region, zone, ipPrefix, network string }
 
-// demoClusters are the clusters `hub demo` starts; the first is home.
+// demoClusters are the clusters the demo starts; the first is home.
 // Backends of member n have addresses ipPrefix+"10", +"11", ...
 var demoClusters = []demoCluster{
 	{"primary", "eu-central", "eu-central-1a", "198.18.1.", "net-main"},
@@ -67,17 +67,6 @@ const (
 	demoPauseMember = "east"
 )
 
-// demoOptions are the flags only `hub demo` has (not `hub serve`).
-type demoOptions struct {
-	churn   bool
-	traffic bool
-}
-
-func (o *demoOptions) register(fs *flag.FlagSet) {
-	fs.BoolVar(&o.churn, "demo-churn", true, fmt.Sprintf("scale %s's echo backends between 1 and 2 every %s, so the hub keeps pushing", demoChurnMember, demoChurnEvery))
-	fs.BoolVar(&o.traffic, "demo-traffic", true, "as root with iproute2: run real gRPC backends and xds:/// clients (mTLS with certificates from the hub) in a network namespace of the demo")
-}
-
 // echoBackends are the echo backends of a cluster: one, and in the churned
 // member a second one that the churn adds and removes. Each is a pod of
 // the mesh (seedDemoMeshPods), named as its workload.
@@ -91,17 +80,17 @@ func echoBackends(dc demoCluster) []localcluster.Backend {
 }
 
 // demo starts the clusters, registers the members, starts the network
-// namespace (when it can), runs the hub and, once it listens, the
-// workloads and the churn, until ctx is done. Everything it started is
+// namespace (when it can), runs the hub binary and, once it listens, the
+// workloads and the churn, until ctx is done (or the hub exits). Everything it started is
 // stopped and removed when it returns, also when starting fails (but for
 // its work directory with the logs, when it failed). Stopped
 // (ctx done: Ctrl-C, SIGTERM) while starting, it returns nil: what was cut
 // short did not fail.
-func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (err error) {
+func demo(ctx context.Context, cfg config, opts options) (err error) {
 	parent, starting := ctx, true
 	defer func() {
 		if starting && err != nil && parent.Err() != nil {
-			fmt.Fprintln(os.Stderr, "hub demo: stopped while starting")
+			fmt.Fprintln(os.Stderr, "hubdemo: stopped while starting")
 			err = nil
 		}
 	}()
@@ -111,22 +100,26 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 	}
 	defer func() {
 		if err != nil && parent.Err() == nil { // failed, not stopped: keep what tells why
-			fmt.Fprintf(os.Stderr, "hub demo: failed; the hub's log and the workloads' logs are kept in %s\n", work)
+			fmt.Fprintf(os.Stderr, "hubdemo: failed; the hub's log and the workloads' logs are kept in %s\n", work)
 			return
 		}
 		os.RemoveAll(work)
 	}()
-	// The terminal is for the demo's own lines; the hub logs to a file.
-	log, closeLog, err := demoLogger(filepath.Join(work, "hub.log"), cfg.logLevel)
+	// The terminal is for the demo's own lines; the hub and the demo log
+	// to files.
+	log, closeLog, err := demoLogger(filepath.Join(work, "demo.log"))
 	if err != nil {
 		return err
 	}
 	defer closeLog()
 
-	// Its listeners default to fixed ports: one taken fails now, not after
-	// the clusters have started.
+	// The hub's listeners default to fixed ports: one taken fails now, not
+	// after the clusters have started; so does a hub binary not built.
 	if err := demoPortsFree(cfg); err != nil {
 		return err
+	}
+	if _, err := os.Stat(opts.hubBin); err != nil {
+		return fmt.Errorf("the hub binary (make demo builds it, or give --hub-bin): %w", err)
 	}
 	binDir, err := localcluster.BinDir(ctx)
 	if err != nil {
@@ -177,14 +170,23 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	listening := make(chan map[string]string, 1)
-	hubDone := make(chan error, 1)
-	go func() { hubDone <- serveNotify(ctx, cfg, log, func(addrs map[string]string) { listening <- addrs }) }()
+	hub, err := startHub(opts.hubBin, cfg.serveArgs(opts.hubArgs), filepath.Join(work, "hub.log"))
+	if err != nil {
+		return err
+	}
+	hubStopped := false
+	defer func() {
+		if !hubStopped {
+			_ = hub.stop()
+		}
+	}()
 	var addrs map[string]string
 	select {
-	case addrs = <-listening:
-	case err := <-hubDone:
-		return err
+	case addrs = <-hub.listening:
+	case <-hub.done:
+		return hub.exited()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	starting = false
 	adminURL := "http://" + addrs["admin"]
@@ -192,7 +194,7 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 		adminURL = "https://" + addrs["admin"]
 	}
 	home := env.Cluster(demoClusters[0].name)
-	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, netns != nil)
+	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, hub, netns != nil)
 
 	// The parts beside the hub; one failing stops the demo.
 	var (
@@ -251,13 +253,20 @@ func demo(ctx context.Context, cfg config, opts demoOptions, _ *slog.Logger) (er
 			}
 		}
 	}
-	hubErr := <-hubDone
+	var hubErr error
+	select {
+	case <-ctx.Done(): // stopped, or a part failed
+		hubErr = hub.stop()
+	case <-hub.done:
+		hubErr = hub.exited()
+	}
+	hubStopped = true
 	cancel()
 	parts.Wait()
 	if netns != nil {
-		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters and removing the network namespaces")
+		fmt.Fprintln(os.Stderr, "hubdemo: stopping the clusters and removing the network namespaces")
 	} else {
-		fmt.Fprintln(os.Stderr, "hub demo: stopping the clusters")
+		fmt.Fprintln(os.Stderr, "hubdemo: stopping the clusters")
 	}
 	return errors.Join(hubErr, partErr)
 }
@@ -388,11 +397,11 @@ func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error
 }
 
 // printDemoBanner prints the URLs, credentials and things to try.
-func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, traffic bool) {
+func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, hub *hubProcess, traffic bool) {
 	home := env.Cluster(demoClusters[0].name)
 	kubectl := filepath.Join(binDir, "kubectl") + " --kubeconfig " + filepath.Join(work, home.Name+".kubeconfig")
 	fmt.Fprintf(w, `
-hub demo is running (Ctrl-C stops everything)
+hubdemo is running (Ctrl-C stops everything)
   dashboard:          %s/
   admin token:        %s   (sign in with it; also: curl -H "Authorization: Bearer <token>" %s/api/v1/clusters)
   readiness:          %s/readyz
@@ -400,10 +409,13 @@ hub demo is running (Ctrl-C stops everything)
   ADS/SDS/CA (mTLS):  %s   SPIFFE bundle endpoint: https://%s (trust domain %s, mTLS mode %s)
   home cluster:       %s get secrets -n %s
   kubeconfigs:        %s/{%s,%s,%s}.kubeconfig
+  hub:                %s (pid %d; Ctrl-C stops it with the rest)
   hub log:            %s
+  demo log:           %s
 `, adminURL, home.AdminToken(), adminURL, adminURL, orDisabled(addrs["xds"]), demoNamespace, cfg.domainSuffix, demoEchoPort,
 		orDisabled(addrs["xds-tls"]), orDisabled(addrs["bundle"]), cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.secretsNamespace,
-		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name, filepath.Join(work, "hub.log"))
+		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name,
+		strings.Join(hub.cmd.Args, " "), hub.cmd.Process.Pid, hub.logPath, filepath.Join(work, "demo.log"))
 	for _, dc := range demoClusters {
 		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())
 	}
@@ -446,16 +458,14 @@ hub demo is running (Ctrl-C stops everything)
 	fmt.Fprintln(w)
 }
 
-// demoLogger is a JSON logger writing to path at level (already validated
-// by main), also used by client-go.
-func demoLogger(path, level string) (*slog.Logger, func(), error) {
+// demoLogger is the demo's own JSON logger (the churn's lines), writing to
+// path, also used by client-go.
+func demoLogger(path string) (*slog.Logger, func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening the hub's log: %w", err)
+		return nil, nil, fmt.Errorf("opening the demo's log: %w", err)
 	}
-	var l slog.Level
-	_ = l.UnmarshalText([]byte(level))
-	log := slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: l}))
+	log := slog.New(slog.NewJSONHandler(f, nil))
 	slog.SetDefault(log)
 	klog.SetSlogLogger(log)
 	return log, func() { f.Close() }, nil

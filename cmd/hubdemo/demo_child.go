@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/xds"
 )
 
-// The demo's workloads are this binary run again by `hub demo` in a hidden
-// role, inside the demo's network namespace: the command line (and `hub
+// The demo's workloads are this binary run again by the demo in a hidden
+// role, inside the demo's network namespace: the command line (and `hubdemo
 // -h`) knows nothing of them. demoChildEnv selects the role; the others
 // configure it. Both roles read their gRPC xDS bootstrap from the file
 // GRPC_XDS_BOOTSTRAP names (the hub's xDS port, the member they pretend to
@@ -50,7 +50,7 @@ func runDemoChild(role string) int {
 	default:
 		err = fmt.Errorf("unknown demo role %q", role)
 	}
-	fmt.Fprintf(os.Stderr, "hub demo %s: %v\n", role, err)
+	fmt.Fprintf(os.Stderr, "hubdemo %s: %v\n", role, err)
 	return 1
 }
 
