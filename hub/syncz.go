@@ -2,6 +2,8 @@ package hub
 
 import (
 	"encoding/json"
+	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -37,9 +39,13 @@ import (
 //   - SYNCED: the last response sent was ACKed (its nonce),
 //   - STALE: the last response sent is not ACKed yet.
 //
-// Who sees which proxies (syncz.scope): on the plaintext port every proxy (it
-// is unauthenticated and serves every namespace's endpoints already: keep it
-// in-cluster, or off); on the mTLS port a verified identity of our trust
+// Who sees which proxies (syncz.scope): on the plaintext port every proxy,
+// but only to a caller on loopback (`kubectl port-forward`, or a debug
+// container in the hub's pod): the port is unauthenticated, and istiod
+// refuses debug types to a caller without an identity (its
+// ENABLE_DEBUG_ENDPOINT_AUTH, on by default), so any other plaintext caller
+// gets Unauthenticated and a pod of any namespace cannot list the mesh's
+// proxies; on the mTLS port a verified identity of our trust
 // domain that its member may assert (authn.Scope): every proxy for Istio's
 // root namespace asserted by a member (the home cluster or one annotated
 // for it), else the proxies whose verified identity is of the caller's
@@ -158,9 +164,12 @@ func (z *syncz) answer(c *conn) (debugReply, error) {
 // namespace, or nothing (an error, PermissionDenied).
 func (z *syncz) scope(c *conn) (all bool, namespace string, err error) {
 	z.tracker.mu.Lock()
-	plaintext, id := c.state.plaintext, c.state.ident
+	plaintext, id, addr := c.state.plaintext, c.state.ident, c.state.status.Address
 	z.tracker.mu.Unlock()
 	if plaintext {
+		if !loopbackAddr(addr) {
+			return false, "", status.Errorf(codes.Unauthenticated, "%s on the plaintext port answers loopback callers only (kubectl port-forward to the hub's pod); elsewhere use the mTLS port with a workload identity", TypeSyncz)
+		}
 		return true, "", nil
 	}
 	local := ""
@@ -341,4 +350,15 @@ func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, 
 	p.bytes.WithLabelValues(typeLabel(typeURL)).Add(float64(size))
 	p.response(c, typeURL, version, nonce, resources)
 	p.mu.Unlock()
+}
+
+// loopbackAddr reports whether addr (a peer's "host:port") is a loopback
+// address.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }

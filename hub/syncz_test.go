@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
@@ -220,6 +221,31 @@ func TestSyncStatus(t *testing.T) {
 	} {
 		if got := syncStatus(c.ts); got != c.want {
 			t.Errorf("%s: %s; want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSynczPlaintextAnswersLoopbackOnly: a plaintext caller that is not on
+// loopback (any pod of the cluster, once the port is on) is refused with
+// Unauthenticated, as istiod refuses a caller without an identity; loopback
+// (kubectl port-forward) sees every proxy.
+func TestSynczPlaintextAnswersLoopbackOnly(t *testing.T) {
+	z := &syncz{tracker: &proxyTracker{}}
+	for addr, want := range map[string]codes.Code{
+		"127.0.0.1:40000":      codes.OK,
+		"[::1]:40000":          codes.OK,
+		"[::ffff:127.0.0.1]:1": codes.OK,
+		"10.244.1.7:40000":     codes.Unauthenticated,
+		"198.18.0.1:40000":     codes.Unauthenticated,
+		"[fd00::1]:40000":      codes.Unauthenticated,
+		"":                     codes.Unauthenticated,
+		"@":                    codes.Unauthenticated,
+	} {
+		c := newConn(1)
+		c.state.plaintext, c.state.status.Address = true, addr
+		all, _, err := z.scope(c)
+		if got := status.Code(err); got != want || (want == codes.OK) != all {
+			t.Errorf("plaintext syncz from %q: all=%v, %v; want %v", addr, all, err, want)
 		}
 	}
 }
