@@ -345,3 +345,53 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	})
 	t.Logf("goroutines: %d before 50 add/rotate/remove cycles, %d after", baseline, after)
 }
+
+// TestRotationRecoversStaleMember: a member whose API server went away is
+// Stale; new credentials for a server that answers (a second API server of
+// the same cluster) make it Ready, and that swap is the member's own change:
+// counted in hub_cluster_state_transitions_total and in its history.
+func TestRotationRecoversStaleMember(t *testing.T) {
+	r, _, ns := startRegistry(t, 30*time.Second)
+	ctx := context.Background()
+	m1 := env.Cluster("member1")
+	seedMember(t, m1, "app-"+rand.String(6), "198.18.8.1")
+	secrets := kube(t, env.Cluster("home")).CoreV1().Secrets(ns)
+	if _, err := secrets.Create(ctx, localcluster.RemoteSecret(ns, "s", map[string][]byte{"m1": m1.Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ref := ns + "/s"
+	eventually(t, 30*time.Second, wantState(r, "m1", ref, StateReady, ""))
+
+	m1.StopAPIServer()
+	t.Cleanup(func() { // leave the shared cluster running for other tests
+		_ = m1.StartAPIServer()
+		_ = m1.WaitReady(context.Background())
+	})
+	eventually(t, 60*time.Second, wantState(r, "m1", ref, StateStale, ""))
+	spareCfg, stopSpare, err := m1.StartSpareAPIServer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stopSpare)
+	cur, err := secrets.Get(ctx, "s", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Data["m1"] = []byte(strings.Replace(string(m1.Kubeconfig()), m1.Server(), spareCfg.Host, 1))
+	if _, err := secrets.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, wantState(r, "m1", ref, StateReady, ""))
+
+	var m dto.Metric
+	if err := r.transitions.WithLabelValues("m1", string(StateReady)).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 2 {
+		t.Errorf("hub_cluster_state_transitions_total{cluster=m1,to=Ready} = %v; want 2 (registered, recovered by rotation)", got)
+	}
+	h := r.History("m1")
+	if last := h[len(h)-1]; last.From != StateStale || last.To != StateReady {
+		t.Errorf("the member's last change is %s → %s; want Stale → Ready (the rotation)", last.From, last.To)
+	}
+}

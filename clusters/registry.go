@@ -610,10 +610,17 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	}
 	old := m.active
 	m.active, m.next = candidate, nil
-	candidate.setObserver(r.observer(m.ref, ""))
+	observe := r.observer(m.ref, "")
+	candidate.setObserver(observe)
 	r.mu.Unlock()
 	r.views.setServer(id, candidate.server) // before it publishes
+	from := old.status().State
 	old.stop()
+	if st := candidate.status(); from != st.State {
+		// The member changes state by the swap itself (a Stale member
+		// recovered by new credentials): that is the member's change.
+		observe(st, from)
+	}
 	if ev := r.cfg.SecretEvents; ev != nil {
 		// TLSSecret reads the candidate from now on; its Secret cache may
 		// have synced (and said so) while the old client still answered.
@@ -688,6 +695,8 @@ func (r *Registry) refreshPeerGateways() {
 // its changes under that prefix but does not count them in
 // hub_cluster_state_transitions_total: the member itself has not changed
 // state, and alerts on that metric must not see a rotation as flapping.
+// The swap itself is the member's change when it changes the member's state
+// (a Stale member recovered by new credentials, see promote).
 func (r *Registry) observer(ref *corev1.ObjectReference, prefix string) func(Status, State) {
 	return func(st Status, from State) {
 		if prefix == "" {
