@@ -355,3 +355,19 @@ func fmtKeys[V any](m map[string]V) string {
 	slices.Sort(keys)
 	return fmt.Sprint(keys)
 }
+
+// TestChartExposesEveryFlag: every flag of `hub serve` is one the chart's
+// Deployment template sets, from a value or computed (the listen addresses,
+// --tls-dns-names, --namespace): a flag added to the hub without a value in
+// the chart fails here.
+func TestChartExposesEveryFlag(t *testing.T) {
+	tmpl, err := os.ReadFile(filepath.Join("hub", "templates", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range hubFlags(t) {
+		if !strings.Contains(string(tmpl), `(list "`+f+`"`) && !regexp.MustCompile(`--`+regexp.QuoteMeta(f)+`\b`).Match(tmpl) {
+			t.Errorf("hub serve --%s is not set anywhere in charts/hub/templates/deployment.yaml: give it a value in values.yaml", f)
+		}
+	}
+}
