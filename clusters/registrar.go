@@ -62,8 +62,11 @@ func (g *Registrar) Register(ctx context.Context, id string, kubeconfig []byte) 
 
 // RegisterAnnotated is Register that also sets annotations on the remote
 // Secret (e.g. AnnotationNetwork), in the same write; other annotations are
-// left as they are.
-func (g *Registrar) RegisterAnnotated(ctx context.Context, id string, kubeconfig []byte, annotations map[string]string) (secret string, created bool, err error) {
+// left as they are. annotations is asked on every attempt with the Secret
+// as just read (nil when it is created), so that a value merged from it
+// (AnnotationNetwork names every member of the Secret) keeps a concurrent
+// writer's change; nil sets none.
+func (g *Registrar) RegisterAnnotated(ctx context.Context, id string, kubeconfig []byte, annotations func(cur *corev1.Secret) map[string]string) (secret string, created bool, err error) {
 	if err := ValidateClusterID(id); err != nil {
 		return "", false, invalid("%v", err)
 	}
@@ -93,7 +96,9 @@ func (g *Registrar) RegisterAnnotated(ctx context.Context, id string, kubeconfig
 				},
 				Data: map[string][]byte{id: kubeconfig},
 			}
-			maps.Copy(s.Annotations, annotations)
+			if annotations != nil {
+				maps.Copy(s.Annotations, annotations(nil))
+			}
 			_, err = g.secrets.Create(ctx, s, metav1.CreateOptions{})
 			return err
 		}
@@ -108,11 +113,15 @@ func (g *Registrar) RegisterAnnotated(ctx context.Context, id string, kubeconfig
 		if cur.Data == nil {
 			cur.Data = map[string][]byte{}
 		}
+		var set map[string]string
+		if annotations != nil {
+			set = annotations(cur)
+		}
 		cur.Data[id] = kubeconfig
-		if len(annotations) > 0 && cur.Annotations == nil {
+		if len(set) > 0 && cur.Annotations == nil {
 			cur.Annotations = map[string]string{}
 		}
-		maps.Copy(cur.Annotations, annotations)
+		maps.Copy(cur.Annotations, set)
 		_, err = g.secrets.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})

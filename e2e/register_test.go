@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -11,13 +12,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/rand"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -38,45 +43,79 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/tcpproxy"
 )
 
 // The identity deploy/remote-member-rbac.yaml binds.
 const registerSA = "system:serviceaccount:istio-system:istio-reader-service-account"
 
 // TestRegisterAndRotate registers a real member with `hub register` and
-// rotates its credential: the hub makes it Ready with a token that expires
-// when asked and may do exactly what deploy/remote-member-rbac.yaml grants
-// (the objects in the member are that file's); --rotate keeps the member
-// Ready throughout (every state change of the member is in the hub's log,
-// and the API is polled meanwhile), the new token works and the old one is
-// rejected by the member's API server afterwards.
+// rotates its credential, through a round-robin balancer over two hub
+// replicas (as the chart's Service spreads new connections over its two):
+// the hub makes it Ready with a token that expires when asked and may do
+// exactly what deploy/remote-member-rbac.yaml grants (the objects in the
+// member are that file's); --rotate keeps the member Ready throughout on
+// both replicas (every state change of the member is in their logs, and
+// the API is polled meanwhile), revokes the old token only once every
+// replica runs the new one (replica B's watch of the home cluster is held
+// during the rotation: it switches late), and the new token works while
+// the old one is rejected by the member's API server afterwards. A
+// rotation a replica does not take within --wait is undone, the new token
+// revoked only once every replica runs the previous kubeconfig again. A
+// second hub's registration of the same member (another remote Secrets
+// namespace) has a credential lineage of its own that rotations of the
+// first leave alone.
 func TestRegisterAndRotate(t *testing.T) {
 	e := localcluster.Require(t, env)
 	ctx := testContext(t)
 	home, west := e.Cluster("primary"), e.Cluster("west")
 	homeClient, westClient := client(t, home), client(t, west)
-	ns := "e2e-reg-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, homeClient, ns); err != nil {
-		t.Fatal(err)
+	ns, ns2 := "e2e-reg-"+rand.String(6), "e2e-reg2-"+rand.String(6)
+	for _, n := range []string{ns, ns2} {
+		if err := localcluster.EnsureNamespace(ctx, homeClient, n); err != nil {
+			t.Fatal(err)
+		}
 	}
 	id := "reg-" + rand.String(5)
 	t.Cleanup(func() { cleanupRegistration(t, westClient, id) })
 
 	dir := t.TempDir()
 	memberKC, homeKC, tokenFile := filepath.Join(dir, "member.yaml"), filepath.Join(dir, "home.yaml"), filepath.Join(dir, "hub-token")
-	for path, data := range map[string][]byte{memberKC: west.Kubeconfig(), homeKC: home.Kubeconfig()} {
+	apiTokens, heldKC := filepath.Join(dir, "api-tokens"), filepath.Join(dir, "home-held.yaml")
+	held := startHeldProxy(t, strings.TrimPrefix(home.Server(), "https://"))
+	heldCfg, err := clientcmd.Load(home.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldCfg.Clusters[home.Name].Server = "https://" + held.addr
+	heldData, err := clientcmd.Write(*heldCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, data := range map[string][]byte{
+		memberKC: west.Kubeconfig(), homeKC: home.Kubeconfig(), heldKC: heldData,
+		// Static API tokens: replica B answers while its home cluster is held.
+		apiTokens: []byte(home.AdminToken() + ",e2e-admin,write\n"), tokenFile: []byte(home.AdminToken()),
+	} {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	h := startHub(t, home, "--namespace", ns)
-	if err := os.WriteFile(tokenFile, []byte(h.token), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	a := startHub(t, home, "--namespace", ns, "--api-token-file", apiTokens)
+	eventually(t, 30*time.Second, func() error { // A leads: holding B's home cluster must not move the Lease
+		if holder := hubLeaseHolder(t, home, ns); !strings.HasSuffix(holder, "-"+a.pid()) {
+			return fmt.Errorf("lease holder %q, want replica A (pid %s)", holder, a.pid())
+		}
+		return nil
+	})
+	b := startHub(t, home, "--namespace", ns, "--api-token-file", apiTokens, "--kubeconfig", heldKC)
+	lb := startRoundRobin(t, a.addrs["admin"], b.addrs["admin"])
+	replicas := map[string]*hubProcess{"A": a, "B": b}
 	common := []string{"--kubeconfig", memberKC, "--context", west.Name, "--cluster-id", id,
-		"--hub-kubeconfig", homeKC, "--namespace", ns, "--hub-url", h.adminURL, "--hub-token-file", tokenFile}
+		"--hub-kubeconfig", homeKC, "--namespace", ns, "--hub-url", lb.url, "--hub-token-file", tokenFile}
 
-	// A hub URL whose token the hub refuses stops it before anything is made.
+	// A hub URL whose token the hub refuses stops it before anything is
+	// made, and so does the home cluster's own ID.
 	badToken := filepath.Join(dir, "bad-token")
 	if err := os.WriteFile(badToken, []byte("not-a-token"), 0o600); err != nil {
 		t.Fatal(err)
@@ -84,8 +123,13 @@ func TestRegisterAndRotate(t *testing.T) {
 	if out, err := runHubRegister(ctx, append(slices.Clone(common), "--hub-token-file", badToken)...); err == nil || !strings.Contains(out, "the hub's API: hub answered 401 Unauthorized") {
 		t.Errorf("registering with a token the hub refuses: %v\n%s", err, out)
 	}
-	if gens, err := westClient.CoreV1().Secrets("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-token-for=" + id}); err != nil || len(gens.Items) != 0 {
-		t.Errorf("a refused registration left %v credential generations (%v)", len(gens.Items), err)
+	if out, err := runHubRegister(ctx, append(slices.Clone(common), "--cluster-id", home.Name)...); err == nil || !strings.Contains(out, "cluster ID "+home.Name+" is the hub's home cluster (hub serve --cluster-id)") {
+		t.Errorf("registering the home cluster's ID: %v\n%s", err, out)
+	}
+	for _, refused := range []string{id, home.Name} {
+		if gens := generations(ctx, t, westClient, refused); len(gens) != 0 {
+			t.Errorf("a refused registration left credential generations of %s: %v", refused, gens)
+		}
 	}
 
 	// 1. Register.
@@ -107,9 +151,13 @@ func TestRegisterAndRotate(t *testing.T) {
 	if strings.Contains(out, token1) {
 		t.Fatal("hub register printed the token")
 	}
-	c := h.clusters(t)[id]
-	if c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig1) {
-		t.Fatalf("after hub register the hub reports %+v; want Ready with the written kubeconfig %s", c, sha256Hex(kubeconfig1))
+	for name, h := range replicas {
+		eventually(t, 30*time.Second, func() error {
+			if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig1) {
+				return fmt.Errorf("replica %s reports %+v; want Ready with the written kubeconfig %s", name, c, sha256Hex(kubeconfig1))
+			}
+			return nil
+		})
 	}
 
 	// The token is short-lived: it expires in the hour asked for.
@@ -153,47 +201,106 @@ func TestRegisterAndRotate(t *testing.T) {
 	if out, err := runHubRegister(ctx, common...); err == nil || !strings.Contains(out, "is already registered by secret "+ns+"/istio-remote-secret-"+id+": rotate its credential with --rotate") {
 		t.Errorf("registering %s again: %v\n%s", id, err, out)
 	}
-
-	// 2. Rotate, polling the API throughout.
-	changesBefore := memberStateChanges(t, h.logPath, id)
-	poll := pollMember(h, id)
-	start = time.Now()
-	out, err = runHubRegister(ctx, append(common, "--rotate", "--token-ttl", "2h")...)
-	rotated := time.Now()
-	states, polls := poll.stop()
-	if err != nil {
-		t.Fatalf("hub register --rotate: %v\n%s", err, out)
+	// A second hub (its remote Secrets in ns2) registers the same member
+	// under the same ID: a lineage of its own.
+	if out, err := runHubRegister(ctx, "--kubeconfig", memberKC, "--context", west.Name, "--cluster-id", id, "--hub-kubeconfig", homeKC, "--namespace", ns2); err != nil {
+		t.Fatalf("registering %s for a second hub: %v\n%s", id, err, out)
 	}
-	t.Logf("hub register --rotate took %s:\n%s", rotated.Sub(start).Round(time.Millisecond), out)
-	if polls < 5 {
-		t.Errorf("only %d polls of the API during rotation", polls)
-	}
-	for state, n := range states {
-		if state != "Ready" {
-			t.Errorf("the API reported %s %s %d times during rotation; want Ready throughout (%v)", id, state, n, states)
-		}
-	}
-	// Every state change of the member's active client is logged. The swap
-	// logs the new client's Syncing → Ready as the member's (it becomes the
-	// member's before it publishes); a change to anything but Ready would be
-	// the member leaving Ready.
-	for _, change := range memberStateChanges(t, h.logPath, id)[len(changesBefore):] {
-		if !strings.HasSuffix(change, "→Ready") {
-			t.Errorf("the member's state changed during rotation: %s", change)
-		}
-	}
-	t.Logf("rotation: %d API polls, states %v", polls, states)
-	secret, err = homeClient.CoreV1().Secrets(ns).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
+	secret2, err := homeClient.CoreV1().Secrets(ns2).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig2 := secret.Data[id]
+	otherHubToken := tokenOf(t, secret2.Data[id])
+	gens := generations(ctx, t, westClient, id)
+	if len(gens) != 2 || gens[0].gen != 1 || gens[1].gen != 1 || gens[0].lineage == gens[1].lineage {
+		t.Fatalf("generations after registering for two hubs: %v; want generation 1 of two lineages", gens)
+	}
+	lineage := lineageOf(t, westClient, token1)
+
+	// 2. Rotate, polling the API of both replicas throughout; replica B's
+	// watch of the home cluster is held, so it runs the previous
+	// kubeconfig until it is let go: the old token must outlive that.
+	changesBefore := map[string]int{}
+	polls := map[string]*memberPoller{}
+	for name, h := range replicas {
+		changesBefore[name] = len(memberStateChanges(t, h.logPath, id))
+		polls[name] = pollMember(h, id)
+	}
+	held.hold()
+	start = time.Now()
+	rotation := startHubRegister(ctx, append(common, "--rotate", "--token-ttl", "2h", "--settle", "3s")...)
+	var kubeconfig2 []byte
+	eventually(t, 60*time.Second, func() error { // A switches
+		if rotation.exited() {
+			return nil
+		}
+		s, err := homeClient.CoreV1().Secrets(ns).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
+		if err != nil || bytes.Equal(s.Data[id], kubeconfig1) {
+			return fmt.Errorf("the new kubeconfig is not written yet (%v)", err)
+		}
+		kubeconfig2 = s.Data[id]
+		if c := a.clusters(t)[id]; c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
+			return fmt.Errorf("replica A reports %+v, not yet the new kubeconfig", c)
+		}
+		return nil
+	})
+	askedB := lb.count(1)
+	eventually(t, 30*time.Second, func() error { // B is asked, and still runs the previous kubeconfig
+		if rotation.exited() {
+			return nil
+		}
+		if n := lb.count(1) - askedB; n < 2 {
+			return fmt.Errorf("replica B asked %d times since A switched", n)
+		}
+		return nil
+	})
+	if rotation.exited() {
+		out, err := rotation.wait()
+		if err != nil {
+			t.Fatalf("hub register --rotate: %v\n%s", err, out)
+		}
+		t.Fatalf("hub register --rotate returned while replica B still ran the previous kubeconfig (its home cluster held): the old token is revoked under B's client\n%s", out)
+	}
+	if c := b.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig1) {
+		t.Fatalf("replica B, its home cluster held, reports %+v; want Ready with the previous kubeconfig", c)
+	}
+	held.release()
+	out, err = rotation.wait()
+	rotated := time.Now()
+	if err != nil {
+		t.Fatalf("hub register --rotate: %v\n%s", err, out)
+	}
+	if c := b.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
+		t.Errorf("hub register --rotate returned while replica B reports %+v; want Ready with the new kubeconfig", c)
+	}
+	t.Logf("hub register --rotate took %s (replica B held for part of it):\n%s", rotated.Sub(start).Round(time.Millisecond), out)
+	for name, h := range replicas {
+		states, _, n := polls[name].stop()
+		if n < 5 {
+			t.Errorf("only %d polls of replica %s's API during rotation", n, name)
+		}
+		for state, k := range states {
+			if state != "Ready" {
+				t.Errorf("replica %s reported %s %s %d times during rotation; want Ready throughout (%v)", name, id, state, k, states)
+			}
+		}
+		// Every state change of the member's active client is logged. The
+		// swap logs the new client's Syncing → Ready as the member's (it
+		// becomes the member's before it publishes); a change to anything
+		// but Ready would be the member leaving Ready.
+		for _, change := range memberStateChanges(t, h.logPath, id)[changesBefore[name]:] {
+			if !strings.HasSuffix(change, "→Ready") {
+				t.Errorf("the member's state changed on replica %s during rotation: %s", name, change)
+			}
+		}
+		t.Logf("rotation: %d polls of replica %s, states %v", n, name, states)
+	}
 	token2 := tokenOf(t, kubeconfig2)
 	if token2 == token1 || strings.Contains(out, token2) || strings.Contains(out, token1) {
 		t.Fatal("the token did not change, or hub register printed one")
 	}
-	if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
-		t.Errorf("after rotation the hub reports %+v; want Ready with the new kubeconfig", c)
+	if c := a.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
+		t.Errorf("after rotation replica A reports %+v; want Ready with the new kubeconfig", c)
 	}
 	if iat, exp := tokenTimes(t, token2); exp.Sub(iat) != 2*time.Hour {
 		t.Errorf("rotated token issued %s expires %s; want two hours", iat, exp)
@@ -201,12 +308,23 @@ func TestRegisterAndRotate(t *testing.T) {
 	if _, err := memberTokenClient(t, west, token2).CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		t.Errorf("the new token does not work: %v", err)
 	}
-	gens, err := westClient.CoreV1().Secrets("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-token-for=" + id})
-	if err != nil {
-		t.Fatal(err)
+	wantGens := func(when string, gen int) {
+		t.Helper()
+		var mine, other []generation
+		for _, g := range generations(ctx, t, westClient, id) {
+			if g.lineage == lineage {
+				mine = append(mine, g)
+			} else {
+				other = append(other, g)
+			}
+		}
+		if len(mine) != 1 || mine[0].gen != gen || len(other) != 1 || other[0].gen != 1 {
+			t.Errorf("credential generations %s: %v of lineage %s and %v of others; want generation %d alone, and the second hub's generation 1", when, mine, lineage, other, gen)
+		}
 	}
-	if len(gens.Items) != 1 || gens.Items[0].Labels["hub.federation/generation"] != "2" {
-		t.Errorf("credential generations in the member after rotation: %d, want generation 2 alone", len(gens.Items))
+	wantGens("after rotation", 2)
+	if lineageOf(t, westClient, token2) != lineage {
+		t.Error("the rotation started another lineage")
 	}
 	// The old token is revoked (its bound Secret is gone); the member's API
 	// server caches a token's authentication for up to 10 s.
@@ -218,18 +336,38 @@ func TestRegisterAndRotate(t *testing.T) {
 		return nil
 	})
 	t.Logf("old token rejected %s after hub register --rotate returned", time.Since(rotated).Round(time.Millisecond))
-	if c := h.clusters(t)[id]; c.State != "Ready" {
-		t.Errorf("after the old token was revoked the hub reports %+v", c)
+	for name, h := range replicas {
+		if c := h.clusters(t)[id]; c.State != "Ready" {
+			t.Errorf("after the old token was revoked replica %s reports %+v", name, c)
+		}
 	}
 
-	// 3. A rotation the hub cannot take (the new kubeconfig names a server
-	// it cannot reach) is undone: the current credential is written back
-	// and stays valid, the new generation is deleted.
-	out, err = runHubRegister(ctx, append(common, "--rotate", "--server", "https://127.0.0.1:1", "--wait", "5s")...)
-	if err == nil || !strings.Contains(out, "rotation not taken by the hub, the previous credential is written back and stays") {
-		t.Fatalf("rotating to an unreachable server: %v\n%s", err, out)
+	// 3. A rotation replica B does not take within --wait (its home
+	// cluster held throughout) is undone: the current kubeconfig is
+	// written back, and the new generation is deleted only once every
+	// replica runs the current one again. Replica A took the new one: at
+	// the deletion it must be back on the current one.
+	polls["A"] = pollMember(a, id)
+	deletedWhileA := watchGenerationDeleted(ctx, t, westClient, lineage, 3, a, id)
+	held.hold()
+	out, err = runHubRegister(ctx, append(common, "--rotate", "--wait", "10s", "--settle", "2s")...)
+	_, hashesA, _ := polls["A"].stop()
+	if err == nil || !strings.Contains(out, "rotation not taken by the hub, the previous credential is written back and stays (the new one is revoked)") {
+		t.Fatalf("a rotation replica B did not take: %v\n%s", err, out)
 	}
-	t.Logf("a rotation the hub did not take:\n%s", out)
+	t.Logf("a rotation replica B did not take:\n%s", out)
+	if len(hashesA) < 2 {
+		t.Errorf("replica A ran %v during the undone rotation: it never took the new kubeconfig, so the undo was not put to the test", hashesA)
+	}
+	select {
+	case sha := <-deletedWhileA:
+		if sha != sha256Hex(kubeconfig2) {
+			t.Errorf("the new generation was deleted while replica A ran %q, not the restored kubeconfig: its client's token was revoked under it", sha)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("the new generation of the undone rotation was not deleted")
+	}
+	held.release()
 	secret, err = homeClient.CoreV1().Secrets(ns).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -237,22 +375,22 @@ func TestRegisterAndRotate(t *testing.T) {
 	if !bytes.Equal(secret.Data[id], kubeconfig2) {
 		t.Error("the remote Secret does not hold the previous kubeconfig again")
 	}
-	gens, err = westClient.CoreV1().Secrets("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-token-for=" + id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(gens.Items) != 1 || gens.Items[0].Labels["hub.federation/generation"] != "2" {
-		t.Errorf("credential generations after an undone rotation: %d, want generation 2 alone", len(gens.Items))
-	}
+	wantGens("after an undone rotation", 2)
 	if _, err := memberTokenClient(t, west, token2).CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		t.Errorf("the current token stopped working: %v", err)
 	}
-	eventually(t, 30*time.Second, func() error {
-		if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
-			return fmt.Errorf("the hub reports %+v; want Ready with the previous kubeconfig", c)
-		}
-		return nil
-	})
+	for name, h := range replicas {
+		eventually(t, 30*time.Second, func() error {
+			if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig2) {
+				return fmt.Errorf("replica %s reports %+v; want Ready with the previous kubeconfig", name, c)
+			}
+			return nil
+		})
+	}
+	// The second hub's token outlived both rotations of the first's.
+	if _, err := memberTokenClient(t, west, otherHubToken).CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		t.Errorf("the second hub's token stopped working: %v", err)
+	}
 
 	// 4. -o yaml --show-token prints the remote Secret (nothing written in
 	// the home cluster) with a working token.
@@ -283,6 +421,238 @@ func TestRegisterAndRotate(t *testing.T) {
 	if _, err := homeClient.CoreV1().Secrets(ns).Get(ctx, ps.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("-o yaml wrote the remote Secret into the home cluster (%v)", err)
 	}
+}
+
+// generation is one credential generation Secret in the member.
+type generation struct {
+	lineage string
+	gen     int
+}
+
+// generations lists the credential generations `hub register` minted in
+// the member for id, by lineage and number.
+func generations(ctx context.Context, t *testing.T, c kubernetes.Interface, id string) []generation {
+	t.Helper()
+	list, err := c.CoreV1().Secrets("istio-system").List(ctx, metav1.ListOptions{LabelSelector: "hub.federation/member-token-for=" + id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []generation
+	for _, s := range list.Items {
+		n, err := strconv.Atoi(s.Labels["hub.federation/generation"])
+		l := s.Labels["hub.federation/member-token-lineage"]
+		if err != nil || s.Name != fmt.Sprintf("hub-member-token-%s-%d", l, n) {
+			t.Errorf("generation Secret %s labelled %v", s.Name, s.Labels)
+		}
+		out = append(out, generation{l, n})
+	}
+	slices.SortFunc(out, func(a, b generation) int { return cmp.Or(strings.Compare(a.lineage, b.lineage), a.gen-b.gen) })
+	return out
+}
+
+// lineageOf is the lineage of the generation Secret a token is bound to.
+func lineageOf(t *testing.T, c kubernetes.Interface, token string) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims struct {
+		K struct {
+			Secret struct{ Name string }
+		} `json:"kubernetes.io"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.CoreV1().Secrets("istio-system").Get(context.Background(), claims.K.Secret.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the Secret the token is bound to: %v", err)
+	}
+	return s.Labels["hub.federation/member-token-lineage"]
+}
+
+// watchGenerationDeleted sends, when generation gen of lineage is deleted
+// in the member, the kubeconfig SHA-256 replica h reports for id at once.
+func watchGenerationDeleted(ctx context.Context, t *testing.T, c kubernetes.Interface, lineage string, gen int, h *hubProcess, id string) <-chan string {
+	t.Helper()
+	w, err := c.CoreV1().Secrets("istio-system").Watch(ctx, metav1.ListOptions{
+		LabelSelector: fmt.Sprintf("hub.federation/member-token-lineage=%s,hub.federation/generation=%d", lineage, gen),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan string, 1)
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Deleted {
+				var cl api.Cluster
+				if err := h.tryGetJSON("/api/v1/clusters/"+id, &cl); err != nil {
+					out <- err.Error()
+				} else {
+					out <- cl.KubeconfigSHA256
+				}
+				return
+			}
+		}
+	}()
+	t.Cleanup(w.Stop)
+	return out
+}
+
+// backgroundRegister is a `hub register` running in the background.
+type backgroundRegister struct {
+	done chan struct{}
+	out  bytes.Buffer
+	err  error
+}
+
+func startHubRegister(ctx context.Context, args ...string) *backgroundRegister {
+	r := &backgroundRegister{done: make(chan struct{})}
+	cmd := exec.CommandContext(ctx, hubBin, append([]string{"register"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent")
+	cmd.Stdout, cmd.Stderr = &r.out, &r.out
+	if r.err = cmd.Start(); r.err != nil {
+		close(r.done)
+		return r
+	}
+	go func() {
+		defer close(r.done)
+		r.err = cmd.Wait()
+	}()
+	return r
+}
+
+func (r *backgroundRegister) exited() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *backgroundRegister) wait() (string, error) {
+	<-r.done
+	return r.out.String(), r.err
+}
+
+// roundRobin balances TCP connections over backends, each new connection
+// to the next, as a Service's kube-proxy spreads them over its pods.
+type roundRobin struct {
+	url    string
+	next   atomic.Int64
+	counts []atomic.Int64 // connections per backend
+}
+
+func startRoundRobin(t *testing.T, backends ...string) *roundRobin {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := &roundRobin{url: "http://" + lis.Addr().String(), counts: make([]atomic.Int64, len(backends))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tcpproxy.Serve(ctx, lis, func(ctx context.Context, _ net.Conn) net.Conn {
+			i := int(rr.next.Add(1)-1) % len(backends)
+			rr.counts[i].Add(1)
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", backends[i])
+			if err != nil {
+				return nil
+			}
+			return c
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return rr
+}
+
+func (rr *roundRobin) count(i int) int64 { return rr.counts[i].Load() }
+
+// heldProxy forwards TCP connections to target; while held, no byte moves
+// either way and the connections stay open (a replica whose watch lags).
+type heldProxy struct {
+	addr string
+	mu   sync.Mutex
+	open chan struct{} // closed while bytes move
+}
+
+func startHeldProxy(t *testing.T, target string) *heldProxy {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &heldProxy{addr: lis.Addr().String(), open: make(chan struct{})}
+	close(p.open)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tcpproxy.Serve(ctx, lis, func(ctx context.Context, _ net.Conn) net.Conn {
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", target)
+			if err != nil {
+				return nil
+			}
+			return &heldConn{Conn: c, p: p, ctx: ctx}
+		})
+	}()
+	t.Cleanup(func() { p.release(); cancel(); <-done })
+	return p
+}
+
+func (p *heldProxy) hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
+		p.open = make(chan struct{})
+	default:
+	}
+}
+
+func (p *heldProxy) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
+	default:
+		close(p.open)
+	}
+}
+
+func (p *heldProxy) gate(ctx context.Context) {
+	p.mu.Lock()
+	open := p.open
+	p.mu.Unlock()
+	select {
+	case <-open:
+	case <-ctx.Done():
+	}
+}
+
+// heldConn is the upstream side of a heldProxy connection: what it reads
+// is handed on, and what is written to it sent, only while not held.
+type heldConn struct {
+	net.Conn
+	p   *heldProxy
+	ctx context.Context
+}
+
+func (c *heldConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.p.gate(c.ctx)
+	return n, err
+}
+
+func (c *heldConn) Write(b []byte) (int, error) {
+	c.p.gate(c.ctx)
+	return c.Conn.Write(b)
 }
 
 // runHubRegister runs `hub register` with args, with no KUBECONFIG of
@@ -474,23 +844,27 @@ type memberPoller struct {
 	done   chan struct{}
 	mu     sync.Mutex
 	states map[string]int
+	hashes map[string]int // kubeconfigSHA256 seen
 	polls  int
 }
 
 func pollMember(h *hubProcess, id string) *memberPoller {
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &memberPoller{cancel: cancel, done: make(chan struct{}), states: map[string]int{}}
+	p := &memberPoller{cancel: cancel, done: make(chan struct{}), states: map[string]int{}, hashes: map[string]int{}}
 	go func() {
 		defer close(p.done)
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			state := memberState(ctx, h, id)
+			state, sha := memberState(ctx, h, id)
 			if ctx.Err() != nil {
 				return
 			}
 			p.mu.Lock()
 			p.states[state]++
+			if sha != "" {
+				p.hashes[sha]++
+			}
 			p.polls++
 			p.mu.Unlock()
 			select {
@@ -503,34 +877,35 @@ func pollMember(h *hubProcess, id string) *memberPoller {
 	return p
 }
 
-func (p *memberPoller) stop() (map[string]int, int) {
+func (p *memberPoller) stop() (states, hashes map[string]int, polls int) {
 	p.cancel()
 	<-p.done
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.states, p.polls
+	return p.states, p.hashes, p.polls
 }
 
-// memberState is the member's state from the API, or what went wrong.
-func memberState(ctx context.Context, h *hubProcess, id string) string {
+// memberState is the member's state and kubeconfig SHA-256 from the API,
+// or what went wrong.
+func memberState(ctx context.Context, h *hubProcess, id string) (state, sha string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.adminURL+"/api/v1/clusters/"+id, nil)
 	if err != nil {
-		return err.Error()
+		return err.Error(), ""
 	}
 	req.Header.Set("Authorization", "Bearer "+h.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return "error: " + err.Error()
+		return "error: " + err.Error(), ""
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "HTTP " + resp.Status
+		return "HTTP " + resp.Status, ""
 	}
 	var c api.Cluster
 	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
-		return "decoding: " + err.Error()
+		return "decoding: " + err.Error(), ""
 	}
-	return c.State
+	return c.State, c.KubeconfigSHA256
 }
 
 // cleanupRegistration deletes the credential generations `hub register`

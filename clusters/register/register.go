@@ -6,8 +6,9 @@
 // In the member it applies the RBAC and mints a token bound to a Secret of
 // its own per generation; in the hub's home cluster it writes the remote
 // Secret; with the hub's REST API it waits until the hub runs the new
-// kubeconfig, Ready, before it deletes the previous generation's Secret,
-// which revokes the previous token.
+// kubeconfig, Ready, on every answer for a settle window (the hub's
+// replicas each run member clients), before it deletes the previous
+// generation's Secret, which revokes the previous token.
 package register
 
 import (
@@ -73,8 +74,14 @@ type Options struct {
 	// (the caller prints the Secret instead).
 	Secrets   typedcorev1.SecretInterface
 	Namespace string
+	// HomeServer is the home cluster's API server as this command reaches
+	// it: with Namespace and ClusterID it names a new registration's
+	// credential lineage (see Lineage; "" when the Secret is printed).
+	HomeServer string
 	// Hub, if set, is asked until the member is Ready with the new
-	// kubeconfig (required with Rotate); Wait bounds that.
+	// kubeconfig (required with Rotate); Wait bounds that. Its Settle
+	// applies to rotations (and their undoing) only: a new registration
+	// revokes nothing, so the first answer that shows it Ready will do.
 	Hub  *Hub
 	Wait time.Duration
 	// Progress is told each step (never a credential); nil: silent.
@@ -116,6 +123,11 @@ func (o *Options) Validate() error {
 	}
 	if o.Rotate && o.Hub == nil {
 		return errors.New("rotation needs the hub's API: the previous credential is revoked only once the hub is seen Ready with the new one")
+	}
+	if o.Hub != nil {
+		if err := o.Hub.Validate(); err != nil {
+			return err
+		}
 	}
 	if errs := validation.IsDNS1123Label(o.Namespace); len(errs) > 0 {
 		return fmt.Errorf("namespace %q: %s", o.Namespace, strings.Join(errs, "; "))
@@ -200,15 +212,28 @@ func find(ctx context.Context, secrets typedcorev1.SecretInterface, id string) (
 	return found, nil
 }
 
+// networkAnnotations sets AnnotationNetwork for RegisterAnnotated, from
+// the Secret as read for each write: a concurrent change of another
+// member's network in the same Secret is kept.
+func networkAnnotations(id, network string) func(cur *corev1.Secret) map[string]string {
+	return func(cur *corev1.Secret) map[string]string {
+		return map[string]string{clusters.AnnotationNetwork: networkAnnotation(cur, id, network)}
+	}
+}
+
 // networkAnnotation is the AnnotationNetwork value that gives id network
-// and every other member of the Secret the network it had.
-func networkAnnotation(cur string, keys []string, id, network string) string {
+// and every other member of the Secret the network it has in cur (nil: a
+// new Secret).
+func networkAnnotation(cur *corev1.Secret, id, network string) string {
 	nets := map[string]string{}
-	for _, k := range keys {
+	if cur == nil {
+		cur = &corev1.Secret{}
+	}
+	for k := range cur.Data {
 		if k == id {
 			continue
 		}
-		if nw := clusters.ConfirmedNetwork(cur, k); nw != "" {
+		if nw := clusters.ConfirmedNetwork(cur.Annotations[clusters.AnnotationNetwork], k); nw != "" {
 			nets[k] = nw
 		}
 	}
@@ -230,11 +255,13 @@ func networkAnnotation(cur string, keys []string, id, network string) string {
 //     the remote Secret;
 //  4. with a Hub, the hub is asked until it reports the member Ready with
 //     that kubeconfig (it swaps clients make-before-break: the member
-//     stays Ready on the old client meanwhile);
-//  5. with Rotate, only then are the older generations deleted, which
-//     revokes their tokens. A rotation the hub does not take within Wait
-//     is undone: the previous kubeconfig is written back and the new
-//     generation deleted.
+//     stays Ready on the old client meanwhile), with Rotate on every
+//     answer for Hub.Settle;
+//  5. with Rotate, only then are the older generations of the lineage
+//     deleted, which revokes their tokens. A rotation the hub does not
+//     take within Wait is undone (undoRotation): the previous kubeconfig
+//     is written back and, once the hub runs it again, the new generation
+//     deleted.
 func Register(ctx context.Context, o Options) (*Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -253,8 +280,14 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("cluster %s is not registered in namespace %s: nothing to rotate (register it first, without --rotate)", o.ClusterID, o.Namespace)
 	}
 	if o.Hub != nil { // before anything is made: the wait must be able to succeed
-		if _, _, err := o.Hub.status(ctx, o.ClusterID); err != nil {
+		st, found, err := o.Hub.status(ctx, o.ClusterID)
+		switch {
+		case err != nil:
 			return nil, fmt.Errorf("the hub's API: %w", err)
+		case found && st.Secret == "": // the API lists the home cluster, from no Secret
+			return nil, fmt.Errorf("cluster ID %s is the hub's home cluster (hub serve --cluster-id): a member needs an ID of its own", o.ClusterID)
+		case found && o.Rotate && st.KubeconfigSHA256 == "":
+			return nil, errors.New("the hub does not report which kubeconfig a member runs (kubeconfigSHA256): it is older than this command, and a rotation could revoke the credential it runs")
 		}
 	}
 	member, err := kubernetes.NewForConfig(o.Member.Config)
@@ -274,12 +307,21 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	} else if len(others) > 0 {
 		o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
 	}
-	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID}
+	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID, lineage: Lineage(o.HomeServer, o.Namespace, o.ClusterID)}
+	if prev != nil { // the lineage of the token the hub runs, however the home cluster is reached
+		lineage, err := toks.lineageOf(ctx, prev.kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
+		}
+		if lineage != "" {
+			toks.lineage = lineage
+		}
+	}
 	cred, err := toks.mint(ctx, o.TokenTTL)
 	if err != nil {
 		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
-	o.progress("credential generation %d minted, bound to Secret %s/%s, expires %s", cred.Generation, rbac.ServiceAccount.Namespace, cred.Secret, cred.Expires.UTC().Format(time.RFC3339))
+	o.progress("credential generation %d (lineage %s) minted, bound to Secret %s/%s, expires %s", cred.Generation, toks.lineage, rbac.ServiceAccount.Namespace, cred.Secret, cred.Expires.UTC().Format(time.RFC3339))
 	if short := time.Until(cred.Expires); short < o.TokenTTL-time.Minute {
 		o.progress("warning: the member's API server granted %s, not the %s asked for", short.Round(time.Second), o.TokenTTL)
 	}
@@ -301,15 +343,12 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		return &Result{Credential: cred, Kubeconfig: kubeconfig}, nil
 	}
 
-	annotations := map[string]string{}
+	var annotations func(cur *corev1.Secret) map[string]string
 	if o.Network != "" {
-		var cur string
-		var keys []string
-		if prev != nil {
-			cur, keys = prev.secret.Annotations[clusters.AnnotationNetwork], slices.Collect(maps.Keys(prev.secret.Data))
-		}
-		annotations[clusters.AnnotationNetwork] = networkAnnotation(cur, keys, o.ClusterID, o.Network)
+		annotations = networkAnnotations(o.ClusterID, o.Network)
 	}
+	// The home cluster's ID is refused above when the hub's API is given;
+	// without it the command cannot know it (the hub ignores such a key).
 	registrar := clusters.NewRegistrar(o.Secrets, o.Namespace, "", clusters.KubeconfigPolicy{})
 	secret, _, err := registrar.RegisterAnnotated(ctx, o.ClusterID, kubeconfig, annotations)
 	if err != nil {
@@ -320,9 +359,13 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	if o.Hub == nil {
 		return res, nil
 	}
+	hub := *o.Hub
+	if !o.Rotate {
+		hub.Settle = 0 // nothing is revoked: one replica's word will do
+	}
 	wctx, cancel := context.WithTimeout(ctx, o.Wait)
 	defer cancel()
-	notReady, err := o.Hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
+	notReady, err := hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
 	if o.Rotate { // a new member is Pending and Syncing first, as it should
 		res.NotReady = notReady
 	}
@@ -330,14 +373,14 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		if !o.Rotate {
 			return res, fmt.Errorf("registered, but not seen Ready: %w", err)
 		}
-		// Back to what the hub still runs; the new token goes.
-		if rerr := restore(context.WithoutCancel(ctx), o.Secrets, o.ClusterID, prev.kubeconfig); rerr != nil {
-			return nil, errors.Join(fmt.Errorf("rotation not taken by the hub: %w", err), fmt.Errorf("writing the previous kubeconfig back: %w", rerr))
-		}
-		return undo(fmt.Errorf("rotation not taken by the hub, the previous credential is written back and stays: %w", err))
+		return nil, undoRotation(context.WithoutCancel(ctx), o, &hub, prev.kubeconfig, toks, cred, err)
 	}
 	res.Verified = true
-	o.progress("the hub reports cluster %s Ready with the new kubeconfig", o.ClusterID)
+	if o.Rotate {
+		o.progress("the hub reports cluster %s Ready with the new kubeconfig on every answer for %s", o.ClusterID, hub.Settle)
+	} else {
+		o.progress("the hub reports cluster %s Ready with the new kubeconfig", o.ClusterID)
+	}
 	if o.Rotate {
 		res.Revoked, err = toks.revokeBefore(ctx, cred.Generation)
 		if err != nil {
@@ -364,6 +407,31 @@ func check(ctx context.Context, operator *rest.Config, token string) error {
 		return fmt.Errorf("the new token does not list the member's Services: %w", err)
 	}
 	return nil
+}
+
+// undoRotation undoes a rotation the hub was not seen to take (why): the
+// previous kubeconfig is written back and, once the hub is seen running
+// it again (on every answer for hub.Settle, within o.Wait), the new
+// generation is deleted. A replica may have switched to the new
+// kubeconfig just after the last poll; deleting its token at once would
+// revoke the client it runs while the restored one syncs. If the hub is
+// not seen back on the previous kubeconfig, the new generation is kept
+// and the error says so.
+func undoRotation(ctx context.Context, o Options, hub *Hub, previous []byte, toks tokens, cred *Credential, why error) error {
+	notTaken := fmt.Errorf("rotation not taken by the hub: %w", why)
+	if err := restore(ctx, o.Secrets, o.ClusterID, previous); err != nil {
+		return errors.Join(notTaken, fmt.Errorf("writing the previous kubeconfig back (credential generation %d, Secret %s/%s, is kept: the hub may run it): %w", cred.Generation, toks.sa.Namespace, cred.Secret, err))
+	}
+	o.progress("rotation not taken by the hub: the previous kubeconfig is written back; waiting for the hub to run it again")
+	wctx, cancel := context.WithTimeout(ctx, o.Wait)
+	defer cancel()
+	if err := hub.waitRuns(wctx, o.ClusterID, sha256Hex(previous)); err != nil {
+		return errors.Join(notTaken, fmt.Errorf("the previous kubeconfig is written back, but the hub was not seen running it again, so credential generation %d (Secret %s/%s) is kept, as a hub replica may still run it: once the hub reports the member on the previous kubeconfig, delete that Secret to revoke it, or rotate again: %w", cred.Generation, toks.sa.Namespace, cred.Secret, err))
+	}
+	if err := toks.discard(ctx, cred); err != nil {
+		return errors.Join(fmt.Errorf("rotation not taken by the hub, the previous credential is written back and stays: %w", why), err)
+	}
+	return fmt.Errorf("rotation not taken by the hub, the previous credential is written back and stays (the new one is revoked): %w", why)
 }
 
 // restore writes a member's previous kubeconfig back into whichever remote

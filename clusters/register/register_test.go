@@ -2,15 +2,23 @@ package register
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/hubmesh/hub/clusters"
 )
 
 func TestLoadMemberRBAC(t *testing.T) {
@@ -69,9 +77,137 @@ func TestNetworkAnnotation(t *testing.T) {
 		{"old", []string{"west", "east"}, "east=old,west=n1"}, // east keeps what the Secret gave it
 		{"east=e,west=w", []string{"west", "east", "north"}, "east=e,west=n1"},
 	} {
-		if got := networkAnnotation(tc.cur, tc.keys, "west", "n1"); got != tc.want {
+		cur := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{clusters.AnnotationNetwork: tc.cur}}, Data: map[string][]byte{}}
+		for _, k := range tc.keys {
+			cur.Data[k] = nil
+		}
+		if got := networkAnnotation(cur, "west", "n1"); got != tc.want {
 			t.Errorf("networkAnnotation(%q, %v) = %q, want %q", tc.cur, tc.keys, got, tc.want)
 		}
+	}
+	if got := networkAnnotation(nil, "west", "n1"); got != "west=n1" {
+		t.Errorf("a new Secret: %q", got)
+	}
+}
+
+// The network annotation is built from the Secret as read for the write
+// that lands: another member's network, changed by a concurrent writer
+// between hub register's reads, is kept. (The fake clientset stands in for
+// the conflict: the first update loses to a concurrent one.)
+func TestNetworkAnnotationKeepsAConcurrentEdit(t *testing.T) {
+	ns := "istio-system"
+	shared := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: clusters.RemoteSecretName("west"), ResourceVersion: "1",
+			Labels:      map[string]string{clusters.MultiClusterLabel: "true"},
+			Annotations: map[string]string{clusters.AnnotationNetwork: "east=e1,west=w0"}},
+		Data: map[string][]byte{"west": []byte("old"), "east": []byte("east")},
+	}
+	cs := fake.NewClientset(shared)
+	updates := 0
+	cs.PrependReactor("update", "secrets", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if updates++; updates > 1 {
+			return false, nil, nil
+		}
+		// Someone else moves east to network e2 first: this write conflicts.
+		edited := shared.DeepCopy()
+		edited.Annotations[clusters.AnnotationNetwork], edited.ResourceVersion = "east=e2,west=w0", "2"
+		if err := cs.Tracker().Update(corev1.SchemeGroupVersion.WithResource("secrets"), edited, ns); err != nil {
+			t.Fatal(err)
+		}
+		return true, nil, apierrors.NewConflict(corev1.Resource("secrets"), shared.Name, errors.New("changed"))
+	})
+	kubeconfig, err := Kubeconfig("west", Member{Server: "https://10.0.0.1:6443"}, "t0ken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := clusters.NewRegistrar(cs.CoreV1().Secrets(ns), ns, "", clusters.KubeconfigPolicy{})
+	if _, _, err := reg.RegisterAnnotated(context.Background(), "west", kubeconfig, networkAnnotations("west", "w1")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cs.CoreV1().Secrets(ns).Get(context.Background(), shared.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := got.Annotations[clusters.AnnotationNetwork]; updates != 2 || a != "east=e2,west=w1" {
+		t.Errorf("after %d updates the annotation is %q; want east's concurrent e2 kept: east=e2,west=w1", updates, a)
+	}
+}
+
+// Generations are named by lineage and number and created by that name:
+// a rotation that lost the race to mint the same generation fails and
+// says why, and a hub's lineage is not another's.
+func TestMintRefusesACollision(t *testing.T) {
+	sa := types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}
+	cs := fake.NewClientset()
+	toks := tokens{client: cs, sa: sa, clusterID: "west", lineage: Lineage("https://home:6443", "istio-system", "west")}
+	created := 0
+	cs.PrependReactor("create", "secrets", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if created++; created == 1 { // a concurrent rotation creates generation 1 between our list and create
+			s := action.(k8stesting.CreateAction).GetObject().(*corev1.Secret).DeepCopy()
+			if err := cs.Tracker().Create(corev1.SchemeGroupVersion.WithResource("secrets"), s, sa.Namespace); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return false, nil, nil
+	})
+	_, err := toks.mint(context.Background(), time.Hour)
+	want := "credential generation 1 of cluster west exists already (Secret istio-system/hub-member-token-" + toks.lineage + "-1): another hub register is registering or rotating it now"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("minting a generation that exists: %v; want %q", err, want)
+	}
+	if l := Lineage("https://home:6443", "canary", "west"); l == toks.lineage || !validLineage(l) {
+		t.Errorf("lineages of two hubs: %s, %s", l, toks.lineage)
+	}
+	gens, err := (tokens{client: cs, sa: sa, clusterID: "west", lineage: Lineage("https://home:6443", "canary", "west")}).generations(context.Background())
+	if err != nil || len(gens) != 0 {
+		t.Errorf("another hub's lineage sees %d generations (%v)", len(gens), err)
+	}
+}
+
+// A rotation continues the lineage of the token the remote Secret holds,
+// read from the claims of the bound token and checked against the Secret
+// they name.
+func TestLineageOf(t *testing.T) {
+	sa := types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}
+	const lineage = "0123456789abcdef"
+	gen := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: sa.Namespace, Name: "hub-member-token-" + lineage + "-3", UID: "uid-3",
+			Labels: map[string]string{LabelTokenFor: "west", LabelLineage: lineage, LabelGeneration: "3"}},
+		Type: SecretTypeMemberToken,
+	}
+	toks := tokens{client: fake.NewClientset(gen), sa: sa, clusterID: "west"}
+	kubeconfigWith := func(claims string) []byte {
+		token := "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString([]byte(claims)) + ".c2ln"
+		kc, err := Kubeconfig("west", Member{Server: "https://10.0.0.1:6443"}, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kc
+	}
+	claims := func(ns, sa, secret, uid string) string {
+		return fmt.Sprintf(`{"kubernetes.io":{"namespace":%q,"serviceaccount":{"name":%q},"secret":{"name":%q,"uid":%q}}}`, ns, sa, secret, uid)
+	}
+	for _, tc := range []struct {
+		name       string
+		kubeconfig []byte
+		want       string
+	}{
+		{"bound to the generation", kubeconfigWith(claims(sa.Namespace, sa.Name, gen.Name, "uid-3")), lineage},
+		{"another UID (the Secret was made again)", kubeconfigWith(claims(sa.Namespace, sa.Name, gen.Name, "uid-x")), ""},
+		{"another ServiceAccount", kubeconfigWith(claims(sa.Namespace, "other", gen.Name, "uid-3")), ""},
+		{"a Secret that is gone", kubeconfigWith(claims(sa.Namespace, sa.Name, "gone", "uid-3")), ""},
+		{"not bound to a Secret", kubeconfigWith(`{"kubernetes.io":{"namespace":"istio-system","serviceaccount":{"name":"istio-reader-service-account"}}}`), ""},
+		{"not a JWT", kubeconfigWith("x"), ""},
+		{"not a kubeconfig", []byte("{"), ""},
+	} {
+		got, err := toks.lineageOf(context.Background(), tc.kubeconfig)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+	other := tokens{client: toks.client, sa: sa, clusterID: "east"} // the generation is west's
+	if got, err := other.lineageOf(context.Background(), kubeconfigWith(claims(sa.Namespace, sa.Name, gen.Name, "uid-3"))); err != nil || got != "" {
+		t.Errorf("another cluster's generation: %q, %v", got, err)
 	}
 }
 

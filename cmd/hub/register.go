@@ -38,7 +38,7 @@ type registerFlags struct {
 	rotate                    bool
 	hubURL, hubTokenFile      string
 	hubCAFile                 string
-	wait                      time.Duration
+	wait, settle              time.Duration
 	dryRun                    bool
 	output                    string
 	showToken                 bool
@@ -56,9 +56,10 @@ func (f *registerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.tokenTTL, "token-ttl", register.DefaultTokenTTL, "lifetime of the member's token; rotate before it ends (at least 10m)")
 	fs.BoolVar(&f.rotate, "rotate", false, "replace a registered member's token make-before-break: the old one is revoked once the hub is Ready with the new one (needs --hub-url)")
 	fs.StringVar(&f.hubURL, "hub-url", "", "the hub's admin URL (REST API): wait until it reports the member Ready with the new kubeconfig")
-	fs.StringVar(&f.hubTokenFile, "hub-token-file", "", "file holding a bearer token for --hub-url")
+	fs.StringVar(&f.hubTokenFile, "hub-token-file", "", "file holding a bearer token for --hub-url (sent over https://, or http:// to a loopback address only)")
 	fs.StringVar(&f.hubCAFile, "hub-ca-file", "", "PEM roots to verify an https --hub-url by (default: the system's)")
 	fs.DurationVar(&f.wait, "wait", 2*time.Minute, "longest wait for the hub to report the member Ready")
+	fs.DurationVar(&f.settle, "settle", 15*time.Second, "with --rotate: how long every answer of --hub-url must show the member Ready with the new kubeconfig before the old token is revoked (each poll a new connection, so that the hub's Service reaches each replica)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "change nothing anywhere: print the member RBAC and the remote Secret (token redacted)")
 	fs.StringVar(&f.output, "o", "", "yaml: print the remote Secret instead of writing it into the home cluster (needs --show-token: it holds a live token)")
 	fs.BoolVar(&f.showToken, "show-token", false, "allow -o yaml to print the token")
@@ -126,6 +127,7 @@ func runRegister(ctx context.Context, f registerFlags, stdout, stderr io.Writer)
 			return fmt.Errorf("home cluster client: %w", err)
 		}
 		opts.Secrets = home.CoreV1().Secrets(f.namespace)
+		opts.HomeServer = hubCfg.Host
 	}
 	if f.hubURL != "" {
 		if opts.Hub, err = hubClient(f); err != nil {
@@ -197,7 +199,7 @@ func loadConfig(path, context, what string) (*rest.Config, string, error) {
 }
 
 func hubClient(f registerFlags) (*register.Hub, error) {
-	h := &register.Hub{URL: f.hubURL}
+	h := &register.Hub{URL: f.hubURL, Settle: f.settle}
 	if f.hubTokenFile != "" {
 		data, err := os.ReadFile(f.hubTokenFile)
 		if err != nil {
@@ -217,7 +219,8 @@ func hubClient(f registerFlags) (*register.Hub, error) {
 		}
 		tlsCfg.RootCAs = pool
 	}
-	h.Client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, Proxy: http.ProxyFromEnvironment}}
+	// No keep-alive: each poll dials the hub's Service again (register.Hub.Settle).
+	h.Client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, Proxy: http.ProxyFromEnvironment, DisableKeepAlives: true}}
 	return h, nil
 }
 

@@ -73,6 +73,10 @@ current-context: west
 		t.Fatal(err)
 	}
 	hub := []string{"--hub-kubeconfig", member} // any readable kubeconfig: nothing gets that far
+	apiToken := filepath.Join(t.TempDir(), "api.token")
+	if err := os.WriteFile(apiToken, []byte(operatorToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -90,6 +94,9 @@ current-context: west
 		{"rotate without hub URL", append([]string{"--kubeconfig", member, "--rotate"}, hub...), "rotation needs the hub's API"},
 		{"yaml without --show-token", []string{"--kubeconfig", member, "-o", "yaml"}, "-o yaml prints a live token: add --show-token"},
 		{"yaml and rotate", []string{"--kubeconfig", member, "-o", "yaml", "--show-token", "--rotate"}, "cannot be combined with -o yaml"},
+		// The API token is not sent in clear text over the network.
+		{"token over plain http", append([]string{"--kubeconfig", member, "--hub-url", "http://hub.example:8080", "--hub-token-file", apiToken}, hub...),
+			`hub URL "http://hub.example:8080" is plain http to a host that is not loopback: the API token would cross the network in clear text`},
 		{"unknown output", []string{"--kubeconfig", member, "-o", "json"}, `-o "json": only yaml is known`},
 		// The operator's own exec plugin runs as kubectl runs it; one that
 		// fails says so, naming the context.
