@@ -255,6 +255,29 @@ func (b *bundleServer) start(t *testing.T) {
 	go func() { defer close(b.done); _ = b.srv.ServeTLS(lis, "", "") }()
 }
 
+// startBundlePeer serves td's SPIFFE bundle (ca's root, sequence 1, a
+// refresh hint of 10 s, the hub's floor) on loopback over https_web until the
+// test ends; webCA is the CA its serving certificate chains to.
+func startBundlePeer(t *testing.T, td spiffeid.TrustDomain, ca *trust.CA) (peer *bundleServer, webCA []byte) {
+	t.Helper()
+	bundle := spiffebundle.FromX509Authorities(td, []*x509.Certificate{ca.Cert})
+	bundle.SetRefreshHint(10 * time.Second)
+	bundle.SetSequenceNumber(1)
+	handler, err := federation.NewHandler(td, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, webCA := webServingCert(t)
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer = &bundleServer{addr: "127.0.0.1:0", handler: handler, cert: cert}
+	peer.start(t)
+	t.Cleanup(peer.stop)
+	return peer, webCA
+}
+
 func (b *bundleServer) stop() {
 	if b.srv != nil {
 		_ = b.srv.Close()
@@ -276,21 +299,7 @@ func TestChaosPeerBundleEndpointDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bundle := spiffebundle.FromX509Authorities(td, []*x509.Certificate{peerCA.Cert})
-	bundle.SetRefreshHint(10 * time.Second) // the hub's floor
-	bundle.SetSequenceNumber(1)
-	handler, err := federation.NewHandler(td, bundle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, webCA := webServingCert(t)
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := &bundleServer{addr: "127.0.0.1:0", handler: handler, cert: cert}
-	peer.start(t)
-	t.Cleanup(peer.stop)
+	peer, webCA := startBundlePeer(t, td, peerCA)
 
 	ns := hubNamespace(t, home)
 	h := startHub(t, home, "--namespace", ns, "--trust-domain", "local-chaos.test")

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -14,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
-	"github.com/spiffe/go-spiffe/v2/federation"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -317,20 +313,7 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bundle := spiffebundle.FromX509Authorities(peerTD, []*x509.Certificate{peerCA.Cert})
-	bundle.SetRefreshHint(10 * time.Second)
-	handler, err := federation.NewHandler(peerTD, bundle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, webCA := webServingCert(t)
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := &bundleServer{addr: "127.0.0.1:0", handler: handler, cert: cert}
-	peer.start(t)
-	t.Cleanup(peer.stop)
+	peer, webCA := startBundlePeer(t, peerTD, peerCA)
 
 	h := startHub(t, home, "--namespace", ns, "--trust-domain", "rules.test", "--xds-tls-addr", "127.0.0.1:0")
 	body, _ := json.Marshal(api.PeerRequest{BundleEndpointURL: "https://" + peer.addr, Profile: "https_web", CABundle: string(webCA)})
