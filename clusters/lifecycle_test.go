@@ -382,6 +382,15 @@ func TestRotationRecoversStaleMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 60*time.Second, wantState(r, "m1", ref, StateReady, ""))
+	// The API shows the promoted client's Ready as soon as it is active;
+	// the swap is recorded just after (promote), so wait for the record.
+	eventually(t, 30*time.Second, func() error {
+		h := r.History("m1")
+		if last := h[len(h)-1]; last.From != StateStale || last.To != StateReady {
+			return fmt.Errorf("the member's last change is %s → %s; want Stale → Ready (the rotation)", last.From, last.To)
+		}
+		return nil
+	})
 
 	var m dto.Metric
 	if err := r.transitions.WithLabelValues("m1", string(StateReady)).Write(&m); err != nil {
@@ -389,9 +398,5 @@ func TestRotationRecoversStaleMember(t *testing.T) {
 	}
 	if got := m.GetCounter().GetValue(); got != 2 {
 		t.Errorf("hub_cluster_state_transitions_total{cluster=m1,to=Ready} = %v; want 2 (registered, recovered by rotation)", got)
-	}
-	h := r.History("m1")
-	if last := h[len(h)-1]; last.From != StateStale || last.To != StateReady {
-		t.Errorf("the member's last change is %s → %s; want Stale → Ready (the rotation)", last.From, last.To)
 	}
 }
