@@ -259,7 +259,7 @@ func New(opts Options) (*Hub, error) {
 		h.proxies.tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
 		collectors = append(collectors, h.proxies.tokens.Collectors()...)
 	}
-	h.syncz = newSyncz(h.proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance)
+	h.syncz = newSyncz(h.proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits)
 	h.proxies.identify = h.watcher.identify
 	h.proxies.server = h.watcher.serverSecurity
 	if opts.Signer != nil {

@@ -2,6 +2,7 @@ package hub
 
 import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -27,6 +28,12 @@ type Limits struct {
 	// MaxResourceNames bounds the resource names one stream subscribes to
 	// per type; more end the stream with InvalidArgument.
 	MaxResourceNames int
+
+	// debugRate and debugBurst pace the debug answers (TypeSyncz) of
+	// callers on the mTLS port (zero: debugPerSecond, debugBurst; set by
+	// tests only).
+	debugRate  rate.Limit
+	debugBurst int
 }
 
 // Defaults of Limits. Requests of real clients are small: an ACK is a few
@@ -39,6 +46,15 @@ const (
 	DefaultMaxStreams              = 10000
 	DefaultMaxNodeMetadataBytes    = 64 << 10
 	DefaultMaxResourceNames        = 50000
+)
+
+// Pacing of debug answers to mTLS callers, per replica: each walks every
+// stream under the tracker's lock, and any workload identity of our trust
+// domain may ask. istioctl asks once per command; a dashboard polling every
+// few seconds is far below this.
+const (
+	debugPerSecond = 10
+	debugBurst     = 20
 )
 
 // Fixed bounds, well above anything a real client sends.
@@ -74,6 +90,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxResourceNames <= 0 {
 		l.MaxResourceNames = DefaultMaxResourceNames
+	}
+	if l.debugRate <= 0 {
+		l.debugRate = debugPerSecond
+	}
+	if l.debugBurst <= 0 {
+		l.debugBurst = debugBurst
 	}
 	return l
 }

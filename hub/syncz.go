@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -52,7 +54,10 @@ import (
 // namespace, as istiod restricts non-system callers; anyone else is refused
 // (an anonymous stream with Unauthenticated, see checkAnonymous; a federated
 // trust domain's identity or one its member may not assert with
-// PermissionDenied).
+// PermissionDenied). Answers to mTLS callers are paced per replica
+// (Limits: 10 a second, bursts of 20; a request over the pace waits on its
+// own stream), as each walks every stream under the tracker's lock; the
+// loopback operator is not.
 const TypeSyncz = "istio.io/debug/syncz"
 
 // isDebugType reports whether typeURL is a debug type the hub answers.
@@ -72,15 +77,19 @@ type syncz struct {
 	// controlPlane identifies this replica in every response, as istiod's
 	// does (istioctl prints its ID in the ISTIOD column).
 	controlPlane *corev3.ControlPlane
+	// pace paces the answers to callers on the mTLS port.
+	pace *rate.Limiter
 }
 
 // newSyncz makes the answerer; instance is the replica's name in responses
-// ("": the host name, a pod's name in Kubernetes).
-func newSyncz(tracker *proxyTracker, roots authn.RootSource, scope *authn.Scope, rootNamespace, instance string) *syncz {
+// ("": the host name, a pod's name in Kubernetes); limits (with defaults)
+// pace the answers to mTLS callers.
+func newSyncz(tracker *proxyTracker, roots authn.RootSource, scope *authn.Scope, rootNamespace, instance string, limits Limits) *syncz {
 	if instance == "" {
 		instance, _ = os.Hostname()
 	}
-	return &syncz{tracker: tracker, roots: roots, identities: scope, rootNamespace: rootNamespace, controlPlane: controlPlaneOf(instance)}
+	return &syncz{tracker: tracker, roots: roots, identities: scope, rootNamespace: rootNamespace, controlPlane: controlPlaneOf(instance),
+		pace: rate.NewLimiter(limits.debugRate, limits.debugBurst)}
 }
 
 // controlPlaneOf is istiod's control plane identifier
@@ -125,12 +134,19 @@ type debugReply struct {
 
 // answer builds the reply to a TypeSyncz request of stream c, or the error
 // that ends the stream (PermissionDenied) when its caller may see nothing.
-func (z *syncz) answer(c *conn) (debugReply, error) {
-	all, namespace, err := z.scope(c)
+// A caller on the mTLS port waits for its turn (pace) until ctx, its
+// stream's, ends.
+func (z *syncz) answer(ctx context.Context, c *conn) (debugReply, error) {
+	sc, err := z.scope(c)
 	if err != nil {
 		return debugReply{}, err
 	}
-	rows := z.tracker.syncRows(all, namespace)
+	if !sc.loopback {
+		if err := z.pace.Wait(ctx); err != nil {
+			return debugReply{}, status.Errorf(codes.Canceled, "%s: waiting for its turn: %v", TypeSyncz, err)
+		}
+	}
+	rows := z.tracker.syncRows(sc.all, sc.namespace)
 	out := debugReply{version: time.Now().UTC().Format(time.RFC3339Nano), resources: make([]*discoveryv3.Resource, 0, len(rows))}
 	for _, r := range rows {
 		cc := &statusv3.ClientConfig{
@@ -160,35 +176,43 @@ func (z *syncz) answer(c *conn) (debugReply, error) {
 	return out, nil
 }
 
-// scope decides what stream c may see: every proxy (all), those of one
-// namespace, or nothing (an error, PermissionDenied).
-func (z *syncz) scope(c *conn) (all bool, namespace string, err error) {
+// synczScope is what a stream may see: every proxy (all) or those of one
+// namespace; loopback marks the plaintext operator on loopback.
+type synczScope struct {
+	all       bool
+	namespace string
+	loopback  bool
+}
+
+// scope decides what stream c may see, or that it may see nothing (an
+// error: Unauthenticated or PermissionDenied).
+func (z *syncz) scope(c *conn) (synczScope, error) {
 	z.tracker.mu.Lock()
 	plaintext, id, addr := c.state.plaintext, c.state.ident, c.state.status.Address
 	z.tracker.mu.Unlock()
 	if plaintext {
 		if !loopbackAddr(addr) {
-			return false, "", status.Errorf(codes.Unauthenticated, "%s on the plaintext port answers loopback callers only (kubectl port-forward to the hub's pod); elsewhere use the mTLS port with a workload identity", TypeSyncz)
+			return synczScope{}, status.Errorf(codes.Unauthenticated, "%s on the plaintext port answers loopback callers only (kubectl port-forward to the hub's pod); elsewhere use the mTLS port with a workload identity", TypeSyncz)
 		}
-		return true, "", nil
+		return synczScope{all: true, loopback: true}, nil
 	}
 	local := ""
 	if z.roots != nil {
 		local = z.roots.LocalTrustDomain()
 	}
 	if local == "" || !id.Verified(local) {
-		return false, "", status.Errorf(codes.PermissionDenied, "%s on the mTLS port needs a workload identity of trust domain %q (a client certificate or service-account token); a federated trust domain's proves no namespace of ours", TypeSyncz, local)
+		return synczScope{}, status.Errorf(codes.PermissionDenied, "%s on the mTLS port needs a workload identity of trust domain %q (a client certificate or service-account token); a federated trust domain's proves no namespace of ours", TypeSyncz, local)
 	}
 	if err := z.identities.Allow(id.Cluster, id.Namespace); err != nil {
-		return false, "", status.Errorf(codes.PermissionDenied, "%s: %v", TypeSyncz, err)
+		return synczScope{}, status.Errorf(codes.PermissionDenied, "%s: %v", TypeSyncz, err)
 	}
 	// The root namespace sees everything only with a member that may
 	// assert it (the home cluster, or annotated); a certificate bound to
 	// no member proves no member's consent, so it sees its namespace only.
 	if z.rootNamespace != "" && id.Namespace == z.rootNamespace && id.Cluster != "" {
-		return true, "", nil
+		return synczScope{all: true}, nil
 	}
-	return false, id.Namespace, nil
+	return synczScope{namespace: id.Namespace}, nil
 }
 
 // syncStatus is a type's sync state as istiod's statusgen works it out
@@ -289,7 +313,7 @@ func (d debugAnswered) wants(typeURL, responseNonce string) bool {
 
 // answerDebug answers a SotW debug request on c's stream, from its loop.
 func (c *sotwConn) answerDebug(req *discoveryv3.DiscoveryRequest) error {
-	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	reply, ok, err := c.a.debugReply(c.st.Context(), c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
 	if !ok {
 		return err
 	}
@@ -306,7 +330,7 @@ func (c *sotwConn) answerDebug(req *discoveryv3.DiscoveryRequest) error {
 // answerDebug answers a Delta debug request on c's stream, from its loop:
 // the whole list every time (a debug type keeps no state to diff against).
 func (c *deltaConn) answerDebug(req *discoveryv3.DeltaDiscoveryRequest) error {
-	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	reply, ok, err := c.a.debugReply(c.st.Context(), c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
 	if !ok {
 		return err
 	}
@@ -322,11 +346,11 @@ func (c *deltaConn) answerDebug(req *discoveryv3.DeltaDiscoveryRequest) error {
 // debugReply builds the reply to a debug request of stream c, with the
 // stream's next nonce, unless the request gets none (ok false; err ends the
 // stream).
-func (a *adsServer) debugReply(c *conn, answered debugAnswered, typeURL, responseNonce string) (debugReply, bool, error) {
+func (a *adsServer) debugReply(ctx context.Context, c *conn, answered debugAnswered, typeURL, responseNonce string) (debugReply, bool, error) {
 	if !answered.wants(typeURL, responseNonce) {
 		return debugReply{}, false, nil
 	}
-	reply, err := a.syncz.answer(c)
+	reply, err := a.syncz.answer(ctx, c)
 	if err != nil {
 		return debugReply{}, false, err
 	}

@@ -3,12 +3,14 @@ package hub
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"golang.org/x/time/rate"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/wait"
 )
 
 // syncState is one proxy as a TypeSyncz response lists it.
@@ -243,9 +246,40 @@ func TestSynczPlaintextAnswersLoopbackOnly(t *testing.T) {
 	} {
 		c := newConn(1)
 		c.state.plaintext, c.state.status.Address = true, addr
-		all, _, err := z.scope(c)
-		if got := status.Code(err); got != want || (want == codes.OK) != all {
-			t.Errorf("plaintext syncz from %q: all=%v, %v; want %v", addr, all, err, want)
+		sc, err := z.scope(c)
+		if got := status.Code(err); got != want || (want == codes.OK) != (sc.all && sc.loopback) {
+			t.Errorf("plaintext syncz from %q: %+v, %v; want %v", addr, sc, err, want)
 		}
 	}
+}
+
+// TestSynczPacesMTLSCallers: over the pace (here one answer an hour) a
+// tenant's request waits on its own stream, answered by nobody else's
+// turn; the loopback operator is answered meanwhile; the waiting stream
+// ends cleanly when its caller goes.
+func TestSynczPacesMTLSCallers(t *testing.T) {
+	scopes := &fakeScopes{m: map[string]clusters.IdentityScope{"west": {Synced: true}}}
+	s := startSecureHub(t, Options{IdentityScopes: scopes, Limits: Limits{debugRate: rate.Every(time.Hour), debugBurst: 1}})
+	if got, _ := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")).syncz(t); len(got) != 0 {
+		t.Fatalf("the first tenant request: %v; want an empty answer", got)
+	}
+	waiting := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
+	waiting.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
+	wait.Until(t, 20*time.Second, func() error {
+		if tokens := s.h.syncz.pace.Tokens(); tokens >= 0 {
+			return fmt.Errorf("the pace has %v tokens; want the second request waiting (< 0)", tokens)
+		}
+		return nil
+	})
+	if got, _ := dialADS(t, s.plain, insecure.NewCredentials()).syncz(t); got == nil {
+		t.Fatal("the loopback operator got no answer")
+	}
+	waiting.noResponse(t, "a tenant request over the pace")
+	waiting.cancel()
+	wait.Until(t, 20*time.Second, func() error {
+		if tokens := s.h.syncz.pace.Tokens(); tokens < 0 {
+			return fmt.Errorf("the pace has %v tokens; want the gone request's turn given back", tokens)
+		}
+		return nil
+	})
 }
