@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/listening"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -151,7 +152,7 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 		default:
 		}
 		if h.addrs == nil {
-			if h.addrs = listening(h.logPath); h.addrs == nil {
+			if h.addrs = listening.InFile(h.logPath); h.addrs == nil {
 				return fmt.Errorf("hub has not logged its listeners yet")
 			}
 			h.adminURL, h.xdsAddr = scheme+h.addrs["admin"], h.addrs["xds"]
@@ -167,28 +168,6 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 		return nil
 	})
 	return h
-}
-
-// listening returns the addresses of the hub's "hub listening" log line.
-func listening(logPath string) map[string]string {
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		return nil
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		var entry map[string]any
-		if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "hub listening" {
-			continue
-		}
-		out := map[string]string{}
-		for _, k := range []string{"xds", "admin", "xds-tls", "bundle"} {
-			if v, ok := entry[k].(string); ok {
-				out[k] = v
-			}
-		}
-		return out
-	}
-	return nil
 }
 
 // stop sends SIGTERM and waits for a clean exit.

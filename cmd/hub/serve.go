@@ -26,6 +26,7 @@ import (
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/leader"
+	"github.com/hubmesh/hub/internal/listening"
 	"github.com/hubmesh/hub/trust"
 	"github.com/hubmesh/hub/web"
 )
@@ -244,7 +245,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())
 	}
-	log.Info("hub listening", addrs...)
+	log.Info(listening.Message, addrs...)
 
 	// Shutdown (SIGTERM, or any part failing): readiness fails first, the
 	// xDS listeners drain their streams while everything else keeps running

@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/hubmesh/hub/internal/listening"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -176,7 +177,7 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 			err = fmt.Errorf("%w\nhub log (%s) tail:\n%s", err, h.logPath, h.tail(20))
 		}
 	}()
-	tlsAddr := listening(h.logPath)["xds-tls"]
+	tlsAddr := listening.InFile(h.logPath)["xds-tls"]
 	if tlsAddr == "" {
 		return nil, errors.New("the hub logged no xds-tls listener")
 	}

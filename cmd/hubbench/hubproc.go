@@ -22,6 +22,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/istiod"
+	"github.com/hubmesh/hub/internal/listening"
 )
 
 // hubProcess is the real hub binary running as our child, or with --peer
@@ -159,7 +160,7 @@ func (h *hubProcess) launch(ctx context.Context) error {
 	}()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if addrs := listening(h.logPath); addrs != nil {
+		if addrs := listening.InFile(h.logPath); addrs != nil {
 			h.adminURL, h.xdsAddr = "http://"+addrs["admin"], addrs["xds"]
 			if addrs["admin"] == "" || addrs["xds"] == "" {
 				h.stop()
@@ -254,31 +255,6 @@ func (h *hubProcess) liveHeap(ctx context.Context, timeout time.Duration) (int, 
 			return 0, fmt.Errorf("the hub ran no GC within %s of reading its API (GODEBUG gctrace lines in %s)", timeout, h.logPath)
 		}
 	}
-}
-
-// listening returns the addresses of the hub's JSON "hub listening" line.
-func listening(logPath string) map[string]string {
-	f, err := os.Open(logPath)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	for sc.Scan() {
-		var entry map[string]any
-		if json.Unmarshal(sc.Bytes(), &entry) != nil || entry["msg"] != "hub listening" {
-			continue
-		}
-		out := map[string]string{}
-		for _, k := range []string{"xds", "admin", "xds-tls", "bundle"} {
-			if v, ok := entry[k].(string); ok {
-				out[k] = v
-			}
-		}
-		return out
-	}
-	return nil
 }
 
 func (h *hubProcess) pid() int {

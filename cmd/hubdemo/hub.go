@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hubmesh/hub/internal/listening"
 )
 
 // hubProcess is the hub binary running `hub serve` for the demo: the same
@@ -98,7 +99,7 @@ func (l *listenWatch) Write(p []byte) (int, error) {
 				break
 			}
 			l.partial = rest
-			if addrs := listeningAddrs(line); addrs != nil {
+			if addrs := listening.Addrs(line); addrs != nil {
 				l.found <- addrs
 				l.sent, l.partial = true, nil
 				break
@@ -106,21 +107,4 @@ func (l *listenWatch) Write(p []byte) (int, error) {
 		}
 	}
 	return l.w.Write(p)
-}
-
-// listeningAddrs returns the listener addresses by name (xds, admin,
-// xds-tls, bundle; absent when disabled) of the hub's "hub listening" log
-// line, nil for any other line.
-func listeningAddrs(line []byte) map[string]string {
-	var entry map[string]any
-	if json.Unmarshal(line, &entry) != nil || entry["msg"] != "hub listening" {
-		return nil
-	}
-	addrs := map[string]string{}
-	for _, name := range []string{"xds", "admin", "xds-tls", "bundle"} {
-		if v, ok := entry[name].(string); ok {
-			addrs[name] = v
-		}
-	}
-	return addrs
 }
