@@ -40,8 +40,8 @@ const (
 	deployNS      = "hub-system"   // the hub's own namespace in deploy/
 	secretsNS     = "istio-system" // where deploy/ lets it read the remote Secrets
 	deployManager = "hub-deploy-e2e"
-	// The identity remote-member-rbac.yaml binds (istioctl's remote secrets).
-	memberSA = "istio-reader-service-account"
+	// The identity remote-member-rbac.yaml creates and binds.
+	memberSA = "hub-member-reader"
 )
 
 // deployment is one way of installing the hub that TestDeploy proves: the
@@ -53,8 +53,6 @@ type deployment struct {
 	ns, sa, remoteNS, rootNS string
 	// memberNS and memberSA: the identity of the member's remote Secret.
 	memberNS, memberSA string
-	// createMemberSA: the member manifests do not create memberSA.
-	createMemberSA bool
 	// deployDir: deploy/, whose other files are checked too.
 	deployDir string
 }
@@ -106,7 +104,7 @@ func TestDeploy(t *testing.T) {
 			home:   charttest.Split(t, []byte(homeKubectl(ctx, "kustomize", deployDir))),
 			member: charttest.Split(t, memberRBAC),
 			ns:     deployNS, sa: "hub", remoteNS: secretsNS, rootNS: secretsNS,
-			memberNS: secretsNS, memberSA: memberSA, createMemberSA: true,
+			memberNS: secretsNS, memberSA: memberSA,
 			deployDir: deployDir,
 		})
 	})
@@ -122,7 +120,7 @@ func TestDeploy(t *testing.T) {
 		ns := "hub-chart-" + rand.String(5)
 		memberNS := "hub-member-" + rand.String(5)
 		canary := charttest.Template(t, "hub", ns, "-f", "hub/ci/canary-values.yaml")
-		member := charttest.Template(t, "hub-member", memberNS, "--set", "revision=canary,serviceAccount.create=true,serviceAccount.name=hub-canary-reader")
+		member := charttest.Template(t, "hub-member", memberNS, "--set", "revision=canary,serviceAccount.name=hub-canary-reader")
 		runDeployment(t, home, west, homeKubectl, westKubectl, deployment{
 			home: charttest.Split(t, canary), member: charttest.Split(t, member),
 			ns: ns, sa: "hub-canary", remoteNS: "hub-e2e-remote", rootNS: "hub-e2e-root",
@@ -243,12 +241,6 @@ func runDeployment(t *testing.T, home, west *localcluster.Cluster, homeKubectl, 
 		t.Fatal(err)
 	}
 	applyRender(t, ctx, westKubectl, westClient, d.memberNS, d.member, dir)
-	if d.createMemberSA {
-		if _, err := westClient.CoreV1().ServiceAccounts(d.memberNS).Create(ctx,
-			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: d.memberSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
 
 	// 2. API servers of both clusters that audit the hub's and the member
 	// identity's requests.

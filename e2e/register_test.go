@@ -47,7 +47,7 @@ import (
 )
 
 // The identity deploy/remote-member-rbac.yaml binds.
-const registerSA = "system:serviceaccount:istio-system:istio-reader-service-account"
+const registerSA = "system:serviceaccount:istio-system:hub-member-reader"
 
 // TestRegisterAndRotate registers a real member with `hub register` and
 // rotates its credential, through a round-robin balancer over two hub
@@ -189,7 +189,7 @@ func TestRegisterAndRotate(t *testing.T) {
 		{Verb: "create", Resource: "pods", Namespace: "default"},
 		{Verb: "create", Resource: "services", Namespace: "default"},
 		{Verb: "impersonate", Resource: "users"},
-		{Verb: "create", Resource: "serviceaccounts/token", Namespace: "istio-system", Name: "istio-reader-service-account"},
+		{Verb: "create", Resource: "serviceaccounts/token", Namespace: "istio-system", Name: "hub-member-reader"},
 		{Verb: "delete", Resource: "secrets", Namespace: "istio-system"},
 	} {
 		if allowed(ctx, t, westClient, ra) {
@@ -756,6 +756,9 @@ func checkMemberRBACIsTheFile(ctx context.Context, t *testing.T, c kubernetes.In
 		rbac := c.RbacV1()
 		var got, wantFields, gotFields any
 		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			live, err := c.CoreV1().ServiceAccounts(o.Namespace).Get(ctx, o.Name, metav1.GetOptions{})
+			got, wantFields, gotFields = live, []any{o.Labels, o.Secrets, o.AutomountServiceAccountToken}, fieldsOf(err, func() any { return []any{live.Labels, live.Secrets, live.AutomountServiceAccountToken} })
 		case *rbacv1.ClusterRole:
 			live, err := rbac.ClusterRoles().Get(ctx, o.Name, metav1.GetOptions{})
 			got, wantFields, gotFields = live, []any{o.Rules, o.AggregationRule, o.Labels}, fieldsOf(err, func() any { return []any{live.Rules, live.AggregationRule, live.Labels} })

@@ -26,14 +26,14 @@ import (
 const fieldManager = "hub-register"
 
 // MemberRBAC is what a member grants its remote Secret's credentials:
-// exactly the objects of deploy/remote-member-rbac.yaml, and the
-// ServiceAccount their bindings name.
+// exactly the objects of deploy/remote-member-rbac.yaml, the
+// ServiceAccount their bindings name among them.
 type MemberRBAC struct {
-	// Objects are the file's objects in its order (ClusterRole, Role,
-	// RoleBinding, ClusterRoleBinding).
+	// Objects are the file's objects in its order (ServiceAccount,
+	// ClusterRole, Role, RoleBinding, ClusterRoleBinding).
 	Objects []runtime.Object
-	// ServiceAccount is the one subject of the file's bindings, whose
-	// tokens `hub register` mints.
+	// ServiceAccount is the one subject of the file's bindings, created by
+	// the file, whose tokens `hub register` mints.
 	ServiceAccount types.NamespacedName
 }
 
@@ -42,6 +42,7 @@ func LoadMemberRBAC() (*MemberRBAC, error) { return parseMemberRBAC(deploy.Remot
 
 func parseMemberRBAC(data []byte) (*MemberRBAC, error) {
 	out := &MemberRBAC{}
+	var created types.NamespacedName // the file's ServiceAccount
 	dec := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
 		doc, err := dec.Read()
@@ -61,6 +62,11 @@ func parseMemberRBAC(data []byte) (*MemberRBAC, error) {
 		obj.GetObjectKind().SetGroupVersionKind(*gvk) // the apply body needs it
 		var subjects []rbacv1.Subject
 		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			if created.Name != "" {
+				return nil, fmt.Errorf("member RBAC: more than one ServiceAccount (%s, %s/%s)", created, o.Namespace, o.Name)
+			}
+			created = types.NamespacedName{Namespace: o.Namespace, Name: o.Name}
 		case *rbacv1.ClusterRole, *rbacv1.Role:
 		case *rbacv1.RoleBinding:
 			subjects = o.Subjects
@@ -81,6 +87,9 @@ func parseMemberRBAC(data []byte) (*MemberRBAC, error) {
 	if out.ServiceAccount.Name == "" {
 		return nil, errors.New("member RBAC binds no ServiceAccount")
 	}
+	if created != out.ServiceAccount {
+		return nil, fmt.Errorf("member RBAC: the bindings name ServiceAccount %s, which the file does not create (it creates %q)", out.ServiceAccount, created)
+	}
 	return out, nil
 }
 
@@ -97,17 +106,12 @@ func stripComments(doc []byte) []byte {
 }
 
 // Apply makes the member grant exactly this: the ServiceAccount's namespace
-// and the ServiceAccount (created if absent), then every object by
-// server-side apply, so that a second run, or one after the file changed,
-// converges.
+// (created if absent), then every object by server-side apply, so that a
+// second run, or one after the file changed, converges.
 func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: m.ServiceAccount.Namespace}}
 	if _, err := c.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: fieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
-	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: m.ServiceAccount.Name, Namespace: m.ServiceAccount.Namespace}}
-	if _, err := c.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{FieldManager: fieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating service account %s: %w", m.ServiceAccount, err)
 	}
 	force := true
 	opts := metav1.PatchOptions{FieldManager: fieldManager, Force: &force}
@@ -118,6 +122,8 @@ func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 		}
 		rbac := c.RbacV1()
 		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = c.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
 		case *rbacv1.ClusterRole:
 			_, err = rbac.ClusterRoles().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
 		case *rbacv1.Role:
@@ -136,8 +142,9 @@ func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 
 // OtherBindings lists the bindings in the member that name the
 // ServiceAccount but are not the file's (kind namespace/name): through
-// them its tokens may do more than the file grants (Istio's own
-// istio-reader binding, where Istio is installed).
+// them its tokens may do more than the file grants (an operator's binding
+// of hub-member-reader to more, or a file edited to bind Istio's
+// istio-reader-service-account, which Istio binds where it is installed).
 func (m *MemberRBAC) OtherBindings(ctx context.Context, c kubernetes.Interface) ([]string, error) {
 	ours := map[string]bool{}
 	for _, obj := range m.Objects {

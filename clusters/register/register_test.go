@@ -26,17 +26,17 @@ func TestLoadMemberRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}); m.ServiceAccount != want {
+	if want := (types.NamespacedName{Namespace: "istio-system", Name: "hub-member-reader"}); m.ServiceAccount != want {
 		t.Errorf("service account %s, want %s", m.ServiceAccount, want)
 	}
 	var kinds []string
 	for _, o := range m.Objects {
 		kinds = append(kinds, o.GetObjectKind().GroupVersionKind().Kind)
 	}
-	if got := strings.Join(kinds, ","); got != "ClusterRole,Role,RoleBinding,ClusterRoleBinding" {
+	if got := strings.Join(kinds, ","); got != "ServiceAccount,ClusterRole,Role,RoleBinding,ClusterRoleBinding" {
 		t.Errorf("objects %s", got)
 	}
-	if cr := m.Objects[0].(*rbacv1.ClusterRole); cr.APIVersion != "rbac.authorization.k8s.io/v1" || len(cr.Rules) == 0 {
+	if cr := m.Objects[1].(*rbacv1.ClusterRole); cr.APIVersion != "rbac.authorization.k8s.io/v1" || len(cr.Rules) == 0 {
 		t.Errorf("ClusterRole %+v: the apply body needs apiVersion and the rules", cr)
 	}
 }
@@ -57,7 +57,31 @@ metadata: {name: a}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: a}
 subjects: [{kind: User, name: alice}]
 `,
-		"no binding":   "# nothing\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: a}\n",
+		"no binding": "# nothing\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: a}\n",
+		"a ServiceAccount the file does not create": `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: a}
+subjects: [{kind: ServiceAccount, name: istio-reader-service-account, namespace: istio-system}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: hub-member-reader, namespace: istio-system}
+`,
+		"two ServiceAccounts created": `apiVersion: v1
+kind: ServiceAccount
+metadata: {name: a, namespace: x}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: b, namespace: x}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: a}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: a}
+subjects: [{kind: ServiceAccount, name: a, namespace: x}]
+`,
 		"another kind": "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
 	} {
 		if _, err := parseMemberRBAC([]byte(doc)); err == nil {
@@ -137,7 +161,7 @@ func TestNetworkAnnotationKeepsAConcurrentEdit(t *testing.T) {
 // a rotation that lost the race to mint the same generation fails and
 // says why, and a hub's lineage is not another's.
 func TestMintRefusesACollision(t *testing.T) {
-	sa := types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}
+	sa := types.NamespacedName{Namespace: "istio-system", Name: "hub-member-reader"}
 	cs := fake.NewClientset()
 	toks := tokens{client: cs, sa: sa, clusterID: "west", lineage: Lineage("https://home:6443", "istio-system", "west")}
 	created := 0
@@ -168,7 +192,7 @@ func TestMintRefusesACollision(t *testing.T) {
 // read from the claims of the bound token and checked against the Secret
 // they name.
 func TestLineageOf(t *testing.T) {
-	sa := types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}
+	sa := types.NamespacedName{Namespace: "istio-system", Name: "hub-member-reader"}
 	const lineage = "0123456789abcdef"
 	gen := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: sa.Namespace, Name: "hub-member-token-" + lineage + "-3", UID: "uid-3",
@@ -196,7 +220,7 @@ func TestLineageOf(t *testing.T) {
 		{"another UID (the Secret was made again)", kubeconfigWith(claims(sa.Namespace, sa.Name, gen.Name, "uid-x")), ""},
 		{"another ServiceAccount", kubeconfigWith(claims(sa.Namespace, "other", gen.Name, "uid-3")), ""},
 		{"a Secret that is gone", kubeconfigWith(claims(sa.Namespace, sa.Name, "gone", "uid-3")), ""},
-		{"not bound to a Secret", kubeconfigWith(`{"kubernetes.io":{"namespace":"istio-system","serviceaccount":{"name":"istio-reader-service-account"}}}`), ""},
+		{"not bound to a Secret", kubeconfigWith(`{"kubernetes.io":{"namespace":"istio-system","serviceaccount":{"name":"hub-member-reader"}}}`), ""},
 		{"not a JWT", kubeconfigWith("x"), ""},
 		{"not a kubeconfig", []byte("{"), ""},
 	} {
@@ -260,11 +284,11 @@ func TestOtherBindings(t *testing.T) {
 	objs := []runtime.Object{
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "hub-remote-member"}, Subjects: []rbacv1.Subject{sa}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "hub-remote-member-gateways"}, Subjects: []rbacv1.Subject{sa}},
-		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "istio-reader-clusterrole-istio-system"}, Subjects: []rbacv1.Subject{sa}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "cluster-admin-for-hub"}, Subjects: []rbacv1.Subject{sa}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "unrelated"}, Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "alice"}}},
 	}
 	got, err := m.OtherBindings(context.Background(), fake.NewClientset(objs...))
-	if err != nil || strings.Join(got, ",") != "ClusterRoleBinding istio-reader-clusterrole-istio-system" {
+	if err != nil || strings.Join(got, ",") != "ClusterRoleBinding cluster-admin-for-hub" {
 		t.Errorf("OtherBindings: %v, %v", got, err)
 	}
 }
