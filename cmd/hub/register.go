@@ -238,7 +238,7 @@ func dryRun(out io.Writer, o register.Options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "# In the member: deploy/remote-member-rbac.yaml (its ServiceAccount and namespace created if absent), and a Secret per credential generation.\n%s", deploy.RemoteMemberRBAC)
+	fmt.Fprintf(out, "# In the member: deploy/remote-member-rbac.yaml (with its ServiceAccount; the namespace created if absent), and a Secret per credential generation.\n%s", deploy.RemoteMemberRBAC)
 	fmt.Fprintf(out, "---\n# In the hub's home cluster (the token is minted in the member when this runs for real, valid %s):\n", o.TokenTTL)
 	return printSecret(out, register.RemoteSecret(o.Namespace, o.ClusterID, kubeconfig, o.Network))
 }

@@ -130,8 +130,8 @@ func TestRegisterDryRun(t *testing.T) {
 		t.Fatalf("dry run shows the operator's token:\n%s", stdout)
 	}
 	docs := strings.Split(stdout, "\n---\n")
-	if !strings.Contains(docs[0], "name: hub-remote-member") {
-		t.Errorf("no member RBAC in:\n%s", stdout)
+	if rbac := strings.Join(docs[:len(docs)-1], "\n---\n"); !strings.Contains(rbac, "name: hub-remote-member") || !strings.Contains(rbac, "name: hub-member-reader") {
+		t.Errorf("no member RBAC and ServiceAccount in:\n%s", stdout)
 	}
 	var s corev1.Secret
 	if err := yaml.Unmarshal([]byte(docs[len(docs)-1]), &s); err != nil {
