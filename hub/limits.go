@@ -29,9 +29,9 @@ type Limits struct {
 	// per type; more end the stream with InvalidArgument.
 	MaxResourceNames int
 
-	// debugRate and debugBurst pace the debug answers (TypeSyncz) of
-	// callers on the mTLS port (zero: debugPerSecond, debugBurst; set by
-	// tests only).
+	// debugRate and debugBurst pace the debug answers (TypeSyncz) to each
+	// caller identity on the mTLS port (zero: debugPerCallerPerSecond,
+	// debugPerCallerBurst; set by tests only).
 	debugRate  rate.Limit
 	debugBurst int
 }
@@ -51,10 +51,16 @@ const (
 // Pacing of debug answers to mTLS callers, per replica: each walks every
 // stream under the tracker's lock, and any workload identity of our trust
 // domain may ask. istioctl asks once per command; a dashboard polling every
-// few seconds is far below this.
+// few seconds is far below these. A caller identity (member and namespace)
+// gets debugPerCallerPerSecond; all together debugPerSecond; the paces of
+// at most debugCallers identities are remembered (the least recent is
+// forgotten, starting afresh).
 const (
-	debugPerSecond = 10
-	debugBurst     = 20
+	debugPerCallerPerSecond = 2
+	debugPerCallerBurst     = 5
+	debugPerSecond          = 10
+	debugBurst              = 20
+	debugCallers            = 1024
 )
 
 // Fixed bounds, well above anything a real client sends.
@@ -92,10 +98,10 @@ func (l Limits) withDefaults() Limits {
 		l.MaxResourceNames = DefaultMaxResourceNames
 	}
 	if l.debugRate <= 0 {
-		l.debugRate = debugPerSecond
+		l.debugRate = debugPerCallerPerSecond
 	}
 	if l.debugBurst <= 0 {
-		l.debugBurst = debugBurst
+		l.debugBurst = debugPerCallerBurst
 	}
 	return l
 }

@@ -179,8 +179,6 @@ type adsClient struct {
 	s   discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	ch  chan *discoveryv3.DiscoveryResponse
 	err chan error // the stream's end
-	// cancel ends the stream (the caller goes away).
-	cancel context.CancelFunc
 	// barriers counts the barrier types asked for (see barrier).
 	barriers int
 }
@@ -196,7 +194,7 @@ func dialADS(t *testing.T, addr string, creds credentials.TransportCredentials, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &adsClient{s: s, ch: make(chan *discoveryv3.DiscoveryResponse, 100), err: make(chan error, 1), cancel: cancel}
+	c := &adsClient{s: s, ch: make(chan *discoveryv3.DiscoveryResponse, 100), err: make(chan error, 1)}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

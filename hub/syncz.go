@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"encoding/json"
 	"net"
 	"net/netip"
@@ -17,6 +16,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,10 +54,12 @@ import (
 // namespace, as istiod restricts non-system callers; anyone else is refused
 // (an anonymous stream with Unauthenticated, see checkAnonymous; a federated
 // trust domain's identity or one its member may not assert with
-// PermissionDenied). Answers to mTLS callers are paced per replica
-// (Limits: 10 a second, bursts of 20; a request over the pace waits on its
-// own stream), as each walks every stream under the tracker's lock; the
-// loopback operator is not.
+// PermissionDenied). Answers to mTLS callers are paced per replica, as each
+// walks every stream under the tracker's lock: 2 a second (bursts of 5) per
+// caller identity, 10 (bursts of 20) for all; a request over either pace
+// ends its stream with ResourceExhausted at once (istioctl says so; run it
+// again), so no stream waits and one tenant cannot queue others out. The
+// loopback operator is not paced.
 const TypeSyncz = "istio.io/debug/syncz"
 
 // isDebugType reports whether typeURL is a debug type the hub answers.
@@ -77,8 +79,13 @@ type syncz struct {
 	// controlPlane identifies this replica in every response, as istiod's
 	// does (istioctl prints its ID in the ISTIOD column).
 	controlPlane *corev3.ControlPlane
-	// pace paces the answers to callers on the mTLS port.
-	pace *rate.Limiter
+	// pace paces the answers to all callers on the mTLS port, callers
+	// each caller's (at most debugCallers remembered).
+	pace    *rate.Limiter
+	callers *lru.Cache[synczCaller, *rate.Limiter]
+	// callerRate and callerBurst are each caller's pace.
+	callerRate  rate.Limit
+	callerBurst int
 }
 
 // newSyncz makes the answerer; instance is the replica's name in responses
@@ -88,8 +95,32 @@ func newSyncz(tracker *proxyTracker, roots authn.RootSource, scope *authn.Scope,
 	if instance == "" {
 		instance, _ = os.Hostname()
 	}
+	callers, _ := lru.New[synczCaller, *rate.Limiter](debugCallers) // a positive size never fails
 	return &syncz{tracker: tracker, roots: roots, identities: scope, rootNamespace: rootNamespace, controlPlane: controlPlaneOf(instance),
-		pace: rate.NewLimiter(limits.debugRate, limits.debugBurst)}
+		pace: rate.NewLimiter(debugPerSecond, debugBurst), callers: callers, callerRate: limits.debugRate, callerBurst: limits.debugBurst}
+}
+
+// allow reports whether caller id may have an answer now (its own pace and
+// everyone's); the caller's turn is taken only when both allow it.
+func (z *syncz) allow(id synczCaller) bool {
+	lim, ok := z.callers.Get(id)
+	if !ok {
+		lim = rate.NewLimiter(z.callerRate, z.callerBurst)
+		if prev, found, _ := z.callers.PeekOrAdd(id, lim); found {
+			lim = prev
+		}
+	}
+	now := time.Now()
+	r := lim.ReserveN(now, 1)
+	if !r.OK() || r.DelayFrom(now) > 0 {
+		r.CancelAt(now)
+		return false
+	}
+	if !z.pace.AllowN(now, 1) {
+		r.CancelAt(now)
+		return false
+	}
+	return true
 }
 
 // controlPlaneOf is istiod's control plane identifier
@@ -134,17 +165,14 @@ type debugReply struct {
 
 // answer builds the reply to a TypeSyncz request of stream c, or the error
 // that ends the stream (PermissionDenied) when its caller may see nothing.
-// A caller on the mTLS port waits for its turn (pace) until ctx, its
-// stream's, ends.
-func (z *syncz) answer(ctx context.Context, c *conn) (debugReply, error) {
+// A caller on the mTLS port over its pace gets ResourceExhausted.
+func (z *syncz) answer(c *conn) (debugReply, error) {
 	sc, err := z.scope(c)
 	if err != nil {
 		return debugReply{}, err
 	}
-	if !sc.loopback {
-		if err := z.pace.Wait(ctx); err != nil {
-			return debugReply{}, status.Errorf(codes.Canceled, "%s: waiting for its turn: %v", TypeSyncz, err)
-		}
+	if !sc.loopback && !z.allow(sc.caller) {
+		return debugReply{}, status.Errorf(codes.ResourceExhausted, "%s answers each identity at most %v times a second (bursts of %d) and everyone %d times; try again shortly", TypeSyncz, float64(z.callerRate), z.callerBurst, debugPerSecond)
 	}
 	rows := z.tracker.syncRows(sc.all, sc.namespace)
 	out := debugReply{version: time.Now().UTC().Format(time.RFC3339Nano), resources: make([]*discoveryv3.Resource, 0, len(rows))}
@@ -177,12 +205,20 @@ func (z *syncz) answer(ctx context.Context, c *conn) (debugReply, error) {
 }
 
 // synczScope is what a stream may see: every proxy (all) or those of one
-// namespace; loopback marks the plaintext operator on loopback.
+// namespace; loopback marks the plaintext operator on loopback, caller the
+// verified identity (member and namespace) of anyone else.
 type synczScope struct {
 	all       bool
 	namespace string
 	loopback  bool
+	caller    synczCaller
 }
+
+// synczCaller is whom a caller's pace belongs to: a namespace as a member
+// proves it (a member's proxies cannot take another member's turns).
+type synczCaller struct{ cluster, namespace string }
+
+func callerOf(id authn.Identity) synczCaller { return synczCaller{id.Cluster, id.Namespace} }
 
 // scope decides what stream c may see, or that it may see nothing (an
 // error: Unauthenticated or PermissionDenied).
@@ -210,9 +246,9 @@ func (z *syncz) scope(c *conn) (synczScope, error) {
 	// assert it (the home cluster, or annotated); a certificate bound to
 	// no member proves no member's consent, so it sees its namespace only.
 	if z.rootNamespace != "" && id.Namespace == z.rootNamespace && id.Cluster != "" {
-		return synczScope{all: true}, nil
+		return synczScope{all: true, caller: callerOf(id)}, nil
 	}
-	return synczScope{namespace: id.Namespace}, nil
+	return synczScope{namespace: id.Namespace, caller: callerOf(id)}, nil
 }
 
 // syncStatus is a type's sync state as istiod's statusgen works it out
@@ -313,7 +349,7 @@ func (d debugAnswered) wants(typeURL, responseNonce string) bool {
 
 // answerDebug answers a SotW debug request on c's stream, from its loop.
 func (c *sotwConn) answerDebug(req *discoveryv3.DiscoveryRequest) error {
-	reply, ok, err := c.a.debugReply(c.st.Context(), c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
 	if !ok {
 		return err
 	}
@@ -330,7 +366,7 @@ func (c *sotwConn) answerDebug(req *discoveryv3.DiscoveryRequest) error {
 // answerDebug answers a Delta debug request on c's stream, from its loop:
 // the whole list every time (a debug type keeps no state to diff against).
 func (c *deltaConn) answerDebug(req *discoveryv3.DeltaDiscoveryRequest) error {
-	reply, ok, err := c.a.debugReply(c.st.Context(), c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
+	reply, ok, err := c.a.debugReply(c.conn, c.debug, req.TypeUrl, req.ResponseNonce)
 	if !ok {
 		return err
 	}
@@ -346,11 +382,11 @@ func (c *deltaConn) answerDebug(req *discoveryv3.DeltaDiscoveryRequest) error {
 // debugReply builds the reply to a debug request of stream c, with the
 // stream's next nonce, unless the request gets none (ok false; err ends the
 // stream).
-func (a *adsServer) debugReply(ctx context.Context, c *conn, answered debugAnswered, typeURL, responseNonce string) (debugReply, bool, error) {
+func (a *adsServer) debugReply(c *conn, answered debugAnswered, typeURL, responseNonce string) (debugReply, bool, error) {
 	if !answered.wants(typeURL, responseNonce) {
 		return debugReply{}, false, nil
 	}
-	reply, err := a.syncz.answer(ctx, c)
+	reply, err := a.syncz.answer(c)
 	if err != nil {
 		return debugReply{}, false, err
 	}
