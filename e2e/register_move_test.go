@@ -26,7 +26,9 @@ import (
 // create-remote-secret) had it — a token of Istio's
 // istio-reader-service-account, which the file's bindings named — moves
 // to the hub's own hub-member-reader with one `hub register --rotate`: the
-// member stays Ready on every poll of the hub's API, the hub then runs a
+// bindings name both identities until the hub runs the new token (so the
+// old client keeps its grants), the member stays Ready on every poll of
+// the hub's API, the hub then runs a
 // token of hub-member-reader, the objects in the member are the file's
 // (its bindings no longer name Istio's identity), and the command says the
 // old token was not its own to revoke.
@@ -121,8 +123,14 @@ func TestRegisterMovesFromIstioReader(t *testing.T) {
 	if states["Ready"] != polls {
 		t.Errorf("the member during the move: %v over %d polls; want Ready on every poll", states, polls)
 	}
-	if !strings.Contains(out, "the previous credential was not minted by hub register: revoke it where it was made") {
-		t.Errorf("hub register did not say the old token is not its own to revoke:\n%s", out)
+	for _, want := range []string{
+		"the hub runs a token of istio-system/istio-reader-service-account: its bindings name it too until the hub runs istio-system/hub-member-reader's",
+		"the previous credential was not minted by hub register: revoke it where it was made",
+		"istio-system/istio-reader-service-account removed from the member RBAC's bindings: they name istio-system/hub-member-reader only",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("hub register did not say %q:\n%s", want, out)
+		}
 	}
 	secret, err := homeClient.CoreV1().Secrets(ns).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
 	if err != nil {

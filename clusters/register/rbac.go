@@ -37,6 +37,30 @@ type MemberRBAC struct {
 	ServiceAccount types.NamespacedName
 }
 
+// legacyServiceAccount is the identity earlier versions of
+// deploy/remote-member-rbac.yaml bound (istioctl create-remote-secret's).
+// A rotation from a token of it keeps it bound (withSubject) until the hub
+// runs the new credential on every answer, so the old client keeps its
+// grants (token reviews, gateway writes) until it is replaced.
+var legacyServiceAccount = types.NamespacedName{Namespace: "istio-system", Name: "istio-reader-service-account"}
+
+// withSubject returns a copy of m whose bindings also name sa.
+func (m *MemberRBAC) withSubject(sa types.NamespacedName) *MemberRBAC {
+	out := &MemberRBAC{ServiceAccount: m.ServiceAccount}
+	subject := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name}
+	for _, obj := range m.Objects {
+		obj = obj.DeepCopyObject()
+		switch o := obj.(type) {
+		case *rbacv1.RoleBinding:
+			o.Subjects = append(o.Subjects, subject)
+		case *rbacv1.ClusterRoleBinding:
+			o.Subjects = append(o.Subjects, subject)
+		}
+		out.Objects = append(out.Objects, obj)
+	}
+	return out
+}
+
 // LoadMemberRBAC decodes deploy/remote-member-rbac.yaml.
 func LoadMemberRBAC() (*MemberRBAC, error) { return parseMemberRBAC(deploy.RemoteMemberRBAC) }
 

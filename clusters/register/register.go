@@ -298,10 +298,17 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := rbac.Apply(ctx, member); err != nil {
+	grant, legacy := rbac, false
+	if prev != nil && rbac.ServiceAccount != legacyServiceAccount && tokenServiceAccount(prev.kubeconfig) == legacyServiceAccount {
+		grant, legacy = rbac.withSubject(legacyServiceAccount), true
+	}
+	if err := grant.Apply(ctx, member); err != nil {
 		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
 	o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
+	if legacy {
+		o.progress("the hub runs a token of %s: its bindings name it too until the hub runs %s's", legacyServiceAccount, rbac.ServiceAccount)
+	}
 	if others, err := rbac.OtherBindings(ctx, member); err != nil {
 		o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
 	} else if len(others) > 0 {
@@ -389,6 +396,12 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 		o.progress("%d previous credential generation(s) revoked", res.Revoked)
 		if res.Revoked == 0 {
 			o.progress("the previous credential was not minted by hub register: revoke it where it was made")
+		}
+		if legacy {
+			if err := rbac.Apply(ctx, member); err != nil {
+				return res, fmt.Errorf("rotated, but removing %s from the member RBAC's bindings: %w", legacyServiceAccount, err)
+			}
+			o.progress("%s removed from the member RBAC's bindings: they name %s only", legacyServiceAccount, rbac.ServiceAccount)
 		}
 	}
 	return res, nil

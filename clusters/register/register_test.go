@@ -292,3 +292,26 @@ func TestOtherBindings(t *testing.T) {
 		t.Errorf("OtherBindings: %v, %v", got, err)
 	}
 }
+
+// withSubject adds the legacy identity to the bindings of a copy only.
+func TestWithSubject(t *testing.T) {
+	m, err := LoadMemberRBAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := m.withSubject(legacyServiceAccount)
+	for i, obj := range both.Objects {
+		var got, orig []rbacv1.Subject
+		switch o := obj.(type) {
+		case *rbacv1.RoleBinding:
+			got, orig = o.Subjects, m.Objects[i].(*rbacv1.RoleBinding).Subjects
+		case *rbacv1.ClusterRoleBinding:
+			got, orig = o.Subjects, m.Objects[i].(*rbacv1.ClusterRoleBinding).Subjects
+		default:
+			continue
+		}
+		if len(got) != 2 || got[1].Name != legacyServiceAccount.Name || got[1].Namespace != legacyServiceAccount.Namespace || len(orig) != 1 {
+			t.Errorf("%T subjects %v (the file's %v); want the file's and %s", obj, got, orig, legacyServiceAccount)
+		}
+	}
+}

@@ -221,40 +221,59 @@ func validLineage(s string) bool {
 // boundSecret is the Secret (name, UID) the token of a kubeconfig's
 // current user is bound to, if it is a token of sa bound to a Secret.
 func boundSecret(kubeconfig []byte, sa types.NamespacedName) (name, uid string) {
+	c, ok := tokenClaims(kubeconfig)
+	if !ok || c.Secret == nil || c.Namespace != sa.Namespace || c.ServiceAccount.Name != sa.Name {
+		return "", ""
+	}
+	return c.Secret.Name, c.Secret.UID
+}
+
+// tokenServiceAccount is the ServiceAccount whose token a kubeconfig's
+// current user holds, as the token claims it (unverified; zero if none).
+func tokenServiceAccount(kubeconfig []byte) types.NamespacedName {
+	c, ok := tokenClaims(kubeconfig)
+	if !ok {
+		return types.NamespacedName{}
+	}
+	return types.NamespacedName{Namespace: c.Namespace, Name: c.ServiceAccount.Name}
+}
+
+// serviceAccountClaims are the Kubernetes claims of a service-account token.
+type serviceAccountClaims struct {
+	Namespace string `json:"namespace"`
+	Secret    *struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	} `json:"secret"`
+	ServiceAccount struct {
+		Name string `json:"name"`
+	} `json:"serviceaccount"`
+}
+
+// tokenClaims reads (does not verify) the Kubernetes claims of the token of
+// a kubeconfig's current user.
+func tokenClaims(kubeconfig []byte) (serviceAccountClaims, bool) {
 	cfg, err := clientcmd.Load(kubeconfig)
 	if err != nil {
-		return "", ""
+		return serviceAccountClaims{}, false
 	}
 	kctx := cfg.Contexts[cfg.CurrentContext]
 	if kctx == nil || cfg.AuthInfos[kctx.AuthInfo] == nil {
-		return "", ""
+		return serviceAccountClaims{}, false
 	}
 	parts := strings.Split(cfg.AuthInfos[kctx.AuthInfo].Token, ".")
 	if len(parts) != 3 {
-		return "", ""
+		return serviceAccountClaims{}, false
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return "", ""
+		return serviceAccountClaims{}, false
 	}
 	var claims struct {
-		Kubernetes struct {
-			Namespace string `json:"namespace"`
-			Secret    *struct {
-				Name string `json:"name"`
-				UID  string `json:"uid"`
-			} `json:"secret"`
-			ServiceAccount struct {
-				Name string `json:"name"`
-			} `json:"serviceaccount"`
-		} `json:"kubernetes.io"`
+		Kubernetes serviceAccountClaims `json:"kubernetes.io"`
 	}
 	if json.Unmarshal(payload, &claims) != nil {
-		return "", ""
+		return serviceAccountClaims{}, false
 	}
-	k := claims.Kubernetes
-	if k.Secret == nil || k.Namespace != sa.Namespace || k.ServiceAccount.Name != sa.Name {
-		return "", ""
-	}
-	return k.Secret.Name, k.Secret.UID
+	return claims.Kubernetes, true
 }
