@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,17 +89,8 @@ func TestRegisterMovesFromIstioReader(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir := t.TempDir()
-	memberKC, homeKC, tokenFile, apiTokens := filepath.Join(dir, "member.yaml"), filepath.Join(dir, "home.yaml"), filepath.Join(dir, "hub-token"), filepath.Join(dir, "api-tokens")
-	for path, data := range map[string][]byte{
-		memberKC: west.Kubeconfig(), homeKC: home.Kubeconfig(),
-		apiTokens: []byte(home.AdminToken() + ",e2e-admin,write\n"), tokenFile: []byte(home.AdminToken()),
-	} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h := startHub(t, home, "--namespace", ns, "--api-token-file", apiTokens)
+	f := writeRegisterFiles(t, home, west)
+	h := startHub(t, home, "--namespace", ns, "--api-token-file", f.apiTokens)
 	readyOn := func(kubeconfig []byte) func() error {
 		return func() error {
 			if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig) {
@@ -113,8 +102,8 @@ func TestRegisterMovesFromIstioReader(t *testing.T) {
 	eventually(t, 30*time.Second, readyOn(legacyKC))
 
 	poll := pollMember(h, id)
-	out, err := runHubRegister(ctx, "--kubeconfig", memberKC, "--context", west.Name, "--cluster-id", id, "--hub-kubeconfig", homeKC,
-		"--namespace", ns, "--hub-url", h.adminURL, "--hub-token-file", tokenFile, "--rotate", "--settle", "2s", "--token-ttl", "1h")
+	out, err := runHubRegister(ctx, "--kubeconfig", f.memberKC, "--context", west.Name, "--cluster-id", id, "--hub-kubeconfig", f.homeKC,
+		"--namespace", ns, "--hub-url", h.adminURL, "--hub-token-file", f.tokenFile, "--rotate", "--settle", "2s", "--token-ttl", "1h")
 	states, _, polls := poll.stop()
 	if err != nil {
 		t.Fatalf("hub register --rotate from Istio's reader: %v\n%s", err, out)

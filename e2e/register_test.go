@@ -79,9 +79,10 @@ func TestRegisterAndRotate(t *testing.T) {
 	id := "reg-" + rand.String(5)
 	t.Cleanup(func() { cleanupRegistration(t, westClient, id) })
 
+	f := writeRegisterFiles(t, home, west)
+	memberKC, homeKC, tokenFile, apiTokens := f.memberKC, f.homeKC, f.tokenFile, f.apiTokens
 	dir := t.TempDir()
-	memberKC, homeKC, tokenFile := filepath.Join(dir, "member.yaml"), filepath.Join(dir, "home.yaml"), filepath.Join(dir, "hub-token")
-	apiTokens, heldKC := filepath.Join(dir, "api-tokens"), filepath.Join(dir, "home-held.yaml")
+	heldKC := filepath.Join(dir, "home-held.yaml")
 	held := startHeldProxy(t, strings.TrimPrefix(home.Server(), "https://"))
 	heldCfg, err := clientcmd.Load(home.Kubeconfig())
 	if err != nil {
@@ -92,14 +93,8 @@ func TestRegisterAndRotate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, data := range map[string][]byte{
-		memberKC: west.Kubeconfig(), homeKC: home.Kubeconfig(), heldKC: heldData,
-		// Static API tokens: replica B answers while its home cluster is held.
-		apiTokens: []byte(home.AdminToken() + ",e2e-admin,write\n"), tokenFile: []byte(home.AdminToken()),
-	} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.WriteFile(heldKC, heldData, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	a := startHub(t, home, "--namespace", ns, "--api-token-file", apiTokens)
 	eventually(t, 30*time.Second, func() error { // A leads: holding B's home cluster must not move the Lease
@@ -427,6 +422,28 @@ func TestRegisterAndRotate(t *testing.T) {
 type generation struct {
 	lineage string
 	gen     int
+}
+
+// registerFiles are the files `hub register` and the hubs of its tests
+// read: the member's and the home cluster's admin kubeconfigs, the hub
+// API token (the home admin token) and the hub's --api-token-file
+// granting it write (static tokens: a replica answers even while its home
+// cluster is held).
+type registerFiles struct{ memberKC, homeKC, tokenFile, apiTokens string }
+
+func writeRegisterFiles(t *testing.T, home, member *localcluster.Cluster) registerFiles {
+	t.Helper()
+	dir := t.TempDir()
+	f := registerFiles{filepath.Join(dir, "member.yaml"), filepath.Join(dir, "home.yaml"), filepath.Join(dir, "hub-token"), filepath.Join(dir, "api-tokens")}
+	for path, data := range map[string][]byte{
+		f.memberKC: member.Kubeconfig(), f.homeKC: home.Kubeconfig(),
+		f.apiTokens: []byte(home.AdminToken() + ",e2e-admin,write\n"), f.tokenFile: []byte(home.AdminToken()),
+	} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
 }
 
 // generations lists the credential generations `hub register` minted in
