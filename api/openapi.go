@@ -207,7 +207,7 @@ var openAPI = obj{
 				"ackedVersion": str(), "ackedAt": timeStr(), "nackedVersion": str(), "nackError": str(), "nackedAt": timeStr(), "nacks": integer(),
 			}},
 			"Proxy": obj{"type": "object", "properties": obj{
-				"id": str(), "stream": integer(), "cluster": str(), "namespace": str(), "address": str(), "identity": str(), "warning": str(), "connectedAt": timeStr(),
+				"id": str(), "stream": integer(), "cluster": str(), "namespace": str(), "address": str(), "identity": str(), "warning": str(), "unserved": integer(), "connectedAt": timeStr(),
 				"types": obj{"type": "array", "items": ref("TypeStatus")},
 			}},
 			"ProxyConfig": obj{"type": "object", "properties": obj{

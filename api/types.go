@@ -256,11 +256,14 @@ type Proxy struct {
 	Identity  string `json:"identity,omitempty"` // verified SPIFFE ID (client certificate or service-account token)
 	// ConfigSubscriber: an istiod reading Istio config (MCP-over-XDS), not
 	// a proxy; IstioVersion: its ISTIO_VERSION, as it sent it.
-	ConfigSubscriber bool         `json:"configSubscriber,omitempty"`
-	IstioVersion     string       `json:"istioVersion,omitempty"`
-	Warning          string       `json:"warning,omitempty"` // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
-	ConnectedAt      *time.Time   `json:"connectedAt"`
-	Types            []TypeStatus `json:"types"`
+	ConfigSubscriber bool   `json:"configSubscriber,omitempty"`
+	IstioVersion     string `json:"istioVersion,omitempty"`
+	Warning          string `json:"warning,omitempty"` // why it gets less than it asks for (e.g. a member claim its certificate does not prove)
+	// Unserved counts its requests for types the hub does not serve
+	// (e.g. pilot-agent's NDS), ignored as istiod ignores them.
+	Unserved    uint64       `json:"unserved,omitempty"`
+	ConnectedAt *time.Time   `json:"connectedAt"`
+	Types       []TypeStatus `json:"types"`
 	// Server is, for a proxyless gRPC server, what the distributed
 	// AuthorizationPolicies and PeerAuthentications make of its inbound
 	// listeners.
@@ -330,7 +333,7 @@ const MaxNackError = 1024
 func ToProxy(p hub.ProxyStatus) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
 		Identity: p.Identity, ConfigSubscriber: p.ConfigSubscriber, IstioVersion: p.IstioVersion,
-		Warning: p.Warning, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
+		Warning: p.Warning, Unserved: p.Unserved, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
 	for _, t := range p.Types {
 		out.Types = append(out.Types, TypeStatus{
 			Type: ShortType(t.TypeURL), TypeURL: t.TypeURL,

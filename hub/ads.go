@@ -25,6 +25,7 @@ import (
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/mcp"
 )
 
 // adsServer is the hub's xDS server (docs/architecture.md §3.6): the handlers of ADS
@@ -174,6 +175,10 @@ type sotwType struct {
 	// seen is the resource_names of the last request of the type, stale
 	// ones included, as the tracker has recorded them.
 	seen []string
+	// clusters is, for CDS, the last whole-state response's clusters
+	// (shared, read only): what a new one changed is re-warmed by Envoy
+	// (see resendEndpoints).
+	clusters []*xdsgen.Resource
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
@@ -250,6 +255,9 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		}
 		req.TypeUrl = defaultType
 	}
+	if !served(req.TypeUrl) {
+		return c.a.tracker.onUnserved(c.conn, req.Node, req.TypeUrl)
+	}
 	t := c.types[req.TypeUrl]
 	repeated := t != nil && sameSlice(req.ResourceNames, t.seen)
 	if err := c.a.tracker.onStreamRequest(c.conn, req, repeated); err != nil {
@@ -264,13 +272,20 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		c.types[req.TypeUrl] = t
 	} else {
 		t.seen = req.ResourceNames
-		if t.nonce != "" && req.ResponseNonce != t.nonce {
+		if sotwStale(req.ResponseNonce, t.nonce) {
 			return nil // stale: the client has not seen the type's last response yet
 		}
 		if t.cancel != nil {
 			t.cancel()
 		}
 		t.sub.set(req.ResourceNames)
+		if req.ResponseNonce == "" {
+			// A new request (istiod's shouldRespond: no nonce is a client
+			// starting over): answered with all it subscribes to, as the
+			// type's first request is.
+			t.sub.forget(nil)
+			c.a.watcher.renew(&c.rec, req.TypeUrl)
+		}
 	}
 	t.seen, t.req = req.ResourceNames, req
 	var err error
@@ -296,8 +311,70 @@ func (c *sotwConn) sendQueued() error {
 		if err := c.st.Send(out); err != nil {
 			return err
 		}
+		if out.TypeUrl == resourcev3.ClusterType && resp.whole != nil {
+			changed := changedClusters(t.clusters, resp.whole)
+			t.clusters = resp.whole
+			if err := c.resendEndpoints(changed); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// sotwStale reports whether a SotW request's nonce makes it stale, as
+// istiod reads nonces: a request naming a response other than the type's
+// last one is stale (the client has not seen the last one yet) and is
+// ignored; an empty nonce is a new request and is answered; and so is any
+// request of a type no response has gone out for yet.
+func sotwStale(requestNonce, lastNonce string) bool {
+	return requestNonce != "" && lastNonce != "" && requestNonce != lastNonce
+}
+
+// resendEndpoints sends the stream the endpoint assignments of the
+// clusters a CDS response just changed, whether or not the assignments
+// changed: Envoy warms a changed Cluster until its ClusterLoadAssignment
+// arrives (15 s by default), and asks for nothing new, since it already
+// watches that name (istiod's AlwaysRespond and forceEDSPush do the same).
+func (c *sotwConn) resendEndpoints(clusters []string) error {
+	t := c.types[resourcev3.EndpointType]
+	if len(clusters) == 0 || t == nil || t.req == nil {
+		return nil
+	}
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.sub.forget(clusters)
+	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
+	var err error
+	t.cancel, err = c.a.watcher.CreateWatch(t.req, &t.sub, c.conn)
+	return err
+}
+
+// changedClusters lists the names of next whose version differs from the
+// same name's in prev (both sorted by name, as the generator returns
+// them): clusters that Envoy re-warms. New ones are left out: Envoy asks
+// for their endpoints itself.
+func changedClusters(prev, next []*xdsgen.Resource) []string {
+	var changed []string
+	i := 0
+	for _, r := range next {
+		for i < len(prev) && prev[i].Name < r.Name {
+			i++
+		}
+		if i < len(prev) && prev[i].Name == r.Name && prev[i].Version != r.Version {
+			changed = append(changed, r.Name)
+		}
+	}
+	return changed
+}
+
+// served reports whether the hub answers a type URL: the xDS types it
+// serves, Istio config (mcp.IsConfigType) and its debug types. Any other
+// is ignored, as istiod ignores it (tracker.onUnserved): pilot-agent adds
+// NDS, PCDS and health requests of its own to a proxy's stream.
+func served(typeURL string) bool {
+	return servedTypes[typeURL] || mcp.IsConfigType(typeURL) || isDebugType(typeURL)
 }
 
 func (c *sotwConn) close() {
@@ -445,6 +522,35 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 	s.returned = s.holds.res
 }
 
+// forget drops names (nil: every name) from what the stream was sent,
+// so that the next evaluation sends them again whatever their versions.
+func (s *sotwSubscription) forget(names []string) {
+	_, whole := s.returned[wildcardKey]
+	if names == nil || whole || s.holds == nil {
+		if names == nil || whole {
+			s.release()
+			s.returned = map[string]string{}
+			return
+		}
+		for _, name := range names {
+			delete(s.returned, name)
+		}
+		return
+	}
+	var gone []string
+	for _, name := range names {
+		if _, ok := s.returned[name]; ok {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	slices.Sort(gone)
+	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
+	s.returned = s.holds.res
+}
+
 // release gives up the stream's shared holding, if any.
 func (s *sotwSubscription) release() {
 	s.versions.release(s.holds)
@@ -476,13 +582,24 @@ type deltaConn struct {
 	st    deltaStream
 	types map[string]*deltaType
 	debug debugAnswered
+	// rewarm: clusters changed before the stream's first endpoint request.
+	rewarm rewarm
 }
 
 // deltaType is a Delta stream's state for one type.
 type deltaType struct {
 	sub    deltaSubscription
 	cancel func() // the current watch's (nil: none)
+	// answered says a response of the type went out on the stream: until
+	// then a request is answered even with nothing (CreateDeltaWatch).
+	answered bool
 }
+
+// rewarm are the clusters a Delta stream was sent changed versions of
+// before it asked for endpoints (a reconnect: initial_resource_versions):
+// their assignments are sent again however the stream says it holds them
+// (see sotwConn.resendEndpoints).
+type rewarm map[string]struct{}
 
 // deltaSubscription is a Delta stream's subscription to one type, with
 // the semantics of go-control-plane's stream.Subscription: until a request
@@ -571,6 +688,24 @@ func (s *deltaSubscription) took(r *deltaResponse) {
 	s.holds = s.versions.apply(s.holds, c)
 }
 
+// forget drops names from what the stream holds, so that the next
+// evaluation sends them again whatever their versions; it reports whether
+// the stream held any of them.
+func (s *deltaSubscription) forget(names []string) bool {
+	var gone []string
+	for _, name := range names {
+		if _, ok := s.holds.res[name]; ok {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) == 0 {
+		return false
+	}
+	slices.Sort(gone)
+	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
+	return true
+}
+
 func (s *deltaSubscription) release() {
 	s.names.release(s.subscribed)
 	s.versions.release(s.holds)
@@ -601,6 +736,9 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	} else {
 		req.Node = c.node
 	}
+	if req.TypeUrl != "" && !served(req.TypeUrl) {
+		return c.a.tracker.onUnserved(c.conn, req.Node, req.TypeUrl)
+	}
 	if err := c.a.tracker.onDeltaRequest(c.conn, req); err != nil {
 		return err
 	}
@@ -618,6 +756,10 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	if t == nil {
 		t = &deltaType{sub: newDeltaSubscription(req, c.a.names, c.a.versions)}
 		c.types[req.TypeUrl] = t
+		if req.TypeUrl == resourcev3.EndpointType && len(c.rewarm) > 0 {
+			t.sub.forget(slices.Collect(maps.Keys(c.rewarm)))
+			c.rewarm = nil
+		}
 	} else {
 		if t.cancel != nil {
 			t.cancel()
@@ -632,7 +774,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	}
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.conn)
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.conn, !t.answered)
 	return err
 }
 
@@ -648,12 +790,61 @@ func (c *deltaConn) sendQueued() error {
 			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
 		}
+		var updated []string // clusters the stream held another version of: Envoy re-warms them
 		if t := c.types[out.TypeUrl]; t != nil {
+			if out.TypeUrl == resourcev3.ClusterType {
+				for _, r := range resp.changed {
+					if _, ok := t.sub.holds.res[r.Name]; ok {
+						updated = append(updated, r.Name)
+					}
+				}
+			}
 			t.sub.took(resp)
+			t.answered = true
+		}
+		if err := c.resendEndpoints(updated); err != nil {
+			return err
 		}
 	}
 	return nil
 }
+
+// resendEndpoints sends the stream the endpoint assignments of clusters a
+// CDS response just changed (see sotwConn.resendEndpoints); before the
+// stream asks for endpoints, its first request's
+// initial_resource_versions are not trusted for them.
+func (c *deltaConn) resendEndpoints(names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	t := c.types[resourcev3.EndpointType]
+	if t == nil {
+		if c.rewarm == nil {
+			c.rewarm = rewarm{}
+		}
+		for _, name := range names {
+			if len(c.rewarm) >= maxRewarm {
+				break
+			}
+			c.rewarm[name] = struct{}{}
+		}
+		return nil
+	}
+	if !t.sub.forget(names) {
+		return nil // none of them held: nothing Envoy waits for
+	}
+	if t.cancel != nil {
+		t.cancel()
+	}
+	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
+	var err error
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(&discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}, &t.sub, c.conn, !t.answered)
+	return err
+}
+
+// maxRewarm bounds the clusters a Delta stream remembers to re-warm before
+// it asks for endpoints (each is a name the hub generated).
+const maxRewarm = 1 << 16
 
 func (c *deltaConn) close() {
 	for _, t := range c.types {

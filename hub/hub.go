@@ -268,6 +268,11 @@ func New(opts Options) (*Hub, error) {
 		}
 		h.ca = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: h.proxies.tokens, Scope: scope,
 			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
+		ttl := ca.DefaultWorkloadCertTTL
+		if opts.MaxWorkloadCertTTL > 0 {
+			ttl = min(ttl, opts.MaxWorkloadCertTTL)
+		}
+		h.watcher.workload = &workloadCerts{signer: opts.Signer, ttl: ttl}
 		collectors = append(collectors, h.ca.Collectors()...)
 	}
 	if opts.Metrics != nil {
@@ -403,7 +408,33 @@ func (h *Hub) Services() []ServiceSummary {
 // reviews still running.
 func (h *Hub) Run(ctx context.Context) {
 	defer h.reviews.close()
+	if wc := h.watcher.workload; wc != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go func() {
+			defer close(done)
+			renewWorkloadCerts(ctx, wc, h.changes.RootsChanged)
+		}()
+	}
 	h.changes.Run(ctx, h.watcher.push, h.fleet)
+}
+
+// renewWorkloadCerts re-evaluates the SDS subscribers of roots and
+// workload certificates (renew) whenever a workload certificate SDS issued
+// is due for renewal, until ctx is done.
+func renewWorkloadCerts(ctx context.Context, wc *workloadCerts, renew func()) {
+	tick := time.NewTicker(workloadRenewalTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			if wc.renewalDue(now) {
+				renew()
+			}
+		}
+	}
 }
 
 // admitStream refuses streams with Unavailable until membership has first

@@ -195,8 +195,14 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	}
 }
 
-func TestUnknownTypeIsRefused(t *testing.T) {
-	_, addr, _ := serveHub(t, Options{})
+// TestUnknownTypeIsIgnored: a request for a type the hub does not serve
+// (pilot-agent adds NDS, PCDS and health requests upstream) is ignored as
+// istiod ignores it: no answer, counted, and the stream stays and is
+// answered for what it does serve. An oversized node behind an unserved
+// type is refused as any request's.
+func TestUnknownTypeIsIgnored(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	_, addr, _ := serveHub(t, Options{Metrics: reg})
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -206,11 +212,35 @@ func TestUnknownTypeIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: "type.googleapis.com/made.up.Thing"}); err != nil {
+	for _, req := range []*discoveryv3.DiscoveryRequest{
+		{Node: &corev3.Node{Id: "n"}, TypeUrl: "type.googleapis.com/istio.networking.nds.v1.NameTable"},
+		{TypeUrl: "type.googleapis.com/made.up.Thing", ResponseNonce: "7"},
+		{TypeUrl: resourcev3.ClusterType},
+	} {
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("after unserved types: %v; want the stream to stay", err)
+	}
+	if resp.GetTypeUrl() != resourcev3.ClusterType {
+		t.Fatalf("answered %s; want only CDS answered", resp.GetTypeUrl())
+	}
+	if v := gaugeValue(t, reg, "hub_xds_unserved_requests_total"); v != 2 {
+		t.Errorf("hub_xds_unserved_requests_total = %v; want 2", v)
+	}
+
+	big, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "made.up.Thing") {
-		t.Fatalf("unknown type: %v; want InvalidArgument naming it", err)
+	if err := big.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: strings.Repeat("x", 4096)}, TypeUrl: "type.googleapis.com/made.up.Thing"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := big.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("oversized node behind an unserved type: %v; want InvalidArgument", err)
 	}
 }
 
@@ -238,6 +268,7 @@ func TestRefusedStreamsAreNotCounted(t *testing.T) {
 	})
 }
 
+// gaugeValue is the value of an unlabelled gauge (or counter) in reg.
 func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	families, err := reg.Gather()
@@ -246,9 +277,12 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, f := range families {
 		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			if c := f.GetMetric()[0].GetCounter(); c != nil {
+				return c.GetValue()
+			}
 			return f.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
-	t.Fatalf("no gauge %s", name)
+	t.Fatalf("no gauge or counter %s", name)
 	return 0
 }

@@ -67,6 +67,9 @@ type ProxyStatus struct {
 	// Warning says why the proxy gets less than it asks for, e.g. a member
 	// claim that its credential does not prove.
 	Warning string
+	// Unserved counts the stream's requests for types the hub does not
+	// serve (e.g. pilot-agent's NDS): ignored, as istiod ignores them.
+	Unserved uint64
 	// Server is, for a proxyless gRPC server (a stream asking for inbound
 	// listeners), what the policies make of them.
 	Server      *ServerSecurity
@@ -112,6 +115,7 @@ type proxyTracker struct {
 	responses *prometheus.CounterVec
 	bytes     *prometheus.CounterVec
 	nacks     *prometheus.CounterVec
+	unserved  prometheus.Counter
 }
 
 // streamState is what the tracker checks and shows of a stream: its
@@ -167,11 +171,41 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
+		unserved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hub_xds_unserved_requests_total", Help: "xDS requests for types the hub does not serve (e.g. pilot-agent's NDS, PCDS and health), ignored as istiod ignores them; the stream stays.",
+		}),
 	}
 }
 
 func (p *proxyTracker) collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks}
+	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks, p.unserved}
+}
+
+// onUnserved records a request for a type the hub does not serve, which
+// is ignored as istiod ignores it: nothing of it is kept but a count, and
+// the stream stays. A node it carries is checked as any request's is, so
+// no client can park an oversized one behind an unserved type.
+func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) error {
+	if node != nil {
+		p.mu.Lock()
+		known := c.state.node == node
+		p.mu.Unlock()
+		if !known {
+			if err := p.limits.checkNode(node); err != nil {
+				return err
+			}
+		}
+	}
+	p.unserved.Inc()
+	p.mu.Lock()
+	st := &c.state
+	st.status.Unserved++
+	first := st.status.Unserved == 1
+	p.mu.Unlock()
+	if first {
+		p.log.Debug("xDS request for a type the hub does not serve ignored", "proxy", clip.String(node.GetId(), 256), "type", clip.String(typeURL, 128))
+	}
+	return nil
 }
 
 // shortType is the last path element of a type URL, e.g. "Cluster";

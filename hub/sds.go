@@ -116,7 +116,11 @@ func (w *watcher) secretResources(wt *watch) ([]*xdsgen.Resource, error) {
 			if ok {
 				add(&others, ns)
 			}
-			msg, review, err = w.secret(id, name)
+			if name == xdsgen.SDSWorkloadCert {
+				msg, err = w.workload.secret(&wt.rec.workload, id, w.roots)
+			} else {
+				msg, review, err = w.secret(id, name)
+			}
 		}
 		if review != nil {
 			add(&reviews, *review)
@@ -170,7 +174,8 @@ func has[K comparable](m map[K]struct{}, k K) bool {
 func (w *watcher) identityOf(wt *watch) authn.Identity { return w.streamIdentity(wt.rec) }
 
 // secretName is what an SDS resource name asks for: roots (ROOTCA, or a
-// trust domain's bundle as spiffe://<td>), or a Kubernetes Secret of the
+// trust domain's bundle as spiffe://<td>) or the stream's workload
+// certificate ("default", see workloadCerts), or a Kubernetes Secret of the
 // proxy's member, kubernetes://[<namespace>/]<name>[-cacert], the
 // namespace defaulting to the proxy's own. With -cacert only a CA is
 // served, as istiod does: of the Secret named <name>-cacert if there is
@@ -195,7 +200,9 @@ func (sn secretName) keys() []clusters.ServiceKey {
 // means it. Every reader of SDS names (serving, and indexing which watches
 // a Secret's change can affect) uses this one.
 func parseSecretName(name, ns string) secretName {
-	if name == "ROOTCA" || strings.HasPrefix(name, "spiffe://") {
+	if name == xdsgen.SDSRoots || name == xdsgen.SDSWorkloadCert || strings.HasPrefix(name, "spiffe://") {
+		// The workload certificate ("default", as Istio names it) changes
+		// with our CA, as roots do, and when due for renewal.
 		return secretName{roots: true, wellFormed: true}
 	}
 	ref := strings.TrimPrefix(name, "kubernetes://")

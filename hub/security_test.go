@@ -438,7 +438,6 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 		{"100,000 names", &discoveryv3.DiscoveryRequest{Node: node("many", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: manyNames(100000)}, codes.InvalidArgument},
 		{"a 1 KiB name", &discoveryv3.DiscoveryRequest{Node: node("long", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{strings.Repeat("n", 1<<10)}}, codes.InvalidArgument},
 		{"a 3 MiB request", &discoveryv3.DiscoveryRequest{Node: node("huge", "west"), TypeUrl: resourcev3.ClusterType, ErrorDetail: &rpcstatus.Status{Message: strings.Repeat("e", 3<<20)}}, codes.ResourceExhausted},
-		{"an invented type", &discoveryv3.DiscoveryRequest{Node: node("made-up", "west"), TypeUrl: "type.googleapis.com/made.up.Thing"}, codes.InvalidArgument},
 	} {
 		bad := dialADS(t, s.plain, insecure.NewCredentials())
 		bad.send(t, c.req)
@@ -459,7 +458,10 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 	if err := delta.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[:half]}); err != nil {
 		t.Fatal(err)
 	}
-	// (No answer: none of these names exist, and Delta sends only changes.)
+	// (None of these names exist: the type's first answer is empty.)
+	if r, err := delta.Recv(); err != nil || len(r.Resources) != 0 {
+		t.Fatalf("first request of names that do not exist: %v, %v; want an empty answer", r, err)
+	}
 	if err := delta.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[half:]}); err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +533,8 @@ func TestNackIsBoundedAndLabelsOnlyServedTypes(t *testing.T) {
 		}
 		return fmt.Errorf("the NACK is not recorded yet")
 	})
-	// A NACK of that nonce with an invented type URL: refused, no series.
+	// A NACK of that nonce with an invented type URL: ignored (as istiod
+	// ignores types it does not serve), no series; the stream stays.
 	c2 := dialADS(t, s.plain, insecure.NewCredentials())
 	c2.send(t, &discoveryv3.DiscoveryRequest{Node: node("inventor", "west"), TypeUrl: resourcev3.ClusterType})
 	r2, err := c2.next(t)
@@ -539,7 +542,10 @@ func TestNackIsBoundedAndLabelsOnlyServedTypes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "type.googleapis.com/made.up.Thing", ResponseNonce: r2.Nonce, ErrorDetail: &rpcstatus.Status{Message: "no"}})
-	c2.refused(t, codes.InvalidArgument, "a NACK with an invented type URL")
+	c2.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}) // a new request: answered
+	if r, err := c2.next(t); err != nil || r.TypeUrl != resourcev3.ClusterType {
+		t.Fatalf("after a NACK with an invented type URL: %v, %v; want the stream to stay and CDS answered", r.GetTypeUrl(), err)
+	}
 	families, err := s.metrics.Gather()
 	if err != nil {
 		t.Fatal(err)

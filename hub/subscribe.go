@@ -258,6 +258,8 @@ type streamRecord struct {
 	// (secretResources), for the stream's whole life; it has its own lock
 	// (pushes evaluate the stream's watches beside its loop).
 	withheld withheldLog
+	// workload is the stream's workload certificate (SDS "default").
+	workload streamWorkload
 	// sent says, per type, that a SotW response of that type went out on
 	// the stream (set by the server's send, see sotwResponse): a stream's
 	// first request of a type is answered even when there is nothing for
@@ -316,6 +318,21 @@ func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 		rec.sent[typeURL] = f
 	}
 	return f
+}
+
+// renew makes the next watch of typeURL on rec's stream answer as the
+// type's first does: with every name its subscription has that the stream
+// does not hold, and even when that is nothing (a client that starts over,
+// or endpoints Envoy waits for; see sotwConn.resendEndpoints).
+func (w *watcher) renew(rec *streamRecord, typeURL string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if rec.sent != nil {
+		rec.sent[typeURL] = &atomic.Bool{}
+	}
+	if s := rec.subs[typeURL]; s != nil {
+		s.full = true
+	}
 }
 
 // closeStream forgets a stream that ended: its subscribers are dropped,

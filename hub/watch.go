@@ -43,6 +43,9 @@ type watcher struct {
 	rules   RuleSource       // DestinationRules for gen (may be nil: none)
 	secrets SecretSource     // may be nil: no SDS
 	roots   authn.RootSource // may be nil: no SDS
+	// workload issues SDS "default", a hub-fed Envoy's workload
+	// certificate (nil signer: not served).
+	workload *workloadCerts
 	// sar decides access reviews without waiting; nil: other namespaces
 	// are always denied.
 	sar *accessReviews
@@ -123,7 +126,7 @@ type watch struct {
 	out *outbox
 	// first says no response of the watch's type has gone out on its
 	// stream yet; sent is the stream's flag that says so once one has
-	// (SotW only).
+	// (SotW only; a Delta stream's loop tells it, deltaType.answered).
 	first bool
 	sent  *atomic.Bool
 
@@ -164,9 +167,8 @@ func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
 }
 
 // servedTypes are the xDS resource types the hub serves; with the Istio
-// config type URLs (mcp.IsConfigType) they are all it serves: a request
-// for any other ends its stream with InvalidArgument (nothing is kept for
-// it).
+// config type URLs (mcp.IsConfigType) and the debug types they are all it
+// serves: a request for any other is ignored (see served), never watched.
 var servedTypes = map[string]bool{
 	resourcev3.ClusterType: true, resourcev3.EndpointType: true, resourcev3.ListenerType: true,
 	resourcev3.RouteType: true, resourcev3.SecretType: true,
@@ -196,6 +198,9 @@ func (w *watcher) viewOf(rec *streamRecord, node *corev3.Node, ident authn.Ident
 		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
 	}
 	v := w.gen.ViewOf(node, member)
+	if v.Flavour == xdsgen.FlavourEnvoy && (w.roots == nil || !ident.Verified(w.roots.LocalTrustDomain())) {
+		v.Flavour = xdsgen.FlavourEnvoyPlaintext // no certificate for it: see FlavourEnvoyPlaintext
+	}
 	if v.Flavour == xdsgen.FlavourGRPC {
 		v.Server = w.serverOf(rec, node, ident)
 	}
@@ -229,8 +234,12 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c 
 
 // CreateDeltaWatch is CreateWatch for Delta (incremental) streams: only
 // resources whose version differs from what the stream holds are sent, and
-// resources that disappeared are named as removed.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, c *conn) (func(), error) {
+// resources that disappeared are named as removed. Until a response of its
+// type went out on the stream (first), a request is answered even when
+// that is nothing: Envoy's initialisation waits for an answer to each
+// subscription (a wildcard LDS with no Listener for it, a CDS of an empty
+// mesh), as istiod answers.
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, c *conn, first bool) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -246,7 +255,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	}
 	rec := &c.rec
 	ident := w.streamIdentity(rec)
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out, first: first}
 	wt.view = w.viewOf(rec, req.GetNode(), ident)
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
@@ -623,7 +632,7 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 			removed = append(removed, name)
 		}
 	}
-	if len(changed) == 0 && len(removed) == 0 {
+	if len(changed) == 0 && len(removed) == 0 && !wt.first {
 		return nil, nil
 	}
 	sort.Strings(removed)
@@ -689,7 +698,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 			}
 		}
 	}
-	if len(changed) == 0 && len(removed) == 0 {
+	if len(changed) == 0 && len(removed) == 0 && !wt.first {
 		return nil, nil
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
@@ -772,8 +781,11 @@ type sotwResponse struct {
 	*cachev3.PassthroughResponse
 	incremental bool
 	changed     []*xdsgen.Resource
-	sent        atomic.Bool
-	typeSent    *atomic.Bool // the stream's flag for the type's first response (may be nil)
+	// whole is, for a whole-state response, its resources (shared, read
+	// only): what the stream holds once it is sent.
+	whole    []*xdsgen.Resource
+	sent     atomic.Bool
+	typeSent *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
 
 // markSent records that the stream's loop sent r.
@@ -888,7 +900,7 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
 		ReturnedResources: returned,
-	}, typeSent: wt.sent}, nil
+	}, whole: res, typeSent: wt.sent}, nil
 }
 
 // wildcardKey is the only entry of what a SotW wildcard stream is recorded
@@ -916,5 +928,5 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 			TypeUrl:     wt.typeURL,
 		},
 		ReturnedResources: map[string]string{wildcardKey: set.Version},
-	}, typeSent: wt.sent}, nil
+	}, whole: set.Resources, typeSent: wt.sent}, nil
 }

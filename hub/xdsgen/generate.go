@@ -315,9 +315,23 @@ func hostNames(typeURL, host string, members map[string]*clusters.Service) []str
 // Clusters differ by flavour, endpoint assignments by network and whether
 // the client speaks Istio mTLS, every other type is shared.
 func viewFor(typeURL string, v View) View {
+	if v.Flavour == FlavourEnvoyPlaintext {
+		if typeURL == resourcev3.ListenerType {
+			v.Flavour = FlavourEnvoy
+		} else {
+			v.Flavour = FlavourPlain
+		}
+	}
 	switch typeURL {
 	case resourcev3.ClusterType:
 		return View{Flavour: v.Flavour, Client: v.Client}
+	case resourcev3.ListenerType:
+		// Envoy gets none of the proxyless api_listeners; every other
+		// client the same.
+		if v.Flavour == FlavourEnvoy {
+			return View{Flavour: FlavourEnvoy, Client: v.Client}
+		}
+		return View{Client: v.Client}
 	case resourcev3.EndpointType:
 		// The flavour says whether the client speaks Istio mTLS, which
 		// gateways need (see memberSplit); the locality matters only
@@ -333,6 +347,9 @@ func viewFor(typeURL string, v View) View {
 // it does not exist. An endpoint assignment that a client's network does
 // not change (needsSplit) is the one resource every such client shares.
 func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
+	if typeURL == resourcev3.ListenerType && (v.Flavour == FlavourEnvoy || v.Flavour == FlavourEnvoyPlaintext) {
+		return nil, nil // Envoy would skip an api_listener (it takes one only from its bootstrap)
+	}
 	if typeURL == resourcev3.ListenerType && strings.HasPrefix(name, InboundListenerPrefix) {
 		return g.inboundListener(name, v.Server)
 	}
@@ -357,6 +374,9 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		}
 		if v.Flavour == FlavourGRPC && !g.clientMTLSLocked(rule.spec, port) {
 			v.Flavour = FlavourPlain // what a client without mTLS gets
+		}
+		if v.Flavour == FlavourEnvoy && !g.envoyMTLSLocked(rule.spec, port) {
+			v.Flavour = FlavourPlain // plaintext to every endpoint
 		}
 	}
 	if !lb.applies() {
@@ -385,12 +405,15 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 		case resourcev3.ClusterType:
 			c := buildCluster(name, sp)
 			lb.applyToCluster(c)
-			if v.Flavour == FlavourGRPC {
+			switch v.Flavour {
+			case FlavourGRPC:
 				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port))
+			case FlavourEnvoy:
+				c.TransportSocketMatches = envoyTransportSockets(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port), speaksHTTP2(sp))
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC, network: v.Network, lb: lb, client: v.Locality,
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC || v.Flavour == FlavourEnvoy, network: v.Network, lb: lb, client: v.Locality,
 				gateways: g.index.NetworkGateways}
 			switch {
 			case needsSplit(v.Network, a.mtls, members, a.gateways):

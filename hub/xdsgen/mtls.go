@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacpb "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
@@ -15,8 +16,10 @@ import (
 	rbachttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	rawbufferv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hubmesh/hub/clusters"
@@ -61,26 +64,107 @@ func ParseMTLSMode(s string) (MTLSMode, error) {
 type Flavour uint8
 
 const (
-	// FlavourPlain is what Envoy sidecars (which get their TLS from SDS),
-	// istiod and every other client get, and proxyless gRPC clients of
-	// services they reach without mTLS.
+	// FlavourPlain is what istiod, Istio's adsc and every other client
+	// that is neither Envoy nor proxyless gRPC get, and proxyless gRPC
+	// clients of services they reach without mTLS.
 	FlavourPlain Flavour = iota
 	// FlavourGRPC is a proxyless gRPC client: its Clusters of services it
 	// reaches with mTLS (see Generator.clientMTLSLocked) carry an
 	// UpstreamTlsContext built on certificate provider instances (grpc-go
 	// has no SDS); the others are FlavourPlain's.
 	FlavourGRPC
+	// FlavourEnvoy is an Envoy with its own listeners (an edge or ingress
+	// Envoy, a non-Istio Envoy fleet; docs/architecture.md §3.6): its
+	// Clusters use Istio mTLS where the endpoint says tlsMode istio, as
+	// istiod builds them (transport_socket_matches, certificate and roots
+	// by SDS from the hub, see envoyTransportSockets), it gets other
+	// networks' endpoints through their gateways, and no Listener (the
+	// proxyless api_listeners are not for Envoy, which skips them).
+	FlavourEnvoy
+	// FlavourEnvoyPlaintext is an Envoy whose stream proves no identity of
+	// our trust domain (the plaintext port): SDS serves it no certificate,
+	// so its Clusters are FlavourPlain's (plaintext to every endpoint, none
+	// through gateways) and, as FlavourEnvoy, it gets no Listener.
+	FlavourEnvoyPlaintext
 )
 
 // FlavourOf is the flavour of a client: a proxyless gRPC client (node
 // metadata GENERATOR=grpc, which Istio's agent writes into the gRPC
 // bootstrap, or a gRPC library's user agent, e.g. "gRPC Go") gets
-// FlavourGRPC, every other client FlavourPlain.
+// FlavourGRPC, an Envoy (user_agent_name "envoy", which every Envoy
+// sends) FlavourEnvoy, every other client FlavourPlain.
 func FlavourOf(node *corev3.Node) Flavour {
-	if !Proxyless(node) {
-		return FlavourPlain
+	switch {
+	case Proxyless(node):
+		return FlavourGRPC
+	case node.GetUserAgentName() == "envoy":
+		return FlavourEnvoy
 	}
-	return FlavourGRPC
+	return FlavourPlain
+}
+
+// The SDS resource names of a hub-fed Envoy's Istio mTLS, as Istio names
+// them: its workload certificate and our roots, both from the hub over
+// ADS (hub.watcher's secret).
+const (
+	SDSWorkloadCert = "default"
+	SDSRoots        = "ROOTCA"
+)
+
+// Istio's ALPN of in-mesh traffic without metadata exchange (istiod's
+// ALPNInMesh and ALPNInMeshH2): what an east-west gateway's AUTO_PASSTHROUGH
+// chains and a sidecar's inbound mTLS chains match.
+var (
+	alpnInMesh   = []string{"istio"}
+	alpnInMeshH2 = []string{"istio", "h2"}
+)
+
+// envoyTransportSockets is Istio's auto mTLS for an Envoy's Cluster, as
+// istiod builds it (cluster_tls.go): endpoints whose metadata says
+// tlsMode istio (envoy.transport_socket_match) get Istio mTLS with the
+// workload certificate and roots by SDS over ADS, Istio's SNI and the
+// destination's identities verified (peerSANs); every other endpoint
+// plaintext.
+func envoyTransportSockets(sans []*matcherv3.StringMatcher, sni string, h2 bool) []*clusterv3.Cluster_TransportSocketMatch {
+	alpn := alpnInMesh
+	if h2 {
+		alpn = alpnInMeshH2
+	}
+	sds := func(name string) *tlsv3.SdsSecretConfig {
+		return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: adsSource}
+	}
+	typed := make([]*tlsv3.SubjectAltNameMatcher, len(sans))
+	for i, m := range sans {
+		typed[i] = &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI, Matcher: m}
+	}
+	mtls := &tlsv3.UpstreamTlsContext{
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sds(SDSWorkloadCert)},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: typed},
+				ValidationContextSdsSecretConfig: sds(SDSRoots),
+			}},
+			AlpnProtocols: alpn,
+		},
+		Sni: sni,
+	}
+	return []*clusterv3.Cluster_TransportSocketMatch{
+		{
+			Name:  "tlsMode-" + tlsModeIstio,
+			Match: &structpb.Struct{Fields: map[string]*structpb.Value{tlsModeKey: structpb.NewStringValue(tlsModeIstio)}},
+			TransportSocket: &corev3.TransportSocket{
+				Name:       transportSocketName,
+				ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(mtls)},
+			},
+		},
+		{
+			Name: "tlsMode-disabled",
+			TransportSocket: &corev3.TransportSocket{
+				Name:       "envoy.transport_sockets.raw_buffer",
+				ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&rawbufferv3.RawBuffer{})},
+			},
+		},
+	}
 }
 
 // Proxyless reports whether a node is a proxyless gRPC client.

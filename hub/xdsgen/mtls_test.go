@@ -1,6 +1,7 @@
 package xdsgen
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -139,6 +140,15 @@ func TestMTLSModeAndClientKindDecideTLSContexts(t *testing.T) {
 				}
 				cl := unpack(t, res[0], &clusterv3.Cluster{})
 				validateDeep(t, cluster, cl)
+				if fl == FlavourEnvoy {
+					checkEnvoyCluster(t, cl)
+					// Envoy takes an api_listener only from its bootstrap:
+					// none is sent to it, inbound ones neither.
+					if lres, err := g.Resources(resourcev3.ListenerType, []string{inbound, ListenerName("echo.demo.svc.cluster.local", 7070)}, View{Flavour: fl}); err != nil || len(lres) != 0 {
+						t.Errorf("LDS to Envoy = %v, %v; want none", lres, err)
+					}
+					return
+				}
 				u := upstreamContext(t, cl)
 				wantTLS := mode == MTLSStrict && c.proxyless
 				if (u != nil) != wantTLS {
@@ -383,4 +393,48 @@ func TestParseMTLSMode(t *testing.T) {
 func sansOf(v *tlsv3.CertificateValidationContext) []*matcherv3.StringMatcher {
 	//lint:ignore SA1019 grpc-go reads only match_subject_alt_names
 	return v.GetMatchSubjectAltNames()
+}
+
+// checkEnvoyCluster: an Envoy's Cluster has Istio's auto mTLS whatever the
+// mesh-wide mode (as istiod's sidecars): tlsMode istio endpoints get an
+// UpstreamTlsContext with the workload certificate and roots by SDS over
+// ADS, Istio's SNI, ALPN and our trust domain's identities; every other
+// endpoint plaintext; and no transport socket of its own.
+func checkEnvoyCluster(t *testing.T, cl *clusterv3.Cluster) {
+	t.Helper()
+	if cl.GetTransportSocket() != nil {
+		t.Errorf("Envoy's cluster has a transport_socket: %v", cl.GetTransportSocket())
+	}
+	m := cl.GetTransportSocketMatches()
+	if len(m) != 2 || m[0].GetName() != "tlsMode-istio" || m[1].GetName() != "tlsMode-disabled" {
+		t.Fatalf("transport_socket_matches %v; want tlsMode-istio, tlsMode-disabled", m)
+	}
+	if got := m[0].GetMatch().GetFields()["tlsMode"].GetStringValue(); got != "istio" {
+		t.Errorf("tlsMode-istio matches tlsMode=%q", got)
+	}
+	if m[1].GetMatch() != nil {
+		t.Errorf("tlsMode-disabled matches %v; want every other endpoint", m[1].GetMatch())
+	}
+	u := &tlsv3.UpstreamTlsContext{}
+	if err := m[0].GetTransportSocket().GetTypedConfig().UnmarshalTo(u); err != nil {
+		t.Fatal(err)
+	}
+	if u.GetSni() != "outbound_.7070_._.echo.demo.svc.cluster.local" {
+		t.Errorf("SNI %q", u.GetSni())
+	}
+	c := u.GetCommonTlsContext()
+	if certs := c.GetTlsCertificateSdsSecretConfigs(); len(certs) != 1 || certs[0].GetName() != SDSWorkloadCert || certs[0].GetSdsConfig().GetAds() == nil {
+		t.Errorf("certificate SDS %v; want %q over ADS", certs, SDSWorkloadCert)
+	}
+	v := c.GetCombinedValidationContext()
+	if v.GetValidationContextSdsSecretConfig().GetName() != SDSRoots || v.GetValidationContextSdsSecretConfig().GetSdsConfig().GetAds() == nil {
+		t.Errorf("roots SDS %v; want %q over ADS", v.GetValidationContextSdsSecretConfig(), SDSRoots)
+	}
+	sans := v.GetDefaultValidationContext().GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetPrefix() != "spiffe://example.org/" {
+		t.Errorf("SAN matchers %v; want URI prefix spiffe://example.org/", sans)
+	}
+	if !slices.Equal(c.GetAlpnProtocols(), []string{"istio", "h2"}) {
+		t.Errorf("ALPN %v; want istio, h2 (a grpc port)", c.GetAlpnProtocols())
+	}
 }

@@ -96,6 +96,24 @@ func (g *Generator) clientMTLSLocked(rule *networking.DestinationRule, port int3
 	return g.security.MeshMode() == MTLSStrict
 }
 
+// envoyMTLSLocked reports whether an Envoy reaches a service port with
+// Istio's auto mTLS (the endpoints' tlsMode decides, see
+// envoyTransportSockets), as an Istio sidecar does: unless a
+// DestinationRule's TLS mode for it is other than ISTIO_MUTUAL (DISABLE:
+// plaintext; SIMPLE and MUTUAL need certificates the hub does not
+// distribute, so plaintext too, and ClientTLSNotes says so), or the hub has
+// no trust domain. With g.mu held.
+func (g *Generator) envoyMTLSLocked(rule *networking.DestinationRule, port int32) bool {
+	if g.trustDomain == "" {
+		return false
+	}
+	tls := rule.GetTrafficPolicy().GetTls()
+	if pl := portLevel(rule, port); pl != nil {
+		tls = pl.GetTls()
+	}
+	return tls == nil || tls.GetMode() == networking.ClientTLSSettings_ISTIO_MUTUAL
+}
+
 // inboundListener returns a proxyless gRPC server's inbound listener, or
 // nil when the name is not one (see parseInboundName): its mTLS mode and
 // RBAC filters from the policies that select the server (w; nil: one no
@@ -157,7 +175,7 @@ func ClientTLSNotes(objs []distribute.Object) []Refused {
 		for _, tls := range modes {
 			if m := tls.GetMode(); m == networking.ClientTLSSettings_SIMPLE || m == networking.ClientTLSSettings_MUTUAL {
 				out = append(out, Refused{Rule: o.Namespace + "/" + o.Name, Reason: "tls.mode " + m.String() +
-					" is not supported for proxyless gRPC clients (as in istiod): they connect to the host in plaintext"})
+					" is not supported for proxyless gRPC clients (as in istiod) nor for hub-fed Envoys: they connect to the host in plaintext"})
 				break
 			}
 		}
