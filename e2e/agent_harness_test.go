@@ -74,6 +74,12 @@ type agentOptions struct {
 	TrustDomain string
 	// Env is added to the agent's environment last, e.g. SECRET_TTL=10m.
 	Env []string
+	// Envoy, if set, is the Envoy binary the agent runs as an Istio
+	// sidecar's proxy (Istio's bootstrap template from the Istio module,
+	// no interception), with DNS capture on: its xDS reaches the hub
+	// through the agent, which adds NDS. Empty: a proxyless gRPC
+	// workload's agent, no Envoy (the grpc-agent template).
+	Envoy string
 }
 
 // agentProcess is a running pilot-agent.
@@ -179,19 +185,27 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 	// The injected ProxyConfig (meshConfig.defaultConfig) with the hub as
 	// the discovery address; configPath absolute, so that the xDS proxy's
 	// socket in the bootstrap is an absolute path.
+	envoyBin := "/usr/local/bin/envoy" // never run: DISABLE_ENVOY
+	if o.Envoy != "" {
+		envoyBin = o.Envoy
+	}
 	proxyConfig, err := json.Marshal(map[string]any{
 		"discoveryAddress": o.HubAddr,
 		"configPath":       filepath.Join(dir, "etc/istio/proxy"),
-		"binaryPath":       "/usr/local/bin/envoy", // never run: DISABLE_ENVOY
+		"binaryPath":       envoyBin,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(bin, "proxy", "sidecar",
-		"--domain", o.Namespace+".svc.cluster.local",
+	args := []string{"proxy", "sidecar",
+		"--domain", o.Namespace + ".svc.cluster.local",
 		"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error",
-		"--log_output_level=default:info")
+		"--log_output_level=default:info"}
+	if o.Envoy != "" {
+		args = append(args, "--templateFile", filepath.Join(istioModuleDir(t), "tools/packaging/common/envoy_bootstrap.json"))
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		// The grpc-agent template's environment.
@@ -221,6 +235,12 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 		"ISTIOD_SAN="+o.HubName,
 		"CLOUD_PLATFORM=none",
 	)
+	if o.Envoy != "" {
+		// An Istio sidecar's environment instead (later values win):
+		// Envoy runs, DNS capture on, no proxyless generator.
+		cmd.Env = append(cmd.Env, "ISTIO_META_GENERATOR=", "DISABLE_ENVOY=false", "ISTIO_META_DNS_CAPTURE=true",
+			"ISTIO_META_INTERCEPTION_MODE=NONE")
+	}
 	cmd.Env = append(cmd.Env, o.Env...)
 	logFile, err := os.Create(a.LogPath)
 	if err != nil {
@@ -348,4 +368,17 @@ func (l *lineLogger) flush() {
 		l.t.Log(l.prefix + string(l.buf))
 		l.buf = nil
 	}
+}
+
+// istioModuleDir is the Istio module's directory in the module cache (the
+// one e2e/interop builds istiod and pilot-agent from).
+func istioModuleDir(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/istio")
+	cmd.Dir = "interop"
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("finding the Istio module (go list -m istio.io/istio in e2e/interop): %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }

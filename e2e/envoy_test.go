@@ -6,16 +6,19 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/spiffe/go-spiffe/v2/bundle/spiffebundle"
@@ -26,6 +29,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -151,6 +155,7 @@ type envoyMesh struct {
 	ns         string
 	west, east *localcluster.Cluster
 	backends   map[string]*meshBackend // by member
+	kubeconfig string // the home cluster's, for istioctl
 	rule       *unstructured.Unstructured
 	rules      dynamic.ResourceInterface
 	httpHost   string
@@ -206,6 +211,8 @@ func startEnvoyMesh(t *testing.T) *envoyMesh {
 		t.Fatal(err)
 	}
 	m.h = startHub(t, home, "--namespace", hubNS, "--root-namespace", root, "--trust-domain", m.td.Name(), "--xds-tls-addr", "127.0.0.1:0")
+	m.kubeconfig = filepath.Join(t.TempDir(), "home.kubeconfig")
+	writeFile(t, m.kubeconfig, home.Kubeconfig())
 	m.ca = hubCA(t, home, hubNS, m.td)
 	m.bundle = m.h.bundle(t, m.td)
 	for _, c := range []*localcluster.Cluster{west, east} {
@@ -472,6 +479,7 @@ func (m *envoyMesh) proxy(t *testing.T, id string) (api.Proxy, bool) {
 // stall; and when west's backends stop, traffic fails over to east.
 func TestRealEnvoy(t *testing.T) {
 	envoyBin(t)
+	istioctlBin(t)
 	m := startEnvoyMesh(t)
 	edgeID := spiffeid.RequireFromPath(m.td, "/ns/"+m.ns+"/sa/edge").String()
 	for _, o := range []edgeOptions{
@@ -491,14 +499,30 @@ func TestRealEnvoy(t *testing.T) {
 				}
 				return nil
 			})
+			acked := map[string]bool{}
 			for _, ts := range p.Types {
+				acked[ts.Type] = ts.AckedVersion != ""
 				if ts.Nacks > 0 {
 					t.Errorf("%s NACKed %s: %s", e.id, ts.Type, ts.NackError)
 				}
-				if ts.AckedVersion == "" && (ts.Type == "Cluster" || ts.Type == "ClusterLoadAssignment") {
+				if ts.AckedVersion == "" && (ts.Type == "CDS" || ts.Type == "EDS") {
 					t.Errorf("%s has not ACKed %s", e.id, ts.Type)
 				}
 			}
+			if !acked["CDS"] || !acked["EDS"] || !acked["LDS"] || !acked["RDS"] {
+				t.Errorf("%s ACKed %v; want CDS, EDS, LDS and RDS", e.id, acked)
+			}
+			// istioctl proxy-status (the real one) lists it, every type SYNCED.
+			eventually(t, 60*time.Second, func() error {
+				rows, err := proxyStatus(t, m.kubeconfig, "--xds-address", m.h.xdsAddr, "--plaintext", "-v", "1")
+				if err != nil {
+					return err
+				}
+				if rows[e.id] == nil {
+					return fmt.Errorf("istioctl lists %v; want %s", slices.Sorted(maps.Keys(rows)), e.id)
+				}
+				return rows[e.id].synced("CDS", "EDS", "LDS", "RDS")
+			})
 			if n := e.stat(t, "listener_manager.total_listeners_active"); n != 2 {
 				t.Errorf("active listeners %d; want its own 2 (the hub sends Envoy none to skip)", n)
 			}
@@ -602,4 +626,211 @@ func TestEnvoyRefusedNode(t *testing.T) {
 		t.Errorf("the good Envoy's connected_state %d; want 1", n)
 	}
 	m.converged(t, good, 2)
+}
+
+// TestRealEnvoyThroughGateway: echo runs only in east, on another network
+// than the Envoy's (west's). The hub sends the Envoy east's endpoints as
+// east's east-west gateway, a real Envoy shaped as istiod builds an
+// AUTO_PASSTHROUGH gateway (SNI and Istio's ALPN, TLS passed through), and
+// never east's pod addresses; HTTP and gRPC through it reach east's
+// backends over mTLS end to end, each backend seeing the Envoy's SPIFFE ID.
+func TestRealEnvoyThroughGateway(t *testing.T) {
+	bin := envoyBin(t)
+	e := localcluster.Require(t, env)
+	ip := dataPlaneIP(t)
+	ctx := testContext(t)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	m := &envoyMesh{td: spiffeid.RequireTrustDomainFromString("envoygw.test"), ns: "envoygw-" + rand.String(5), west: west, east: east,
+		backends: map[string]*meshBackend{}}
+	m.httpHost = fmt.Sprintf("echo-http.%s.svc.cluster.local", m.ns)
+	m.grpcHost = fmt.Sprintf("echo-grpc.%s.svc.cluster.local", m.ns)
+	for _, c := range []*localcluster.Cluster{home, west, east} {
+		if err := localcluster.EnsureNamespace(ctx, client(t, c), m.ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	labelNetwork(t, west, "net-west")
+	labelNetwork(t, east, "net-east")
+	gwPort := freeLoopbackPort(t)
+	ec := client(t, east)
+	gw := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway-" + rand.String(4),
+			Labels: map[string]string{"topology.istio.io/network": "net-east", "networking.istio.io/gatewayPort": fmt.Sprint(gwPort)}},
+		Spec: corev1.ServiceSpec{ExternalIPs: []string{ip},
+			Ports: []corev1.ServicePort{{Name: "tls", Port: int32(gwPort), Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
+	})
+	hubNS := hubNamespace(t, home)
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, networkedSecret(hubNS, west, east), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	removeOnCleanup(t, client(t, west), fmt.Sprintf("hub-gateway-net-east-%d", gwPort))
+	m.h = startHub(t, home, "--namespace", hubNS, "--trust-domain", m.td.Name(), "--xds-tls-addr", "127.0.0.1:0")
+	m.ca = hubCA(t, home, hubNS, m.td)
+	m.bundle = m.h.bundle(t, m.td)
+	svid, err := m.ca.IssueWorkloadSVID(spiffeid.RequireFromPath(m.td, "/ns/"+m.ns+"/sa/echo"), east.Name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startMeshBackend(t, ip, "east-echo", svid, m.bundle)
+	httpB := []localcluster.Backend{{IP: ip, Port: int32(b.http.Port), Pod: "echo-http-east"}}
+	grpcB := []localcluster.Backend{{IP: ip, Port: int32(b.grpc.Port), Pod: "echo-grpc-east"}}
+	meshPods(t, ec, m.ns, append(httpB, grpcB...))
+	if err := localcluster.ApplyService(ctx, ec, m.ns, "echo-http", "http", envoyHTTPPort, httpB); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.ApplyService(ctx, ec, m.ns, "echo-grpc", "grpc", envoyGRPCPort, grpcB); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, func() error {
+		cl := m.h.clusters(t)
+		if w, e := cl[west.Name], cl[east.Name]; w.State != "Ready" || e.State != "Ready" || e.Network != "net-east" || len(e.Gateways) != 1 {
+			return fmt.Errorf("members: west %+v; east %+v", w, e)
+		}
+		return nil
+	})
+
+	// East's gateway: a real Envoy, routing by SNI and ALPN to east's backends.
+	gwBootstrap, err := envoy.Marshal(&bootstrapv3.Bootstrap{
+		Admin: envoy.LoopbackAdmin(),
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
+			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", ip, uint32(gwPort), map[string]string{
+				fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): "east-http",
+				fmt.Sprintf("outbound_.%d_._.%s", envoyGRPCPort, m.grpcHost): "east-grpc",
+			})},
+			Clusters: []*clusterv3.Cluster{
+				envoy.StaticCluster("east-http", ip, uint32(b.http.Port)),
+				envoy.StaticCluster("east-grpc", ip, uint32(b.grpc.Port)),
+			},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwEnvoy, err := envoy.Start(ctx, envoy.Options{Bin: bin, Bootstrap: gwBootstrap, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gwEnvoy.Stop() })
+	if err := gwEnvoy.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	edge := m.startEdge(t, edgeOptions{name: "gw-delta", delta: true, mtls: true, nodeOnce: true})
+	gwAddr := net.JoinHostPort(ip, fmt.Sprint(gwPort))
+	eventually(t, 60*time.Second, func() error {
+		cls, err := edge.p.Clusters(ctx)
+		if err != nil {
+			return err
+		}
+		for _, name := range []string{fmt.Sprintf("outbound|%d||%s", envoyHTTPPort, m.httpHost), fmt.Sprintf("outbound|%d||%s", envoyGRPCPort, m.grpcHost)} {
+			var hosts []string
+			for _, c := range cls {
+				if c.Name == name {
+					for _, h := range c.Hosts {
+						hosts = append(hosts, h.Address)
+					}
+				}
+			}
+			if len(hosts) != 1 || hosts[0] != gwAddr {
+				return fmt.Errorf("cluster %s has hosts %v; want only east's gateway %s", name, hosts, gwAddr)
+			}
+		}
+		return nil
+	})
+	edgeID := spiffeid.RequireFromPath(m.td, "/ns/"+m.ns+"/sa/edge").String()
+	eventually(t, 30*time.Second, func() error {
+		body, err := edge.get(m.httpHost)
+		if err != nil {
+			return err
+		}
+		if want := "east-echo peer=" + edgeID; body != want {
+			return fmt.Errorf("HTTP answer %q; want %q", body, want)
+		}
+		r, err := edge.call(ctx, m.grpcHost)
+		if err != nil {
+			return err
+		}
+		if r.GetUsername() != edgeID {
+			return fmt.Errorf("gRPC backend %s saw %q; want %s", r.GetServerId(), r.GetUsername(), edgeID)
+		}
+		return nil
+	})
+	stats, err := gwEnvoy.Stats(ctx, `^tcp\..*downstream_cx_total$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sni := range []string{fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost), fmt.Sprintf("outbound_.%d_._.%s", envoyGRPCPort, m.grpcHost)} {
+		if stats["tcp."+sni+".downstream_cx_total"] == 0 {
+			t.Errorf("the gateway passed no connection for %s: %v", sni, stats)
+		}
+	}
+}
+
+// TestPilotAgentWithDNSCaptureKeepsOneStream: a real pilot-agent running a
+// real Envoy (Istio's bootstrap template, DNS capture on) pointed at the
+// hub: its xDS proxy adds NDS (istio.networking.nds.v1.NameTable), which
+// the hub does not serve. The hub ignores it as istiod does (the proxy's
+// unserved count), the Envoy's requests are answered (its Clusters ACKed)
+// and the agent keeps one stream: the same stream, no reconnects.
+func TestPilotAgentWithDNSCaptureKeepsOneStream(t *testing.T) {
+	pilotAgentBin(t)
+	bin := envoyBin(t)
+	e := localcluster.Require(t, env)
+	td := spiffeid.RequireTrustDomainFromString("agent-envoy.test")
+	h := startAgentHub(t, e, td)
+	ns := "agentenvoy-" + rand.String(5)
+	a := startAgent(t, agentOptions{Member: e.Cluster("west"), Namespace: ns, ServiceAccount: "sidecar", HubAddr: h.addrs["xds-tls"],
+		HubName: agentHubName, RootPEM: h.rootPEM, TrustDomain: td.Name(), Envoy: bin})
+	var stream int64
+	eventually(t, 90*time.Second, func() error {
+		var proxies api.List[api.Proxy]
+		h.getJSON(t, "/api/v1/proxies", &proxies)
+		for _, p := range proxies.Items {
+			if !strings.Contains(p.ID, a.Name) {
+				continue
+			}
+			acked := false
+			for _, ts := range p.Types {
+				if ts.Nacks > 0 {
+					t.Fatalf("the sidecar NACKed %s: %s", ts.Type, ts.NackError)
+				}
+				acked = acked || (ts.Type == "CDS" && ts.AckedVersion != "")
+			}
+			if p.Unserved == 0 || !acked {
+				return fmt.Errorf("the sidecar's stream: %d unserved requests, CDS ACKed %v; types %+v", p.Unserved, acked, p.Types)
+			}
+			stream = p.Stream
+			return nil
+		}
+		return fmt.Errorf("the hub lists no stream of %s", a.Name)
+	})
+	// The same single stream a while later (a stream the hub ended would be
+	// reopened by the agent under a new number).
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		var proxies api.List[api.Proxy]
+		h.getJSON(t, "/api/v1/proxies", &proxies)
+		n := 0
+		for _, p := range proxies.Items {
+			if strings.Contains(p.ID, a.Name) {
+				n++
+				if p.Stream != stream {
+					t.Fatalf("the sidecar's stream changed from %d to %d: the hub ended it", stream, p.Stream)
+				}
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%d streams of the sidecar; want 1", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if a.logContains("upstream terminated") || a.logContains("InvalidArgument") {
+		t.Errorf("the agent's xDS proxy lost its upstream:\n%s", tail(func() string { b, _ := os.ReadFile(a.LogPath); return string(b) }(), 20))
+	}
 }

@@ -3,7 +3,9 @@ package envoy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	tlsinspectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -315,4 +318,40 @@ func mustAny(m proto.Message) *anypb.Any {
 		panic(err)
 	}
 	return a
+}
+
+// IstioMTLSALPN are the ALPN values an Istio east-west gateway's
+// AUTO_PASSTHROUGH filter chains match besides the SNI (istiod's
+// gateway.go: mTLS from a sidecar, with or without metadata exchange).
+var IstioMTLSALPN = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"}
+
+// PassthroughGateway is a listener on addr:port shaped as istiod builds an
+// east-west gateway's AUTO_PASSTHROUGH listener: a TLS inspector, then one
+// filter chain per server name (routes: SNI → cluster) that also matches
+// IstioMTLSALPN, proxying the connection to the cluster without
+// terminating TLS. A connection whose SNI or ALPN matches no chain is
+// closed.
+func PassthroughGateway(name, addr string, port uint32, routes map[string]string) *listenerv3.Listener {
+	l := &listenerv3.Listener{
+		Name:    name,
+		Address: SocketAddress(addr, port),
+		ListenerFilters: []*listenerv3.ListenerFilter{{
+			Name:       "envoy.filters.listener.tls_inspector",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspectorv3.TlsInspector{})},
+		}},
+	}
+	for _, sni := range slices.Sorted(maps.Keys(routes)) {
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name:             sni,
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{sni}, ApplicationProtocols: IstioMTLSALPN},
+			Filters: []*listenerv3.Filter{{
+				Name: "envoy.filters.network.tcp_proxy",
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxyv3.TcpProxy{
+					StatPrefix:       sni,
+					ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: routes[sni]},
+				})},
+			}},
+		})
+	}
+	return l
 }
