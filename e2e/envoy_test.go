@@ -155,7 +155,7 @@ type envoyMesh struct {
 	ns         string
 	west, east *localcluster.Cluster
 	backends   map[string]*meshBackend // by member
-	kubeconfig string // the home cluster's, for istioctl
+	kubeconfig string                  // the home cluster's, for istioctl
 	rule       *unstructured.Unstructured
 	rules      dynamic.ResourceInterface
 	httpHost   string
