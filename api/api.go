@@ -48,6 +48,13 @@ type Federation interface {
 	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
+// Refusals are the xDS streams the hub recently ended because of what
+// their clients sent; Federation may implement it (*hub.Hub does) for GET
+// /api/v1/proxies/refused.
+type Refusals interface {
+	RefusedStreams() []hub.RefusedStream
+}
+
 // Exchange is what a member exports and imports; Federation may implement
 // it (*hub.Hub does) for GET /api/v1/clusters/{id}.
 type Exchange interface {
@@ -144,6 +151,7 @@ func Mount(r chi.Router, cfg Config) {
 			r.Get("/clusters/{id}", s.getCluster)
 			r.Get("/services", s.listServices)
 			r.Get("/proxies", s.listProxies)
+			r.Get("/proxies/refused", s.listRefused)
 			r.Get("/proxies/{id}/config", s.proxyConfig)
 			r.Get("/trustdomains", s.listTrustDomains)
 			r.Get("/trustdomains/{td}", s.getTrustDomain)
@@ -352,6 +360,16 @@ func (s *server) listProxies(w http.ResponseWriter, _ *http.Request) {
 	out := List[Proxy]{Items: make([]Proxy, 0, len(ps))}
 	for _, p := range ps {
 		out.Items = append(out.Items, ToProxy(p))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) listRefused(w http.ResponseWriter, _ *http.Request) {
+	out := List[RefusedStream]{Items: []RefusedStream{}}
+	if rf, ok := s.cfg.Federation.(Refusals); ok {
+		for _, r := range rf.RefusedStreams() {
+			out.Items = append(out.Items, RefusedStream{At: r.At, ID: r.ID, Address: r.Address, Identity: r.Identity, Code: r.Code, Message: r.Message})
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

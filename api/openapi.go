@@ -82,6 +82,9 @@ var openAPI = obj{
 		"/api/v1/proxies": obj{
 			"get": op("List connected xDS streams with per-type ACK/NACK state", obj{"200": obj{"description": "proxies", "content": jsonContent(listOf("Proxy"))}}),
 		},
+		"/api/v1/proxies/refused": obj{
+			"get": op("The most recent xDS streams the hub ended because of what their clients sent (node over the limits, credential refused, ...), newest first, with the gRPC status each client got", obj{"200": obj{"description": "refused streams", "content": jsonContent(listOf("RefusedStream"))}}),
+		},
 		"/api/v1/proxies/{id}/config": obj{
 			"get": op("What a proxy currently holds (secrets redacted)", obj{"200": obj{"description": "config", "content": jsonContent(ref("ProxyConfig"))}}, pathParam("id", "node ID, URL-escaped")),
 		},
@@ -209,6 +212,9 @@ var openAPI = obj{
 			"Proxy": obj{"type": "object", "properties": obj{
 				"id": str(), "stream": integer(), "cluster": str(), "namespace": str(), "address": str(), "identity": str(), "warning": str(), "unserved": integer(), "connectedAt": timeStr(),
 				"types": obj{"type": "array", "items": ref("TypeStatus")},
+			}},
+			"RefusedStream": obj{"type": "object", "properties": obj{
+				"at": timeStr(), "id": str(), "address": str(), "identity": str(), "code": str(), "message": str(),
 			}},
 			"ProxyConfig": obj{"type": "object", "properties": obj{
 				"proxy":     ref("Proxy"),

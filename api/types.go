@@ -270,6 +270,17 @@ type Proxy struct {
 	Server *ProxyServer `json:"server,omitempty"`
 }
 
+// RefusedStream is an xDS stream the hub ended because of what its client
+// sent, newest first: the gRPC status the client got.
+type RefusedStream struct {
+	At       time.Time `json:"at"`
+	ID       string    `json:"id"` // the node ID as sent (clipped)
+	Address  string    `json:"address"`
+	Identity string    `json:"identity,omitempty"`
+	Code     string    `json:"code"` // gRPC status code, e.g. InvalidArgument
+	Message  string    `json:"message"`
+}
+
 // ProxyServer is what the policies make of a proxyless gRPC server.
 type ProxyServer struct {
 	Workload ServerWorkload `json:"workload"`

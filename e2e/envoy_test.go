@@ -604,8 +604,9 @@ func TestRealEnvoy(t *testing.T) {
 }
 
 // TestEnvoyRefusedNode: an Envoy whose node the hub refuses (an ID over
-// the 1 KiB limit) is told why, in its own log; the hub keeps serving the
-// Envoys beside it.
+// the 1 KiB limit) is told why, in its own log; the hub's API lists the
+// refusal (GET /api/v1/proxies/refused) as the client got it; the hub
+// keeps serving the Envoys beside it.
 func TestEnvoyRefusedNode(t *testing.T) {
 	envoyBin(t)
 	m := startEnvoyMesh(t)
@@ -621,6 +622,17 @@ func TestEnvoyRefusedNode(t *testing.T) {
 			return fmt.Errorf("envoy log does not name the refusal yet:\n%s", tail(log, 10))
 		}
 		return nil
+	})
+	// The hub's API lists the refusal as the client got it.
+	eventually(t, 10*time.Second, func() error {
+		var refused api.List[api.RefusedStream]
+		m.h.getJSON(t, "/api/v1/proxies/refused", &refused)
+		for _, r := range refused.Items {
+			if r.Code == "InvalidArgument" && strings.Contains(r.Message, "node.id has 2048 bytes") && len(r.ID) <= 256 && r.Address != "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the hub lists refusals %+v; want the oversized node's, InvalidArgument", refused.Items)
 	})
 	if n := good.stat(t, "control_plane.connected_state"); n != 1 {
 		t.Errorf("the good Envoy's connected_state %d; want 1", n)

@@ -206,6 +206,7 @@ func serveStream[R any](a *adsServer, st interface {
 		return err
 	}
 	if err := a.tracker.onStreamOpen(ctx, sc, defaultType); err != nil {
+		a.tracker.onRefused(sc, err)
 		return err
 	}
 	out := sc.out
@@ -232,6 +233,7 @@ func serveStream[R any](a *adsServer, st interface {
 				return err
 			}
 			if err := c.handle(req, defaultType); err != nil {
+				a.tracker.onRefused(sc, err)
 				return err
 			}
 		}

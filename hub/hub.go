@@ -307,6 +307,10 @@ const (
 // Proxies lists every connected ADS stream with its per-type ACK/NACK state.
 func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
 
+// RefusedStreams are the most recent xDS streams the hub ended because of
+// what their clients sent, newest first.
+func (h *Hub) RefusedStreams() []RefusedStream { return h.proxies.refused.list() }
+
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
 func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) { return h.proxies.config(id) }
 

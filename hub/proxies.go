@@ -116,6 +116,7 @@ type proxyTracker struct {
 	bytes     *prometheus.CounterVec
 	nacks     *prometheus.CounterVec
 	unserved  prometheus.Counter
+	refused   *refusals
 }
 
 // streamState is what the tracker checks and shows of a stream: its
@@ -171,6 +172,7 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
+		refused: newRefusals(),
 		unserved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hub_xds_unserved_requests_total", Help: "xDS requests for types the hub does not serve (e.g. pilot-agent's NDS, PCDS and health), ignored as istiod ignores them; the stream stays.",
 		}),
@@ -178,7 +180,25 @@ func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
 }
 
 func (p *proxyTracker) collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks, p.unserved}
+	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks, p.unserved, p.refused.count}
+}
+
+// onRefused records that c's stream ends refused with err because of what
+// its client sent: counted by code, kept among the recent refusals
+// (Hub.RefusedStreams) and logged, so the operator sees what the client
+// was told.
+func (p *proxyTracker) onRefused(c *conn, err error) {
+	p.mu.Lock()
+	st := c.state.status
+	p.mu.Unlock()
+	p.refused.record(st, c.node, err)
+	s := status.Convert(err)
+	id := st.ID
+	if id == "" {
+		id = c.node.GetId()
+	}
+	p.log.Warn("xDS stream refused", "proxy", clip.String(id, 256), "address", st.Address, "identity", st.Identity,
+		"code", s.Code().String(), "reason", clip.String(s.Message(), 512))
 }
 
 // onUnserved records a request for a type the hub does not serve, which
