@@ -18,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/hubmesh/hub/internal/localcluster"
@@ -216,6 +217,16 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	heapBefore, err := h.heapNow(ctx)
 	if err != nil {
 		return nil, err
+	}
+
+	if cfg.RealEnvoys > 0 {
+		if err := runRealEnvoys(ctx, cfg, l, clients, h, work, heapBefore, sum); err != nil {
+			return nil, err
+		}
+		if e := h.exited(); e != nil {
+			return nil, e
+		}
+		return sum, nil
 	}
 
 	// Cold connect.
@@ -512,23 +523,10 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	for w := range cfg.Writes {
 		svc := l.services[watched[w%len(watched)]]
 		k := w % len(svc.members)
-		member := l.memberIDs[svc.members[k]]
-		addr := address(cfg.Endpoints + l.written)
-		l.written++
-		slicesAPI := clients[svc.members[k]].DiscoveryV1().EndpointSlices(svc.namespace)
-		slice, err := slicesAPI.Get(ctx, svc.name+"-hub", metav1.GetOptions{})
+		slicesAPI, slice, addr, member, err := nextWrite(ctx, cfg, l, clients, svc, w)
 		if err != nil {
-			return fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, svc.namespace, svc.name, member, err)
+			return err
 		}
-		ep := discoveryv1.Endpoint{
-			Addresses:  []string{addr},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
-			NodeName:   ptr.To("node-0"),
-		}
-		if pod := svc.backend[k][0].Pod; pod != "" { // a mesh pod: reached across networks through the gateway
-			ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: svc.namespace, Name: pod}
-		}
-		slice.Endpoints = append(slice.Endpoints, ep)
 		watchers := l.watchers[watched[w%len(watched)]]
 		if nw := l.memberNetwork(svc.members[k]); nw != "" {
 			// Only the streams on the written member's network see the
@@ -646,4 +644,29 @@ func loadAvg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// nextWrite reads the EndpointSlice the w-th measured write changes (of
+// svc in its member w mod len(members)) and appends one ready endpoint at
+// a new address to it; the caller times the update it then makes.
+func nextWrite(ctx context.Context, cfg Config, l *layout, clients []kubernetes.Interface, svc *service, w int) (typeddiscoveryv1.EndpointSliceInterface, *discoveryv1.EndpointSlice, string, string, error) {
+	k := w % len(svc.members)
+	member := l.memberIDs[svc.members[k]]
+	addr := address(cfg.Endpoints + l.written)
+	l.written++
+	slicesAPI := clients[svc.members[k]].DiscoveryV1().EndpointSlices(svc.namespace)
+	slice, err := slicesAPI.Get(ctx, svc.name+"-hub", metav1.GetOptions{})
+	if err != nil {
+		return nil, nil, "", "", fmt.Errorf("write %d: reading EndpointSlice %s/%s-hub in %s: %w", w+1, svc.namespace, svc.name, member, err)
+	}
+	ep := discoveryv1.Endpoint{
+		Addresses:  []string{addr},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+		NodeName:   ptr.To("node-0"),
+	}
+	if pod := svc.backend[k][0].Pod; pod != "" { // a mesh pod: reached across networks through the gateway
+		ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: svc.namespace, Name: pod}
+	}
+	slice.Endpoints = append(slice.Endpoints, ep)
+	return slicesAPI, slice, addr, member, nil
 }

@@ -135,6 +135,11 @@ type Config struct {
 	// scoped watching saves).
 	Unscoped bool `json:"unscoped,omitempty"`
 
+	// RealEnvoys, if positive (envoy shape only), replaces the simulated
+	// streams by this many real Envoy processes (realenvoy.go); Streams is
+	// then RealEnvoys.
+	RealEnvoys int `json:"realEnvoys,omitempty"`
+
 	// Progress, if set, receives progress lines.
 	Progress func(format string, args ...any) `json:"-"`
 }
@@ -259,6 +264,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.BulkWriters, "bulk-writers", c.BulkWriters, "concurrent writers creating the --bulk services")
 	fs.DurationVar(&c.BulkTimeout, "bulk-timeout", c.BulkTimeout, "how long every stream may take, from the first bulk create, to hold every new service")
 	fs.DurationVar(&c.CADuration, "ca-duration", c.CADuration, "ca shape: how long the callers (--streams, default 16) request certificates")
+	fs.IntVar(&c.RealEnvoys, "real-envoys", c.RealEnvoys, fmt.Sprintf("envoy shape: run this many real Envoy processes ($HUB_ENVOY_BIN, --concurrency 1 each, round robin over the members, --delta for Delta ADS) as the fleet instead of simulated streams, and time each write at every Envoy's admin API (0: off; at most %d)", maxRealEnvoys))
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "seed for choosing services per stream and written services")
 }
 
@@ -292,6 +298,7 @@ func (c *Config) validate() error {
 		c.Shape = shapeNamed
 	}
 	errs = append(errs, c.validateScale()...)
+	errs = append(errs, c.validateRealEnvoys()...)
 	switch c.Shape {
 	case shapeNamed:
 		if c.ServicesPerStream == 0 {

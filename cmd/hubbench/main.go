@@ -6,7 +6,7 @@
 //	hubbench [--members 10] [--services 1000] [--endpoints 20000] [--streams 2000]
 //	         [--shape named|envoy|grpc|istiod|ca] [--services-per-stream N|all]
 //	         [--writes 20] [--delta] [--delta-node-every-request=true]
-//	         [--bulk N --bulk-writers 8] [--json]
+//	         [--bulk N --bulk-writers 8] [--real-envoys N] [--json]
 //	hubbench --members 300 --apiservers 10 [--services-per-member 100]
 //	         [--endpoints-per-service 10] [--also-shapes envoy] [--idle-window 30s]
 //
@@ -31,8 +31,12 @@
 // its own remote Secret, client certificate and namespace, and it also
 // reports time to every member Ready (after start and after a restart),
 // memory per member and per endpoint, idle CPU, REST and dashboard
-// response times and each shape's convergence. See docs/performance.md
-// for the figures and how to read them.
+// response times and each shape's convergence. With --real-envoys N
+// (envoy shape, also with --peer istiod) N real Envoy processes are the
+// fleet instead of simulated streams, and every write is timed at each
+// Envoy's admin API, with their NACKs, warming clusters and memory
+// (realenvoy.go). See docs/performance.md for the figures and how to read
+// them.
 package main
 
 import (

@@ -66,7 +66,7 @@ func startIstiodPeer(ctx context.Context, cfg Config, home *localcluster.Cluster
 	}
 	p, err := istiod.Start(ctx, istiod.Options{
 		Bin: bin, Dir: dir, Kubeconfig: home.Kubeconfig(), ClusterID: homeID, SystemNamespace: istiodNamespace,
-		Env: withGCTrace(cfg.HubEnv),
+		Env: withGCTrace(istiodPeerEnv(cfg)),
 	})
 	if err != nil {
 		return nil, err

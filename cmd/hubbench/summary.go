@@ -73,6 +73,8 @@ type Summary struct {
 	Heap HeapSummary `json:"heap"`
 	// Bulk is the bulk phase (--bulk), if any.
 	Bulk *BulkSummary `json:"bulk,omitempty"`
+	// RealEnvoys is the real-Envoy mode's figures (--real-envoys), if any.
+	RealEnvoys *RealEnvoySummary `json:"realEnvoys,omitempty"`
 	// Scale is the scale mode's figures (--apiservers), if any.
 	Scale *ScaleSummary `json:"scale,omitempty"`
 
@@ -252,7 +254,9 @@ func (s *Summary) Problems() []string {
 	if s.Resends != 0 {
 		out = append(out, fmt.Sprintf("%d responses were resent (same version and type twice on one stream) although no stream ever NACKed", s.Resends))
 	}
-	if s.HubMetrics.Nacks != 0 {
+	if s.RealEnvoys != nil {
+		out = append(out, s.RealEnvoys.problems(s.Config.Peer)...)
+	} else if s.HubMetrics.Nacks != 0 {
 		out = append(out, fmt.Sprintf("the hub counted %v NACKs although no stream ever NACKed", s.HubMetrics.Nacks))
 	}
 	for i, w := range s.Writes {
@@ -297,7 +301,9 @@ func (s *Summary) WriteText(w io.Writer) {
 	p("")
 	p("  member sync time          %8.2f s    (hub start → %d clusters Ready and %d services listed with all endpoints)", s.MemberSyncSeconds, c.Members+1, c.Services)
 	byType := s.ConnectResponsesByType
-	if s.Shape == shapeIstiod {
+	if s.RealEnvoys != nil {
+		s.RealEnvoys.writeText(p, s)
+	} else if s.Shape == shapeIstiod {
 		p("  cold connect              %8.2f s    (first dial → all %d streams got a response for each of the %d config types; %d responses, %d of them ServiceEntry)",
 			s.ColdConnectSeconds, c.Streams, len(istiodConfigTypes), s.ConnectResponses, byType[istiodKind(serviceEntryType)])
 		p("    per stream              p50 %.0f ms, p99 %.0f ms, max %.0f ms (dial → every type answered, %d connecting at once)", s.StreamConnect.P50Ms, s.StreamConnect.P99Ms, s.StreamConnect.MaxMs, c.ConnectConcurrency)
@@ -316,9 +322,15 @@ func (s *Summary) WriteText(w io.Writer) {
 	if r := s.ResponseBytes; r != nil {
 		p("  bytes per push per stream %8.0f KiB  (ServiceEntry response that brought a write: min %d, mean %.0f, max %d bytes)", r.Mean/1024, r.Min, r.Mean, r.Max)
 	}
-	p("  pushes/s (client)         %8.1f      (%d responses in %.1fs of writes, gaps of %s included)", s.PushesPerSecond, s.WriteResponses, s.WritePhaseSeconds, c.WriteGap)
+	if s.RealEnvoys == nil {
+		p("  pushes/s (client)         %8.1f      (%d responses in %.1fs of writes, gaps of %s included)", s.PushesPerSecond, s.WriteResponses, s.WritePhaseSeconds, c.WriteGap)
+	}
 	p("  pushes/s (hub /metrics)   %8.1f      (hub_xds_responses_total +%.0f)", s.HubPushesPerSecond, s.HubWriteResponses)
-	p("  resends                   %8d      (never NACKed; hub counted %.0f NACKs)", s.Resends, s.HubMetrics.Nacks)
+	if s.RealEnvoys != nil {
+		p("  server-counted NACKs      %8.0f      (the server's own NACK counter over the run)", s.HubMetrics.Nacks)
+	} else {
+		p("  resends                   %8d      (never NACKed; hub counted %.0f NACKs)", s.Resends, s.HubMetrics.Nacks)
+	}
 	p("  hub RSS now / peak        %8.0f / %.0f MiB after the writes (after sync %.0f / %.0f, after connect %.0f / %.0f)",
 		s.Hub.AfterWrites.RSSMiB, s.Hub.AfterWrites.PeakRSSMiB,
 		s.Hub.AfterSync.RSSMiB, s.Hub.AfterSync.PeakRSSMiB, s.Hub.AfterConnect.RSSMiB, s.Hub.AfterConnect.PeakRSSMiB)

@@ -84,10 +84,12 @@ func (p *Process) Stats(ctx context.Context, filter string) (map[string]uint64, 
 	if err != nil {
 		return nil, err
 	}
-	return parseStats(body)
+	return ParseStats(body)
 }
 
-func parseStats(body []byte) (map[string]uint64, error) {
+// ParseStats reads the counters and gauges of an admin
+// /stats?format=json answer (histograms and text readouts left out).
+func ParseStats(body []byte) (map[string]uint64, error) {
 	var doc struct {
 		Stats []struct {
 			Name  string          `json:"name"`

@@ -342,7 +342,7 @@ func TestADSErrors(t *testing.T) {
 }
 
 func TestParseStats(t *testing.T) {
-	got, err := parseStats([]byte(`{"stats":[{"name":"a.b","value":3},{"name":"g","value":0},{"name":"t","value":"text"},{"histograms":{"supported_quantiles":[0]}}]}`))
+	got, err := ParseStats([]byte(`{"stats":[{"name":"a.b","value":3},{"name":"g","value":0},{"name":"t","value":"text"},{"histograms":{"supported_quantiles":[0]}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
