@@ -348,15 +348,21 @@ func (c *sotwConn) resendEndpoints(clusters []string) error {
 	}
 	t.sub.forget(clusters)
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
+	// A request of its own identity: a response the cancelled watch queued
+	// is dropped (sendQueued), as the new watch's requested() counted it
+	// answered, instead of being sent besides the new one.
+	t.req = &discoveryv3.DiscoveryRequest{VersionInfo: t.req.VersionInfo, Node: t.req.Node, ResourceNames: t.req.ResourceNames,
+		TypeUrl: t.req.TypeUrl, ResponseNonce: t.req.ResponseNonce}
 	var err error
 	t.cancel, err = c.a.watcher.CreateWatch(t.req, &t.sub, c.conn)
 	return err
 }
 
 // changedClusters lists the names of next whose version differs from the
-// same name's in prev (both sorted by name, as the generator returns
-// them): clusters that Envoy re-warms. New ones are left out: Envoy asks
-// for their endpoints itself.
+// same name's in prev (both sorted by name, as Generator.Resources and
+// Generator.All return them, named subscriptions too): clusters that
+// Envoy re-warms. New ones are left out: Envoy asks for their endpoints
+// itself.
 func changedClusters(prev, next []*xdsgen.Resource) []string {
 	var changed []string
 	i := 0
@@ -690,9 +696,20 @@ func (s *deltaSubscription) took(r *deltaResponse) {
 	s.holds = s.versions.apply(s.holds, c)
 }
 
+// holdsAny reports whether the stream holds any of names (read only).
+func (s *deltaSubscription) holdsAny(names []string) bool {
+	for _, name := range names {
+		if _, ok := s.holds.res[name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // forget drops names from what the stream holds, so that the next
 // evaluation sends them again whatever their versions; it reports whether
-// the stream held any of them.
+// the stream held any of them. Only while no watch of the type is parked
+// (the holding may change in place).
 func (s *deltaSubscription) forget(names []string) bool {
 	var gone []string
 	for _, name := range names {
@@ -832,12 +849,15 @@ func (c *deltaConn) resendEndpoints(names []string) error {
 		}
 		return nil
 	}
-	if !t.sub.forget(names) {
+	if !t.sub.holdsAny(names) {
 		return nil // none of them held: nothing Envoy waits for
 	}
+	// Cancelled first: a push may be evaluating the parked watch, which
+	// reads what the stream holds (forget changes it, possibly in place).
 	if t.cancel != nil {
 		t.cancel()
 	}
+	t.sub.forget(names)
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	var err error
 	t.cancel, err = c.a.watcher.CreateDeltaWatch(&discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}, &t.sub, c.conn, !t.answered)

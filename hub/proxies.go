@@ -188,6 +188,11 @@ func (p *proxyTracker) collectors() []prometheus.Collector {
 // (Hub.RefusedStreams) and logged, so the operator sees what the client
 // was told.
 func (p *proxyTracker) onRefused(c *conn, err error) {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.FailedPrecondition, codes.OutOfRange:
+	default:
+		return // the hub's own state (a full hub, a drain), not what the client sent
+	}
 	p.mu.Lock()
 	st := c.state.status
 	p.mu.Unlock()

@@ -73,6 +73,7 @@ func (wc *workloadCerts) secret(sw *streamWorkload, id authn.Identity, roots aut
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
 	if c := sw.cert; c != nil && c.id == id.SpiffeID && c.member == id.Cluster && now.Before(c.renewAt) {
+		wc.due(c.renewAt) // a tick that fired for another's is past: this one's is still ahead
 		return c.secret, nil
 	}
 	ttl := wc.ttl
