@@ -594,10 +594,8 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		}
 		sum.Writes = append(sum.Writes, wr)
 		cfg.progress("write %d/%d: %s in %s reached %d/%d watchers: p50 %.1f ms, max %.1f ms", w+1, cfg.Writes, svc.name, member, len(lat), len(watchers), p.P50Ms, p.MaxMs)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(cfg.WriteGap):
+		if err := writeGap(ctx, cfg); err != nil {
+			return err
 		}
 	}
 	sum.Convergence = percentiles(all)
@@ -669,4 +667,14 @@ func nextWrite(ctx context.Context, cfg Config, l *layout, clients []kubernetes.
 	}
 	slice.Endpoints = append(slice.Endpoints, ep)
 	return slicesAPI, slice, addr, member, nil
+}
+
+// writeGap waits cfg.WriteGap after a measured write, or until ctx is done.
+func writeGap(ctx context.Context, cfg Config) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(cfg.WriteGap):
+		return nil
+	}
 }

@@ -660,10 +660,8 @@ func realEnvoyWrites(ctx context.Context, cfg Config, l *layout, written []int, 
 			Watchers: len(envoys), Reached: len(got), P50Ms: p.P50Ms, MaxMs: p.MaxMs,
 		})
 		cfg.progress("write %d/%d: %s in %s applied by %d/%d Envoys: p50 %.1f ms, max %.1f ms", w+1, cfg.Writes, svc.name, member, len(got), len(envoys), p.P50Ms, p.MaxMs)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(cfg.WriteGap):
+		if err := writeGap(ctx, cfg); err != nil {
+			return err
 		}
 	}
 	sum.Convergence = percentiles(all)
