@@ -59,10 +59,11 @@ type Config struct {
 	// Delta uses Delta (incremental) ADS instead of State of the World.
 	Delta bool `json:"delta"`
 	// DeltaNodeEveryRequest makes the envoy shape's Delta streams send
-	// their node (an Istio sidecar's, ~17 KB, envoynode.go) in every
-	// request, ACKs included, as Envoy before 1.38 does; false sends it in
-	// the first request only, as Envoy 1.38 does. SotW streams send it in
-	// their first request only (set_node_on_first_message_only).
+	// their node (a real Envoy 1.40's, 63 KB, envoynode.go) in every
+	// request, ACKs included, as Envoy before 1.38 does; false (the
+	// default) sends it in the first request only, as the recorded Envoy
+	// 1.40 does. SotW streams send it in their first request only
+	// (set_node_on_first_message_only).
 	DeltaNodeEveryRequest bool `json:"deltaNodeEveryRequest"`
 	// CDS is how streams subscribe to clusters: "wildcard" (every cluster,
 	// like Envoy sidecars without a Sidecar scope) or "named" (only the
@@ -149,8 +150,7 @@ type Config struct {
 func defaultConfig() Config {
 	return Config{
 		Members: 10, Services: 1000, ServiceMembers: 2, Endpoints: 20000, Networks: 1,
-		Writes: 20, DeltaNodeEveryRequest: true,
-		WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
+		Writes: 20, WriteGap: 300 * time.Millisecond, WriteTimeout: 30 * time.Second,
 		ConnectConcurrency: 100, CreateWorkers: 16,
 		SyncTimeout: 10 * time.Minute, ConnectTimeout: 10 * time.Minute,
 		CADuration:  20 * time.Second,
@@ -247,7 +247,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.WriteGap, "write-gap", c.WriteGap, "pause between one write reaching every watcher and the next write")
 	fs.DurationVar(&c.WriteTimeout, "write-timeout", c.WriteTimeout, "how long one write may take to reach every watcher")
 	fs.BoolVar(&c.Delta, "delta", c.Delta, "use Delta ADS instead of State of the World")
-	fs.BoolVar(&c.DeltaNodeEveryRequest, "delta-node-every-request", c.DeltaNodeEveryRequest, "envoy shape with --delta: send the Istio sidecar's node (~17 KB with its extensions) in every Delta request, ACKs included, as Envoy < 1.38 does; false: in the first request only, as Envoy 1.38 (SotW always sends it once: set_node_on_first_message_only)")
+	fs.BoolVar(&c.DeltaNodeEveryRequest, "delta-node-every-request", c.DeltaNodeEveryRequest, "envoy shape with --delta: send the node (63 KB with Envoy 1.40's extensions) in every Delta request, ACKs included, as Envoy < 1.38 does; false (default): in the first request only, as the recorded Envoy 1.40 does (SotW always sends it once: set_node_on_first_message_only)")
 	fs.StringVar(&c.CDS, "cds", c.CDS, "named shape's CDS subscription: wildcard (all clusters, the default) or named (only the stream's services)")
 	fs.IntVar(&c.ConnectConcurrency, "connect-concurrency", c.ConnectConcurrency, "streams connecting at once (until each holds its full config)")
 	fs.IntVar(&c.CreateWorkers, "create-workers", c.CreateWorkers, "concurrent API requests while creating services")

@@ -5,7 +5,7 @@
 //
 //	hubbench [--members 10] [--services 1000] [--endpoints 20000] [--streams 2000]
 //	         [--shape named|envoy|grpc|istiod|ca] [--services-per-stream N|all]
-//	         [--writes 20] [--delta] [--delta-node-every-request=true]
+//	         [--writes 20] [--delta] [--delta-node-every-request]
 //	         [--bulk N --bulk-writers 8] [--real-envoys N] [--json]
 //	hubbench --members 300 --apiservers 10 [--services-per-member 100]
 //	         [--endpoints-per-service 10] [--also-shapes envoy] [--idle-window 30s]
