@@ -50,9 +50,11 @@ type Cluster struct {
 	// Network is the member's Istio network (absent: none).
 	Network string `json:"network,omitempty"`
 	// Gateways are the member's east-west gateways, and GatewaysRefused
-	// why others were not accepted.
-	Gateways        []Gateway `json:"gateways,omitempty"`
-	GatewaysRefused []string  `json:"gatewaysRefused,omitempty"`
+	// why others were not accepted (at most 32 reasons and a count of the
+	// rest; GatewaysRefusedCount counts them all).
+	Gateways             []Gateway `json:"gateways,omitempty"`
+	GatewaysRefused      []string  `json:"gatewaysRefused,omitempty"`
+	GatewaysRefusedCount int       `json:"gatewaysRefusedCount,omitempty"`
 	// CrossNetworkWithheld counts the member's endpoints that proxies on
 	// other networks do not get (no gateway, or not Istio mTLS).
 	CrossNetworkWithheld int `json:"crossNetworkWithheld"`
@@ -127,7 +129,7 @@ func ToCluster(st clusters.Status) Cluster {
 	c := Cluster{
 		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
 		Server: st.Server, KubeconfigSHA256: st.KubeconfigSHA256, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
-		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused,
+		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused, GatewaysRefusedCount: st.GatewaysRefusedCount,
 		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
 		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,
 		WatchScope: st.WatchScope.String(), WatchedNamespaces: st.WatchedNamespaces, WatchRefused: st.WatchRefused,

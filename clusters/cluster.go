@@ -145,11 +145,14 @@ type Cluster struct {
 	// discoverGateways made of them and the member's gateway Services
 	// (shared by every Service view: never modified, only replaced), and
 	// gatewayServices the labelled Services it looked at.
-	annotated       []Gateway
-	annotatedErr    error
-	confirmed       string // the network the Secret confirms (AnnotationNetwork)
-	gateways        gatewayView
-	gatewayServices map[ServiceKey]bool
+	annotated    []Gateway
+	annotatedErr []error
+	confirmed    string // the network the Secret confirms (AnnotationNetwork)
+	// gatewayNamespaces are where gateway Services may live
+	// (AnnotationGatewayNamespaces and SystemNamespace), sorted.
+	gatewayNamespaces []string
+	gateways          gatewayView
+	gatewayServices   map[ServiceKey]bool
 	// plaintext counts, per Service, the endpoints that do not accept
 	// Istio mTLS: what proxies of other networks do not get when the
 	// member's network has a gateway (Status.CrossNetworkWithheld).
@@ -162,6 +165,9 @@ type Cluster struct {
 	// gatewaysChanged, if set, is told when the member's network or
 	// gateways changed (the registry hands every member the new set).
 	gatewaysChanged func()
+	// gatewayRefused, if set, is told each new reason a gateway was
+	// refused (the registry records an Event on the remote Secret).
+	gatewayRefused func(reason string)
 	// peerGateways are every network's gateways (setPeerGateways);
 	// gatewayKick wakes the writer; what it wrote and its last error are
 	// shown in the status.
@@ -239,7 +245,8 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 
 		gatewayKick: make(chan struct{}, 1),
 
-		gatewayServices: map[ServiceKey]bool{},
+		gatewayServices:   map[ServiceKey]bool{},
+		gatewayNamespaces: []string{SystemNamespace},
 	}
 	mc, err := metadata.NewForConfigAndClient(cfg, httpClient)
 	if err != nil {
@@ -757,7 +764,7 @@ func (c *Cluster) statusLocked() Status {
 	st.Network = c.network()
 	st.CrossNetworkWithheld = c.crossNetworkWithheldLocked(st.Network, st.Endpoints)
 	st.Gateways = slices.Clone(c.gateways.gateways)
-	st.GatewaysRefused = slices.Clone(c.gateways.refused)
+	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.gateways.refused), c.gateways.refusedCount
 	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)
 	st.GatewayServicesError = c.gatewayWriteErr
 	st.WatchScope = c.scope

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -59,6 +60,46 @@ const AnnotationGateways = "hub.federation/gateways"
 // cluster's network needs no confirmation (it is the operator's own).
 const AnnotationNetwork = "hub.federation/network"
 
+// AnnotationGatewayNamespaces on a remote Secret names the namespaces,
+// besides SystemNamespace (Istio's convention), whose Services may be its
+// members' east-west gateways: a comma-separated list of namespace names.
+// A Service labelled with a network anywhere else is refused, whatever it
+// says: any tenant of a member can label a Service, and a gateway is the
+// way into the member's network for every other network.
+const AnnotationGatewayNamespaces = "hub.federation/gateway-namespaces"
+
+// maxGatewayNamespaces bounds AnnotationGatewayNamespaces.
+const maxGatewayNamespaces = 16
+
+// ReasonGatewayRefused is the reason of the Event on a remote Secret when
+// one of its member's Services is refused as a gateway.
+const ReasonGatewayRefused = "GatewayRefused"
+
+// parseGatewayNamespaces reads AnnotationGatewayNamespaces: the namespaces
+// where gateway Services may live, SystemNamespace always among them. A
+// name that is not a namespace's refuses the whole annotation (only
+// SystemNamespace is then allowed).
+func parseGatewayNamespaces(v string) ([]string, error) {
+	out := []string{SystemNamespace}
+	for e := range strings.SplitSeq(v, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		if errs := validation.IsDNS1123Label(e); len(errs) > 0 {
+			return []string{SystemNamespace}, fmt.Errorf("annotation %s: %s is not a namespace name: %s", AnnotationGatewayNamespaces, quote(e), errs[0])
+		}
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+		if len(out) > maxGatewayNamespaces+1 {
+			return []string{SystemNamespace}, fmt.Errorf("annotation %s: more than %d namespaces", AnnotationGatewayNamespaces, maxGatewayNamespaces)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // confirmedNetwork reads AnnotationNetwork for member id ("" when it names
 // none for it).
 func confirmedNetwork(v, id string) string {
@@ -81,12 +122,48 @@ const maxGateways = 16
 // maxGatewaySource bounds Gateway.Source in a persisted view.
 const maxGatewaySource = 256
 
+// maxGatewaysRefused bounds the reasons a gatewayView keeps: any tenant can
+// label Services, and each would otherwise add one to the status.
+const maxGatewaysRefused = 32
+
 // gatewayView is what a member's gateway Services and its Secret say:
 // the accepted gateways and, for those refused, why.
 type gatewayView struct {
 	network  string // the member's network they are for
 	gateways []Gateway
-	refused  []string
+	refused  []string // at most maxGatewaysRefused, then a count of the rest
+	// refusedCount is how many were refused in all.
+	refusedCount int
+}
+
+// refuse records why a gateway (or all of them) was refused.
+func (v *gatewayView) refuse(why string) {
+	v.refusedCount++
+	switch {
+	case len(v.refused) < maxGatewaysRefused:
+		v.refused = append(v.refused, why)
+	case len(v.refused) == maxGatewaysRefused:
+		v.refused = append(v.refused, "") // the count of the rest, set by discoverGateways
+	}
+}
+
+// gatewaySources is what discoverGateways works a member's gateways out
+// from.
+type gatewaySources struct {
+	network string
+	// confirmed says whether the member's network is confirmed
+	// (AnnotationNetwork): if not, no gateway is accepted.
+	confirmed bool
+	// namespaces are where gateway Services may live
+	// (parseGatewayNamespaces), sorted.
+	namespaces []string
+	services   []*corev1.Service // labelled with LabelNetwork
+	nodes      []*corev1.Node    // for NodePort gateways
+	// annotated are the Secret's gateways (AnnotationGateways), accepted
+	// first; annotErr is why that annotation or AnnotationGatewayNamespaces
+	// was refused.
+	annotated []Gateway
+	annotErr  []error
 }
 
 // parseGatewayAnnotation reads AnnotationGateways: IP or IP:port entries.
@@ -136,29 +213,40 @@ func gatewayAddress(g Gateway) error {
 // Services labelled topology.istio.io/network that listen on 15443 (or
 // LabelGatewayPort), addressed by LoadBalancer ingress IPs, externalIPs,
 // or, for a NodePort Service annotated with AnnotationNodeSelector, the
-// node port on the external IPs of the nodes it selects. Unlike istiod it accepts a gateway only
-// for the member's own network: a member cannot make itself the way into
-// another network (a label is not an authorisation). annotated are the
-// Secret's gateways (AnnotationGateways), accepted first; annotErr is why
-// that annotation was refused. confirmed says whether the member's network
-// is confirmed (AnnotationNetwork): if not, no gateway is accepted.
-func discoverGateways(network string, confirmed bool, svcs []*corev1.Service, nodes []*corev1.Node, annotated []Gateway, annotErr error) gatewayView {
-	v := gatewayView{network: network}
-	if annotErr != nil {
-		v.refused = append(v.refused, annotErr.Error())
+// node port on the external IPs of the nodes it selects. Unlike istiod it
+// takes them only from SystemNamespace and the namespaces the remote
+// Secret names (AnnotationGatewayNamespaces), so that no tenant's Service
+// becomes a gateway nor displaces one, and only for the member's own,
+// confirmed network: a member cannot make itself the way into another
+// network (a label is not an authorisation).
+func discoverGateways(in gatewaySources) gatewayView {
+	v := gatewayView{network: in.network}
+	for _, err := range in.annotErr {
+		v.refuse(err.Error())
 	}
+	svcs := slices.Clone(in.services)
 	slices.SortFunc(svcs, func(a, b *corev1.Service) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
-	if network == "" {
-		if len(annotated) > 0 || len(svcs) > 0 {
-			v.refused = append(v.refused, fmt.Sprintf("the member has no network (label namespace %s with %s): its gateways are not used", SystemNamespace, LabelNetwork))
+	allowed := svcs[:0]
+	for _, svc := range svcs {
+		if _, ok := slices.BinarySearch(in.namespaces, svc.Namespace); ok {
+			allowed = append(allowed, svc)
+			continue
+		}
+		v.refuse(fmt.Sprintf("service %s/%s: namespace %s may not hold gateways (only %s and the namespaces the remote Secret's annotation %s names)",
+			svc.Namespace, svc.Name, svc.Namespace, SystemNamespace, AnnotationGatewayNamespaces))
+	}
+	defer v.countRest()
+	switch {
+	case in.network == "":
+		if len(in.annotated) > 0 || len(allowed) > 0 {
+			v.refuse(fmt.Sprintf("the member has no network (label namespace %s with %s): its gateways are not used", SystemNamespace, LabelNetwork))
 		}
 		return v
-	}
-	if !confirmed {
-		if len(annotated) > 0 || len(svcs) > 0 {
-			v.refused = append(v.refused, fmt.Sprintf("network %s is not confirmed by the remote Secret (annotation %s): the member's gateways are not used; a member's own label cannot make it a way into a network", quote(network), AnnotationNetwork))
+	case !in.confirmed:
+		if len(in.annotated) > 0 || len(allowed) > 0 {
+			v.refuse(fmt.Sprintf("network %s is not confirmed by the remote Secret (annotation %s): the member's gateways are not used; a member's own label cannot make it a way into a network", quote(in.network), AnnotationNetwork))
 		}
 		return v
 	}
@@ -169,24 +257,24 @@ func discoverGateways(network string, confirmed bool, svcs []*corev1.Service, no
 			return
 		}
 		if len(v.gateways) == maxGateways {
-			v.refused = append(v.refused, fmt.Sprintf("%s: more than %d gateways; %s:%d left out", g.Source, maxGateways, g.Address, g.Port))
+			v.refuse(fmt.Sprintf("%s: more than %d gateways; %s:%d left out", g.Source, maxGateways, g.Address, g.Port))
 			return
 		}
 		seen[key] = true
 		v.gateways = append(v.gateways, g)
 	}
-	for _, g := range annotated {
+	for _, g := range in.annotated {
 		add(g)
 	}
-	for _, svc := range svcs {
+	for _, svc := range allowed {
 		source := "service " + svc.Namespace + "/" + svc.Name
-		if nw := svc.Labels[LabelNetwork]; nw != network {
-			v.refused = append(v.refused, fmt.Sprintf("%s: labelled for network %s, but the member is on network %s", source, quote(nw), quote(network)))
+		if nw := svc.Labels[LabelNetwork]; nw != in.network {
+			v.refuse(fmt.Sprintf("%s: labelled for network %s, but the member is on network %s", source, quote(nw), quote(in.network)))
 			continue
 		}
-		gws, problem := serviceGateways(svc, nodes)
+		gws, problem := serviceGateways(svc, in.nodes)
 		if problem != "" {
-			v.refused = append(v.refused, source+": "+problem)
+			v.refuse(source + ": " + problem)
 		}
 		for _, g := range gws {
 			g.Source = source
@@ -194,6 +282,13 @@ func discoverGateways(network string, confirmed bool, svcs []*corev1.Service, no
 		}
 	}
 	return v
+}
+
+// countRest ends the refused list with how many reasons it left out.
+func (v *gatewayView) countRest() {
+	if n := len(v.refused); n > maxGatewaysRefused {
+		v.refused[n-1] = fmt.Sprintf("… %d more refused", v.refusedCount-maxGatewaysRefused)
+	}
 }
 
 // serviceGateways lists the gateways one labelled Service offers, or says
@@ -264,8 +359,9 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 }
 
 // secretNetworking is what a remote Secret says of its members' network:
-// its AnnotationGateways and AnnotationNetwork, as written.
-type secretNetworking struct{ gateways, network string }
+// its AnnotationGateways, AnnotationNetwork and AnnotationGatewayNamespaces,
+// as written.
+type secretNetworking struct{ gateways, network, gatewayNamespaces string }
 
 // setSecretNetworking records what the member's remote Secret says of its
 // network: the gateways it names and the network it confirms, and works out
@@ -273,10 +369,17 @@ type secretNetworking struct{ gateways, network string }
 // the member starts and whenever it reads the Secret.
 func (c *Cluster) setSecretNetworking(s secretNetworking) {
 	gws, err := parseGatewayAnnotation(s.gateways)
+	nss, nsErr := parseGatewayNamespaces(s.gatewayNamespaces)
+	var errs []error
+	for _, e := range []error{err, nsErr} {
+		if e != nil {
+			errs = append(errs, e)
+		}
+	}
 	nw := confirmedNetwork(s.network, c.id)
 	c.mu.Lock()
-	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(err) && c.confirmed == nw
-	c.annotated, c.annotatedErr, c.confirmed = gws, err, nw
+	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(errs) && c.confirmed == nw && slices.Equal(c.gatewayNamespaces, nss)
+	c.annotated, c.annotatedErr, c.confirmed, c.gatewayNamespaces = gws, errs, nw, nss
 	c.mu.Unlock()
 	if !same && c.services != nil {
 		c.refreshGateways(false)
@@ -316,7 +419,7 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	for k := range c.gatewayServices {
 		keys = append(keys, k)
 	}
-	annotated, annotatedErr, confirmed := c.annotated, c.annotatedErr, c.confirmed
+	annotated, annotatedErr, confirmed, namespaces := c.annotated, c.annotatedErr, c.confirmed, c.gatewayNamespaces
 	c.mu.Unlock()
 	var svcs []*corev1.Service
 	var gone []ServiceKey
@@ -338,7 +441,8 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 		slices.SortFunc(nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
 	}
 	network := c.network()
-	view := discoverGateways(network, c.secret == "" || confirmed == network, svcs, nodes, annotated, annotatedErr)
+	view := discoverGateways(gatewaySources{network: network, confirmed: c.secret == "" || confirmed == network, namespaces: namespaces,
+		services: svcs, nodes: nodes, annotated: annotated, annotErr: annotatedErr})
 	c.mu.Lock()
 	for _, k := range gone {
 		delete(c.gatewayServices, k)
@@ -347,9 +451,19 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	if changed {
 		c.gateways.gateways, c.gateways.network = view.gateways, view.network
 	}
-	c.gateways.refused = view.refused
-	notify := c.gatewaysChanged
+	newlyRefused := slices.DeleteFunc(slices.Clone(view.refused), func(r string) bool { return slices.Contains(c.gateways.refused, r) })
+	c.gateways.refused, c.gateways.refusedCount = view.refused, view.refusedCount
+	notify, onRefused := c.gatewaysChanged, c.gatewayRefused
 	c.mu.Unlock()
+	for _, r := range newlyRefused {
+		if strings.HasPrefix(r, "… ") { // the count of the rest
+			continue
+		}
+		c.log.Warn("gateway refused", "cluster", c.id, "reason", r)
+		if onRefused != nil {
+			onRefused(r)
+		}
+	}
 	if !changed && !rebuild {
 		return false
 	}

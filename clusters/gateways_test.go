@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,7 @@ func TestDiscoverGateways(t *testing.T) {
 		annotated []Gateway
 		// unconfirmed: the Secret does not confirm the member's network.
 		unconfirmed bool
+		namespaces  []string // nil: SystemNamespace only
 		want        []string // address:port/source
 		refused     []string // substrings, in order
 	}{
@@ -87,12 +89,27 @@ func TestDiscoverGateways(t *testing.T) {
 			refused: []string{`network "net" is not confirmed by the remote Secret`}},
 		{name: "member without network", svcs: []*corev1.Service{gatewayService("ew", "net", lb("203.0.113.7", ""))}, annotated: annotated,
 			refused: []string{"the member has no network"}},
+		{name: "a tenant's labelled Service is refused", network: "net",
+			svcs:    []*corev1.Service{inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
+			refused: []string{"service tenant/ew: namespace tenant may not hold gateways (only istio-system and the namespaces the remote Secret's annotation hub.federation/gateway-namespaces names)"}},
+		{name: "a tenant's labelled Service is refused even without a network", svcs: []*corev1.Service{inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
+			refused: []string{"namespace tenant may not hold gateways"}},
+		{name: "a namespace the Secret names", network: "net", namespaces: []string{"gateways", SystemNamespace},
+			svcs: []*corev1.Service{inNamespace("gateways", gatewayService("ew", "net", lb("203.0.113.7", ""))), inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
+			want: []string{"203.0.113.7:15443/service gateways/ew"}, refused: []string{"namespace tenant may not hold gateways"}},
+		{name: "tenants cannot displace the gateway", network: "net", svcs: append(manyTenantGateways(40), gatewayService("ew", "net", lb("203.0.113.7", ""))),
+			want: []string{"203.0.113.7:15443/service istio-system/ew"}, refused: append(slices.Repeat([]string{"may not hold gateways"}, maxGatewaysRefused), "… 8 more refused")},
 		{name: "annotated first, duplicates once", network: "net", annotated: annotated,
 			svcs: []*corev1.Service{gatewayService("ew", "net", lb("198.51.100.1", ""))},
 			want: []string{"198.51.100.1:15443/secret annotation", "198.51.100.2:443/secret annotation"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := discoverGateways(tc.network, !tc.unconfirmed, tc.svcs, nodes, tc.annotated, nil)
+			namespaces := tc.namespaces
+			if namespaces == nil {
+				namespaces = []string{SystemNamespace}
+			}
+			v := discoverGateways(gatewaySources{network: tc.network, confirmed: !tc.unconfirmed, namespaces: namespaces,
+				services: tc.svcs, nodes: nodes, annotated: tc.annotated})
 			var got []string
 			for _, g := range v.gateways {
 				got = append(got, g.String()+"/"+g.Source)
@@ -421,5 +438,43 @@ func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
 	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
 	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
 		t.Errorf("own gateway: %d; want 3", got)
+	}
+}
+
+func inNamespace(ns string, s *corev1.Service) *corev1.Service {
+	s.Namespace = ns
+	return s
+}
+
+// manyTenantGateways are n labelled gateway Services of tenants whose
+// namespaces sort before istio-system.
+func manyTenantGateways(n int) []*corev1.Service {
+	var out []*corev1.Service
+	for i := range n {
+		out = append(out, inNamespace(fmt.Sprintf("aaa-%02d", i), gatewayService("ew", "net", func(s *corev1.Service) {
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: fmt.Sprintf("203.0.113.%d", 100+i)}}
+		})))
+	}
+	return out
+}
+
+func TestParseGatewayNamespaces(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+		err  string
+	}{
+		{"", []string{SystemNamespace}, ""},
+		{" gateways , istio-system,ew ", []string{"ew", "gateways", SystemNamespace}, ""},
+		{"gateways,Bad_NS", []string{SystemNamespace}, `"Bad_NS" is not a namespace name`},
+		{strings.Repeat("ns,", 3) + "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q", []string{SystemNamespace}, "more than 16 namespaces"},
+	} {
+		got, err := parseGatewayNamespaces(tc.in)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%q: %v, want %v", tc.in, got, tc.want)
+		}
+		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: error %v, want %q", tc.in, err, tc.err)
+		}
 	}
 }

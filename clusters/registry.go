@@ -346,7 +346,8 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		data = secret.Data
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
-		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork]}
+		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork],
+			gatewayNamespaces: secret.Annotations[AnnotationGatewayNamespaces]}
 		scope, scopeErr = readWatchScope(secret.Annotations)
 	}
 
@@ -516,6 +517,9 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		return st, false
 	}
 	c.gatewaysChanged, c.settled = r.refreshPeerGateways, r.settled
+	c.gatewayRefused = func(reason string) {
+		r.event(ref, corev1.EventTypeWarning, ReasonGatewayRefused, "cluster %s: gateway refused: %s", id, reason)
+	}
 	// What the Secret says of the member's network holds from the start,
 	// for a restored view too (a persisted gateway counts only if the
 	// Secret confirms its network).

@@ -148,9 +148,11 @@ type Status struct {
 	// namespace has no topology.istio.io/network label).
 	Network string
 	// Gateways are the member's accepted east-west gateways and
-	// GatewaysRefused why others were not accepted.
-	Gateways        []Gateway
-	GatewaysRefused []string
+	// GatewaysRefused why others were not accepted (at most 33 reasons,
+	// the last counting the rest); GatewaysRefusedCount counts them all.
+	Gateways             []Gateway
+	GatewaysRefused      []string
+	GatewaysRefusedCount int
 	// CrossNetworkWithheld counts the member's endpoints that proxies on
 	// other networks do not get: all of them when the member has a network
 	// on which no member has a gateway, else those that do not accept

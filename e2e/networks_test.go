@@ -86,6 +86,12 @@ func meshPods(t *testing.T, kc kubernetes.Interface, ns string, backends []local
 // directly and east's as east's gateway, weighted by the mTLS endpoints it
 // stands for, with none of east's pod addresses (the plaintext one is left
 // out): it learnt the gateway from the Service the hub wrote into west.
+//
+// A tenant of east labels a Service of its own namespace (which sorts
+// before istio-system) as a gateway of net-east: the hub refuses it (the
+// reason in the API, an Event on the remote Secret), it never displaces
+// the real gateway, and its address reaches neither west's written
+// Service nor istiod's EDS.
 func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	istiodBin(t)
 	adscBin(t)
@@ -124,6 +130,16 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	t.Cleanup(func() {
 		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
 	})
+	const tenantIP = "198.19.60.66"
+	tenant := "aaa-tenant-" + rand.String(4)
+	if err := localcluster.EnsureNamespace(ctx, ec, tenant); err != nil {
+		t.Fatal(err)
+	}
+	impostor := gw.DeepCopy()
+	impostor.Namespace, impostor.Name, impostor.Spec.ExternalIPs = tenant, "eastwest", []string{tenantIP}
+	if _, err := ec.CoreV1().Services(tenant).Create(ctx, impostor, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	hubNS := hubNamespace(t, home)
 	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, networkedSecret(hubNS, west, east), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -140,6 +156,33 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 		}
 		return nil
 	})
+	east0 := h.clusters(t)[east.Name]
+	if g := east0.Gateways[0]; g.Address != "198.19.60.7" {
+		t.Errorf("east's gateway is %+v; want the istio-system one, 198.19.60.7", g)
+	}
+	wantRefusal := "service " + tenant + "/eastwest: namespace " + tenant + " may not hold gateways"
+	if !slices.ContainsFunc(east0.GatewaysRefused, func(r string) bool { return strings.HasPrefix(r, wantRefusal) }) || east0.GatewaysRefusedCount != 1 {
+		t.Errorf("east's refused gateways %q (%d); want %q", east0.GatewaysRefused, east0.GatewaysRefusedCount, wantRefusal)
+	}
+	eventually(t, 30*time.Second, func() error {
+		evs, err := client(t, home).CoreV1().Events(hubNS).List(ctx, metav1.ListOptions{FieldSelector: "reason=GatewayRefused"})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Name == "members" && strings.Contains(ev.Message, wantRefusal) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no GatewayRefused Event on the remote Secret naming %s (%d events)", tenant, len(evs.Items))
+	})
+	ws, err := client(t, west).CoreV1().Services("istio-system").Get(ctx, written, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ws.Spec.ExternalIPs, []string{"198.19.60.7"}) {
+		t.Errorf("west's %s has external IPs %v; want only east's real gateway", written, ws.Spec.ExternalIPs)
+	}
 
 	rootsPEM := hubRootsPEM(t, h, spiffeid.RequireTrustDomainFromString("net.test"))
 	p := startIstiod(t, west, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(h.addrs["xds-tls"], rootsPEM)}})
