@@ -371,3 +371,30 @@ func TestChartExposesEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestChartServicesKeepAdminApart: the Service an operator exposes to
+// members (service.type) carries the xDS/CA port only; the admin port and
+// the plaintext xDS port are in <name>-admin, ClusterIP whatever
+// service.type says.
+func TestChartServicesKeepAdminApart(t *testing.T) {
+	const ns = "hub-system"
+	objs := byKey(t, "render", render(t, "hub", ns, "--set", "service.type=LoadBalancer", "--set", "xdsPlaintextPort=15010"))
+	ports := func(key string) (string, []string) {
+		o, ok := objs[key]
+		if !ok {
+			t.Fatalf("no %s", key)
+		}
+		svc := decodeStrict[corev1.Service](t, o)
+		var names []string
+		for _, p := range svc.Spec.Ports {
+			names = append(names, fmt.Sprintf("%s/%d", p.Name, p.Port))
+		}
+		return string(svc.Spec.Type), names
+	}
+	if typ, got := ports("Service/" + ns + "/hub"); typ != "LoadBalancer" || strings.Join(got, ",") != "https-xds/15012" {
+		t.Errorf("Service hub: %s %v; want LoadBalancer with https-xds/15012 only", typ, got)
+	}
+	if typ, got := ports("Service/" + ns + "/hub-admin"); typ != "ClusterIP" || strings.Join(got, ",") != "http-admin/8080,grpc-xds/15010" {
+		t.Errorf("Service hub-admin: %s %v; want ClusterIP with http-admin/8080 and grpc-xds/15010", typ, got)
+	}
+}

@@ -330,30 +330,42 @@ func TestConfigTypesPerStreamAreBounded(t *testing.T) {
 	t.Fatalf("a stream asking for %d types was not refused", maxTypesPerStream+1)
 }
 
-// TestIstiodExportTo: a member's view annotated hub.federation/export-to
-// reaches the istiods of the members named only (the member the stream
-// names: here its node's CLUSTER_ID on the plaintext port).
+// TestIstiodExportTo: on the mTLS port a member's view annotated
+// hub.federation/export-to reaches only the streams whose member a
+// credential proves to be one the annotation names (a workload certificate
+// bound to it); a node's CLUSTER_ID, which anyone can write, proves
+// nothing there: an anonymous stream naming the member gets what every
+// member gets. The plaintext port trusts the node's CLUSTER_ID (as
+// istiod's 15010 does).
 func TestIstiodExportTo(t *testing.T) {
-	h, addr, _ := serveHub(t, Options{})
+	s := startSecureHub(t, Options{})
 	echo := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
-	h.index.UpdateService("west", echo, echoMember("10.1.0.1"))
+	s.h.index.UpdateService("west", echo, echoMember("10.1.0.1"))
 	limited := echoMember("10.2.0.1")
 	limited.ExportTo = []string{"north"}
-	h.index.UpdateService("east", echo, limited)
-	firstSE := func(s *istiodStream) []string {
-		for {
-			if resp := s.recv(); resp.TypeUrl == serviceEntryType {
-				_, specs := serviceEntries(t, resp)
-				return addresses(specs["demo/hub-echo"])
-			}
+	s.h.index.UpdateService("east", echo, limited)
+	firstSE := func(c *adsClient, cluster string) []string {
+		c.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNodeOf(cluster), TypeUrl: serviceEntryType})
+		resp, err := c.next(t)
+		if err != nil {
+			t.Fatal(err)
 		}
+		_, specs := serviceEntries(t, resp)
+		return addresses(specs["demo/hub-echo"])
 	}
-	if got, want := firstSE(openIstiodOf(t, addr, "north")), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
-		t.Errorf("north's istiod: %v, want %v", got, want)
+	shared := []string{"west=10.1.0.1"}
+	if got, want := firstSE(dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "north")), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+		t.Errorf("north's proven istiod: %v, want %v", got, want)
 	}
-	for _, member := range []string{"south", ""} {
-		if got, want := firstSE(openIstiodOf(t, addr, member)), []string{"west=10.1.0.1"}; !slices.Equal(got, want) {
-			t.Errorf("istiod of %q: %v, want %v", member, got, want)
+	if got, want := firstSE(dialADS(t, s.plain, insecure.NewCredentials()), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+		t.Errorf("plaintext, CLUSTER_ID north: %v, want %v", got, want)
+	}
+	for name, c := range map[string]*adsClient{
+		"mTLS port, anonymous, CLUSTER_ID north": dialADS(t, s.secure, s.anonymous()),
+		"a certificate bound to south":           dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "south")),
+	} {
+		if got := firstSE(c, "north"); !slices.Equal(got, shared) {
+			t.Errorf("%s: %v, want %v", name, got, shared)
 		}
 	}
 }

@@ -191,13 +191,22 @@ type RuleSource interface {
 
 // viewOf is the view a stream's client gets (xdsgen.ViewOf): its member is
 // the one its credentials prove, else the one its node names; a proxyless
-// client's workload is its server's (serverOf).
-func (w *watcher) viewOf(rec *streamRecord, node *corev3.Node, ident authn.Identity) xdsgen.View {
+// client's workload is its server's (serverOf). On the mTLS listener what
+// only some members are offered (hub.federation/export-to, or kept home)
+// goes only to a client whose member a credential proves: a node's
+// CLUSTER_ID is anyone's to write, so there it chooses the client's network
+// and locality, never what it may read. The plaintext listener (plaintext)
+// trusts its callers' claims, as istiod's port 15010 does: whoever can
+// reach it reads what any member's clients read (docs/architecture.md §3.6).
+func (w *watcher) viewOf(rec *streamRecord, node *corev3.Node, ident authn.Identity, plaintext bool) xdsgen.View {
 	member := ident.Cluster
 	if member == "" {
 		member = node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue()
 	}
 	v := w.gen.ViewOf(node, member)
+	if ident.Cluster == "" && !plaintext {
+		v.Client = ""
+	}
 	if v.Flavour == xdsgen.FlavourEnvoy && (w.roots == nil || !ident.Verified(w.roots.LocalTrustDomain())) {
 		v.Flavour = xdsgen.FlavourEnvoyPlaintext // no certificate for it: see FlavourEnvoyPlaintext
 	}
@@ -216,7 +225,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c 
 	}
 	rec := &c.rec
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
-	wt.view = w.viewOf(rec, req.GetNode(), wt.ident)
+	wt.view = w.viewOf(rec, req.GetNode(), wt.ident, c.state.plaintext)
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
 	}
@@ -256,7 +265,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	rec := &c.rec
 	ident := w.streamIdentity(rec)
 	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out, first: first}
-	wt.view = w.viewOf(rec, req.GetNode(), ident)
+	wt.view = w.viewOf(rec, req.GetNode(), ident, c.state.plaintext)
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
 		wt.sub.aim(ident) // a subscriber of the watch's own (deltaSubscriberFor)
