@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	"net"
 	"net/http"
 	"os"
@@ -177,6 +178,7 @@ func TestRegisterAndRotate(t *testing.T) {
 	}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("creating a Service outside istio-system with the member's token: %v; want Forbidden", err)
 	}
+	checkMemberWritesOnlyHubGateways(ctx, t, westClient, tokenClient)
 	for _, ra := range []authorizationv1.ResourceAttributes{
 		{Verb: "get", Resource: "configmaps", Namespace: "kube-system"},
 		{Verb: "update", Resource: "secrets", Namespace: "istio-system"},
@@ -790,6 +792,12 @@ func checkMemberRBACIsTheFile(ctx context.Context, t *testing.T, c kubernetes.In
 			want["ClusterRoleBinding//"+o.Name] = true
 			live, err := rbac.ClusterRoleBindings().Get(ctx, o.Name, metav1.GetOptions{})
 			got, wantFields, gotFields = live, []any{o.RoleRef, o.Subjects, o.Labels}, fieldsOf(err, func() any { return []any{live.RoleRef, live.Subjects, live.Labels} })
+		case *admissionv1.ValidatingAdmissionPolicy:
+			live, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, o.Name, metav1.GetOptions{})
+			got, wantFields, gotFields = live, []any{o.Spec.MatchConditions, o.Spec.Validations, o.Labels}, fieldsOf(err, func() any { return []any{live.Spec.MatchConditions, live.Spec.Validations, live.Labels} })
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			live, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, o.Name, metav1.GetOptions{})
+			got, wantFields, gotFields = live, []any{o.Spec.PolicyName, o.Spec.ValidationActions, o.Labels}, fieldsOf(err, func() any { return []any{live.Spec.PolicyName, live.Spec.ValidationActions, live.Labels} })
 		default:
 			t.Fatalf("unexpected %T in remote-member-rbac.yaml", obj)
 		}
@@ -818,6 +826,60 @@ func checkMemberRBACIsTheFile(ctx context.Context, t *testing.T, c kubernetes.In
 	}
 	if !equality.Semantic.DeepEqual(bound, want) {
 		t.Errorf("bindings of %s in the member: %v; want the file's %v", registerSA, bound, want)
+	}
+}
+
+// checkMemberWritesOnlyHubGateways: in istio-system the member's token may
+// create, update and delete a Service named hub-gateway-* labelled
+// app.kubernetes.io/managed-by=hub (what the hub writes) and no other
+// Service: the member's API server refuses it (the file's
+// ValidatingAdmissionPolicy), though RBAC would allow it.
+func checkMemberWritesOnlyHubGateways(ctx context.Context, t *testing.T, admin, member kubernetes.Interface) {
+	t.Helper()
+	svc := func(name string, labels map[string]string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: name, Labels: labels},
+			Spec: corev1.ServiceSpec{ExternalIPs: []string{"198.19.99.1"}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443}}}}
+	}
+	hubs := map[string]string{"app.kubernetes.io/managed-by": "hub"}
+	// istiod's Service, as Istio installs it.
+	istiod, err := admin.CoreV1().Services("istio-system").Create(ctx, svc("istiod-"+rand.String(4), map[string]string{"app": "istiod"}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Services("istio-system").Delete(context.Background(), istiod.Name, metav1.DeleteOptions{})
+	})
+	forbidden := func(what string, err error) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "hub-gateway-*") {
+			t.Errorf("%s with the member's token: %v; want Forbidden by the hub-remote-member-writes policy", what, err)
+		}
+	}
+	_, err = member.CoreV1().Services("istio-system").Create(ctx, svc("istiod-impostor", hubs), metav1.CreateOptions{})
+	forbidden("creating istio-system/istiod-impostor", err)
+	_, err = member.CoreV1().Services("istio-system").Create(ctx, svc("hub-gateway-unlabelled", nil), metav1.CreateOptions{})
+	forbidden("creating an unlabelled hub-gateway-unlabelled", err)
+	moved := istiod.DeepCopy()
+	moved.Spec.ExternalIPs = []string{"198.19.99.66"}
+	_, err = member.CoreV1().Services("istio-system").Update(ctx, moved, metav1.UpdateOptions{})
+	forbidden("re-pointing istiod's Service", err)
+	forbidden("deleting istiod's Service", member.CoreV1().Services("istio-system").Delete(ctx, istiod.Name, metav1.DeleteOptions{}))
+
+	// What the hub writes, it may write.
+	gw, err := member.CoreV1().Services("istio-system").Create(ctx, svc("hub-gateway-test-15443", hubs), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating a hub-gateway Service with the member's token: %v", err)
+	}
+	gw.Spec.ExternalIPs = []string{"198.19.99.2"}
+	if gw, err = member.CoreV1().Services("istio-system").Update(ctx, gw, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("updating it: %v", err)
+	}
+	unlabelled := gw.DeepCopy()
+	unlabelled.Labels = nil
+	_, err = member.CoreV1().Services("istio-system").Update(ctx, unlabelled, metav1.UpdateOptions{})
+	forbidden("dropping the hub's label from hub-gateway-test-15443", err)
+	if err := member.CoreV1().Services("istio-system").Delete(ctx, gw.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("deleting it: %v", err)
 	}
 }
 

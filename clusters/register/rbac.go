@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -30,7 +31,9 @@ const fieldManager = "hub-register"
 // ServiceAccount their bindings name among them.
 type MemberRBAC struct {
 	// Objects are the file's objects in its order (ServiceAccount,
-	// ClusterRole, Role, RoleBinding, ClusterRoleBinding).
+	// ClusterRole, Role, RoleBinding, ClusterRoleBinding, and the
+	// ValidatingAdmissionPolicy and its binding that narrow the Role's
+	// Service writes).
 	Objects []runtime.Object
 	// ServiceAccount is the one subject of the file's bindings, created by
 	// the file, whose tokens `hub register` mints.
@@ -91,7 +94,7 @@ func parseMemberRBAC(data []byte) (*MemberRBAC, error) {
 				return nil, fmt.Errorf("member RBAC: more than one ServiceAccount (%s, %s/%s)", created, o.Namespace, o.Name)
 			}
 			created = types.NamespacedName{Namespace: o.Namespace, Name: o.Name}
-		case *rbacv1.ClusterRole, *rbacv1.Role:
+		case *rbacv1.ClusterRole, *rbacv1.Role, *admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding:
 		case *rbacv1.RoleBinding:
 			subjects = o.Subjects
 		case *rbacv1.ClusterRoleBinding:
@@ -156,6 +159,10 @@ func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 			_, err = rbac.RoleBindings(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
 		case *rbacv1.ClusterRoleBinding:
 			_, err = rbac.ClusterRoleBindings().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		case *admissionv1.ValidatingAdmissionPolicy:
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
+		case *admissionv1.ValidatingAdmissionPolicyBinding:
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
 		}
 		if err != nil {
 			return fmt.Errorf("applying %s: %w", describe(obj), err)

@@ -115,6 +115,9 @@ func (o *Options) Validate() error {
 	if o.TokenTTL < MinTokenTTL {
 		return fmt.Errorf("token TTL %s is shorter than the %s a member's API server grants", o.TokenTTL, MinTokenTTL)
 	}
+	if o.TokenTTL > MaxTokenTTL {
+		return fmt.Errorf("token TTL %s is longer than %s: a leaked token stays useful until it expires; rotate (hub register --rotate) instead of minting longer-lived tokens", o.TokenTTL, MaxTokenTTL)
+	}
 	if o.Secrets == nil && (o.Rotate || o.Hub != nil) {
 		return errors.New("rotating, or waiting for the hub, needs the hub's cluster to write the remote Secret in")
 	}
@@ -302,17 +305,25 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	if prev != nil && rbac.ServiceAccount != legacyServiceAccount && tokenServiceAccount(prev.kubeconfig) == legacyServiceAccount {
 		grant, legacy = rbac.withSubject(legacyServiceAccount), true
 	}
-	if err := grant.Apply(ctx, member); err != nil {
-		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
-	}
-	o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
-	if legacy {
-		o.progress("the hub runs a token of %s: its bindings name it too until the hub runs %s's", legacyServiceAccount, rbac.ServiceAccount)
-	}
-	if others, err := rbac.OtherBindings(ctx, member); err != nil {
-		o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
-	} else if len(others) > 0 {
-		o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
+	// Registering grants the member RBAC (an admin's right); a rotation
+	// only mints and revokes a token, so that whoever runs it (a CronJob)
+	// needs no right to write or list RBAC, unless the credential it
+	// replaces is of the legacy ServiceAccount, whose binding it removes.
+	if !o.Rotate || legacy {
+		if err := grant.Apply(ctx, member); err != nil {
+			return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
+		}
+		o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
+		if legacy {
+			o.progress("the hub runs a token of %s: its bindings name it too until the hub runs %s's", legacyServiceAccount, rbac.ServiceAccount)
+		}
+		if others, err := rbac.OtherBindings(ctx, member); err != nil {
+			o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
+		} else if len(others) > 0 {
+			o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
+		}
+	} else {
+		o.progress("member RBAC left as registered (a rotation mints and revokes a token of %s, nothing more)", rbac.ServiceAccount)
 	}
 	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID, lineage: Lineage(o.HomeServer, o.Namespace, o.ClusterID)}
 	if prev != nil { // the lineage of the token the hub runs, however the home cluster is reached

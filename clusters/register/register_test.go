@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +35,17 @@ func TestLoadMemberRBAC(t *testing.T) {
 	for _, o := range m.Objects {
 		kinds = append(kinds, o.GetObjectKind().GroupVersionKind().Kind)
 	}
-	if got := strings.Join(kinds, ","); got != "ServiceAccount,ClusterRole,Role,RoleBinding,ClusterRoleBinding" {
+	if got := strings.Join(kinds, ","); got != "ServiceAccount,ClusterRole,Role,RoleBinding,ClusterRoleBinding,ValidatingAdmissionPolicy,ValidatingAdmissionPolicyBinding" {
 		t.Errorf("objects %s", got)
+	}
+	// The policy narrows the writes of the file's ServiceAccount, by name.
+	vap := m.Objects[5].(*admissionv1.ValidatingAdmissionPolicy)
+	user := "system:serviceaccount:" + m.ServiceAccount.Namespace + ":" + m.ServiceAccount.Name
+	if len(vap.Spec.MatchConditions) != 1 || !strings.Contains(vap.Spec.MatchConditions[0].Expression, `"`+user+`"`) {
+		t.Errorf("the ValidatingAdmissionPolicy matches %+v; want the requests of %s", vap.Spec.MatchConditions, user)
+	}
+	if b := m.Objects[6].(*admissionv1.ValidatingAdmissionPolicyBinding); b.Spec.PolicyName != vap.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
+		t.Errorf("the policy binding %+v; want %s with Deny", b.Spec, vap.Name)
 	}
 	if cr := m.Objects[1].(*rbacv1.ClusterRole); cr.APIVersion != "rbac.authorization.k8s.io/v1" || len(cr.Rules) == 0 {
 		t.Errorf("ClusterRole %+v: the apply body needs apiVersion and the rules", cr)

@@ -53,6 +53,10 @@ const (
 	SecretTypeMemberToken corev1.SecretType = "hub.federation/member-token"
 	// MinTokenTTL is the shortest TokenRequest the API server grants.
 	MinTokenTTL = 10 * time.Minute
+	// MaxTokenTTL is the longest token hub register mints: twice
+	// DefaultTokenTTL. A leaked token is useful until it expires or is
+	// revoked; longer lives are what rotation is for.
+	MaxTokenTTL = 2 * DefaultTokenTTL
 )
 
 // Lineage is the lineage of a new registration of cluster id in the hub

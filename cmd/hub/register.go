@@ -53,7 +53,7 @@ func (f *registerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "namespace", "istio-system", "namespace of the remote Secrets in the home cluster (the hub's --remote-secrets-namespace)")
 	fs.StringVar(&f.server, "server", "", "the member's API server address as the hub reaches it (default: the context's)")
 	fs.StringVar(&f.network, "network", "", "the member's Istio network, confirmed on the remote Secret (annotation hub.federation/network)")
-	fs.DurationVar(&f.tokenTTL, "token-ttl", register.DefaultTokenTTL, "lifetime of the member's token; rotate before it ends (at least 10m)")
+	fs.DurationVar(&f.tokenTTL, "token-ttl", register.DefaultTokenTTL, "lifetime of the member's token; rotate before it ends (10m to 672h)")
 	fs.BoolVar(&f.rotate, "rotate", false, "replace a registered member's token make-before-break: the old one is revoked once the hub is Ready with the new one (needs --hub-url)")
 	fs.StringVar(&f.hubURL, "hub-url", "", "the hub's admin URL (REST API): wait until it reports the member Ready with the new kubeconfig")
 	fs.StringVar(&f.hubTokenFile, "hub-token-file", "", "file holding a bearer token for --hub-url (sent over https://, or http:// to a loopback address only)")

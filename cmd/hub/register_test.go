@@ -87,6 +87,7 @@ current-context: west
 		{"invalid cluster ID", []string{"--kubeconfig", member, "--cluster-id", "west_", "--dry-run"}, `cluster ID "west_" must match`},
 		{"long cluster ID", []string{"--kubeconfig", member, "--cluster-id", strings.Repeat("w", 64), "--dry-run"}, "must be 1-63 characters"},
 		{"short TTL", []string{"--kubeconfig", member, "--token-ttl", "5m", "--dry-run"}, "token TTL 5m0s is shorter than the 10m0s"},
+		{"long TTL", []string{"--kubeconfig", member, "--token-ttl", "673h", "--dry-run"}, "token TTL 673h0m0s is longer than 672h0m0s"},
 		{"bad network", []string{"--kubeconfig", member, "--network", "a b", "--dry-run"}, `network "a b" is not a label value`},
 		{"link-local server", []string{"--kubeconfig", member, "--server", "https://169.254.169.254", "--dry-run"}, "the hub would refuse the kubeconfig"},
 		{"insecure context", []string{"--kubeconfig", insecure, "--dry-run"}, `context "west" skips TLS verification`},
