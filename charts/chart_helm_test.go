@@ -398,3 +398,15 @@ func TestChartServicesKeepAdminApart(t *testing.T) {
 		t.Errorf("Service hub-admin: %s %v; want ClusterIP with http-admin/8080 and grpc-xds/15010", typ, got)
 	}
 }
+
+// TestChartPodOptsOutOfInjection: the hub pod carries Istio's opt-out
+// label, so that no sidecar makes the plaintext port's callers look local
+// (deploy/ has it too: TestChartMatchesDeploy).
+func TestChartPodOptsOutOfInjection(t *testing.T) {
+	const ns = "hub-system"
+	objs := byKey(t, "render", render(t, "hub", ns))
+	d := decodeStrict[appsv1.Deployment](t, objs["Deployment/"+ns+"/hub"])
+	if v := d.Spec.Template.Labels["sidecar.istio.io/inject"]; v != "false" {
+		t.Errorf("pod label sidecar.istio.io/inject = %q, want \"false\"", v)
+	}
+}

@@ -413,12 +413,25 @@ func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, 
 }
 
 // loopbackAddr reports whether addr (a peer's "host:port") is a loopback
-// address.
+// address of a caller in the hub's own network namespace. Istio's
+// sidecar delivers inbound connections from 127.0.0.6 (its
+// InboundPassthroughBindIpv4; the IPv6 one, ::6, is not loopback): behind
+// a sidecar every caller, from anywhere, would be "loopback", so that
+// address is not.
 func loopbackAddr(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false
 	}
 	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
+	if err != nil {
+		return false
+	}
+	ip = ip.Unmap()
+	return ip.IsLoopback() && ip != istioInboundPassthrough
 }
+
+// istioInboundPassthrough is the source address of the connections an
+// Istio sidecar passes to its pod's application (istio/istio
+// pkg/config/constants InboundPassthroughBindIpv4).
+var istioInboundPassthrough = netip.MustParseAddr("127.0.0.6")

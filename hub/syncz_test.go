@@ -270,3 +270,17 @@ func TestSynczPacesMTLSCallers(t *testing.T) {
 		t.Errorf("the loopback operator: %v", r)
 	}
 }
+
+// TestSynczLoopbackIsNotASidecarsInbound: the plaintext port's syncz
+// answers callers on loopback, but not 127.0.0.6, the address an Istio
+// sidecar passes every inbound connection from.
+func TestSynczLoopbackIsNotASidecarsInbound(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:5000": true, "[::1]:5000": true, "127.0.0.2:5000": true, "[::ffff:127.0.0.1]:5000": true,
+		"127.0.0.6:5000": false, "[::6]:5000": false, "[::ffff:127.0.0.6]:5000": false, "10.0.0.1:5000": false, "bad": false,
+	} {
+		if got := loopbackAddr(addr); got != want {
+			t.Errorf("loopbackAddr(%s) = %v, want %v", addr, got, want)
+		}
+	}
+}
