@@ -189,7 +189,7 @@ var openAPI = obj{
 				}}},
 				"failures": obj{"type": "array", "description": "per reason, every reason listed", "items": obj{"type": "object", "properties": obj{
 					"reason": obj{"type": "string", "enum": []string{"no_credentials", "token_rejected", "review_unavailable", "certificate_rejected", "cluster_mismatch", "not_member",
-						"rate_limited", "overloaded", "member_not_synced", "hub_namespace", "root_namespace", "namespace_not_allowed", "invalid_csr", "invalid_ttl", "signing_failed"}},
+						"rate_limited", "overloaded", "member_not_synced", "member_unknown", "hub_namespace", "root_namespace", "namespace_not_allowed", "invalid_csr", "invalid_ttl", "signing_failed"}},
 					"total": integer(), "lastHour": integer(), "last": timeStr(),
 					"lastMessage": obj{"type": "string", "description": "what the latest refused caller was told (never a token or a CSR)"},
 				}}},

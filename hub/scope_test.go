@@ -39,6 +39,12 @@ func (f *fakeScopes) set(cluster string, sc clusters.IdentityScope) {
 	f.m[cluster] = sc
 }
 
+func (f *fakeScopes) remove(cluster string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.m, cluster)
+}
+
 // scopedReviewer accepts tokens "<cluster>:<namespace>" in their cluster
 // (service account gw) and counts the reviews it answers per cluster.
 type scopedReviewer struct {
@@ -134,11 +140,24 @@ func TestCAIssuesOnlyIdentitiesTheMemberMayAssert(t *testing.T) {
 	_, err = s.createCertificate(t, s.secure, renew)
 	check("renewal in the root namespace once the annotation is gone", err, codes.PermissionDenied, "root namespace istio-system")
 
+	// West is removed: a certificate bound to it, still valid, renews
+	// nothing (its member's consent ended with it).
+	scopes.set("west", clusters.IdentityScope{Synced: true, AllowRootNamespace: true})
+	resp, err = s.createCertificate(t, s.secure, caCall{creds: anon, token: "west:a", cluster: "west", csr: csr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := caCall{creds: s.withIssued(t, resp), cluster: "west", csr: csr}
+	scopes.remove("west")
+	_, err = s.createCertificate(t, s.secure, bound)
+	check("renewal by a certificate of a removed member", err, codes.PermissionDenied, "member west is not registered (removed, or never was)")
+	scopes.set("west", clusters.IdentityScope{Synced: true})
+
 	// East syncs: its workloads get their identities.
 	scopes.set("east", clusters.IdentityScope{Synced: true, State: clusters.StateReady})
 	check("east, synced", issue("east:a", "east"), codes.OK, "")
 
-	for reason, want := range map[string]float64{"root_namespace": 2, "hub_namespace": 2, "member_not_synced": 1, "namespace_not_allowed": 2} {
+	for reason, want := range map[string]float64{"root_namespace": 2, "hub_namespace": 2, "member_not_synced": 1, "namespace_not_allowed": 2, "member_unknown": 1} {
 		if n := counterValue(t, s, "hub_ca_requests_failed_total", map[string]string{"reason": reason}); n != want {
 			t.Errorf("hub_ca_requests_failed_total{reason=%s} = %v; want %v", reason, n, want)
 		}

@@ -23,12 +23,13 @@ type IdentityScopes interface {
 // hub_ca_requests_failed_total.
 const (
 	ScopeMemberNotSynced     = "member_not_synced"     // the member has not synced since this replica started
+	ScopeMemberUnknown       = "member_unknown"        // no such member: removed (a certificate outlives it) or never registered
 	ScopeHubNamespace        = "hub_namespace"         // the hub's own namespace (--namespace): never
 	ScopeRootNamespace       = "root_namespace"        // Istio's root namespace without the member's annotation
 	ScopeNamespaceNotAllowed = "namespace_not_allowed" // not in the member's hub.federation/identity-namespaces
 )
 
-var scopeReasons = []string{ScopeMemberNotSynced, ScopeHubNamespace, ScopeRootNamespace, ScopeNamespaceNotAllowed}
+var scopeReasons = []string{ScopeMemberNotSynced, ScopeMemberUnknown, ScopeHubNamespace, ScopeRootNamespace, ScopeNamespaceNotAllowed}
 
 // ScopeError is an identity its member may not assert (PermissionDenied).
 type ScopeError struct {
@@ -97,7 +98,10 @@ func (s *Scope) memberMay(cluster string) error {
 }
 
 // Allow reports whether cluster may assert an identity in namespace: nil,
-// or a *ScopeError saying why not.
+// or a *ScopeError saying why not. A member that is not registered (a
+// certificate bound to it outlives its removal) asserts nothing; cluster ""
+// (a certificate bound to no member) is checked for the hub's namespace
+// only.
 func (s *Scope) Allow(cluster, namespace string) error {
 	if s == nil {
 		return nil
@@ -110,7 +114,13 @@ func (s *Scope) Allow(cluster, namespace string) error {
 			"identities of namespace %s, the hub's own, are never issued or served, whatever member asserts them", namespace)}
 	}
 	sc, ok := s.lookup(cluster)
-	if !ok {
+	switch {
+	case !ok && cluster != "":
+		// A certificate bound to a member outlives its removal: the
+		// member's consent ended with it.
+		return &ScopeError{Reason: ScopeMemberUnknown, msg: fmt.Sprintf(
+			"member %s is not registered (removed, or never was): it asserts no workload identity", clip.String(cluster, 64))}
+	case !ok:
 		return nil
 	}
 	if namespace == s.rootNamespace && s.rootNamespace != "" {
