@@ -31,11 +31,15 @@ const (
 // The hosts checked are those that define or take traffic for a host:
 // ServiceEntry hosts, VirtualService hosts, DestinationRule host and
 // Sidecar egress hosts (namespace/host). A short name (no dot) is read as
-// Istio reads it, in the object's namespace. A wildcard is refused when
-// it lies within the federated domain ("*.svc.clusterset.local") or covers
-// it from inside a label ("*clusterset.local", "*set.local"); whole-label
-// ones above it ("*", "*.local") are not claims: istiod prefers the most
-// specific host.
+// Istio reads it, in the object's namespace. A wildcard is refused when it
+// lies within the federated domain ("*.svc.clusterset.local") or covers it
+// from inside a label ("*clusterset.local", "*set.local"); and, in a
+// ServiceEntry, VirtualService or DestinationRule, whenever it matches a
+// host of the hub at all ("*", "*.local"): istiod applies the most
+// specific host's object, and a federated host without one of its own
+// takes the wildcard's routes or traffic policy (a tls mode DISABLE would
+// turn the hub's mTLS off). A Sidecar's egress wildcards import
+// namespaces' services and claim no traffic: they pass.
 type HostGuard struct {
 	// FederatedDomain is the suffix of the generated ServiceEntries' hosts.
 	FederatedDomain string
@@ -45,27 +49,46 @@ type HostGuard struct {
 	// DomainSuffix form); nil: none. It must be safe for concurrent use
 	// and not block.
 	Federated func(host string) bool
+	// Hostnames lists the hostnames the hub federates (in the
+	// DomainSuffix form), for wildcards; nil: none. The same terms as
+	// Federated.
+	Hostnames func() []string
 }
 
 // check returns why spec (of an object in namespace) may not be
 // distributed, or nil.
 func (g HostGuard) check(namespace string, spec proto.Message) error {
+	_, sidecar := spec.(*networking.Sidecar)
 	for _, h := range namedHosts(spec) {
-		if err := g.checkHost(namespace, h); err != nil {
+		if err := g.checkHost(namespace, h, !sidecar); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// checkHost refuses one host named by an object in namespace.
-func (g HostGuard) checkHost(namespace, host string) error {
+// checkHost refuses one host named by an object in namespace; claims says
+// a wildcard host takes traffic for every host it matches (see HostGuard).
+func (g HostGuard) checkHost(namespace, host string, claims bool) error {
 	h := strings.ToLower(strings.TrimSuffix(host, "."))
 	if h != "*" && !strings.Contains(h, ".") && g.DomainSuffix != "" {
 		h = h + "." + namespace + ".svc." + g.DomainSuffix
 	}
-	if fd := strings.ToLower(g.FederatedDomain); fd != "" && (h == fd || strings.HasSuffix(h, "."+fd) || partialWildcardOver(h, fd)) {
+	fd := strings.ToLower(g.FederatedDomain)
+	if fd != "" && (h == fd || strings.HasSuffix(h, "."+fd) || partialWildcardOver(h, fd)) {
 		return fmt.Errorf("host %q is under the federated domain %s: only the hub defines those hosts", host, fd)
+	}
+	if suffix, wildcard := strings.CutPrefix(h, "*"); wildcard && claims {
+		if fd != "" && strings.HasSuffix("svc."+fd, suffix) {
+			return fmt.Errorf("host %q matches every host of the federated domain %s: it would take the hub's traffic wherever no object names the host itself", host, fd)
+		}
+		if g.Hostnames != nil {
+			for _, fh := range g.Hostnames() {
+				if strings.HasSuffix(fh, suffix) {
+					return fmt.Errorf("host %q matches %s, a Service the hub federates: it would take that traffic wherever no object names the host itself", host, fh)
+				}
+			}
+		}
 	}
 	if g.Federated != nil && !strings.HasPrefix(h, "*") && g.Federated(h) {
 		return fmt.Errorf("host %q is a Service the hub federates: only its own cluster's objects may define it", host)

@@ -20,7 +20,8 @@ import (
 
 func TestHostGuard(t *testing.T) {
 	g := HostGuard{FederatedDomain: "clusterset.local", DomainSuffix: "cluster.local",
-		Federated: func(h string) bool { return h == "echo.demo.svc.cluster.local" }}
+		Federated: func(h string) bool { return h == "echo.demo.svc.cluster.local" },
+		Hostnames: func() []string { return []string{"echo.demo.svc.cluster.local"} }}
 	egress := func(hosts ...string) *networking.Sidecar {
 		return &networking.Sidecar{Egress: []*networking.IstioEgressListener{{Hosts: hosts}}}
 	}
@@ -40,10 +41,15 @@ func TestHostGuard(t *testing.T) {
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"api.example.com"}}, true},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"notclusterset.local"}}, true},
 		{"tenant", &networking.VirtualService{Hosts: []string{"echo.demo.svc.cluster.local"}}, false},
-		{"demo", &networking.VirtualService{Hosts: []string{"echo"}}, false},  // short name in demo: the federated Service
-		{"tenant", &networking.VirtualService{Hosts: []string{"echo"}}, true}, // echo.tenant.svc…: not federated
-		{"tenant", &networking.VirtualService{Hosts: []string{"*"}}, true},
-		{"tenant", &networking.VirtualService{Hosts: []string{"*.local"}}, true},
+		{"demo", &networking.VirtualService{Hosts: []string{"echo"}}, false},                       // short name in demo: the federated Service
+		{"tenant", &networking.VirtualService{Hosts: []string{"echo"}}, true},                      // echo.tenant.svc…: not federated
+		{"tenant", &networking.VirtualService{Hosts: []string{"*"}}, false},                        // matches every host
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.local"}}, false},                  // the federated domain and echo
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.demo.svc.cluster.local"}}, false}, // echo
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.shop.svc.cluster.local"}}, true},  // no federated host
+		{"tenant", &networking.DestinationRule{Host: "*.local"}, false},
+		{"tenant", &networking.DestinationRule{Host: "*.example.com"}, true},
+		{"tenant", &networking.ServiceEntry{Hosts: []string{"*"}}, false},
 		{"tenant", &networking.DestinationRule{Host: "echo.demo.svc.clusterset.local"}, false},
 		{"tenant", &networking.DestinationRule{Host: "echo.demo.svc.cluster.local"}, false},
 		{"tenant", &networking.DestinationRule{Host: "web.shop.svc.cluster.local"}, true},
@@ -188,7 +194,8 @@ func TestRulesHaveDestinationRulesOfFederatedHosts(t *testing.T) {
 	var changes atomic.Int64
 	s := runSourceWith(t, home, Options{Recheck: 50 * time.Millisecond, Namespaces: []string{allowed},
 		Hosts: HostGuard{FederatedDomain: "clusterset.local", DomainSuffix: "cluster.local",
-			Federated: func(h string) bool { return h == "echo.demo.svc.cluster.local" }},
+			Federated: func(h string) bool { return h == "echo.demo.svc.cluster.local" },
+			Hostnames: func() []string { return []string{"echo.demo.svc.cluster.local"} }},
 		OnChange: func(kind string) {
 			if kind == drKind {
 				changes.Add(1)

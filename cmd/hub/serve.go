@@ -126,7 +126,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	distributed, err := distribute.New(home, distribute.Options{
 		Namespaces: distributeFrom,
-		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has},
+		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has, Hostnames: index.Hostnames},
 		OnChange:   changes.ConfigChanged,
 		MayWrite:   elector.IsLeader,
 		Log:        log,
