@@ -105,6 +105,7 @@ func TestTenantCannotClaimFederatedHosts(t *testing.T) {
 	for _, o := range []*unstructured.Unstructured{
 		serviceEntry(root, "shadow", federatedHost),
 		serviceEntry(root, "shadow-local", "echo."+app+".svc.cluster.local"),
+		serviceEntry(root, "wildcard", "*.local"), // matches every federated host
 		external,
 	} {
 		if _, err := adminDyn.Resource(seGVR).Namespace(root).Create(ctx, o, metav1.CreateOptions{}); err != nil {
@@ -143,6 +144,7 @@ func TestTenantCannotClaimFederatedHosts(t *testing.T) {
 	wantRefused := map[string]string{
 		tenant + "/steal": distribute.ReasonNamespace, tenant + "/own": distribute.ReasonNamespace,
 		root + "/shadow": distribute.ReasonHost, root + "/shadow-local": distribute.ReasonHost,
+		root + "/wildcard": distribute.ReasonHost,
 	}
 	eventually(t, time.Minute, func() error {
 		var st distribute.Status
