@@ -60,14 +60,14 @@ type exportStatus struct {
 	log      *slog.Logger
 
 	mu      sync.Mutex
-	ports   map[ServiceKey]map[string][]ServicePort // exported views' ports, by member
+	ports   map[ServiceKey]map[string]exportedView // exported views' ports, by member
 	dirty   map[ServiceKey]struct{}
 	results map[string]map[ServiceKey]ExportStatus // by member
 	kick    chan struct{}
 }
 
 func newExportStatus(next Sink, log *slog.Logger) *exportStatus {
-	return &exportStatus{next: next, log: log, ports: map[ServiceKey]map[string][]ServicePort{},
+	return &exportStatus{next: next, log: log, ports: map[ServiceKey]map[string]exportedView{},
 		dirty: map[ServiceKey]struct{}{}, results: map[string]map[ServiceKey]ExportStatus{}, kick: make(chan struct{}, 1)}
 }
 
@@ -130,10 +130,23 @@ func (e *exportStatus) setLocked(cluster string, key ServiceKey, svc *Service) {
 		return
 	}
 	if byMember == nil {
-		byMember = map[string][]ServicePort{}
+		byMember = map[string]exportedView{}
 		e.ports[key] = byMember
 	}
-	byMember[cluster] = svc.Ports
+	byMember[cluster] = exportedView{ports: svc.Ports, exportTo: svc.ExportTo}
+}
+
+// exportedView is what a member's ServiceExport conditions compare of
+// another member's exported view: its ports, and the members it is
+// exported to (Service.ExportTo; nil: every member).
+type exportedView struct {
+	ports    []ServicePort
+	exportTo []string
+}
+
+// visibleTo reports whether member may be told of the view.
+func (v exportedView) visibleTo(member string) bool {
+	return v.exportTo == nil || slices.Contains(v.exportTo, member)
 }
 
 func (e *exportStatus) wake() {
@@ -237,8 +250,10 @@ func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey
 
 // exportConditions are the conditions of member's ServiceExport: Valid
 // unless it has no Service of the name; Conflict when a port number of its
-// Service has another protocol in another exporting member's.
-func exportConditions(member string, noService bool, ports map[string][]ServicePort) []ExportCondition {
+// Service has another protocol in another exporting member's view that is
+// exported to it (a ServiceExport's status is read in the member: it names
+// no member, port or protocol that hub.federation/export-to keeps from it).
+func exportConditions(member string, noService bool, ports map[string]exportedView) []ExportCondition {
 	if noService {
 		return []ExportCondition{
 			{Type: ConditionValid, Status: metav1.ConditionFalse, Reason: "NoService", Message: "the member has no Service of this name in a watched namespace"},
@@ -247,15 +262,15 @@ func exportConditions(member string, noService bool, ports map[string][]ServiceP
 	}
 	valid := ExportCondition{Type: ConditionValid, Status: metav1.ConditionTrue, Reason: "ServiceExported", Message: "the Service is federated to the other members"}
 	mine := map[int32]string{}
-	for _, p := range ports[member] {
+	for _, p := range ports[member].ports {
 		mine[p.Port] = p.Protocol
 	}
 	var clashes []string
 	for _, id := range slices.Sorted(maps.Keys(ports)) {
-		if id == member {
+		if id == member || !ports[id].visibleTo(member) {
 			continue
 		}
-		for _, p := range ports[id] {
+		for _, p := range ports[id].ports {
 			if proto, ok := mine[p.Port]; ok && proto != p.Protocol {
 				clashes = append(clashes, fmt.Sprintf("port %d is %s here and %s in %s", p.Port, proto, p.Protocol, id))
 			}

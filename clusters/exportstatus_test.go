@@ -165,3 +165,29 @@ func TestServiceExportCRDInstalledLater(t *testing.T) {
 		t.Errorf("late holds %v", st.Objects)
 	}
 }
+
+// TestExportConflictsNameOnlyWhatTheReaderIsOffered: a ServiceExport's
+// Conflict condition, read in its member, names only the members whose
+// views are exported to that member; a clash with a view kept from it
+// (hub.federation/export-to) is not reported there.
+func TestExportConflictsNameOnlyWhatTheReaderIsOffered(t *testing.T) {
+	ports := map[string]exportedView{
+		"west":  {ports: []ServicePort{{Port: 80, Protocol: "TCP"}}},
+		"east":  {ports: []ServicePort{{Port: 80, Protocol: "UDP"}}, exportTo: []string{"north"}},
+		"north": {ports: []ServicePort{{Port: 80, Protocol: "SCTP"}}},
+	}
+	conflict := func(member string) string {
+		for _, c := range exportConditions(member, false, ports) {
+			if c.Type == ConditionConflict {
+				return c.Message
+			}
+		}
+		return ""
+	}
+	if got := conflict("west"); strings.Contains(got, "east") || strings.Contains(got, "UDP") || !strings.Contains(got, "SCTP in north") {
+		t.Errorf("west's Conflict: %q; want north's clash only, nothing of east's view (exported to north only)", got)
+	}
+	if got := conflict("north"); !strings.Contains(got, "UDP in east") || !strings.Contains(got, "TCP in west") {
+		t.Errorf("north's Conflict: %q; want east's and west's clashes", got)
+	}
+}
