@@ -52,12 +52,18 @@ const (
 // stream under the tracker's lock, and any workload identity of our trust
 // domain may ask. istioctl asks once per command; a dashboard polling every
 // few seconds is far below these. A caller identity (member and namespace)
-// gets debugPerCallerPerSecond; all together debugPerSecond; the paces of
-// at most debugCallers identities are remembered (the least recent is
-// forgotten, starting afresh).
+// gets debugPerCallerPerSecond; the callers of one member together
+// debugPerMemberPerSecond, half of everyone's, so that a tenant with many
+// namespaces cannot take the whole pace; all together debugPerSecond.
+// Callers of Istio's root namespace (operators, who see every proxy) have
+// their own pace only: no tenant can pace them out. The paces of at most
+// debugCallers identities (and members) are remembered (the least recent
+// is forgotten, starting afresh).
 const (
 	debugPerCallerPerSecond = 2
 	debugPerCallerBurst     = 5
+	debugPerMemberPerSecond = debugPerSecond / 2
+	debugPerMemberBurst     = debugBurst / 2
 	debugPerSecond          = 10
 	debugBurst              = 20
 	debugCallers            = 1024

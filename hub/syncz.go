@@ -56,10 +56,12 @@ import (
 // trust domain's identity or one its member may not assert with
 // PermissionDenied). Answers to mTLS callers are paced per replica, as each
 // walks every stream under the tracker's lock: 2 a second (bursts of 5) per
-// caller identity, 10 (bursts of 20) for all; a request over either pace
-// ends its stream with ResourceExhausted at once (istioctl says so; run it
-// again), so no stream waits and one tenant cannot queue others out. The
-// loopback operator is not paced.
+// caller identity, 5 (bursts of 10) for the callers of one member, 10
+// (bursts of 20) for all, root-namespace callers paced by the first only
+// (see debugPerSecond); a request over a pace ends its stream with
+// ResourceExhausted at once (istioctl says so; run it again), so no stream
+// waits and one tenant cannot queue others out. The loopback operator is
+// not paced.
 const TypeSyncz = "istio.io/debug/syncz"
 
 // isDebugType reports whether typeURL is a debug type the hub answers.
@@ -79,9 +81,11 @@ type syncz struct {
 	// controlPlane identifies this replica in every response, as istiod's
 	// does (istioctl prints its ID in the ISTIOD column).
 	controlPlane *corev3.ControlPlane
-	// pace paces the answers to all callers on the mTLS port, callers
-	// each caller's (at most debugCallers remembered).
+	// pace paces the answers to all callers on the mTLS port, members
+	// each member's callers', callers each caller's (at most debugCallers
+	// of each remembered).
 	pace    *rate.Limiter
+	members *lru.Cache[string, *rate.Limiter]
 	callers *lru.Cache[synczCaller, *rate.Limiter]
 	// callerRate and callerBurst are each caller's pace.
 	callerRate  rate.Limit
@@ -96,31 +100,46 @@ func newSyncz(tracker *proxyTracker, roots authn.RootSource, scope *authn.Scope,
 		instance, _ = os.Hostname()
 	}
 	callers, _ := lru.New[synczCaller, *rate.Limiter](debugCallers) // a positive size never fails
+	members, _ := lru.New[string, *rate.Limiter](debugCallers)
 	return &syncz{tracker: tracker, roots: roots, identities: scope, rootNamespace: rootNamespace, controlPlane: controlPlaneOf(instance),
-		pace: rate.NewLimiter(debugPerSecond, debugBurst), callers: callers, callerRate: limits.debugRate, callerBurst: limits.debugBurst}
+		pace: rate.NewLimiter(debugPerSecond, debugBurst), members: members, callers: callers, callerRate: limits.debugRate, callerBurst: limits.debugBurst}
 }
 
-// allow reports whether caller id may have an answer now (its own pace and
-// everyone's); the caller's turn is taken only when both allow it.
-func (z *syncz) allow(id synczCaller) bool {
-	lim, ok := z.callers.Get(id)
-	if !ok {
-		lim = rate.NewLimiter(z.callerRate, z.callerBurst)
-		if prev, found, _ := z.callers.PeekOrAdd(id, lim); found {
-			lim = prev
-		}
+// allow reports whether caller id may have an answer now: its own pace,
+// and unless it is an operator (Istio's root namespace) its member's and
+// everyone's; a turn is taken only when every pace allows it.
+func (z *syncz) allow(id synczCaller, operator bool) bool {
+	lims := []*rate.Limiter{cachedLimiter(z.callers, id, z.callerRate, z.callerBurst)}
+	if !operator {
+		lims = append(lims, cachedLimiter(z.members, id.cluster, debugPerMemberPerSecond, debugPerMemberBurst), z.pace)
 	}
 	now := time.Now()
-	r := lim.ReserveN(now, 1)
-	if !r.OK() || r.DelayFrom(now) > 0 {
-		r.CancelAt(now)
-		return false
-	}
-	if !z.pace.AllowN(now, 1) {
-		r.CancelAt(now)
-		return false
+	var taken []*rate.Reservation
+	for _, lim := range lims {
+		r := lim.ReserveN(now, 1)
+		if !r.OK() || r.DelayFrom(now) > 0 {
+			r.CancelAt(now)
+			for _, t := range taken {
+				t.CancelAt(now)
+			}
+			return false
+		}
+		taken = append(taken, r)
 	}
 	return true
+}
+
+// cachedLimiter is key's limiter in cache, made with every and burst if
+// it has none.
+func cachedLimiter[K comparable](cache *lru.Cache[K, *rate.Limiter], key K, every rate.Limit, burst int) *rate.Limiter {
+	if lim, ok := cache.Get(key); ok {
+		return lim
+	}
+	lim := rate.NewLimiter(every, burst)
+	if prev, found, _ := cache.PeekOrAdd(key, lim); found {
+		return prev
+	}
+	return lim
 }
 
 // controlPlaneOf is istiod's control plane identifier
@@ -171,8 +190,8 @@ func (z *syncz) answer(c *conn) (debugReply, error) {
 	if err != nil {
 		return debugReply{}, err
 	}
-	if !sc.loopback && !z.allow(sc.caller) {
-		return debugReply{}, status.Errorf(codes.ResourceExhausted, "%s answers each identity at most %v times a second (bursts of %d) and everyone %d times; try again shortly", TypeSyncz, float64(z.callerRate), z.callerBurst, debugPerSecond)
+	if !sc.loopback && !z.allow(sc.caller, sc.all) {
+		return debugReply{}, status.Errorf(codes.ResourceExhausted, "%s answers each identity at most %v times a second (bursts of %d), a member's identities %d times and everyone %d times; try again shortly", TypeSyncz, float64(z.callerRate), z.callerBurst, debugPerMemberPerSecond, debugPerSecond)
 	}
 	rows := z.tracker.syncRows(sc.all, sc.namespace)
 	out := debugReply{version: time.Now().UTC().Format(time.RFC3339Nano), resources: make([]*discoveryv3.Resource, 0, len(rows))}

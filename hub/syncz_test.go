@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -281,6 +282,33 @@ func TestSynczLoopbackIsNotASidecarsInbound(t *testing.T) {
 	} {
 		if got := loopbackAddr(addr); got != want {
 			t.Errorf("loopbackAddr(%s) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// TestSynczPaceIsSharedFairly: a tenant asking from many namespaces of
+// one member gets at most its member's share of the replica's pace; the
+// callers of another member still get answers, and so do operators (the
+// root namespace), whom no tenant can pace out.
+func TestSynczPaceIsSharedFairly(t *testing.T) {
+	z := newSyncz(nil, nil, nil, "istio-system", "test", Limits{debugRate: debugPerCallerPerSecond, debugBurst: debugPerCallerBurst})
+	answered := 0
+	for ns := range 20 { // 20 namespaces × their whole burst, at once
+		for range debugPerCallerBurst {
+			if z.allow(synczCaller{"west", fmt.Sprintf("tenant-%d", ns)}, false) {
+				answered++
+			}
+		}
+	}
+	if answered != debugPerMemberBurst {
+		t.Errorf("one member's tenants got %d answers at once; want its share, %d", answered, debugPerMemberBurst)
+	}
+	if !z.allow(synczCaller{"east", "shop"}, false) {
+		t.Error("another member's caller was paced out by west's tenants")
+	}
+	for range debugPerCallerBurst {
+		if !z.allow(synczCaller{"west", "istio-system"}, true) {
+			t.Fatal("an operator (root namespace) was paced out by the tenants")
 		}
 	}
 }
