@@ -161,11 +161,28 @@ func (c *Cluster) exportedGateways() (network string, gateways []Gateway, known 
 	case c.informersSynced: // its gateway Services and system namespace are listed too
 		return c.gateways.network, c.gateways.gateways, true
 	case !c.persistedAt.IsZero() && (c.secret == "" || c.confirmed == c.restoredNetwork):
-		return c.restoredNetwork, c.restoredGateways, true
+		return c.restoredNetwork, inGatewayNamespaces(c.restoredGateways, c.gatewayNamespaces), true
 	case !c.persistedAt.IsZero():
 		return c.restoredNetwork, nil, true
 	}
 	return "", nil, false
+}
+
+// inGatewayNamespaces keeps the gateways whose Service is in one of
+// namespaces (sorted), and those the remote Secret names: a view persisted
+// before the namespaces were narrowed may hold a tenant's.
+func inGatewayNamespaces(gws []Gateway, namespaces []string) []Gateway {
+	var out []Gateway
+	for _, g := range gws {
+		if ref, ok := strings.CutPrefix(g.Source, "service "); ok {
+			ns, _, _ := strings.Cut(ref, "/")
+			if _, allowed := slices.BinarySearch(namespaces, ns); !allowed {
+				continue
+			}
+		}
+		out = append(out, g)
+	}
+	return out
 }
 
 // writeGatewayServices keeps the member's hub-gateway-* Services as

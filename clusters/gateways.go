@@ -219,8 +219,8 @@ func gatewayAddress(g Gateway) error {
 // becomes a gateway nor displaces one, and only for the member's own,
 // confirmed network: a member cannot make itself the way into another
 // network (a label is not an authorisation).
-func discoverGateways(in gatewaySources) gatewayView {
-	v := gatewayView{network: in.network}
+func discoverGateways(in gatewaySources) (v gatewayView) {
+	v = gatewayView{network: in.network} // named: the deferred calls below finish it
 	for _, err := range in.annotErr {
 		v.refuse(err.Error())
 	}
@@ -229,15 +229,21 @@ func discoverGateways(in gatewaySources) gatewayView {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	allowed := svcs[:0]
+	var refusedNS []string
 	for _, svc := range svcs {
 		if _, ok := slices.BinarySearch(in.namespaces, svc.Namespace); ok {
 			allowed = append(allowed, svc)
 			continue
 		}
-		v.refuse(fmt.Sprintf("service %s/%s: namespace %s may not hold gateways (only %s and the namespaces the remote Secret's annotation %s names)",
+		refusedNS = append(refusedNS, fmt.Sprintf("service %s/%s: namespace %s may not hold gateways (only %s and the namespaces the remote Secret's annotation %s, or for the home cluster --home-gateway-namespaces, names)",
 			svc.Namespace, svc.Name, svc.Namespace, SystemNamespace, AnnotationGatewayNamespaces))
 	}
 	defer v.countRest()
+	defer func() { // after the operator's own reasons, which tenants cannot push out of the list
+		for _, r := range refusedNS {
+			v.refuse(r)
+		}
+	}()
 	switch {
 	case in.network == "":
 		if len(in.annotated) > 0 || len(allowed) > 0 {

@@ -91,12 +91,14 @@ func TestDiscoverGateways(t *testing.T) {
 			refused: []string{"the member has no network"}},
 		{name: "a tenant's labelled Service is refused", network: "net",
 			svcs:    []*corev1.Service{inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
-			refused: []string{"service tenant/ew: namespace tenant may not hold gateways (only istio-system and the namespaces the remote Secret's annotation hub.federation/gateway-namespaces names)"}},
+			refused: []string{"service tenant/ew: namespace tenant may not hold gateways (only istio-system and the namespaces the remote Secret's annotation hub.federation/gateway-namespaces, or for the home cluster --home-gateway-namespaces, names)"}},
 		{name: "a tenant's labelled Service is refused even without a network", svcs: []*corev1.Service{inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
 			refused: []string{"namespace tenant may not hold gateways"}},
 		{name: "a namespace the Secret names", network: "net", namespaces: []string{"gateways", SystemNamespace},
 			svcs: []*corev1.Service{inNamespace("gateways", gatewayService("ew", "net", lb("203.0.113.7", ""))), inNamespace("tenant", gatewayService("ew", "net", lb("203.0.113.66", "")))},
 			want: []string{"203.0.113.7:15443/service gateways/ew"}, refused: []string{"namespace tenant may not hold gateways"}},
+		{name: "tenants cannot push the operator's reasons out", network: "net", unconfirmed: true, svcs: append(manyTenantGateways(40), gatewayService("ew", "net", lb("203.0.113.7", ""))),
+			refused: append(append([]string{`network "net" is not confirmed`}, slices.Repeat([]string{"may not hold gateways"}, maxGatewaysRefused-1)...), "… 9 more refused")},
 		{name: "tenants cannot displace the gateway", network: "net", svcs: append(manyTenantGateways(40), gatewayService("ew", "net", lb("203.0.113.7", ""))),
 			want: []string{"203.0.113.7:15443/service istio-system/ew"}, refused: append(slices.Repeat([]string{"may not hold gateways"}, maxGatewaysRefused), "… 8 more refused")},
 		{name: "annotated first, duplicates once", network: "net", annotated: annotated,
@@ -476,5 +478,22 @@ func TestParseGatewayNamespaces(t *testing.T) {
 		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("%q: error %v, want %q", tc.in, err, tc.err)
 		}
+	}
+}
+
+// A persisted view's gateway from a namespace no longer allowed is not
+// handed to other members while the member serves that view.
+func TestInGatewayNamespaces(t *testing.T) {
+	gws := []Gateway{
+		{Address: "203.0.113.1", Port: 15443, Source: "secret annotation"},
+		{Address: "203.0.113.2", Port: 15443, Source: "service istio-system/ew"},
+		{Address: "203.0.113.3", Port: 15443, Source: "service aaa-tenant/ew"},
+	}
+	var got []string
+	for _, g := range inGatewayNamespaces(gws, []string{SystemNamespace}) {
+		got = append(got, g.Address)
+	}
+	if want := []string{"203.0.113.1", "203.0.113.2"}; !slices.Equal(got, want) {
+		t.Errorf("kept %v, want %v", got, want)
 	}
 }

@@ -63,6 +63,10 @@ type Config struct {
 	Home *rest.Config
 	// HomeID is the home cluster's own cluster ID.
 	HomeID string
+	// HomeGatewayNamespaces names the home cluster's namespaces, besides
+	// SystemNamespace, whose Services may be its gateways (what
+	// AnnotationGatewayNamespaces says of a member), comma-separated.
+	HomeGatewayNamespaces string
 	// Namespace is where remote Secrets live (and their Events go).
 	Namespace string
 	// StateNamespace is the hub's own namespace, where member views are
@@ -201,6 +205,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	}
 	home.setObserver(r.observer(nil, ""))
 	home.gatewaysChanged, home.settled = r.refreshPeerGateways, r.settled
+	home.setSecretNetworking(secretNetworking{gatewayNamespaces: cfg.HomeGatewayNamespaces})
 	r.home = home
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(r.transitions); err != nil {

@@ -39,7 +39,8 @@ const (
 // specific host's object, and a federated host without one of its own
 // takes the wildcard's routes or traffic policy (a tls mode DISABLE would
 // turn the hub's mTLS off). A Sidecar's egress wildcards import
-// namespaces' services and claim no traffic: they pass.
+// namespaces' services, and a VirtualService bound only to gateways (not
+// "mesh") routes their ingress: they claim no mesh traffic and pass.
 type HostGuard struct {
 	// FederatedDomain is the suffix of the generated ServiceEntries' hosts.
 	FederatedDomain string
@@ -58,9 +59,9 @@ type HostGuard struct {
 // check returns why spec (of an object in namespace) may not be
 // distributed, or nil.
 func (g HostGuard) check(namespace string, spec proto.Message) error {
-	_, sidecar := spec.(*networking.Sidecar)
+	claims := wildcardsClaim(spec)
 	for _, h := range namedHosts(spec) {
-		if err := g.checkHost(namespace, h, !sidecar); err != nil {
+		if err := g.checkHost(namespace, h, claims); err != nil {
 			return err
 		}
 	}
@@ -103,6 +104,20 @@ func (g HostGuard) checkHost(namespace, host string, claims bool) error {
 func partialWildcardOver(h, domain string) bool {
 	rest, ok := strings.CutPrefix(h, "*")
 	return ok && rest != "" && !strings.HasPrefix(rest, ".") && strings.HasSuffix("."+domain, rest)
+}
+
+// wildcardsClaim reports whether the wildcard hosts of spec take the mesh's
+// traffic for the hosts they match: not a Sidecar's egress (an import),
+// nor a VirtualService bound only to gateways (ingress routes: "mesh" is
+// not among its gateways).
+func wildcardsClaim(spec proto.Message) bool {
+	switch s := spec.(type) {
+	case *networking.Sidecar:
+		return false
+	case *networking.VirtualService:
+		return len(s.GetGateways()) == 0 || slices.Contains(s.GetGateways(), "mesh")
+	}
+	return true
 }
 
 // namedHosts lists the hosts an object's spec defines or takes traffic

@@ -41,12 +41,14 @@ func TestHostGuard(t *testing.T) {
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"api.example.com"}}, true},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"notclusterset.local"}}, true},
 		{"tenant", &networking.VirtualService{Hosts: []string{"echo.demo.svc.cluster.local"}}, false},
-		{"demo", &networking.VirtualService{Hosts: []string{"echo"}}, false},                       // short name in demo: the federated Service
-		{"tenant", &networking.VirtualService{Hosts: []string{"echo"}}, true},                      // echo.tenant.svc…: not federated
-		{"tenant", &networking.VirtualService{Hosts: []string{"*"}}, false},                        // matches every host
-		{"tenant", &networking.VirtualService{Hosts: []string{"*.local"}}, false},                  // the federated domain and echo
-		{"tenant", &networking.VirtualService{Hosts: []string{"*.demo.svc.cluster.local"}}, false}, // echo
-		{"tenant", &networking.VirtualService{Hosts: []string{"*.shop.svc.cluster.local"}}, true},  // no federated host
+		{"demo", &networking.VirtualService{Hosts: []string{"echo"}}, false},                                                // short name in demo: the federated Service
+		{"tenant", &networking.VirtualService{Hosts: []string{"echo"}}, true},                                               // echo.tenant.svc…: not federated
+		{"tenant", &networking.VirtualService{Hosts: []string{"*"}}, false},                                                 // matches every host
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.local"}}, false},                                           // the federated domain and echo
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.demo.svc.cluster.local"}}, false},                          // echo
+		{"tenant", &networking.VirtualService{Hosts: []string{"*.shop.svc.cluster.local"}}, true},                           // no federated host
+		{"tenant", &networking.VirtualService{Hosts: []string{"*"}, Gateways: []string{"bookinfo-gateway"}}, true},          // ingress routes only
+		{"tenant", &networking.VirtualService{Hosts: []string{"*"}, Gateways: []string{"bookinfo-gateway", "mesh"}}, false}, // and the mesh's
 		{"tenant", &networking.DestinationRule{Host: "*.local"}, false},
 		{"tenant", &networking.DestinationRule{Host: "*.example.com"}, true},
 		{"tenant", &networking.ServiceEntry{Hosts: []string{"*"}}, false},

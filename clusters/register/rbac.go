@@ -164,7 +164,10 @@ func (m *MemberRBAC) Apply(ctx context.Context, c kubernetes.Interface) error {
 		case *admissionv1.ValidatingAdmissionPolicyBinding:
 			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Patch(ctx, o.Name, types.ApplyPatchType, body, opts)
 		}
-		if err != nil {
+		switch _, vap := obj.(*admissionv1.ValidatingAdmissionPolicy); {
+		case err != nil && vap && apierrors.IsNotFound(err):
+			return fmt.Errorf("applying %s: the member's API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicies (Kubernetes 1.30 and later do): without the policy the member's credential could rewrite every Service of istio-system; upgrade the member: %w", describe(obj), err)
+		case err != nil:
 			return fmt.Errorf("applying %s: %w", describe(obj), err)
 		}
 	}

@@ -39,6 +39,7 @@ type config struct {
 	secretsNamespace     string
 	rootNamespace        string
 	distributeFrom       string
+	homeGatewayNS        string
 	trustDomain          string
 	domainSuffix         string
 	federatedDomain      string
@@ -89,6 +90,7 @@ func (c *config) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "hub-system", "the hub's own namespace: its state (leader Lease, CA key Secret, persisted member views, federation ConfigMaps); never the root namespace by default")
 	fs.StringVar(&c.secretsNamespace, "remote-secrets-namespace", "istio-system", "namespace of the remote Secrets (label istio/multiCluster=true) that register members, where istioctl create-remote-secret puts them")
 	fs.StringVar(&c.rootNamespace, "root-namespace", "istio-system", "Istio's root namespace in the members (meshConfig.rootNamespace): objects there apply mesh-wide")
+	fs.StringVar(&c.homeGatewayNS, "home-gateway-namespaces", "", "comma-separated namespaces of the home cluster, besides istio-system, whose Services labelled topology.istio.io/network may be its east-west gateways (a member's are named by its remote Secret's hub.federation/gateway-namespaces)")
 	fs.StringVar(&c.distributeFrom, "distribute-namespaces", "", "comma-separated namespaces of the home cluster whose objects labelled hub.federation/distribute=true are served to member istiods (default: the root namespace alone)")
 	fs.StringVar(&c.trustDomain, "trust-domain", "cluster.local", "our SPIFFE trust domain")
 	fs.StringVar(&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix")

@@ -101,21 +101,22 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	metrics.MustRegister(fed.Collector())
 	elector.OnStartedLeading(fed.LeadershipGained)
 	registry, err := clusters.NewRegistry(clusters.Config{
-		Home:            home,
-		HomeID:          cfg.clusterID,
-		Namespace:       cfg.secretsNamespace,
-		StateNamespace:  cfg.namespace,
-		SyncTimeout:     cfg.remoteClusterTimeout,
-		Policy:          policy,
-		Sink:            index,
-		States:          index,
-		DemoteUnhealthy: cfg.demoteUnhealthy,
-		ExportMode:      clusters.ExportMode(cfg.exportMode),
-		SecretEvents:    changes,
-		Metrics:         metrics,
-		Log:             log,
-		IsLeader:        elector.IsLeader,
-		ExpiryWarning:   cfg.expiryWarning,
+		Home:                  home,
+		HomeID:                cfg.clusterID,
+		HomeGatewayNamespaces: cfg.homeGatewayNS,
+		Namespace:             cfg.secretsNamespace,
+		StateNamespace:        cfg.namespace,
+		SyncTimeout:           cfg.remoteClusterTimeout,
+		Policy:                policy,
+		Sink:                  index,
+		States:                index,
+		DemoteUnhealthy:       cfg.demoteUnhealthy,
+		ExportMode:            clusters.ExportMode(cfg.exportMode),
+		SecretEvents:          changes,
+		Metrics:               metrics,
+		Log:                   log,
+		IsLeader:              elector.IsLeader,
+		ExpiryWarning:         cfg.expiryWarning,
 	})
 	if err != nil {
 		return err
@@ -126,7 +127,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	distributed, err := distribute.New(home, distribute.Options{
 		Namespaces: distributeFrom,
-		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has, Hostnames: index.Hostnames},
+		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has, Hostnames: index.FederatedHostnames},
 		OnChange:   changes.ConfigChanged,
 		MayWrite:   elector.IsLeader,
 		Log:        log,

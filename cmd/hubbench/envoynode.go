@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	_ "embed"
 	"fmt"
+	"slices"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -41,10 +43,16 @@ var envoyNodeTemplate = func() *corev3.Node {
 	return n
 }()
 
-// envoyNodeShared is the part of a node that envoyNodeFile records.
+// envoyNodeShared is the part of a node that envoyNodeFile records, its
+// extensions sorted by category and name (Envoy lists them in the order of
+// its factory registry, which a rebuild may change).
 func envoyNodeShared(n *corev3.Node) *corev3.Node {
+	exts := slices.Clone(n.GetExtensions())
+	slices.SortStableFunc(exts, func(a, b *corev3.Extension) int {
+		return cmp.Or(cmp.Compare(a.GetCategory(), b.GetCategory()), cmp.Compare(a.GetName(), b.GetName()))
+	})
 	return &corev3.Node{UserAgentName: n.GetUserAgentName(), UserAgentVersionType: n.GetUserAgentVersionType(),
-		Extensions: n.GetExtensions(), ClientFeatures: n.GetClientFeatures()}
+		Extensions: exts, ClientFeatures: n.GetClientFeatures()}
 }
 
 // envoyNode is the node of an Istio sidecar's Envoy, stream idx of the run,

@@ -397,6 +397,24 @@ func (x *Index) Has(hostname string) bool {
 	return false
 }
 
+// FederatedHostnames returns the hostnames Has reports, sorted: those with
+// a view some member exports.
+func (x *Index) FederatedHostnames() []string {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var out []string
+	for h, views := range x.byHost {
+		for _, s := range views {
+			if !s.NotExported {
+				out = append(out, h)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Hostnames returns every federated hostname, sorted.
 func (x *Index) Hostnames() []string {
 	x.mu.RLock()
