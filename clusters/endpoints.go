@@ -25,7 +25,7 @@ const (
 // A Service port maps to EndpointSlice ports by name (an unnamed Service port
 // to the unnamed slice port). Ready endpoints are Healthy, serving but
 // terminating ones Draining, and all others are left out (docs/architecture.md §3.5).
-func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string, meshPod func(namespace, name string) (string, bool)) *Service {
+func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, nodeLabels func(string) map[string]string, meshPodOf func(namespace, name string) (meshPod, bool)) *Service {
 	out := &Service{Namespace: svc.Namespace, Name: svc.Name, NotExported: svc.Labels[LabelExport] == "false"}
 	if !svc.CreationTimestamp.IsZero() {
 		out.Created = time.Unix(svc.CreationTimestamp.Unix(), 0).UTC()
@@ -39,6 +39,7 @@ func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 		}
 		out.Ports = append(out.Ports, sp)
 	}
+	accounts := map[string]bool{} // of the mesh pods behind the endpoints
 	// Slices arrive in informer order; sort so identical inputs give identical views.
 	sort.Slice(slices, func(i, j int) bool { return slices[i].Name < slices[j].Name })
 	for _, slice := range slices {
@@ -63,19 +64,28 @@ func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 				if ep.Zone != nil && *ep.Zone != "" {
 					zone = *ep.Zone
 				}
-				var workload string
+				var pod meshPod
 				var mtls bool
-				if meshPod != nil && ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
-					workload, mtls = meshPod(slice.Namespace, ep.TargetRef.Name)
+				if meshPodOf != nil && ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+					pod, mtls = meshPodOf(slice.Namespace, ep.TargetRef.Name)
+				}
+				if mtls && pod.serviceAccount != "" {
+					accounts[pod.serviceAccount] = true
 				}
 				for _, addr := range ep.Addresses {
 					out.Endpoints = append(out.Endpoints, Endpoint{
 						Address: addr, Port: target, ServicePort: sp.Port,
-						Health: health, Region: region, Zone: zone, MTLS: mtls, Workload: workload,
+						Health: health, Region: region, Zone: zone, MTLS: mtls, Workload: pod.workload,
 					})
 				}
 			}
 		}
+	}
+	if len(accounts) <= MaxDeclaredServiceAccounts {
+		for sa := range accounts {
+			out.PodServiceAccounts = append(out.PodServiceAccounts, sa)
+		}
+		sort.Strings(out.PodServiceAccounts)
 	}
 	return out
 }

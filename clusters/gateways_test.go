@@ -213,6 +213,11 @@ func TestGatewaysAndMeshPodsFromARealMember(t *testing.T) {
 		}
 	}
 	eventually(t, 30*time.Second, view([]string{"198.51.100.1:15443", "203.0.113.7:15443"}, map[string]bool{"198.18.9.1": true, "198.18.9.2": false}))
+	// The mesh pod's service account (the API server's default) is the
+	// identity its endpoint presents.
+	if sas := sink.service("m1", key).PodServiceAccounts; !reflect.DeepEqual(sas, []string{"default"}) {
+		t.Errorf("the view's pod service accounts %v; want [default]", sas)
+	}
 	st, _ := statusOf(r, "m1", ns+"/members")
 	if st.Network != "net-1" || len(st.Gateways) != 2 || st.Gateways[1].Source != "service istio-system/"+gw.Name || len(st.GatewaysRefused) != 0 {
 		t.Errorf("status: network %q, gateways %+v, refused %q", st.Network, st.Gateways, st.GatewaysRefused)

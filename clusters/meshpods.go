@@ -7,9 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -20,15 +19,16 @@ const (
 	TLSModeIstio = "istio"
 )
 
-// meshPods knows which of a member's pods accept Istio mTLS, and their
-// workloads (podWorkload, istiod's telemetry names): a metadata informer
-// on the pods labelled security.istio.io/tlsMode=istio, each kept as its
-// key and workload only (stripMeshPod), so its cost is the mesh's pods, not
-// every pod. It is optional: a member whose credentials may not list pods
-// has no endpoint marked MTLS (they are then not reached across networks),
-// and its failures do not make the member Stale.
+// meshPods knows which of a member's pods accept Istio mTLS, their
+// workloads (podWorkload, istiod's telemetry names) and their service
+// accounts (the identities their endpoints present): an informer on the
+// pods labelled security.istio.io/tlsMode=istio, each kept as its key,
+// workload and service account only (stripMeshPod), so its cost is the
+// mesh's pods, not every pod. It is optional: a member whose credentials
+// may not list pods has no endpoint marked MTLS (they are then not reached
+// across networks), and its failures do not make the member Stale.
 type meshPods struct {
-	factory metadatainformer.SharedInformerFactory
+	factory informers.SharedInformerFactory
 	inf     cache.SharedIndexInformer
 }
 
@@ -40,19 +40,24 @@ const meshPodsSyncWait = 5 * time.Second
 const podIndex = "pod"
 
 // newMeshPods watches the mesh pods of one namespace ("": every namespace).
-func newMeshPods(client metadata.Interface, namespace string) *meshPods {
-	factory := metadatainformer.NewFilteredSharedInformerFactory(client, 0, namespace, func(o *metav1.ListOptions) {
-		o.LabelSelector = LabelTLSMode + "=" + TLSModeIstio
-	})
-	inf := factory.ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
+func newMeshPods(client kubernetes.Interface, namespace string) *meshPods {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelTLSMode + "=" + TLSModeIstio }))
+	inf := factory.Core().V1().Pods().Informer()
 	return &meshPods{factory: factory, inf: inf}
 }
 
-// workload reports whether the pod namespace/name is labelled for Istio
-// mTLS, and its workload (podWorkload; "" if not a valid one).
-func (m *meshPods) workload(namespace, name string) (string, bool) {
+// meshPod is what the hub knows of a pod that accepts Istio mTLS.
+type meshPod struct {
+	workload       string // podWorkload; "" if not a valid one
+	serviceAccount string
+}
+
+// pod reports whether the pod namespace/name is labelled for Istio mTLS,
+// and what the hub keeps of it.
+func (m *meshPods) pod(namespace, name string) (meshPod, bool) {
 	obj, ok, _ := m.inf.GetStore().GetByKey(namespace + "/" + name)
-	return workloadOf(obj), ok
+	return meshPod{workload: workloadOf(obj), serviceAccount: serviceAccountOf(obj)}, ok
 }
 
 // slicePods is the podIndex function: the namespace/name of every pod an
@@ -73,7 +78,9 @@ func slicePods(obj any) ([]string, error) {
 
 // watchMeshPods rebuilds, for one watch, the Services whose endpoints point to a pod when
 // the pod enters or leaves the mesh (its label set or removed, or it is
-// deleted) or its workload changes (its labels do).
+// deleted) or its workload changes (its labels do); a pod's service
+// account never changes, but a pod replaced under its name may have
+// another.
 func (c *Cluster) watchMeshPods(w *nsWatch) error {
 	if err := w.sliceInf.AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
 		return fmt.Errorf("adding EndpointSlice pod index: %w", err)
@@ -93,7 +100,7 @@ func (c *Cluster) watchMeshPods(w *nsWatch) error {
 	_, err := w.mesh.inf.AddEventHandler(c.counting(w.counts, "MeshPod", cache.ResourceEventHandlerFuncs{
 		AddFunc: onPod,
 		UpdateFunc: func(old, cur any) {
-			if workloadOf(old) != workloadOf(cur) {
+			if workloadOf(old) != workloadOf(cur) || serviceAccountOf(old) != serviceAccountOf(cur) {
 				onPod(cur)
 			}
 		},

@@ -1,6 +1,7 @@
 package clusters
 
 import (
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -47,6 +48,11 @@ type Service struct {
 	// at most MaxDeclaredServiceAccounts of each; nil when not annotated.
 	KubernetesServiceAccounts []string
 	CanonicalServiceAccounts  []string
+	// PodServiceAccounts are the service accounts of the mesh pods behind
+	// the view's mTLS endpoints (what istiod derives a service's identities
+	// from), sorted, without duplicates; nil when there are none, or more
+	// than MaxDeclaredServiceAccounts.
+	PodServiceAccounts []string
 }
 
 // Istio's Service annotations that declare the identities of its
@@ -56,6 +62,32 @@ const (
 	AnnotationKubernetesServiceAccounts = "alpha.istio.io/kubernetes-serviceaccounts"
 	AnnotationCanonicalServiceAccounts  = "alpha.istio.io/canonical-serviceaccounts"
 )
+
+// PeerIdentities are the SPIFFE IDs (of trustDomain) the endpoints of a
+// service's views may present, as istiod derives them: its mesh pods'
+// service accounts and those Istio's annotations declare, sorted, without
+// duplicates. known is false when some view names none (no mesh pod
+// known, nothing declared): then any identity of the trust domain may
+// serve it.
+func PeerIdentities(trustDomain string, views map[string]*Service) (ids []string, known bool) {
+	if len(views) == 0 {
+		return nil, false
+	}
+	for _, svc := range views {
+		if len(svc.KubernetesServiceAccounts) == 0 && len(svc.CanonicalServiceAccounts) == 0 && len(svc.PodServiceAccounts) == 0 {
+			return nil, false
+		}
+		for _, sa := range svc.KubernetesServiceAccounts {
+			ids = append(ids, "spiffe://"+trustDomain+"/ns/"+svc.Namespace+"/sa/"+sa)
+		}
+		for _, sa := range svc.PodServiceAccounts {
+			ids = append(ids, "spiffe://"+trustDomain+"/ns/"+svc.Namespace+"/sa/"+sa)
+		}
+		ids = append(ids, svc.CanonicalServiceAccounts...)
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids), true
+}
 
 // MaxDeclaredServiceAccounts bounds the identities read from each
 // annotation; an annotation with more, or with a value longer than

@@ -122,6 +122,14 @@ func validateService(s *Service, now time.Time) error {
 	if err := validateDeclared("kubernetes service accounts", s.KubernetesServiceAccounts); err != nil {
 		return err
 	}
+	if err := validateDeclared("pod service accounts", s.PodServiceAccounts); err != nil {
+		return err
+	}
+	for _, sa := range s.PodServiceAccounts { // they become SPIFFE IDs' last segment
+		if msgs := content.IsDNS1123Subdomain(sa); len(msgs) > 0 {
+			return fmt.Errorf("pod service account %s: %s", quote(sa), msgs[0])
+		}
+	}
 	return validateDeclared("canonical service accounts", s.CanonicalServiceAccounts)
 }
 

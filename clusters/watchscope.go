@@ -163,7 +163,7 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 			inf  cache.SharedIndexInformer
 			fn   func(any)
 		}{"EndpointSlice", w.sliceInf, c.onSlice})
-		w.mesh = newMeshPods(c.meta, namespace)
+		w.mesh = newMeshPods(c.client, namespace)
 		if err := w.mesh.inf.SetTransform(stripMeshPod); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
 		}
@@ -552,11 +552,11 @@ func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSli
 }
 
 // meshPod reports whether pod namespace/name is labelled for Istio mTLS,
-// and its workload (podWorkload).
-func (c *Cluster) meshPod(namespace, name string) (string, bool) {
+// and its workload (podWorkload) and service account.
+func (c *Cluster) meshPod(namespace, name string) (meshPod, bool) {
 	w := c.watchOf(namespace)
 	if w == nil || w.mesh == nil {
-		return "", false
+		return meshPod{}, false
 	}
-	return w.mesh.workload(namespace, name)
+	return w.mesh.pod(namespace, name)
 }

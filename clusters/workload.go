@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -47,7 +48,7 @@ const maxWorkloadPart = 253
 //
 // It is "" when a field would not be a valid name (see validWorkloadPart):
 // no real API server returns one, and a ';' must never reach the string.
-func podWorkload(m *metav1.PartialObjectMetadata) string {
+func podWorkload(m *metav1.ObjectMeta) string {
 	name := m.Name
 	if m.GenerateName != "" {
 		for _, ref := range m.OwnerReferences {
@@ -149,19 +150,21 @@ func validateWorkload(e Endpoint, namespace string) error {
 // the pod shares one string; it exists in that cache only.
 const cachedWorkload = "hub.internal/workload"
 
-// stripMeshPod keeps of a mesh pod what the hub reads: its key, and its
-// workload (podWorkload) as the annotation cachedWorkload. An object
-// without labels is one it stripped already (the informer may hand it an
-// object twice; a mesh pod always has the label it is selected by): kept.
+// stripMeshPod keeps of a mesh pod what the hub reads: its key, its
+// service account (the identity its mTLS endpoints present, as istiod
+// derives it) and its workload (podWorkload) as the annotation
+// cachedWorkload. An object without labels is one it stripped already (the
+// informer may hand it an object twice; a mesh pod always has the label it
+// is selected by): kept.
 func stripMeshPod(obj any) (any, error) {
-	o, ok := obj.(*metav1.PartialObjectMetadata)
+	o, ok := obj.(*corev1.Pod)
 	if !ok || o.Labels == nil {
 		return obj, nil
 	}
-	out := &metav1.PartialObjectMetadata{TypeMeta: o.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+	out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
 		Namespace: o.Namespace, Name: o.Name, ResourceVersion: o.ResourceVersion, UID: o.UID,
-	}}
-	if w := podWorkload(o); w != "" {
+	}, Spec: corev1.PodSpec{ServiceAccountName: o.Spec.ServiceAccountName}}
+	if w := podWorkload(&o.ObjectMeta); w != "" {
 		out.Annotations = map[string]string{cachedWorkload: w}
 	}
 	return out, nil
@@ -169,8 +172,17 @@ func stripMeshPod(obj any) (any, error) {
 
 // workloadOf is a cached mesh pod's workload ("" if unknown).
 func workloadOf(obj any) string {
-	if o, ok := obj.(*metav1.PartialObjectMetadata); ok {
+	if o, ok := obj.(*corev1.Pod); ok {
 		return o.Annotations[cachedWorkload]
+	}
+	return ""
+}
+
+// serviceAccountOf is a cached mesh pod's service account ("" if unknown;
+// the API server sets "default" when a pod names none).
+func serviceAccountOf(obj any) string {
+	if o, ok := obj.(*corev1.Pod); ok {
+		return o.Spec.ServiceAccountName
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -45,7 +46,7 @@ func TestPodWorkload(t *testing.T) {
 		{"a ';' in a label (no real API server sends one)", metav1.ObjectMeta{Namespace: "ns", Name: "solo", Labels: map[string]string{"app": "a;b;c;d;e"}}, ""},
 		{"a name too long", metav1.ObjectMeta{Namespace: "ns", Name: "solo", Labels: map[string]string{"app": strings.Repeat("a", 254)}}, ""},
 	} {
-		if got := podWorkload(&metav1.PartialObjectMetadata{ObjectMeta: c.pod}); got != c.want {
+		if got := podWorkload(&c.pod); got != c.want {
 			t.Errorf("%s: %q; want %q", c.name, got, c.want)
 		}
 	}
@@ -84,11 +85,15 @@ func TestPersistedWorkloadIsValidated(t *testing.T) {
 // TestStripMeshPodIsIdempotent: the informer may transform an object it
 // already transformed; the workload stays.
 func TestStripMeshPodIsIdempotent(t *testing.T) {
-	pod := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "solo",
-		Labels: map[string]string{LabelTLSMode: TLSModeIstio, "app": "echo", "version": "v3"}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "solo",
+		Labels: map[string]string{LabelTLSMode: TLSModeIstio, "app": "echo", "version": "v3"}},
+		Spec: corev1.PodSpec{ServiceAccountName: "echo-sa", Containers: []corev1.Container{{Name: "app", Image: "x"}}}}
 	once, _ := stripMeshPod(pod)
 	twice, _ := stripMeshPod(once)
-	if w := workloadOf(twice); w != "solo;ns;echo;v3" {
-		t.Errorf("stripped twice: workload %q; want solo;ns;echo;v3", w)
+	if w, sa := workloadOf(twice), serviceAccountOf(twice); w != "solo;ns;echo;v3" || sa != "echo-sa" {
+		t.Errorf("stripped twice: workload %q, service account %q; want solo;ns;echo;v3 and echo-sa", w, sa)
+	}
+	if c := once.(*corev1.Pod).Spec.Containers; c != nil {
+		t.Errorf("the stripped pod keeps its containers %v", c)
 	}
 }

@@ -646,6 +646,8 @@ func TestEnvoyRefusedNode(t *testing.T) {
 // AUTO_PASSTHROUGH gateway (SNI and Istio's ALPN, TLS passed through), and
 // never east's pod addresses; HTTP and gRPC through it reach east's
 // backends over mTLS end to end, each backend seeing the Envoy's SPIFFE ID.
+// A gateway that terminates TLS with another identity instead fails the
+// Envoy's handshake: the hub sends the destination's identities exactly.
 func TestRealEnvoyThroughGateway(t *testing.T) {
 	bin := envoyBin(t)
 	e := localcluster.Require(t, env)
@@ -708,30 +710,10 @@ func TestRealEnvoyThroughGateway(t *testing.T) {
 	})
 
 	// East's gateway: a real Envoy, routing by SNI and ALPN to east's backends.
-	gwBootstrap, err := envoy.Marshal(&bootstrapv3.Bootstrap{
-		Admin: envoy.LoopbackAdmin(),
-		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", ip, uint32(gwPort), map[string]string{
-				fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): "east-http",
-				fmt.Sprintf("outbound_.%d_._.%s", envoyGRPCPort, m.grpcHost): "east-grpc",
-			})},
-			Clusters: []*clusterv3.Cluster{
-				envoy.StaticCluster("east-http", ip, uint32(b.http.Port)),
-				envoy.StaticCluster("east-grpc", ip, uint32(b.grpc.Port)),
-			},
-		},
+	gwEnvoy := startPassthroughGateway(t, bin, ip, gwPort, map[string]*net.TCPAddr{
+		fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): b.http,
+		fmt.Sprintf("outbound_.%d_._.%s", envoyGRPCPort, m.grpcHost): b.grpc,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	gwEnvoy, err := envoy.Start(ctx, envoy.Options{Bin: bin, Bootstrap: gwBootstrap, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { gwEnvoy.Stop() })
-	if err := gwEnvoy.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
 
 	edge := m.startEdge(t, edgeOptions{name: "gw-delta", delta: true, mtls: true, nodeOnce: true})
 	gwAddr := net.JoinHostPort(ip, fmt.Sprint(gwPort))
@@ -782,6 +764,71 @@ func TestRealEnvoyThroughGateway(t *testing.T) {
 			t.Errorf("the gateway passed no connection for %s: %v", sni, stats)
 		}
 	}
+
+	// An impostor takes the gateway's address and passes the connections
+	// to a server of its own that terminates TLS with another identity of
+	// our trust domain (a tenant's workload certificate). The Envoy
+	// verifies the destination as the echo pods' service account, exactly:
+	// the handshake fails and nothing reaches the impostor.
+	if err := gwEnvoy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	tenantSVID, err := m.ca.IssueWorkloadSVID(spiffeid.RequireFromPath(m.td, "/ns/"+m.ns+"/sa/tenant"), east.Name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := startMeshBackend(t, ip, "impostor", tenantSVID, m.bundle)
+	impostorGW := startPassthroughGateway(t, bin, ip, gwPort, map[string]*net.TCPAddr{
+		fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): impostor.http,
+	})
+	httpCluster := fmt.Sprintf("outbound|%d||%s", envoyHTTPPort, m.httpHost)
+	eventually(t, 30*time.Second, func() error {
+		if body, err := edge.get(m.httpHost); err == nil {
+			return fmt.Errorf("through the impostor the Envoy got %q; want the handshake refused", body)
+		}
+		st, err := edge.p.Stats(ctx, `ssl\.fail_verify_san$`)
+		if err != nil {
+			return err
+		}
+		for name, n := range st { // cluster.<name>.ssl.fail_verify_san, <name> maybe with Istio's ";"
+			if n > 0 && strings.HasPrefix(name, "cluster."+httpCluster) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no SAN verification failure counted on %s: %v", httpCluster, st)
+	})
+	if st, err := impostorGW.Stats(ctx, `^tcp\..*downstream_cx_total$`); err != nil || st["tcp.outbound_."+fmt.Sprint(envoyHTTPPort)+"_._."+m.httpHost+".downstream_cx_total"] == 0 {
+		t.Errorf("the impostor's gateway passed no connection (%v, %v): the refusal was not the handshake's", st, err)
+	}
+}
+
+// startPassthroughGateway runs a real Envoy as an east-west gateway on
+// ip:port (envoy.PassthroughGateway): each SNI of routes passed, TLS
+// untouched, to its address. It stops with the test.
+func startPassthroughGateway(t *testing.T, bin, ip string, port int, routes map[string]*net.TCPAddr) *envoy.Process {
+	t.Helper()
+	byCluster := map[string]string{}
+	var clusters []*clusterv3.Cluster
+	for _, sni := range slices.Sorted(maps.Keys(routes)) {
+		name := fmt.Sprintf("to-%d", len(clusters))
+		byCluster[sni] = name
+		clusters = append(clusters, envoy.StaticCluster(name, routes[sni].IP.String(), uint32(routes[sni].Port)))
+	}
+	boot, err := envoy.Marshal(&bootstrapv3.Bootstrap{
+		Admin: envoy.LoopbackAdmin(),
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
+			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", ip, uint32(port), byCluster)},
+			Clusters:  clusters,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := envoy.StartT(t, envoy.Options{Bin: bin, Bootstrap: boot})
+	if err := p.WaitReady(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestPilotAgentWithDNSCaptureKeepsOneStream: a real pilot-agent running a

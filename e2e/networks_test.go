@@ -56,13 +56,16 @@ func labelNetwork(t *testing.T, c *localcluster.Cluster, network string) {
 
 // meshPods creates pods labelled security.istio.io/tlsMode=istio (as
 // Istio's injection labels them; no kubelet runs them) for the backends
-// that name one.
+// that name one, running as ServiceAccount echoServiceAccount: the
+// identity their servers present, which the hub's clients verify.
 func meshPods(t *testing.T, kc kubernetes.Interface, ns string, backends []localcluster.Backend, plain ...string) {
 	t.Helper()
 	ctx := testContext(t)
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}
-	if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
+	for _, name := range []string{"default", echoServiceAccount} {
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 	for _, b := range backends {
 		if b.Pod == "" || slices.Contains(plain, b.Pod) {
@@ -70,7 +73,7 @@ func meshPods(t *testing.T, kc kubernetes.Interface, ns string, backends []local
 		}
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: b.Pod, Labels: map[string]string{"security.istio.io/tlsMode": "istio"}},
-			Spec: corev1.PodSpec{AutomountServiceAccountToken: new(false),
+			Spec: corev1.PodSpec{AutomountServiceAccountToken: new(false), ServiceAccountName: echoServiceAccount,
 				Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}},
 		}
 		if _, err := kc.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -78,6 +81,10 @@ func meshPods(t *testing.T, kc kubernetes.Interface, ns string, backends []local
 		}
 	}
 }
+
+// echoServiceAccount is the ServiceAccount meshPods' pods run as: their
+// servers present spiffe://<td>/ns/<ns>/sa/echo.
+const echoServiceAccount = "echo"
 
 // TestIstiodRoutesAcrossNetworksThroughGateways: west and east are on two
 // Istio networks; east's east-west gateway is a labelled Service. An

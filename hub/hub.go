@@ -210,7 +210,11 @@ func New(opts Options) (*Hub, error) {
 		h.gen.AwaitSecurity() // no inbound listener before the policies are read
 	}
 	h.gen.SetDemoteUnhealthy(!opts.KeepUnhealthyFirst)
-	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy})
+	var trustDomain string
+	if opts.Roots != nil {
+		trustDomain = opts.Roots.LocalTrustDomain()
+	}
+	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
 	h.watcher.rules = opts.Rules

@@ -55,6 +55,10 @@ type Options struct {
 	// Policy, if set, has the Istio objects distributed from the home
 	// cluster: served unchanged, each under its kind.
 	Policy Policy
+	// TrustDomain is our SPIFFE trust domain: the ServiceEntries'
+	// subjectAltNames are identities in it (clusters.PeerIdentities);
+	// empty: none are set.
+	TrustDomain string
 }
 
 // Set is the full state of one config type as istiod receives it: every
@@ -73,10 +77,11 @@ var emptySet = Set{Version: "empty"}
 // rebuilds only what changed; a rebuilt entry whose content is the same
 // keeps its version, bytes and create_time. Safe for concurrent use.
 type Generator struct {
-	index  Index
-	domain string
-	now    func() time.Time
-	policy Policy
+	index       Index
+	domain      string
+	trustDomain string
+	now         func() time.Time
+	policy      Policy
 
 	mu      sync.Mutex
 	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
@@ -109,7 +114,7 @@ func New(index Index, opts Options) *Generator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Generator{index: index, domain: opts.FederatedDomain, now: opts.Now, policy: opts.Policy,
+	return &Generator{index: index, domain: opts.FederatedDomain, trustDomain: opts.TrustDomain, now: opts.Now, policy: opts.Policy,
 		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
 		variants: map[string]map[string]*entry{}, memberSets: map[string]*Set{}}
 }
@@ -262,7 +267,7 @@ func (g *Generator) rebuildLocked(host string) (bool, error) {
 // audience (buildServiceEntry) and reports whether it differs from old,
 // which it stands in for (its create_time kept when no member knows one).
 func (g *Generator) entryLocked(members map[string]*clusters.Service, audience string, old *entry) (*entry, bool, error) {
-	se := buildServiceEntry(members, g.domain, audience)
+	se := buildServiceEntry(members, g.domain, g.trustDomain, audience)
 	if se == nil {
 		return nil, old != nil, nil
 	}

@@ -50,8 +50,12 @@ type serviceEntry struct {
 // member audience: not kept home (clusters.Service.NotExported), and
 // either offered to every member or, by hub.federation/export-to, to
 // audience ("": to every member only); nil when none is left, or when the
-// Service has no ports.
-func buildServiceEntry(members map[string]*clusters.Service, domain, audience string) *serviceEntry {
+// Service has no ports. Its subjectAltNames are the identities of those
+// views' workloads in trustDomain (clusters.PeerIdentities, as istiod
+// derives a Kubernetes Service's), so that a sidecar verifies whom it
+// reaches, through a gateway too; none when some view names none (or
+// trustDomain is ""): then any identity the mesh trusts may serve it.
+func buildServiceEntry(members map[string]*clusters.Service, domain, trustDomain, audience string) *serviceEntry {
 	ids := make([]string, 0, len(members))
 	for id, svc := range members {
 		if !svc.NotExported && (svc.ExportTo == nil || audience != "" && slices.Contains(svc.ExportTo, audience)) {
@@ -67,6 +71,15 @@ func buildServiceEntry(members map[string]*clusters.Service, domain, audience st
 		Hosts:      []string{first.Name + "." + first.Namespace + ".svc." + domain},
 		Location:   networking.ServiceEntry_MESH_INTERNAL,
 		Resolution: networking.ServiceEntry_STATIC,
+	}
+	if trustDomain != "" {
+		offered := make(map[string]*clusters.Service, len(ids))
+		for _, id := range ids {
+			offered[id] = members[id]
+		}
+		if sans, known := clusters.PeerIdentities(trustDomain, offered); known {
+			se.SubjectAltNames = sans
+		}
 	}
 	portNames := map[int32]string{} // service port → SE port name
 	taken := map[string]bool{}

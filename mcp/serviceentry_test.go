@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/prototext"
@@ -67,7 +68,7 @@ func TestBuildServiceEntry(t *testing.T) {
 		},
 	}
 	west.Network = "net-west"
-	got := buildServiceEntry(map[string]*clusters.Service{"west": west, "east": east}, "clusterset.local", "")
+	got := buildServiceEntry(map[string]*clusters.Service{"west": west, "east": east}, "clusterset.local", "", "")
 	if got.namespace != "demo" || got.name != "hub-echo" {
 		t.Errorf("object %s/%s, want demo/hub-echo", got.namespace, got.name)
 	}
@@ -103,17 +104,17 @@ func TestBuildServiceEntryExportOptOut(t *testing.T) {
 			Endpoints: []clusters.Endpoint{{Address: "10.0.0." + member, Port: 80, ServicePort: 80}},
 		}
 	}
-	got := buildServiceEntry(map[string]*clusters.Service{"1": svc("1", false), "2": svc("2", true)}, "clusterset.local", "")
+	got := buildServiceEntry(map[string]*clusters.Service{"1": svc("1", false), "2": svc("2", true)}, "clusterset.local", "", "")
 	if len(got.spec.Endpoints) != 1 || got.spec.Endpoints[0].Address != "10.0.0.1" {
 		t.Errorf("endpoints %v, want only member 1's (member 2 opted out)", got.spec.Endpoints)
 	}
-	if se := buildServiceEntry(map[string]*clusters.Service{"2": svc("2", true)}, "clusterset.local", ""); se != nil {
+	if se := buildServiceEntry(map[string]*clusters.Service{"2": svc("2", true)}, "clusterset.local", "", ""); se != nil {
 		t.Errorf("every member opted out: got %v, want no ServiceEntry", se.spec)
 	}
-	if se := buildServiceEntry(map[string]*clusters.Service{"1": {Namespace: "demo", Name: "headless"}}, "clusterset.local", ""); se != nil {
+	if se := buildServiceEntry(map[string]*clusters.Service{"1": {Namespace: "demo", Name: "headless"}}, "clusterset.local", "", ""); se != nil {
 		t.Errorf("a Service without ports: got %v, want no ServiceEntry", se.spec)
 	}
-	if se := buildServiceEntry(nil, "clusterset.local", ""); se != nil {
+	if se := buildServiceEntry(nil, "clusterset.local", "", ""); se != nil {
 		t.Errorf("no member: got %v, want no ServiceEntry", se.spec)
 	}
 }
@@ -127,17 +128,42 @@ func TestBuildServiceEntryDeterministic(t *testing.T) {
 		addr := "10.0.0." + string(rune('0'+i%10)) + string(rune('0'+i/10))
 		svc.Endpoints = append(svc.Endpoints, clusters.Endpoint{Address: addr, Port: 80, ServicePort: 80}, clusters.Endpoint{Address: addr, Port: 90, ServicePort: 90})
 	}
-	first, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", ""))
+	first, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", "", ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 20 {
-		v, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", ""))
+		v, err := contentVersion(buildServiceEntry(map[string]*clusters.Service{"a": svc, "b": svc}, "x", "", ""))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if v != first {
 			t.Fatalf("version %s, then %s, for the same content", first, v)
 		}
+	}
+}
+
+// TestServiceEntryVerifiesTheDestinationsIdentity: the ServiceEntry names
+// the identities of the offered views' workloads (their mesh pods'
+// service accounts), so that a sidecar fails the handshake with anything
+// else, a gateway terminating TLS included; none when a view names none.
+func TestServiceEntryVerifiesTheDestinationsIdentity(t *testing.T) {
+	view := func(sas ...string) *clusters.Service {
+		return &clusters.Service{Namespace: "demo", Name: "echo", Ports: []clusters.ServicePort{{Name: "http", Port: 80, Protocol: "TCP"}},
+			PodServiceAccounts: sas}
+	}
+	se := buildServiceEntry(map[string]*clusters.Service{"west": view("echo"), "east": view("echo", "echo-v2")}, "clusterset.local", "example.org", "")
+	if want := []string{"spiffe://example.org/ns/demo/sa/echo", "spiffe://example.org/ns/demo/sa/echo-v2"}; !slices.Equal(se.spec.GetSubjectAltNames(), want) {
+		t.Errorf("subjectAltNames %v, want %v", se.spec.GetSubjectAltNames(), want)
+	}
+	limited := view("secret-sa")
+	limited.ExportTo = []string{"north"}
+	se = buildServiceEntry(map[string]*clusters.Service{"west": view("echo"), "east": limited}, "clusterset.local", "example.org", "")
+	if want := []string{"spiffe://example.org/ns/demo/sa/echo"}; !slices.Equal(se.spec.GetSubjectAltNames(), want) {
+		t.Errorf("subjectAltNames with a view not offered %v, want %v (the offered views' only)", se.spec.GetSubjectAltNames(), want)
+	}
+	se = buildServiceEntry(map[string]*clusters.Service{"west": view("echo"), "east": view()}, "clusterset.local", "example.org", "")
+	if sans := se.spec.GetSubjectAltNames(); sans != nil {
+		t.Errorf("subjectAltNames %v with a view that names no identity; want none", sans)
 	}
 }

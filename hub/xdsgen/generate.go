@@ -407,9 +407,9 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 			lb.applyToCluster(c)
 			switch v.Flavour {
 			case FlavourGRPC:
-				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port))
+				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, members), SNI(host, port))
 			case FlavourEnvoy:
-				c.TransportSocketMatches = envoyTransportSockets(peerSANs(g.trustDomain, serviceNamespace(members), members), SNI(host, port), speaksHTTP2(sp))
+				c.TransportSocketMatches = envoyTransportSockets(peerSANs(g.trustDomain, members), SNI(host, port), speaksHTTP2(sp))
 			}
 			msg = c
 		case resourcev3.EndpointType:
@@ -519,15 +519,6 @@ type resourceKey struct {
 	typeURL, name string
 	view          View
 	direct        bool
-}
-
-// serviceNamespace is the namespace of a hostname's Service (the same in
-// every member: it is part of the hostname).
-func serviceNamespace(members map[string]*clusters.Service) string {
-	for _, svc := range members {
-		return svc.Namespace
-	}
-	return ""
 }
 
 // Marshal makes msg, of typeURL, the resource of that name: its bytes

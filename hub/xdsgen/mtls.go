@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -227,29 +226,20 @@ func upstreamTLS(sans []*matcherv3.StringMatcher, sni string) *corev3.TransportS
 }
 
 // peerSANs are the identities a client accepts from a service's
-// endpoints: exactly those the Service declares (Istio's service-account
-// annotations) when every member's view of it declares some, else any
-// identity of our trust domain (a prefix match on spiffe://<td>/). Our CA
-// issues every member's workloads certificates of our trust domain, so a
-// peer of a federated trust domain never serves one of our clusters.
-func peerSANs(trustDomain, namespace string, members map[string]*clusters.Service) []*matcherv3.StringMatcher {
-	var exact []string
-	declared := len(members) > 0
-	for _, svc := range members {
-		if len(svc.KubernetesServiceAccounts) == 0 && len(svc.CanonicalServiceAccounts) == 0 {
-			declared = false
-			break
-		}
-		for _, sa := range svc.KubernetesServiceAccounts {
-			exact = append(exact, "spiffe://"+trustDomain+"/ns/"+namespace+"/sa/"+sa)
-		}
-		exact = append(exact, svc.CanonicalServiceAccounts...)
-	}
+// endpoints, as istiod derives them: exactly the service accounts of the
+// mesh pods behind every member's view, with those the Service declares
+// (Istio's service-account annotations), when every member's view names
+// some; else any identity of our trust domain (a prefix match on
+// spiffe://<td>/: a view with no mesh pod known, e.g. a member whose
+// credentials may not list pods). Our CA issues every member's workloads
+// certificates of our trust domain, so a peer of a federated trust domain
+// never serves one of our clusters; with exact identities, neither does
+// another workload of ours (a gateway that terminates TLS, say).
+func peerSANs(trustDomain string, members map[string]*clusters.Service) []*matcherv3.StringMatcher {
+	exact, declared := clusters.PeerIdentities(trustDomain, members)
 	if !declared {
 		return []*matcherv3.StringMatcher{{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + trustDomain + "/"}}}
 	}
-	slices.Sort(exact)
-	exact = slices.Compact(exact)
 	out := make([]*matcherv3.StringMatcher, 0, len(exact))
 	for _, id := range exact {
 		out = append(out, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: id}})

@@ -234,6 +234,11 @@ func checkInbound(t *testing.T, l *listenerv3.Listener, mode MTLSMode) {
 	}
 }
 
+// TestPeerSANsAreTheServiceIdentitiesWhereKnown: a client verifies a
+// destination's SPIFFE identity exactly, from its mesh pods' service
+// accounts and Istio's annotations, wherever every member's view names
+// one; a gateway or any other workload of ours that terminates TLS with
+// another identity fails the handshake.
 func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 	svc := func(ksa, csa []string) *clusters.Service {
 		return &clusters.Service{Namespace: "demo", Name: "echo", KubernetesServiceAccounts: ksa, CanonicalServiceAccounts: csa}
@@ -250,10 +255,18 @@ func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 			"east": svc([]string{"echo", "echo-v2"}, []string{"spiffe://other.org/ns/demo/sa/echo"}),
 		}, []string{"exact:spiffe://example.org/ns/demo/sa/echo", "exact:spiffe://example.org/ns/demo/sa/echo-v2", "exact:spiffe://other.org/ns/demo/sa/echo"}},
 		{"one member silent", map[string]*clusters.Service{"west": svc([]string{"echo"}, nil), "east": svc(nil, nil)}, prefix},
+		{"the mesh pods' service accounts", map[string]*clusters.Service{
+			"west": {Namespace: "demo", Name: "echo", PodServiceAccounts: []string{"echo"}},
+			"east": {Namespace: "demo", Name: "echo", PodServiceAccounts: []string{"echo-canary"}, KubernetesServiceAccounts: []string{"echo"}},
+		}, []string{"exact:spiffe://example.org/ns/demo/sa/echo", "exact:spiffe://example.org/ns/demo/sa/echo-canary"}},
+		{"a member with no mesh pod known", map[string]*clusters.Service{
+			"west": {Namespace: "demo", Name: "echo", PodServiceAccounts: []string{"echo"}},
+			"east": svc(nil, nil),
+		}, prefix},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, m := range peerSANs("example.org", "demo", tc.members) {
+			for _, m := range peerSANs("example.org", tc.members) {
 				switch p := m.GetMatchPattern().(type) {
 				case *matcherv3.StringMatcher_Exact:
 					got = append(got, "exact:"+p.Exact)
