@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/pem"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 )
@@ -228,6 +231,10 @@ func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) {
 // gateway: the hub sent it the gateway, not B's address, and Istio's SNI,
 // on which the gateway routed without terminating TLS; the server saw the
 // client's SPIFFE ID.
+//
+// A gateway that terminates TLS with another identity of our trust domain
+// instead fails the client's handshake: the hub sends the destination's
+// identity exactly (its mesh pods' service account).
 func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	e := localcluster.Require(t, env)
 	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
@@ -313,7 +320,59 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 		t.Errorf("the client's config holds the gateway %s: %v, east's address %s: %v; want only the gateway",
 			gatewayIP, strings.Contains(body, gatewayIP), workloadIP, strings.Contains(body, workloadIP))
 	}
+	if !strings.Contains(body, "spiffe://"+td.Name()+"/ns/"+app+"/sa/"+echoServiceAccount) {
+		t.Errorf("the client's config does not name east's echo identity exactly: %s", body)
+	}
 	noNacks(t, h, app)
+
+	// An impostor takes the gateway's address and passes the SNI to a
+	// server of its own that terminates TLS with a tenant's identity of our
+	// trust domain. The client verifies east's echo identity exactly: the
+	// call fails in the handshake and never succeeds.
+	_ = gw.stdin.Close() // the stand-in gateway exits
+	eventually(t, 10*time.Second, func() error {
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort(gatewayIP, "15443"), time.Second); err == nil {
+			c.Close()
+			return fmt.Errorf("the gateway still listens")
+		}
+		return nil
+	})
+	tenant, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+app+"/sa/tenant"), east.Name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := h.bundle(t, td)
+	impostor, err := tls.Listen("tcp", net.JoinHostPort(hostSide, "0"), tlsconfig.MTLSServerConfig(tenant, bundle, tlsconfig.AuthorizeAny()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { impostor.Close() })
+	var handshakes atomic.Int64
+	go func() {
+		for {
+			c, err := impostor.Accept()
+			if err != nil {
+				return
+			}
+			if err := c.(*tls.Conn).Handshake(); err == nil {
+				handshakes.Add(1)
+			}
+			c.Close()
+		}
+	}()
+	netB.startChild(t, "ewgateway", gatewayListenEnv+"="+net.JoinHostPort(gatewayIP, "15443"), gatewayRoutesEnv+"="+sni+"="+impostor.Addr().String()).
+		waitLine(t, 30*time.Second, "listening ")
+	fooled := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, roots, clientID, west.Name, ip, h.xdsAddr))
+	if l := fooled.waitLine(t, 90*time.Second, "err "); !strings.Contains(l, "handshake") {
+		t.Errorf("through the impostor the client got %q; want a failed handshake", l)
+	}
+	if n := fooled.oks.Load(); n != 0 {
+		t.Errorf("the client called through the impostor %d times", n)
+	}
+	if n := handshakes.Load(); n != 0 {
+		t.Errorf("%d TLS handshakes completed with the impostor", n)
+	}
 }
 
 // networkedSecret is the remote Secret of west and east that confirms
