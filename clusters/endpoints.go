@@ -81,7 +81,9 @@ func buildService(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, node
 			}
 		}
 	}
-	if len(accounts) <= MaxDeclaredServiceAccounts {
+	if len(accounts) > MaxDeclaredServiceAccounts {
+		out.TooManyPodServiceAccounts = true
+	} else {
 		for sa := range accounts {
 			out.PodServiceAccounts = append(out.PodServiceAccounts, sa)
 		}

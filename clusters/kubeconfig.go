@@ -80,8 +80,9 @@ type KubeconfigPolicy struct {
 	// addresses (0.0.0.0, ::) are always refused.
 	DenyCIDRs []netip.Prefix
 	// MaxObjects caps the Services, EndpointSlices, Nodes, Secrets and mesh
-	// pods (labelled security.istio.io/tlsMode=istio; metadata only) one
-	// member's informers may hold; 0 means DefaultMaxObjects.
+	// pods (labelled security.istio.io/tlsMode=istio; key, workload and
+	// service account only) one member's informers may hold; 0 means
+	// DefaultMaxObjects.
 	MaxObjects int
 }
 

@@ -51,8 +51,10 @@ type viewService struct {
 	// CanonicalServiceAccounts (absent: not declared).
 	KSA []string `json:"ksa,omitempty"`
 	CSA []string `json:"csa,omitempty"`
-	// PSA is Service.PodServiceAccounts (absent: none known).
-	PSA []string `json:"psa,omitempty"`
+	// PSA is Service.PodServiceAccounts (absent: none known), PSAX
+	// Service.TooManyPodServiceAccounts.
+	PSA  []string `json:"psa,omitempty"`
+	PSAX bool     `json:"psax,omitempty"`
 	// Gateways is Service.Gateways (absent: none).
 	Gateways []viewGateway `json:"g,omitempty"`
 }
@@ -94,7 +96,7 @@ func encodeView(services []*Service) ([]byte, string, error) {
 	doc := viewDoc{Format: viewFormat, Services: make([]viewService, 0, len(sorted))}
 	for _, s := range sorted {
 		vs := viewService{Namespace: s.Namespace, Name: s.Name, NotExported: s.NotExported, Network: s.Network,
-			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts, PSA: s.PodServiceAccounts,
+			KSA: s.KubernetesServiceAccounts, CSA: s.CanonicalServiceAccounts, PSA: s.PodServiceAccounts, PSAX: s.TooManyPodServiceAccounts,
 			ExportTo: s.ExportTo, HasExportTo: s.ExportTo != nil, ExportReason: s.ExportReason}
 		if !s.Created.IsZero() {
 			vs.Created = s.Created.Unix()
@@ -137,7 +139,7 @@ func decodeView(data []byte) ([]*Service, error) {
 	gateways := map[string][]Gateway{}
 	for _, vs := range doc.Services {
 		s := &Service{Namespace: vs.Namespace, Name: vs.Name, NotExported: vs.NotExported, Network: vs.Network,
-			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA, PodServiceAccounts: vs.PSA, ExportReason: vs.ExportReason}
+			KubernetesServiceAccounts: vs.KSA, CanonicalServiceAccounts: vs.CSA, PodServiceAccounts: vs.PSA, TooManyPodServiceAccounts: vs.PSAX, ExportReason: vs.ExportReason}
 		if vs.HasExportTo {
 			s.ExportTo = append([]string{}, vs.ExportTo...)
 		}

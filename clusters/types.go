@@ -51,8 +51,9 @@ type Service struct {
 	// PodServiceAccounts are the service accounts of the mesh pods behind
 	// the view's mTLS endpoints (what istiod derives a service's identities
 	// from), sorted, without duplicates; nil when there are none, or more
-	// than MaxDeclaredServiceAccounts.
-	PodServiceAccounts []string
+	// than MaxDeclaredServiceAccounts (TooManyPodServiceAccounts).
+	PodServiceAccounts        []string
+	TooManyPodServiceAccounts bool
 }
 
 // Istio's Service annotations that declare the identities of its
@@ -66,15 +67,21 @@ const (
 // PeerIdentities are the SPIFFE IDs (of trustDomain) the endpoints of a
 // service's views may present, as istiod derives them: its mesh pods'
 // service accounts and those Istio's annotations declare, sorted, without
-// duplicates. known is false when some view names none (no mesh pod
-// known, nothing declared): then any identity of the trust domain may
-// serve it.
+// duplicates. A view without endpoints and without annotations presents
+// nothing and is passed over (a member where the service is scaled to
+// zero does not loosen the others'). known is false when a view with
+// endpoints names none (no mesh pod known, too many service accounts,
+// nothing declared), or no view names any: then any identity of the trust
+// domain may serve the service.
 func PeerIdentities(trustDomain string, views map[string]*Service) (ids []string, known bool) {
-	if len(views) == 0 {
-		return nil, false
-	}
 	for _, svc := range views {
-		if len(svc.KubernetesServiceAccounts) == 0 && len(svc.CanonicalServiceAccounts) == 0 && len(svc.PodServiceAccounts) == 0 {
+		declared := len(svc.KubernetesServiceAccounts) > 0 || len(svc.CanonicalServiceAccounts) > 0
+		switch {
+		case svc.TooManyPodServiceAccounts:
+			return nil, false
+		case !declared && len(svc.PodServiceAccounts) == 0 && len(svc.Endpoints) == 0:
+			continue
+		case !declared && len(svc.PodServiceAccounts) == 0:
 			return nil, false
 		}
 		for _, sa := range svc.KubernetesServiceAccounts {
@@ -85,14 +92,19 @@ func PeerIdentities(trustDomain string, views map[string]*Service) (ids []string
 		}
 		ids = append(ids, svc.CanonicalServiceAccounts...)
 	}
+	if len(ids) == 0 {
+		return nil, false
+	}
 	slices.Sort(ids)
 	return slices.Compact(ids), true
 }
 
 // MaxDeclaredServiceAccounts bounds the identities read from each
-// annotation; an annotation with more, or with a value longer than
-// maxServiceAccountBytes, declares nothing (clients then accept any
-// identity of the trust domain).
+// annotation, and a view's mesh pods' service accounts; an annotation with
+// more, or with a value longer than maxServiceAccountBytes, declares
+// nothing, and a view with more pod service accounts names none
+// (TooManyPodServiceAccounts): clients then accept any identity of the
+// trust domain.
 const MaxDeclaredServiceAccounts = 32
 
 // LabelExport on a Service set to "false" keeps it out of the config the

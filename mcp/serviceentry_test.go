@@ -162,8 +162,10 @@ func TestServiceEntryVerifiesTheDestinationsIdentity(t *testing.T) {
 	if want := []string{"spiffe://example.org/ns/demo/sa/echo"}; !slices.Equal(se.spec.GetSubjectAltNames(), want) {
 		t.Errorf("subjectAltNames with a view not offered %v, want %v (the offered views' only)", se.spec.GetSubjectAltNames(), want)
 	}
-	se = buildServiceEntry(map[string]*clusters.Service{"west": view("echo"), "east": view()}, "clusterset.local", "example.org", "")
+	silent := view()
+	silent.Endpoints = []clusters.Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 80, Health: clusters.Healthy}}
+	se = buildServiceEntry(map[string]*clusters.Service{"west": view("echo"), "east": silent}, "clusterset.local", "example.org", "")
 	if sans := se.spec.GetSubjectAltNames(); sans != nil {
-		t.Errorf("subjectAltNames %v with a view that names no identity; want none", sans)
+		t.Errorf("subjectAltNames %v with a view whose endpoints name no identity; want none", sans)
 	}
 }

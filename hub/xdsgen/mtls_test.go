@@ -241,7 +241,8 @@ func checkInbound(t *testing.T, l *listenerv3.Listener, mode MTLSMode) {
 // another identity fails the handshake.
 func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 	svc := func(ksa, csa []string) *clusters.Service {
-		return &clusters.Service{Namespace: "demo", Name: "echo", KubernetesServiceAccounts: ksa, CanonicalServiceAccounts: csa}
+		return &clusters.Service{Namespace: "demo", Name: "echo", KubernetesServiceAccounts: ksa, CanonicalServiceAccounts: csa,
+			Endpoints: []clusters.Endpoint{{Address: "10.0.0.1", Port: 8080, ServicePort: 80}}}
 	}
 	prefix := []string{"prefix:spiffe://example.org/"}
 	for _, tc := range []struct {
@@ -262,6 +263,13 @@ func TestPeerSANsAreTheServiceIdentitiesWhereKnown(t *testing.T) {
 		{"a member with no mesh pod known", map[string]*clusters.Service{
 			"west": {Namespace: "demo", Name: "echo", PodServiceAccounts: []string{"echo"}},
 			"east": svc(nil, nil),
+		}, prefix},
+		{"a member without endpoints (scaled to zero) is passed over", map[string]*clusters.Service{
+			"west": {Namespace: "demo", Name: "echo", PodServiceAccounts: []string{"echo"}},
+			"east": {Namespace: "demo", Name: "echo"},
+		}, []string{"exact:spiffe://example.org/ns/demo/sa/echo"}},
+		{"too many service accounts to name", map[string]*clusters.Service{
+			"west": {Namespace: "demo", Name: "echo", TooManyPodServiceAccounts: true, KubernetesServiceAccounts: []string{"echo"}},
 		}, prefix},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
