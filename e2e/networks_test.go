@@ -3,10 +3,12 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,6 +188,22 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 		}
 		return fmt.Errorf("no GatewayRefused Event on the remote Secret naming %s (%d events)", tenant, len(evs.Items))
 	})
+	// The refusal's new paths (API, cluster page, hub log) carry no credentials.
+	var eastJSON json.RawMessage
+	h.getJSON(t, "/api/v1/clusters/"+east.Name, &eastJSON)
+	where := dashboardPages(t, h.adminURL, home.AdminToken(), "/clusters/"+east.Name)
+	where["GET /api/v1/clusters/"+east.Name] = string(eastJSON)
+	logData, err := os.ReadFile(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	where["hub log"] = string(logData)
+	for name, text := range where {
+		requireNoSecrets(t, name, text, home, west, east)
+		if name != "hub log" && !strings.Contains(text, "may not hold gateways") {
+			t.Errorf("%s does not show the gateway refusal", name)
+		}
+	}
 	ws, err := client(t, west).CoreV1().Services("istio-system").Get(ctx, written, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
