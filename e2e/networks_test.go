@@ -152,6 +152,7 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	if _, err := ec.CoreV1().Services(tenant).Create(ctx, impostor, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = ec.CoreV1().Namespaces().Delete(context.Background(), tenant, metav1.DeleteOptions{}) })
 	hubNS := hubNamespace(t, home)
 	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, networkedSecret(hubNS, west, east), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -173,7 +174,7 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 		t.Errorf("east's gateway is %+v; want the istio-system one, 198.19.60.7", g)
 	}
 	wantRefusal := "service " + tenant + "/eastwest: namespace " + tenant + " may not hold gateways"
-	if !slices.ContainsFunc(east0.GatewaysRefused, func(r string) bool { return strings.HasPrefix(r, wantRefusal) }) || east0.GatewaysRefusedCount != 1 {
+	if !slices.ContainsFunc(east0.GatewaysRefused, func(r string) bool { return strings.HasPrefix(r, wantRefusal) }) || east0.GatewaysRefusedCount < 1 {
 		t.Errorf("east's refused gateways %q (%d); want %q", east0.GatewaysRefused, east0.GatewaysRefusedCount, wantRefusal)
 	}
 	eventually(t, 30*time.Second, func() error {
