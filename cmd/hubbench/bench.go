@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -293,11 +292,7 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
-	sum.HubWriteCPUSeconds = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
-	if cfg.Writes > 0 {
-		sum.HubCPUPerWriteMs = math.Round(sum.HubWriteCPUSeconds/float64(cfg.Writes)*1e4) / 10
-	}
-	sum.LoadAfter = loadAvg()
+	sum.setWriteCPU(cpuAfter.CPUSeconds-cpuBefore.CPUSeconds, cfg.Writes)
 	after, err := h.metrics(ctx)
 	if err != nil {
 		return nil, err

@@ -423,11 +423,7 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	}
 	rs.EnvoyWriteCPUSeconds = math.Round((envoyCPUAfter-envoyCPUBefore)*100) / 100
 	rs.BenchWriteCPUSeconds = math.Round((selfCPUAfter-selfCPUBefore)*100) / 100
-	sum.HubWriteCPUSeconds = cpuAfter.CPUSeconds - cpuBefore.CPUSeconds
-	if cfg.Writes > 0 {
-		sum.HubCPUPerWriteMs = math.Round(sum.HubWriteCPUSeconds/float64(cfg.Writes)*1e4) / 10
-	}
-	sum.LoadAfter = loadAvg()
+	sum.setWriteCPU(cpuAfter.CPUSeconds-cpuBefore.CPUSeconds, cfg.Writes)
 	after, err := h.metrics(ctx)
 	if err != nil {
 		return err

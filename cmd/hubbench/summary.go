@@ -371,3 +371,13 @@ func (s *Summary) WriteText(w io.Writer) {
 		p("hub log:  %s", s.HubLog)
 	}
 }
+
+// setWriteCPU records the hub's CPU over the measured writes, per write,
+// and the load average after them.
+func (sum *Summary) setWriteCPU(cpuSeconds float64, writes int) {
+	sum.HubWriteCPUSeconds = cpuSeconds
+	if writes > 0 {
+		sum.HubCPUPerWriteMs = math.Round(cpuSeconds/float64(writes)*1e4) / 10
+	}
+	sum.LoadAfter = loadAvg()
+}
