@@ -14,9 +14,12 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
+	"github.com/hubmesh/hub/internal/envoy"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -80,6 +84,38 @@ type agentOptions struct {
 	// through the agent, which adds NDS. Empty: a proxyless gRPC
 	// workload's agent, no Envoy (the grpc-agent template).
 	Envoy string
+	// Proxy, if set, makes the agent an Istio data-plane proxy fed by a
+	// member istiod (Envoy must be set): a sidecar or an east-west gateway.
+	Proxy *dataPlaneProxy
+}
+
+// dataPlaneProxy is what makes an agent a real Istio sidecar or gateway:
+// its config comes from a member istiod (which takes the federation from
+// the hub over MCP), its certificate from the hub's CA, as in a member
+// where the hub is the mesh's CA. No iptables: interception mode NONE,
+// so istiod binds a sidecar's outbound listeners to 127.0.0.1:<service
+// port> and its inbound ones where a Sidecar resource's ingress says.
+type dataPlaneProxy struct {
+	// Istiod is the member istiod's plaintext xDS address (ProxyConfig
+	// discoveryAddress, controlPlaneAuthPolicy NONE); the hub (HubAddr)
+	// stays the CA (CA_ADDR).
+	Istiod string
+	// Router runs `pilot-agent proxy router` (a gateway) instead of
+	// `proxy sidecar`.
+	Router bool
+	// Network is ISTIO_META_NETWORK; a router also asks for that
+	// network's endpoints only (ISTIO_META_REQUESTED_NETWORK_VIEW), as
+	// Istio's gen-eastwest-gateway.sh configures the east-west gateway.
+	Network string
+	// Labels are the pod's labels (default app=<ServiceAccount>).
+	Labels map[string]string
+	// Netns, when set, is the network namespace the agent and its Envoy
+	// run in (`ip netns exec`).
+	Netns string
+	// AdminPort is Envoy's admin port (ProxyConfig proxyAdminPort); Envoy's
+	// status and Prometheus listeners take AdminPort+21 and AdminPort+90,
+	// so that proxies sharing a network namespace do not collide.
+	AdminPort int
 }
 
 // agentProcess is a running pilot-agent.
@@ -99,6 +135,9 @@ type agentProcess struct {
 	// LogPath holds the agent's combined stdout/stderr (also streamed into
 	// the test log).
 	LogPath string
+	// Envoy reads the admin API of a data-plane proxy's Envoy (nil
+	// without Proxy).
+	Envoy *envoy.AdminAPI
 
 	cmd      *exec.Cmd
 	done     chan struct{}
@@ -174,7 +213,15 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 	// working directory.
 	writeFile(t, filepath.Join(dir, "var/run/secrets/tokens/istio-token"), []byte(tr.Status.Token))
 	writeFile(t, filepath.Join(dir, "var/run/secrets/istio/root-cert.pem"), o.RootPEM)
-	writeFile(t, filepath.Join(dir, "etc/istio/pod/labels"), fmt.Appendf(nil, "app=%q\n", o.ServiceAccount))
+	labels := map[string]string{"app": o.ServiceAccount}
+	if o.Proxy != nil && o.Proxy.Labels != nil {
+		labels = o.Proxy.Labels
+	}
+	var labelsFile []byte
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		labelsFile = fmt.Appendf(labelsFile, "%s=%q\n", k, labels[k])
+	}
+	writeFile(t, filepath.Join(dir, "etc/istio/pod/labels"), labelsFile)
 	writeFile(t, filepath.Join(dir, "etc/istio/pod/annotations"), []byte(`status.sidecar.istio.io/port="0"`+"\n"))
 	for _, d := range []string{a.CertDir, filepath.Dir(a.BootstrapPath), filepath.Join(dir, "var/run/secrets/workload-spiffe-uds"),
 		filepath.Join(dir, "var/run/secrets/workload-spiffe-credentials")} {
@@ -189,11 +236,20 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 	if o.Envoy != "" {
 		envoyBin = o.Envoy
 	}
-	proxyConfig, err := json.Marshal(map[string]any{
+	pc := map[string]any{
 		"discoveryAddress": o.HubAddr,
 		"configPath":       filepath.Join(dir, "etc/istio/proxy"),
 		"binaryPath":       envoyBin,
-	})
+	}
+	if p := o.Proxy; p != nil {
+		pc["discoveryAddress"] = p.Istiod
+		pc["controlPlaneAuthPolicy"] = "NONE"
+		pc["proxyAdminPort"] = p.AdminPort
+		pc["concurrency"] = 1
+		pc["terminationDrainDuration"] = "1s"
+		a.Envoy = envoy.NewAdminAPI(fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort), p.Netns)
+	}
+	proxyConfig, err := json.Marshal(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +261,29 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 	if o.Envoy != "" {
 		args = append(args, "--templateFile", filepath.Join(istioModuleDir(t), "tools/packaging/common/envoy_bootstrap.json"))
 	}
+	if o.Proxy != nil && o.Proxy.Router {
+		args[1] = "router"
+	}
 	cmd := exec.Command(bin, args...)
+	caAddr := o.HubAddr
+	if p := o.Proxy; p != nil {
+		// The agent verifies its CA by the name it dials (an explicit
+		// CA_ADDR gets no ISTIOD_SAN), as in a member where CA_ADDR is the
+		// hub's Service name: HubName resolves to the hub's address in a
+		// hosts file of the agent's own mount namespace.
+		hubHost, port, err := net.SplitHostPort(o.HubAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts := filepath.Join(dir, "hosts")
+		writeFile(t, hosts, fmt.Appendf(nil, "127.0.0.1 localhost\n%s %s\n", hubHost, o.HubName))
+		caAddr = net.JoinHostPort(o.HubName, port)
+		wrapped := append([]string{"unshare", "--mount", "--", "sh", "-c", `mount --bind "$0" /etc/hosts && exec "$@"`, hosts, bin}, args...)
+		if p.Netns != "" {
+			wrapped = append([]string{"ip", "netns", "exec", p.Netns}, wrapped...)
+		}
+		cmd = exec.Command(wrapped[0], wrapped[1:]...)
+	}
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		// The grpc-agent template's environment.
@@ -240,6 +318,16 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 		// Envoy runs, DNS capture on, no proxyless generator.
 		cmd.Env = append(cmd.Env, "ISTIO_META_GENERATOR=", "DISABLE_ENVOY=false", "ISTIO_META_DNS_CAPTURE=true",
 			"ISTIO_META_INTERCEPTION_MODE=NONE")
+	}
+	if p := o.Proxy; p != nil {
+		// A member istiod's proxy: config from istiod, certificate from
+		// the hub, no DNS capture (no iptables to send DNS to the agent).
+		cmd.Env = append(cmd.Env, "CA_ADDR="+caAddr, "ISTIO_META_DNS_CAPTURE=false",
+			"ISTIO_META_NETWORK="+p.Network,
+			fmt.Sprintf("ENVOY_STATUS_PORT=%d", p.AdminPort+21), fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", p.AdminPort+90))
+		if p.Router {
+			cmd.Env = append(cmd.Env, "ISTIO_META_REQUESTED_NETWORK_VIEW="+p.Network, "ISTIO_META_ROUTER_MODE=sni-dnat")
+		}
 	}
 	cmd.Env = append(cmd.Env, o.Env...)
 	logFile, err := os.Create(a.LogPath)

@@ -75,8 +75,9 @@ func (s *echoServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empt
 	return &testgrpc.Empty{}, nil
 }
 
-// peerIdentity is the SPIFFE ID of the caller's verified certificate, "-"
-// for a plaintext caller, "tls-without-spiffe-id" for a TLS one without.
+// peerIdentity is the SPIFFE ID of the caller's verified certificate (or,
+// on a plaintext connection from an Istio sidecar, the one it forwards),
+// "-" for a plaintext caller, "tls-without-spiffe-id" for a TLS one without.
 func peerIdentity(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -84,6 +85,9 @@ func peerIdentity(ctx context.Context) string {
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
+		if id := xfccPeer(ctx); id != "" { // behind an Istio sidecar
+			return id
+		}
 		return "-"
 	}
 	if info.SPIFFEID != nil {

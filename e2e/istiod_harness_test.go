@@ -44,6 +44,8 @@ type istiodOptions struct {
 	// SystemNamespace is istiod's own namespace (POD_NAMESPACE), created if
 	// missing; empty means "istio-system".
 	SystemNamespace string
+	// TrustDomain and Host: see istiod.Options.
+	TrustDomain, Host string
 	// Env and Args are added to istiod's environment and command line.
 	Env, Args []string
 }
@@ -74,7 +76,7 @@ func startIstiod(t *testing.T, c *localcluster.Cluster, o istiodOptions) *istiod
 	dir := t.TempDir()
 	p, err := istiod.Start(ctx, istiod.Options{
 		Bin: bin, Dir: dir, Kubeconfig: c.Kubeconfig(), ConfigSources: o.ConfigSources,
-		ClusterID: o.ClusterID, SystemNamespace: o.SystemNamespace, Env: o.Env, Args: o.Args,
+		ClusterID: o.ClusterID, SystemNamespace: o.SystemNamespace, TrustDomain: o.TrustDomain, Host: o.Host, Env: o.Env, Args: o.Args,
 	})
 	if err != nil {
 		data, _ := os.ReadFile(filepath.Join(dir, "istiod.log"))

@@ -39,6 +39,8 @@ func TestMain(m *testing.M) {
 		runXDSServer()
 	case "ewgateway":
 		runEWGateway()
+	case "meshapp":
+		runMeshApp()
 	default:
 		runXDSClient()
 	}

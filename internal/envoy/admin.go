@@ -30,9 +30,32 @@ import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/raw_buffer/v3"
 )
 
+// AdminAPI reads an Envoy's admin API: one Start ran (Process embeds it) or
+// one another program runs, such as pilot-agent (NewAdminAPI).
+type AdminAPI struct {
+	url    string // base URL, http://127.0.0.1:port
+	client *http.Client
+	netns  string
+}
+
+// NewAdminAPI reads the admin API at base (http://host:port); netns, when
+// set, is the named network namespace the Envoy runs in, which the reader
+// dials into.
+func NewAdminAPI(base, netns string) *AdminAPI {
+	a := &AdminAPI{url: strings.TrimSuffix(base, "/"), netns: netns}
+	a.client = &http.Client{Transport: &http.Transport{
+		DialContext:       a.dialAdmin,
+		DisableKeepAlives: netns != "", // each dial hops namespaces; keep it simple
+	}}
+	return a
+}
+
+// URL is the admin API's base URL, e.g. http://127.0.0.1:40123.
+func (p *AdminAPI) URL() string { return p.url }
+
 // Get returns the body of GET path (e.g. "/server_info") from the admin
 // API, or an error if the answer is not 200.
-func (p *Process) Get(ctx context.Context, path string) ([]byte, error) {
+func (p *AdminAPI) Get(ctx context.Context, path string) ([]byte, error) {
 	status, body, err := p.do(ctx, http.MethodGet, path)
 	if err != nil {
 		return nil, err
@@ -44,11 +67,11 @@ func (p *Process) Get(ctx context.Context, path string) ([]byte, error) {
 }
 
 // do sends one request to the admin API and reads the whole answer.
-func (p *Process) do(ctx context.Context, method, path string) (int, []byte, error) {
+func (p *AdminAPI) do(ctx context.Context, method, path string) (int, []byte, error) {
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
 	}
-	req, err := http.NewRequestWithContext(ctx, method, p.admin+path, nil)
+	req, err := http.NewRequestWithContext(ctx, method, p.url+path, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -75,7 +98,7 @@ func truncate(b []byte, n int) string {
 // Stats returns the counters and gauges (not histograms, nor text readouts)
 // whose names match the regular expression filter (all when ""), from
 // /stats?format=json.
-func (p *Process) Stats(ctx context.Context, filter string) (map[string]uint64, error) {
+func (p *AdminAPI) Stats(ctx context.Context, filter string) (map[string]uint64, error) {
 	path := "/stats?format=json"
 	if filter != "" {
 		path += "&filter=" + url.QueryEscape(filter)
@@ -149,7 +172,7 @@ func (h HostStatus) Healthy() bool {
 
 // Clusters returns every cluster Envoy has, with its hosts, from
 // /clusters?format=json.
-func (p *Process) Clusters(ctx context.Context) ([]ClusterStatus, error) {
+func (p *AdminAPI) Clusters(ctx context.Context) ([]ClusterStatus, error) {
 	raw, err := p.ClustersProto(ctx)
 	if err != nil {
 		return nil, err
@@ -183,7 +206,7 @@ func (p *Process) Clusters(ctx context.Context) ([]ClusterStatus, error) {
 }
 
 // ClustersProto returns /clusters?format=json as it is.
-func (p *Process) ClustersProto(ctx context.Context) (*adminv3.Clusters, error) {
+func (p *AdminAPI) ClustersProto(ctx context.Context) (*adminv3.Clusters, error) {
 	body, err := p.Get(ctx, "/clusters?format=json")
 	if err != nil {
 		return nil, err
@@ -209,7 +232,7 @@ func addressString(a *corev3.Address) string {
 // decoded. Fields this module's go-control-plane does not know are dropped,
 // and so is the content of an Any whose type it does not know (the Any keeps
 // its type URL).
-func (p *Process) ConfigDump(ctx context.Context, includeEDS bool) (*adminv3.ConfigDump, error) {
+func (p *AdminAPI) ConfigDump(ctx context.Context, includeEDS bool) (*adminv3.ConfigDump, error) {
 	path := "/config_dump"
 	if includeEDS {
 		path += "?include_eds"
@@ -226,7 +249,7 @@ func (p *Process) ConfigDump(ctx context.Context, includeEDS bool) (*adminv3.Con
 }
 
 // ServerInfo returns /server_info (version, state, command line).
-func (p *Process) ServerInfo(ctx context.Context) (*adminv3.ServerInfo, error) {
+func (p *AdminAPI) ServerInfo(ctx context.Context) (*adminv3.ServerInfo, error) {
 	body, err := p.Get(ctx, "/server_info")
 	if err != nil {
 		return nil, err

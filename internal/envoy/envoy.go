@@ -72,12 +72,11 @@ type Options struct {
 
 // Process is a running (or exited) Envoy.
 type Process struct {
-	cmd     *exec.Cmd
-	dir     string
-	logPath string
-	admin   string // base URL, http://127.0.0.1:port
-	client  *http.Client
-	netns   string
+	cmd       *exec.Cmd
+	dir       string
+	logPath   string
+	netns     string
+	*AdminAPI // set once the admin API listens
 
 	exited  chan struct{}
 	waitErr error // set before exited is closed
@@ -162,10 +161,6 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		netns:   o.Netns,
 		exited:  make(chan struct{}),
 	}
-	p.client = &http.Client{Transport: &http.Transport{
-		DialContext:       p.dialAdmin,
-		DisableKeepAlives: o.Netns != "", // each dial hops namespaces; keep it simple
-	}}
 	go func() {
 		p.waitErr = cmd.Wait()
 		close(p.exited)
@@ -175,7 +170,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	defer tick.Stop()
 	for {
 		if addr := readAdminAddress(adminPath); addr != "" {
-			p.admin = "http://" + addr
+			p.AdminAPI = NewAdminAPI("http://"+addr, o.Netns)
 			return p, nil
 		}
 		select {
@@ -216,7 +211,7 @@ func readAdminAddress(path string) string {
 }
 
 // Admin returns the admin API's base URL, e.g. http://127.0.0.1:40123.
-func (p *Process) Admin() string { return p.admin }
+func (p *Process) Admin() string { return p.URL() }
 
 // Dir returns the process's work directory.
 func (p *Process) Dir() string { return p.dir }

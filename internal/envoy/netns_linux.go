@@ -26,7 +26,7 @@ func sysProcAttr() *syscall.SysProcAttr {
 // inside that namespace (the socket keeps the namespace it was made in).
 // addr is always an IP literal, so the dial makes its socket on the calling
 // goroutine, on the thread that joined the namespace.
-func (p *Process) dialAdmin(ctx context.Context, network, addr string) (net.Conn, error) {
+func (p *AdminAPI) dialAdmin(ctx context.Context, network, addr string) (net.Conn, error) {
 	var d net.Dialer
 	if p.netns == "" {
 		return d.DialContext(ctx, network, addr)

@@ -11,7 +11,7 @@ import (
 
 func sysProcAttr() *syscall.SysProcAttr { return nil }
 
-func (p *Process) dialAdmin(ctx context.Context, network, addr string) (net.Conn, error) {
+func (p *AdminAPI) dialAdmin(ctx context.Context, network, addr string) (net.Conn, error) {
 	if p.netns != "" {
 		return nil, errors.New("envoy: network namespaces need Linux")
 	}

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -59,6 +60,16 @@ type Options struct {
 	ConfigSources []ConfigSource
 	// ClusterID is istiod's cluster ID (--clusterID).
 	ClusterID string
+	// TrustDomain is meshConfig.trustDomain, the trust domain of the
+	// identities istiod writes into its proxies' config; empty means
+	// "cluster.local". Proxies whose certificates come from the hub's CA
+	// need the hub's (--trust-domain).
+	TrustDomain string
+	// Host is the address istiod's plaintext gRPC xDS port binds (port 0);
+	// empty means 127.0.0.1. Proxies in another network namespace need
+	// one they can reach. The http port stays on 127.0.0.1: istiod serves
+	// /debug without authentication only to loopback callers.
+	Host string
 	// SystemNamespace is istiod's own namespace (POD_NAMESPACE), which must
 	// exist; empty means "istio-system". Remote secrets there
 	// (istio/multiCluster=true) make istiod read other clusters.
@@ -104,6 +115,12 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if len(o.ConfigSources) == 0 {
 		o.ConfigSources = []ConfigSource{{Address: "k8s://"}}
 	}
+	if o.TrustDomain == "" {
+		o.TrustDomain = "cluster.local"
+	}
+	if o.Host == "" {
+		o.Host = "127.0.0.1"
+	}
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = 3 * time.Minute
 	}
@@ -114,7 +131,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	// Mesh config as JSON (a subset of YAML, which istiod reads).
 	mesh, err := json.Marshal(map[string]any{
 		"configSources": o.ConfigSources,
-		"trustDomain":   "cluster.local",
+		"trustDomain":   o.TrustDomain,
 		"rootNamespace": o.SystemNamespace,
 	})
 	if err != nil {
@@ -142,7 +159,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		"--networksConfig", networksPath,
 		"--clusterID", o.ClusterID,
 		"--domain", "cluster.local",
-		"--grpcAddr", "127.0.0.1:0",
+		"--grpcAddr", net.JoinHostPort(o.Host, "0"),
 		"--httpAddr", "127.0.0.1:0",
 		"--secureGRPCAddr", "", // no istiod certificate (no CA): no TLS xDS port
 		"--httpsAddr", "", // no webhook server

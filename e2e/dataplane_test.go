@@ -1,0 +1,421 @@
+package e2e
+
+// A real Istio data plane across two members on two networks (issue 44):
+// in each member a real istiod (the e2e build) takes the federation from
+// the hub over MCP; real sidecars (pilot-agent running Envoy 1.40 from
+// PyPI) and a real east-west gateway (pilot-agent `proxy router`,
+// configured by its member's istiod from Istio's cross-network Gateway)
+// carry the calls; every certificate comes from the hub's CA.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/localcluster"
+)
+
+// The application behind a sidecar (role "meshapp"): plaintext HTTP and
+// gRPC on loopback addresses, as an app container in a pod with an Istio
+// sidecar listens. Both answer with the server's ID and the caller's
+// SPIFFE ID as the sidecar forwards it (X-Forwarded-Client-Cert, which
+// istiod's inbound listener sets from the verified client certificate).
+// Its stdout: "listening", then "call peer=<id>" per gRPC call.
+const (
+	meshAppHTTPEnv = "HUB_E2E_MESHAPP_HTTP" // ip:port
+	meshAppGRPCEnv = "HUB_E2E_MESHAPP_GRPC" // ip:port
+)
+
+func runMeshApp() {
+	fail := func(err error) {
+		fmt.Printf("fatal %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		os.Exit(1)
+	}
+	id := os.Getenv(serverIDEnv)
+	httpLis, err := net.Listen("tcp", os.Getenv(meshAppHTTPEnv))
+	if err != nil {
+		fail(err)
+	}
+	grpcLis, err := net.Listen("tcp", os.Getenv(meshAppGRPCEnv))
+	if err != nil {
+		fail(err)
+	}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s peer=%s", id, xfccURI(r.Header.Get("X-Forwarded-Client-Cert")))
+	})}
+	gs := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(gs, &echoServer{id: id})
+	go func() { _ = hs.Serve(httpLis) }()
+	go func() { _ = gs.Serve(grpcLis) }()
+	fmt.Println("listening")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
+}
+
+// xfccURI is the URI (the SPIFFE ID) of the nearest hop in an
+// X-Forwarded-Client-Cert header, "-" when there is none.
+func xfccURI(xfcc string) string {
+	if xfcc == "" {
+		return "-"
+	}
+	hops := strings.Split(xfcc, ",")
+	for kv := range strings.SplitSeq(hops[len(hops)-1], ";") {
+		if v, ok := strings.CutPrefix(kv, "URI="); ok {
+			return v
+		}
+	}
+	return "-"
+}
+
+// xfccPeer is the caller's SPIFFE ID a sidecar forwarded in a gRPC call's
+// metadata, "" when there is none.
+func xfccPeer(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("x-forwarded-client-cert"); len(v) > 0 {
+		return xfccURI(v[len(v)-1])
+	}
+	return ""
+}
+
+var (
+	sidecarsGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "sidecars"}
+	gatewaysGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "gateways"}
+)
+
+// applyIstioObject creates an Istio config object in c, removed when the
+// test ends.
+func applyIstioObject(t *testing.T, c *localcluster.Cluster, gvr schema.GroupVersionResource, kind, ns, name string, spec map[string]any) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": gvr.Group + "/" + gvr.Version, "kind": kind,
+		"metadata": map[string]any{"name": name, "namespace": ns}, "spec": spec,
+	}}
+	if _, err := dyn.Resource(gvr).Namespace(ns).Create(testContext(t), u, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating %s %s/%s in %s: %v", kind, ns, name, c.Name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = dyn.Resource(gvr).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	})
+}
+
+// upstreamEnvoyIstiod is what a member istiod needs to configure upstream
+// Envoy (the PyPI build, without Istio's own filters): no metadata
+// exchange filters and no istio.alpn filter. The mesh config sets no
+// default metrics provider, so no stats filter is added either.
+var upstreamEnvoyIstiod = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILOT_ENABLE_ALPN_FILTER=false"}
+
+// TestSidecarsAcrossNetworksThroughRealGateway: west (network A, the test's
+// own network namespace) and east (network B, a namespace of its own that
+// A reaches only at the gateway's address) each run a real istiod fed by
+// the hub over TLS. A real sidecar in west calls echo, which runs only in
+// east behind a real sidecar, by the hub's federated host
+// echo.<ns>.svc.clusterset.local, over HTTP and gRPC: west's istiod sends
+// it east's endpoints as east's gateway (learnt from the Service the hub
+// wrote into west), and east's real gateway, configured by east's istiod
+// from Istio's cross-network Gateway (AUTO_PASSTHROUGH), passes the mTLS
+// connection by SNI and ALPN to east's sidecar, which hands the app the
+// caller's SPIFFE ID from the hub's CA. Neither istiod's proxies NACK.
+func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
+	istiodBin(t)
+	pilotAgentBin(t)
+	bin := envoyBin(t)
+	e := localcluster.Require(t, env)
+	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
+	ctx := testContext(t)
+	const (
+		hostSide   = "198.19.62.1" // A's end of the veth: the hub and east's istiod listen here
+		gatewayIP  = "198.19.62.2" // B's end: east's east-west gateway
+		workloadIP = "198.18.62.1" // on B's loopback: east's echo pod, no route from A
+		httpPort   = 18080
+		grpcPort   = 17070
+	)
+	netB := newNetnsNetwork(t, "dp", hostSide, gatewayIP, workloadIP)
+	labelNetwork(t, west, "net-west")
+	labelNetwork(t, east, "net-east")
+	ns := "dataplane-" + rand.String(5)
+	td := spiffeid.RequireTrustDomainFromString("dataplane.test")
+	for _, c := range []*localcluster.Cluster{west, east} {
+		if err := localcluster.EnsureNamespace(ctx, client(t, c), ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// east: echo's pod (the app and its sidecar share workloadIP's
+	// namespace, as containers share a pod's), its Services and east's
+	// gateway Service.
+	ec := client(t, east)
+	httpB := []localcluster.Backend{{IP: workloadIP, Port: httpPort, Pod: "echo-east"}}
+	grpcB := []localcluster.Backend{{IP: workloadIP, Port: grpcPort, Pod: "echo-east"}}
+	runningPod(t, ec, ns, "echo-east", echoServiceAccount, workloadIP, map[string]string{"app": "echo", "security.istio.io/tlsMode": "istio"})
+	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo", "http", httpPort, httpB); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo-grpc", "grpc", grpcPort, grpcB); err != nil {
+		t.Fatal(err)
+	}
+	gwSvc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway",
+			Labels: map[string]string{"topology.istio.io/network": "net-east"}},
+		Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayIP}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gwSvc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gwSvc.Name, metav1.DeleteOptions{})
+	})
+
+	hubNS := hubNamespace(t, home)
+	// East's gateway runs in istio-system, as Istio installs it: its
+	// member may assert identities of the root namespace.
+	members := networkedSecret(hubNS, west, east)
+	members.Annotations[clusters.AnnotationAllowRootNamespaceIdentities] = "true"
+	if _, err := client(t, home).CoreV1().Secrets(hubNS).Create(ctx, members, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	removeOnCleanup(t, client(t, west), "hub-gateway-net-east-15443")
+	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", td.Name(), "--tls-dns-names", hubDNSName,
+		"--xds-tls-addr", net.JoinHostPort(hostSide, "0"), "--xds-addr", net.JoinHostPort(hostSide, "0"))
+	eventually(t, 60*time.Second, func() error {
+		cl := h.clusters(t)
+		if w, e := cl[west.Name], cl[east.Name]; w.State != "Ready" || e.State != "Ready" || len(e.Gateways) != 1 {
+			return fmt.Errorf("members: west %+v; east %+v", w, e)
+		}
+		return nil
+	})
+	rootsPEM := hubRootsPEM(t, h, td)
+	sources := []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(h.addrs["xds-tls"], rootsPEM)}
+	westIstiod := startIstiod(t, west, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Env: upstreamEnvoyIstiod})
+	eastIstiod := startIstiod(t, east, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Host: hostSide, Env: upstreamEnvoyIstiod})
+	host := "echo." + ns + ".svc.clusterset.local"
+	grpcHost := "echo-grpc." + ns + ".svc.clusterset.local"
+	westIstiod.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
+	eastIstiod.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo-grpc", false)
+
+	// Where the proxies listen without iptables: east's sidecar takes
+	// inbound calls on the pod's address and hands them to the app on
+	// loopback; west's sidecar offers echo on 127.0.0.1 and sees only its
+	// own namespace.
+	applyIstioObject(t, east, sidecarsGVR, "Sidecar", ns, "echo", map[string]any{
+		"workloadSelector": map[string]any{"labels": map[string]any{"app": "echo"}},
+		"ingress": []any{
+			map[string]any{"port": map[string]any{"number": httpPort, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:9080", "captureMode": "NONE"},
+			map[string]any{"port": map[string]any{"number": grpcPort, "protocol": "GRPC", "name": "grpc"}, "defaultEndpoint": "127.0.0.1:9070", "captureMode": "NONE"},
+		},
+		"egress": []any{map[string]any{"hosts": []any{"istio-system/*"}}},
+	})
+	applyIstioObject(t, west, sidecarsGVR, "Sidecar", ns, "caller", map[string]any{
+		"workloadSelector": map[string]any{"labels": map[string]any{"app": "caller"}},
+		"egress":           []any{map[string]any{"hosts": []any{"./*"}}},
+	})
+	// Istio's samples/multicluster/expose-services.yaml.
+	applyIstioObject(t, east, gatewaysGVR, "Gateway", "istio-system", "cross-network-gateway", map[string]any{
+		"selector": map[string]any{"istio": "eastwestgateway"},
+		"servers": []any{map[string]any{
+			"port":  map[string]any{"number": 15443, "name": "tls", "protocol": "TLS"},
+			"tls":   map[string]any{"mode": "AUTO_PASSTHROUGH"},
+			"hosts": []any{"*.local"},
+		}},
+	})
+
+	app := netB.startChild(t, "meshapp", meshAppHTTPEnv+"=127.0.0.1:9080", meshAppGRPCEnv+"=127.0.0.1:9070", serverIDEnv+"=east")
+	app.waitLine(t, 30*time.Second, "listening")
+	agent := func(member *localcluster.Cluster, namespace, pod, sa, podIP string, p *dataPlaneProxy) *agentProcess {
+		p.Istiod = map[*localcluster.Cluster]string{west: westIstiod.XDSAddr, east: eastIstiod.XDSAddr}[member]
+		return launchAgent(t, agentOptions{Member: member, Namespace: namespace, ServiceAccount: sa, PodName: pod, PodIP: podIP,
+			HubAddr: h.addrs["xds-tls"], HubName: hubDNSName, RootPEM: rootsPEM, TrustDomain: td.Name(), Envoy: bin, Proxy: p})
+	}
+	server := agent(east, ns, "echo-east", echoServiceAccount, workloadIP, &dataPlaneProxy{Network: "net-east", Netns: netB.name, AdminPort: 15000})
+	gateway := agent(east, "istio-system", "istio-eastwestgateway-0", "istio-eastwestgateway", gatewayIP, &dataPlaneProxy{Router: true, Network: "net-east", Netns: netB.name,
+		Labels: map[string]string{"istio": "eastwestgateway", "topology.istio.io/network": "net-east"}, AdminPort: 25000})
+	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 35000})
+
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, a := range []*agentProcess{server, gateway, caller} {
+			dumpProxy(t, a, ns)
+		}
+	})
+
+	// Every proxy is ready (Envoy's /ready: its listeners and clusters
+	// from istiod applied).
+	for _, a := range []*agentProcess{server, gateway, caller} {
+		eventually(t, 2*time.Minute, func() error {
+			if !a.alive() {
+				t.Fatalf("pilot-agent %s exited: %v", a.Name, a.exitErr)
+			}
+			body, err := a.Envoy.Get(ctx, "/ready")
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(body)) != "LIVE" {
+				return fmt.Errorf("%s: %s", a.Name, body)
+			}
+			return nil
+		})
+	}
+
+	callerID := spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller").String()
+	httpClient := &http.Client{Timeout: 5 * time.Second}
+	eventually(t, 90*time.Second, func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", httpPort), nil)
+		if err != nil {
+			return err
+		}
+		req.Host = host
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if want := "east peer=" + callerID; resp.StatusCode != http.StatusOK || string(body) != want {
+			return fmt.Errorf("HTTP through west's sidecar: %d %q; want %q", resp.StatusCode, body, want)
+		}
+		return nil
+	})
+	conn, err := grpc.NewClient(fmt.Sprintf("127.0.0.1:%d", grpcPort), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority(fmt.Sprintf("%s:%d", grpcHost, grpcPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	eventually(t, 60*time.Second, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err := testgrpc.NewTestServiceClient(conn).UnaryCall(cctx, &testgrpc.SimpleRequest{})
+		if err != nil {
+			return err
+		}
+		if r.GetServerId() != "east" || r.GetUsername() != callerID {
+			return fmt.Errorf("gRPC through west's sidecar reached %q as %q; want east as %s", r.GetServerId(), r.GetUsername(), callerID)
+		}
+		return nil
+	})
+
+	// The gateway passed both by SNI to east's pod, and nobody NACKed.
+	for _, sni := range []string{fmt.Sprintf("outbound_.%d_._.%s", httpPort, host), fmt.Sprintf("outbound_.%d_._.%s", grpcPort, grpcHost)} {
+		if n := hostCounter(t, gateway, sni, "cx_total"); n == 0 {
+			t.Errorf("east's gateway opened no connection to %s's endpoints", sni)
+		}
+	}
+	for _, a := range []*agentProcess{server, gateway, caller} {
+		st, err := a.Envoy.Stats(ctx, `update_rejected$`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, n := range st {
+			if n > 0 {
+				t.Errorf("%s: %s = %d", a.Name, name, n)
+			}
+		}
+	}
+}
+
+// hostCounter sums a host counter (e.g. cx_total) over a cluster's hosts
+// in an Envoy's /clusters: per-cluster statistics are not kept by Istio's
+// bootstrap (its stats_matcher), per-host ones always are.
+func hostCounter(t *testing.T, a *agentProcess, cluster, counter string) uint64 {
+	t.Helper()
+	cls, err := a.Envoy.ClustersProto(testContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range cls.GetClusterStatuses() {
+		if c.GetName() != cluster {
+			continue
+		}
+		for _, h := range c.GetHostStatuses() {
+			for _, m := range h.GetStats() {
+				if m.GetName() == counter {
+					n += m.GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// runningPod creates a pod as the kubelet would show it running at ip
+// (status.podIP), with labels, as ServiceAccount sa (created if missing):
+// what istiod reads of a sidecar's own pod and of its endpoints' pods.
+// No kubelet runs it; the test runs its containers.
+func runningPod(t *testing.T, kc kubernetes.Interface, ns, name, sa, ip string, labels map[string]string) {
+	t.Helper()
+	ctx := testContext(t)
+	if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod, err := kc.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{AutomountServiceAccountToken: new(false), ServiceAccountName: sa,
+			Containers: []corev1.Container{{Name: "app", Image: "example.invalid/app"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	if _, err := kc.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dumpProxy logs what a failed test needs of a data-plane proxy's Envoy:
+// its hosts of clusters naming ns, its listeners and its connection
+// statistics.
+func dumpProxy(t *testing.T, a *agentProcess, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body, err := a.Envoy.Get(ctx, "/clusters")
+	if err != nil {
+		t.Logf("%s: %v", a.Name, err)
+		return
+	}
+	var lines []string
+	for l := range strings.SplitSeq(string(body), "\n") {
+		if strings.Contains(l, ns) && (strings.Contains(l, "::cx_") || strings.Contains(l, "health_flags") || strings.Contains(l, "rq_error")) {
+			lines = append(lines, l)
+		}
+	}
+	listeners, _ := a.Envoy.Get(ctx, "/listeners")
+	stats, _ := a.Envoy.Get(ctx, "/stats?filter=(ssl|downstream_cx|no_filter_chain|upstream_cx_connect_fail|upstream_cx_total)")
+	var st []string
+	for l := range strings.SplitSeq(string(stats), "\n") {
+		if !strings.HasSuffix(l, ": 0") {
+			st = append(st, l)
+		}
+	}
+	t.Logf("%s clusters:\n%s\nlisteners:\n%s\nstats:\n%s", a.Name, strings.Join(lines, "\n"), listeners, strings.Join(st, "\n"))
+}
