@@ -116,6 +116,10 @@ type dataPlaneProxy struct {
 	// status and Prometheus listeners take AdminPort+21 and AdminPort+90,
 	// so that proxies sharing a network namespace do not collide.
 	AdminPort int
+	// Stats are prefixes of Envoy statistics to keep beyond those Istio's
+	// bootstrap keeps (ProxyConfig proxyStatsMatcher.inclusionPrefixes),
+	// e.g. "listener." for listener counters.
+	Stats []string
 }
 
 // agentProcess is a running pilot-agent.
@@ -247,6 +251,9 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 		pc["proxyAdminPort"] = p.AdminPort
 		pc["concurrency"] = 1
 		pc["terminationDrainDuration"] = "1s"
+		if len(p.Stats) > 0 {
+			pc["proxyStatsMatcher"] = map[string]any{"inclusionPrefixes": p.Stats}
+		}
 		a.Envoy = envoy.NewAdminAPI(fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort), p.Netns)
 	}
 	proxyConfig, err := json.Marshal(pc)

@@ -9,15 +9,20 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	adminv3 "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -142,6 +147,13 @@ var upstreamEnvoyIstiod = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILO
 // from Istio's cross-network Gateway (AUTO_PASSTHROUGH), passes the mTLS
 // connection by SNI and ALPN to east's sidecar, which hands the app the
 // caller's SPIFFE ID from the hub's CA. Neither istiod's proxies NACK.
+//
+// Proxyless gRPC crosses the same real gateway: a hub-fed grpc-go client
+// in west calls a hub-fed grpc-go server in east. istiod's chains admit
+// only Istio's mTLS ALPNs and grpc-go offers h2; the hub's EnvoyFilter for
+// east-west gateways (mcp.GatewayFilterName, served to every member
+// istiod) adds h2, and the test shows the chain's ALPNs and a client of
+// another ALPN refused.
 func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	istiodBin(t)
 	pilotAgentBin(t)
@@ -150,13 +162,14 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	home, west, east := e.Cluster("primary"), e.Cluster("west"), e.Cluster("east")
 	ctx := testContext(t)
 	const (
-		hostSide   = "198.19.62.1" // A's end of the veth: the hub and east's istiod listen here
-		gatewayIP  = "198.19.62.2" // B's end: east's east-west gateway
-		workloadIP = "198.18.62.1" // on B's loopback: east's echo pod, no route from A
-		httpPort   = 18080
-		grpcPort   = 17070
+		hostSide    = "198.19.62.1" // A's end of the veth: the hub and east's istiod listen here
+		gatewayIP   = "198.19.62.2" // B's end: east's east-west gateway
+		workloadIP  = "198.18.62.1" // on B's loopback: east's echo pod, no route from A
+		proxylessIP = "198.18.62.2" // on B's loopback: east's proxyless gRPC server
+		httpPort    = 18080
+		grpcPort    = 17070
 	)
-	netB := newNetnsNetwork(t, "dp", hostSide, gatewayIP, workloadIP)
+	netB := newNetnsNetwork(t, "dp", hostSide, gatewayIP, workloadIP, proxylessIP)
 	labelNetwork(t, west, "net-west")
 	labelNetwork(t, east, "net-east")
 	ns := "dataplane-" + rand.String(5)
@@ -201,7 +214,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	removeOnCleanup(t, client(t, west), "hub-gateway-net-east-15443")
-	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", td.Name(), "--tls-dns-names", hubDNSName,
+	h := startHub(t, home, "--namespace", hubNS, "--trust-domain", td.Name(), "--tls-dns-names", hubDNSName, "--mtls-mode", "STRICT",
 		"--xds-tls-addr", net.JoinHostPort(hostSide, "0"), "--xds-addr", net.JoinHostPort(hostSide, "0"))
 	eventually(t, 60*time.Second, func() error {
 		cl := h.clusters(t)
@@ -254,7 +267,8 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	}
 	server := agent(east, ns, "echo-east", echoServiceAccount, workloadIP, &dataPlaneProxy{Network: "net-east", Netns: netB.name, AdminPort: 15000})
 	gateway := agent(east, "istio-system", "istio-eastwestgateway-0", "istio-eastwestgateway", gatewayIP, &dataPlaneProxy{Router: true, Network: "net-east", Netns: netB.name,
-		Labels: map[string]string{"istio": "eastwestgateway", "topology.istio.io/network": "net-east"}, AdminPort: 25000})
+		Labels: map[string]string{"istio": "eastwestgateway", "topology.istio.io/network": "net-east"}, AdminPort: 25000,
+		Stats: []string{"listener."}})
 	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 35000})
 
 	t.Cleanup(func() {
@@ -339,6 +353,89 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 			}
 		}
 	}
+
+	// Proxyless gRPC through the same real gateway: a hub-fed grpc-go
+	// client in west calls a hub-fed grpc-go server in east by its
+	// cluster.local name; the hub sends the client east's gateway.
+	ca := hubCA(t, home, hubNS, td)
+	serverID := spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/"+echoServiceAccount)
+	pl := netB.startChild(t, "xdsserver", serverListenEnv+"="+net.JoinHostPort(proxylessIP, "0"), serverIDEnv+"=east-proxyless",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, serverID, east.Name, proxylessIP, h.xdsAddr))
+	_, plPort, _ := net.SplitHostPort(strings.TrimPrefix(pl.waitLine(t, 30*time.Second, "listening "), "listening "))
+	port, _ := strconv.Atoi(plPort)
+	runningPod(t, ec, ns, "echo-proxyless", echoServiceAccount, proxylessIP, map[string]string{"app": "echo-proxyless", "security.istio.io/tlsMode": "istio"})
+	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo-proxyless", "grpc", 7070,
+		[]localcluster.Backend{{IP: proxylessIP, Port: int32(port), Pod: "echo-proxyless"}}); err != nil {
+		t.Fatal(err)
+	}
+	pl.waitLine(t, 60*time.Second, "serving")
+	target := fmt.Sprintf("xds:///echo-proxyless.%s.svc.cluster.local:7070", ns)
+	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller"), west.Name, dataPlaneIP(t), h.xdsAddr))
+	if got, want := plCaller.waitLine(t, 90*time.Second, "ok "), "ok east-proxyless peer="+callerID; got != want {
+		t.Fatalf("proxyless client in west: %q; want %q", got, want)
+	}
+	pl.waitLine(t, 10*time.Second, "call peer="+callerID)
+
+	// Why it passes: the gateway's chain for the proxyless SNI matches
+	// Istio's mTLS ALPNs and h2, which the hub's EnvoyFilter added (no
+	// chain of istiod's admits h2 by itself). A TLS client offering an
+	// ALPN in neither list is refused, as grpc-go's h2 was without it.
+	plSNI := "outbound_.7070_._.echo-proxyless." + ns + ".svc.cluster.local"
+	alpns := gatewayChainALPNs(t, gateway, plSNI)
+	if !slices.Contains(alpns, "h2") || !slices.Contains(alpns, "istio") {
+		t.Errorf("east's gateway matches %s on ALPNs %v; want Istio's and h2", plSNI, alpns)
+	}
+	refused := func() uint64 {
+		st, err := gateway.Envoy.Stats(ctx, `^listener\.0\.0\.0\.0_15443\.no_filter_chain_match$`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st["listener.0.0.0.0_15443.no_filter_chain_match"]
+	}
+	before := refused()
+	for _, alpn := range []string{"http/1.1", "h2"} {
+		conn, err := tls.Dial("tcp", net.JoinHostPort(gatewayIP, "15443"), &tls.Config{ServerName: plSNI, NextProtos: []string{alpn},
+			InsecureSkipVerify: true}) // the refusal is the gateway's, before any certificate
+		if conn != nil {
+			conn.Close()
+		}
+		if passed := err == nil; passed != (alpn == "h2") {
+			t.Errorf("a TLS client offering %s to east's gateway: %v", alpn, err)
+		}
+	}
+	if n := refused() - before; n != 1 {
+		t.Errorf("east's gateway refused %d connections for want of a chain; want 1 (the http/1.1 one)", n)
+	}
+}
+
+// gatewayChainALPNs is the ALPN list a gateway's 15443 filter chain for sni
+// matches on, from its config dump.
+func gatewayChainALPNs(t *testing.T, gw *agentProcess, sni string) []string {
+	t.Helper()
+	dump, err := gw.Envoy.ConfigDump(testContext(t), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range dump.GetConfigs() {
+		var ls adminv3.ListenersConfigDump
+		if c.UnmarshalTo(&ls) != nil {
+			continue
+		}
+		for _, dl := range ls.GetDynamicListeners() {
+			var l listenerv3.Listener
+			if dl.GetActiveState().GetListener().UnmarshalTo(&l) != nil || l.GetName() != "0.0.0.0_15443" {
+				continue
+			}
+			for _, fc := range l.GetFilterChains() {
+				if slices.Contains(fc.GetFilterChainMatch().GetServerNames(), sni) {
+					return fc.GetFilterChainMatch().GetApplicationProtocols()
+				}
+			}
+		}
+	}
+	t.Fatalf("east's gateway has no 15443 chain for %s", sni)
+	return nil
 }
 
 // hostCounter sums a host counter (e.g. cx_total) over a cluster's hosts

@@ -214,7 +214,8 @@ func New(opts Options) (*Hub, error) {
 	if opts.Roots != nil {
 		trustDomain = opts.Roots.LocalTrustDomain()
 	}
-	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain})
+	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain,
+		RootNamespace: opts.RootNamespace})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
 	h.watcher.rules = opts.Rules

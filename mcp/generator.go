@@ -59,6 +59,10 @@ type Options struct {
 	// subjectAltNames are identities in it (clusters.PeerIdentities);
 	// empty: none are set.
 	TrustDomain string
+	// RootNamespace is Istio's root namespace in the members
+	// (meshConfig.rootNamespace), where the hub's EnvoyFilter for
+	// east-west gateways goes (gatewayFilter); empty: istio-system.
+	RootNamespace string
 }
 
 // Set is the full state of one config type as istiod receives it: every
@@ -82,6 +86,8 @@ type Generator struct {
 	trustDomain string
 	now         func() time.Time
 	policy      Policy
+	// gatewayFilter is the EnvoyFilter every member istiod gets (immutable).
+	gatewayFilter *entry
 
 	mu      sync.Mutex
 	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
@@ -114,8 +120,15 @@ func New(index Index, opts Options) *Generator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.RootNamespace == "" {
+		opts.RootNamespace = "istio-system"
+	}
+	filter, err := gatewayFilter(opts.RootNamespace)
+	if err != nil { // fixed content: a bug, not an input
+		panic(fmt.Sprintf("mcp: %v", err))
+	}
 	return &Generator{index: index, domain: opts.FederatedDomain, trustDomain: opts.TrustDomain, now: opts.Now, policy: opts.Policy,
-		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
+		gatewayFilter: filter, entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
 		variants: map[string]map[string]*entry{}, memberSets: map[string]*Set{}}
 }
 
@@ -134,7 +147,8 @@ func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 // Set returns the full state of an Istio config type (IsConfigType) for
 // the istiod of member: for networking.istio.io/<any version>/ServiceEntry
 // the federated ServiceEntries (of the views offered to every member, and
-// to member by hub.federation/export-to), and for every kind the objects
+// to member by hub.federation/export-to), for EnvoyFilter the hub's filter
+// for east-west gateways (gatewayFilter), and for every kind the objects
 // distributed from the home cluster (Options.Policy); an empty set for a
 // kind with neither. The caller echoes the type URL it was asked for; the
 // resources are the same for every version.
@@ -151,6 +165,9 @@ func (g *Generator) Set(typeURL, member string) (Set, error) {
 		if distributed, err = g.policyEntriesLocked(kind); err != nil {
 			return Set{}, err
 		}
+	}
+	if group == groupNetworking && kindName == kindEnvoyFilter {
+		return *setOf(merge([]*entry{g.gatewayFilter}, distributed)), nil
 	}
 	if group != groupNetworking || kindName != kindServiceEntry {
 		return *setOf(distributed), nil
@@ -322,25 +339,34 @@ func (g *Generator) sortedEntriesLocked(member string) []*entry {
 // deterministic marshals maps in key order: equal content, equal bytes.
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// contentVersion hashes what istiod compares an object by: its spec and
+// contentVersion hashes what istiod compares a ServiceEntry by.
+func contentVersion(se *serviceEntry) (string, error) {
+	v, err := objectVersion(se.spec, se.labels, se.created)
+	if err != nil {
+		return "", fmt.Errorf("ServiceEntry %s/%s: %w", se.namespace, se.name, err)
+	}
+	return v, nil
+}
+
+// objectVersion hashes what istiod compares an object by: its spec and
 // labels, and its creation time when known (istiod takes a new
 // create_time only with a new version).
-func contentVersion(se *serviceEntry) (string, error) {
-	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: se.labels})
+func objectVersion(spec proto.Message, labels map[string]string, created time.Time) (string, error) {
+	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: labels})
 	if err != nil {
-		return "", fmt.Errorf("marshalling labels of %s/%s: %w", se.namespace, se.name, err)
+		return "", fmt.Errorf("marshalling labels: %w", err)
 	}
-	spec, err := deterministic.Marshal(se.spec)
+	body, err := deterministic.Marshal(spec)
 	if err != nil {
-		return "", fmt.Errorf("marshalling ServiceEntry %s/%s: %w", se.namespace, se.name, err)
+		return "", fmt.Errorf("marshalling the spec: %w", err)
 	}
 	h := sha256.New()
 	h.Write(meta)
 	h.Write([]byte{0})
-	h.Write(spec)
-	if !se.created.IsZero() {
+	h.Write(body)
+	if !created.IsZero() {
 		h.Write([]byte{0})
-		h.Write([]byte(se.created.UTC().Format(time.RFC3339)))
+		h.Write([]byte(created.UTC().Format(time.RFC3339)))
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8]), nil
 }
