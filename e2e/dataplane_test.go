@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -166,10 +167,12 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		gatewayIP   = "198.19.62.2" // B's end: east's east-west gateway
 		workloadIP  = "198.18.62.1" // on B's loopback: east's echo pod, no route from A
 		proxylessIP = "198.18.62.2" // on B's loopback: east's proxyless gRPC server
+		westIP      = "198.18.63.1" // on A's loopback: west's own echo pod
 		httpPort    = 18080
 		grpcPort    = 17070
 	)
 	netB := newNetnsNetwork(t, "dp", hostSide, gatewayIP, workloadIP, proxylessIP)
+	addLoopbackIP(t, westIP)
 	labelNetwork(t, west, "net-west")
 	labelNetwork(t, east, "net-east")
 	ns := "dataplane-" + rand.String(5)
@@ -280,40 +283,18 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		}
 	})
 
-	// Every proxy is ready (Envoy's /ready: its listeners and clusters
-	// from istiod applied).
 	for _, a := range []*agentProcess{server, gateway, caller} {
-		eventually(t, 2*time.Minute, func() error {
-			if !a.alive() {
-				t.Fatalf("pilot-agent %s exited: %v", a.Name, a.exitErr)
-			}
-			body, err := a.Envoy.Get(ctx, "/ready")
-			if err != nil {
-				return err
-			}
-			if strings.TrimSpace(string(body)) != "LIVE" {
-				return fmt.Errorf("%s: %s", a.Name, body)
-			}
-			return nil
-		})
+		waitProxyReady(t, a)
 	}
 
 	callerID := spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller").String()
-	httpClient := &http.Client{Timeout: 5 * time.Second}
 	eventually(t, 90*time.Second, func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", httpPort), nil)
+		body, err := getVia(ctx, httpPort, host)
 		if err != nil {
-			return err
+			return fmt.Errorf("HTTP through west's sidecar: %w", err)
 		}
-		req.Host = host
-		resp, err := httpClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		if want := "east peer=" + callerID; resp.StatusCode != http.StatusOK || string(body) != want {
-			return fmt.Errorf("HTTP through west's sidecar: %d %q; want %q", resp.StatusCode, body, want)
+		if want := "east peer=" + callerID; body != want {
+			return fmt.Errorf("HTTP through west's sidecar: %q; want %q", body, want)
 		}
 		return nil
 	})
@@ -407,6 +388,157 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	if n := refused() - before; n != 1 {
 		t.Errorf("east's gateway refused %d connections for want of a chain; want 1 (the http/1.1 one)", n)
 	}
+
+	// Failover: echo also runs in west, behind its own sidecar. Calls
+	// reach both members; when east's backend stops (its endpoint no
+	// longer ready, as the kubelet reports a stopped pod) every call is
+	// answered by west once the hub, west's istiod and the sidecar have
+	// the change; when east is removed from the mesh its endpoints leave
+	// west's sidecar.
+	wc := client(t, west)
+	runningPod(t, wc, ns, "echo-west", echoServiceAccount, westIP, map[string]string{"app": "echo", "security.istio.io/tlsMode": "istio"})
+	if err := localcluster.ApplyClusterIPService(ctx, wc, ns, "echo", "http", httpPort,
+		[]localcluster.Backend{{IP: westIP, Port: httpPort, Pod: "echo-west"}}); err != nil {
+		t.Fatal(err)
+	}
+	applyIstioObject(t, west, sidecarsGVR, "Sidecar", ns, "echo", map[string]any{
+		"workloadSelector": map[string]any{"labels": map[string]any{"app": "echo"}},
+		"ingress": []any{map[string]any{"port": map[string]any{"number": httpPort, "protocol": "HTTP", "name": "http"},
+			"defaultEndpoint": "127.0.0.1:9081", "captureMode": "NONE"}},
+		"egress": []any{map[string]any{"hosts": []any{"istio-system/*"}}},
+	})
+	westApp := startChild(t, "meshapp", meshAppHTTPEnv+"=127.0.0.1:9081", meshAppGRPCEnv+"=127.0.0.1:0", serverIDEnv+"=west")
+	westApp.waitLine(t, 30*time.Second, "listening")
+	westServer := agent(west, ns, "echo-west", echoServiceAccount, westIP, &dataPlaneProxy{Network: "net-west", AdminPort: 45000})
+	waitProxyReady(t, westServer)
+	echoCluster := fmt.Sprintf("outbound|%d||%s", httpPort, host)
+	gwHost := net.JoinHostPort(gatewayIP, "15443")
+	westHost := net.JoinHostPort(westIP, fmt.Sprint(httpPort))
+	waitHosts(t, caller, echoCluster, westHost, gwHost)
+	eventually(t, 30*time.Second, func() error {
+		got := map[string]int{}
+		for range 20 {
+			body, err := getVia(ctx, httpPort, host)
+			if err != nil {
+				return err
+			}
+			got[strings.Fields(body)[0]]++
+		}
+		if got["west"] == 0 || got["east"] == 0 {
+			return fmt.Errorf("20 calls reached %v; want both members", got)
+		}
+		return nil
+	})
+
+	start := time.Now()
+	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo", "http", httpPort,
+		[]localcluster.Backend{{IP: workloadIP, Port: httpPort, Pod: "echo-east", NotReady: true}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = app.stdin.Close() // east's app stops
+	waitHosts(t, caller, echoCluster, westHost)
+	t.Logf("east's endpoint not ready → gone from west's sidecar in %v (hub → west's istiod → sidecar)", time.Since(start).Round(time.Millisecond))
+	for range 20 {
+		if body, err := getVia(ctx, httpPort, host); err != nil || !strings.HasPrefix(body, "west ") {
+			t.Fatalf("with east's backend stopped, a call got %q, %v; want west's answer", body, err)
+		}
+	}
+
+	// East's backend is back; then east leaves the mesh (its key removed
+	// from the remote Secret): its endpoints leave west's sidecar.
+	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo", "http", httpPort, httpB); err != nil {
+		t.Fatal(err)
+	}
+	waitHosts(t, caller, echoCluster, westHost, gwHost)
+	sc := client(t, home).CoreV1().Secrets(hubNS)
+	cur, err := sc.Get(ctx, members.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(cur.Data, east.Name)
+	start = time.Now()
+	if _, err := sc.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitHosts(t, caller, echoCluster, westHost)
+	t.Logf("east removed from the remote Secret → its endpoints gone from west's sidecar in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// addLoopbackIP adds ip to this network namespace's loopback until the
+// test ends (the test runs in a namespace of its own: make test).
+func addLoopbackIP(t *testing.T, ip string) {
+	t.Helper()
+	if os.Geteuid() != 0 || os.Getenv("HUB_TEST_DATAPLANE_IP") == "" {
+		missing(t, "another workload address needs root and the test's own network namespace (make test)")
+	}
+	if out, err := exec.Command("ip", "addr", "add", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add %s: %v: %s", ip, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", ip+"/32", "dev", "lo").Run() })
+}
+
+// waitProxyReady waits until a data-plane proxy's Envoy is ready (/ready:
+// its listeners and clusters from istiod applied).
+func waitProxyReady(t *testing.T, a *agentProcess) {
+	t.Helper()
+	eventually(t, 2*time.Minute, func() error {
+		if !a.alive() {
+			t.Fatalf("pilot-agent %s exited: %v", a.Name, a.exitErr)
+		}
+		body, err := a.Envoy.Get(testContext(t), "/ready")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(body)) != "LIVE" {
+			return fmt.Errorf("%s: %s", a.Name, body)
+		}
+		return nil
+	})
+}
+
+// waitHosts waits until a proxy's cluster has exactly the hosts named.
+func waitHosts(t *testing.T, a *agentProcess, cluster string, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	eventually(t, 60*time.Second, func() error {
+		cls, err := a.Envoy.Clusters(testContext(t))
+		if err != nil {
+			return err
+		}
+		var hosts []string
+		for _, c := range cls {
+			if c.Name == cluster {
+				for _, h := range c.Hosts {
+					hosts = append(hosts, h.Address)
+				}
+			}
+		}
+		slices.Sort(hosts)
+		if !slices.Equal(hosts, want) {
+			return fmt.Errorf("%s's %s has hosts %v; want %v", a.Name, cluster, hosts, want)
+		}
+		return nil
+	})
+}
+
+// getVia sends GET / with Host host to the sidecar's outbound listener on
+// 127.0.0.1:port and returns the body of a 200 answer.
+func getVia(ctx context.Context, port int, host string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+	if err != nil {
+		return "", err
+	}
+	req.Host = host
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%d %s", resp.StatusCode, body)
+	}
+	return string(body), nil
 }
 
 // gatewayChainALPNs is the ALPN list a gateway's 15443 filter chain for sni
