@@ -39,6 +39,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/envoy"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -335,6 +336,18 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		}
 	}
 
+	// Measured (logged, never a condition): calls through west's sidecar,
+	// east's real gateway and east's sidecar, 4 at a time for 3 s.
+	t.Logf("measured: sidecar HTTP through the real gateway: %s", loadRun(ctx, 4, 3*time.Second, func(ctx context.Context) error {
+		_, err := getVia(ctx, httpPort, host)
+		return err
+	}))
+	grpcClient := testgrpc.NewTestServiceClient(conn)
+	t.Logf("measured: sidecar gRPC through the real gateway: %s", loadRun(ctx, 4, 3*time.Second, func(ctx context.Context) error {
+		_, err := grpcClient.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+		return err
+	}))
+
 	// Proxyless gRPC through the same real gateway: a hub-fed grpc-go
 	// client in west calls a hub-fed grpc-go server in east by its
 	// cluster.local name; the hub sends the client east's gateway.
@@ -351,12 +364,13 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	}
 	pl.waitLine(t, 60*time.Second, "serving")
 	target := fmt.Sprintf("xds:///echo-proxyless.%s.svc.cluster.local:7070", ns)
-	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true",
+	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true", clientLoadEnv+"=3s",
 		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller"), west.Name, dataPlaneIP(t), h.xdsAddr))
 	if got, want := plCaller.waitLine(t, 90*time.Second, "ok "), "ok east-proxyless peer="+callerID; got != want {
 		t.Fatalf("proxyless client in west: %q; want %q", got, want)
 	}
 	pl.waitLine(t, 10*time.Second, "call peer="+callerID)
+	t.Logf("measured: proxyless gRPC through the real gateway: %s", strings.TrimPrefix(plCaller.waitLine(t, 30*time.Second, "load "), "load "))
 
 	// Why it passes: the gateway's chain for the proxyless SNI matches
 	// Istio's mTLS ALPNs and h2, which the hub's EnvoyFilter added (no
@@ -430,6 +444,42 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		return nil
 	})
 
+	// Measured: a Service change in east reaching west's sidecar (hub →
+	// west's istiod → sidecar: the gateway's weight, east's mTLS
+	// endpoints, goes 1 → 2 → 1) beside the same change in west reaching
+	// it through west's istiod alone (west's own Service: 1 → 2 → 1 hosts).
+	runningPod(t, ec, ns, "echo-east-2", echoServiceAccount, "198.18.62.9", map[string]string{"app": "echo", "security.istio.io/tlsMode": "istio"})
+	runningPod(t, wc, ns, "echo-west-2", echoServiceAccount, "198.18.63.9", map[string]string{"app": "echo", "security.istio.io/tlsMode": "istio"})
+	westB := []localcluster.Backend{{IP: westIP, Port: httpPort, Pod: "echo-west"}}
+	localCluster := fmt.Sprintf("outbound|%d||echo.%s.svc.cluster.local", httpPort, ns)
+	var federated, local []time.Duration
+	for range 5 {
+		federated = append(federated, converge(t, caller, echoCluster, func() {
+			if err := localcluster.ApplyEndpoints(ctx, ec, ns, "echo", "http", append(httpB, localcluster.Backend{IP: "198.18.62.9", Port: httpPort, Pod: "echo-east-2"})); err != nil {
+				t.Fatal(err)
+			}
+		}, func(hs []envoy.HostStatus) bool { return hostWeight(hs, gwHost) == 2 }))
+		federated = append(federated, converge(t, caller, echoCluster, func() {
+			if err := localcluster.ApplyEndpoints(ctx, ec, ns, "echo", "http", httpB); err != nil {
+				t.Fatal(err)
+			}
+		}, func(hs []envoy.HostStatus) bool { return hostWeight(hs, gwHost) == 1 }))
+		local = append(local, converge(t, caller, localCluster, func() {
+			if err := localcluster.ApplyEndpoints(ctx, wc, ns, "echo", "http", append(westB, localcluster.Backend{IP: "198.18.63.9", Port: httpPort, Pod: "echo-west-2"})); err != nil {
+				t.Fatal(err)
+			}
+		}, func(hs []envoy.HostStatus) bool { return len(hs) == 2 }))
+		local = append(local, converge(t, caller, localCluster, func() {
+			if err := localcluster.ApplyEndpoints(ctx, wc, ns, "echo", "http", westB); err != nil {
+				t.Fatal(err)
+			}
+		}, func(hs []envoy.HostStatus) bool { return len(hs) == 1 }))
+	}
+	slices.Sort(federated)
+	slices.Sort(local)
+	t.Logf("measured: an EndpointSlice write → west's sidecar, 10 writes each: across members via the hub p50 %v max %v; in west via west's istiod alone p50 %v max %v",
+		federated[len(federated)/2], federated[len(federated)-1], local[len(local)/2], local[len(local)-1])
+
 	start := time.Now()
 	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo", "http", httpPort,
 		[]localcluster.Backend{{IP: workloadIP, Port: httpPort, Pod: "echo-east", NotReady: true}}); err != nil {
@@ -462,6 +512,40 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	}
 	waitHosts(t, caller, echoCluster, westHost)
 	t.Logf("east removed from the remote Secret → its endpoints gone from west's sidecar in %v", time.Since(start).Round(time.Millisecond))
+}
+
+// converge runs write and returns how long until cond holds for a proxy's
+// cluster's hosts, polling its admin API every 5 ms.
+func converge(t *testing.T, a *agentProcess, cluster string, write func(), cond func([]envoy.HostStatus) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	write()
+	deadline := start.Add(60 * time.Second)
+	for {
+		cls, err := a.Envoy.Clusters(testContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cls {
+			if c.Name == cluster && cond(c.Hosts) {
+				return time.Since(start).Round(time.Millisecond)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's %s did not converge within 60s: %+v", a.Name, cluster, cls)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// hostWeight is the load-balancing weight of host addr, 0 when absent.
+func hostWeight(hs []envoy.HostStatus, addr string) uint32 {
+	for _, h := range hs {
+		if h.Address == addr {
+			return h.Weight
+		}
+	}
+	return 0
 }
 
 // addLoopbackIP adds ip to this network namespace's loopback until the

@@ -710,7 +710,7 @@ func TestRealEnvoyThroughGateway(t *testing.T) {
 	})
 
 	// East's gateway: a real Envoy, routing by SNI and ALPN to east's backends.
-	gwEnvoy := startPassthroughGateway(t, bin, ip, gwPort, map[string]*net.TCPAddr{
+	gwEnvoy := startPassthroughGateway(t, bin, "", ip, gwPort, map[string]*net.TCPAddr{
 		fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): b.http,
 		fmt.Sprintf("outbound_.%d_._.%s", envoyGRPCPort, m.grpcHost): b.grpc,
 	})
@@ -778,7 +778,7 @@ func TestRealEnvoyThroughGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	impostor := startMeshBackend(t, ip, "impostor", tenantSVID, m.bundle)
-	impostorGW := startPassthroughGateway(t, bin, ip, gwPort, map[string]*net.TCPAddr{
+	impostorGW := startPassthroughGateway(t, bin, "", ip, gwPort, map[string]*net.TCPAddr{
 		fmt.Sprintf("outbound_.%d_._.%s", envoyHTTPPort, m.httpHost): impostor.http,
 	})
 	httpCluster := fmt.Sprintf("outbound|%d||%s", envoyHTTPPort, m.httpHost)
@@ -803,9 +803,10 @@ func TestRealEnvoyThroughGateway(t *testing.T) {
 }
 
 // startPassthroughGateway runs a real Envoy as an east-west gateway on
-// ip:port (envoy.PassthroughGateway): each SNI of routes passed, TLS
-// untouched, to its address. It stops with the test.
-func startPassthroughGateway(t *testing.T, bin, ip string, port int, routes map[string]*net.TCPAddr) *envoy.Process {
+// ip:port (envoy.PassthroughGateway, with extraALPN): each SNI of routes
+// passed, TLS untouched, to its address; in the network namespace netns
+// unless it is "". It stops with the test.
+func startPassthroughGateway(t *testing.T, bin, netns, ip string, port int, routes map[string]*net.TCPAddr, extraALPN ...string) *envoy.Process {
 	t.Helper()
 	byCluster := map[string]string{}
 	var clusters []*clusterv3.Cluster
@@ -817,14 +818,14 @@ func startPassthroughGateway(t *testing.T, bin, ip string, port int, routes map[
 	boot, err := envoy.Marshal(&bootstrapv3.Bootstrap{
 		Admin: envoy.LoopbackAdmin(),
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", ip, uint32(port), byCluster)},
+			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", ip, uint32(port), byCluster, extraALPN...)},
 			Clusters:  clusters,
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := envoy.StartT(t, envoy.Options{Bin: bin, Bootstrap: boot})
+	p := envoy.StartT(t, envoy.Options{Bin: bin, Bootstrap: boot, Netns: netns})
 	if err := p.WaitReady(testContext(t)); err != nil {
 		t.Fatal(err)
 	}

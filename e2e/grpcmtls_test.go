@@ -48,7 +48,8 @@ import (
 //	server: "listening <ip:port>", "serving", "not-serving <reason>",
 //	        "call peer=<SPIFFE ID of the caller, or - for plaintext>"
 //	client: "ok <server id> peer=<the caller's identity the server saw>", "err <message>"
-//	        (and with HUB_E2E_CLIENT_EMPTYCALL "empty ok", "empty err <message>")
+//	        (and with HUB_E2E_CLIENT_EMPTYCALL "empty ok", "empty err <message>";
+//	        with HUB_E2E_CLIENT_LOAD once "load <loadResult>")
 const (
 	serverListenEnv = "HUB_E2E_LISTEN"       // ip:port the server listens on (port 0: a free one)
 	serverIDEnv     = "HUB_E2E_SERVER_ID"    // what the server answers as server_id, e.g. its member
@@ -56,6 +57,10 @@ const (
 	// clientEmptyCallEnv, when set, makes the client call EmptyCall before
 	// each UnaryCall, printing "empty ok" or "empty err <message>".
 	clientEmptyCallEnv = "HUB_E2E_CLIENT_EMPTYCALL"
+	// clientLoadEnv, when set to a duration, makes the client, after its
+	// first answer, call from 4 goroutines back to back for that long and
+	// print "load <loadResult>" (loadRun), once.
+	clientLoadEnv = "HUB_E2E_CLIENT_LOAD"
 )
 
 // echoServer answers with its id and the caller's verified identity.

@@ -37,8 +37,6 @@ func TestMain(m *testing.M) {
 	case "":
 	case "xdsserver":
 		runXDSServer()
-	case "ewgateway":
-		runEWGateway()
 	case "meshapp":
 		runMeshApp()
 	default:

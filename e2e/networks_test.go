@@ -244,8 +244,9 @@ func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) {
 // TestProxylessGRPCAcrossNetworks: two networks as two network namespaces.
 // The server (grpc-go, xDS server credentials, member east) listens on a
 // workload address of network B that the client's network A has no route
-// to; east's east-west gateway (the SNI passthrough stand-in, in B) is the
-// only way in. A grpc-go xDS client in member west (network A, from its
+// to; east's east-west gateway (a real Envoy in B, shaped as istiod builds
+// an AUTO_PASSTHROUGH gateway and as the hub's EnvoyFilter leaves it) is
+// the only way in. A grpc-go xDS client in member west (network A, from its
 // member: no NETWORK in its bootstrap) calls it over mTLS through the
 // gateway: the hub sent it the gateway, not B's address, and Istio's SNI,
 // on which the gateway routed without terminating TLS; the server saw the
@@ -301,8 +302,13 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	srv.waitLine(t, 60*time.Second, "serving")
 
 	sni := "outbound_.7070_._.echo." + app + ".svc.cluster.local"
-	gw := netB.startChild(t, "ewgateway", gatewayListenEnv+"="+net.JoinHostPort(gatewayIP, "15443"), gatewayRoutesEnv+"="+sni+"="+backendAddr)
-	gw.waitLine(t, 30*time.Second, "listening ")
+	backendTCP, err := net.ResolveTCPAddr("tcp", backendAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B's gateway: a real Envoy as istiod builds it and the hub's
+	// EnvoyFilter leaves it (h2 beside Istio's ALPNs).
+	gw := startPassthroughGateway(t, envoyBin(t), netB.name, gatewayIP, 15443, map[string]*net.TCPAddr{sni: backendTCP}, "h2")
 	ec := client(t, east)
 	gwSvc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway-" + rand.String(4),
@@ -328,9 +334,10 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	if got, want := caller.waitLine(t, 90*time.Second, "ok "), "ok east peer="+clientID.String(); got != want {
 		t.Fatalf("client on network A: %q; want %q", got, want)
 	}
-	routed := gw.waitLine(t, 10*time.Second, "route "+sni+" ")
 	srv.waitLine(t, 10*time.Second, "call peer="+clientID.String())
-	t.Logf("through the gateway: %s; the server saw %s", routed, clientID)
+	if st, err := gw.Stats(ctx, `^tcp\..*downstream_cx_total$`); err != nil || st["tcp."+sni+".downstream_cx_total"] == 0 {
+		t.Errorf("the gateway passed no connection for %s: %v %v", sni, st, err)
+	}
 
 	// What the hub sent the client: east's gateway, not east's address.
 	proxyID := "sidecar~" + ip + "~caller." + app + "~" + app + ".svc.cluster.local"
@@ -348,7 +355,9 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	// server of its own that terminates TLS with a tenant's identity of our
 	// trust domain. The client verifies east's echo identity exactly: the
 	// call fails in the handshake and never succeeds.
-	_ = gw.stdin.Close() // the stand-in gateway exits
+	if err := gw.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 10*time.Second, func() error {
 		if c, err := net.DialTimeout("tcp", net.JoinHostPort(gatewayIP, "15443"), time.Second); err == nil {
 			c.Close()
@@ -379,8 +388,7 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 			c.Close()
 		}
 	}()
-	netB.startChild(t, "ewgateway", gatewayListenEnv+"="+net.JoinHostPort(gatewayIP, "15443"), gatewayRoutesEnv+"="+sni+"="+impostor.Addr().String()).
-		waitLine(t, 30*time.Second, "listening ")
+	startPassthroughGateway(t, envoyBin(t), netB.name, gatewayIP, 15443, map[string]*net.TCPAddr{sni: impostor.Addr().(*net.TCPAddr)}, "h2")
 	fooled := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true",
 		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, roots, clientID, west.Name, ip, h.xdsAddr))
 	// Its first calls may end before its config arrives (deadline, no

@@ -54,6 +54,7 @@ func runXDSClient() {
 		clients = append(clients, testgrpc.NewTestServiceClient(conn))
 	}
 	alsoEmpty := os.Getenv(clientEmptyCallEnv) != ""
+	load, _ := time.ParseDuration(os.Getenv(clientLoadEnv))
 	for i := 0; ; i++ {
 		c := clients[i%len(clients)]
 		if alsoEmpty {
@@ -78,6 +79,14 @@ func runXDSClient() {
 			fmt.Printf("ok %s peer=%s\n", resp.GetServerId(), caller)
 		} else {
 			fmt.Printf("ok %s\n", resp.GetServerId())
+		}
+		if load > 0 { // once, after the first answer
+			r := loadRun(context.Background(), 4, load, func(ctx context.Context) error {
+				_, err := c.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+				return err
+			})
+			fmt.Printf("load %s\n", r)
+			load = 0
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

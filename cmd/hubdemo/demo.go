@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hubmesh/hub/internal/envoy"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -46,7 +47,7 @@ var demoClusters = []demoCluster{
 
 // demoNetwork is one of the demo's Istio networks: its workloads run in a
 // network namespace of their own, and the other network reaches them only
-// through its east-west gateway (package ewgateway), on gatewayIP:15443
+// through its east-west gateway (a real Envoy, startDemoGateway), on gatewayIP:15443
 // (the two namespaces' ends of the veth pair joining them).
 type demoNetwork struct{ name, gatewayIP string }
 
@@ -146,10 +147,14 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	cfg.kubeconfig = filepath.Join(work, demoClusters[0].name+".kubeconfig")
 
 	var netns map[string]*demoNetns // by network
+	var envoyBin string             // the east-west gateways' Envoy
 	if opts.traffic {
 		if ok, why := canRunNetns(); !ok {
 			fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
 		} else {
+			if envoyBin, err = envoy.Binary(); err != nil {
+				return fmt.Errorf("the networks' east-west gateways are real Envoys: %w", err)
+			}
 			// Root is not always enough (a container without
 			// CAP_NET_ADMIN, another demo holding the veth address): the
 			// demo then runs as without root, saying why.
@@ -235,7 +240,7 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 				memberIDs[i] = dc.name
 			}
 			err := runWorkloads(ctx, workloadsConfig{
-				netns: netns, workloads: demoWorkloads(), hubXDS: addrs["xds"], ca: ca, members: members,
+				netns: netns, workloads: demoWorkloads(), hubXDS: addrs["xds"], envoyBin: envoyBin, ca: ca, members: members,
 				dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
 				host: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
 			})

@@ -22,7 +22,7 @@ import (
 // two ends are the networks' east-west gateways (198.19.253.1 and .2, a
 // /30): a workload of one network cannot reach the other's workload
 // addresses, only its gateway, which passes Istio mTLS through by SNI
-// (package ewgateway, a stand-in for Envoy's AUTO_PASSTHROUGH). Each
+// and ALPN (a real Envoy: startDemoGateway). Each
 // member's istio-system carries its network label and a gateway Service
 // (as Istio's gen-eastwest-gateway.sh makes it, with the gateway's address
 // as external IP), and each remote Secret confirms its member's network.

@@ -18,9 +18,15 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hubmesh/hub/hub/xdsgen"
-	"github.com/hubmesh/hub/internal/ewgateway"
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/internal/envoy"
 )
 
 // demoWorkload is one backend ("server") or client of the demo, pretending
@@ -45,6 +51,7 @@ type workloadsConfig struct {
 	netns     map[string]*demoNetns // by network (demoNetworks)
 	workloads []demoWorkload
 	hubXDS    string  // the hub's plaintext xDS address (on loopback)
+	envoyBin  string  // Envoy, which runs the networks' east-west gateways
 	ca        *demoCA // nil: plaintext workloads
 	members   map[string]kubernetes.Interface
 	dir       string    // where certificates, bootstraps and logs go
@@ -79,15 +86,11 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		}
 		parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
 		xdsAddrs[nw.name] = lis.Addr().String()
-		gw, err := demoGateway(cfg, nw)
+		gw, err := startDemoGateway(ctx, cfg, nw)
 		if err != nil {
 			return err
 		}
-		gwLis, err := netns.Listen(net.JoinHostPort(nw.gatewayIP, strconv.Itoa(demoGatewayPort)))
-		if err != nil {
-			return err
-		}
-		parts.Go(func() { gw.Serve(ctx, gwLis) })
+		defer func() { _ = gw.Stop() }()
 	}
 
 	var clients []string
@@ -157,24 +160,48 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	return nil
 }
 
-// demoGateway is a network's east-west gateway: Istio's SNI of the echo
-// Service routes to the backends of the network's members, dialled from
-// inside its namespace. It logs nothing: a refused connection shows as the
-// calling client's error.
-func demoGateway(cfg workloadsConfig, nw demoNetwork) (*ewgateway.Gateway, error) {
+// startDemoGateway runs a network's east-west gateway in its namespace: a
+// real Envoy shaped as istiod builds an AUTO_PASSTHROUGH gateway and as the
+// hub's EnvoyFilter leaves it (envoy.PassthroughGateway with h2): Istio's
+// SNI of the echo Service, with Istio's mTLS ALPNs or h2, passed without
+// terminating TLS to the backends of the network's members. A refused
+// connection shows as the calling client's error. It stops when ctx ends.
+func startDemoGateway(ctx context.Context, cfg workloadsConfig, nw demoNetwork) (*envoy.Process, error) {
 	sni := xdsgen.SNI(cfg.host, demoEchoPort)
 	if sni == "" {
 		return nil, fmt.Errorf("the echo Service's hostname %q is too long for a server name", cfg.host)
 	}
-	var backends []string
+	echo := &clusterv3.Cluster{Name: "echo", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout: durationpb.New(time.Second), LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: "echo",
+			Endpoints: []*endpointv3.LocalityLbEndpoints{{}}}}
 	for _, dc := range demoClusters {
 		if dc.network == nw.name {
 			for _, b := range echoBackends(dc) {
-				backends = append(backends, net.JoinHostPort(b.IP, strconv.Itoa(int(b.Port))))
+				echo.LoadAssignment.Endpoints[0].LbEndpoints = append(echo.LoadAssignment.Endpoints[0].LbEndpoints, &endpointv3.LbEndpoint{
+					HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: envoy.SocketAddress(b.IP, uint32(b.Port))}}})
 			}
 		}
 	}
-	return &ewgateway.Gateway{Routes: map[string][]string{sni: backends}, Dial: cfg.netns[nw.name].Dial}, nil
+	boot, err := envoy.Marshal(&bootstrapv3.Bootstrap{
+		Admin: envoy.LoopbackAdmin(),
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
+			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", nw.gatewayIP, demoGatewayPort, map[string]string{sni: "echo"}, "h2")},
+			Clusters:  []*clusterv3.Cluster{echo},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	p, err := envoy.Start(ctx, envoy.Options{Bin: cfg.envoyBin, Bootstrap: boot, Dir: filepath.Join(cfg.dir, "gateway-"+nw.name),
+		Netns: cfg.netns[nw.name].name})
+	if err != nil {
+		return nil, fmt.Errorf("the east-west gateway of %s: %w", nw.name, err)
+	}
+	if err := p.WaitReady(ctx); err != nil {
+		_ = p.Stop()
+		return nil, fmt.Errorf("the east-west gateway of %s: %w", nw.name, err)
+	}
+	return p, nil
 }
 
 // issueWithRetry issues a workload's certificate, retrying for two minutes

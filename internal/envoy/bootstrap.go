@@ -328,10 +328,11 @@ var IstioMTLSALPN = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "
 // PassthroughGateway is a listener on addr:port shaped as istiod builds an
 // east-west gateway's AUTO_PASSTHROUGH listener: a TLS inspector, then one
 // filter chain per server name (routes: SNI → cluster) that also matches
-// IstioMTLSALPN, proxying the connection to the cluster without
-// terminating TLS. A connection whose SNI or ALPN matches no chain is
-// closed.
-func PassthroughGateway(name, addr string, port uint32, routes map[string]string) *listenerv3.Listener {
+// IstioMTLSALPN and extraALPN, proxying the connection to the cluster
+// without terminating TLS. A connection whose SNI or ALPN matches no chain
+// is closed. With extraALPN "h2" it is the gateway as the hub's EnvoyFilter
+// leaves it (mcp.GatewayFilterName), which proxyless gRPC clients cross.
+func PassthroughGateway(name, addr string, port uint32, routes map[string]string, extraALPN ...string) *listenerv3.Listener {
 	l := &listenerv3.Listener{
 		Name:    name,
 		Address: SocketAddress(addr, port),
@@ -343,7 +344,7 @@ func PassthroughGateway(name, addr string, port uint32, routes map[string]string
 	for _, sni := range slices.Sorted(maps.Keys(routes)) {
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 			Name:             sni,
-			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{sni}, ApplicationProtocols: IstioMTLSALPN},
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{sni}, ApplicationProtocols: slices.Concat(IstioMTLSALPN, extraALPN)},
 			Filters: []*listenerv3.Filter{{
 				Name: "envoy.filters.network.tcp_proxy",
 				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxyv3.TcpProxy{

@@ -1,6 +1,6 @@
 // Package tcpproxy joins accepted TCP connections to others, both ways,
 // until its context ends: the loop under the demo's relay to the hub and
-// the east-west gateway stand-in (package ewgateway).
+// the e2e tests' relays.
 package tcpproxy
 
 import (

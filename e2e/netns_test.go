@@ -1,62 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
-
-	"github.com/hubmesh/hub/internal/ewgateway"
 )
-
-// The east-west gateway stand-in (role "ewgateway"; package ewgateway:
-// Envoy is not available here) listens on gatewayListenEnv and routes by
-// SNI to the backends of gatewayRoutesEnv, without terminating TLS. Its
-// stdout: "listening <addr>", then "route <sni> <backend>" per connection,
-// or "refused <sni>: <why>".
-const (
-	gatewayListenEnv = "HUB_E2E_GATEWAY_LISTEN" // ip:port
-	gatewayRoutesEnv = "HUB_E2E_GATEWAY_ROUTES" // <sni>=<ip:port>,...
-)
-
-func runEWGateway() {
-	routes := map[string][]string{}
-	for r := range strings.SplitSeq(os.Getenv(gatewayRoutesEnv), ",") {
-		if sni, addr, ok := strings.Cut(r, "="); ok {
-			routes[sni] = append(routes[sni], addr)
-		}
-	}
-	lis, err := net.Listen("tcp", os.Getenv(gatewayListenEnv))
-	if err != nil {
-		fmt.Printf("fatal %v\n", err)
-		os.Exit(1)
-	}
-	fmt.Printf("listening %s\n", lis.Addr())
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
-	}()
-	var out sync.Mutex
-	g := &ewgateway.Gateway{Routes: routes,
-		Routed: func(sni, backend string) {
-			out.Lock()
-			defer out.Unlock()
-			fmt.Printf("route %s %s\n", sni, backend)
-		},
-		Refused: func(sni string, err error) {
-			out.Lock()
-			defer out.Unlock()
-			fmt.Printf("refused %q: %s\n", sni, strings.ReplaceAll(err.Error(), "\n", " "))
-		},
-	}
-	g.Serve(context.Background(), lis)
-	os.Exit(1)
-}
 
 // netnsNetwork is a second network for a test: a network namespace whose
 // loopback carries workload addresses nothing outside can route to, joined
