@@ -273,7 +273,8 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	gateway := agent(east, "istio-system", "istio-eastwestgateway-0", "istio-eastwestgateway", gatewayIP, &dataPlaneProxy{Router: true, Network: "net-east", Netns: netB.name,
 		Labels: map[string]string{"istio": "eastwestgateway", "topology.istio.io/network": "net-east"}, AdminPort: 25000,
 		Stats: []string{"listener."}})
-	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 35000})
+	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 35000,
+		Stats: []string{"cluster.outbound|"}})
 
 	t.Cleanup(func() {
 		if !t.Failed() {
@@ -403,6 +404,41 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		t.Errorf("east's gateway refused %d connections for want of a chain; want 1 (the http/1.1 one)", n)
 	}
 
+	// An impostor in east's pod: a sidecar with another identity of our
+	// trust domain (a tenant's service account) takes the pod's address
+	// and terminates the mTLS the gateway passes. West's sidecar verifies
+	// east's echo identity exactly (the ServiceEntry's subjectAltNames,
+	// from the hub): the handshake fails and no call reaches the app.
+	echoCluster := fmt.Sprintf("outbound|%d||%s", httpPort, host)
+	server.stop(t)
+	impostor := agent(east, ns, "echo-east", "tenant", workloadIP, &dataPlaneProxy{Network: "net-east", Netns: netB.name, AdminPort: 15000})
+	waitProxyReady(t, impostor)
+	eventually(t, 60*time.Second, func() error {
+		if body, err := getVia(ctx, httpPort, host); err == nil {
+			return fmt.Errorf("through the impostor west's sidecar got %q; want the handshake refused", body)
+		}
+		st, err := caller.Envoy.Stats(ctx, `ssl\.fail_verify_san$`)
+		if err != nil {
+			return err
+		}
+		for name, n := range st {
+			if n > 0 && strings.HasPrefix(name, "cluster."+echoCluster) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no SAN verification failure counted on %s: %v", echoCluster, st)
+	})
+	if n := hostCounter(t, impostor, fmt.Sprintf("inbound|%d||", httpPort), "rq_total"); n != 0 {
+		t.Errorf("the impostor's sidecar passed %d requests to the app", n)
+	}
+	impostor.stop(t)
+	server = agent(east, ns, "echo-east", echoServiceAccount, workloadIP, &dataPlaneProxy{Network: "net-east", Netns: netB.name, AdminPort: 15000})
+	waitProxyReady(t, server)
+	eventually(t, 60*time.Second, func() error {
+		_, err := getVia(ctx, httpPort, host)
+		return err
+	})
+
 	// Failover: echo also runs in west, behind its own sidecar. Calls
 	// reach both members; when east's backend stops (its endpoint no
 	// longer ready, as the kubelet reports a stopped pod) every call is
@@ -425,7 +461,6 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	westApp.waitLine(t, 30*time.Second, "listening")
 	westServer := agent(west, ns, "echo-west", echoServiceAccount, westIP, &dataPlaneProxy{Network: "net-west", AdminPort: 45000})
 	waitProxyReady(t, westServer)
-	echoCluster := fmt.Sprintf("outbound|%d||%s", httpPort, host)
 	gwHost := net.JoinHostPort(gatewayIP, "15443")
 	westHost := net.JoinHostPort(westIP, fmt.Sprint(httpPort))
 	waitHosts(t, caller, echoCluster, westHost, gwHost)
