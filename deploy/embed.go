@@ -9,3 +9,9 @@ import _ "embed"
 //
 //go:embed remote-member-rbac.yaml
 var RemoteMemberRBAC []byte
+
+// RemoteMemberRotationRBAC is remote-member-rotation-rbac.yaml: the rights
+// `hub register --rotate` needs in a member, for the identity that rotates.
+//
+//go:embed remote-member-rotation-rbac.yaml
+var RemoteMemberRotationRBAC []byte

@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -40,9 +41,11 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/deploy"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/tcpproxy"
 )
@@ -389,6 +392,33 @@ func TestRegisterAndRotate(t *testing.T) {
 		t.Errorf("the second hub's token stopped working: %v", err)
 	}
 
+	// 3b. A rotation by an identity with only the rotation rights
+	// (deploy/remote-member-rotation-rbac.yaml): no RBAC, no admission
+	// policy, no other namespace. It succeeds, and the hubs take it.
+	rotatorKC := rotatorKubeconfig(ctx, t, west, westClient)
+	if out, err := runHubRegister(ctx, append(slices.Clone(common), "--kubeconfig", rotatorKC, "--rotate", "--settle", "2s")...); err != nil {
+		t.Fatalf("hub register --rotate with only the rotation rights: %v\n%s", err, out)
+	}
+	secret, err = homeClient.CoreV1().Secrets(ns).Get(ctx, "istio-remote-secret-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig3 := secret.Data[id]
+	for name, h := range replicas {
+		eventually(t, 30*time.Second, func() error {
+			if c := h.clusters(t)[id]; c.State != "Ready" || c.KubeconfigSHA256 != sha256Hex(kubeconfig3) {
+				return fmt.Errorf("replica %s reports %+v; want Ready with the rotator's kubeconfig", name, c)
+			}
+			return nil
+		})
+	}
+	eventually(t, 30*time.Second, func() error {
+		if _, err := memberTokenClient(t, west, token2).CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err == nil {
+			return errors.New("the token the rotator replaced still works")
+		}
+		return nil
+	})
+
 	// 4. -o yaml --show-token prints the remote Secret (nothing written in
 	// the home cluster) with a working token.
 	printed := id + "-printed"
@@ -720,6 +750,77 @@ func tokenTimes(t *testing.T, token string) (iat, exp time.Time) {
 func sha256Hex(data []byte) string {
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:])
+}
+
+// rotatorKubeconfig writes a kubeconfig of member c for the ServiceAccount
+// istio-system/hub-member-rotator bound by
+// deploy/remote-member-rotation-rbac.yaml (applied, removed with the
+// test), with a token of it, and checks the identity may not write RBAC.
+func rotatorKubeconfig(ctx context.Context, t *testing.T, c *localcluster.Cluster, admin kubernetes.Interface) string {
+	t.Helper()
+	const rotator = "hub-member-rotator"
+	if _, err := admin.CoreV1().ServiceAccounts("istio-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: rotator}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(deploy.RemoteMemberRotationRBAC), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatal(err)
+		}
+		switch meta.Kind {
+		case "Role":
+			var r rbacv1.Role
+			if err := yaml.UnmarshalStrict([]byte(doc), &r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := admin.RbacV1().Roles(r.Namespace).Create(ctx, &r, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		case "RoleBinding":
+			var b rbacv1.RoleBinding
+			if err := yaml.UnmarshalStrict([]byte(doc), &b); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := admin.RbacV1().RoleBindings(b.Namespace).Create(ctx, &b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("deploy/remote-member-rotation-rbac.yaml holds a %q", meta.Kind)
+		}
+	}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = admin.RbacV1().RoleBindings("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
+		_ = admin.RbacV1().Roles("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
+		_ = admin.CoreV1().ServiceAccounts("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
+	})
+	tr, err := admin.CoreV1().ServiceAccounts("istio-system").CreateToken(ctx, rotator, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotatorClient := memberTokenClient(t, c, tr.Status.Token)
+	if _, err := rotatorClient.RbacV1().RoleBindings("istio-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "view"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: rotator, Namespace: "istio-system"}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the rotator created a RoleBinding: %v; want Forbidden", err)
+	}
+	cfg, err := clientcmd.Load(c.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range cfg.AuthInfos {
+		*u = clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	}
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rotator.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func memberTokenClient(t *testing.T, c *localcluster.Cluster, token string) kubernetes.Interface {
