@@ -218,6 +218,12 @@ func TestGatewaysAndMeshPodsFromARealMember(t *testing.T) {
 	if sas := sink.service("m1", key).PodServiceAccounts; !reflect.DeepEqual(sas, []string{"default"}) {
 		t.Errorf("the view's pod service accounts %v; want [default]", sas)
 	}
+	// The CA's token budgets know the account runs mesh pods of m1 (and
+	// of no other member).
+	if !r.RunsMeshAccount("m1", app, "default") || r.RunsMeshAccount("m1", app, "other") || r.RunsMeshAccount("m2", app, "default") {
+		t.Errorf("RunsMeshAccount: m1 %s/default %v, m1 %s/other %v, m2 %s/default %v; want true, false, false", app,
+			r.RunsMeshAccount("m1", app, "default"), app, r.RunsMeshAccount("m1", app, "other"), app, r.RunsMeshAccount("m2", app, "default"))
+	}
 	st, _ := statusOf(r, "m1", ns+"/members")
 	if st.Network != "net-1" || len(st.Gateways) != 2 || st.Gateways[1].Source != "service istio-system/"+gw.Name || len(st.GatewaysRefused) != 0 {
 		t.Errorf("status: network %q, gateways %+v, refused %q", st.Network, st.Gateways, st.GatewaysRefused)
@@ -246,6 +252,9 @@ func TestGatewaysAndMeshPodsFromARealMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, view([]string{"198.51.100.1:15443"}, map[string]bool{"198.18.9.1": false, "198.18.9.2": false}))
+	if r.RunsMeshAccount("m1", app, "default") {
+		t.Error("RunsMeshAccount still true once the account's only pod left the mesh")
+	}
 }
 
 // setNetwork labels a member's system namespace with a network until the

@@ -44,7 +44,25 @@ func newMeshPods(client kubernetes.Interface, namespace string) *meshPods {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelTLSMode + "=" + TLSModeIstio }))
 	inf := factory.Core().V1().Pods().Informer()
+	// Before the informer starts: it cannot fail.
+	_ = inf.AddIndexers(cache.Indexers{accountIndex: func(obj any) ([]string, error) {
+		if sa := serviceAccountOf(obj); sa != "" {
+			if p, ok := obj.(metav1.Object); ok {
+				return []string{p.GetNamespace() + "/" + sa}, nil
+			}
+		}
+		return nil, nil
+	}})
 	return &meshPods{factory: factory, inf: inf}
+}
+
+// accountIndex indexes mesh pods by "<namespace>/<service account>".
+const accountIndex = "account"
+
+// runsAccount reports whether a mesh pod runs as namespace/serviceAccount.
+func (m *meshPods) runsAccount(namespace, serviceAccount string) bool {
+	keys, _ := m.inf.GetIndexer().IndexKeys(accountIndex, namespace+"/"+serviceAccount)
+	return len(keys) > 0
 }
 
 // meshPod is what the hub knows of a pod that accepts Istio mTLS.

@@ -160,6 +160,15 @@ func (r *Registry) CanListSecrets(ctx context.Context, cluster, saNamespace, saN
 // as istiod requires (istio-agent requests its token with it).
 const TokenAudience = "istio-ca"
 
+// RunsMeshAccount reports whether a mesh pod (labelled
+// security.istio.io/tlsMode=istio) of member cluster runs as
+// namespace/serviceAccount: the accounts whose workloads ask the hub's CA
+// for certificates (authn.MeshAccounts).
+func (r *Registry) RunsMeshAccount(cluster, namespace, serviceAccount string) bool {
+	c, err := r.activeCluster(cluster)
+	return err == nil && c.runsMeshAccount(namespace, serviceAccount)
+}
+
 // ReviewToken checks a proxy's service-account token with a TokenReview in
 // the member cluster the proxy says it runs in, and returns the service
 // account it authenticates. A token of one member never authenticates in

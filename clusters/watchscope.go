@@ -551,6 +551,13 @@ func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSli
 	return out
 }
 
+// runsMeshAccount reports whether a mesh pod of the member runs as
+// namespace/serviceAccount (false when its namespace is not watched).
+func (c *Cluster) runsMeshAccount(namespace, serviceAccount string) bool {
+	w := c.watchOf(namespace)
+	return w != nil && w.mesh != nil && w.mesh.runsAccount(namespace, serviceAccount)
+}
+
 // meshPod reports whether pod namespace/name is labelled for Istio mTLS,
 // and its workload (podWorkload) and service account.
 func (c *Cluster) meshPod(namespace, name string) (meshPod, bool) {

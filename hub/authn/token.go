@@ -3,6 +3,8 @@ package authn
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -26,6 +28,14 @@ import (
 // caller's own member cluster (clusters.Registry implements it).
 type TokenReviewer interface {
 	ReviewToken(ctx context.Context, cluster, token string) (namespace, serviceAccount string, err error)
+}
+
+// MeshAccounts, when a TokenReviewer also implements it, says which
+// service accounts run a member's mesh pods: the accounts whose workloads
+// ask for certificates. A token claiming one of them is charged its
+// failures apart from other tokens of its source (see TokenAuth).
+type MeshAccounts interface {
+	RunsMeshAccount(cluster, namespace, serviceAccount string) bool
 }
 
 // Token reviews running at once, as for the hub's access reviews: anyone
@@ -53,7 +63,13 @@ const (
 // member instead of more reviews,
 // so anonymous callers cannot make the hub flood a member's API server.
 // Accepted tokens are never charged: a fleet behind one NAT address that
-// reconnects with new tokens is not limited.
+// reconnects with new tokens is not limited. Nor does a neighbour behind
+// that address who sends made-up tokens stop the fleet's new workloads: a
+// token whose (unverified) subject is a service account the member's mesh
+// pods run as (MeshAccounts) is charged to the source, the member and that
+// account, apart from every other token; only tokens claiming the same
+// account share its budget, and a source gets at most one budget per
+// account the member's mesh runs, so the reviews it can cause stay bounded.
 type TokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
@@ -62,6 +78,7 @@ type TokenAuth struct {
 	rejected *ttlcache.Cache[[32]byte, error]
 	slots    *reviewSlots
 	failures *sourceLimiter
+	accounts MeshAccounts // nil: every token is charged to its source and member
 	now      func() time.Time
 	reviews  *prometheus.CounterVec // TokenReviews sent, by result
 	refusals *prometheus.CounterVec // tokens refused without a review, by reason
@@ -122,6 +139,7 @@ func NewTokenAuth(r TokenReviewer, td func() string, scope *Scope) *TokenAuth {
 			Help: "Service-account tokens refused without a TokenReview, by reason: rate_limited (the caller's source sent too many rejected tokens), cached_rejection (rejected within the last seconds), member_not_synced.",
 		}, []string{"reason"}),
 	}
+	a.accounts, _ = r.(MeshAccounts)
 	for _, v := range []string{tokenReviewAccepted, tokenReviewRejected, tokenReviewUnavailable} {
 		a.reviews.WithLabelValues(v)
 	}
@@ -166,7 +184,11 @@ func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, max
 	// reviews in that member only, not those of its neighbours behind the
 	// same address naming others.
 	source := sourceOf(ctx)
-	if !a.failures.mayFail(source + "\x00" + cluster) {
+	charged := source + "\x00" + cluster
+	if ns, sa, ok := claimedAccount(token); ok && a.accounts != nil && a.accounts.RunsMeshAccount(cluster, ns, sa) {
+		charged += "\x00" + ns + "/" + sa
+	}
+	if !a.failures.mayFail(charged) {
 		a.refusals.WithLabelValues(tokenRefusedRateLimited).Inc()
 		return Identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s for member %s (at most %d, then one every %s): not reviewed",
 			source, clip.String(cluster, 64), TokenFailureBurst, TokenFailureEvery)}
@@ -187,7 +209,7 @@ func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, max
 		// The member said no (the account is gone, the token revoked or
 		// expired): no caller may go on believing an earlier yes.
 		a.reviews.WithLabelValues(tokenReviewRejected).Inc()
-		a.failures.failed(source + "\x00" + cluster)
+		a.failures.failed(charged)
 		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
 		return Identity{}, err
@@ -204,6 +226,32 @@ func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, max
 	id := Identity{SpiffeID: sid, Namespace: ns, Cluster: cluster, FromToken: true}
 	a.accepted.Add(key, reviewed{id: id, at: a.now()})
 	return id, nil
+}
+
+// claimedAccount is the service account a Kubernetes token's payload
+// names in its subject (system:serviceaccount:<namespace>:<name>), read
+// without verifying anything: it only picks the budget a rejection is
+// charged to.
+func claimedAccount(token string) (namespace, serviceAccount string, ok bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || len(parts[1]) > 8192 {
+		return "", "", false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return "", "", false
+	}
+	var claims struct {
+		Sub string `json:"sub"`
+	}
+	if json.Unmarshal(payload, &claims) != nil {
+		return "", "", false
+	}
+	f := strings.Split(claims.Sub, ":")
+	if len(f) != 4 || f[0] != "system" || f[1] != "serviceaccount" || f[2] == "" || f[3] == "" {
+		return "", "", false
+	}
+	return f[2], f[3], true
 }
 
 // sourceLimiter limits how many failures each key (a source address and

@@ -2,7 +2,10 @@ package authn
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -72,6 +75,81 @@ func TestSourceOfGroupsIPv6By64(t *testing.T) {
 		}
 		if got := sourceOf(peer.NewContext(context.Background(), &peer.Peer{Addr: ap})); got != want {
 			t.Errorf("sourceOf(%s) = %q; want %q", addr, got, want)
+		}
+	}
+}
+
+// meshReviewer accepts only the tokens in good and says which accounts run
+// mesh pods.
+type meshReviewer struct {
+	good     map[string][2]string // token → namespace, service account
+	accounts map[string]bool      // "<namespace>/<sa>" run by mesh pods of west
+}
+
+func (m meshReviewer) ReviewToken(_ context.Context, cluster, token string) (string, string, error) {
+	if id, ok := m.good[token]; ok && cluster == "west" {
+		return id[0], id[1], nil
+	}
+	return "", "", errors.New("not authenticated")
+}
+
+func (m meshReviewer) RunsMeshAccount(cluster, ns, sa string) bool {
+	return cluster == "west" && m.accounts[ns+"/"+sa]
+}
+
+// fakeToken is a JWT-shaped token whose payload's subject is sub.
+func fakeToken(sub, salt string) string {
+	payload, _ := json.Marshal(map[string]string{"sub": sub, "jti": salt})
+	return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString(payload) + ".sig"
+}
+
+// A neighbour behind the same NAT address sends made-up tokens for west
+// until its budget is spent; a new workload of west's mesh behind that
+// address still gets its token reviewed (accepted), as its account runs
+// mesh pods of west. Made-up tokens that claim that account share its
+// budget only; claiming an account no mesh pod runs, or none, they share
+// the source's.
+func TestMadeUpTokensDoNotStopANeighboursWorkloads(t *testing.T) {
+	good := fakeToken("system:serviceaccount:shop:web", "real")
+	r := meshReviewer{good: map[string][2]string{good: {"shop", "web"}}, accounts: map[string]bool{"shop/web": true}}
+	a := NewTokenAuth(r, func() string { return "example.org" }, nil)
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 7), Port: 40000}})
+	var limited *RateLimitedError
+	spend := func(sub string) {
+		t.Helper()
+		for i := range TokenFailureBurst + 1 {
+			_, err := a.Authenticate(ctx, "west", fakeToken(sub, fmt.Sprint(i)), 0)
+			if errors.As(err, &limited) {
+				return
+			}
+		}
+		t.Fatalf("%d made-up tokens claiming %q were all reviewed; want the budget spent", TokenFailureBurst+1, sub)
+	}
+	spend("system:serviceaccount:shop:nobody") // not a mesh account: the source's budget
+	if _, err := a.Authenticate(ctx, "west", "garbage", 0); !errors.As(err, &limited) {
+		t.Errorf("a token claiming no account after the source's budget: %v; want rate limited", err)
+	}
+	if id, err := a.Authenticate(ctx, "west", good, 0); err != nil || id.SpiffeID.String() != "spiffe://example.org/ns/shop/sa/web" {
+		t.Fatalf("the neighbour's workload: %v, %v; want accepted", id, err)
+	}
+	spend("system:serviceaccount:shop:web") // forged claims of the workload's account spend its budget only
+	if _, err := a.Authenticate(ctx, "west", fakeToken("system:serviceaccount:shop:web", "new"), 0); !errors.As(err, &limited) {
+		t.Errorf("after its budget, another token claiming shop/web: %v; want rate limited", err)
+	}
+}
+
+func TestClaimedAccount(t *testing.T) {
+	for token, want := range map[string]string{
+		fakeToken("system:serviceaccount:a:b", ""):   "a/b",
+		fakeToken("system:serviceaccount:a:", ""):    "",
+		fakeToken("system:node:x", ""):               "",
+		fakeToken("system:serviceaccount:a:b:c", ""): "",
+		"not.a.token": "",
+		"x":           "",
+	} {
+		ns, sa, ok := claimedAccount(token)
+		if got := ns + "/" + sa; ok != (want != "") || ok && got != want {
+			t.Errorf("claimedAccount(%q) = %s, %v; want %q", token, got, ok, want)
 		}
 	}
 }
