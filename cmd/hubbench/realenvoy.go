@@ -72,9 +72,6 @@ func (c *Config) validateRealEnvoys() []error {
 	if c.Networks > 1 || c.LocalityFailover {
 		errs = append(errs, errors.New("--real-envoys does not apply with --networks or --locality-failover"))
 	}
-	if c.Bulk > 0 {
-		errs = append(errs, errors.New("--real-envoys does not apply with --bulk"))
-	}
 	return errs
 }
 
@@ -121,6 +118,8 @@ type RealEnvoySummary struct {
 	// they compete with the server.
 	EnvoyWriteCPUSeconds float64 `json:"envoyWriteCpuSeconds"`
 	BenchWriteCPUSeconds float64 `json:"benchWriteCpuSeconds"`
+	// Bulk is the bulk phase (--bulk), after the writes.
+	Bulk *RealEnvoyBulk `json:"bulk,omitempty"`
 }
 
 // fleetCPU is the CPU seconds the Envoys and this process have used.
@@ -436,6 +435,11 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	if sum.Hub.AfterWrites, err = procStats(h.pid()); err != nil {
 		return err
 	}
+	if cfg.Bulk > 0 {
+		if rs.Bulk, err = realEnvoyBulk(ctx, cfg, l, clients, envoys, h); err != nil {
+			return err
+		}
+	}
 	if rs.NacksAfterWrites, rs.WarmingAfterWrites, rs.NacksBy, err = fleetNacks(ctx, envoys); err != nil {
 		return err
 	}
@@ -684,6 +688,9 @@ func (rs *RealEnvoySummary) writeText(p func(string, ...any), s *Summary) {
 	p("  CPU over the writes       %8.2f s    all Envoys (admin polling included), %.2f s hubbench (the polling's client side), %.2f s the server, in %.1f s",
 		rs.EnvoyWriteCPUSeconds, rs.BenchWriteCPUSeconds, s.HubWriteCPUSeconds, s.WritePhaseSeconds)
 	p("  convergence: write issued → the written cluster's membership_total grew in an Envoy's admin /stats, polled every %.0f ms", rs.PollMs)
+	if rs.Bulk != nil {
+		rs.Bulk.writeText(p)
+	}
 }
 
 // problems are the real-Envoy mode's correctness failures: clusters still

@@ -28,7 +28,6 @@ func TestRealEnvoyFlagsChecked(t *testing.T) {
 		{"streams", func(c *Config) { c.Streams = 7 }},
 		{"networks", func(c *Config) { c.Networks = 2 }},
 		{"locality failover", func(c *Config) { c.LocalityFailover = true }},
-		{"bulk", func(c *Config) { c.Bulk = 5 }},
 		{"scale mode", func(c *Config) { c.APIServers = 2 }},
 	} {
 		cfg := defaultConfig()
@@ -49,6 +48,7 @@ func TestRealEnvoyFlagsChecked(t *testing.T) {
 		{"istiod", func(c *Config) { c.Peer = peerIstiod }},
 		{"max", func(c *Config) { c.RealEnvoys = maxRealEnvoys }},
 		{"streams equal", func(c *Config) { c.Streams = 5 }},
+		{"bulk", func(c *Config) { c.Bulk = 5 }},
 		{"services-per-stream all", func(c *Config) { c.Shape, c.ServicesPerStream = "", allServices }},
 	} {
 		cfg := defaultConfig()
@@ -242,6 +242,7 @@ func TestRunRealEnvoysTiny(t *testing.T) {
 		cfg := defaultConfig()
 		cfg.Members, cfg.Services, cfg.Endpoints, cfg.Writes = 2, 4, 20, 2
 		cfg.Shape, cfg.Delta, cfg.RealEnvoys, cfg.HubBin = shapeEnvoy, delta, 2, hubBin
+		cfg.Bulk, cfg.BulkWriters = 3, 2
 		cfg.WriteGap = 100 * time.Millisecond
 		cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, time.Minute, time.Minute
 		cfg.Progress = t.Logf
@@ -262,9 +263,13 @@ func TestRunRealEnvoysTiny(t *testing.T) {
 		if rs.ActiveClusters.Min < rs.ExpectedClusters || rs.RSS.Min <= 0 || rs.RSSSumMiB <= 0 {
 			t.Errorf("delta %v: active clusters %+v (want ≥ %d), RSS %+v sum %.1f", delta, rs.ActiveClusters, rs.ExpectedClusters, rs.RSS, rs.RSSSumMiB)
 		}
+		if b := rs.Bulk; b == nil || b.Services != 3 || b.ConvergeSeconds <= 0 || b.ResponsesPerEnvoy["Cluster"] <= 0 {
+			t.Errorf("delta %v: bulk %+v; want 3 services converged, CDS responses counted", delta, b)
+		}
 		var text strings.Builder
 		sum.WriteText(&text)
-		if !strings.Contains(text.String(), "real Envoys") || !strings.Contains(text.String(), "NACKs (update_rejected)") {
+		if !strings.Contains(text.String(), "real Envoys") || !strings.Contains(text.String(), "NACKs (update_rejected)") ||
+			!strings.Contains(text.String(), "responses per Envoy") {
 			t.Errorf("delta %v: the summary lacks the real-Envoy lines:\n%s", delta, text.String())
 		}
 	}
