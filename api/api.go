@@ -1,6 +1,9 @@
 // Package api is the hub's REST API (docs/architecture.md §3.3) on chi, plus the health,
-// readiness and metrics endpoints. It reads the hub's read models; its only
-// writes are remote Secrets in the home cluster, through clusters.Registrar.
+// readiness and metrics endpoints. It reads the hub's read models; it
+// writes, in the home cluster, remote Secrets (clusters.Registrar: POST and
+// DELETE /clusters) and trust-domain federation ConfigMaps (PUT and DELETE
+// /trustdomains, and refreshes on POST .../refresh), and sends
+// TokenReviews and SubjectAccessReviews to authorise its callers.
 package api
 
 import (

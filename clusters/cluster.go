@@ -41,6 +41,9 @@ import (
 //	            ↓ ↑
 //	        Unreachable → TimedOut → Ready
 //
+// and Invalid from any of them when the member holds more objects than
+// it may (overflow: its informers stop until its Secret changes).
+//
 // Create it with newCluster, start it with start, stop it with stop.
 type Cluster struct {
 	id      string

@@ -1,7 +1,11 @@
 // Package clusters manages mesh membership: it watches remote Secrets
 // (labelled istio/multiCluster=true) in the home cluster, runs one Cluster per
 // member with its own endpoint controller, and hands every member's services
-// to a Sink. It knows nothing of xDS.
+// to a Sink. For the hub it also keeps, per member: its Secrets for SDS,
+// its token and access reviews, which identities it may assert (identity
+// scopes), its networks and gateways, what it exports and imports, its
+// mesh pods' service accounts, and when its credentials expire. It knows
+// nothing of xDS.
 package clusters
 
 import (

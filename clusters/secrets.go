@@ -39,7 +39,8 @@ type TLSSecret struct {
 	CA []byte
 }
 
-// Errors of TLSSecret.
+// Errors of the Registry's lookups: TLSSecret, and the member a
+// credential or stream names (IdentityScope, activeCluster).
 var (
 	ErrUnknownCluster   = errors.New("unknown cluster")
 	ErrSecretNotFound   = errors.New("secret not found")

@@ -1,8 +1,11 @@
 // Package distribute is the source of mesh-wide Istio policy authored once:
 // Istio objects in the home cluster labelled hub.federation/distribute=true,
-// in any namespace, of every Istio kind whose CRD the home cluster serves,
-// converted to their istio.io/api protos for the MCP config generator to
-// serve to every member's istiod unchanged (docs/architecture.md §3.7).
+// in the namespaces the operator names (Options.Namespaces; objects
+// labelled elsewhere are left out and reported), of every Istio kind whose
+// CRD the home cluster serves, converted to their istio.io/api protos: the
+// MCP config generator serves them to every member's istiod unchanged
+// (docs/architecture.md §3.7), and the hub's own xDS reads the rules it
+// applies itself (Rules: DestinationRules, security policies).
 //
 // Which kinds are served is asked of the discovery API at start and then
 // every Options.Rediscover (a periodic refresh rather than a CRD informer:

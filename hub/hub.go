@@ -1,9 +1,13 @@
 // Package hub is the federation core: the federated index of every member's
-// services and the push debounce (hub/feed), the xDS resources generated
-// from it (hub/xdsgen), and the ADS gRPC server that serves them (its own
-// stream loops over go-control-plane's generated types), with Istio's CA
-// API (hub/ca) beside it on the mTLS listener; both know who is calling
-// from hub/authn.
+// services and the change feed that batches and paces pushes (hub/feed),
+// the xDS resources generated from it (hub/xdsgen), and the ADS gRPC
+// server that serves them (its own stream loops over go-control-plane's
+// generated types): to proxyless gRPC and Envoy clients, SDS (Secrets,
+// roots, workload certificates), Istio config over MCP to member istiods
+// (package mcp), and syncz and proxy status to istioctl. Istio's CA API
+// (hub/ca) sits beside it on the mTLS listener; both know who is calling
+// from hub/authn, and the access policies of hub/authz and the member
+// access reviews decide what each caller may read.
 package hub
 
 import (

@@ -165,8 +165,8 @@ func typeLabel(typeURL string) string {
 }
 
 // checkRequestType refuses a type URL the hub does not serve (debug types
-// are served: TypeSyncz) before the request is recorded anywhere. An empty one is left to the server (it
-// refuses it on ADS streams; per-type services fill in their own).
+// are served: TypeSyncz) before the request is recorded anywhere. An empty one is left to the stream's
+// loop (it refuses it on ADS streams; per-type services fill in their own).
 func checkRequestType(typeURL string) error {
 	if typeURL == "" || isDebugType(typeURL) {
 		return nil

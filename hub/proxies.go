@@ -416,7 +416,7 @@ func (p *proxyTracker) onDeltaRequest(c *conn, req *discoveryv3.DeltaDiscoveryRe
 		return err
 	}
 	// What the stream subscribes to in all is checked by the watcher; here
-	// what this request adds, before the server keeps it.
+	// what this request adds, before the stream's loop keeps it.
 	initial := make([]string, 0, len(req.GetInitialResourceVersions()))
 	for name := range req.GetInitialResourceVersions() {
 		initial = append(initial, name)
@@ -452,7 +452,7 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	known := st.node == node
 	// Istio config type URLs are the client's words (any
 	// <group>/<version>/<Kind> is answered): bound how many one
-	// stream may open, each costs the server and the tracker state.
+	// stream may open, each costs the stream's loop and the tracker state.
 	if _, ok := st.asked[typeURL]; !ok {
 		if len(st.asked) >= maxTypesPerStream {
 			p.mu.Unlock()

@@ -88,10 +88,13 @@ func transient(err error) bool {
 }
 
 // secretResources builds the SDS resources a watch asked for, as istiod
-// does: only to a verified identity of our trust domain, only Secrets of
-// the proxy's own namespace and of the member its credential proves. Names
-// it may not have are left out (and logged once per stream and reason),
-// never an error for the stream.
+// does: only to a verified identity of our trust domain, Secrets of the
+// member its credential proves, of the proxy's own namespace or of another
+// namespace whose Secrets its service account may list there (a
+// SubjectAccessReview in that member, see secret); also roots (ROOTCA, a
+// trust domain's bundle) and its own workload certificate ("default").
+// Names it may not have are left out (and logged once per stream and
+// reason), never an error for the stream.
 func (w *watcher) secretResources(wt *watch) ([]*xdsgen.Resource, error) {
 	var out []*xdsgen.Resource
 	var reviews map[feed.ReviewKey]struct{}
@@ -197,8 +200,11 @@ func (sn secretName) keys() []clusters.ServiceKey {
 }
 
 // parseSecretName reads an SDS resource name as the proxy of namespace ns
-// means it. Every reader of SDS names (serving, and indexing which watches
-// a Secret's change can affect) uses this one.
+// means it, for the Secrets of its member (kubernetes://…, a bare name,
+// Istio's -cacert suffix): what indexing which watches a Secret's change
+// can affect, and serving such a name, read. Roots (ROOTCA, spiffe://…)
+// and the workload certificate ("default") are no Secret: it reports them
+// as such, and secret serves them itself.
 func parseSecretName(name, ns string) secretName {
 	if name == xdsgen.SDSRoots || name == xdsgen.SDSWorkloadCert || strings.HasPrefix(name, "spiffe://") {
 		// The workload certificate ("default", as Istio names it) changes

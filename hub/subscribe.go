@@ -261,12 +261,12 @@ type streamRecord struct {
 	// workload is the stream's workload certificate (SDS "default").
 	workload streamWorkload
 	// sent says, per type, that a SotW response of that type went out on
-	// the stream (set by the server's send, see sotwResponse): a stream's
+	// the stream (set when the stream's loop sends it, see sotwResponse): a stream's
 	// first request of a type is answered even when there is nothing for
 	// it, which a client's nonce cannot tell (Istio's adsc makes one up).
 	sent map[string]*atomic.Bool
 	// handed is, per type, the last SotW response handed to the stream
-	// (guarded by watcher.mu): one the server dropped for a newer request,
+	// (guarded by watcher.mu): one the stream's loop dropped for a newer request,
 	// or never sent before the stream closed, is counted as answered for
 	// the pacing (feed.Deliveries), since no client will answer it.
 	handed map[string]*sotwResponse
@@ -286,7 +286,7 @@ func (rec *streamRecord) handedLocked(typeURL string, r *sotwResponse) {
 
 // unsentLocked forgets the last SotW response handed to rec's stream for
 // typeURL (every type when typeURL is "") and returns how many of those
-// the server never sent, with w.mu held.
+// the stream's loop never sent, with w.mu held.
 func (rec *streamRecord) unsentLocked(typeURL string) int {
 	n := 0
 	for t, r := range rec.handed {
@@ -303,7 +303,7 @@ func (rec *streamRecord) unsentLocked(typeURL string) int {
 
 // requested records a new SotW request of typeURL on rec's stream and
 // returns the stream's flag for the type's first response. The type's last
-// response was sent before the server took the request, or dropped for it:
+// response was sent before the stream's loop took the request, or dropped for it:
 // then nobody answers it, and it counts as answered (feed.Deliveries).
 func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	w.mu.Lock()

@@ -257,7 +257,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	}
 	// A Delta subscription grows request by request: bound the sum. (The
 	// names of each request, initial_resource_versions included, were
-	// checked before the server kept them; what the stream was returned is
+	// checked before the stream's loop kept them; what the stream was returned is
 	// the hub's own, a wildcard stream's can be larger.)
 	if n := len(sub.SubscribedResources()); n > w.maxNames {
 		return nil, status.Errorf(codes.InvalidArgument, "%d %s resource names on one stream; at most %d are accepted", n, typeLabel(req.GetTypeUrl()), w.maxNames)
@@ -313,8 +313,9 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 	}
 }
 
-// cancel ends a parked watch: the server changes the subscription state
-// next, so it waits until no push is evaluating the watch.
+// cancel ends a parked watch: the stream's loop (hub/ads.go) changes the
+// subscription state next, so it waits until no push is evaluating the
+// watch.
 func (w *watcher) cancel(wt *watch) {
 	w.mu.Lock()
 	if s := wt.sub; s.parked == wt {
@@ -335,9 +336,11 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push sends what changed: it regenerates the changed services' resources
-// (xDS and Istio config) and evaluates the parked watches that what
-// changed in b can affect:
+// push sends what changed. It first applies to the generator what b
+// changed of the inputs it reads (DestinationRules, security policies),
+// then invalidates the changed services' resources (xDS and Istio config:
+// they are rebuilt when a watch is evaluated, not here), and evaluates the
+// parked watches that what changed in b can affect:
 // the subscribers of the changed hostnames (each only for its names of
 // them where responses carry only what changed) and the wildcard ones; the
 // SDS subscribers asking for a changed Secret, for a Secret of a member
@@ -691,7 +694,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 				return nil, err
 			}
 		}
-		// Held but no longer subscribed (the server forgets unsubscribed
+		// Held but no longer subscribed (the stream's loop forgets unsubscribed
 		// names itself; initial_resource_versions may name others).
 		for name := range wt.returned {
 			if !wt.sub.has(name) {
@@ -933,7 +936,7 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 		Request: wt.req,
 		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
 			VersionInfo: set.Version,
-			Resources:   set.Anys, // shared: the server and the tracker only read it
+			Resources:   set.Anys, // shared: the stream's loop and the tracker only read it
 			TypeUrl:     wt.typeURL,
 		},
 		ReturnedResources: map[string]string{wildcardKey: set.Version},

@@ -50,7 +50,8 @@ const (
 	keyAccepted    = "accepted-bundle"
 )
 
-// Refresh bounds (docs/architecture.md / issue: honour the peer's hint within 10 s–1 h).
+// Refresh bounds: a peer's bundle is refreshed at the refresh hint it
+// publishes (SPIFFE federation's refresh_hint), held within 10 s–1 h.
 const (
 	MinRefresh = 10 * time.Second
 	MaxRefresh = time.Hour
@@ -162,7 +163,11 @@ func New(cfg Config) *Federation {
 }
 
 // Start loads (or creates and persists) our CA. It must succeed before the
-// bundle endpoint or the mTLS listener can serve. Stored CA material that
+// bundle endpoint or the mTLS listener can serve. It runs again when the
+// operator's CA Secret or the state Secret changes (the informer's
+// reloadCA, e.g. a rotation another replica persisted) and when this
+// replica becomes the leader (LeadershipGained: it then persists what only
+// the leader writes). Stored CA material that
 // cannot be read is a *CorruptStateError: nothing is written then, and
 // retrying will not help.
 func (f *Federation) Start(ctx context.Context) error {

@@ -18,7 +18,8 @@ import (
 // Changes is the hub's change feed: the parts that see the mesh change
 // report typed changes to it (the federated Index its hostnames, the member
 // registry its Secrets, the trust federation its roots, the access reviews
-// their decisions), and the Hub's push loop is its one consumer (Hub.Run).
+// their decisions, the distributed Istio config its kinds), and the Hub's
+// push loop is its one consumer (Hub.Run).
 // It is built before any of them, so that each can be given it.
 //
 // Changes batch without delaying the first change after a calm period: a
@@ -47,15 +48,15 @@ func NewChanges(after, max time.Duration) *Changes {
 	return &Changes{after: after, max: max, signal: make(chan struct{}, 1)}
 }
 
-// pushTrigger is what let a push go.
+// PushTrigger is what let a push go.
 type PushTrigger int
 
 const (
-	// leadingEdge: the first change after a calm period, pushed at once.
+	// LeadingEdge: the first change after a calm period, pushed at once.
 	LeadingEdge PushTrigger = iota
-	// quietAfter: no change for the quiet period.
+	// QuietAfter: no change for the quiet period.
 	QuietAfter
-	// maxWait: the oldest change waited the longest a change may wait.
+	// MaxWait: the oldest change waited the longest a change may wait.
 	MaxWait
 	PushTriggers
 )
@@ -196,7 +197,7 @@ func (c *Changes) take() Batch {
 	return b
 }
 
-// run hands batches to push until ctx is done; it is the feed's one
+// Run hands batches to push until ctx is done; it is the feed's one
 // consumer and owns the debounce state.
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push

@@ -18,7 +18,7 @@ import (
 // response is handed only to a stream that asked again), so it slows at
 // most the push that reached it; a Delta stream is answered on every request,
 // so up to 64 of its responses may be unanswered. What a stream was sent
-// counts as answered when it closes, and so does a SotW response the server
+// counts as answered when it closes, and so does a SotW response the stream's loop
 // dropped for a newer request or never sent (the hub records what it handed). Clients
 // that answer late, on more than a tenth of the responses of every push,
 // hold every push back up to `max`: that bound is all pacing guarantees
