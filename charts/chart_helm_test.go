@@ -137,18 +137,18 @@ func TestChartLint(t *testing.T) {
 	}
 }
 
-// hubFlags are the flags `hub serve` accepts, from README.md's flag
+// hubFlags are the flags `hub serve` accepts, from docs/reference.md's flag
 // reference (cmd/hub/readme_test.go keeps it equal to `hub serve --help`).
 func hubFlags(t *testing.T) []string {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "docs", "reference.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, ref, ok := strings.Cut(string(readme), "<!-- hub serve --help: begin")
 	ref, _, ok2 := strings.Cut(ref, "<!-- hub serve --help: end")
 	if !ok || !ok2 {
-		t.Fatal("README.md has no hub serve --help reference")
+		t.Fatal("docs/reference.md has no hub serve --help reference")
 	}
 	var flags []string
 	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(ref, -1) {

@@ -18,7 +18,7 @@ import (
 )
 
 // Remote Secret annotations that scope what the hub watches in the
-// Secret's members (README "Remote Secret annotations"). At most one of
+// Secret's members (docs/features.md "Scoped watching"). At most one of
 // them may be set; without either the hub watches every namespace.
 const (
 	// AnnotationWatchNamespaces is a comma-separated list of namespace

@@ -25,7 +25,7 @@ import (
 	"github.com/hubmesh/hub/trust"
 )
 
-// Recovery bounds the chaos suite holds the hub to (stated in README).
+// Recovery bounds the chaos suite holds the hub to (stated in docs/features.md).
 const (
 	// A member whose API server or etcd fails is reported Stale within
 	// this (kube-apiserver drains ~10 s on SIGTERM; the health probe runs

@@ -198,7 +198,7 @@ func startEnvoyMesh(t *testing.T) *envoyMesh {
 		"spec": map[string]any{"host": m.httpHost, "trafficPolicy": map[string]any{
 			// maxEjectionPercent: Envoy ejects no host past it (10% by
 			// default: none of two), and without ejection it never fails
-			// over, unlike grpc-go (README: failover with Envoy).
+			// over, unlike grpc-go (docs/features.md: failover with Envoy).
 			"outlierDetection": map[string]any{"consecutive5xxErrors": int64(1), "interval": "1s", "baseEjectionTime": "30s", "maxEjectionPercent": int64(100)},
 		}},
 	}}

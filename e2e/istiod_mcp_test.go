@@ -245,7 +245,7 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 const hubDNSName = "hub.hub-system.svc"
 
 // istiodTLSSource is the config source of an istiod that reads the hub over
-// SIMPLE TLS, as README recommends: istiod (pilot/pkg/bootstrap/
+// SIMPLE TLS, as docs/operating.md recommends: istiod (pilot/pkg/bootstrap/
 // configcontroller.go, getTransportCredentials) dials the address's host and
 // verifies the hub's certificate against caCertificates (inline PEM only; or
 // credentialName, a Secret of istiod's namespace with ca.crt) for the name

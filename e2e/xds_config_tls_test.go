@@ -85,7 +85,7 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 		t.Errorf("the hub did not log the plaintext listener as disabled")
 	}
 	rootsPEM := hubRootsPEM(t, h, td)
-	// README's way to get them for an istiod: the state Secret's roots.pem.
+	// docs/operating.md's way to get them for an istiod: the state Secret's roots.pem.
 	state, err := client(t, home).CoreV1().Secrets(ns).Get(ctx, "hub-trust-state", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

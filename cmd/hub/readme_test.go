@@ -7,14 +7,14 @@ import (
 	"testing"
 )
 
-// Markers around the flag reference in README.md: the output of
+// Markers around the flag reference in docs/reference.md: the output of
 // `hub serve --help` (flag.PrintDefaults), kept in step by this test.
 const (
 	readmeFlagsBegin = "<!-- hub serve --help: begin (cmd/hub/readme_test.go keeps it in step) -->\n```text\n"
 	readmeFlagsEnd   = "```\n<!-- hub serve --help: end -->"
 )
 
-// README's flag reference is exactly what `hub serve --help` prints: every
+// docs/reference.md's flag reference is exactly what `hub serve --help` prints: every
 // flag, its default and its meaning. On a difference, the test prints the
 // block to paste (or run with HUB_UPDATE_README=1 to write it).
 func TestREADMEFlagReference(t *testing.T) {
@@ -22,7 +22,7 @@ func TestREADMEFlagReference(t *testing.T) {
 	var help bytes.Buffer
 	fs.SetOutput(&help)
 	fs.PrintDefaults()
-	data, err := os.ReadFile("../../README.md")
+	data, err := os.ReadFile("../../docs/reference.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestREADMEFlagReference(t *testing.T) {
 	begin := strings.Index(readme, readmeFlagsBegin)
 	end := strings.Index(readme, readmeFlagsEnd)
 	if begin < 0 || end < begin {
-		t.Fatalf("README.md has no flag reference between %q and %q", readmeFlagsBegin, readmeFlagsEnd)
+		t.Fatalf("docs/reference.md has no flag reference between %q and %q", readmeFlagsBegin, readmeFlagsEnd)
 	}
 	got := readme[begin+len(readmeFlagsBegin) : end]
 	if got == help.String() {
@@ -38,10 +38,10 @@ func TestREADMEFlagReference(t *testing.T) {
 	}
 	if os.Getenv("HUB_UPDATE_README") == "1" {
 		updated := readme[:begin+len(readmeFlagsBegin)] + help.String() + readme[end:]
-		if err := os.WriteFile("../../README.md", []byte(updated), 0o644); err != nil {
+		if err := os.WriteFile("../../docs/reference.md", []byte(updated), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	t.Errorf("README.md's flag reference differs from `hub serve --help`; run HUB_UPDATE_README=1 go test ./cmd/hub -run TestREADMEFlagReference, or paste:\n%s", help.String())
+	t.Errorf("docs/reference.md's flag reference differs from `hub serve --help`; run HUB_UPDATE_README=1 go test ./cmd/hub -run TestREADMEFlagReference, or paste:\n%s", help.String())
 }

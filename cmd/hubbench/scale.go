@@ -48,7 +48,7 @@ import (
 )
 
 // annotationWatchNamespaces scopes what the hub watches in the members of
-// a remote Secret (README "Remote Secret annotations").
+// a remote Secret (docs/features.md "Scoped watching").
 const annotationWatchNamespaces = "hub.federation/watch-namespaces"
 
 // ScaleSummary is what the scale mode measured.
