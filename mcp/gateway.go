@@ -33,8 +33,10 @@ const (
 // gateway's AUTO_PASSTHROUGH filter chains to match the SNI
 // outbound_.<port>_.<subset>_.<host> *and* one of Istio's mTLS ALPNs
 // (istio, istio-peer-exchange, istio-h2, ...), which only Envoy sidecars
-// offer; grpc-go offers h2, matches no chain and has its connection
-// closed (e2e TestSidecarsAcrossNetworksThroughRealGateway shows both).
+// offer; grpc-go offers h2, which matches no chain, and a connection that
+// matches none is closed (e2e TestSidecarsAcrossNetworksThroughRealGateway
+// shows a client of an unlisted ALPN closed, and grpc-go passing with the
+// filter).
 // The filter adds h2 to every such chain's ALPNs (a MERGE appends to a
 // repeated field): the gateway then passes grpc-go's TLS connection by SNI
 // as it passes a sidecar's. It grants nothing: ALPN is not
