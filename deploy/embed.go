@@ -10,6 +10,13 @@ import _ "embed"
 //go:embed remote-member-rbac.yaml
 var RemoteMemberRBAC []byte
 
+// EastWestProxylessALPN is eastwest-proxyless-alpn.yaml: the EnvoyFilter
+// that lets proxyless gRPC cross Istio's east-west gateways, for the
+// members whose Services behind the gateway allow it (see the file).
+//
+//go:embed eastwest-proxyless-alpn.yaml
+var EastWestProxylessALPN []byte
+
 // RemoteMemberRotationRBAC is remote-member-rotation-rbac.yaml: the rights
 // `hub register --rotate` needs in a member, for the identity that rotates.
 //

@@ -251,9 +251,13 @@ func launchAgent(t *testing.T, o agentOptions) *agentProcess {
 		pc["proxyAdminPort"] = p.AdminPort
 		pc["concurrency"] = 1
 		pc["terminationDrainDuration"] = "1s"
+		// Every rejected update is counted, whatever Istio's bootstrap
+		// keeps (its stats matcher drops per-cluster and RDS statistics).
+		matcher := map[string]any{"inclusionSuffixes": []string{"update_rejected"}}
 		if len(p.Stats) > 0 {
-			pc["proxyStatsMatcher"] = map[string]any{"inclusionPrefixes": p.Stats}
+			matcher["inclusionPrefixes"] = p.Stats
 		}
+		pc["proxyStatsMatcher"] = matcher
 		a.Envoy = envoy.NewAdminAPI(fmt.Sprintf("http://127.0.0.1:%d", p.AdminPort), p.Netns)
 	}
 	proxyConfig, err := json.Marshal(pc)

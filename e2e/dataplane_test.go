@@ -10,6 +10,7 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -37,8 +38,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/deploy"
 	"github.com/hubmesh/hub/internal/envoy"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
@@ -106,8 +109,9 @@ func xfccPeer(ctx context.Context) string {
 }
 
 var (
-	sidecarsGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "sidecars"}
-	gatewaysGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "gateways"}
+	sidecarsGVR     = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "sidecars"}
+	gatewaysGVR     = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "gateways"}
+	envoyFiltersGVR = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1alpha3", Resource: "envoyfilters"}
 )
 
 // applyIstioObject creates an Istio config object in c, removed when the
@@ -132,6 +136,18 @@ func applyIstioObject(t *testing.T, c *localcluster.Cluster, gvr schema.GroupVer
 	})
 }
 
+// applyManifest creates the one object of a YAML manifest in c (in the
+// namespace it names), removed when the test ends.
+func applyManifest(t *testing.T, c *localcluster.Cluster, gvr schema.GroupVersionResource, manifest []byte) {
+	t.Helper()
+	var obj map[string]any
+	if err := yaml.Unmarshal(manifest, &obj); err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	applyIstioObject(t, c, gvr, u.GetKind(), u.GetNamespace(), u.GetName(), obj["spec"].(map[string]any))
+}
+
 // upstreamEnvoyIstiod is what a member istiod needs to configure upstream
 // Envoy (the PyPI build, without Istio's own filters): no metadata
 // exchange filters and no istio.alpn filter. The mesh config sets no
@@ -150,12 +166,11 @@ var upstreamEnvoyIstiod = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILO
 // connection by SNI and ALPN to east's sidecar, which hands the app the
 // caller's SPIFFE ID from the hub's CA. Neither istiod's proxies NACK.
 //
-// Proxyless gRPC crosses the same real gateway: a hub-fed grpc-go client
-// in west calls a hub-fed grpc-go server in east. istiod's chains admit
-// only Istio's mTLS ALPNs and grpc-go offers h2; the hub's EnvoyFilter for
-// east-west gateways (mcp.GatewayFilterName, served to every member
-// istiod) adds h2, and the test shows the chain's ALPNs and a client of
-// another ALPN refused.
+// Proxyless gRPC and the same real gateway: istiod's chains admit only
+// Istio's mTLS ALPNs and grpc-go offers h2, so a hub-fed grpc-go client in
+// west is refused (no_filter_chain_match) calling a hub-fed grpc-go server
+// in east; with deploy/eastwest-proxyless-alpn.yaml applied in east its
+// calls cross, and a client of another ALPN is still refused.
 func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	istiodBin(t)
 	pilotAgentBin(t)
@@ -335,6 +350,20 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 				t.Errorf("%s: %s = %d", a.Name, name, n)
 			}
 		}
+		// The counters exist (a check that finds none proves nothing):
+		// CDS, LDS and every cluster's EDS.
+		var eds int
+		for name := range st {
+			if strings.HasPrefix(name, "cluster.outbound") {
+				eds++
+			}
+		}
+		if _, cds := st["cluster_manager.cds.update_rejected"]; !cds || eds == 0 {
+			t.Errorf("%s keeps no CDS (%v) or EDS (%d clusters) update_rejected counters: %v", a.Name, cds, eds, st)
+		}
+		if _, lds := st["listener_manager.lds.update_rejected"]; !lds {
+			t.Errorf("%s keeps no LDS update_rejected counter", a.Name)
+		}
 	}
 
 	// Measured (logged, never a condition): calls through west's sidecar,
@@ -365,23 +394,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	}
 	pl.waitLine(t, 60*time.Second, "serving")
 	target := fmt.Sprintf("xds:///echo-proxyless.%s.svc.cluster.local:7070", ns)
-	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true", clientLoadEnv+"=3s",
-		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller"), west.Name, dataPlaneIP(t), h.xdsAddr))
-	if got, want := plCaller.waitLine(t, 90*time.Second, "ok "), "ok east-proxyless peer="+callerID; got != want {
-		t.Fatalf("proxyless client in west: %q; want %q", got, want)
-	}
-	pl.waitLine(t, 10*time.Second, "call peer="+callerID)
-	t.Logf("measured: proxyless gRPC through the real gateway: %s", strings.TrimPrefix(plCaller.waitLine(t, 30*time.Second, "load "), "load "))
-
-	// Why it passes: the gateway's chain for the proxyless SNI matches
-	// Istio's mTLS ALPNs and h2, which the hub's EnvoyFilter added (no
-	// chain of istiod's admits h2 by itself). A TLS client offering an
-	// ALPN in neither list is refused, as grpc-go's h2 was without it.
 	plSNI := "outbound_.7070_._.echo-proxyless." + ns + ".svc.cluster.local"
-	alpns := gatewayChainALPNs(t, gateway, plSNI)
-	if !slices.Contains(alpns, "h2") || !slices.Contains(alpns, "istio") {
-		t.Errorf("east's gateway matches %s on ALPNs %v; want Istio's and h2", plSNI, alpns)
-	}
 	refused := func() uint64 {
 		st, err := gateway.Envoy.Stats(ctx, `^listener\.0\.0\.0\.0_15443\.no_filter_chain_match$`)
 		if err != nil {
@@ -389,10 +402,50 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		}
 		return st["listener.0.0.0.0_15443.no_filter_chain_match"]
 	}
+	// As istiod builds the gateway (its chain for the SNI in place),
+	// grpc-go's h2 matches no chain: its connections are closed, counted
+	// as no_filter_chain_match.
+	eventually(t, 60*time.Second, func() error {
+		alpns, found := gatewayChainALPNs(t, gateway, plSNI)
+		if !found {
+			return fmt.Errorf("east's gateway has no 15443 chain for %s yet", plSNI)
+		}
+		if slices.Contains(alpns, "h2") {
+			t.Fatalf("istiod's chain for %s already lists h2: %v", plSNI, alpns)
+		}
+		return nil
+	})
 	before := refused()
+	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true", clientLoadEnv+"=3s",
+		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller"), west.Name, dataPlaneIP(t), h.xdsAddr))
+	eventually(t, 90*time.Second, func() error {
+		if n := plCaller.oks.Load(); n > 0 {
+			t.Fatalf("grpc-go crossed istiod's gateway %d times without the EnvoyFilter", n)
+		}
+		if refused() == before {
+			return errors.New("the gateway has not refused grpc-go's connection yet")
+		}
+		return nil
+	})
+
+	// deploy/eastwest-proxyless-alpn.yaml, applied in east: the gateway's
+	// chains also admit h2, and grpc-go's calls cross, the server seeing
+	// the client's SPIFFE ID.
+	applyManifest(t, east, envoyFiltersGVR, deploy.EastWestProxylessALPN)
+	if got, want := plCaller.waitLine(t, 90*time.Second, "ok "), "ok east-proxyless peer="+callerID; got != want {
+		t.Fatalf("proxyless client in west: %q; want %q", got, want)
+	}
+	pl.waitLine(t, 10*time.Second, "call peer="+callerID)
+	t.Logf("measured: proxyless gRPC through the real gateway: %s", strings.TrimPrefix(plCaller.waitLine(t, 30*time.Second, "load "), "load "))
+	if alpns, _ := gatewayChainALPNs(t, gateway, plSNI); !slices.Contains(alpns, "h2") || !slices.Contains(alpns, "istio") {
+		t.Errorf("east's gateway matches %s on ALPNs %v; want Istio's and h2", plSNI, alpns)
+	}
+	// A TLS client offering an ALPN in neither list is still refused.
+	before = refused()
 	for _, alpn := range []string{"http/1.1", "h2"} {
-		conn, err := tls.Dial("tcp", net.JoinHostPort(gatewayIP, "15443"), &tls.Config{ServerName: plSNI, NextProtos: []string{alpn},
-			InsecureSkipVerify: true}) // the refusal is the gateway's, before any certificate
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(gatewayIP, "15443"),
+			&tls.Config{ServerName: plSNI, NextProtos: []string{alpn}, MinVersion: tls.VersionTLS13,
+				InsecureSkipVerify: true}) // the refusal is the gateway's, before any certificate
 		if conn != nil {
 			conn.Close()
 		}
@@ -529,8 +582,9 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		}
 	}
 
-	// East's backend is back; then east leaves the mesh (its key removed
-	// from the remote Secret): its endpoints leave west's sidecar.
+	// East's endpoint is ready again (its app stays stopped: only what
+	// west's sidecar holds is checked); then east leaves the mesh (its key
+	// removed from the remote Secret): its endpoints leave west's sidecar.
 	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo", "http", httpPort, httpB); err != nil {
 		t.Fatal(err)
 	}
@@ -661,8 +715,9 @@ func getVia(ctx context.Context, port int, host string) (string, error) {
 }
 
 // gatewayChainALPNs is the ALPN list a gateway's 15443 filter chain for sni
-// matches on, from its config dump.
-func gatewayChainALPNs(t *testing.T, gw *agentProcess, sni string) []string {
+// matches on, from its config dump; found is false when it has no such
+// chain.
+func gatewayChainALPNs(t *testing.T, gw *agentProcess, sni string) (alpns []string, found bool) {
 	t.Helper()
 	dump, err := gw.Envoy.ConfigDump(testContext(t), false)
 	if err != nil {
@@ -680,13 +735,12 @@ func gatewayChainALPNs(t *testing.T, gw *agentProcess, sni string) []string {
 			}
 			for _, fc := range l.GetFilterChains() {
 				if slices.Contains(fc.GetFilterChainMatch().GetServerNames(), sni) {
-					return fc.GetFilterChainMatch().GetApplicationProtocols()
+					return fc.GetFilterChainMatch().GetApplicationProtocols(), true
 				}
 			}
 		}
 	}
-	t.Fatalf("east's gateway has no 15443 chain for %s", sni)
-	return nil
+	return nil, false
 }
 
 // hostCounter sums a host counter (e.g. cx_total) over a cluster's hosts

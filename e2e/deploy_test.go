@@ -695,6 +695,7 @@ func requireListedManifests(t *testing.T, deployDir string) {
 		t.Fatal(err)
 	}
 	notInBase := []string{"kustomization.yaml", "remote-secret-example.yaml", "remote-member-rbac.yaml", "remote-member-rotation-rbac.yaml",
+		"eastwest-proxyless-alpn.yaml",
 		"home-sds-rbac.yaml", "istiod-meshconfig-example.yaml"}
 	for _, f := range files {
 		name := filepath.Base(f)

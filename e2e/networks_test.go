@@ -245,7 +245,8 @@ func removeOnCleanup(t *testing.T, kc kubernetes.Interface, name string) {
 // The server (grpc-go, xDS server credentials, member east) listens on a
 // workload address of network B that the client's network A has no route
 // to; east's east-west gateway (a real Envoy in B, shaped as istiod builds
-// an AUTO_PASSTHROUGH gateway and as the hub's EnvoyFilter leaves it) is
+// an AUTO_PASSTHROUGH gateway and as deploy/eastwest-proxyless-alpn.yaml
+// leaves it) is
 // the only way in. A grpc-go xDS client in member west (network A, from its
 // member: no NETWORK in its bootstrap) calls it over mTLS through the
 // gateway: the hub sent it the gateway, not B's address, and Istio's SNI,

@@ -769,41 +769,51 @@ func rotatorKubeconfig(ctx context.Context, t *testing.T, c *localcluster.Cluste
 			t.Fatal(err)
 		}
 		switch meta.Kind {
+		// Replaced, not kept: a broader object left by an aborted run would
+		// make "only the rotation rights" prove nothing.
 		case "Role":
 			var r rbacv1.Role
 			if err := yaml.UnmarshalStrict([]byte(doc), &r); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := admin.RbacV1().Roles(r.Namespace).Create(ctx, &r, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			_ = admin.RbacV1().Roles(r.Namespace).Delete(ctx, r.Name, metav1.DeleteOptions{})
+			if _, err := admin.RbacV1().Roles(r.Namespace).Create(ctx, &r, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() {
+				_ = admin.RbacV1().Roles(r.Namespace).Delete(context.Background(), r.Name, metav1.DeleteOptions{})
+			})
 		case "RoleBinding":
 			var b rbacv1.RoleBinding
 			if err := yaml.UnmarshalStrict([]byte(doc), &b); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := admin.RbacV1().RoleBindings(b.Namespace).Create(ctx, &b, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			_ = admin.RbacV1().RoleBindings(b.Namespace).Delete(ctx, b.Name, metav1.DeleteOptions{})
+			if _, err := admin.RbacV1().RoleBindings(b.Namespace).Create(ctx, &b, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() {
+				_ = admin.RbacV1().RoleBindings(b.Namespace).Delete(context.Background(), b.Name, metav1.DeleteOptions{})
+			})
 		default:
 			t.Fatalf("deploy/remote-member-rotation-rbac.yaml holds a %q", meta.Kind)
 		}
 	}
 	t.Cleanup(func() {
-		bg := context.Background()
-		_ = admin.RbacV1().RoleBindings("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
-		_ = admin.RbacV1().Roles("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
-		_ = admin.CoreV1().ServiceAccounts("istio-system").Delete(bg, rotator, metav1.DeleteOptions{})
+		_ = admin.CoreV1().ServiceAccounts("istio-system").Delete(context.Background(), rotator, metav1.DeleteOptions{})
 	})
 	tr, err := admin.CoreV1().ServiceAccounts("istio-system").CreateToken(ctx, rotator, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rotatorClient := memberTokenClient(t, c, tr.Status.Token)
-	if _, err := rotatorClient.RbacV1().RoleBindings("istio-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+	if _, err := rotatorClient.RbacV1().RoleBindings("istio-system").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "rotator-escalation"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "view"},
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: rotator, Namespace: "istio-system"}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the rotator created a RoleBinding: %v; want Forbidden", err)
+		if err == nil {
+			_ = admin.RbacV1().RoleBindings("istio-system").Delete(ctx, "rotator-escalation", metav1.DeleteOptions{})
+		}
 	}
 	cfg, err := clientcmd.Load(c.Kubeconfig())
 	if err != nil {
@@ -950,12 +960,25 @@ func checkMemberWritesOnlyHubGateways(ctx context.Context, t *testing.T, admin, 
 	t.Cleanup(func() {
 		_ = admin.CoreV1().Services("istio-system").Delete(context.Background(), istiod.Name, metav1.DeleteOptions{})
 	})
+	byPolicy := func(err error) bool {
+		return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "hub-gateway-*")
+	}
 	forbidden := func(what string, err error) {
 		t.Helper()
-		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "hub-gateway-*") {
+		if !byPolicy(err) {
 			t.Errorf("%s with the member's token: %v; want Forbidden by the hub-remote-member-writes policy", what, err)
 		}
 	}
+	// The API server enforces a policy once its admission plugin has loaded
+	// it, a moment after `hub register` applied it: wait for that (a
+	// dry-run write runs admission and changes nothing).
+	eventually(t, 60*time.Second, func() error {
+		_, err := member.CoreV1().Services("istio-system").Create(ctx, svc("istiod-dry-run", hubs), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if !byPolicy(err) {
+			return fmt.Errorf("a dry-run create of istio-system/istiod-dry-run with the member's token: %v; the policy is not enforced yet", err)
+		}
+		return nil
+	})
 	_, err = member.CoreV1().Services("istio-system").Create(ctx, svc("istiod-impostor", hubs), metav1.CreateOptions{})
 	forbidden("creating istio-system/istiod-impostor", err)
 	_, err = member.CoreV1().Services("istio-system").Create(ctx, svc("hub-gateway-unlabelled", nil), metav1.CreateOptions{})

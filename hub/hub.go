@@ -218,8 +218,7 @@ func New(opts Options) (*Hub, error) {
 	if opts.Roots != nil {
 		trustDomain = opts.Roots.LocalTrustDomain()
 	}
-	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain,
-		RootNamespace: opts.RootNamespace})
+	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain})
 	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
 	h.watcher.config = h.config
 	h.watcher.rules = opts.Rules

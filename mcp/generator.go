@@ -59,10 +59,6 @@ type Options struct {
 	// subjectAltNames are identities in it (clusters.PeerIdentities);
 	// empty: none are set.
 	TrustDomain string
-	// RootNamespace is Istio's root namespace in the members
-	// (meshConfig.rootNamespace), where the hub's EnvoyFilter for
-	// east-west gateways goes (gatewayFilter); empty: istio-system.
-	RootNamespace string
 }
 
 // Set is the full state of one config type as istiod receives it: every
@@ -86,8 +82,6 @@ type Generator struct {
 	trustDomain string
 	now         func() time.Time
 	policy      Policy
-	// gatewayFilter is the EnvoyFilter every member istiod gets (immutable).
-	gatewayFilter *entry
 
 	mu      sync.Mutex
 	entries map[string]*entry   // index hostname → its ServiceEntry (only existing ones)
@@ -120,15 +114,8 @@ func New(index Index, opts Options) *Generator {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.RootNamespace == "" {
-		opts.RootNamespace = "istio-system"
-	}
-	filter, err := gatewayFilter(opts.RootNamespace)
-	if err != nil { // fixed content: a bug, not an input
-		panic(fmt.Sprintf("mcp: %v", err))
-	}
 	return &Generator{index: index, domain: opts.FederatedDomain, trustDomain: opts.TrustDomain, now: opts.Now, policy: opts.Policy,
-		gatewayFilter: filter, entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
+		entries: map[string]*entry{}, dirty: map[string]struct{}{}, policyKinds: map[string]*policyKind{},
 		variants: map[string]map[string]*entry{}, memberSets: map[string]*Set{}}
 }
 
@@ -147,8 +134,7 @@ func (g *Generator) Invalidate(hostnames map[string]struct{}) {
 // Set returns the full state of an Istio config type (IsConfigType) for
 // the istiod of member: for networking.istio.io/<any version>/ServiceEntry
 // the federated ServiceEntries (of the views offered to every member, and
-// to member by hub.federation/export-to), for EnvoyFilter the hub's filter
-// for east-west gateways (gatewayFilter), and for every kind the objects
+// to member by hub.federation/export-to), and for every kind the objects
 // distributed from the home cluster (Options.Policy); an empty set for a
 // kind with neither. The caller echoes the type URL it was asked for; the
 // resources are the same for every version.
@@ -165,9 +151,6 @@ func (g *Generator) Set(typeURL, member string) (Set, error) {
 		if distributed, err = g.policyEntriesLocked(kind); err != nil {
 			return Set{}, err
 		}
-	}
-	if group == groupNetworking && kindName == kindEnvoyFilter {
-		return *setOf(merge([]*entry{g.gatewayFilter}, distributed)), nil
 	}
 	if group != groupNetworking || kindName != kindServiceEntry {
 		return *setOf(distributed), nil

@@ -3,7 +3,6 @@ package mcp
 import (
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -186,12 +185,6 @@ func TestGeneratorEveryKind(t *testing.T) {
 			continue
 		}
 		set, err := g.Set(typeURL, "")
-		if strings.HasSuffix(typeURL, "/EnvoyFilter") {
-			if err != nil || len(set.Resources) != 1 {
-				t.Errorf("Set(%s) = %d resources, %v; want the gateway filter alone", typeURL, len(set.Resources), err)
-			}
-			continue
-		}
 		if err != nil || len(set.Resources) != 0 || set.Version == "" {
 			t.Errorf("Set(%s) = %d resources, version %q, %v; want an empty list with a version", typeURL, len(set.Resources), set.Version, err)
 		}

@@ -161,11 +161,13 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 }
 
 // startDemoGateway runs a network's east-west gateway in its namespace: a
-// real Envoy shaped as istiod builds an AUTO_PASSTHROUGH gateway and as the
-// hub's EnvoyFilter leaves it (envoy.PassthroughGateway with h2): Istio's
-// SNI of the echo Service, with Istio's mTLS ALPNs or h2, passed without
-// terminating TLS to the backends of the network's members. A refused
-// connection shows as the calling client's error. It stops when ctx ends.
+// real Envoy shaped as istiod builds an AUTO_PASSTHROUGH gateway and as
+// deploy/eastwest-proxyless-alpn.yaml leaves it (envoy.PassthroughGateway
+// with h2; the demo's backends are proxyless servers, which require the
+// mesh's mTLS themselves): Istio's SNI of the echo Service, with Istio's
+// mTLS ALPNs or h2, passed without terminating TLS to the backends of the
+// network's members. A refused connection shows as the calling client's
+// error. The caller stops it (ctx bounds only its start).
 func startDemoGateway(ctx context.Context, cfg workloadsConfig, nw demoNetwork) (*envoy.Process, error) {
 	sni := xdsgen.SNI(cfg.host, demoEchoPort)
 	if sni == "" {

@@ -69,7 +69,10 @@ const (
 // pods run as (MeshAccounts) is charged to the source, the member and that
 // account, apart from every other token; only tokens claiming the same
 // account share its budget, and a source gets at most one budget per
-// account the member's mesh runs, so the reviews it can cause stay bounded.
+// account the member's mesh runs, and all its account budgets for a member
+// share a ceiling (accountFailures: AccountFailureBurst at once, then
+// AccountFailureRate a second), so the reviews it can cause stay bounded
+// however many accounts it names.
 type TokenAuth struct {
 	reviewer TokenReviewer
 	td       func() string
@@ -78,10 +81,13 @@ type TokenAuth struct {
 	rejected *ttlcache.Cache[[32]byte, error]
 	slots    *reviewSlots
 	failures *sourceLimiter
-	accounts MeshAccounts // nil: every token is charged to its source and member
-	now      func() time.Time
-	reviews  *prometheus.CounterVec // TokenReviews sent, by result
-	refusals *prometheus.CounterVec // tokens refused without a review, by reason
+	// accountFailures is the ceiling of a source's account budgets per
+	// member (the key source, member).
+	accountFailures *sourceLimiter
+	accounts        MeshAccounts // nil: every token is charged to its source and member
+	now             func() time.Time
+	reviews         *prometheus.CounterVec // TokenReviews sent, by result
+	refusals        *prometheus.CounterVec // tokens refused without a review, by reason
 }
 
 // reviewed is an accepted token's identity and when its member said so.
@@ -106,6 +112,11 @@ const (
 	TokenFailureBurst = 20
 	TokenFailureEvery = time.Second
 	maxTokenSources   = 10000
+
+	// AccountFailureBurst and AccountFailureRate bound the rejected tokens
+	// a source may cause for one member over all the accounts it claims.
+	AccountFailureBurst = 10 * TokenFailureBurst
+	AccountFailureRate  = 10 // per second
 )
 
 // Label values of hub_token_reviews_total and hub_token_refusals_total.
@@ -125,11 +136,12 @@ const (
 func NewTokenAuth(r TokenReviewer, td func() string, scope *Scope) *TokenAuth {
 	a := &TokenAuth{
 		reviewer: r, td: td, scope: scope,
-		accepted: ttlcache.New[[32]byte, reviewed](10000, tokenAcceptedTTL),
-		rejected: ttlcache.New[[32]byte, error](10000, tokenRejectedTTL),
-		slots:    newReviewSlots(TokenReviewsPerMember, TokenReviewsOverall),
-		failures: newSourceLimiter(rate.Every(TokenFailureEvery), TokenFailureBurst, maxTokenSources),
-		now:      time.Now,
+		accepted:        ttlcache.New[[32]byte, reviewed](10000, tokenAcceptedTTL),
+		rejected:        ttlcache.New[[32]byte, error](10000, tokenRejectedTTL),
+		slots:           newReviewSlots(TokenReviewsPerMember, TokenReviewsOverall),
+		failures:        newSourceLimiter(rate.Every(TokenFailureEvery), TokenFailureBurst, maxTokenSources),
+		accountFailures: newSourceLimiter(rate.Limit(AccountFailureRate), AccountFailureBurst, maxTokenSources),
+		now:             time.Now,
 		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_token_reviews_total",
 			Help: "TokenReviews the hub sent to members for service-account tokens (CA and mTLS xDS), by result: accepted, rejected, unavailable (no answer in time).",
@@ -184,11 +196,12 @@ func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, max
 	// reviews in that member only, not those of its neighbours behind the
 	// same address naming others.
 	source := sourceOf(ctx)
-	charged := source + "\x00" + cluster
+	sourceMember := source + "\x00" + cluster
+	charged, ceiling := sourceMember, ""
 	if ns, sa, ok := claimedAccount(token); ok && a.accounts != nil && a.accounts.RunsMeshAccount(cluster, ns, sa) {
-		charged += "\x00" + ns + "/" + sa
+		charged, ceiling = sourceMember+"\x00"+ns+"/"+sa, sourceMember
 	}
-	if !a.failures.mayFail(charged) {
+	if !a.failures.mayFail(charged) || ceiling != "" && !a.accountFailures.mayFail(ceiling) {
 		a.refusals.WithLabelValues(tokenRefusedRateLimited).Inc()
 		return Identity{}, &RateLimitedError{fmt.Sprintf("too many rejected service-account tokens from %s for member %s (at most %d, then one every %s): not reviewed",
 			source, clip.String(cluster, 64), TokenFailureBurst, TokenFailureEvery)}
@@ -210,6 +223,9 @@ func (a *TokenAuth) Authenticate(ctx context.Context, cluster, token string, max
 		// expired): no caller may go on believing an earlier yes.
 		a.reviews.WithLabelValues(tokenReviewRejected).Inc()
 		a.failures.failed(charged)
+		if ceiling != "" {
+			a.accountFailures.failed(ceiling)
+		}
 		a.accepted.Remove(key)
 		a.rejected.Add(key, err)
 		return Identity{}, err

@@ -153,3 +153,36 @@ func TestClaimedAccount(t *testing.T) {
 		}
 	}
 }
+
+// A source that claims many mesh accounts of one member, each with made-up
+// tokens, causes at most AccountFailureBurst reviews at once over them all.
+func TestAccountBudgetsShareACeiling(t *testing.T) {
+	accounts := map[string]bool{}
+	for i := range 30 {
+		accounts[fmt.Sprintf("shop/sa%d", i)] = true
+	}
+	var reviews int
+	r := meshReviewer{accounts: accounts}
+	a := NewTokenAuth(reviewerCounting{r, &reviews}, func() string { return "example.org" }, nil)
+	a.accounts = r
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 40000}})
+	for i := range 30 {
+		for j := range TokenFailureBurst + 1 {
+			_, _ = a.Authenticate(ctx, "west", fakeToken(fmt.Sprintf("system:serviceaccount:shop:sa%d", i), fmt.Sprint(j)), 0)
+		}
+	}
+	if reviews > AccountFailureBurst+1 {
+		t.Errorf("%d reviews for made-up tokens over 30 accounts; want at most %d", reviews, AccountFailureBurst+1)
+	}
+}
+
+// reviewerCounting counts the reviews a reviewer is asked for.
+type reviewerCounting struct {
+	r TokenReviewer
+	n *int
+}
+
+func (c reviewerCounting) ReviewToken(ctx context.Context, cluster, token string) (string, string, error) {
+	*c.n++
+	return c.r.ReviewToken(ctx, cluster, token)
+}

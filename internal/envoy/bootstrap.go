@@ -330,8 +330,9 @@ var IstioMTLSALPN = []string{"istio", "istio-peer-exchange", "istio-http/1.0", "
 // filter chain per server name (routes: SNI → cluster) that also matches
 // IstioMTLSALPN and extraALPN, proxying the connection to the cluster
 // without terminating TLS. A connection whose SNI or ALPN matches no chain
-// is closed. With extraALPN "h2" it is the gateway as the hub's EnvoyFilter
-// leaves it (mcp.GatewayFilterName), which proxyless gRPC clients cross.
+// is closed. With extraALPN "h2" it is the gateway as
+// deploy/eastwest-proxyless-alpn.yaml leaves it, which proxyless gRPC
+// clients cross.
 func PassthroughGateway(name, addr string, port uint32, routes map[string]string, extraALPN ...string) *listenerv3.Listener {
 	l := &listenerv3.Listener{
 		Name:    name,
