@@ -23,6 +23,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
@@ -353,10 +354,10 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return undo(err)
 	}
-	if err := check(ctx, o.Member.Config, cred.Token); err != nil {
+	if err := check(ctx, o.Member.Config, cred.Token, rbac.ServiceAccount.Namespace); err != nil {
 		return undo(err)
 	}
-	o.progress("the new token works against the member's API server")
+	o.progress("the new token works against the member's API server, which enforces %s for it", WritesPolicy)
 	if o.Secrets == nil {
 		return &Result{Credential: cred, Kubeconfig: kubeconfig}, nil
 	}
@@ -420,7 +421,7 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 
 // check proves a token authenticates at the member's API server and may
 // do what the hub does first: list Services.
-func check(ctx context.Context, operator *rest.Config, token string) error {
+func check(ctx context.Context, operator *rest.Config, token, namespace string) error {
 	cfg := rest.AnonymousClientConfig(operator)
 	cfg.BearerToken = token
 	c, err := kubernetes.NewForConfig(cfg)
@@ -430,8 +431,39 @@ func check(ctx context.Context, operator *rest.Config, token string) error {
 	if _, err := c.CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		return fmt.Errorf("the new token does not list the member's Services: %w", err)
 	}
-	return nil
+	// The token is handed to nobody before the member's API server
+	// enforces WritesPolicy for it: its admission plugin loads a policy a
+	// moment after it is applied, and until then the token may write any
+	// Service its Role allows. A dry-run write the policy forbids runs
+	// admission and changes nothing.
+	probe := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "hub-register-policy-probe"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "probe", Port: 1}}}}
+	deadline := time.Now().Add(policyWait)
+	for {
+		_, err := c.CoreV1().Services(namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), WritesPolicy) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the member's API server does not enforce the admission policy %s for the new token after %s (a dry-run create of %s/%s it forbids: %v)",
+				WritesPolicy, policyWait, namespace, probe.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
+
+// WritesPolicy is the ValidatingAdmissionPolicy of
+// deploy/remote-member-rbac.yaml that lets the member identity write only
+// the hub's gateway Services; policyWait is how long a registration waits
+// for the member's API server to enforce it.
+const (
+	WritesPolicy = "hub-remote-member-writes"
+	policyWait   = 30 * time.Second
+)
 
 // undoRotation undoes a rotation the hub was not seen to take (why): the
 // previous kubeconfig is written back and, once the hub is seen running

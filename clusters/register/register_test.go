@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/deploy"
 )
 
 func TestLoadMemberRBAC(t *testing.T) {
@@ -324,5 +325,13 @@ func TestWithSubject(t *testing.T) {
 		if len(got) != 2 || got[1].Name != legacyServiceAccount.Name || got[1].Namespace != legacyServiceAccount.Namespace || len(orig) != 1 {
 			t.Errorf("%T subjects %v (the file's %v); want the file's and %s", obj, got, orig, legacyServiceAccount)
 		}
+	}
+}
+
+// The policy a registration waits for is the one the member RBAC file
+// installs.
+func TestWritesPolicyIsTheFiles(t *testing.T) {
+	if !strings.Contains(string(deploy.RemoteMemberRBAC), "kind: ValidatingAdmissionPolicy\nmetadata:\n  name: "+WritesPolicy+"\n") {
+		t.Errorf("deploy/remote-member-rbac.yaml installs no ValidatingAdmissionPolicy named %s", WritesPolicy)
 	}
 }
