@@ -212,17 +212,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo-grpc", "grpc", grpcPort, grpcB); err != nil {
 		t.Fatal(err)
 	}
-	gwSvc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway",
-			Labels: map[string]string{"topology.istio.io/network": "net-east"}},
-		Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayIP}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
-	}
-	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gwSvc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gwSvc.Name, metav1.DeleteOptions{})
-	})
+	eastWestGatewayService(t, ec, "istio-eastwestgateway", "net-east", gatewayIP)
 
 	hubNS := hubNamespace(t, home)
 	// East's gateway runs in istio-system, as Istio installs it: its

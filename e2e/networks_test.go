@@ -130,18 +130,7 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	// east's east-west gateway, as Istio's gen-eastwest-gateway.sh makes it
 	// (here with an external IP that nothing ever dials).
 	ec := client(t, east)
-	gw := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway-" + rand.String(4),
-			Labels: map[string]string{"topology.istio.io/network": "net-east"}},
-		Spec: corev1.ServiceSpec{ExternalIPs: []string{"198.19.60.7"},
-			Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
-	}
-	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gw, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
-	})
+	gw := eastWestGatewayService(t, ec, "istio-eastwestgateway-"+rand.String(4), "net-east", "198.19.60.7")
 	const tenantIP = "198.19.60.66"
 	tenant := "aaa-tenant-" + rand.String(4)
 	if err := localcluster.EnsureNamespace(ctx, ec, tenant); err != nil {
@@ -231,6 +220,25 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	t.Logf("istiod's EDS for %s on net-west: endpoints %v, weights %v, mTLS %v", cluster, line.Endpoints, line.Weights, line.MTLS)
 }
 
+// eastWestGatewayService creates a network's east-west gateway Service in
+// kc's istio-system, as Istio's gen-eastwest-gateway.sh makes it: labelled
+// with the network, port 15443, ip as its external IP. It is removed when
+// the test ends.
+func eastWestGatewayService(t *testing.T, kc kubernetes.Interface, name, network, ip string) *corev1.Service {
+	t.Helper()
+	gw := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: name, Labels: map[string]string{"topology.istio.io/network": network}},
+		Spec:       corev1.ServiceSpec{ExternalIPs: []string{ip}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := kc.CoreV1().Services("istio-system").Create(testContext(t), gw, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kc.CoreV1().Services("istio-system").Delete(context.Background(), gw.Name, metav1.DeleteOptions{})
+	})
+	return gw
+}
+
 // removeOnCleanup deletes a Service the hub writes into istio-system when
 // the test ends; call it before starting the hub, so that it runs after
 // the hub stopped (else the hub would write it again).
@@ -307,21 +315,11 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// B's gateway: a real Envoy as istiod builds it and the hub's
-	// EnvoyFilter leaves it (h2 beside Istio's ALPNs).
+	// B's gateway: a real Envoy as istiod builds it and as
+	// deploy/eastwest-proxyless-alpn.yaml leaves it (h2 beside Istio's
+	// ALPNs; B's servers are proxyless).
 	gw := startPassthroughGateway(t, envoyBin(t), netB.name, gatewayIP, 15443, map[string]*net.TCPAddr{sni: backendTCP}, "h2")
-	ec := client(t, east)
-	gwSvc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway-" + rand.String(4),
-			Labels: map[string]string{"topology.istio.io/network": "net-east"}},
-		Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayIP}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
-	}
-	if _, err := ec.CoreV1().Services("istio-system").Create(ctx, gwSvc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ec.CoreV1().Services("istio-system").Delete(context.Background(), gwSvc.Name, metav1.DeleteOptions{})
-	})
+	eastWestGatewayService(t, client(t, east), "istio-eastwestgateway-"+rand.String(4), "net-east", gatewayIP)
 
 	// Network A has no route to B's workloads.
 	if c, err := net.DialTimeout("tcp", backendAddr, 2*time.Second); err == nil {

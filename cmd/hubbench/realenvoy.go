@@ -348,18 +348,8 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	}
 	wg.Wait()
 	close(errc)
-	var errs []error
-	for err := range errc {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		if e := h.exited(); e != nil {
-			errs = append(errs, e)
-		}
-		if len(errs) > 5 {
-			errs = append(errs[:5], fmt.Errorf("and %d more", len(errs)-5))
-		}
-		return errors.Join(errs...)
+	if err := fleetError(errc, h); err != nil {
+		return err
 	}
 	if err := connectCtx.Err(); err != nil {
 		return fmt.Errorf("starting the Envoys: %w", err)
@@ -516,6 +506,25 @@ func waitEnvoyHolds(ctx context.Context, e *realEnvoy, want map[string]bool) (in
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// fleetError joins the Envoys' errors (the first five, and how many more),
+// with the server's exit if it exited; nil when there are none.
+func fleetError(errc <-chan error, h *hubProcess) error {
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	if e := h.exited(); e != nil {
+		errs = append(errs, e)
+	}
+	if len(errs) > 5 {
+		errs = append(errs[:5], fmt.Errorf("and %d more", len(errs)-5))
+	}
+	return errors.Join(errs...)
 }
 
 // fleetNacks sums every Envoy's update_rejected stats and warming

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -92,12 +91,8 @@ func realEnvoyBulk(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	b.APIWriteSeconds = time.Since(start).Seconds()
 	wg.Wait()
 	close(errc)
-	var errs []error
-	for err := range errc {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs[:min(len(errs), 5)]...)
+	if err := fleetError(errc, h); err != nil {
+		return nil, err
 	}
 	b.EnvoyConverge = percentiles(per)
 	b.ConvergeSeconds = b.EnvoyConverge.MaxMs / 1000
