@@ -322,34 +322,25 @@ func (g *Generator) sortedEntriesLocked(member string) []*entry {
 // deterministic marshals maps in key order: equal content, equal bytes.
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// contentVersion hashes what istiod compares a ServiceEntry by.
-func contentVersion(se *serviceEntry) (string, error) {
-	v, err := objectVersion(se.spec, se.labels, se.created)
-	if err != nil {
-		return "", fmt.Errorf("ServiceEntry %s/%s: %w", se.namespace, se.name, err)
-	}
-	return v, nil
-}
-
-// objectVersion hashes what istiod compares an object by: its spec and
+// contentVersion hashes what istiod compares an object by: its spec and
 // labels, and its creation time when known (istiod takes a new
 // create_time only with a new version).
-func objectVersion(spec proto.Message, labels map[string]string, created time.Time) (string, error) {
-	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: labels})
+func contentVersion(se *serviceEntry) (string, error) {
+	meta, err := deterministic.Marshal(&mcpapi.Metadata{Labels: se.labels})
 	if err != nil {
-		return "", fmt.Errorf("marshalling labels: %w", err)
+		return "", fmt.Errorf("marshalling labels of %s/%s: %w", se.namespace, se.name, err)
 	}
-	body, err := deterministic.Marshal(spec)
+	spec, err := deterministic.Marshal(se.spec)
 	if err != nil {
-		return "", fmt.Errorf("marshalling the spec: %w", err)
+		return "", fmt.Errorf("marshalling ServiceEntry %s/%s: %w", se.namespace, se.name, err)
 	}
 	h := sha256.New()
 	h.Write(meta)
 	h.Write([]byte{0})
-	h.Write(body)
-	if !created.IsZero() {
+	h.Write(spec)
+	if !se.created.IsZero() {
 		h.Write([]byte{0})
-		h.Write([]byte(created.UTC().Format(time.RFC3339)))
+		h.Write([]byte(se.created.UTC().Format(time.RFC3339)))
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8]), nil
 }
