@@ -44,9 +44,11 @@ helm-bin:
 envoy-bin:
 	$(ENVOY_BIN)
 
-# Three real local clusters, sample workloads and the hub (bin/hub) on them.
+# Three real local clusters, sample workloads and the hub (bin/hub) on them;
+# the Istio sidecars need istiod and pilot-agent (built once, cached).
 demo: build-demo
-	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) HUB_ENVOY_BIN=$$($(ENVOY_BIN)) ./bin/hubdemo --hub-bin ./bin/hub
+	HUB_K8S_BIN_DIR=$$($(K8S_BIN)) HUB_ENVOY_BIN=$$($(ENVOY_BIN)) HUB_ISTIOD_BIN=$$($(ISTIOD_BIN) | tail -n1) \
+	  HUB_PILOT_AGENT_BIN=$$($(ISTIOD_BIN) pilot-agent | tail -n1) ./bin/hubdemo --hub-bin ./bin/hub
 
 # gofmt, vet, staticcheck, and no tracked file over 1 MiB or compiled.
 lint:

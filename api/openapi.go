@@ -138,9 +138,11 @@ var openAPI = obj{
 				"network": obj{"type": "string", "description": "the member's Istio network (topology.istio.io/network on istio-system)"},
 				"gateways": obj{"type": "array", "description": "east-west gateways into the member's network: its Services labelled with the network on port 15443 (or networking.istio.io/gatewayPort), and the remote Secret's hub.federation/gateways", "items": obj{"type": "object", "properties": obj{
 					"address": str(), "port": integer(), "source": obj{"type": "string", "description": "service <namespace>/<name>, or secret annotation"},
+					"proxyless": obj{"type": "boolean", "description": "it admits proxyless gRPC (h2; annotation hub.federation/proxyless-alpn=true, after deploy/eastwest-proxyless-alpn.yaml): only such gateways reach proxyless clients of other networks"},
 				}}},
 				"gatewaysRefused":      obj{"type": "array", "items": str(), "description": "why gateways were not accepted (another network's label, no address, a hostname, a malformed annotation)"},
 				"crossNetworkWithheld": obj{"type": "integer", "description": "endpoints proxies on other networks do not get: all of them when no member of its network has a gateway, else those that are not Istio mTLS"},
+				"proxylessWithheld":    obj{"type": "integer", "description": "endpoints proxyless gRPC clients on other networks do not get: crossNetworkWithheld, or all of them when no gateway of its network admits proxyless gRPC (gateways[].proxyless)"},
 				"gatewayServices":      obj{"type": "array", "items": str(), "description": "Services the hub wrote into the member's istio-system so that its istiod knows the other networks' gateways"},
 				"gatewayServicesError": obj{"type": "string", "description": "why the last write of those Services failed (absent: it did not)"},
 				"demoted":              obj{"type": "string", "description": "why the member's endpoints are served one priority behind the healthy members' (absent: they are not)"},

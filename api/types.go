@@ -58,6 +58,10 @@ type Cluster struct {
 	// CrossNetworkWithheld counts the member's endpoints that proxies on
 	// other networks do not get (no gateway, or not Istio mTLS).
 	CrossNetworkWithheld int `json:"crossNetworkWithheld"`
+	// ProxylessWithheld counts the member's endpoints that proxyless gRPC
+	// clients on other networks do not get (also when no gateway of its
+	// network admits them).
+	ProxylessWithheld int `json:"proxylessWithheld"`
 	// GatewayServices are the Services the hub wrote into the member's
 	// istio-system for its istiod (other networks' gateways), and
 	// GatewayServicesError why the last write failed.
@@ -122,6 +126,8 @@ type Gateway struct {
 	Address string `json:"address"`
 	Port    int32  `json:"port"`
 	Source  string `json:"source"`
+	// Proxyless says it admits proxyless gRPC (clusters.AnnotationProxylessALPN).
+	Proxyless bool `json:"proxyless,omitempty"`
 }
 
 // ToCluster converts a member status.
@@ -130,7 +136,7 @@ func ToCluster(st clusters.Status) Cluster {
 		ID: st.ID, Secret: st.Secret, State: string(st.State), Message: st.Message,
 		Server: st.Server, KubeconfigSHA256: st.KubeconfigSHA256, Services: st.Services, Endpoints: st.Endpoints, LastSyncTime: timePtr(st.LastSyncTime),
 		Warnings: st.Warnings, Network: st.Network, GatewaysRefused: st.GatewaysRefused, GatewaysRefusedCount: st.GatewaysRefusedCount,
-		CrossNetworkWithheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
+		CrossNetworkWithheld: st.CrossNetworkWithheld, ProxylessWithheld: st.ProxylessWithheld, Demoted: st.Demoted,
 		GatewayServices: st.GatewayServices, GatewayServicesError: st.GatewayServicesError,
 		WatchScope: st.WatchScope.String(), WatchedNamespaces: st.WatchedNamespaces, WatchRefused: st.WatchRefused,
 		Objects: st.Objects, Credentials: ToCredentialExpiries(st.Credentials),

@@ -774,6 +774,7 @@ func (c *Cluster) statusLocked() Status {
 	}
 	st.Network = c.network()
 	st.CrossNetworkWithheld = c.crossNetworkWithheldLocked(st.Network, st.Endpoints)
+	st.ProxylessWithheld = c.proxylessWithheldLocked(st.Network, st.Endpoints, st.CrossNetworkWithheld)
 	st.Gateways = slices.Clone(c.gateways.gateways)
 	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.gateways.refused), c.gateways.refusedCount
 	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)

@@ -23,6 +23,9 @@ type Gateway struct {
 	// Source says where the hub found it: "service <namespace>/<name>" or
 	// "secret annotation".
 	Source string
+	// Proxyless says it admits proxyless gRPC (AnnotationProxylessALPN):
+	// only then do proxyless clients of other networks get it.
+	Proxyless bool
 }
 
 // String is the gateway's address and port.
@@ -67,6 +70,17 @@ const AnnotationNetwork = "hub.federation/network"
 // says: any tenant of a member can label a Service, and a gateway is the
 // way into the member's network for every other network.
 const AnnotationGatewayNamespaces = "hub.federation/gateway-namespaces"
+
+// AnnotationProxylessALPN ("true") on an east-west gateway Service, or on a
+// remote Secret for the gateways its AnnotationGateways names, says the
+// gateway admits proxyless gRPC: its AUTO_PASSTHROUGH chains also match
+// grpc-go's ALPN h2, which istiod's do not (they match Istio's mTLS ALPNs
+// only) unless deploy/eastwest-proxyless-alpn.yaml is applied to it.
+// Proxyless clients of other networks get only such gateways: through any
+// other their connections would be closed. It is the gateway owner's word
+// about their own gateway (it steers only proxyless traffic into their own
+// network), so a member's Service may say it.
+const AnnotationProxylessALPN = "hub.federation/proxyless-alpn"
 
 // maxGatewayNamespaces bounds AnnotationGatewayNamespaces.
 const maxGatewayNamespaces = 16
@@ -299,7 +313,7 @@ func (v *gatewayView) countRest() {
 
 // serviceGateways lists the gateways one labelled Service offers, or says
 // why it offers none.
-func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, string) {
+func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) (out []Gateway, problem string) {
 	port := int32(DefaultGatewayPort)
 	if s, ok := svc.Labels[LabelGatewayPort]; ok {
 		p, err := strconv.ParseInt(s, 10, 32)
@@ -317,7 +331,6 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 	if sp == nil {
 		return nil, fmt.Sprintf("no port %d", port)
 	}
-	var out []Gateway
 	var hostnames []string
 	addIP := func(ip string, p int32) {
 		g := Gateway{Address: ip, Port: p}
@@ -339,6 +352,13 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 	for _, ip := range svc.Spec.ExternalIPs {
 		addIP(ip, port)
 	}
+	defer func() { // every address of the Service, whichever way it was found
+		if svc.Annotations[AnnotationProxylessALPN] == "true" {
+			for i := range out {
+				out[i].Proxyless = true
+			}
+		}
+	}()
 	if sel, ok := svc.Annotations[AnnotationNodeSelector]; ok && len(out) == 0 && svc.Spec.Type == corev1.ServiceTypeNodePort && sp.NodePort != 0 {
 		var match map[string]string
 		if err := json.Unmarshal([]byte(sel), &match); err != nil {
@@ -365,9 +385,9 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) ([]Gateway, stri
 }
 
 // secretNetworking is what a remote Secret says of its members' network:
-// its AnnotationGateways, AnnotationNetwork and AnnotationGatewayNamespaces,
-// as written.
-type secretNetworking struct{ gateways, network, gatewayNamespaces string }
+// its AnnotationGateways, AnnotationNetwork, AnnotationGatewayNamespaces and
+// AnnotationProxylessALPN, as written.
+type secretNetworking struct{ gateways, network, gatewayNamespaces, proxylessALPN string }
 
 // setSecretNetworking records what the member's remote Secret says of its
 // network: the gateways it names and the network it confirms, and works out
@@ -375,6 +395,9 @@ type secretNetworking struct{ gateways, network, gatewayNamespaces string }
 // the member starts and whenever it reads the Secret.
 func (c *Cluster) setSecretNetworking(s secretNetworking) {
 	gws, err := parseGatewayAnnotation(s.gateways)
+	for i := range gws {
+		gws[i].Proxyless = s.proxylessALPN == "true"
+	}
 	nss, nsErr := parseGatewayNamespaces(s.gatewayNamespaces)
 	var errs []error
 	for _, e := range []error{err, nsErr} {
@@ -494,6 +517,23 @@ func plaintextEndpoints(v *Service) int {
 		}
 	}
 	return n
+}
+
+// proxylessWithheldLocked counts the member's endpoints that proxyless gRPC
+// clients on other networks do not get (Status.ProxylessWithheld): those
+// other proxies do not get, or all of them when its network has gateways
+// but none admits proxyless gRPC (AnnotationProxylessALPN). c.mu must be
+// held.
+func (c *Cluster) proxylessWithheldLocked(network string, endpoints, withheld int) int {
+	if network == "" || withheld == endpoints {
+		return withheld
+	}
+	for _, gws := range [][]Gateway{c.gateways.gateways, c.peerGateways.networks[network]} {
+		if slices.ContainsFunc(gws, func(g Gateway) bool { return g.Proxyless }) {
+			return withheld
+		}
+	}
+	return endpoints
 }
 
 // crossNetworkWithheldLocked counts the member's endpoints that proxies on

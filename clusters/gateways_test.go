@@ -457,6 +457,63 @@ func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
 	}
 }
 
+// TestProxylessGateways: a gateway admits proxyless gRPC only when its
+// Service (or, for the gateways a remote Secret names, the Secret) says
+// so with "true"; a member whose network has gateways, none of them
+// admitting proxyless gRPC, withholds all its endpoints from proxyless
+// clients of other networks, and only the usual ones once one does.
+func TestProxylessGateways(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  bool
+	}{{"true", true}, {"", false}, {"yes", false}, {"false", false}} {
+		svc := gatewayService("ew", "net", func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"203.0.113.8", "203.0.113.9"}
+			if tc.value != "" {
+				s.Annotations = map[string]string{AnnotationProxylessALPN: tc.value}
+			}
+		})
+		gws, problem := serviceGateways(svc, nil)
+		if problem != "" || len(gws) != 2 {
+			t.Fatalf("annotation %q: %v %q", tc.value, gws, problem)
+		}
+		for _, g := range gws {
+			if g.Proxyless != tc.want {
+				t.Errorf("annotation %q: %+v; want Proxyless %v", tc.value, g, tc.want)
+			}
+		}
+	}
+
+	c := &Cluster{id: "m", plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1}}
+	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	withheld := c.crossNetworkWithheldLocked("net-x", 10)
+	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 10 {
+		t.Errorf("no gateway admits proxyless gRPC: %d withheld; want 10", got)
+	}
+	c.peerGateways = peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443, Proxyless: true}}}}
+	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 1 {
+		t.Errorf("another member's gateway admits it: %d withheld; want 1 (the plaintext one)", got)
+	}
+	c.peerGateways, c.gateways = peerGateways{}, gatewayView{}
+	if got := c.proxylessWithheldLocked("net-x", 10, c.crossNetworkWithheldLocked("net-x", 10)); got != 10 {
+		t.Errorf("no gateway at all: %d withheld; want 10", got)
+	}
+	if got := c.proxylessWithheldLocked("", 10, 0); got != 0 {
+		t.Errorf("no network: %d withheld", got)
+	}
+
+	// The Secret's word for the gateways it names.
+	c = &Cluster{id: "m"}
+	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x", proxylessALPN: "true"})
+	if len(c.annotated) != 1 || !c.annotated[0].Proxyless {
+		t.Errorf("Secret with %s=true: %+v", AnnotationProxylessALPN, c.annotated)
+	}
+	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x"})
+	if len(c.annotated) != 1 || c.annotated[0].Proxyless {
+		t.Errorf("Secret without %s: %+v", AnnotationProxylessALPN, c.annotated)
+	}
+}
+
 func inNamespace(ns string, s *corev1.Service) *corev1.Service {
 	s.Namespace = ns
 	return s

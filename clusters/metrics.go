@@ -19,6 +19,8 @@ var (
 		"How long the first full sync of the member's current client took.", []string{"cluster"}, nil)
 	descLastSync = prometheus.NewDesc("hub_cluster_last_sync_timestamp_seconds",
 		"When the member's view last changed or was fully synced.", []string{"cluster"}, nil)
+	descWithheld = prometheus.NewDesc("hub_cluster_cross_network_withheld_endpoints",
+		"Endpoints of a member that clients on other networks do not get, by client: all (no gateway, or not Istio mTLS) or proxyless (also when no gateway of its network admits proxyless gRPC: annotation hub.federation/proxyless-alpn).", []string{"cluster", "clients"}, nil)
 	descGatewaysRefused = prometheus.NewDesc("hub_cluster_gateways_refused",
 		"East-west gateways (or gateway Services) of a member the hub refuses now: outside the gateway namespaces, another network, no address, over the cap, ...; the reasons are in GET /api/v1/clusters/{id}.", []string{"cluster"}, nil)
 )
@@ -28,7 +30,7 @@ var (
 type registryCollector struct{ r *Registry }
 
 func (c registryCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descState, descObjects, descServices, descEndpoints, descSyncDuration, descLastSync, descGatewaysRefused} {
+	for _, d := range []*prometheus.Desc{descState, descObjects, descServices, descEndpoints, descSyncDuration, descLastSync, descGatewaysRefused, descWithheld} {
 		ch <- d
 	}
 }
@@ -51,6 +53,8 @@ func (c registryCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(st.Services), cl.id)
 		ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(st.Endpoints), cl.id)
 		ch <- prometheus.MustNewConstMetric(descGatewaysRefused, prometheus.GaugeValue, float64(st.GatewaysRefusedCount), cl.id)
+		ch <- prometheus.MustNewConstMetric(descWithheld, prometheus.GaugeValue, float64(st.CrossNetworkWithheld), cl.id, "all")
+		ch <- prometheus.MustNewConstMetric(descWithheld, prometheus.GaugeValue, float64(st.ProxylessWithheld), cl.id, "proxyless")
 		if !st.LastSyncTime.IsZero() {
 			ch <- prometheus.MustNewConstMetric(descSyncDuration, prometheus.GaugeValue, st.SyncDuration.Seconds(), cl.id)
 			ch <- prometheus.MustNewConstMetric(descLastSync, prometheus.GaugeValue, float64(st.LastSyncTime.Unix()), cl.id)

@@ -78,9 +78,10 @@ type viewEndpoint struct {
 }
 
 type viewGateway struct {
-	Address string `json:"a"`
-	Port    int32  `json:"p"`
-	Source  string `json:"s,omitempty"`
+	Address   string `json:"a"`
+	Port      int32  `json:"p"`
+	Source    string `json:"s,omitempty"`
+	Proxyless bool   `json:"x,omitempty"`
 }
 
 // encodeView returns the canonical encoding of services and its SHA-256

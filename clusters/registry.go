@@ -356,7 +356,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
 		ann = readIdentityAnnotations(secret)
 		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork],
-			gatewayNamespaces: secret.Annotations[AnnotationGatewayNamespaces]}
+			gatewayNamespaces: secret.Annotations[AnnotationGatewayNamespaces], proxylessALPN: secret.Annotations[AnnotationProxylessALPN]}
 		scope, scopeErr = readWatchScope(secret.Annotations)
 	}
 

@@ -202,6 +202,11 @@ type Status struct {
 	// on which no member has a gateway, else those that do not accept
 	// Istio mTLS.
 	CrossNetworkWithheld int
+	// ProxylessWithheld counts the member's endpoints that proxyless gRPC
+	// clients on other networks do not get: those of CrossNetworkWithheld,
+	// or all of them when no gateway of its network admits proxyless gRPC
+	// (AnnotationProxylessALPN).
+	ProxylessWithheld int
 	// GatewayServices are the Services the hub wrote into the member's
 	// istio-system for its istiod (other networks' gateways), and
 	// GatewayServicesError why the last attempt failed ("" when it did not).

@@ -119,7 +119,7 @@ func TestPilotAgentRotationKeepsMTLSCallsFlowing(t *testing.T) {
 	eventually(t, 3*time.Minute, func() error {
 		for a, leaf := range first {
 			if !a.alive() {
-				t.Fatalf("pilot-agent %s exited: %v", a.Name, a.exitErr)
+				t.Fatalf("%s: %v", a.Name, a.Exited())
 			}
 			if c, err := x509.ParseCertificate(a.certChain(t)[0]); err != nil || c.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
 				return fmt.Errorf("agent %s has not rotated its certificate yet (%v)", a.Name, err)

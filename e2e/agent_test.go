@@ -287,7 +287,7 @@ func TestPilotAgentRotatesCertificate(t *testing.T) {
 	for i := 1; i <= rotations; i++ {
 		eventually(t, 3*ttl, func() error {
 			if !a.alive() {
-				t.Fatalf("pilot-agent exited: %v", a.exitErr)
+				t.Fatal(a.Exited())
 			}
 			if c, err := x509.ParseCertificate(a.certChain(t)[0]); err != nil || c.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
 				return fmt.Errorf("rotation %d: cert-chain.pem still holds serial %x (%v)", i, leaf.SerialNumber, err)

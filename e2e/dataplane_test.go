@@ -43,6 +43,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/deploy"
 	"github.com/hubmesh/hub/internal/envoy"
+	"github.com/hubmesh/hub/internal/istiod"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -148,12 +149,6 @@ func applyManifest(t *testing.T, c *localcluster.Cluster, gvr schema.GroupVersio
 	applyIstioObject(t, c, gvr, u.GetKind(), u.GetNamespace(), u.GetName(), obj["spec"].(map[string]any))
 }
 
-// upstreamEnvoyIstiod is what a member istiod needs to configure upstream
-// Envoy (the PyPI build, without Istio's own filters): no metadata
-// exchange filters and no istio.alpn filter. The mesh config sets no
-// default metrics provider, so no stats filter is added either.
-var upstreamEnvoyIstiod = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILOT_ENABLE_ALPN_FILTER=false"}
-
 // TestSidecarsAcrossNetworksThroughRealGateway: west (network A, the test's
 // own network namespace) and east (network B, a namespace of its own that
 // A reaches only at the gateway's address) each run a real istiod fed by
@@ -167,10 +162,13 @@ var upstreamEnvoyIstiod = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILO
 // caller's SPIFFE ID from the hub's CA. Neither istiod's proxies NACK.
 //
 // Proxyless gRPC and the same real gateway: istiod's chains admit only
-// Istio's mTLS ALPNs and grpc-go offers h2, so a hub-fed grpc-go client in
-// west is refused (no_filter_chain_match) calling a hub-fed grpc-go server
-// in east; with deploy/eastwest-proxyless-alpn.yaml applied in east its
-// calls cross, and a client of another ALPN is still refused.
+// Istio's mTLS ALPNs and grpc-go offers h2. Until east's gateway Service
+// says it admits proxyless gRPC (hub.federation/proxyless-alpn), the hub
+// sends a hub-fed grpc-go client in west none of east's endpoints and
+// says why (API, metric); annotated without deploy/eastwest-proxyless-alpn.yaml,
+// the real gateway refuses the client (no_filter_chain_match); with it
+// applied in east its calls cross, and a client of another ALPN is still
+// refused.
 func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	istiodBin(t)
 	pilotAgentBin(t)
@@ -212,7 +210,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	if err := localcluster.ApplyClusterIPService(ctx, ec, ns, "echo-grpc", "grpc", grpcPort, grpcB); err != nil {
 		t.Fatal(err)
 	}
-	eastWestGatewayService(t, ec, "istio-eastwestgateway", "net-east", gatewayIP)
+	eastWestGatewayService(t, ec, "istio-eastwestgateway", "net-east", gatewayIP, nil)
 
 	hubNS := hubNamespace(t, home)
 	// East's gateway runs in istio-system, as Istio installs it: its
@@ -234,8 +232,8 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	})
 	rootsPEM := hubRootsPEM(t, h, td)
 	sources := []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(h.addrs["xds-tls"], rootsPEM)}
-	westIstiod := startIstiod(t, west, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Env: upstreamEnvoyIstiod})
-	eastIstiod := startIstiod(t, east, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Host: hostSide, Env: upstreamEnvoyIstiod})
+	westIstiod := startIstiod(t, west, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Env: istiod.UpstreamEnvoyEnv})
+	eastIstiod := startIstiod(t, east, istiodOptions{ConfigSources: sources, TrustDomain: td.Name(), Host: hostSide, Env: istiod.UpstreamEnvoyEnv})
 	host := "echo." + ns + ".svc.clusterset.local"
 	grpcHost := "echo-grpc." + ns + ".svc.clusterset.local"
 	westIstiod.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
@@ -408,6 +406,39 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	before := refused()
 	plCaller := startChild(t, "xdsclient", clientTargetEnv+"="+target, clientCredsEnv+"=xds", "GRPC_EXPERIMENTAL_XDS_SNI=true", clientLoadEnv+"=3s",
 		"GRPC_XDS_BOOTSTRAP="+workloadFiles(t, ca, rootsPEM, spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/caller"), west.Name, dataPlaneIP(t), h.xdsAddr))
+	// No gateway of east's network says it admits proxyless gRPC: the hub
+	// sends the proxyless client none of east's endpoints (rather than a
+	// gateway that would close its connections), and says so in the API
+	// and a metric.
+	eventually(t, 60*time.Second, func() error {
+		c := h.clusters(t)[east.Name]
+		if c.ProxylessWithheld == 0 || c.ProxylessWithheld <= c.CrossNetworkWithheld {
+			return fmt.Errorf("east: %d endpoints withheld from proxyless clients, %d from all; want more from proxyless", c.ProxylessWithheld, c.CrossNetworkWithheld)
+		}
+		if m := metric(t, h, `hub_cluster_cross_network_withheld_endpoints{clients="proxyless",cluster="`+east.Name+`"}`); m != strconv.Itoa(c.ProxylessWithheld) {
+			return fmt.Errorf("metric of east's endpoints withheld from proxyless clients: %q; want %d", m, c.ProxylessWithheld)
+		}
+		if plCaller.errs.Load() == 0 {
+			return errors.New("the proxyless client has not failed a call yet")
+		}
+		return nil
+	})
+	if n, r := plCaller.oks.Load(), refused(); n > 0 || r != before {
+		t.Fatalf("without a gateway admitting it, grpc-go made %d calls and the gateway refused %d connections; want none", n, r-before)
+	}
+
+	// East's gateway Service says it admits proxyless gRPC, but istiod's
+	// chains do not match h2 yet: the hub sends the gateway, which closes
+	// grpc-go's connections (no_filter_chain_match). This is why the
+	// annotation follows the EnvoyFilter, never precedes it.
+	gwSvc, err := ec.CoreV1().Services("istio-system").Get(ctx, "istio-eastwestgateway", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwSvc.Annotations = map[string]string{clusters.AnnotationProxylessALPN: "true"}
+	if _, err := ec.CoreV1().Services("istio-system").Update(ctx, gwSvc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, 90*time.Second, func() error {
 		if n := plCaller.oks.Load(); n > 0 {
 			t.Fatalf("grpc-go crossed istiod's gateway %d times without the EnvoyFilter", n)
@@ -417,6 +448,9 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 		}
 		return nil
 	})
+	if c := h.clusters(t)[east.Name]; c.ProxylessWithheld != c.CrossNetworkWithheld || len(c.Gateways) != 1 || !c.Gateways[0].Proxyless {
+		t.Errorf("east with its gateway annotated: %d endpoints withheld from proxyless clients, %d from all, gateways %+v", c.ProxylessWithheld, c.CrossNetworkWithheld, c.Gateways)
+	}
 
 	// deploy/eastwest-proxyless-alpn.yaml, applied in east: the gateway's
 	// chains also admit h2, and grpc-go's calls cross, the server seeing
@@ -646,7 +680,7 @@ func waitProxyReady(t *testing.T, a *agentProcess) {
 	t.Helper()
 	eventually(t, 2*time.Minute, func() error {
 		if !a.alive() {
-			t.Fatalf("pilot-agent %s exited: %v", a.Name, a.exitErr)
+			t.Fatalf("%s: %v", a.Name, a.Exited())
 		}
 		body, err := a.Envoy.Get(testContext(t), "/ready")
 		if err != nil {

@@ -115,7 +115,10 @@ func (d *demoRun) drainTraffic() {
 
 // TestDemo drives the demo itself, as a newcomer runs it (the real
 // hubdemo binary running the real hub binary, its own three real clusters, its network namespace inside the
-// test's, real Chromium): its grpc-go clients' calls succeed over mTLS;
+// test's, real Chromium): its grpc-go clients' calls succeed over mTLS, and
+// so do its real Istio sidecars' (pilot-agent and Envoy configured by a
+// real istiod in west and in east), each reaching the other network's
+// members through that network's real Envoy gateway;
 // east is on a network of its own (a network namespace the others reach
 // only through its east-west gateway, and the other way round); the
 // dashboard shows three members
@@ -137,13 +140,16 @@ func TestDemo(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Fatalf("the demo's workloads need iproute2: %v", err)
 	}
+	istiodBin(t) // the demo's sidecars need istiod, pilot-agent and Envoy
+	pilotAgentBin(t)
+	envoyBin(t)
 	bctx := chromium.Start(t)
 	dir := chromium.Artifacts(t)
 	d := startDemo(t)
 
 	// Traffic flows: every client's calls succeed over mTLS, and stay in
 	// the client's own member (the demo's DestinationRule turns on
-	// locality failover).
+	// locality failover); the sidecars' calls cross networks.
 	waitTraffic(t, d, 3*time.Minute, "every client's calls succeeding in its own member", func(tr map[string]trafficOf) error {
 		return trafficStaysHome(tr, "")
 	})
@@ -163,7 +169,7 @@ func TestDemo(t *testing.T) {
 	// Two networks: east alone on net-east, each with its gateway.
 	eventually(t, 60*time.Second, func() error {
 		cl := h.clusters(t)
-		for id, nw := range map[string]string{"primary": "net-main", "west": "net-main", "east": "net-east"} {
+		for id, nw := range demoNetworkOf {
 			if c := cl[id]; c.Network != nw || len(c.Gateways) != 1 {
 				return fmt.Errorf("member %s: network %q, gateways %v; want %s and its gateway", id, c.Network, c.Gateways, nw)
 			}
@@ -189,7 +195,7 @@ func TestDemo(t *testing.T) {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.proxies[data-cluster=%q][data-count="%d"][data-grpc="%d"]`, id, n, n), 60*time.Second)
 	}
 	// The picture draws the networks and their gateways.
-	for id, nw := range map[string]string{"primary": "net-main", "west": "net-main", "east": "net-east"} {
+	for id, nw := range demoNetworkOf {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-network=%q][data-gateways="1"]`, id, nw), 30*time.Second)
 	}
 	waitSelector(t, bctx, `ul.fed-networks li.network[data-network="net-east"][data-members="1"]`, 10*time.Second)
@@ -298,15 +304,32 @@ func waitTraffic(t *testing.T, d *demoRun, timeout time.Duration, what string, o
 	t.Fatalf("no traffic line within %s shows %s; the last: %v", timeout, what, err)
 }
 
-// trafficStaysHome checks a traffic line of the demo's three clients: all
-// calls succeed over mTLS; each client's calls all reach its own member
-// (client "<member>-1"), but for the demoted member's client, whose calls
-// reach none of its own member's backends and at least one other member.
+// demoNetworkOf is each demo member's network.
+var demoNetworkOf = map[string]string{"primary": "net-main", "west": "net-main", "east": "net-east"}
+
+// trafficStaysHome checks a traffic line of the demo's three proxyless
+// clients and two sidecars: all calls succeed over mTLS; each proxyless
+// client's calls all reach its own member (client "<member>-1"), but for
+// the demoted member's client, whose calls reach none of its own member's
+// backends and at least one other member; each sidecar ("<member>-sidecar",
+// configured by its member's istiod, whose federated host has no locality
+// rule) reaches a member of the other network, through that network's
+// gateway.
 func trafficStaysHome(tr map[string]trafficOf, demoted string) error {
-	if err := trafficFlows(tr, 3, 1); err != nil {
+	if err := trafficFlows(tr, 5, 1); err != nil {
 		return err
 	}
 	for name, c := range tr {
+		if member, ok := strings.CutSuffix(name, "-sidecar"); ok {
+			crossed := false
+			for _, m := range c.reached() {
+				crossed = crossed || demoNetworkOf[m] != demoNetworkOf[member]
+			}
+			if !crossed {
+				return fmt.Errorf("sidecar %s reached %v; want a member of another network too", name, c.share)
+			}
+			continue
+		}
 		home := strings.TrimSuffix(name, "-1")
 		switch {
 		case home == demoted && (c.share[home] > 0 || len(c.reached()) == 0):

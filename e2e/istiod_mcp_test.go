@@ -22,6 +22,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/distribute"
+	"github.com/hubmesh/hub/internal/istiod"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -253,9 +254,7 @@ const hubDNSName = "hub.hub-system.svc"
 // subjectAltNames. The test dials the loopback address, so sni carries the
 // name the certificate is checked for and no resolver is involved.
 func istiodTLSSource(addr string, rootsPEM []byte) istiodConfigSource {
-	return istiodConfigSource{Address: "xds://" + addr, TLSSettings: map[string]any{
-		"mode": "SIMPLE", "caCertificates": string(rootsPEM), "subjectAltNames": []string{hubDNSName}, "sni": hubDNSName,
-	}}
+	return istiod.TLSSource(addr, rootsPEM, hubDNSName)
 }
 
 // TestIstiodTakesFederationOverPlaintext: the plaintext port, for in-cluster

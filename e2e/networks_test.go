@@ -25,6 +25,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -130,7 +131,7 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 	// east's east-west gateway, as Istio's gen-eastwest-gateway.sh makes it
 	// (here with an external IP that nothing ever dials).
 	ec := client(t, east)
-	gw := eastWestGatewayService(t, ec, "istio-eastwestgateway-"+rand.String(4), "net-east", "198.19.60.7")
+	gw := eastWestGatewayService(t, ec, "istio-eastwestgateway-"+rand.String(4), "net-east", "198.19.60.7", nil)
 	const tenantIP = "198.19.60.66"
 	tenant := "aaa-tenant-" + rand.String(4)
 	if err := localcluster.EnsureNamespace(ctx, ec, tenant); err != nil {
@@ -222,13 +223,14 @@ func TestIstiodRoutesAcrossNetworksThroughGateways(t *testing.T) {
 
 // eastWestGatewayService creates a network's east-west gateway Service in
 // kc's istio-system, as Istio's gen-eastwest-gateway.sh makes it: labelled
-// with the network, port 15443, ip as its external IP. It is removed when
-// the test ends.
-func eastWestGatewayService(t *testing.T, kc kubernetes.Interface, name, network, ip string) *corev1.Service {
+// with the network, port 15443, ip as its external IP, with annotations
+// (e.g. clusters.AnnotationProxylessALPN). It is removed when the test ends.
+func eastWestGatewayService(t *testing.T, kc kubernetes.Interface, name, network, ip string, annotations map[string]string) *corev1.Service {
 	t.Helper()
 	gw := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: name, Labels: map[string]string{"topology.istio.io/network": network}},
-		Spec:       corev1.ServiceSpec{ExternalIPs: []string{ip}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: name, Labels: map[string]string{"topology.istio.io/network": network},
+			Annotations: annotations},
+		Spec: corev1.ServiceSpec{ExternalIPs: []string{ip}, Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
 	}
 	if _, err := kc.CoreV1().Services("istio-system").Create(testContext(t), gw, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -319,7 +321,9 @@ func TestProxylessGRPCAcrossNetworks(t *testing.T) {
 	// deploy/eastwest-proxyless-alpn.yaml leaves it (h2 beside Istio's
 	// ALPNs; B's servers are proxyless).
 	gw := startPassthroughGateway(t, envoyBin(t), netB.name, gatewayIP, 15443, map[string]*net.TCPAddr{sni: backendTCP}, "h2")
-	eastWestGatewayService(t, client(t, east), "istio-eastwestgateway-"+rand.String(4), "net-east", gatewayIP)
+	// It admits proxyless gRPC (h2), and says so.
+	eastWestGatewayService(t, client(t, east), "istio-eastwestgateway-"+rand.String(4), "net-east", gatewayIP,
+		map[string]string{clusters.AnnotationProxylessALPN: "true"})
 
 	// Network A has no route to B's workloads.
 	if c, err := net.DialTimeout("tcp", backendAddr, 2*time.Second); err == nil {

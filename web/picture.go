@@ -241,8 +241,12 @@ type picMember struct {
 	// NetGateways says some member of its network has a gateway (the hub
 	// reaches the member through any of them).
 	NetGateways bool
-	Withheld    int    // its endpoints that proxies on other networks do not get
-	Demoted     string // why its endpoints are served behind the healthy members' ("" when they are not)
+	Withheld    int // its endpoints that proxies on other networks do not get
+	// ProxylessWithheld counts those proxyless gRPC clients on other
+	// networks do not get (more than Withheld when no gateway of its
+	// network admits them).
+	ProxylessWithheld int
+	Demoted           string // why its endpoints are served behind the healthy members' ("" when they are not)
 }
 
 // NoGateway says the member is on a network on which no member has an
@@ -253,16 +257,24 @@ func (m picMember) NoGateway() bool { return m.Network != "" && m.Gateways == 0 
 func (m picMember) Networking() bool { return m.Network != "" || m.Gateways > 0 }
 
 // GatewayText is the member's gateway count, e.g. "⇄ 2 gateways", with a
-// "!" when a member on a network has none.
+// "!" when a member on a network has none, or "⇄ 2 gw · ! no gRPC" when
+// none of its network's gateways admits proxyless gRPC.
 func (m picMember) GatewayText() string {
 	switch {
 	case m.NoGateway():
 		return "! no gateway"
 	case m.Gateways == 0:
 		return "no gateway"
+	case m.NoProxyless(): // short: it must fit the card
+		return fmt.Sprintf("⇄ %d gw · ! no gRPC", m.Gateways)
 	}
 	return "⇄ " + plural(m.Gateways, "gateway", "gateways")
 }
+
+// NoProxyless says its network has a gateway that proxyless gRPC clients
+// of other networks cannot use (none admits their ALPN): they get none of
+// its endpoints.
+func (m picMember) NoProxyless() bool { return m.ProxylessWithheld > m.Withheld }
 
 // GatewayMark is the member's gateway count for a dot, e.g. "⇄2".
 func (m picMember) GatewayMark() string { return fmt.Sprintf("⇄%d", m.Gateways) }
@@ -299,6 +311,10 @@ func (m picMember) networking() string {
 	}
 	if m.Withheld > 0 {
 		s += ", " + plural(m.Withheld, "endpoint", "endpoints") + " withheld from other networks"
+	}
+	if m.NoProxyless() {
+		s += ", " + plural(m.ProxylessWithheld, "endpoint", "endpoints") + " withheld from proxyless gRPC clients of other networks: no gateway of its network admits them" +
+			" (deploy/eastwest-proxyless-alpn.yaml, then annotation hub.federation/proxyless-alpn=true on the gateway Service)"
 	}
 	return s
 }
@@ -483,7 +499,7 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 			Home: st.Secret == "", State: string(st.State), Tone: t,
 			Services: st.Services, Endpoints: st.Endpoints, Message: st.Message,
 			Network: st.Network, NetLabel: truncateRunes(st.Network, 14), NetShort: truncateRunes(st.Network, 10),
-			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, Demoted: st.Demoted,
+			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, ProxylessWithheld: st.ProxylessWithheld, Demoted: st.Demoted,
 		})
 	}
 	gatewayed := map[string]bool{} // networks on which a member has a gateway

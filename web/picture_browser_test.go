@@ -140,7 +140,7 @@ func checkNetworks(t *testing.T, ctx context.Context, id string) {
 	type shown struct{ Net, Gateways string }
 	for member, want := range map[string]shown{
 		"primary": {"net-central", "⇄ 1 gateway"}, "west": {"net-west", "⇄ 1 gateway"},
-		"east": {"net-east", "⇄ 1 gateway"}, "north": {"net-dark", "! no gateway"},
+		"east": {"net-east", "⇄ 1 gw · ! no gRPC"}, "north": {"net-dark", "! no gateway"},
 	} {
 		got := chromium.Eval[shown](t, ctx, fmt.Sprintf(`(() => {
 			const g = document.querySelector('svg#%s g.member[data-cluster=%q]');

@@ -104,7 +104,8 @@ func federation(n int) *pictureModels {
 // net-central with a gateway, the members on net-west, net-east and
 // net-central in turn with a gateway each, except every fifth from the
 // third (north), which has none (its endpoints are withheld from other
-// networks), and every ninth from the fifth, which is on no network.
+// networks), and every ninth from the fifth, which is on no network;
+// net-east's gateways do not admit proxyless gRPC.
 func (m *pictureModels) setNetworks() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -112,7 +113,7 @@ func (m *pictureModels) setNetworks() {
 	gw := []clusters.Gateway{{Address: "192.0.2.10", Port: clusters.DefaultGatewayPort, Source: "service istio-system/istio-eastwestgateway"}}
 	for i := range m.members {
 		st := &m.members[i]
-		st.Network, st.Gateways, st.CrossNetworkWithheld = "net-central", gw, 0
+		st.Network, st.Gateways, st.CrossNetworkWithheld, st.ProxylessWithheld = "net-central", gw, 0, 0
 		if i == 0 {
 			continue
 		}
@@ -120,9 +121,12 @@ func (m *pictureModels) setNetworks() {
 		case j%9 == 4:
 			st.Network, st.Gateways = "", nil
 		case j%5 == 2: // a network on which no member has a gateway
-			st.Network, st.Gateways, st.CrossNetworkWithheld = "net-dark", nil, st.Endpoints
+			st.Network, st.Gateways, st.CrossNetworkWithheld, st.ProxylessWithheld = "net-dark", nil, st.Endpoints, st.Endpoints
 		default:
 			st.Network = names[j%3]
+			if st.Network == "net-east" {
+				st.ProxylessWithheld = st.Endpoints
+			}
 		}
 	}
 }

@@ -489,7 +489,7 @@ func TestPictureNetworks(t *testing.T) {
 		t.Errorf("title %q; want it to start with %q", p.Title, want)
 	}
 	for _, want := range []string{"north: Ready", "network net-dark, no east-west gateway, 10 endpoints withheld from other networks",
-		"east: Ready", "network net-east, 1 east-west gateway", "demoted: the member is Stale",
+		"east: Ready", "network net-east, 1 east-west gateway, 8 endpoints withheld from proxyless gRPC clients of other networks: no gateway of its network admits them", "demoted: the member is Stale",
 		"Network net-dark: 1 member, 0 east-west gateways (1 without one"} {
 		if !strings.Contains(p.Desc, want) {
 			t.Errorf("the description lacks %q: %s", want, p.Desc)
@@ -502,7 +502,7 @@ func TestPictureNetworks(t *testing.T) {
 	}{
 		"primary": {"net-central", "net-0", "⇄ 1 gateway", false, false},
 		"west":    {"net-west", "net-3", "⇄ 1 gateway", false, true},
-		"east":    {"net-east", "net-2", "⇄ 1 gateway", false, false},
+		"east":    {"net-east", "net-2", "⇄ 1 gw · ! no gRPC", false, false},
 		"north":   {"net-dark", "net-1", "! no gateway", true, false},
 	}
 	for _, n := range p.Wide {
@@ -526,6 +526,9 @@ func TestPictureNetworks(t *testing.T) {
 			}
 			if v, _ := attr(n, "data-gateways"); v != map[bool]string{true: "0", false: "1"}[w.noGateway] {
 				t.Errorf("%s: %s has data-gateways %q", id, cid, v)
+			}
+			if v, _ := attr(n, "data-no-proxyless"); (v == "true") != (cid == "east") {
+				t.Errorf("%s: %s has data-no-proxyless %q; want it on east alone (its network's gateways do not admit proxyless gRPC)", id, cid, v)
 			}
 			if nets := texts(n, "net-name"); len(nets) != 1 || nets[0] != w.net {
 				t.Errorf("%s: %s shows the network %q; want %q", id, cid, nets, w.net)

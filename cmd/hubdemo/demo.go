@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
 
@@ -147,13 +148,21 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	cfg.kubeconfig = filepath.Join(work, demoClusters[0].name+".kubeconfig")
 
 	var netns map[string]*demoNetns // by network
-	var envoyBin string             // the east-west gateways' Envoy
+	var envoyBin string             // the east-west gateways' and the sidecars' Envoy
+	var istioBins *istioBinaries    // the sidecars' istiod and pilot-agent; nil: no sidecars
 	if opts.traffic {
 		if ok, why := canRunNetns(); !ok {
 			fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
 		} else {
 			if envoyBin, err = envoy.Binary(); err != nil {
 				return fmt.Errorf("the networks' east-west gateways are real Envoys: %w", err)
+			}
+			if bins, err := findIstioBinaries(); err != nil {
+				fmt.Fprintf(os.Stderr, "no Istio sidecars: %v\n", err)
+			} else if cfg.tlsDNSNames == "" {
+				fmt.Fprintln(os.Stderr, "no Istio sidecars: --tls-dns-names is empty (their istiod and agent verify the hub by name)")
+			} else {
+				istioBins = &bins
 			}
 			// Root is not always enough (a container without
 			// CAP_NET_ADMIN, another demo holding the veth address): the
@@ -199,7 +208,8 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 		adminURL = "https://" + addrs["admin"]
 	}
 	home := env.Cluster(demoClusters[0].name)
-	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, hub, netns != nil)
+	sidecars := netns != nil && istioBins != nil && (cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE")
+	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, hub, netns != nil, sidecars)
 
 	// The parts beside the hub; one failing stops the demo.
 	var (
@@ -236,13 +246,20 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 				defer ca.Close()
 			}
 			memberIDs := make([]string, len(demoClusters))
+			restConfigs, kubeconfigs := map[string]*rest.Config{}, map[string][]byte{}
 			for i, dc := range demoClusters {
 				memberIDs[i] = dc.name
+				restConfigs[dc.name], kubeconfigs[dc.name] = env.Cluster(dc.name).RESTConfig(), env.Cluster(dc.name).Kubeconfig()
+			}
+			var sidecars *sidecarsConfig
+			if ca != nil {
+				sidecars = newSidecarsConfig(istioBins, ca, addrs["xds-tls"], strings.Split(cfg.tlsDNSNames, ",")[0], cfg.trustDomain, restConfigs, kubeconfigs)
 			}
 			err := runWorkloads(ctx, workloadsConfig{
-				netns: netns, workloads: demoWorkloads(), hubXDS: addrs["xds"], envoyBin: envoyBin, ca: ca, members: members,
-				dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
-				host: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
+				netns: netns, workloads: demoWorkloads(sidecars != nil), hubXDS: addrs["xds"], envoyBin: envoyBin, ca: ca,
+				sidecars: sidecars, members: members, dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
+				host:        fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
+				sidecarHost: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.federatedDomain),
 			})
 			if err != nil {
 				fail("workloads", err)
@@ -304,9 +321,10 @@ func demoPortsFree(cfg config) error {
 }
 
 // demoWorkloads are the demo's backends (one per member at
-// <ipPrefix>10, and the churned member's second one) and clients (one per
-// member).
-func demoWorkloads() []demoWorkload {
+// <ipPrefix>10, and the churned member's second one), proxyless clients
+// (one per member) and, with sidecars, a sidecar per network
+// (demoSidecarMembers, at <ipPrefix>30).
+func demoWorkloads(sidecars bool) []demoWorkload {
 	var ws []demoWorkload
 	for _, dc := range demoClusters {
 		for _, b := range echoBackends(dc) {
@@ -315,6 +333,11 @@ func demoWorkloads() []demoWorkload {
 	}
 	for _, dc := range demoClusters {
 		ws = append(ws, demoWorkload{role: "client", name: dc.name + "-1", member: dc.name, sa: "client"})
+	}
+	if sidecars {
+		for _, m := range demoSidecarMembers {
+			ws = append(ws, demoWorkload{role: "sidecar", name: m + "-sidecar", member: m, ip: demoSidecarIP(m), sa: "client"})
+		}
 	}
 	return ws
 }
@@ -402,7 +425,7 @@ func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error
 }
 
 // printDemoBanner prints the URLs, credentials and things to try.
-func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, hub *hubProcess, traffic bool) {
+func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, hub *hubProcess, traffic, sidecars bool) {
 	home := env.Cluster(demoClusters[0].name)
 	kubectl := filepath.Join(binDir, "kubectl") + " --kubeconfig " + filepath.Join(work, home.Name+".kubeconfig")
 	fmt.Fprintf(w, `
@@ -438,6 +461,14 @@ hubdemo is running (Ctrl-C stops everything)
 	if traffic {
 		fmt.Fprintf(w, "  workloads:          echo backends in every member and one xds:/// client per member (mTLS mode %s), each network's in a network namespace of its own; logs in %s\n",
 			cfg.mtlsMode, filepath.Join(work, "workloads"))
+	}
+	if sidecars {
+		var names []string
+		for _, m := range demoSidecarMembers {
+			names = append(names, fmt.Sprintf("%s-sidecar (%s)", m, demoNetworkOf(m).name))
+		}
+		fmt.Fprintf(w, "  Istio sidecars:     %s: real pilot-agents running Envoy %s, configured by their member's istiod (reading the federation from the hub over MCP), calling echo.%s.svc.%s\n",
+			strings.Join(names, ", "), envoy.Version, demoNamespace, cfg.federatedDomain)
 	}
 	pid := strconv.Itoa(env.Cluster(demoPauseMember).APIServerPID())
 	if traffic {

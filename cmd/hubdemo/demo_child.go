@@ -31,8 +31,12 @@ const (
 	demoChildEnv  = "HUB_DEMO_CHILD"  // "server" or "client"
 	demoListenEnv = "HUB_DEMO_LISTEN" // server: ip:port to serve on
 	demoMemberEnv = "HUB_DEMO_MEMBER" // server: the member it answers as
-	demoTargetEnv = "HUB_DEMO_TARGET" // client: the xds:/// target it calls
+	demoTargetEnv = "HUB_DEMO_TARGET" // client: the xds:/// target it calls, or its sidecar's outbound address
 	demoRateEnv   = "HUB_DEMO_RATE"   // client: calls per second
+	// demoAuthorityEnv makes a client a sidecar's app: plaintext to the
+	// target (its sidecar's outbound listener) with this :authority (the
+	// host:port the sidecar routes by).
+	demoAuthorityEnv = "HUB_DEMO_AUTHORITY"
 )
 
 // runDemoChild runs the role and returns the process's exit code.
@@ -46,7 +50,7 @@ func runDemoChild(role string) int {
 	case "server":
 		err = runDemoServer(os.Getenv(demoListenEnv), os.Getenv(demoMemberEnv))
 	case "client":
-		err = runDemoClient(os.Getenv(demoTargetEnv), os.Getenv(demoRateEnv))
+		err = runDemoClient(os.Getenv(demoTargetEnv), os.Getenv(demoRateEnv), os.Getenv(demoAuthorityEnv))
 	default:
 		err = fmt.Errorf("unknown demo role %q", role)
 	}
@@ -106,19 +110,24 @@ type demoStats struct {
 	LastError string         `json:"lastError,omitempty"`
 }
 
-// runDemoClient calls target's TestService at about rate calls per second,
-// over xDS credentials (mTLS where the hub's clusters say so), and reports
-// demoStats every second.
-func runDemoClient(target, rate string) error {
+// runDemoClient calls target's TestService at about rate calls per second
+// and reports demoStats every second: over xDS credentials (mTLS where the
+// hub's clusters say so), or, with authority, in plaintext to its sidecar,
+// which carries the call over Istio mTLS.
+func runDemoClient(target, rate, authority string) error {
 	var perSecond int
 	if _, err := fmt.Sscan(rate, &perSecond); err != nil || perSecond <= 0 {
 		return fmt.Errorf("%s=%q: want a positive number", demoRateEnv, rate)
 	}
-	creds, err := xdscreds.NewClientCredentials(xdscreds.ClientOptions{FallbackCreds: insecure.NewCredentials()})
-	if err != nil {
-		return fmt.Errorf("xDS client credentials: %w", err)
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithAuthority(authority)}
+	if authority == "" {
+		creds, err := xdscreds.NewClientCredentials(xdscreds.ClientOptions{FallbackCreds: insecure.NewCredentials()})
+		if err != nil {
+			return fmt.Errorf("xDS client credentials: %w", err)
+		}
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", target, err)
 	}

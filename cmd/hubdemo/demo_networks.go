@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -48,7 +49,7 @@ func demoNetworkOf(member string) demoNetwork {
 // network; on error everything created is removed again.
 func newDemoNetworks(ctx context.Context) (_ map[string]*demoNetns, err error) {
 	ips := map[string][]string{}
-	for _, w := range demoWorkloads() {
+	for _, w := range demoWorkloads(true) {
 		if w.ip != "" {
 			nw := demoNetworkOf(w.member).name
 			ips[nw] = append(ips[nw], w.ip)
@@ -137,9 +138,12 @@ func seedDemoNetwork(ctx context.Context, c kubernetes.Interface, dc demoCluster
 	if _, err := c.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("labelling istio-system with its network: %w", err)
 	}
+	// The demo's gateways also admit proxyless gRPC's h2
+	// (startDemoGateway), and their Services say so.
 	gw := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-eastwestgateway",
-			Labels: map[string]string{"topology.istio.io/network": nw.name, "istio": "eastwestgateway"}},
+			Labels:      map[string]string{"topology.istio.io/network": nw.name, "istio": "eastwestgateway"},
+			Annotations: map[string]string{clusters.AnnotationProxylessALPN: "true"}},
 		Spec: corev1.ServiceSpec{ExternalIPs: []string{nw.gatewayIP},
 			Ports: []corev1.ServicePort{{Name: "tls", Port: demoGatewayPort, Protocol: corev1.ProtocolTCP}}},
 	}

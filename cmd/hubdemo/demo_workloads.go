@@ -32,10 +32,10 @@ import (
 // demoWorkload is one backend ("server") or client of the demo, pretending
 // to run in member as ServiceAccount demo/<sa>.
 type demoWorkload struct {
-	role   string // "server" or "client"
-	name   string // its pod name, e.g. echo-west-1 or west-1 (clients)
+	role   string // "server", "client" (proxyless) or "sidecar" (demo_sidecars.go)
+	name   string // its pod name, e.g. echo-west-1, west-1 (clients) or west-sidecar
 	member string
-	ip     string // server: its address on the namespace's loopback
+	ip     string // server and sidecar: its address on the namespace's loopback
 	sa     string
 }
 
@@ -48,16 +48,18 @@ const (
 
 // workloadsConfig is what runWorkloads needs.
 type workloadsConfig struct {
-	netns     map[string]*demoNetns // by network (demoNetworks)
-	workloads []demoWorkload
-	hubXDS    string  // the hub's plaintext xDS address (on loopback)
-	envoyBin  string  // Envoy, which runs the networks' east-west gateways
-	ca        *demoCA // nil: plaintext workloads
-	members   map[string]kubernetes.Interface
-	dir       string    // where certificates, bootstraps and logs go
-	host      string    // the echo Service's hostname, which the clients call
-	memberIDs []string  // members in display order, for the traffic view
-	out       io.Writer // the traffic view's lines
+	netns       map[string]*demoNetns // by network (demoNetworks)
+	workloads   []demoWorkload
+	hubXDS      string          // the hub's plaintext xDS address (on loopback)
+	envoyBin    string          // Envoy, which runs the east-west gateways and the sidecars
+	ca          *demoCA         // nil: plaintext workloads
+	sidecars    *sidecarsConfig // nil: no sidecars (their workloads are left out)
+	members     map[string]kubernetes.Interface
+	dir         string    // where certificates, bootstraps and logs go
+	host        string    // the echo Service's hostname, which the proxyless clients call
+	sidecarHost string    // echo's federated hostname, which the sidecars call
+	memberIDs   []string  // members in display order, for the traffic view
+	out         io.Writer // the traffic view's lines
 }
 
 // runWorkloads runs the demo's workloads in the network namespace until
@@ -93,13 +95,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		defer func() { _ = gw.Stop() }()
 	}
 
-	var clients []string
-	for _, w := range cfg.workloads {
-		if w.role == "client" {
-			clients = append(clients, w.name)
-		}
-	}
-	view := newTrafficView(cfg.memberIDs, clients)
+	view := newTrafficView(cfg.memberIDs, clientsOf(cfg.workloads))
 	var children []*demoChild
 	defer func() {
 		for _, c := range children {
@@ -107,6 +103,26 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		}
 	}()
 	for _, w := range cfg.workloads {
+		if w.role == "sidecar" {
+			// In the background: a sidecar waits for its istiod and
+			// Envoy, the proxyless workloads need not.
+			parts.Go(func() {
+				s, err := startDemoSidecar(ctx, cfg, w, func(lis net.Listener, target string) {
+					parts.Go(func() { relay(ctx, lis, target) })
+				})
+				if err != nil {
+					if ctx.Err() == nil {
+						fmt.Fprintf(os.Stderr, "hubdemo: %s: %v\n", w.name, err)
+						view.exited(w.name)
+					}
+					return
+				}
+				parts.Go(func() { followClient(s.app, view) })
+				<-ctx.Done()
+				s.stop()
+			})
+			continue
+		}
 		dir := filepath.Join(cfg.dir, w.name)
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
@@ -164,14 +180,19 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 // real Envoy shaped as istiod builds an AUTO_PASSTHROUGH gateway and as
 // deploy/eastwest-proxyless-alpn.yaml leaves it (envoy.PassthroughGateway
 // with h2; the demo's backends are proxyless servers, which require the
-// mesh's mTLS themselves): Istio's SNI of the echo Service, with Istio's
-// mTLS ALPNs or h2, passed without terminating TLS to the backends of the
-// network's members. A refused connection shows as the calling client's
+// mesh's mTLS themselves): Istio's SNIs of the echo Service (by its
+// cluster.local name, which the proxyless clients call, and its federated
+// name, which the sidecars call), with Istio's mTLS ALPNs or h2, passed
+// without terminating TLS to the backends of the network's members. A refused connection shows as the calling client's
 // error. The caller stops it (ctx bounds only its start).
 func startDemoGateway(ctx context.Context, cfg workloadsConfig, nw demoNetwork) (*envoy.Process, error) {
-	sni := xdsgen.SNI(cfg.host, demoEchoPort)
-	if sni == "" {
-		return nil, fmt.Errorf("the echo Service's hostname %q is too long for a server name", cfg.host)
+	routes := map[string]string{}
+	for _, host := range []string{cfg.host, cfg.sidecarHost} {
+		sni := xdsgen.SNI(host, demoEchoPort)
+		if sni == "" {
+			return nil, fmt.Errorf("the echo Service's hostname %q is too long for a server name", host)
+		}
+		routes[sni] = "echo"
 	}
 	echo := &clusterv3.Cluster{Name: "echo", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
 		ConnectTimeout: durationpb.New(time.Second), LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: "echo",
@@ -187,7 +208,7 @@ func startDemoGateway(ctx context.Context, cfg workloadsConfig, nw demoNetwork) 
 	boot, err := envoy.Marshal(&bootstrapv3.Bootstrap{
 		Admin: envoy.LoopbackAdmin(),
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{
-			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", nw.gatewayIP, demoGatewayPort, map[string]string{sni: "echo"}, "h2")},
+			Listeners: []*listenerv3.Listener{envoy.PassthroughGateway("eastwest", nw.gatewayIP, demoGatewayPort, routes, "h2")},
 			Clusters:  []*clusterv3.Cluster{echo},
 		},
 	})

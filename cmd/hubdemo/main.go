@@ -34,6 +34,8 @@ type config struct {
 	mtlsMode         string
 	trustDomain      string
 	domainSuffix     string
+	federatedDomain  string
+	tlsDNSNames      string
 	namespace        string
 	secretsNamespace string
 	rootNamespace    string
@@ -59,6 +61,8 @@ func (c *config) register(fs *flag.FlagSet) (handedOn map[string]bool) {
 		{&c.mtlsMode, "mtls-mode", string(xdsgen.MTLSStrict), "the hub's mesh-wide mTLS mode: STRICT, PERMISSIVE or DISABLE (plaintext workloads, no certificates)"},
 		{&c.trustDomain, "trust-domain", "cluster.local", "the hub's SPIFFE trust domain"},
 		{&c.domainSuffix, "domain-suffix", "cluster.local", "service hostname suffix"},
+		{&c.federatedDomain, "federated-domain", "clusterset.local", "hostname suffix of the federated hosts (the sidecars call echo by it)"},
+		{&c.tlsDNSNames, "tls-dns-names", demoHubName, "DNS names on the hub's serving certificate (member istiods and the sidecars' agents verify the hub by the first)"},
 		{&c.namespace, "namespace", "hub-system", "the hub's own namespace in the home cluster"},
 		{&c.secretsNamespace, "remote-secrets-namespace", "istio-system", "namespace of the remote Secrets that register the members"},
 		{&c.rootNamespace, "root-namespace", "istio-system", "Istio's root namespace (the demo's DestinationRule goes there)"},
@@ -78,6 +82,7 @@ func (c config) serveArgs(extra []string) []string {
 		"--kubeconfig=" + c.kubeconfig, "--cluster-id=" + demoClusters[0].name,
 		"--admin-addr=" + c.adminAddr, "--xds-addr=" + c.xdsAddr, "--xds-tls-addr=" + c.xdsTLSAddr, "--bundle-addr=" + c.bundleAddr,
 		"--mtls-mode=" + c.mtlsMode, "--trust-domain=" + c.trustDomain, "--domain-suffix=" + c.domainSuffix,
+		"--federated-domain=" + c.federatedDomain, "--tls-dns-names=" + c.tlsDNSNames,
 		"--namespace=" + c.namespace, "--remote-secrets-namespace=" + c.secretsNamespace, "--root-namespace=" + c.rootNamespace,
 		"--admin-tls-cert=" + c.adminTLSCert, "--admin-tls-key=" + c.adminTLSKey,
 	}

@@ -413,10 +413,10 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 			}
 			msg = c
 		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC || v.Flavour == FlavourEnvoy, network: v.Network, lb: lb, client: v.Locality,
-				gateways: g.index.NetworkGateways}
+			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC || v.Flavour == FlavourEnvoy, proxyless: v.Flavour == FlavourGRPC,
+				network: v.Network, lb: lb, client: v.Locality, gateways: g.index.NetworkGateways}
 			switch {
-			case needsSplit(v.Network, a.mtls, members, a.gateways):
+			case needsSplit(v.Network, a.mtls, a.proxyless, members, a.gateways):
 				a.split = true
 			case !lb.applies():
 				shared = resourceKey{typeURL: typeURL, name: name, view: View{Audience: v.Audience}, direct: true}

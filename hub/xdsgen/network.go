@@ -2,6 +2,7 @@ package xdsgen
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -129,6 +130,9 @@ const (
 // Unlike istiod in sidecar mode, and like its ambient mode, a client on a
 // network does not get endpoints of another network that has no gateway:
 // they would not answer.
+//
+// gateways are those the client may use (usableGateways): a proxyless
+// client only those that admit it.
 func memberSplit(network string, mtls bool, svc *clusters.Service, gateways []clusters.Gateway) split {
 	switch {
 	case svc.Network == "" || svc.Network == network:
@@ -176,14 +180,26 @@ func memberGateways(id string, members map[string]*clusters.Service, ids []strin
 	return out
 }
 
+// usableGateways are the gateways a client may be sent through: for a
+// proxyless gRPC client only those that admit its ALPN, h2
+// (clusters.AnnotationProxylessALPN): a real Istio gateway closes its
+// connections otherwise, so it gets none of that network's endpoints
+// rather than calls that fail (Status.ProxylessWithheld says so).
+func usableGateways(gateways []clusters.Gateway, proxyless bool) []clusters.Gateway {
+	if !proxyless || !slices.ContainsFunc(gateways, func(g clusters.Gateway) bool { return !g.Proxyless }) {
+		return gateways
+	}
+	return slices.DeleteFunc(slices.Clone(gateways), func(g clusters.Gateway) bool { return !g.Proxyless })
+}
+
 // needsSplit reports whether a client on network gets a service's
 // endpoints other than directly: only then is its assignment built for the
 // network; every other client shares the direct one. gateways is a
 // network's gateways (see memberGateways).
-func needsSplit(network string, mtls bool, members map[string]*clusters.Service, gateways func(string) []clusters.Gateway) bool {
+func needsSplit(network string, mtls, proxyless bool, members map[string]*clusters.Service, gateways func(string) []clusters.Gateway) bool {
 	ids := sortedIDs(members)
 	for _, id := range ids {
-		if memberSplit(network, mtls, members[id], memberGateways(id, members, ids, gateways)) != splitDirect {
+		if memberSplit(network, mtls, members[id], usableGateways(memberGateways(id, members, ids, gateways), proxyless)) != splitDirect {
 			return true
 		}
 	}
@@ -206,7 +222,9 @@ type assignment struct {
 	split   bool
 	network string
 	mtls    bool // the client speaks Istio mTLS
-	demoted func(member string) bool
+	// proxyless: the client is proxyless gRPC (usableGateways).
+	proxyless bool
+	demoted   func(member string) bool
 	// lb is the DestinationRule's locality load balancing of the port and
 	// client the client's locality (used only when lb applies).
 	lb     localityLB
@@ -238,7 +256,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		svc := members[id]
 		how, gateways := splitDirect, []clusters.Gateway(nil)
 		if a.split {
-			gateways = memberGateways(id, members, ids, a.gateways)
+			gateways = usableGateways(memberGateways(id, members, ids, a.gateways), a.proxyless)
 			how = memberSplit(a.network, a.mtls, svc, gateways)
 		}
 		if how == splitDropped {

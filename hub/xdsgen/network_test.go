@@ -31,7 +31,7 @@ func networkIndex() *feed.Index {
 			{Address: "10.0.0.9", Port: 8080, ServicePort: 7070, MTLS: true},
 		}},
 	})
-	eastGW := []clusters.Gateway{{Address: "203.0.113.10", Port: 15443, Source: "service istio-system/eastwest"}}
+	eastGW := []clusters.Gateway{{Address: "203.0.113.10", Port: 15443, Source: "service istio-system/eastwest", Proxyless: true}}
 	x.ReplaceCluster("east", []*clusters.Service{
 		{Namespace: "demo", Name: "echo", Network: "net-b", Gateways: eastGW, Ports: port, Endpoints: []clusters.Endpoint{
 			{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, Zone: "z1", MTLS: true},
@@ -112,6 +112,46 @@ func TestSplitHorizonEndpoints(t *testing.T) {
 	_, cla = assignmentFor(t, g, echo, View{})
 	if got := shape(cla); !strings.Contains(got, "10.1.0.1:8080") || strings.Contains(got, "203.0.113.10") {
 		t.Errorf("plaintext client without a network: %s", got)
+	}
+}
+
+// TestProxylessClientsUseOnlyGatewaysThatAdmitThem: a gateway that does
+// not say it admits proxyless gRPC (as istiod builds one, matching Istio's
+// mTLS ALPNs only) reaches an Envoy client of another network, while a
+// proxyless client there gets none of its network's endpoints, rather
+// than a gateway that would close its connections; of two gateways it gets
+// the one that admits it.
+func TestProxylessClientsUseOnlyGatewaysThatAdmitThem(t *testing.T) {
+	x := networkIndex()
+	istioGW := clusters.Gateway{Address: "203.0.113.10", Port: 15443, Source: "service istio-system/eastwest"}
+	east := func(gws ...clusters.Gateway) {
+		x.ReplaceCluster("east", []*clusters.Service{
+			{Namespace: "demo", Name: "echo", Network: "net-b", Gateways: gws, Ports: []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}},
+				Endpoints: []clusters.Endpoint{{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, Zone: "z1", MTLS: true}}},
+		})
+	}
+	east(istioGW)
+	g := strictGenerator(t, x)
+	const echo = "outbound|7070||echo.demo.svc.cluster.local"
+	for _, tc := range []struct {
+		flavour Flavour
+		want    string
+	}{
+		{FlavourEnvoy, "east/p0/w1: 203.0.113.10:15443×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]"},
+		{FlavourGRPC, "west/p0/w1: 10.0.0.1:8080×1[tls]"},
+	} {
+		if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: tc.flavour}); shape(cla) != tc.want {
+			t.Errorf("%v client on net-a, east's gateway not admitting proxyless:\n got %s\nwant %s", tc.flavour, shape(cla), tc.want)
+		}
+	}
+	grpcGW := clusters.Gateway{Address: "203.0.113.11", Port: 15443, Source: "service istio-system/eastwest-grpc", Proxyless: true}
+	east(istioGW, grpcGW)
+	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC}); shape(cla) != "east/p0/w1: 203.0.113.11:15443×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]" {
+		t.Errorf("proxyless client on net-a, one of east's gateways admitting it: %s", shape(cla))
+	}
+	if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourEnvoy}); !strings.Contains(shape(cla), "203.0.113.10") || !strings.Contains(shape(cla), "203.0.113.11") {
+		t.Errorf("Envoy client on net-a: %s; want both gateways", shape(cla))
 	}
 }
 
@@ -290,7 +330,7 @@ func TestSharedGatewayListedOnce(t *testing.T) {
 	}
 	// Two gateways each: every locality gives up its weight once.
 	x.ReplaceCluster("east", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-b", Ports: port,
-		Gateways:  []clusters.Gateway{{Address: "203.0.113.10", Port: 15443}, {Address: "203.0.113.11", Port: 15443}},
+		Gateways:  []clusters.Gateway{{Address: "203.0.113.10", Port: 15443, Proxyless: true}, {Address: "203.0.113.11", Port: 15443, Proxyless: true}},
 		Endpoints: []clusters.Endpoint{{Address: "10.1.0.1", Port: 8080, ServicePort: 7070, MTLS: true}, {Address: "10.1.0.2", Port: 8080, ServicePort: 7070, MTLS: true}}}})
 	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
 	_, cla = assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC})
@@ -314,7 +354,7 @@ func TestGatewayOfAnotherMemberOfTheNetwork(t *testing.T) {
 	x.ReplaceCluster("plain", []*clusters.Service{{Namespace: "demo", Name: "echo", Network: "net-x", Ports: port,
 		Endpoints: []clusters.Endpoint{{Address: "10.9.0.1", Port: 8080, ServicePort: 7070, MTLS: true}}}})
 	x.ReplaceCluster("gw", []*clusters.Service{{Namespace: "demo", Name: "other", Network: "net-x", Ports: port,
-		Gateways: []clusters.Gateway{{Address: "203.0.113.50", Port: 15443}}}})
+		Gateways: []clusters.Gateway{{Address: "203.0.113.50", Port: 15443, Proxyless: true}}}})
 	x.ReplaceCluster("client", []*clusters.Service{{Namespace: "demo", Name: "c", Network: "net-y", Ports: port}})
 	g := strictGenerator(t, x)
 	_, cla := assignmentFor(t, g, "outbound|7070||echo.demo.svc.cluster.local", View{Network: "net-y", Flavour: FlavourGRPC})

@@ -47,6 +47,23 @@ type ConfigSource struct {
 	TLSSettings map[string]any `json:"tlsSettings,omitempty"`
 }
 
+// TLSSource is the config source of an istiod reading the hub's MCP over
+// TLS on addr: tlsSettings SIMPLE (istiod's config-source client presents
+// no certificate), the hub verified against rootsPEM by serverName, a DNS
+// name on its serving certificate (--tls-dns-names), sent as SNI.
+func TLSSource(addr string, rootsPEM []byte, serverName string) ConfigSource {
+	return ConfigSource{Address: "xds://" + addr, TLSSettings: map[string]any{
+		"mode": "SIMPLE", "caCertificates": string(rootsPEM), "subjectAltNames": []string{serverName}, "sni": serverName,
+	}}
+}
+
+// UpstreamEnvoyEnv is what istiod needs to configure upstream Envoy (the
+// PyPI build, without Istio's own filters): no metadata exchange filters
+// (their Wasm/native filter is not in upstream Envoy) and no istio.alpn
+// filter. The mesh config Start writes sets no default metrics provider,
+// so no stats filter is added either.
+var UpstreamEnvoyEnv = []string{"PILOT_ENABLE_METADATA_EXCHANGE=false", "PILOT_ENABLE_ALPN_FILTER=false"}
+
 // Options configures Start.
 type Options struct {
 	// Bin is the pilot-discovery binary.

@@ -41,6 +41,22 @@ func CRDs() ([]byte, error) {
 	return os.ReadFile(filepath.Join(dir, crdPath))
 }
 
+// EnvoyBootstrapTemplate returns the path of Istio's Envoy bootstrap
+// template in the module cache (tools/packaging/common/envoy_bootstrap.json),
+// the --templateFile pilot-agent renders Envoy's bootstrap from, as the
+// istio-proxy image ships it.
+func EnvoyBootstrapTemplate() (string, error) {
+	dir, err := moduleDir()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "tools/packaging/common/envoy_bootstrap.json")
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("Istio's Envoy bootstrap template: %w", err)
+	}
+	return path, nil
+}
+
 // moduleDir returns the directory of e2e/interop's istio.io/istio in the
 // module cache.
 func moduleDir() (string, error) {
