@@ -194,6 +194,11 @@ func TestDemo(t *testing.T) {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-state="Ready"]`, id), 60*time.Second)
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.proxies[data-cluster=%q][data-count="%d"][data-grpc="%d"]`, id, n, n), 60*time.Second)
 	}
+	// The hub's CA certifies each sidecar (its own identity, demo/sidecar)
+	// beside the members' proxyless workloads (demo/echo, demo/client).
+	for id, n := range map[string]int{"primary": 2, "west": 3, "east": 3} {
+		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-certified="%d"]`, id, n), 60*time.Second)
+	}
 	// The picture draws the networks and their gateways.
 	for id, nw := range demoNetworkOf {
 		waitSelector(t, bctx, fmt.Sprintf(`svg#federation g.member[data-cluster=%q][data-network=%q][data-gateways="1"]`, id, nw), 30*time.Second)

@@ -242,6 +242,11 @@ type picMember struct {
 	// reaches the member through any of them).
 	NetGateways bool
 	Withheld    int // its endpoints that proxies on other networks do not get
+	// Certified counts the workload identities of the member whose latest
+	// certificate from the hub's CA is valid: its proxyless workloads and
+	// the sidecars and gateways its own istiod configures (the hub sees
+	// those only through its CA).
+	Certified int
 	// ProxylessWithheld counts those proxyless gRPC clients on other
 	// networks do not get (more than Withheld when no gateway of its
 	// network admits them).
@@ -389,6 +394,9 @@ func (p picture) HubLine() string {
 func (m picMember) Title() string {
 	s := fmt.Sprintf("%s%s: %s, %s, %s; %s", m.ID, map[bool]string{true: " (home)"}[m.Home], m.State,
 		plural(m.Services, "service", "services"), plural(m.Endpoints, "endpoint", "endpoints"), m.Clients.Summary())
+	if m.Certified > 0 {
+		s += "; " + plural(m.Certified, "workload identity", "workload identities") + " certified by the hub's CA (sidecars of member istiods among them)"
+	}
 	if m.Networking() {
 		s += "; " + m.networking()
 	}
@@ -401,8 +409,15 @@ func (m picMember) Title() string {
 	return s
 }
 
-// Counts is the member's one-line service and endpoint count.
-func (m picMember) Counts() string { return fmt.Sprintf("%d svc · %d ep", m.Services, m.Endpoints) }
+// Counts is the member's one-line service and endpoint count, and the
+// identities the hub's CA certifies there, e.g. "4 svc · 8 ep · 3 certs".
+func (m picMember) Counts() string {
+	s := fmt.Sprintf("%d svc · %d ep", m.Services, m.Endpoints)
+	if m.Certified > 0 {
+		s += fmt.Sprintf(" · %d certs", m.Certified)
+	}
+	return s
+}
 
 // picTrust is one trust domain.
 type picTrust struct {
@@ -488,8 +503,9 @@ type picture struct {
 }
 
 // layoutPicture lays out the federation: members (the home cluster has an
-// empty Secret), connected xDS clients and trust domains.
-func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust.Status) picture {
+// empty Secret) with the identities the hub's CA certifies in each
+// (certified, by member), connected xDS clients and trust domains.
+func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust.Status, certified map[string]int) picture {
 	members := make([]picMember, 0, len(sts))
 	index := map[string]int{}
 	for _, st := range sts {
@@ -499,7 +515,7 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 			Home: st.Secret == "", State: string(st.State), Tone: t,
 			Services: st.Services, Endpoints: st.Endpoints, Message: st.Message,
 			Network: st.Network, NetLabel: truncateRunes(st.Network, 14), NetShort: truncateRunes(st.Network, 10),
-			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, ProxylessWithheld: st.ProxylessWithheld, Demoted: st.Demoted,
+			Gateways: len(st.Gateways), Withheld: st.CrossNetworkWithheld, ProxylessWithheld: st.ProxylessWithheld, Demoted: st.Demoted, Certified: certified[st.ID],
 		})
 	}
 	gatewayed := map[string]bool{} // networks on which a member has a gateway

@@ -50,7 +50,18 @@ func (m *pictureModels) setState(id string, s clusters.State) {
 }
 
 func (m *pictureModels) config() Config {
-	return Config{Membership: m, Registrar: m, Federation: m, Trust: m, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+	return Config{Membership: m, Registrar: m, Federation: m, Trust: m, CA: m, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+}
+
+// certified is what the overview takes from the CA (fakeModels'
+// Certificates: 7 identities in west).
+func (m *pictureModels) certified() map[string]int {
+	out := map[string]int{}
+	st, _ := m.Certificates()
+	for _, g := range st.Groups {
+		out[g.Member] += g.Valid
+	}
+	return out
 }
 
 // federation builds a federation of the home cluster "primary" and n

@@ -24,7 +24,7 @@ func renderPicture(t *testing.T, m *pictureModels) (string, *html.Node) {
 	t.Helper()
 	tmpl := template.Must(template.New("").Funcs(funcs).Funcs(pictureFuncs).ParseFS(templateFS, "templates/*.html"))
 	var buf bytes.Buffer
-	if err := tmpl.ExecuteTemplate(&buf, "picture", layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())); err != nil {
+	if err := tmpl.ExecuteTemplate(&buf, "picture", layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())); err != nil {
 		t.Fatal(err)
 	}
 	doc, err := html.Parse(strings.NewReader("<!doctype html><body>" + buf.String()))
@@ -120,7 +120,7 @@ func TestPictureLayout(t *testing.T) {
 			if tc.networked {
 				m.setNetworks()
 			}
-			p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+			p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 			if p.Cards != tc.cards || p.WideHidden != tc.hiddenWide || p.CompactHidden != tc.hiddenCompact {
 				t.Errorf("cards %v, hidden %d wide, %d compact; want %v, %d, %d", p.Cards, p.WideHidden, p.CompactHidden, tc.cards, tc.hiddenWide, tc.hiddenCompact)
 			}
@@ -380,7 +380,7 @@ func TestPictureGroupsClients(t *testing.T) {
 		hub.ProxyStatus{ID: "p1", Cluster: "primary", Proxyless: true},
 		hub.ProxyStatus{ID: "x1", Cluster: "gone", Proxyless: true},
 		hub.ProxyStatus{ID: "i2", ConfigSubscriber: true})
-	p := layoutPicture(m.Clusters(), m.Proxies(), nil)
+	p := layoutPicture(m.Clusters(), m.Proxies(), nil, nil)
 	if p.Proxies != 12 || p.Istiods != 2 {
 		t.Errorf("%d proxies, %d istiods; want 12, 2", p.Proxies, p.Istiods)
 	}
@@ -467,7 +467,7 @@ func TestPictureNetworks(t *testing.T) {
 	m.setNetworks()
 	m.setState("west", clusters.StateStale)
 	m.demote("west", "the member is Stale: its endpoints are served one priority behind")
-	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 	if !p.Networked || p.NoNetwork != 0 || p.Demoted != 1 || p.NetworksHidden != 0 {
 		t.Errorf("networked %v, %d on no network, %d demoted, %d networks hidden; want true, 0, 1, 0", p.Networked, p.NoNetwork, p.Demoted, p.NetworksHidden)
 	}
@@ -489,6 +489,7 @@ func TestPictureNetworks(t *testing.T) {
 		t.Errorf("title %q; want it to start with %q", p.Title, want)
 	}
 	for _, want := range []string{"north: Ready", "network net-dark, no east-west gateway, 10 endpoints withheld from other networks",
+		"west: Stale, 3 services, 6 endpoints; 1 proxyless gRPC, 1 Envoy/other xDS; 7 workload identities certified by the hub's CA",
 		"east: Ready", "network net-east, 1 east-west gateway, 8 endpoints withheld from proxyless gRPC clients of other networks: no gateway of its network admits them", "demoted: the member is Stale",
 		"Network net-dark: 1 member, 0 east-west gateways (1 without one"} {
 		if !strings.Contains(p.Desc, want) {
@@ -577,7 +578,7 @@ func TestPictureNetworks(t *testing.T) {
 // nothing about them (a flat federation keeps its small cards).
 func TestPictureNoNetworks(t *testing.T) {
 	m := federation(3)
-	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 	if p.Networked || len(p.Networks) != 0 || p.NoNetwork != 0 || p.CardH != 66 || p.RowH != 52 {
 		t.Errorf("networked %v, networks %v, %d on no network, card height %d, row height %d; want none, 66, 52", p.Networked, p.Networks, p.NoNetwork, p.CardH, p.RowH)
 	}
@@ -596,7 +597,7 @@ func TestPictureNoNetworks(t *testing.T) {
 	m.members[1].Network = "net-a"
 	m.members[1].Gateways = []clusters.Gateway{{Address: "192.0.2.1", Port: 15443}, {Address: "192.0.2.2", Port: 15443}}
 	m.mu.Unlock()
-	p = layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+	p = layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 	if p.NoNetwork != 3 || !strings.HasPrefix(p.Title, "Federation: 4 members on 1 network, 3 on none (") {
 		t.Errorf("%d on no network, title %q", p.NoNetwork, p.Title)
 	}
@@ -623,10 +624,10 @@ func TestPictureNetworkColours(t *testing.T) {
 		sts = append(sts, clusters.Status{ID: fmt.Sprintf("m%02d", i), Secret: "ns/s", State: clusters.StateReady,
 			Network: fmt.Sprintf("net-%02d", (i*7)%(maxNetworksShown+3))})
 	}
-	p := layoutPicture(sts, nil, nil)
+	p := layoutPicture(sts, nil, nil, nil)
 	reversed := append([]clusters.Status(nil), sts...)
 	slices.Reverse(reversed)
-	q := layoutPicture(reversed, nil, nil)
+	q := layoutPicture(reversed, nil, nil, nil)
 	if len(p.Networks) != maxNetworksShown || p.NetworksHidden != 3 {
 		t.Errorf("legend of %d networks, %d hidden; want %d, 3", len(p.Networks), p.NetworksHidden, maxNetworksShown)
 	}
@@ -652,7 +653,7 @@ func TestPictureNetworkColours(t *testing.T) {
 	}
 	// A long network name is cut.
 	long := strings.Repeat("n", 70)
-	p = layoutPicture([]clusters.Status{{ID: "primary", State: clusters.StateReady, Network: long}}, nil, nil)
+	p = layoutPicture([]clusters.Status{{ID: "primary", State: clusters.StateReady, Network: long}}, nil, nil, nil)
 	if n := p.Wide[0]; utf8.RuneCountInString(n.NetLabel) != 14 || utf8.RuneCountInString(n.NetShort) != 10 || utf8.RuneCountInString(p.Networks[0].Label) != 40 {
 		t.Errorf("network labels %q, %q, %q are not cut", n.NetLabel, n.NetShort, p.Networks[0].Label)
 	}
@@ -676,7 +677,7 @@ func TestPictureKeepsProblems(t *testing.T) {
 	m.mu.Unlock()
 	m.demote("member-70", "served behind the healthy members'")
 	m.demote("member-77", "served behind the healthy members'")
-	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+	p := layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 	if p.Demoted != 2 || p.CompactHidden != 81-maxCompactMembers || p.WideHidden != 81-maxWideMembers {
 		t.Fatalf("%d demoted, %d and %d hidden", p.Demoted, p.CompactHidden, p.WideHidden)
 	}
@@ -711,7 +712,7 @@ func TestPictureKeepsProblems(t *testing.T) {
 	// Members whose state is in trouble come before members without a
 	// gateway.
 	m.setState("member-10", clusters.StateUnreachable)
-	p = layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains())
+	p = layoutPicture(m.Clusters(), m.Proxies(), m.TrustDomains(), m.certified())
 	if !slices.ContainsFunc(p.Rows, func(r compactRow) bool { return r.ID == "member-10" }) {
 		t.Errorf("the compact layout hides Unreachable member-10")
 	}
@@ -736,7 +737,7 @@ func TestPictureNetworkGatewayServesItsMembers(t *testing.T) {
 		{ID: "a", Secret: "s", State: clusters.StateReady, Network: "net-x", Gateways: gw},
 		{ID: "b", Secret: "s", State: clusters.StateReady, Network: "net-x"},
 		{ID: "c", Secret: "s", State: clusters.StateReady, Network: "net-y"},
-	}, nil, nil)
+	}, nil, nil, nil)
 	marked := map[string]bool{}
 	for _, m := range p.Wide {
 		marked[m.ID] = m.NoGateway()

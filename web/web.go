@@ -479,7 +479,15 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 		if a.Trust != nil {
 			tds = a.Trust.TrustDomains()
 		}
-		m["Picture"] = layoutPicture(sts, proxies, tds)
+		certified := map[string]int{}
+		if a.CA != nil {
+			if st, ok := a.CA.Certificates(); ok {
+				for _, g := range st.Groups {
+					certified[g.Member] += g.Valid
+				}
+			}
+		}
+		m["Picture"] = layoutPicture(sts, proxies, tds, certified)
 		if p, ok := a.Federation.(Pushes); ok {
 			per := p.PushesPerSecond()
 			total := 0

@@ -336,7 +336,7 @@ func demoWorkloads(sidecars bool) []demoWorkload {
 	}
 	if sidecars {
 		for _, m := range demoSidecarMembers {
-			ws = append(ws, demoWorkload{role: "sidecar", name: m + "-sidecar", member: m, ip: demoSidecarIP(m), sa: "client"})
+			ws = append(ws, demoWorkload{role: "sidecar", name: m + "-sidecar", member: m, ip: demoSidecarIP(m), sa: "sidecar"})
 		}
 	}
 	return ws
