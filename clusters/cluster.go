@@ -825,7 +825,7 @@ func stripObject(obj any) (any, error) {
 		_, gateway := o.Labels[LabelNetwork]
 		keep := []string{AnnotationKubernetesServiceAccounts, AnnotationCanonicalServiceAccounts, AnnotationExportTo}
 		if gateway {
-			keep = append(keep, AnnotationNodeSelector)
+			keep = append(keep, AnnotationNodeSelector, AnnotationProxylessALPN)
 		}
 		for _, k := range keep {
 			if v, ok := o.Annotations[k]; ok && len(v) <= maxDeclaredAnnotationBytes { // longer ones declare nothing

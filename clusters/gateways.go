@@ -78,8 +78,10 @@ const AnnotationGatewayNamespaces = "hub.federation/gateway-namespaces"
 // only) unless deploy/eastwest-proxyless-alpn.yaml is applied to it.
 // Proxyless clients of other networks get only such gateways: through any
 // other their connections would be closed. It is the gateway owner's word
-// about their own gateway (it steers only proxyless traffic into their own
-// network), so a member's Service may say it.
+// about their own gateway, so a member's Service may say it: it steers only
+// proxyless traffic into their own (confirmed) network, for the members of
+// that network without a gateway that admits it too (a network's gateway
+// reaches every member on it).
 const AnnotationProxylessALPN = "hub.federation/proxyless-alpn"
 
 // maxGatewayNamespaces bounds AnnotationGatewayNamespaces.

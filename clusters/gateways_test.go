@@ -473,7 +473,12 @@ func TestProxylessGateways(t *testing.T) {
 				s.Annotations = map[string]string{AnnotationProxylessALPN: tc.value}
 			}
 		})
-		gws, problem := serviceGateways(svc, nil)
+		// As the Service informer holds it.
+		stripped, err := stripObject(svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gws, problem := serviceGateways(stripped.(*corev1.Service), nil)
 		if problem != "" || len(gws) != 2 {
 			t.Fatalf("annotation %q: %v %q", tc.value, gws, problem)
 		}

@@ -150,7 +150,9 @@ func TestDemo(t *testing.T) {
 	// Traffic flows: every client's calls succeed over mTLS, and stay in
 	// the client's own member (the demo's DestinationRule turns on
 	// locality failover); the sidecars' calls cross networks.
-	waitTraffic(t, d, 3*time.Minute, "every client's calls succeeding in its own member", func(tr map[string]trafficOf) error {
+	// (The sidecars start after their member's istiod and Envoy: minutes
+	// on a loaded machine.)
+	waitTraffic(t, d, 5*time.Minute, "every client's calls succeeding in its own member", func(tr map[string]trafficOf) error {
 		return trafficStaysHome(tr, "")
 	})
 

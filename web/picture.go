@@ -268,10 +268,13 @@ func (m picMember) GatewayText() string {
 	switch {
 	case m.NoGateway():
 		return "! no gateway"
+	case m.NoProxyless(): // short: it must fit the card
+		if m.Gateways == 0 {
+			return "no gw · ! no gRPC"
+		}
+		return fmt.Sprintf("⇄ %d gw · ! no gRPC", m.Gateways)
 	case m.Gateways == 0:
 		return "no gateway"
-	case m.NoProxyless(): // short: it must fit the card
-		return fmt.Sprintf("⇄ %d gw · ! no gRPC", m.Gateways)
 	}
 	return "⇄ " + plural(m.Gateways, "gateway", "gateways")
 }

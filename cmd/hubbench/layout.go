@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -404,8 +405,11 @@ func (l *layout) networkJobs(members int) []job {
 			if _, err := c.CoreV1().Namespaces().Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
 				return err
 			}
+			// It admits proxyless gRPC too (the grpc shape's mTLS
+			// clients of other networks get it), and says so.
 			gw := &corev1.Service{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "eastwestgateway", Labels: map[string]string{"topology.istio.io/network": network}},
+				ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "eastwestgateway", Labels: map[string]string{"topology.istio.io/network": network},
+					Annotations: map[string]string{clusters.AnnotationProxylessALPN: "true"}},
 				Spec: corev1.ServiceSpec{ExternalIPs: []string{gatewayAddress(m)},
 					Ports: []corev1.ServicePort{{Name: "tls", Port: 15443, Protocol: corev1.ProtocolTCP}}},
 			}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/hubmesh/hub/internal/envoy"
@@ -90,6 +91,27 @@ type demoSidecar struct {
 	app    *demoChild
 }
 
+// refreshToken replaces the sidecar's token every 6 hours (it lasts 12),
+// as the kubelet refreshes a projected token, until ctx is done.
+func (s *demoSidecar) refreshToken(ctx context.Context, c kubernetes.Interface, w demoWorkload) {
+	tick := time.NewTicker(6 * time.Hour)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		token, err := pilotagent.Token(ctx, c, demoNamespace, w.sa)
+		if err == nil {
+			err = s.agent.SetToken(token)
+		}
+		if err != nil && ctx.Err() == nil {
+			fmt.Fprintf(os.Stderr, "hubdemo: refreshing the token of %s (its certificate renews with the old one until it expires): %v\n", w.name, err)
+		}
+	}
+}
+
 // stop stops the app, the agent with its Envoy, and istiod.
 func (s *demoSidecar) stop() {
 	if s.app != nil {
@@ -152,28 +174,19 @@ func startDemoSidecar(ctx context.Context, cfg workloadsConfig, w demoWorkload, 
 		return nil, fmt.Errorf("the sidecar of %s: %w", w.member, err)
 	}
 	// Unix socket paths are limited to 108 bytes: a short name.
-	agentDir, err := os.MkdirTemp(cfg.dir, "agent-")
-	if err != nil {
-		return nil, err
-	}
-	logPath := filepath.Join(cfg.dir, w.name+".log")
-	log, err := os.Create(logPath)
+	agentDir, err := os.MkdirTemp(cfg.dir, w.name+"-")
 	if err != nil {
 		return nil, err
 	}
 	s.agent, err = pilotagent.Start(pilotagent.Options{Bin: sc.bins.agent, Dir: agentDir, Token: token, RootPEM: sc.rootsPEM,
 		ClusterID: w.member, Namespace: demoNamespace, ServiceAccount: w.sa, PodName: w.name, PodIP: w.ip, TrustDomain: sc.trustDomain,
-		HubAddr: caAddr, HubName: sc.hubName, Envoy: cfg.envoyBin, Output: log,
+		HubAddr: caAddr, HubName: sc.hubName, Envoy: cfg.envoyBin,
 		Proxy: &pilotagent.Proxy{Istiod: istiodAddr, Network: nw.name, Netns: netns.name, AdminPort: 15000,
 			Labels: map[string]string{"app": w.name}}})
 	if err != nil {
-		log.Close()
 		return nil, fmt.Errorf("the sidecar of %s: %w", w.member, err)
 	}
-	go func() { // owned by the agent: ends when it exits
-		<-s.agent.Done()
-		log.Close()
-	}()
+	logPath := s.agent.LogPath
 	clusterName := fmt.Sprintf("outbound|%d||%s", demoEchoPort, cfg.sidecarHost)
 	if err := waitSidecarEndpoints(ctx, s.agent, clusterName); err != nil {
 		return nil, fmt.Errorf("the sidecar of %s (its log: %s): %w", w.member, logPath, err)

@@ -118,7 +118,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 					return
 				}
 				parts.Go(func() { followClient(s.app, view) })
-				<-ctx.Done()
+				s.refreshToken(ctx, cfg.members[w.member], w)
 				s.stop()
 			})
 			continue

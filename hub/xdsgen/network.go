@@ -149,16 +149,16 @@ func memberSplit(network string, mtls bool, svc *clusters.Service, gateways []cl
 	return splitDropped
 }
 
-// memberGateways are the gateways to a member's endpoints: its own, else
-// those of the other members of the service on the same network, else
-// those of any member on that network (network; nil: none): a network's
-// east-west gateway routes to every member's endpoints on it, as istiod
-// takes a network's gateways from any of its clusters, preferring the
-// endpoint's own.
-func memberGateways(id string, members map[string]*clusters.Service, ids []string, network func(string) []clusters.Gateway) []clusters.Gateway {
+// memberGateways are the gateways to a member's endpoints that a client
+// may use (usableGateways): the member's own, else those of the other
+// members of the service on the same network, else those of any member on
+// that network (network; nil: none). A network's east-west gateway routes
+// to every member's endpoints on it, as istiod takes a network's gateways
+// from any of its clusters, preferring the endpoint's own.
+func memberGateways(id string, members map[string]*clusters.Service, ids []string, network func(string) []clusters.Gateway, proxyless bool) []clusters.Gateway {
 	svc := members[id]
-	if len(svc.Gateways) > 0 || svc.Network == "" {
-		return svc.Gateways
+	if own := usableGateways(svc.Gateways, proxyless); len(own) > 0 || svc.Network == "" {
+		return own
 	}
 	var out []clusters.Gateway
 	seen := map[clusters.Gateway]bool{}
@@ -167,7 +167,7 @@ func memberGateways(id string, members map[string]*clusters.Service, ids []strin
 		if other == id || o.Network != svc.Network {
 			continue
 		}
-		for _, g := range o.Gateways {
+		for _, g := range usableGateways(o.Gateways, proxyless) {
 			if !seen[g] {
 				seen[g] = true
 				out = append(out, g)
@@ -175,7 +175,7 @@ func memberGateways(id string, members map[string]*clusters.Service, ids []strin
 		}
 	}
 	if len(out) == 0 && network != nil {
-		out = network(svc.Network)
+		out = usableGateways(network(svc.Network), proxyless)
 	}
 	return out
 }
@@ -199,7 +199,7 @@ func usableGateways(gateways []clusters.Gateway, proxyless bool) []clusters.Gate
 func needsSplit(network string, mtls, proxyless bool, members map[string]*clusters.Service, gateways func(string) []clusters.Gateway) bool {
 	ids := sortedIDs(members)
 	for _, id := range ids {
-		if memberSplit(network, mtls, members[id], usableGateways(memberGateways(id, members, ids, gateways), proxyless)) != splitDirect {
+		if memberSplit(network, mtls, members[id], memberGateways(id, members, ids, gateways, proxyless)) != splitDirect {
 			return true
 		}
 	}
@@ -256,7 +256,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 		svc := members[id]
 		how, gateways := splitDirect, []clusters.Gateway(nil)
 		if a.split {
-			gateways = usableGateways(memberGateways(id, members, ids, a.gateways), a.proxyless)
+			gateways = memberGateways(id, members, ids, a.gateways, a.proxyless)
 			how = memberSplit(a.network, a.mtls, svc, gateways)
 		}
 		if how == splitDropped {

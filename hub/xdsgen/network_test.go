@@ -153,6 +153,19 @@ func TestProxylessClientsUseOnlyGatewaysThatAdmitThem(t *testing.T) {
 	if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourEnvoy}); !strings.Contains(shape(cla), "203.0.113.10") || !strings.Contains(shape(cla), "203.0.113.11") {
 		t.Errorf("Envoy client on net-a: %s; want both gateways", shape(cla))
 	}
+	// East's own gateway does not admit it, another member's on east's
+	// network does: the proxyless client goes through that one, an Envoy
+	// through east's own.
+	east(istioGW)
+	x.ReplaceCluster("east2", []*clusters.Service{{Namespace: "demo", Name: "other", Network: "net-b", Gateways: []clusters.Gateway{grpcGW},
+		Ports: []clusters.ServicePort{{Name: "grpc", Port: 7070, Protocol: "TCP"}}}})
+	g.Invalidate(map[string]struct{}{"echo.demo.svc.cluster.local": {}})
+	if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourGRPC}); shape(cla) != "east/p0/w1: 203.0.113.11:15443×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]" {
+		t.Errorf("proxyless client on net-a, the network's other gateway admitting it: %s", shape(cla))
+	}
+	if _, cla := assignmentFor(t, g, echo, View{Network: "net-a", Flavour: FlavourEnvoy}); shape(cla) != "east/p0/w1: 203.0.113.10:15443×1[tls]; west/p0/w1: 10.0.0.1:8080×1[tls]" {
+		t.Errorf("Envoy client on net-a, east's own gateway: %s", shape(cla))
+	}
 }
 
 // TestSplitHorizonCacheKeepsViewsApart: whichever client asks first, a

@@ -52,7 +52,7 @@ func EnvoyBootstrapTemplate() (string, error) {
 	}
 	path := filepath.Join(dir, "tools/packaging/common/envoy_bootstrap.json")
 	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("Istio's Envoy bootstrap template: %w", err)
+		return "", fmt.Errorf("the Istio module's Envoy bootstrap template: %w", err)
 	}
 	return path, nil
 }

@@ -59,7 +59,7 @@ type Options struct {
 	// it short (os.MkdirTemp("", "agent-")).
 	Dir string
 	// Token is the workload's projected service-account token (audience
-	// istio-ca), e.g. from Token.
+	// istio-ca), e.g. from Token; it expires, SetToken replaces it.
 	Token []byte
 	// RootPEM is the hub's root certificate(s), mounted where the agent
 	// reads the control plane's root (istio-ca-root-cert in a cluster).
@@ -182,12 +182,12 @@ func Token(ctx context.Context, cs kubernetes.Interface, ns, sa string) ([]byte,
 // pod annotation status.sidecar.istio.io/port=0, so any number run side by
 // side; its xDS proxy listens on a Unix socket under Dir.
 //
-// A data-plane proxy's agent runs in a PID namespace of its own (unshare
-// --pid --kill-child), so that its Envoy dies with it however it ends,
-// and in a mount namespace of its own where /etc/hosts resolves HubName to
-// the hub's address: the agent verifies its CA by the name it dials (an
-// explicit CA_ADDR gets no ISTIOD_SAN), as in a member where CA_ADDR is
-// the hub's Service name. That needs root.
+// An agent running Envoy runs in a PID namespace of its own (unshare --pid
+// --kill-child), so that its Envoy dies with it however it ends; a
+// data-plane proxy's also in a mount namespace of its own where /etc/hosts
+// resolves HubName to the hub's address: the agent verifies its CA by the
+// name it dials (an explicit CA_ADDR gets no ISTIOD_SAN), as in a member
+// where CA_ADDR is the hub's Service name. That needs root.
 //
 // The agent is in a process group of its own, which Stop ends, and dies
 // with the calling thread's process (Pdeathsig).
@@ -283,7 +283,8 @@ func Start(o Options) (*Process, error) {
 	}
 	argv := append([]string{o.Bin}, args...)
 	caAddr := o.HubAddr
-	if px := o.Proxy; px != nil {
+	switch px := o.Proxy; {
+	case px != nil:
 		hubHost, port, err := net.SplitHostPort(o.HubAddr)
 		if err != nil {
 			return nil, fmt.Errorf("the hub's address %q: %w", o.HubAddr, err)
@@ -298,6 +299,8 @@ func Start(o Options) (*Process, error) {
 		if px.Netns != "" {
 			argv = append([]string{"ip", "netns", "exec", px.Netns}, argv...)
 		}
+	case o.Envoy != "":
+		argv = append([]string{"unshare", "--pid", "--fork", "--kill-child", "--"}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = dir
@@ -356,6 +359,7 @@ func Start(o Options) (*Process, error) {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second // a process holding its output cannot hold Wait
 	p.cmd = cmd
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -414,10 +418,17 @@ func (p *Process) WaitFiles(ctx context.Context, files ...string) error {
 // Stop sends SIGTERM to the agent's process group (the agent, which drains
 // its Envoy, and that Envoy) and waits for the agent to exit, killing the
 // whole group after 20 s; the group is killed after a clean exit too, so
-// that nothing the agent started outlives it. It is idempotent and reports
-// whether it had to kill.
+// that nothing the agent started outlives it. An agent that had exited
+// before is left alone (its Envoy died with its PID namespace; its group ID
+// may be another's by now). It is idempotent and reports whether it had to
+// kill.
 func (p *Process) Stop() (killed bool) {
 	p.stopOnce.Do(func() {
+		select {
+		case <-p.done:
+			return
+		default:
+		}
 		pgid := p.cmd.Process.Pid
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
 		select {
@@ -429,6 +440,17 @@ func (p *Process) Stop() (killed bool) {
 		<-p.done
 	})
 	return p.killed
+}
+
+// SetToken replaces the workload's token (the kubelet refreshes a projected
+// token before it expires; the agent reads it for every certificate).
+func (p *Process) SetToken(token []byte) error {
+	path := filepath.Join(p.Dir, "var/run/secrets/tokens/istio-token")
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, token, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // CertChain reads the agent's cert-chain.pem as DER certificates, leaf
