@@ -475,6 +475,7 @@ type picture struct {
 	NetworksHidden int          // networks not in the legend
 	NoNetwork      int          // members on no network (when Networked)
 	Demoted        int          // demoted members
+	Certified      bool         // some member has identities the hub's CA certifies
 
 	// Wide layout (viewBox 0 0 1000 WideH).
 	WideH       int
@@ -541,6 +542,9 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 		index[m.ID] = i
 	}
 	p := picture{Members: len(members)}
+	for _, m := range members {
+		p.Certified = p.Certified || m.Certified > 0
+	}
 	p.layoutNetworks(members)
 	sorted := append([]hub.ProxyStatus(nil), proxies...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].ID < sorted[j].ID })
