@@ -103,7 +103,7 @@ func TestPilotAgentProxylessMTLS(t *testing.T) {
 // refresh_interval Istio's agent writes into the bootstrap), so a running
 // workload keeps presenting the certificate it loaded; connections are
 // unaffected by a rotation, and a certificate shorter-lived than that
-// interval would fail new handshakes once it expires (docs/features.md: keep
+// interval would fail new handshakes once it expires (docs/security.md: keep
 // workload certificates well above 15 minutes).
 func TestPilotAgentRotationKeepsMTLSCallsFlowing(t *testing.T) {
 	t.Parallel() // it mostly waits for the agents' timers

@@ -19,7 +19,7 @@ import (
 // demoFailoverRule is the DestinationRule the demo distributes for echo:
 // its outlier detection turns on Istio's locality failover, so each
 // client calls its own member's backends while that member is healthy and
-// the next ones when it is not (docs/features.md, "Locality failover").
+// the next ones when it is not (docs/networks.md, "Locality failover").
 const demoFailoverRule = "echo-locality"
 
 // applyDemoFailoverRule creates, in the home cluster, Istio's

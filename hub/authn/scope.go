@@ -42,7 +42,7 @@ type ScopeError struct {
 func (e *ScopeError) Error() string { return e.msg }
 
 // Scope decides which identities a member may assert (docs/architecture.md §3.8,
-// docs/features.md "Which identities a member may assert"): a member asserts nothing until it has synced;
+// docs/security.md "Which identities a member may assert"): a member asserts nothing until it has synced;
 // nobody asserts identities of the hub's own namespace; only the home
 // cluster, and members whose remote Secret says so, assert identities of
 // Istio's root namespace; a member whose Secret lists namespaces asserts
