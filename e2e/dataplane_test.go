@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/metadata"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,6 +44,7 @@ import (
 	"github.com/hubmesh/hub/internal/envoy"
 	"github.com/hubmesh/hub/internal/istiod"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/workload"
 )
 
 // The application behind a sidecar (role "meshapp"): plaintext HTTP and
@@ -73,40 +73,15 @@ func runMeshApp() {
 		fail(err)
 	}
 	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "%s peer=%s", id, xfccURI(r.Header.Get("X-Forwarded-Client-Cert")))
+		fmt.Fprintf(w, "%s peer=%s", id, workload.XFCCURI(r.Header.Get("X-Forwarded-Client-Cert")))
 	})}
 	gs := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(gs, &echoServer{id: id})
+	testgrpc.RegisterTestServiceServer(gs, echoServer(id))
 	go func() { _ = hs.Serve(httpLis) }()
 	go func() { _ = gs.Serve(grpcLis) }()
 	fmt.Println("listening")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	os.Exit(0)
-}
-
-// xfccURI is the URI (the SPIFFE ID) of the nearest hop in an
-// X-Forwarded-Client-Cert header, "-" when there is none.
-func xfccURI(xfcc string) string {
-	if xfcc == "" {
-		return "-"
-	}
-	hops := strings.Split(xfcc, ",")
-	for kv := range strings.SplitSeq(hops[len(hops)-1], ";") {
-		if v, ok := strings.CutPrefix(kv, "URI="); ok {
-			return v
-		}
-	}
-	return "-"
-}
-
-// xfccPeer is the caller's SPIFFE ID a sidecar forwarded in a gRPC call's
-// metadata, "" when there is none.
-func xfccPeer(ctx context.Context) string {
-	md, _ := metadata.FromIncomingContext(ctx)
-	if v := md.Get("x-forwarded-client-cert"); len(v) > 0 {
-		return xfccURI(v[len(v)-1])
-	}
-	return ""
 }
 
 var (

@@ -86,7 +86,7 @@ func startMeshBackend(t *testing.T, ip, name string, svid *x509svid.SVID, bundle
 		return ctx
 	}}
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
-	testgrpc.RegisterTestServiceServer(gs, &echoServer{id: name})
+	testgrpc.RegisterTestServiceServer(gs, echoServer(name))
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hs.Serve(&handshakingListener{Listener: httpLis, cfg: httpCfg}) })
 	wg.Go(func() { _ = gs.Serve(grpcLis) })

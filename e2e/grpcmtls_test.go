@@ -24,7 +24,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/xds"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -35,6 +34,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/workload"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -63,42 +63,10 @@ const (
 	clientLoadEnv = "HUB_E2E_CLIENT_LOAD"
 )
 
-// echoServer answers with its id and the caller's verified identity.
-type echoServer struct {
-	testgrpc.UnimplementedTestServiceServer
-	id string
-}
-
-func (s *echoServer) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	caller := peerIdentity(ctx)
-	fmt.Printf("call peer=%s\n", caller)
-	return &testgrpc.SimpleResponse{ServerId: s.id, Hostname: s.id, Username: caller}, nil
-}
-
-// EmptyCall answers (a second method, for policies on gRPC methods).
-func (s *echoServer) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
-	return &testgrpc.Empty{}, nil
-}
-
-// peerIdentity is the SPIFFE ID of the caller's verified certificate (or,
-// on a plaintext connection from an Istio sidecar, the one it forwards),
-// "-" for a plaintext caller, "tls-without-spiffe-id" for a TLS one without.
-func peerIdentity(ctx context.Context) string {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return "-"
-	}
-	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok {
-		if id := xfccPeer(ctx); id != "" { // behind an Istio sidecar
-			return id
-		}
-		return "-"
-	}
-	if info.SPIFFEID != nil {
-		return info.SPIFFEID.String()
-	}
-	return "tls-without-spiffe-id"
+// echoServer answers with its id and the caller's identity
+// (workload.Peer), printing "call peer=<identity>" for every call.
+func echoServer(id string) *workload.Echo {
+	return &workload.Echo{ID: id, OnCall: func(caller string) { fmt.Printf("call peer=%s\n", caller) }}
 }
 
 // runXDSServer serves TestService with xDS server credentials (insecure
@@ -122,7 +90,7 @@ func runXDSServer() {
 	if err != nil {
 		fail(err)
 	}
-	testgrpc.RegisterTestServiceServer(srv, &echoServer{id: os.Getenv(serverIDEnv)})
+	testgrpc.RegisterTestServiceServer(srv, echoServer(os.Getenv(serverIDEnv)))
 	lis, err := net.Listen("tcp", os.Getenv(serverListenEnv))
 	if err != nil {
 		fail(err)
@@ -244,19 +212,7 @@ func workloadFiles(t *testing.T, ca *trust.CA, rootsPEM []byte, id spiffeid.ID, 
 		t.Fatal(err)
 	}
 	ns, sa := idParts(t, id)
-	bootstrap := map[string]any{
-		"xds_servers": []any{map[string]any{"server_uri": xdsAddr, "channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []string{"xds_v3"}}},
-		"node": map[string]any{
-			"id":       fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, sa, ns, ns),
-			"metadata": map[string]any{"CLUSTER_ID": member, "NAMESPACE": ns, "GENERATOR": "grpc"},
-		},
-		"certificate_providers": map[string]any{"default": map[string]any{"plugin_name": "file_watcher", "config": map[string]any{
-			"certificate_file": filepath.Join(dir, "cert-chain.pem"), "private_key_file": filepath.Join(dir, "key.pem"),
-			"ca_certificate_file": filepath.Join(dir, "root-cert.pem"), "refresh_interval": "900s",
-		}}},
-		"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s",
-	}
-	data, err := json.MarshalIndent(bootstrap, "", "  ")
+	data, err := workload.Bootstrap{XDSAddr: xdsAddr, NodeID: workload.NodeID(ip, sa, ns), ClusterID: member, Namespace: ns, CertDir: dir}.JSON()
 	if err != nil {
 		t.Fatal(err)
 	}

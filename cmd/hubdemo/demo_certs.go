@@ -6,7 +6,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -26,6 +25,8 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/hubmesh/hub/internal/workload"
 )
 
 // demoCA obtains the demo workloads' certificates from the hub's CA
@@ -170,40 +171,23 @@ func writeAtomically(path string, data []byte) error {
 	return nil
 }
 
-// demoLocality is the bootstrap locality of a workload of member: its
-// member's node's region and zone, as istio-agent takes them from the node.
-func demoLocality(member string) map[string]any {
-	for _, dc := range demoClusters {
-		if dc.name == member {
-			return map[string]any{"region": dc.region, "zone": dc.zone}
-		}
-	}
-	return map[string]any{}
-}
-
-// writeDemoBootstrap writes the gRPC xDS bootstrap of a workload as
-// istio-agent writes it for proxyless gRPC (a file_watcher certificate
-// provider "default" on the files in dir, the inbound listener name
-// template), connecting to the hub at xdsAddr in plaintext; grpc-go
-// re-reads the files every refresh. Without mtls it names no certificate
+// writeDemoBootstrap writes the gRPC xDS bootstrap of a workload of member
+// as istio-agent writes it for proxyless gRPC (workload.Bootstrap: the
+// locality of its member's node, a file_watcher certificate provider on
+// the files in dir, which grpc-go re-reads every refresh), connecting to
+// the hub at xdsAddr in plaintext. Without mtls it names no certificate
 // provider. It returns the file's path.
 func writeDemoBootstrap(dir, xdsAddr, nodeID, member, namespace string, mtls bool, refresh time.Duration) (string, error) {
-	bootstrap := map[string]any{
-		"xds_servers": []any{map[string]any{"server_uri": xdsAddr, "channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []string{"xds_v3"}}},
-		"node": map[string]any{
-			"id":       nodeID,
-			"metadata": map[string]any{"CLUSTER_ID": member, "NAMESPACE": namespace, "GENERATOR": "grpc"},
-			"locality": demoLocality(member),
-		},
-		"server_listener_resource_name_template": "xds.istio.io/grpc/lds/inbound/%s",
+	b := workload.Bootstrap{XDSAddr: xdsAddr, NodeID: nodeID, ClusterID: member, Namespace: namespace, Refresh: refresh}
+	for _, dc := range demoClusters {
+		if dc.name == member {
+			b.Region, b.Zone = dc.region, dc.zone
+		}
 	}
 	if mtls {
-		bootstrap["certificate_providers"] = map[string]any{"default": map[string]any{"plugin_name": "file_watcher", "config": map[string]any{
-			"certificate_file": filepath.Join(dir, "cert-chain.pem"), "private_key_file": filepath.Join(dir, "key.pem"),
-			"ca_certificate_file": filepath.Join(dir, "root-cert.pem"), "refresh_interval": fmt.Sprintf("%ds", int(refresh/time.Second)),
-		}}}
+		b.CertDir = dir
 	}
-	data, err := json.MarshalIndent(bootstrap, "", "  ")
+	data, err := b.JSON()
 	if err != nil {
 		return "", err
 	}

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	xdscreds "google.golang.org/grpc/credentials/xds"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/xds"
+
+	"github.com/hubmesh/hub/internal/workload"
 )
 
 // The demo's workloads are this binary run again by the demo in a hidden
@@ -58,24 +58,8 @@ func runDemoChild(role string) int {
 	return 1
 }
 
-// demoEcho is grpc's interop TestService answering UnaryCall with its
-// member as server_id and the caller's SPIFFE ID (mTLS) as username.
-type demoEcho struct {
-	testgrpc.UnimplementedTestServiceServer
-	member string
-}
-
-func (s *demoEcho) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	caller := "-"
-	if p, ok := peer.FromContext(ctx); ok {
-		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok && info.SPIFFEID != nil {
-			caller = info.SPIFFEID.String()
-		}
-	}
-	return &testgrpc.SimpleResponse{ServerId: s.member, Hostname: s.member, Username: caller}, nil
-}
-
-// runDemoServer serves demoEcho as an xDS-enabled gRPC server: the hub's
+// runDemoServer serves workload.Echo, answering as member, as an
+// xDS-enabled gRPC server: the hub's
 // inbound listener for addr decides whether callers must present a
 // certificate (--mtls-mode). It logs its serving mode changes.
 func runDemoServer(addr, member string) error {
@@ -89,7 +73,7 @@ func runDemoServer(addr, member string) error {
 	if err != nil {
 		return fmt.Errorf("xDS gRPC server: %w", err)
 	}
-	testgrpc.RegisterTestServiceServer(srv, &demoEcho{member: member})
+	testgrpc.RegisterTestServiceServer(srv, &workload.Echo{ID: member})
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)

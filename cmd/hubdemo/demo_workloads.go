@@ -27,6 +27,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/envoy"
+	"github.com/hubmesh/hub/internal/workload"
 )
 
 // demoWorkload is one backend ("server") or client of the demo, pretending
@@ -149,7 +150,7 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		if w.ip != "" {
 			nodeIP = w.ip
 		}
-		nodeID := fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", nodeIP, w.name, demoNamespace, demoNamespace)
+		nodeID := workload.NodeID(nodeIP, w.name, demoNamespace)
 		network := demoNetworkOf(w.member).name
 		bootstrap, err := writeDemoBootstrap(dir, xdsAddrs[network], nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
 		if err != nil {
