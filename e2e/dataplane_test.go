@@ -251,7 +251,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	gateway := agent(east, "istio-system", "istio-eastwestgateway-0", "istio-eastwestgateway", gatewayIP, &dataPlaneProxy{Router: true, Network: "net-east", Netns: netB.name,
 		Labels: map[string]string{"istio": "eastwestgateway", "topology.istio.io/network": "net-east"}, AdminPort: 25000,
 		Stats: []string{"listener."}})
-	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 35000,
+	caller := agent(west, ns, "caller-0", "caller", dataPlaneIP(t), &dataPlaneProxy{Network: "net-west", AdminPort: 21000,
 		Stats: []string{"cluster.outbound|"}})
 
 	t.Cleanup(func() {
@@ -511,7 +511,7 @@ func TestSidecarsAcrossNetworksThroughRealGateway(t *testing.T) {
 	})
 	westApp := startChild(t, "meshapp", meshAppHTTPEnv+"=127.0.0.1:9081", meshAppGRPCEnv+"=127.0.0.1:0", serverIDEnv+"=west")
 	westApp.waitLine(t, 30*time.Second, "listening")
-	westServer := agent(west, ns, "echo-west", echoServiceAccount, westIP, &dataPlaneProxy{Network: "net-west", AdminPort: 45000})
+	westServer := agent(west, ns, "echo-west", echoServiceAccount, westIP, &dataPlaneProxy{Network: "net-west", AdminPort: 22000})
 	waitProxyReady(t, westServer)
 	gwHost := net.JoinHostPort(gatewayIP, "15443")
 	westHost := net.JoinHostPort(westIP, fmt.Sprint(httpPort))

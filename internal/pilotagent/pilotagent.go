@@ -119,8 +119,11 @@ type Proxy struct {
 	// run in (`ip netns exec`).
 	Netns string
 	// AdminPort is Envoy's admin port (ProxyConfig proxyAdminPort); Envoy's
-	// status and Prometheus listeners take AdminPort+21 and AdminPort+90,
-	// so that proxies sharing a network namespace do not collide.
+	// status and Prometheus listeners take AdminPort+21 and AdminPort+90
+	// (on 0.0.0.0), so that proxies sharing a network namespace do not
+	// collide. Keep all three below the kernel's ephemeral ports (Linux:
+	// 32768–60999): a connection's local port may take one of those at any
+	// time, and Envoy then exits (cannot bind).
 	AdminPort int
 	// Stats are prefixes of Envoy statistics to keep beyond those Istio's
 	// bootstrap keeps (ProxyConfig proxyStatsMatcher.inclusionPrefixes),
