@@ -60,9 +60,8 @@ type adsServer struct {
 	admit    func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
-	// sotwID and deltaID make a stream's key, unique across listeners.
-	sotwID, deltaID func(int64) int64
-	count           atomic.Int64
+	// streamIDs numbers the streams of every listener of the hub.
+	streamIDs *atomic.Int64
 }
 
 // StreamAggregatedResources implements ADS over SotW.
@@ -182,7 +181,7 @@ type sotwType struct {
 }
 
 func (a *adsServer) serveSotw(st sotwStream, defaultType string) error {
-	c := &sotwConn{conn: newConn(a.sotwID(a.count.Add(1))), a: a, st: st, types: map[string]*sotwType{}, debug: debugAnswered{}}
+	c := &sotwConn{conn: newConn(a.streamIDs.Add(1)), a: a, st: st, types: map[string]*sotwType{}, debug: debugAnswered{}}
 	return serveStream(a, st, defaultType, c.conn, c)
 }
 
@@ -741,7 +740,7 @@ func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
-	c := &deltaConn{conn: newConn(a.deltaID(a.count.Add(1))), a: a, st: st, types: map[string]*deltaType{}, debug: debugAnswered{}}
+	c := &deltaConn{conn: newConn(a.streamIDs.Add(1)), a: a, st: st, types: map[string]*deltaType{}, debug: debugAnswered{}}
 	return serveStream(a, st, defaultType, c.conn, c)
 }
 

@@ -20,7 +20,7 @@ import (
 //     watcher.mu, but for its withheld-SDS log (a lock of its own) and
 //     its per-type sent flags (atomic).
 type conn struct {
-	id  int64   // unique across listeners (adsServer.sotwID, deltaID)
+	id  int64   // unique across the hub's listeners (Hub.streamIDs)
 	out *outbox // where the stream's watches put their responses
 
 	node  *corev3.Node // the first node the stream sent (an empty one until then)

@@ -171,11 +171,108 @@ type Hub struct {
 	// between them.
 	versions *versionHoldings
 	names    *nameHoldings
-	servers  atomic.Int64 // ServeADS calls, to keep stream keys unique
+	// streamIDs numbers the ADS streams of every listener: a stream's key.
+	streamIDs atomic.Int64
 }
 
 // New creates a Hub. Run must be running for changes to reach proxies.
+// The parts are built in dependency order, each complete when it is made:
+// the change feed and the index (unless given), the xDS and Istio config
+// generators, the access reviews, the identity scope and the token
+// reviewer, the CA, the watcher that reads them all, the stream tracker
+// that tells the watcher who a stream is, and the sync status of both.
 func New(opts Options) (*Hub, error) {
+	opts = opts.withDefaults()
+	changes, index := opts.Changes, opts.Index
+	if changes == nil {
+		changes = feed.NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
+	}
+	if index == nil {
+		index = feed.NewIndex(opts.DomainSuffix, changes)
+	}
+	gen, err := newGenerator(index, opts)
+	if err != nil {
+		return nil, err
+	}
+	var trustDomain string
+	if opts.Roots != nil {
+		trustDomain = opts.Roots.LocalTrustDomain()
+	}
+	reviews := newAccessReviews(opts.Authorizer, changes.ReviewDecided, opts.Log)
+	if reviews != nil && opts.AccessReviewTimeout > 0 {
+		reviews.timeout = opts.AccessReviewTimeout
+	}
+	scope := authn.NewScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
+	var tokens *authn.TokenAuth
+	if opts.Tokens != nil && opts.Roots != nil {
+		tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
+	}
+	var (
+		caServer *ca.Server
+		workload *workloadCerts
+	)
+	if opts.Signer != nil {
+		if opts.Roots == nil {
+			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
+		}
+		caServer = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: tokens, Scope: scope,
+			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
+		ttl := ca.DefaultWorkloadCertTTL
+		if opts.MaxWorkloadCertTTL > 0 {
+			ttl = min(ttl, opts.MaxWorkloadCertTTL)
+		}
+		workload = &workloadCerts{signer: opts.Signer, ttl: ttl}
+	}
+	fleet := &feed.Deliveries{}
+	watcher := newWatcher(watcherInputs{
+		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
+		rules: opts.Rules, secrets: opts.Secrets, roots: opts.Roots, workload: workload, sar: reviews,
+		hubNamespace: opts.Namespace, scope: scope, maxNames: opts.Limits.MaxResourceNames,
+		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: newPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
+	})
+	proxies := newProxyTracker(trackerInputs{
+		log: opts.Log, limits: opts.Limits, identify: watcher.identify, server: watcher.serverSecurity,
+		tokens: tokens, roots: opts.Roots, fleet: fleet,
+	})
+	h := &Hub{
+		log:      opts.Log,
+		grace:    opts.DrainGrace,
+		limits:   opts.Limits,
+		settled:  opts.Settled,
+		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
+		changes:  changes,
+		index:    index,
+		gen:      gen,
+		config:   watcher.config,
+		watcher:  watcher,
+		reviews:  reviews,
+		proxies:  proxies,
+		syncz:    newSyncz(proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits),
+		ca:       caServer,
+		codec:    newSharedCodec(),
+		fleet:    fleet,
+		versions: newHoldings[string](),
+		names:    newHoldings[struct{}](),
+	}
+	if opts.Metrics != nil {
+		collectors := append(h.xdsCollectors(), scope.Collectors()...)
+		if tokens != nil {
+			collectors = append(collectors, tokens.Collectors()...)
+		}
+		if caServer != nil {
+			collectors = append(collectors, caServer.Collectors()...)
+		}
+		for _, c := range collectors {
+			if err := opts.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("registering the hub's metrics: %w", err)
+			}
+		}
+	}
+	return h, nil
+}
+
+// withDefaults fills in the options left zero.
+func (opts Options) withDefaults() Options {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
@@ -186,111 +283,48 @@ func New(opts Options) (*Hub, error) {
 		opts.DrainGrace = DefaultDrainGrace
 	}
 	opts.Limits = opts.Limits.withDefaults()
-	h := &Hub{
-		log:      opts.Log,
-		grace:    opts.DrainGrace,
-		limits:   opts.Limits,
-		settled:  opts.Settled,
-		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
-		proxies:  newProxyTracker(opts.Log, opts.Limits),
-		codec:    newSharedCodec(),
-		fleet:    &feed.Deliveries{},
-		versions: newHoldings[string](),
-		names:    newHoldings[struct{}](),
-	}
-	latency := newPushLatency()
-	h.changes, h.index = opts.Changes, opts.Index
-	if h.changes == nil {
-		h.changes = feed.NewChanges(DefaultDebounceAfter, DefaultDebounceMax)
-	}
-	if h.index == nil {
-		h.index = feed.NewIndex(opts.DomainSuffix, h.changes)
-	}
-	h.gen = xdsgen.New(h.index)
-	if err := h.gen.SetMTLS(opts.MTLSMode, opts.Roots, opts.RootNamespace); err != nil {
+	return opts
+}
+
+// newGenerator builds the xDS generator over index, with the mesh-wide mTLS
+// mode and the demotion of unhealthy members the options set.
+func newGenerator(index *feed.Index, opts Options) (*xdsgen.Generator, error) {
+	gen := xdsgen.New(index)
+	if err := gen.SetMTLS(opts.MTLSMode, opts.Roots, opts.RootNamespace); err != nil {
 		return nil, err
 	}
 	if opts.Rules != nil {
-		h.gen.AwaitSecurity() // no inbound listener before the policies are read
+		gen.AwaitSecurity() // no inbound listener before the policies are read
 	}
-	h.gen.SetDemoteUnhealthy(!opts.KeepUnhealthyFirst)
-	var trustDomain string
-	if opts.Roots != nil {
-		trustDomain = opts.Roots.LocalTrustDomain()
-	}
-	h.config = mcp.New(h.index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain})
-	h.watcher = newWatcher(h.gen, runtime.GOMAXPROCS(0), opts.Log)
-	h.watcher.config = h.config
-	h.watcher.rules = opts.Rules
-	h.watcher.latency = latency
-	h.watcher.fleet, h.proxies.fleet = h.fleet, h.fleet
-	h.watcher.paceLimit = h.changes.Limit()
-	if opts.Metrics != nil {
-		quiet := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hub_xds_push_quiet_seconds",
-			Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
-		}, func() float64 { return h.changes.Quiet().Seconds() })
-		pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "hub_xds_policies_pending",
-			Help: "1 while the distributed AuthorizationPolicies and PeerAuthentications have not been read (since start): proxyless gRPC servers get no inbound listener, and streams asking for one no LDS response, until they are.",
-		}, func() float64 {
-			if _, known := h.gen.Security(); known {
-				return 0
-			}
-			return 1
-		})
-		xdsCollectors := append(h.proxies.collectors(), latency.hist, h.watcher.evaluations, h.watcher.policyServers, pending, quiet)
-		for t := range feed.PushTriggers {
-			xdsCollectors = append(xdsCollectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name:        "hub_xds_pushes_total",
-				Help:        "Pushes of batched changes, by what let them go: leading_edge (the first change after a quiet period), quiet (no change for the quiet period), max_wait (a change waited --debounce-max).",
-				ConstLabels: prometheus.Labels{"trigger": t.String()},
-			}, func() float64 { return float64(h.changes.Pushes(t)) }))
+	gen.SetDemoteUnhealthy(!opts.KeepUnhealthyFirst)
+	return gen, nil
+}
+
+// xdsCollectors are the metrics of the xDS side: streams, pushes, latency
+// and policies.
+func (h *Hub) xdsCollectors() []prometheus.Collector {
+	quiet := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hub_xds_push_quiet_seconds",
+		Help: "The quiet period batched changes wait for before a push: the time the last push took until its clients answered all but 10% (at least 16) of its responses, within --debounce-after and --debounce-max.",
+	}, func() float64 { return h.changes.Quiet().Seconds() })
+	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hub_xds_policies_pending",
+		Help: "1 while the distributed AuthorizationPolicies and PeerAuthentications have not been read (since start): proxyless gRPC servers get no inbound listener, and streams asking for one no LDS response, until they are.",
+	}, func() float64 {
+		if _, known := h.gen.Security(); known {
+			return 0
 		}
-		for _, c := range xdsCollectors {
-			if err := opts.Metrics.Register(c); err != nil {
-				return nil, fmt.Errorf("registering xDS metrics: %w", err)
-			}
-		}
+		return 1
+	})
+	out := append(h.proxies.collectors(), h.watcher.latency.hist, h.watcher.evaluations, h.watcher.policyServers, pending, quiet)
+	for t := range feed.PushTriggers {
+		out = append(out, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "hub_xds_pushes_total",
+			Help:        "Pushes of batched changes, by what let them go: leading_edge (the first change after a quiet period), quiet (no change for the quiet period), max_wait (a change waited --debounce-max).",
+			ConstLabels: prometheus.Labels{"trigger": t.String()},
+		}, func() float64 { return float64(h.changes.Pushes(t)) }))
 	}
-	h.reviews = newAccessReviews(opts.Authorizer, h.changes.ReviewDecided, opts.Log)
-	if h.reviews != nil && opts.AccessReviewTimeout > 0 {
-		h.reviews.timeout = opts.AccessReviewTimeout
-	}
-	h.watcher.secrets, h.watcher.roots, h.watcher.sar = opts.Secrets, opts.Roots, h.reviews
-	h.watcher.hubNamespace, h.watcher.maxNames = opts.Namespace, opts.Limits.MaxResourceNames
-	h.proxies.roots = opts.Roots
-	scope := authn.NewScope(opts.IdentityScopes, opts.Namespace, opts.RootNamespace)
-	h.watcher.scope = scope
-	collectors := scope.Collectors()
-	if opts.Tokens != nil && opts.Roots != nil {
-		h.proxies.tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
-		collectors = append(collectors, h.proxies.tokens.Collectors()...)
-	}
-	h.syncz = newSyncz(h.proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits)
-	h.proxies.identify = h.watcher.identify
-	h.proxies.server = h.watcher.serverSecurity
-	if opts.Signer != nil {
-		if opts.Roots == nil {
-			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
-		}
-		h.ca = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: h.proxies.tokens, Scope: scope,
-			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
-		ttl := ca.DefaultWorkloadCertTTL
-		if opts.MaxWorkloadCertTTL > 0 {
-			ttl = min(ttl, opts.MaxWorkloadCertTTL)
-		}
-		h.watcher.workload = &workloadCerts{signer: opts.Signer, ttl: ttl}
-		collectors = append(collectors, h.ca.Collectors()...)
-	}
-	if opts.Metrics != nil {
-		for _, c := range collectors {
-			if err := opts.Metrics.Register(c); err != nil {
-				return nil, fmt.Errorf("registering CA and token metrics: %w", err)
-			}
-		}
-	}
-	return h, nil
+	return out
 }
 
 // DefaultNewStreamsPerSecond is how many new ADS streams a hub admits per
@@ -511,11 +545,9 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	var endStreams sync.Once
 	stopServing := func() { endStreams.Do(func() { close(done) }) }
 	defer stopServing()
-	seq := h.servers.Add(1)
 	xds := &adsServer{
 		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet, syncz: h.syncz, admit: h.admitStream, done: done,
-		sotwID:  func(id int64) int64 { return seq<<40 | id },
-		deltaID: func(id int64) int64 { return seq<<40 | 1<<39 | id },
+		streamIDs: &h.streamIDs,
 	}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)
 	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)

@@ -88,28 +88,12 @@ type ProxyConfig struct {
 // proxyTracker follows every ADS stream as its loop (adsServer) reports
 // it: who is connected, what was sent, what was ACKed or NACKed.
 type proxyTracker struct {
-	log      *slog.Logger
+	trackerInputs
 	mu       sync.Mutex
 	streams  map[int64]*conn   // the open streams, by ID
 	holdings *resourceHoldings // what streams hold, shared between them
 	pushes   [60]uint32        // responses per second, ring indexed by unix second
 	pushAt   [60]int64
-
-	// identify tells the watcher a stream's verified identity once its
-	// node was checked (see request).
-	identify func(rec *streamRecord, id authn.Identity)
-	// server tells what the policies make of a stream's inbound
-	// listeners (watcher.serverSecurity; nil: not shown).
-	server func(rec *streamRecord) *ServerSecurity
-	// tokens authenticates service-account tokens on mTLS streams that
-	// carry no client certificate; nil rejects them.
-	tokens *authn.TokenAuth
-	// roots checks that a client certificate's member binding comes from
-	// our own CA; nil honours no binding.
-	roots  authn.RootSource
-	limits Limits
-	// fleet counts the responses clients answered (may be nil).
-	fleet *feed.Deliveries
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -154,12 +138,32 @@ type streamState struct {
 // sent is what a response carried: the type and version a nonce names.
 type sent struct{ typeURL, version string }
 
-func newProxyTracker(log *slog.Logger, limits Limits) *proxyTracker {
+// trackerInputs are what the tracker checks streams with and whom it
+// tells, built before it (Hub.New).
+type trackerInputs struct {
+	log    *slog.Logger
+	limits Limits
+	// identify tells the watcher a stream's verified identity once its
+	// node was checked (see request).
+	identify func(rec *streamRecord, id authn.Identity)
+	// server tells what the policies make of a stream's inbound
+	// listeners (watcher.serverSecurity; nil: not shown).
+	server func(rec *streamRecord) *ServerSecurity
+	// tokens authenticates service-account tokens on mTLS streams that
+	// carry no client certificate; nil rejects them.
+	tokens *authn.TokenAuth
+	// roots checks that a client certificate's member binding comes from
+	// our own CA; nil honours no binding.
+	roots authn.RootSource
+	// fleet counts the responses clients answered (may be nil).
+	fleet *feed.Deliveries
+}
+
+func newProxyTracker(in trackerInputs) *proxyTracker {
 	return &proxyTracker{
-		log:      log,
-		limits:   limits,
-		streams:  map[int64]*conn{},
-		holdings: newHoldings[*anypb.Any](),
+		trackerInputs: in,
+		streams:       map[int64]*conn{},
+		holdings:      newHoldings[*anypb.Any](),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),

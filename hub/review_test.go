@@ -336,7 +336,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 	} {
 		// No watch is parked: a push only notes what changed for each
 		// subscriber it reaches.
-		w := newWatcher(nil, 1, slog.New(slog.DiscardHandler))
+		w := newWatcher(watcherInputs{workers: 1, log: slog.New(slog.DiscardHandler)})
 		w.indexLocked(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
 		w.push(context.Background(), c.changed)

@@ -38,36 +38,10 @@ import (
 // state only for LDS, CDS and wildcard subscriptions, and clients keep the
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
-	gen     *xdsgen.Generator
-	config  *mcp.Generator   // Istio config for member istiods
-	rules   RuleSource       // DestinationRules for gen (may be nil: none)
-	secrets SecretSource     // may be nil: no SDS
-	roots   authn.RootSource // may be nil: no SDS
-	// workload issues SDS "default", a hub-fed Envoy's workload
-	// certificate (nil signer: not served).
-	workload *workloadCerts
-	// sar decides access reviews without waiting; nil: other namespaces
-	// are always denied.
-	sar *accessReviews
-	// hubNamespace is the hub's own namespace, whose Secrets are never served.
-	hubNamespace string
-	// scope decides which identities a member may assert; SDS serves
-	// Kubernetes Secrets only to those (nil: any).
-	scope *authn.Scope
-	// maxNames bounds the names a stream subscribes to per type.
-	maxNames int
-	log      *slog.Logger
-	// workers bounds how many watches a push evaluates at once.
-	workers int
-	// latency measures pushed responses (may be nil: not measured).
-	latency *pushLatency
-	// fleet counts the responses handed to streams (may be nil).
-	fleet *feed.Deliveries
+	watcherInputs
 	// lists shares the resource lists of responses that carry the same
 	// resources (nil: none shared).
 	lists *responseLists
-	// paceLimit bounds how long a push of churn paces its waves (see pace).
-	paceLimit time.Duration
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
@@ -149,9 +123,53 @@ func (wt *watch) incremental() bool {
 	return false
 }
 
-func newWatcher(gen *xdsgen.Generator, workers int, log *slog.Logger) *watcher {
+// watcherInputs are what the watcher reads and whom it tells, built
+// before it (Hub.New).
+type watcherInputs struct {
+	gen     *xdsgen.Generator
+	config  *mcp.Generator   // Istio config for member istiods
+	rules   RuleSource       // DestinationRules for gen (may be nil: none)
+	secrets SecretSource     // may be nil: no SDS
+	roots   authn.RootSource // may be nil: no SDS
+	// workload issues SDS "default", a hub-fed Envoy's workload
+	// certificate (nil: not served).
+	workload *workloadCerts
+	// sar decides access reviews without waiting; nil: other namespaces
+	// are always denied.
+	sar *accessReviews
+	// hubNamespace is the hub's own namespace, whose Secrets are never served.
+	hubNamespace string
+	// scope decides which identities a member may assert; SDS serves
+	// Kubernetes Secrets only to those (nil: any).
+	scope *authn.Scope
+	// maxNames bounds the names a stream subscribes to per type (zero:
+	// DefaultMaxResourceNames).
+	maxNames int
+	log      *slog.Logger
+	// workers bounds how many watches a push evaluates at once (at least 1).
+	workers int
+	// latency measures pushed responses (may be nil: not measured).
+	latency *pushLatency
+	// fleet counts the responses handed to streams (may be nil).
+	fleet *feed.Deliveries
+	// paceLimit bounds how long a push of churn paces its waves (see pace;
+	// zero: DefaultDebounceMax).
+	paceLimit time.Duration
+}
+
+func newWatcher(in watcherInputs) *watcher {
+	in.workers = max(in.workers, 1)
+	if in.maxNames <= 0 {
+		in.maxNames = DefaultMaxResourceNames
+	}
+	if in.paceLimit <= 0 {
+		in.paceLimit = DefaultDebounceMax
+	}
+	if in.log == nil {
+		in.log = slog.Default()
+	}
 	return &watcher{
-		gen: gen, workers: max(workers, 1), log: log, maxNames: DefaultMaxResourceNames, paceLimit: DefaultDebounceMax, lists: newResponseLists(),
+		watcherInputs: in, lists: newResponseLists(),
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",

@@ -31,12 +31,38 @@ import (
 	"github.com/hubmesh/hub/web"
 )
 
-// serve runs the hub until ctx is done: membership from the home cluster,
-// the federated index with ADS on --xds-addr and --xds-tls-addr (either may
-// be off), and the admin server (REST API
-// and dashboard) on --admin-addr.
-//
-// The parts are built in dependency order, each complete when it is made:
+// serve runs the hub until ctx is done: it builds the parts (build), opens
+// the listeners (listen) and runs everything (app.run).
+func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+	a, err := build(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	listeners, err := a.listen()
+	if err != nil {
+		return err
+	}
+	return a.run(ctx, listeners)
+}
+
+// app is the hub's parts, built and not yet running.
+type app struct {
+	cfg         config
+	log         *slog.Logger
+	elector     *leader.Elector
+	fed         *trust.Federation
+	registry    *clusters.Registry
+	distributed *distribute.Source
+	hub         *hub.Hub
+	admin       *web.Server
+	webCert     *tls.Certificate // the bundle endpoint's, for --bundle-profile=https_web
+	draining    *atomic.Bool     // readiness fails once set
+}
+
+// build makes the hub's parts in dependency order, each complete when it is
+// made: membership from the home cluster, the federated index with ADS on
+// --xds-addr and --xds-tls-addr (either may be off), and the admin server
+// (REST API and dashboard) on --admin-addr.
 //  1. the leader elector;
 //  2. the change feed (feed.Changes), which every part below reports to;
 //  3. the federated index (feed.Index), reporting changed hostnames to it;
@@ -53,54 +79,33 @@ import (
 //  8. the admin server: the REST API (package api) and the dashboard
 //     (package web) on one router.
 //
-// Then the listeners open (logged as "hub listening" with their addresses
-// by name: xds, admin, xds-tls, bundle; the demo, cmd/hubdemo, and the
-// tests read that line) and everything runs until ctx is done.
-func serve(ctx context.Context, cfg config, log *slog.Logger) error {
+// It loads our CA (trust) before it returns: ctx bounds that.
+func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	home, err := homeConfig(cfg.kubeconfig)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	policy, err := clusters.ParsePolicy(cfg.kubeconfigAllow)
+	policy, err := memberPolicy(cfg)
 	if err != nil {
-		return fmt.Errorf("--kubeconfig-allow: %w", err)
+		return nil, err
 	}
-	if policy.ServerCIDRs, err = clusters.ParseCIDRs(cfg.memberServerCIDRs); err != nil {
-		return fmt.Errorf("--member-server-cidrs: %w", err)
-	}
-	if policy.DenyCIDRs, err = clusters.ParseCIDRs(cfg.memberServerDeny); err != nil {
-		return fmt.Errorf("--member-server-deny-cidrs: %w", err)
-	}
-	policy.MaxObjects = cfg.memberMaxObjects
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	homeClient, err := kubernetes.NewForConfig(home)
 	if err != nil {
-		return fmt.Errorf("building home cluster client: %w", err)
+		return nil, fmt.Errorf("building home cluster client: %w", err)
 	}
-	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
-	if err != nil {
-		return fmt.Errorf("--trust-domain: %w", err)
-	}
-
-	elector := leader.New(homeClient, cfg.namespace, replicaName(), log)
-	metrics.MustRegister(elector.Collector())
+	a := &app{cfg: cfg, log: log, draining: &atomic.Bool{}}
+	a.elector = leader.New(homeClient, cfg.namespace, replicaName(), log)
+	metrics.MustRegister(a.elector.Collector())
 	changes := feed.NewChanges(cfg.debounceAfter, cfg.debounceMax)
 	index := feed.NewIndex(cfg.domainSuffix, changes)
-	dnsNames, err := trust.ParseDNSNames(cfg.tlsDNSNames)
-	if err != nil {
-		return fmt.Errorf("--tls-dns-names: %w", err)
+	if a.fed, err = newTrust(cfg, homeClient, changes, a.elector, log); err != nil {
+		return nil, err
 	}
-	endpointGuard, err := cfg.hardening.endpointGuard()
-	if err != nil {
-		return err
-	}
-	fed := trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
-		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard,
-		ExpiryWarning: cfg.expiryWarning})
-	metrics.MustRegister(fed.Collector())
-	elector.OnStartedLeading(fed.LeadershipGained)
-	registry, err := clusters.NewRegistry(clusters.Config{
+	metrics.MustRegister(a.fed.Collector())
+	a.elector.OnStartedLeading(a.fed.LeadershipGained)
+	a.registry, err = clusters.NewRegistry(clusters.Config{
 		Home:                  home,
 		HomeID:                cfg.clusterID,
 		HomeGatewayNamespaces: cfg.homeGatewayNS,
@@ -115,44 +120,103 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		SecretEvents:          changes,
 		Metrics:               metrics,
 		Log:                   log,
-		IsLeader:              elector.IsLeader,
+		IsLeader:              a.elector.IsLeader,
 		ExpiryWarning:         cfg.expiryWarning,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	distributeFrom, err := cfg.distributeNamespaces()
 	if err != nil {
-		return fmt.Errorf("--distribute-namespaces: %w", err)
+		return nil, fmt.Errorf("--distribute-namespaces: %w", err)
 	}
-	distributed, err := distribute.New(home, distribute.Options{
+	a.distributed, err = distribute.New(home, distribute.Options{
 		Namespaces: distributeFrom,
 		Hosts:      distribute.HostGuard{FederatedDomain: cfg.federatedDomain, DomainSuffix: cfg.domainSuffix, Federated: index.Has, Hostnames: index.FederatedHostnames},
 		OnChange:   changes.ConfigChanged,
-		MayWrite:   elector.IsLeader,
+		MayWrite:   a.elector.IsLeader,
 		Log:        log,
 	})
 	if err != nil {
-		return fmt.Errorf("watching Istio objects to distribute: %w", err)
+		return nil, fmt.Errorf("watching Istio objects to distribute: %w", err)
 	}
-	h, err := hub.New(hub.Options{
+	if a.hub, err = hub.New(a.hubOptions(changes, index, metrics)); err != nil {
+		return nil, err
+	}
+	if err := startTrust(ctx, a.fed, log); err != nil {
+		return nil, err
+	}
+	if cfg.bundleAddr != "" && cfg.bundleProfile == string(trust.ProfileHTTPSWeb) {
+		cert, err := tls.LoadX509KeyPair(cfg.bundleCert, cfg.bundleKey)
+		if err != nil {
+			return nil, fmt.Errorf("--bundle-profile=https_web needs --bundle-cert and --bundle-key: %w", err)
+		}
+		a.webCert = &cert
+	}
+	if a.admin, err = a.adminServer(homeClient, policy, metrics); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// memberPolicy is what a member's kubeconfig may say (--kubeconfig-allow,
+// --member-server-cidrs, --member-server-deny-cidrs, --member-max-objects).
+func memberPolicy(cfg config) (clusters.KubeconfigPolicy, error) {
+	policy, err := clusters.ParsePolicy(cfg.kubeconfigAllow)
+	if err != nil {
+		return policy, fmt.Errorf("--kubeconfig-allow: %w", err)
+	}
+	if policy.ServerCIDRs, err = clusters.ParseCIDRs(cfg.memberServerCIDRs); err != nil {
+		return policy, fmt.Errorf("--member-server-cidrs: %w", err)
+	}
+	if policy.DenyCIDRs, err = clusters.ParseCIDRs(cfg.memberServerDeny); err != nil {
+		return policy, fmt.Errorf("--member-server-deny-cidrs: %w", err)
+	}
+	policy.MaxObjects = cfg.memberMaxObjects
+	return policy, nil
+}
+
+// newTrust builds the trust federation: our CA, our trust domain's bundle
+// and the peers' (--trust-domain, --tls-dns-names, the hardening flags).
+func newTrust(cfg config, homeClient kubernetes.Interface, changes *feed.Changes, elector *leader.Elector, log *slog.Logger) (*trust.Federation, error) {
+	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
+	if err != nil {
+		return nil, fmt.Errorf("--trust-domain: %w", err)
+	}
+	dnsNames, err := trust.ParseDNSNames(cfg.tlsDNSNames)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-dns-names: %w", err)
+	}
+	endpointGuard, err := cfg.hardening.endpointGuard()
+	if err != nil {
+		return nil, err
+	}
+	return trust.New(trust.Config{Client: homeClient, Namespace: cfg.namespace, TrustDomain: td, Log: log,
+		OnChange: changes.RootsChanged, IsLeader: elector.IsLeader, DNSNames: dnsNames, EndpointGuard: endpointGuard,
+		ExpiryWarning: cfg.expiryWarning}), nil
+}
+
+// hubOptions wires the hub to the parts built before it (see build).
+func (a *app) hubOptions(changes *feed.Changes, index *feed.Index, metrics *prometheus.Registry) hub.Options {
+	cfg := a.cfg
+	return hub.Options{
 		Changes:             changes,
 		Index:               index,
 		FederatedDomain:     cfg.federatedDomain,
-		Policy:              distributed,
-		Rules:               distributed,
-		Secrets:             registry,
-		Authorizer:          registry,
+		Policy:              a.distributed,
+		Rules:               a.distributed,
+		Secrets:             a.registry,
+		Authorizer:          a.registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
-		Tokens:              registry,
-		Signer:              fed,
-		Members:             registry,
+		Tokens:              a.registry,
+		Signer:              a.fed,
+		Members:             a.registry,
 		MaxWorkloadCertTTL:  cfg.maxWorkloadCertTTL,
-		Roots:               fed,
+		Roots:               a.fed,
 		Namespace:           cfg.namespace,
 		RootNamespace:       cfg.rootNamespace,
-		IdentityScopes:      registry,
-		Settled:             registry.Ready,
+		IdentityScopes:      a.registry,
+		Settled:             a.registry.Ready,
 		Limits: hub.Limits{
 			MaxRequestBytes:         cfg.xdsLimits.maxRequestBytes,
 			MaxStreamsPerConnection: uint32(cfg.xdsLimits.maxStreamsPerConnection),
@@ -165,92 +229,96 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 		MTLSMode:            xdsgen.MTLSMode(cfg.mtlsMode),
 		KeepUnhealthyFirst:  !cfg.demoteUnhealthy,
 		Metrics:             metrics,
-		Log:                 log,
-	})
-	if err != nil {
-		return err
+		Log:                 a.log,
 	}
+}
+
+// adminServer builds the admin server: the REST API and the dashboard on
+// one router, authenticated by --api-token-file or Kubernetes TokenReviews.
+func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.KubeconfigPolicy, metrics *prometheus.Registry) (*web.Server, error) {
+	cfg := a.cfg
 	var audiences []string
 	if cfg.apiAudience != "" {
 		audiences = []string{cfg.apiAudience}
 	}
 	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.secretsNamespace, api.KubeAuthOptions{Audiences: audiences})
 	if cfg.apiTokenFile != "" {
+		var err error
 		if auth, err = api.LoadStaticTokens(cfg.apiTokenFile); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := startTrust(ctx, fed, log); err != nil {
-		return err
-	}
-	var webCert *tls.Certificate
-	if cfg.bundleAddr != "" && cfg.bundleProfile == string(trust.ProfileHTTPSWeb) {
-		cert, err := tls.LoadX509KeyPair(cfg.bundleCert, cfg.bundleKey)
-		if err != nil {
-			return fmt.Errorf("--bundle-profile=https_web needs --bundle-cert and --bundle-key: %w", err)
-		}
-		webCert = &cert
-	}
-	var draining atomic.Bool
-	membership := readiness{registry, &draining}
+	membership := readiness{a.registry, a.draining}
 	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.secretsNamespace), cfg.secretsNamespace, cfg.clusterID, policy)
 	dashboard := web.New(web.Config{
 		Membership:   membership,
 		Registrar:    registrar,
-		Federation:   h,
-		Trust:        fed,
-		Distribution: distributed,
-		CA:           h,
+		Federation:   a.hub,
+		Trust:        a.fed,
+		Distribution: a.distributed,
+		CA:           a.hub,
 		Auth:         auth,
-		Log:          log,
+		Log:          a.log,
 	})
 	admin, err := web.NewServer(adminHandler(api.Config{
 		Membership:   membership,
 		Registrar:    registrar,
-		Federation:   h,
-		Trust:        fed,
-		Distribution: distributed,
-		CA:           h,
+		Federation:   a.hub,
+		Trust:        a.fed,
+		Distribution: a.distributed,
+		CA:           a.hub,
 		Auth:         auth,
 		Metrics:      metrics,
 		OpenMetrics:  cfg.hardening.metricsAuth == metricsAuthNone,
-		Log:          log,
-	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: log})
+		Log:          a.log,
+	}, dashboard), web.ServerOptions{TLSCertFile: cfg.adminTLSCert, TLSKeyFile: cfg.adminTLSKey, Log: a.log})
 	if err != nil {
-		return fmt.Errorf("admin server: %w", err)
+		return nil, fmt.Errorf("admin server: %w", err)
 	}
 	admin.RegisterOnShutdown(dashboard.Shutdown)
+	return admin, nil
+}
 
+// listen opens the listeners and logs them as "hub listening" with their
+// addresses by name: xds, admin, xds-tls, bundle (the demo, cmd/hubdemo,
+// and the tests read that line).
+func (a *app) listen() (map[string]net.Listener, error) {
+	cfg := a.cfg
 	listeners := map[string]net.Listener{}
+	closeAll := func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}
 	for name, addr := range map[string]string{"xds": cfg.xdsAddr, "admin": cfg.adminAddr, "xds-tls": cfg.xdsTLSAddr, "bundle": cfg.bundleAddr} {
 		if addr == "" {
-			log.Info("listener disabled", "listener", name)
+			a.log.Info("listener disabled", "listener", name)
 			continue
 		}
 		lis, err := listen(addr, name)
 		if err != nil {
-			for _, l := range listeners {
-				l.Close()
-			}
-			return err
+			closeAll()
+			return nil, err
 		}
 		listeners[name] = lis
 	}
 	if err := requireListeners(listeners); err != nil {
-		for _, l := range listeners {
-			l.Close()
-		}
-		return err
+		closeAll()
+		return nil, err
 	}
-	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "remoteSecretsNamespace", cfg.secretsNamespace, "trustDomain", td.Name(), "adminTLS", admin.TLS()}
+	addrs := []any{"cluster", cfg.clusterID, "namespace", cfg.namespace, "remoteSecretsNamespace", cfg.secretsNamespace, "trustDomain", cfg.trustDomain, "adminTLS", a.admin.TLS()}
 	for name, l := range listeners {
 		addrs = append(addrs, name, l.Addr().String())
 	}
-	log.Info(listening.Message, addrs...)
+	a.log.Info(listening.Message, addrs...)
+	return listeners, nil
+}
 
-	// Shutdown (SIGTERM, or any part failing): readiness fails first, the
-	// xDS listeners drain their streams while everything else keeps running
-	// (so the streams not yet closed still get pushes), then the rest stops.
+// run runs every part until ctx is done or one of them stops. Shutdown
+// (SIGTERM, or any part failing): readiness fails first, the xDS listeners
+// drain their streams while everything else keeps running (so the streams
+// not yet closed still get pushes), then the rest stops.
+func (a *app) run(ctx context.Context, listeners map[string]net.Listener) error {
 	xdsCtx, stopXDS := context.WithCancel(ctx)
 	defer stopXDS()
 	coreCtx, stopCore := context.WithCancel(context.WithoutCancel(ctx))
@@ -268,28 +336,28 @@ func serve(ctx context.Context, cfg config, log *slog.Logger) error {
 			stopXDS() // one part stopping stops the hub
 		})
 	}
-	run(&coreParts, "index", func() error { h.Run(coreCtx); return nil })
-	run(&coreParts, "registry", func() error { return registry.Run(coreCtx) })
-	run(&coreParts, "trust", func() error { return fed.Run(coreCtx) })
-	run(&coreParts, "distribute", func() error { return distributed.Run(coreCtx) })
-	run(&coreParts, "leader election", func() error { return elector.Run(coreCtx) })
+	run(&coreParts, "index", func() error { a.hub.Run(coreCtx); return nil })
+	run(&coreParts, "registry", func() error { return a.registry.Run(coreCtx) })
+	run(&coreParts, "trust", func() error { return a.fed.Run(coreCtx) })
+	run(&coreParts, "distribute", func() error { return a.distributed.Run(coreCtx) })
+	run(&coreParts, "leader election", func() error { return a.elector.Run(coreCtx) })
 	if l := listeners["xds"]; l != nil {
-		run(&xdsParts, "xds", func() error { return h.ServeADS(xdsCtx, l, nil) })
+		run(&xdsParts, "xds", func() error { return a.hub.ServeADS(xdsCtx, l, nil) })
 	}
 	if l := listeners["xds-tls"]; l != nil {
-		run(&xdsParts, "xds-tls", func() error { return h.ServeADS(xdsCtx, l, fed.ServerTLSConfig()) })
+		run(&xdsParts, "xds-tls", func() error { return a.hub.ServeADS(xdsCtx, l, a.fed.ServerTLSConfig()) })
 	}
 	if l := listeners["bundle"]; l != nil {
-		run(&coreParts, "bundle", func() error { return fed.ServeBundleEndpoint(coreCtx, l, webCert) })
+		run(&coreParts, "bundle", func() error { return a.fed.ServeBundleEndpoint(coreCtx, l, a.webCert) })
 	}
-	run(&coreParts, "admin", func() error { return admin.Serve(coreCtx, listeners["admin"]) })
+	run(&coreParts, "admin", func() error { return a.admin.Serve(coreCtx, listeners["admin"]) })
 	<-xdsCtx.Done()
-	draining.Store(true)
-	log.Info("shutting down: readiness is failing, draining xDS streams", "grace", cfg.shutdownGrace.String())
+	a.draining.Store(true)
+	a.log.Info("shutting down: readiness is failing, draining xDS streams", "grace", a.cfg.shutdownGrace.String())
 	xdsParts.Wait()
 	stopCore()
 	coreParts.Wait()
-	log.Info("hub stopped")
+	a.log.Info("hub stopped")
 	return errors.Join(errs...)
 }
 

@@ -198,7 +198,8 @@ func (c *Changes) take() Batch {
 }
 
 // Run hands batches to push until ctx is done; it is the feed's one
-// consumer and owns the debounce state.
+// consumer. The rules below are the debouncer's (debounce.go), which holds
+// the debounce state; Run feeds it the clock, the timer and the deliveries.
 //
 // Pushes are paced by what they cost (fleet, nil: not paced): after a push
 // the feed waits until the fleet answered most of what it was handed
@@ -235,105 +236,38 @@ func (c *Changes) take() Batch {
 // or not; a push not delivered within `max` stops being waited for, and
 // pacing starts over.
 func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) time.Duration, fleet *Deliveries) {
-	var (
-		pending    Batch
-		churn      bool      // pending holds changes that piled up (see above)
-		first      time.Time // when run took the oldest pending change
-		lastChange time.Time // when the newest change taken so far was reported
-		quiet      = c.after // the last push's cost, within [after, max]
-		spacing    = c.after // the least time between two pushes' starts
-		delivering <-chan struct{}
-		pushedAt   time.Time // when the last push started, plus the time it left the fleet idle (Pace)
-		idleSince  time.Time // when the last push was delivered (or given up on)
-		timer      = time.NewTimer(time.Hour)
-	)
+	d := newDebouncer(c.after, c.max)
+	c.quiet.Store(int64(d.quiet))
+	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	c.quiet.Store(int64(quiet))
-	setQuiet := func(d time.Duration) {
-		quiet = min(max(d, c.after), c.max)
-		c.quiet.Store(int64(quiet))
-	}
-	delivered := func(now time.Time) {
-		delivering, idleSince = nil, now
-		setQuiet(now.Sub(pushedAt))
-	}
-	// rested is how long the fleet must have been idle before a push that
-	// is not forced by max: `after`, and half the last push's cost.
-	rested := func() time.Duration { return max(c.after, quiet/2) }
-	flush := func(t PushTrigger) {
-		if pending.Empty() {
-			return
-		}
-		c.pushes[t].Add(1)
-		if churn {
-			spacing = min(max(2*spacing, quiet), c.max)
-		} else {
-			spacing = c.after
-		}
-		b := pending
-		b.Churn = churn
-		pending, churn = Batch{}, false
-		timer.Stop()
-		var m mark
-		if fleet != nil {
-			m = fleet.mark()
-		}
-		pushedAt = time.Now()
-		// The time a paced push left the fleet idle is no cost of it.
-		pushedAt = pushedAt.Add(push(ctx, &b))
-		if fleet == nil {
-			delivering, idleSince = nil, time.Now()
-			return
-		}
-		if delivering = fleet.await(m); delivering == nil {
-			delivered(time.Now()) // nothing handed out: the push cost its own time
-		}
-	}
-	// giveUp stops waiting for a push not delivered within max.
-	giveUp := func(now time.Time) {
-		if delivering != nil && now.Sub(pushedAt) >= c.max {
-			fleet.stopWaiting()
-			delivering, idleSince = nil, now
-			setQuiet(c.after)
-		}
-	}
-	// due is when pending may go (see run): at the latest `max` from its
-	// first change.
-	due := func() time.Time {
-		d := first.Add(c.max)
-		if delivering != nil {
-			if g := pushedAt.Add(c.max); g.Before(d) {
-				return g // then given up on, and due again
-			}
-			return d
-		}
-		wait := c.after
-		if churn {
-			wait = quiet
-		}
-		q := lastChange.Add(wait)
-		if r := idleSince.Add(rested()); r.After(q) {
-			q = r
-		}
-		if s := pushedAt.Add(spacing); s.After(q) {
-			q = s
-		}
-		if q.Before(d) {
-			d = q
-		}
-		return d
-	}
-	schedule := func(now time.Time) {
-		if !pending.Empty() {
-			timer.Reset(max(due().Sub(now), 0))
-		}
-	}
+	var delivering <-chan struct{}
 	defer func() {
 		timer.Stop()
 		if fleet != nil {
 			fleet.stopWaiting()
 		}
 	}()
+	flush := func(t PushTrigger) {
+		c.pushes[t].Add(1)
+		timer.Stop()
+		b := d.take()
+		var m mark
+		if fleet != nil {
+			m = fleet.mark()
+		}
+		start := time.Now()
+		idled := push(ctx, &b)
+		if fleet != nil {
+			delivering = fleet.await(m)
+		}
+		d.pushed(start, idled, delivering != nil)
+		switch {
+		case fleet == nil:
+			d.rest(time.Now())
+		case delivering == nil:
+			d.delivered(time.Now()) // nothing handed out: the push cost its own time
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -344,41 +278,32 @@ func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) ti
 				continue
 			}
 			now := time.Now()
-			giveUp(now)
-			// Judged by when changes were reported, not when they were
-			// taken, so that changes made during a long push are not
-			// mistaken for the first after a calm period.
-			if !pending.Empty() || delivering != nil || in.reports > 1 || in.Since.Sub(lastChange) < c.after {
-				churn = true
-			}
-			calm := !churn && in.Since.Sub(idleSince) >= rested() && now.Sub(pushedAt) >= spacing
-			lastChange = in.latest
-			if pending.Empty() {
-				first = now
-			}
-			pending.merge(&in)
-			if calm {
+			c.giveUp(d, fleet, &delivering, now)
+			if d.changed(&in, now) {
 				flush(LeadingEdge)
-				continue
 			}
-			schedule(now)
 		case <-delivering:
-			now := time.Now()
-			delivered(now)
-			schedule(now)
+			delivering = nil
+			d.delivered(time.Now())
 		case <-timer.C:
 			now := time.Now()
-			giveUp(now)
-			if now.Before(due()) {
-				schedule(now)
-				continue
+			c.giveUp(d, fleet, &delivering, now)
+			if t, ok := d.fired(now); ok {
+				flush(t)
 			}
-			t := QuietAfter
-			if !now.Before(first.Add(c.max)) {
-				t = MaxWait
-			}
-			flush(t)
 		}
+		c.quiet.Store(int64(d.quiet))
+		if due, ok := d.due(); ok {
+			timer.Reset(max(time.Until(due), 0))
+		}
+	}
+}
+
+// giveUp stops waiting for a push not delivered within max.
+func (c *Changes) giveUp(d *debouncer, fleet *Deliveries, delivering *<-chan struct{}, now time.Time) {
+	if d.giveUp(now) {
+		fleet.stopWaiting()
+		*delivering = nil
 	}
 }
 

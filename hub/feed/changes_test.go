@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// debouncer is a Changes that reports hostnames as a []string.
-type debouncer struct{ *Changes }
+// testFeed is a Changes that reports hostnames as a []string.
+type testFeed struct{ *Changes }
 
-func (d debouncer) add(hosts []string) { d.HostnamesChanged(hosts) }
+func (d testFeed) add(hosts []string) { d.HostnamesChanged(hosts) }
 
 // unpaced is a push that leaves the fleet no idle time.
 func unpaced(push func(context.Context, *Batch)) func(context.Context, *Batch) time.Duration {
@@ -27,10 +27,10 @@ func startChanges(t *testing.T, c *Changes, push func(context.Context, *Batch)) 
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func startDebouncer(t *testing.T, after, max time.Duration) (debouncer, chan []string) {
+func startDebouncer(t *testing.T, after, max time.Duration) (testFeed, chan []string) {
 	t.Helper()
 	pushes := make(chan []string, 16)
-	d := debouncer{NewChanges(after, max)}
+	d := testFeed{NewChanges(after, max)}
 	startChanges(t, d.Changes, func(_ context.Context, b *Batch) {
 		var hosts []string
 		for k := range b.Hosts {
@@ -104,7 +104,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 		since time.Time
 	}
 	pushes := make(chan pushed, 16)
-	d := debouncer{NewChanges(200*time.Millisecond, time.Hour)}
+	d := testFeed{NewChanges(200*time.Millisecond, time.Hour)}
 	startChanges(t, d.Changes, func(_ context.Context, b *Batch) { pushes <- pushed{len(b.Hosts), b.Since} })
 	next := func() pushed {
 		t.Helper()
@@ -142,7 +142,7 @@ func TestDebounceCarriesOldestChangeTime(t *testing.T) {
 func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	const after = time.Second
 	c := NewChanges(after, time.Hour)
-	d := debouncer{c}
+	d := testFeed{c}
 	release := make(chan struct{})
 	pushes := make(chan []string, 16)
 	slow := true
@@ -232,7 +232,7 @@ func nextPaced(t *testing.T, pushes chan pacedPush) pacedPush {
 func TestDebouncePacedByDelivery(t *testing.T) {
 	const after = 5 * time.Millisecond
 	c, fleet, pushes := startPacedChanges(t, after, time.Hour)
-	d := debouncer{c}
+	d := testFeed{c}
 
 	d.add([]string{"a"})
 	first := nextPaced(t, pushes) // leading edge
@@ -297,7 +297,7 @@ func waitTaken(c *Changes) {
 func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 	const after, MaxWait = 5 * time.Millisecond, 2 * time.Second
 	c, _, pushes := startPacedChanges(t, after, MaxWait)
-	d := debouncer{c}
+	d := testFeed{c}
 
 	d.add([]string{"a"})
 	first := nextPaced(t, pushes)
@@ -353,7 +353,7 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
 	const after, MaxWait = 5 * time.Millisecond, 2 * time.Second
 	c, _, pushes := startPacedChanges(t, after, MaxWait)
-	d := debouncer{c}
+	d := testFeed{c}
 
 	d.add([]string{"a"})
 	first := nextPaced(t, pushes)
@@ -367,7 +367,7 @@ func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
 
 // startCostlyPaced runs a paced feed whose fleet takes cost to answer each
 // push (100 responses); delivered receives once per push after its answers.
-func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, chan pacedPush, chan struct{}) {
+func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (testFeed, chan pacedPush, chan struct{}) {
 	c, fleet := NewChanges(after, max), &Deliveries{}
 	delivered := make(chan struct{}, 64)
 	pushes := make(chan pacedPush, 64)
@@ -390,7 +390,7 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (debouncer, 
 		}), fleet)
 	}()
 	t.Cleanup(func() { cancel(); <-done; answers.Wait() })
-	return debouncer{c}, pushes, delivered
+	return testFeed{c}, pushes, delivered
 }
 
 // The rhythm of congestion collapse: the changes come in small bursts
