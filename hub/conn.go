@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"sync"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
@@ -14,7 +16,9 @@ import (
 //     the per-type protocol state of sotwConn and deltaConn that embed
 //     the conn;
 //   - state is what the tracker checks and shows (identity, status,
-//     nonces sent, what the stream holds), guarded by proxyTracker.mu;
+//     nonces sent, what the stream holds): only the loop writes it (through
+//     the tracker), under mu, which readers (the API, TypeSyncz) take to
+//     copy it;
 //   - rec is what the watcher's pushes read (identity, persistent
 //     subscribers, the responses handed to the stream), guarded by
 //     watcher.mu, but for its withheld-SDS log (a lock of its own) and
@@ -27,6 +31,7 @@ type conn struct {
 	named bool         // node is the client's
 	nonce int64        // the last response's nonce
 
+	mu    sync.Mutex // guards state
 	state streamState
 	rec   streamRecord
 }

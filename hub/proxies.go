@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -89,11 +90,11 @@ type ProxyConfig struct {
 // it: who is connected, what was sent, what was ACKed or NACKed.
 type proxyTracker struct {
 	trackerInputs
-	mu       sync.Mutex
-	streams  map[int64]*conn   // the open streams, by ID
+	mu        sync.Mutex      // guards streams only: a stream's state has its own lock (conn.mu)
+	streams   map[int64]*conn // the open streams, by ID
+	perSecond perSecond       // responses sent
+
 	holdings *resourceHoldings // what streams hold, shared between them
-	pushes   [60]uint32        // responses per second, ring indexed by unix second
-	pushAt   [60]int64
 
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
@@ -105,8 +106,8 @@ type proxyTracker struct {
 
 // streamState is what the tracker checks and shows of a stream: its
 // verified identity, its status for the API, the nonces it was sent and
-// what it holds. It is part of the stream's conn, guarded by
-// proxyTracker.mu.
+// what it holds. It is part of the stream's conn: the stream's loop writes
+// it (through the tracker) under conn.mu, which readers take to copy it.
 type streamState struct {
 	ident   authn.Identity
 	claimed string          // the member the proxy says it is in (may differ from ident.Cluster)
@@ -197,9 +198,9 @@ func (p *proxyTracker) onRefused(c *conn, err error) {
 	default:
 		return // the hub's own state (a full hub, a drain), not what the client sent
 	}
-	p.mu.Lock()
+	c.mu.Lock()
 	st := c.state.status
-	p.mu.Unlock()
+	c.mu.Unlock()
 	p.refused.record(st, c.node, err)
 	s := status.Convert(err)
 	id := st.ID
@@ -216,9 +217,9 @@ func (p *proxyTracker) onRefused(c *conn, err error) {
 // no client can park an oversized one behind an unserved type.
 func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) error {
 	if node != nil {
-		p.mu.Lock()
+		c.mu.Lock()
 		known := c.state.node == node
-		p.mu.Unlock()
+		c.mu.Unlock()
 		if !known {
 			if err := p.limits.checkNode(node); err != nil {
 				return err
@@ -226,11 +227,11 @@ func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) er
 		}
 	}
 	p.unserved.Inc()
-	p.mu.Lock()
+	c.mu.Lock()
 	st := &c.state
 	st.status.Unserved++
 	first := st.status.Unserved == 1
-	p.mu.Unlock()
+	c.mu.Unlock()
 	if first {
 		p.log.Debug("xDS request for a type the hub does not serve ignored", "proxy", clip.String(node.GetId(), 256), "type", clip.String(typeURL, 128))
 	}
@@ -290,20 +291,20 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 			return errAnonymousType(typ)
 		}
 	}
+	p.claim(st, claimed) // not yet registered: nobody else reads st
 	p.mu.Lock()
 	if len(p.streams) >= p.limits.MaxStreams {
 		p.mu.Unlock()
 		return errTooManyStreams(p.limits.MaxStreams)
 	}
 	p.streams[c.id] = c
-	p.claim(st, claimed)
 	p.mu.Unlock()
 	p.connected.Inc()
 	return nil
 }
 
 // claim records the member cluster a proxy says it is in (node metadata
-// CLUSTER_ID or the ClusterID header), with p.mu held. A token's member is
+// CLUSTER_ID or the ClusterID header), with c.mu held once the stream is registered. A token's member is
 // where it was reviewed, whatever the proxy says later. A certificate bound
 // to a member (see trust.MemberOID) that claims another one is in conflict:
 // it gets no Kubernetes Secrets, which is logged once and shown in status.
@@ -332,13 +333,15 @@ func (p *proxyTracker) onStreamClosed(c *conn) {
 		p.mu.Unlock()
 		return
 	}
+	delete(p.streams, c.id)
+	p.mu.Unlock()
+	c.mu.Lock()
 	st := &c.state
 	for _, held := range st.held {
 		p.holdings.release(held)
 	}
 	p.fleet.Answer(len(st.nonces)) // lost with the stream
-	delete(p.streams, c.id)
-	p.mu.Unlock()
+	c.mu.Unlock()
 	p.connected.Dec()
 }
 
@@ -372,8 +375,8 @@ func (p *proxyTracker) subscribe(c *conn, typeURL string, names []string) {
 		return
 	}
 	named := len(names) > 0 && !slices.Contains(names, "*")
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	st := &c.state
 	st.named[typeURL] = named
 	if !named {
@@ -443,14 +446,14 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
 	}
-	p.mu.Lock()
+	c.mu.Lock()
 	st := &c.state
 	if err := checkAnonymous(st, typeURL); err != nil {
-		p.mu.Unlock()
+		c.mu.Unlock()
 		return err
 	}
 	if node == nil {
-		p.mu.Unlock()
+		c.mu.Unlock()
 		return nil
 	}
 	known := st.node == node
@@ -459,7 +462,7 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	// stream may open, each costs the stream's loop and the tracker state.
 	if _, ok := st.asked[typeURL]; !ok {
 		if len(st.asked) >= maxTypesPerStream {
-			p.mu.Unlock()
+			c.mu.Unlock()
 			return status.Errorf(codes.InvalidArgument, "more than %d resource types on one stream", maxTypesPerStream)
 		}
 		if st.asked == nil {
@@ -467,7 +470,7 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 		}
 		st.asked[typeURL] = struct{}{}
 	}
-	p.mu.Unlock()
+	c.mu.Unlock()
 	if known {
 		return nil
 	}
@@ -498,15 +501,15 @@ const maxTypesPerStream = 64
 // ClusterID header). A rejected token ends the stream with Unauthenticated,
 // as istiod does; the identity it proves is pinned to that cluster.
 func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
-	p.mu.Lock()
+	c.mu.Lock()
 	st := &c.state
 	if st.token == "" {
-		p.mu.Unlock()
+		c.mu.Unlock()
 		return nil
 	}
 	token, cluster, ctx := st.token, st.claimed, st.ctx
 	st.token = ""
-	p.mu.Unlock()
+	c.mu.Unlock()
 	if member := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); member != "" {
 		cluster = member
 	}
@@ -518,10 +521,10 @@ func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", clip.String(cluster, 64), "error", err)
 		return status.Errorf(authn.TokenErrorCode(err), "service-account token not accepted by cluster %s: %v", clip.String(cluster, 64), err)
 	}
-	p.mu.Lock()
+	c.mu.Lock()
 	st.ident = ident
 	st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
-	p.mu.Unlock()
+	c.mu.Unlock()
 	return nil
 }
 
@@ -530,8 +533,8 @@ func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 // response carried (its type and version), never the client's words, but
 // for a NACK's error detail, which is truncated.
 func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string, nack bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	st := &c.state
 	// The stream's loop stamps every request with the stream's first node:
 	// a node not seen before is that one, recorded and identified once.
@@ -571,7 +574,7 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	defer p.mu.Unlock()
+	defer c.mu.Unlock()
 	typeURL := resp.GetTypeUrl()
 	if !st.named[typeURL] {
 		st.sotw[typeURL] = resp.GetResources() // the whole state, as sent
@@ -594,7 +597,7 @@ func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResp
 func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	defer p.mu.Unlock()
+	defer c.mu.Unlock()
 	ch := change[*anypb.Any]{names: make([]string, len(resp.GetResources())), vals: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
 	for i, r := range resp.GetResources() {
 		ch.names[i], ch.vals[i] = r.GetName(), r.GetResource()
@@ -603,16 +606,12 @@ func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscovery
 }
 
 // response records a sent response and returns the stream's state with
-// p.mu held, for the caller to record what the stream now holds and unlock.
+// c.mu held, for the caller to record what the stream now holds and unlock.
 func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources int) *streamState {
 	now := time.Now()
 	p.responses.WithLabelValues(typeLabel(typeURL)).Inc()
-	p.mu.Lock()
-	sec := now.Unix()
-	if i := sec % 60; p.pushAt[i] != sec {
-		p.pushAt[i], p.pushes[i] = sec, 0
-	}
-	p.pushes[sec%60]++
+	p.perSecond.count(now)
+	c.mu.Lock()
 	st := &c.state
 	ts := st.typeStatus(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
@@ -656,14 +655,13 @@ func typeOrder(typeURL string) string {
 
 // proxies lists every open stream, by proxy ID then stream.
 func (p *proxyTracker) proxies() []ProxyStatus {
-	p.mu.Lock()
-	out := make([]ProxyStatus, 0, len(p.streams))
-	conns := make([]*conn, 0, len(p.streams))
-	for _, c := range p.streams {
+	conns := p.open()
+	out := make([]ProxyStatus, 0, len(conns))
+	for _, c := range conns {
+		c.mu.Lock()
 		out = append(out, c.state.snapshot())
-		conns = append(conns, c)
+		c.mu.Unlock()
 	}
-	p.mu.Unlock()
 	if p.server != nil {
 		for i, c := range conns {
 			out[i].Server = p.server(&c.rec)
@@ -680,17 +678,19 @@ func (p *proxyTracker) proxies() []ProxyStatus {
 
 // config returns the newest stream of a proxy and what it last received.
 func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
-	p.mu.Lock()
 	var found *conn
-	for _, c := range p.streams {
-		if st := &c.state; st.status.ID == id && (found == nil || st.status.Stream > found.state.status.Stream) {
+	for _, c := range p.open() {
+		c.mu.Lock()
+		match := c.state.status.ID == id
+		c.mu.Unlock()
+		if match && (found == nil || c.id > found.id) {
 			found = c
 		}
 	}
 	if found == nil {
-		p.mu.Unlock()
 		return ProxyConfig{}, false
 	}
+	found.mu.Lock()
 	st := &found.state
 	res := make(map[string][]*anypb.Any, len(st.held)+len(st.sotw))
 	for typeURL, list := range st.sotw {
@@ -703,7 +703,7 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 		}
 	}
 	pc := ProxyConfig{Proxy: st.snapshot(), Resources: res}
-	p.mu.Unlock()
+	found.mu.Unlock()
 	if p.server != nil {
 		pc.Proxy.Server = p.server(&found.rec)
 	}
@@ -712,15 +712,40 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 
 // pushesPerSecond returns the responses sent in each of the last 60
 // seconds, oldest first.
-func (p *proxyTracker) pushesPerSecond() []int {
-	now := time.Now().Unix()
-	out := make([]int, 60)
+func (p *proxyTracker) pushesPerSecond() []int { return p.perSecond.last60(time.Now()) }
+
+// open returns the open streams (in no order).
+func (p *proxyTracker) open() []*conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return slices.Collect(maps.Values(p.streams))
+}
+
+// perSecond counts events per second over the last minute, without a
+// lock: a slot is reset by the first event of its new second, and an event
+// counted by another stream in the instant of that reset may be lost (a
+// figure for a picture, not an account).
+type perSecond [60]struct {
+	at atomic.Int64 // the unix second the slot counts
+	n  atomic.Uint32
+}
+
+func (r *perSecond) count(now time.Time) {
+	sec := now.Unix()
+	slot := &r[sec%60]
+	if at := slot.at.Load(); at != sec && slot.at.CompareAndSwap(at, sec) {
+		slot.n.Store(0)
+	}
+	slot.n.Add(1)
+}
+
+// last60 returns the counts of the 60 seconds up to now, oldest first.
+func (r *perSecond) last60(now time.Time) []int {
+	out := make([]int, 60)
 	for i := range out {
-		sec := now - 59 + int64(i)
-		if p.pushAt[sec%60] == sec {
-			out[i] = int(p.pushes[sec%60])
+		sec := now.Unix() - 59 + int64(i)
+		if slot := &r[sec%60]; slot.at.Load() == sec {
+			out[i] = int(slot.n.Load())
 		}
 	}
 	return out

@@ -242,9 +242,9 @@ func callerOf(id authn.Identity) synczCaller { return synczCaller{id.Cluster, id
 // scope decides what stream c may see, or that it may see nothing (an
 // error: Unauthenticated or PermissionDenied).
 func (z *syncz) scope(c *conn) (synczScope, error) {
-	z.tracker.mu.Lock()
+	c.mu.Lock()
 	plaintext, id, addr := c.state.plaintext, c.state.ident, c.state.status.Address
-	z.tracker.mu.Unlock()
+	c.mu.Unlock()
 	if plaintext {
 		if !loopbackAddr(addr) {
 			return synczScope{}, status.Errorf(codes.Unauthenticated, "%s on the plaintext port answers loopback callers only (kubectl port-forward to the hub's pod); elsewhere use the mTLS port with a workload identity", TypeSyncz)
@@ -300,34 +300,16 @@ func (p *proxyTracker) syncRows(all bool, namespace string) []syncRow {
 	if p.roots != nil {
 		local = p.roots.LocalTrustDomain()
 	}
-	p.mu.Lock()
-	rows := make([]syncRow, 0, len(p.streams))
-	for _, c := range p.streams {
-		st := &c.state
-		if st.status.ID == "" || debugOnly(st.asked) {
-			continue
+	conns := p.open()
+	rows := make([]syncRow, 0, len(conns))
+	for _, c := range conns {
+		c.mu.Lock()
+		r, ok := syncRowOf(c, all, namespace, local)
+		c.mu.Unlock()
+		if ok {
+			rows = append(rows, r)
 		}
-		ns, verified := st.status.Namespace, false
-		if !st.ident.SpiffeID.IsZero() {
-			ns, verified = st.ident.Namespace, st.ident.Verified(local)
-		}
-		if !all && (!verified || ns != namespace) {
-			continue
-		}
-		r := syncRow{id: st.status.ID, cluster: st.status.Cluster, namespace: ns, istioVersion: st.status.IstioVersion, stream: c.id}
-		for typeURL := range st.asked {
-			if _, ok := st.types[typeURL]; !ok && !isDebugType(typeURL) {
-				r.types = append(r.types, TypeStatus{TypeURL: typeURL})
-			}
-		}
-		for typeURL, ts := range st.types {
-			if !isDebugType(typeURL) {
-				r.types = append(r.types, *ts)
-			}
-		}
-		rows = append(rows, r)
 	}
-	p.mu.Unlock()
 	for i := range rows {
 		slices.SortFunc(rows[i].types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })
 	}
@@ -428,7 +410,36 @@ func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources
 func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, resources, size int) {
 	p.bytes.WithLabelValues(typeLabel(typeURL)).Add(float64(size))
 	p.response(c, typeURL, version, nonce, resources)
-	p.mu.Unlock()
+	c.mu.Unlock()
+}
+
+// syncRowOf is stream c's row, with c.mu held; false when the caller may
+// not see it (see syncRows), or it sent no node, or it asked for debug
+// types only.
+func syncRowOf(c *conn, all bool, namespace, local string) (syncRow, bool) {
+	st := &c.state
+	if st.status.ID == "" || debugOnly(st.asked) {
+		return syncRow{}, false
+	}
+	ns, verified := st.status.Namespace, false
+	if !st.ident.SpiffeID.IsZero() {
+		ns, verified = st.ident.Namespace, st.ident.Verified(local)
+	}
+	if !all && (!verified || ns != namespace) {
+		return syncRow{}, false
+	}
+	r := syncRow{id: st.status.ID, cluster: st.status.Cluster, namespace: ns, istioVersion: st.status.IstioVersion, stream: c.id}
+	for typeURL := range st.asked {
+		if _, ok := st.types[typeURL]; !ok && !isDebugType(typeURL) {
+			r.types = append(r.types, TypeStatus{TypeURL: typeURL})
+		}
+	}
+	for typeURL, ts := range st.types {
+		if !isDebugType(typeURL) {
+			r.types = append(r.types, *ts)
+		}
+	}
+	return r, true
 }
 
 // loopbackAddr reports whether addr (a peer's "host:port") is a loopback
