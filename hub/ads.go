@@ -15,11 +15,11 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/hub/authz"
@@ -51,13 +51,13 @@ type adsServer struct {
 	listenerservice.UnimplementedListenerDiscoveryServiceServer
 	routeservice.UnimplementedRouteDiscoveryServiceServer
 
-	tracker  *proxyTracker
-	watcher  *watcher
-	versions *versionHoldings // what the streams were sent, shared
-	names    *nameHoldings    // what the Delta streams subscribe to, shared
-	fleet    *feed.Deliveries // may be nil
-	syncz    *syncz           // answers TypeSyncz
-	admit    func(context.Context) error
+	tracker *proxyTracker
+	watcher *watcher
+	held    *resourceHoldings // what the streams hold, shared
+	names   *nameHoldings     // what the Delta streams subscribe to, shared
+	fleet   *feed.Deliveries  // may be nil
+	syncz   *syncz            // answers TypeSyncz
+	admit   func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}
 	// streamIDs numbers the streams of every listener of the hub.
@@ -269,7 +269,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		return c.answerDebug(req) // answered here, never watched
 	}
 	if t == nil {
-		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.versions)}
+		t = &sotwType{sub: newSotwSubscription(req.ResourceNames, c.a.held)}
 		c.types[req.TypeUrl] = t
 	} else {
 		t.seen = req.ResourceNames
@@ -279,12 +279,17 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		if t.cancel != nil {
 			t.cancel()
 		}
+		c.mu.Lock()
 		t.sub.set(req.ResourceNames)
 		if req.ResponseNonce == "" {
 			// A new request (istiod's shouldRespond: no nonce is a client
 			// starting over): answered with all it subscribes to, as the
 			// type's first request is.
 			t.sub.forget(nil)
+		}
+		c.state.holds(req.TypeUrl, t.sub.held())
+		c.mu.Unlock()
+		if req.ResponseNonce == "" {
 			c.a.watcher.renew(&c.rec, req.TypeUrl)
 		}
 	}
@@ -306,9 +311,11 @@ func (c *sotwConn) sendQueued() error {
 		out := resp.DiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
-		t.sub.took(resp)
 		t.nonce = out.Nonce
-		c.a.tracker.onStreamResponse(c.conn, out)
+		c.mu.Lock()
+		t.sub.took(resp)
+		c.a.tracker.onStreamResponse(c.conn, out, t.sub.held(), resp.incremental)
+		c.mu.Unlock()
 		if err := c.st.Send(out); err != nil {
 			return err
 		}
@@ -345,7 +352,10 @@ func (c *sotwConn) resendEndpoints(clusters []string) error {
 	if t.cancel != nil {
 		t.cancel()
 	}
+	c.mu.Lock()
 	t.sub.forget(clusters)
+	c.state.holds(resourcev3.EndpointType, t.sub.held())
+	c.mu.Unlock()
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	// A request of its own identity: a response the cancelled watch queued
 	// is dropped (sendQueued), as the new watch's requested() counted it
@@ -389,8 +399,13 @@ func (c *sotwConn) close() {
 		if t.cancel != nil {
 			t.cancel()
 		}
+	}
+	c.mu.Lock()
+	clear(c.state.held)
+	for _, t := range c.types {
 		t.sub.release()
 	}
+	c.mu.Unlock()
 	c.a.watcher.closeStream(&c.rec)
 	c.a.tracker.onStreamClosed(c.conn)
 }
@@ -444,28 +459,116 @@ func sameSlice(a, b []string) bool {
 // map of them (a map is built only when asked for, see
 // SubscribedResources), and it changes only when a request's names do.
 //
-// What the stream was sent (returned) is, for responses that carry only
-// what changed (EDS, RDS, SDS by name), a holding of versions shared with
-// every stream that was sent the same (versionHoldings): with Envoy
-// sidecars every stream holds every cluster's endpoints, and a map per
-// stream would be most of the hub's memory. The watcher reads it only
-// while a watch of the stream's type is parked or being created, and the
-// stream's loop changes it (took, set) only while none is.
+// It is also the one record of what the stream holds of the type
+// (heldResources): the watcher compares with it, the API shows it. For
+// responses that carry only what changed (EDS, RDS, SDS by name) that is a
+// holding shared with every stream that was sent the same
+// (resourceHoldings): with Envoy sidecars every stream holds every
+// cluster's endpoints, and a map per stream would be most of the hub's
+// memory; for the others, the last response's resources. The watcher
+// reads it only while a watch of the stream's type is parked or being
+// created, and the stream's loop changes it (took, set, forget) only while
+// none is, under the conn's lock, which the API takes to read it.
 type sotwSubscription struct {
 	names    []string // the last request's, shared (read only)
 	wildcard bool
-	legacy   bool              // no request named a resource yet
-	returned map[string]string // what the stream was sent: holds' map, or its own
-	holds    *holding[string]  // nil: returned is the stream's own
-	versions *versionHoldings
+	legacy   bool // no request named a resource yet
+	// holds is what the last responses that carried only what changed
+	// left the stream holding (nil: none).
+	holds *holding[*xdsgen.Resource]
+	// whole is the last whole-state response's resources (shared, read
+	// only; nil: none), and set the version of the set of every resource of
+	// the type it carried, for a wildcard one.
+	whole      []*xdsgen.Resource
+	setVersion string
+	resources  *resourceHoldings
 }
 
-var _ cachev3.Subscription = (*sotwSubscription)(nil)
-
-func newSotwSubscription(names []string, versions *versionHoldings) sotwSubscription {
-	s := sotwSubscription{wildcard: len(names) == 0, legacy: true, returned: map[string]string{}, versions: versions}
+func newSotwSubscription(names []string, resources *resourceHoldings) sotwSubscription {
+	s := sotwSubscription{wildcard: len(names) == 0, legacy: true, resources: resources}
 	s.set(names)
 	return s
+}
+
+// heldResources is what a stream holds of one type: the resources by
+// name (a holding's map, read only) or the resources of a whole-state
+// response, with the version of the set it was, if a wildcard's.
+type heldResources struct {
+	byName map[string]*xdsgen.Resource
+	whole  []*xdsgen.Resource
+	set    string
+}
+
+// version returns the version the stream holds of name.
+func (h heldResources) version(name string) (string, bool) {
+	if r, ok := h.byName[name]; ok {
+		return r.Version, true
+	}
+	for _, r := range h.whole {
+		if r.Name == name {
+			return r.Version, true
+		}
+	}
+	return "", false
+}
+
+// changed reports whether r is not what the stream holds of its name.
+func (h heldResources) changed(r *xdsgen.Resource) bool {
+	held, ok := h.byName[r.Name]
+	return !ok || held.Version != r.Version
+}
+
+// sameAs reports whether the stream holds exactly res, a whole state
+// (nothing held is the same as none).
+func (h heldResources) sameAs(res []*xdsgen.Resource) bool {
+	if len(res) != len(h.whole) || len(h.byName) > 0 {
+		return false
+	}
+	for i, r := range res {
+		if h.whole[i].Name != r.Name || h.whole[i].Version != r.Version {
+			byName := make(map[string]string, len(h.whole))
+			for _, w := range h.whole {
+				byName[w.Name] = w.Version
+			}
+			for _, r := range res {
+				if v, ok := byName[r.Name]; !ok || v != r.Version {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	return true
+}
+
+// anys are the resources the stream holds, in order of name for a holding
+// (those it only said it holds, with no resource, left out).
+func (h heldResources) anys() []*anypb.Any {
+	if h.whole != nil {
+		out := make([]*anypb.Any, 0, len(h.whole))
+		for _, r := range h.whole {
+			out = append(out, r.Any)
+		}
+		return out
+	}
+	out := make([]*anypb.Any, 0, len(h.byName))
+	for _, name := range slices.Sorted(maps.Keys(h.byName)) {
+		if a := h.byName[name].Any; a != nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// count is how many resources the stream holds.
+func (h heldResources) count() int { return max(len(h.byName), len(h.whole)) }
+
+func (s *sotwSubscription) held() heldResources {
+	h := heldResources{whole: s.whole, set: s.setVersion}
+	if s.holds != nil {
+		h.byName = s.holds.res
+	}
+	return h
 }
 
 // set takes a request's names (see stream.Subscription.SetResourceSubscription).
@@ -481,27 +584,30 @@ func (s *sotwSubscription) set(names []string) {
 		s.legacy = false
 	}
 	s.wildcard = slices.Contains(names, "*")
-	if s.wildcard || len(s.returned) == 0 {
+	if s.wildcard || s.held().count() == 0 {
+		return
+	}
+	if s.setVersion != "" {
+		// What a wildcard response left is known by its version only:
+		// forgotten, as every name of it may no longer be subscribed.
+		s.whole, s.setVersion = nil, ""
 		return
 	}
 	// Forget what was returned of names no longer subscribed: subscribing
 	// to them again gets them again.
 	keep := s.SubscribedResources()
+	if s.holds == nil {
+		s.whole = slices.DeleteFunc(slices.Clone(s.whole), func(r *xdsgen.Resource) bool { _, ok := keep[r.Name]; return !ok })
+		return
+	}
 	var gone []string
-	for name := range s.returned {
+	for name := range s.holds.res {
 		if _, ok := keep[name]; !ok {
 			gone = append(gone, name)
 		}
 	}
-	if s.holds == nil {
-		for _, name := range gone {
-			delete(s.returned, name)
-		}
-		return
-	}
 	slices.Sort(gone)
-	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
-	s.returned = s.holds.res
+	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
 }
 
 // took records that the stream was sent r.
@@ -509,44 +615,48 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 	r.markSent()
 	if !r.incremental {
 		s.release()
-		s.returned = r.GetReturnedResources()
+		s.whole, s.setVersion = r.whole, r.set
+		if s.whole == nil {
+			s.whole = noResources // held: nothing
+		}
 		return
 	}
-	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed))}
-	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.Name, res.Version
-	}
-	if s.holds == nil && len(s.returned) > 0 {
+	if s.holds == nil && len(s.whole) > 0 {
 		// What a whole-state response left (an SDS wildcard before these
 		// names): from here on, shared.
-		was := change[string]{names: slices.Sorted(maps.Keys(s.returned))}
-		for _, name := range was.names {
-			was.vals = append(was.vals, s.returned[name])
+		was := change[*xdsgen.Resource]{}
+		for _, r := range s.whole {
+			was.names, was.vals = append(was.names, r.Name), append(was.vals, r)
 		}
-		s.holds = s.versions.apply(nil, was)
+		s.holds = s.resources.apply(nil, was)
 	}
-	s.holds = s.versions.apply(s.holds, c)
-	s.returned = s.holds.res
+	s.whole, s.setVersion = nil, ""
+	c := change[*xdsgen.Resource]{names: make([]string, len(r.changed)), vals: r.changed}
+	for i, res := range r.changed {
+		c.names[i] = res.Name
+	}
+	s.holds = s.resources.apply(s.holds, c)
 }
 
 // forget drops names (nil: every name) from what the stream was sent,
 // so that the next evaluation sends them again whatever their versions.
 func (s *sotwSubscription) forget(names []string) {
-	_, whole := s.returned[wildcardKey]
-	if names == nil || whole || s.holds == nil {
-		if names == nil || whole {
-			s.release()
-			s.returned = map[string]string{}
-			return
+	if names == nil || s.setVersion != "" {
+		s.release()
+		s.whole, s.setVersion = nil, ""
+		return
+	}
+	if s.holds == nil {
+		drop := make(map[string]bool, len(names))
+		for _, n := range names {
+			drop[n] = true
 		}
-		for _, name := range names {
-			delete(s.returned, name)
-		}
+		s.whole = slices.DeleteFunc(slices.Clone(s.whole), func(r *xdsgen.Resource) bool { return drop[r.Name] })
 		return
 	}
 	var gone []string
 	for _, name := range names {
-		if _, ok := s.returned[name]; ok {
+		if _, ok := s.holds.res[name]; ok {
 			gone = append(gone, name)
 		}
 	}
@@ -554,24 +664,23 @@ func (s *sotwSubscription) forget(names []string) {
 		return
 	}
 	slices.Sort(gone)
-	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
-	s.returned = s.holds.res
+	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
 }
+
+// noResources is a whole state of nothing (nil is none).
+var noResources = []*xdsgen.Resource{}
 
 // release gives up the stream's shared holding, if any.
 func (s *sotwSubscription) release() {
-	s.versions.release(s.holds)
+	s.resources.release(s.holds)
 	s.holds = nil
 }
 
-// ReturnedResources implements cache.Subscription (read only).
-func (s *sotwSubscription) ReturnedResources() map[string]string { return s.returned }
-
-// IsWildcard implements cache.Subscription.
+// IsWildcard reports whether the subscription is to every resource.
 func (s *sotwSubscription) IsWildcard() bool { return s.wildcard }
 
-// SubscribedResources implements cache.Subscription: a new map of the
-// names ("*" left out) on every call.
+// SubscribedResources returns a new map of the names ("*" left out) on
+// every call.
 func (s *sotwSubscription) SubscribedResources() map[string]struct{} {
 	m := make(map[string]struct{}, len(s.names))
 	for _, n := range s.names {
@@ -621,21 +730,19 @@ type deltaSubscription struct {
 	wildcard   bool
 	legacy     bool
 	subscribed *holding[struct{}]
-	holds      *holding[string]
+	holds      *holding[*xdsgen.Resource] // what the stream holds: what it was sent, or says it has (no Any)
 	names      *nameHoldings
-	versions   *versionHoldings
+	resources  *resourceHoldings
 }
 
-var _ cachev3.Subscription = (*deltaSubscription)(nil)
-
-func newDeltaSubscription(req *discoveryv3.DeltaDiscoveryRequest, names *nameHoldings, versions *versionHoldings) deltaSubscription {
-	s := deltaSubscription{wildcard: len(req.ResourceNamesSubscribe) == 0, legacy: true, names: names, versions: versions}
+func newDeltaSubscription(req *discoveryv3.DeltaDiscoveryRequest, names *nameHoldings, resources *resourceHoldings) deltaSubscription {
+	s := deltaSubscription{wildcard: len(req.ResourceNamesSubscribe) == 0, legacy: true, names: names, resources: resources}
 	s.subscribed = names.apply(nil, change[struct{}]{})
-	held := change[string]{names: slices.Sorted(maps.Keys(req.InitialResourceVersions))}
+	held := change[*xdsgen.Resource]{names: slices.Sorted(maps.Keys(req.InitialResourceVersions))}
 	for _, name := range held.names {
-		held.vals = append(held.vals, req.InitialResourceVersions[name])
+		held.vals = append(held.vals, &xdsgen.Resource{Name: name, Version: req.InitialResourceVersions[name]})
 	}
-	s.holds = versions.apply(nil, held)
+	s.holds = resources.apply(nil, held)
 	s.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
 	return s
 }
@@ -661,7 +768,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 	}
 	s.subscribed = s.names.apply(s.subscribed, add)
 	var drop change[struct{}]
-	var held change[string]
+	var held change[*xdsgen.Resource]
 	dropped := map[string]bool{}
 	for _, name := range unsubscribe {
 		if name == "*" {
@@ -673,7 +780,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 		if subscribed && s.wildcard {
 			// Still wanted as part of the wildcard: sent again, or named
 			// removed if it no longer exists.
-			held.names, held.vals = append(held.names, name), append(held.vals, "")
+			held.names, held.vals = append(held.names, name), append(held.vals, &xdsgen.Resource{Name: name})
 		} else if _, ok := s.holds.res[name]; ok {
 			held.removed = append(held.removed, name)
 		}
@@ -683,16 +790,16 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 		}
 	}
 	s.subscribed = s.names.apply(s.subscribed, drop)
-	s.holds = s.versions.apply(s.holds, held)
+	s.holds = s.resources.apply(s.holds, held)
 }
 
 // took records that the stream was sent r.
 func (s *deltaSubscription) took(r *deltaResponse) {
-	c := change[string]{names: make([]string, len(r.changed)), vals: make([]string, len(r.changed)), removed: r.removed}
+	c := change[*xdsgen.Resource]{names: make([]string, len(r.changed)), vals: r.changed, removed: r.removed}
 	for i, res := range r.changed {
-		c.names[i], c.vals[i] = res.Name, res.Version
+		c.names[i] = res.Name
 	}
-	s.holds = s.versions.apply(s.holds, c)
+	s.holds = s.resources.apply(s.holds, c)
 }
 
 // holdsAny reports whether the stream holds any of names (read only).
@@ -720,23 +827,27 @@ func (s *deltaSubscription) forget(names []string) bool {
 		return false
 	}
 	slices.Sort(gone)
-	s.holds = s.versions.apply(s.holds, change[string]{removed: gone})
+	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
 	return true
 }
 
 func (s *deltaSubscription) release() {
 	s.names.release(s.subscribed)
-	s.versions.release(s.holds)
+	s.resources.release(s.holds)
 	s.subscribed, s.holds = nil, nil
 }
 
-// ReturnedResources implements cache.Subscription (read only).
-func (s *deltaSubscription) ReturnedResources() map[string]string { return s.holds.res }
+func (s *deltaSubscription) held() heldResources {
+	if s.holds == nil {
+		return heldResources{}
+	}
+	return heldResources{byName: s.holds.res}
+}
 
-// IsWildcard implements cache.Subscription.
+// IsWildcard reports whether the subscription is to every resource.
 func (s *deltaSubscription) IsWildcard() bool { return s.wildcard }
 
-// SubscribedResources implements cache.Subscription (read only).
+// SubscribedResources returns the names subscribed to (read only).
 func (s *deltaSubscription) SubscribedResources() map[string]struct{} { return s.subscribed.res }
 
 func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
@@ -772,12 +883,15 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	}
 	t := c.types[req.TypeUrl]
 	if t == nil {
-		t = &deltaType{sub: newDeltaSubscription(req, c.a.names, c.a.versions)}
+		t = &deltaType{sub: newDeltaSubscription(req, c.a.names, c.a.held)}
 		c.types[req.TypeUrl] = t
 		if req.TypeUrl == resourcev3.EndpointType && len(c.rewarm) > 0 {
 			t.sub.forget(slices.Collect(maps.Keys(c.rewarm)))
 			c.rewarm = nil
 		}
+		c.mu.Lock()
+		c.state.holds(req.TypeUrl, t.sub.held())
+		c.mu.Unlock()
 	} else {
 		if t.cancel != nil {
 			t.cancel()
@@ -789,7 +903,10 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		if err := c.sendQueued(); err != nil {
 			return err
 		}
+		c.mu.Lock()
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
+		c.state.holds(req.TypeUrl, t.sub.held())
+		c.mu.Unlock()
 	}
 	var err error
 	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.conn, !t.answered)
@@ -803,12 +920,9 @@ func (c *deltaConn) sendQueued() error {
 		out := resp.DeltaDiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
-		c.a.tracker.onDeltaResponse(c.conn, out)
-		if err := c.st.Send(out); err != nil {
-			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
-			return err
-		}
 		var updated []string // clusters the stream held another version of: Envoy re-warms them
+		var held heldResources
+		c.mu.Lock()
 		if t := c.types[out.TypeUrl]; t != nil {
 			if out.TypeUrl == resourcev3.ClusterType {
 				for _, r := range resp.changed {
@@ -819,6 +933,13 @@ func (c *deltaConn) sendQueued() error {
 			}
 			t.sub.took(resp)
 			t.answered = true
+			held = t.sub.held()
+		}
+		c.a.tracker.onDeltaResponse(c.conn, out, held)
+		c.mu.Unlock()
+		if err := c.st.Send(out); err != nil {
+			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
+			return err
 		}
 		if err := c.resendEndpoints(updated); err != nil {
 			return err
@@ -856,7 +977,10 @@ func (c *deltaConn) resendEndpoints(names []string) error {
 	if t.cancel != nil {
 		t.cancel()
 	}
+	c.mu.Lock()
 	t.sub.forget(names)
+	c.state.holds(resourcev3.EndpointType, t.sub.held())
+	c.mu.Unlock()
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	var err error
 	t.cancel, err = c.a.watcher.CreateDeltaWatch(&discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}, &t.sub, c.conn, !t.answered)
@@ -872,8 +996,13 @@ func (c *deltaConn) close() {
 		if t.cancel != nil {
 			t.cancel()
 		}
+	}
+	c.mu.Lock()
+	clear(c.state.held)
+	for _, t := range c.types {
 		t.sub.release()
 	}
+	c.mu.Unlock()
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).

@@ -185,7 +185,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 	for run := range 500 {
 		var lists [][]string
 		first := pickNames(rng, pool)
-		ours := newSotwSubscription(first, newHoldings[string]())
+		ours := newSotwSubscription(first, newHoldings[*xdsgen.Resource]())
 		theirs := streamv3.NewSotwSubscription(first, true)
 		lists = append(lists, first)
 		for step := range 12 {
@@ -199,7 +199,11 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 			}
 			if run%2 == 0 {
 				// A whole-state response: what was sent is all it holds.
-				ours.took(&sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{ReturnedResources: maps.Clone(sent)}})
+				r := &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{}}
+				for _, n := range slices.Sorted(maps.Keys(sent)) {
+					r.whole = append(r.whole, &xdsgen.Resource{Name: n, Version: sent[n]})
+				}
+				ours.took(r)
 				theirs.SetReturnedResources(maps.Clone(sent))
 			} else {
 				// One that carries what changed: held in a shared holding.
@@ -221,13 +225,26 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 			theirs.SetResourceSubscription(names)
 			if ours.IsWildcard() != theirs.IsWildcard() ||
 				!maps.Equal(ours.SubscribedResources(), theirs.SubscribedResources()) ||
-				!maps.Equal(ours.ReturnedResources(), theirs.ReturnedResources()) {
+				!maps.Equal(versionsHeld(ours.held()), theirs.ReturnedResources()) {
 				t.Fatalf("run %d, requests %q: ours wildcard=%v subscribed=%v returned=%v; go-control-plane's %v %v %v", run, lists,
-					ours.IsWildcard(), ours.SubscribedResources(), ours.ReturnedResources(),
+					ours.IsWildcard(), ours.SubscribedResources(), versionsHeld(ours.held()),
 					theirs.IsWildcard(), theirs.SubscribedResources(), theirs.ReturnedResources())
 			}
 		}
 	}
+}
+
+// versionsHeld is the version held of each name, as go-control-plane's
+// subscriptions record what they returned.
+func versionsHeld(h heldResources) map[string]string {
+	out := map[string]string{}
+	for name, r := range h.byName {
+		out[name] = r.Version
+	}
+	for _, r := range h.whole {
+		out[r.Name] = r.Version
+	}
+	return out
 }
 
 func pickNames(rng *rand.Rand, pool []string) []string {
@@ -301,7 +318,7 @@ func TestDeltaReconnectWithInitialVersions(t *testing.T) {
 func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 	pool := []string{"*", "a", "b", "c", "d"}
 	rng := rand.New(rand.NewPCG(3, 4))
-	names, versions := newHoldings[struct{}](), newHoldings[string]()
+	names, versions := newHoldings[struct{}](), newHoldings[*xdsgen.Resource]()
 	for run := range 500 {
 		initial := map[string]string{}
 		for _, n := range pickNames(rng, pool[1:]) {
@@ -344,9 +361,9 @@ func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 			}
 			if ours.IsWildcard() != theirs.IsWildcard() ||
 				!maps.Equal(ours.SubscribedResources(), theirs.SubscribedResources()) ||
-				!maps.Equal(ours.ReturnedResources(), theirs.ReturnedResources()) {
+				!maps.Equal(versionsHeld(ours.held()), theirs.ReturnedResources()) {
 				t.Fatalf("run %d, %q: ours wildcard=%v subscribed=%v returned=%v; go-control-plane's %v %v %v", run, steps,
-					ours.IsWildcard(), ours.SubscribedResources(), ours.ReturnedResources(),
+					ours.IsWildcard(), ours.SubscribedResources(), versionsHeld(ours.held()),
 					theirs.IsWildcard(), theirs.SubscribedResources(), theirs.ReturnedResources())
 			}
 		}
@@ -446,7 +463,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	}
 	twoServices(h)
 	st := &deltaSends{}
-	c := &deltaConn{conn: newConn(1), a: &adsServer{tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet},
+	c := &deltaConn{conn: newConn(1), a: &adsServer{tracker: h.proxies, watcher: h.watcher, held: h.held, names: h.names, fleet: h.fleet},
 		st: st, types: map[string]*deltaType{}}
 	if err := h.proxies.onStreamOpen(context.Background(), c.conn, resourcev3.AnyType); err != nil {
 		t.Fatal(err)
@@ -472,7 +489,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	}
 	parked := c.rec.subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
-	if parked == nil || reflect.ValueOf(parked.returned).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA] != st.sent[1].Resources[0].Version {
+	if parked == nil || reflect.ValueOf(parked.held.byName).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA].Version != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
 }

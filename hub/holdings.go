@@ -6,12 +6,12 @@ import (
 	"slices"
 	"sync"
 
-	"google.golang.org/protobuf/types/known/anypb"
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
-// holding is what a stream holds of one type, by name: the resources
-// (the tracker's view, for /api/v1/proxies) or their versions (what a
-// stream loop compares new resources with). Streams that received the
+// holding is what a stream holds of one type, by name: the resources it
+// was sent (what the watcher compares new ones with, and the API shows), or
+// the names it subscribes to (Delta). Streams that received the
 // same responses hold the same resources (with Envoy sidecars, every stream
 // holds every cluster's endpoints), so a holding reached by a change that
 // another stream made first is shared instead of copied: with thousands of
@@ -57,11 +57,10 @@ type holdings[V comparable] struct {
 	cache map[transitionKey[V]]transition[V]
 }
 
-// The tracker's holdings (resources), and the stream loops' (versions,
-// and the names of Delta subscriptions).
+// The stream loops' holdings: the resources streams hold, and the names
+// Delta streams subscribe to.
 type (
-	resourceHoldings = holdings[*anypb.Any]
-	versionHoldings  = holdings[string]
+	resourceHoldings = holdings[*xdsgen.Resource]
 	nameHoldings     = holdings[struct{}]
 )
 

@@ -166,11 +166,11 @@ type Hub struct {
 	ca      *ca.Server       // nil: no CA API
 	codec   *sharedCodec     // the ADS servers' gRPC codec
 	fleet   *feed.Deliveries // what the streams take in: paces the pushes
-	// versions are what the streams were sent, names what the Delta
-	// streams subscribe to (sotwSubscription, deltaSubscription): shared
-	// between them.
-	versions *versionHoldings
-	names    *nameHoldings
+	// held are what the streams hold, names what the Delta streams
+	// subscribe to (sotwSubscription, deltaSubscription): shared between
+	// them.
+	held  *resourceHoldings
+	names *nameHoldings
 	// streamIDs numbers the ADS streams of every listener: a stream's key.
 	streamIDs atomic.Int64
 }
@@ -235,24 +235,24 @@ func New(opts Options) (*Hub, error) {
 		tokens: tokens, roots: opts.Roots, fleet: fleet,
 	})
 	h := &Hub{
-		log:      opts.Log,
-		grace:    opts.DrainGrace,
-		limits:   opts.Limits,
-		settled:  opts.Settled,
-		admit:    rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
-		changes:  changes,
-		index:    index,
-		gen:      gen,
-		config:   watcher.config,
-		watcher:  watcher,
-		reviews:  reviews,
-		proxies:  proxies,
-		syncz:    newSyncz(proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits),
-		ca:       caServer,
-		codec:    newSharedCodec(),
-		fleet:    fleet,
-		versions: newHoldings[string](),
-		names:    newHoldings[struct{}](),
+		log:     opts.Log,
+		grace:   opts.DrainGrace,
+		limits:  opts.Limits,
+		settled: opts.Settled,
+		admit:   rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), int(2*opts.NewStreamsPerSecond)+1),
+		changes: changes,
+		index:   index,
+		gen:     gen,
+		config:  watcher.config,
+		watcher: watcher,
+		reviews: reviews,
+		proxies: proxies,
+		syncz:   newSyncz(proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits),
+		ca:      caServer,
+		codec:   newSharedCodec(),
+		fleet:   fleet,
+		held:    newHoldings[*xdsgen.Resource](),
+		names:   newHoldings[struct{}](),
 	}
 	if opts.Metrics != nil {
 		collectors := append(h.xdsCollectors(), scope.Collectors()...)
@@ -546,7 +546,7 @@ func (h *Hub) ServeADS(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	stopServing := func() { endStreams.Do(func() { close(done) }) }
 	defer stopServing()
 	xds := &adsServer{
-		tracker: h.proxies, watcher: h.watcher, versions: h.versions, names: h.names, fleet: h.fleet, syncz: h.syncz, admit: h.admitStream, done: done,
+		tracker: h.proxies, watcher: h.watcher, held: h.held, names: h.names, fleet: h.fleet, syncz: h.syncz, admit: h.admitStream, done: done,
 		streamIDs: &h.streamIDs,
 	}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, xds)

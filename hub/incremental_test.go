@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"github.com/hubmesh/hub/hub/xdsgen"
 	"maps"
 	"slices"
 	"testing"
@@ -148,7 +149,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
 	c := newConn(1)
-	sub := newSotwSubscription([]string{a, b}, newHoldings[string]())
+	sub := newSotwSubscription([]string{a, b}, newHoldings[*xdsgen.Resource]())
 	out := c.out
 	next := func() *sotwResponse {
 		q := out.take()
@@ -179,7 +180,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	if got := claNames(t, resp); len(got) != 1 || got[b] != "10.0.1.2" {
 		t.Fatalf("after a dropped response the stream got %v; want b again", got)
 	}
-	if names := slices.Sorted(maps.Keys(sub.ReturnedResources())); !slices.Equal(names, []string{a, b}) {
+	if names := slices.Sorted(maps.Keys(sub.held().byName)); !slices.Equal(names, []string{a, b}) {
 		t.Fatalf("returned resources = %v", names)
 	}
 }

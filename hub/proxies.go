@@ -94,8 +94,6 @@ type proxyTracker struct {
 	streams   map[int64]*conn // the open streams, by ID
 	perSecond perSecond       // responses sent
 
-	holdings *resourceHoldings // what streams hold, shared between them
-
 	connected prometheus.Gauge
 	responses *prometheus.CounterVec
 	bytes     *prometheus.CounterVec
@@ -116,18 +114,12 @@ type streamState struct {
 	node    *corev3.Node
 	status  ProxyStatus
 	types   map[string]*TypeStatus
-	nonces  map[string]sent                 // per stream (nonces are unique per stream)
-	held    map[string]*holding[*anypb.Any] // Delta, and SotW by name for EDS, RDS, SDS: type URL → what the stream holds (shared, see holding)
-	sotw    map[string][]*anypb.Any         // SotW, other: type URL → the last response's resources (shared, read only)
-	// named are the SotW types whose last request named its resources:
-	// responses of EDS, RDS and SDS then carry only what changed.
-	named map[string]bool
+	nonces  map[string]sent // per stream (nonces are unique per stream)
+	// held is, by type URL, what the stream holds: its loop's record
+	// (sotwSubscription, deltaSubscription), published here.
+	held map[string]heldResources
 	// asked are the type URLs the stream asked for (see check).
 	asked map[string]struct{}
-	// names identifies, per SotW type of named, the last request's list of
-	// names: an ACK that repeats them, in the same order, changes nothing
-	// and is recognised without a map (see subscriber.requested).
-	names map[string]digest
 	// anonymous is a stream on the mTLS listener with neither a client
 	// certificate nor a bearer token: it may read Istio config and nothing
 	// else (see checkAnonymous).
@@ -164,7 +156,6 @@ func newProxyTracker(in trackerInputs) *proxyTracker {
 	return &proxyTracker{
 		trackerInputs: in,
 		streams:       map[int64]*conn{},
-		holdings:      newHoldings[*anypb.Any](),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),
@@ -258,8 +249,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 	st := &c.state
 	*st = streamState{
 		status: ProxyStatus{Stream: c.id, ConnectedAt: time.Now()}, ctx: ctx,
-		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]*holding[*anypb.Any]{}, sotw: map[string][]*anypb.Any{},
-		named: map[string]bool{}, names: map[string]digest{},
+		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]heldResources{},
 	}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
@@ -336,11 +326,7 @@ func (p *proxyTracker) onStreamClosed(c *conn) {
 	delete(p.streams, c.id)
 	p.mu.Unlock()
 	c.mu.Lock()
-	st := &c.state
-	for _, held := range st.held {
-		p.holdings.release(held)
-	}
-	p.fleet.Answer(len(st.nonces)) // lost with the stream
+	p.fleet.Answer(len(c.state.nonces)) // lost with the stream
 	c.mu.Unlock()
 	p.connected.Dec()
 }
@@ -361,61 +347,7 @@ func (p *proxyTracker) onStreamRequest(c *conn, req *discoveryv3.DiscoveryReques
 		return err
 	}
 	p.request(c, req.GetNode(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
-	if !repeated {
-		p.subscribe(c, req.GetTypeUrl(), req.GetResourceNames())
-	}
 	return nil
-}
-
-// subscribe records a SotW request's names: what the stream holds of the
-// types whose responses carry only what changed is then the names it
-// still asks for (go-control-plane's server tracks them the same way).
-func (p *proxyTracker) subscribe(c *conn, typeURL string, names []string) {
-	if !incrementalType(typeURL) {
-		return
-	}
-	named := len(names) > 0 && !slices.Contains(names, "*")
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st := &c.state
-	st.named[typeURL] = named
-	if !named {
-		delete(st.names, typeURL)
-		return
-	}
-	// What the stream holds is a subset of the names it last asked for:
-	// the same names again (every ACK) leave it so.
-	d := digestOf(names)
-	if st.names[typeURL] == d {
-		return
-	}
-	st.names[typeURL] = d
-	held := st.held[typeURL]
-	if held == nil || len(held.res) == 0 {
-		return
-	}
-	keep := make(map[string]struct{}, len(names))
-	for _, n := range names {
-		keep[n] = struct{}{}
-	}
-	var gone []string
-	for n := range held.res {
-		if _, ok := keep[n]; !ok {
-			gone = append(gone, n)
-		}
-	}
-	slices.Sort(gone)
-	st.held[typeURL] = p.holdings.apply(held, change[*anypb.Any]{removed: gone})
-}
-
-// incrementalType reports whether SotW responses of a type to a
-// subscription by name carry only what changed (see watcher).
-func incrementalType(typeURL string) bool {
-	switch typeURL {
-	case resourcev3.EndpointType, resourcev3.RouteType, resourcev3.SecretType:
-		return true
-	}
-	return false
 }
 
 func (p *proxyTracker) onDeltaRequest(c *conn, req *discoveryv3.DeltaDiscoveryRequest) error {
@@ -571,47 +503,40 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 	ts.AckedVersion, ts.AckedNonce, ts.AckedAt = s.version, nonce, time.Now()
 }
 
-func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse) {
+// onStreamResponse records a SotW response about to be sent and what the
+// stream holds of its type once it is, with c.mu held: the loop changes
+// what the stream holds (sotwSubscription.took) under it.
+func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse, held heldResources, incremental bool) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	defer c.mu.Unlock()
-	typeURL := resp.GetTypeUrl()
-	if !st.named[typeURL] {
-		st.sotw[typeURL] = resp.GetResources() // the whole state, as sent
-		p.holdings.release(st.held[typeURL])
-		delete(st.held, typeURL)
-		return
+	st.held[resp.GetTypeUrl()] = held
+	if incremental {
+		st.typeStatus(resp.GetTypeUrl()).Resources = held.count() // what it holds, not what this response carried
 	}
-	delete(st.sotw, typeURL)
-	var ch change[*anypb.Any]
-	for _, a := range resp.GetResources() {
-		if name := ResourceName(a.GetValue()); name != "" {
-			ch.names, ch.vals = append(ch.names, name), append(ch.vals, a)
-		}
-	}
-	held := p.holdings.apply(st.held[typeURL], ch)
-	st.held[typeURL] = held
-	st.typeStatus(typeURL).Resources = len(held.res) // what it holds, not what this response carried
 }
 
-func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse) {
+// onDeltaResponse is onStreamResponse for Delta.
+func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse, held heldResources) {
 	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
 	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
-	defer c.mu.Unlock()
-	ch := change[*anypb.Any]{names: make([]string, len(resp.GetResources())), vals: make([]*anypb.Any, len(resp.GetResources())), removed: resp.GetRemovedResources()}
-	for i, r := range resp.GetResources() {
-		ch.names[i], ch.vals[i] = r.GetName(), r.GetResource()
-	}
-	st.held[resp.GetTypeUrl()] = p.holdings.apply(st.held[resp.GetTypeUrl()], ch)
+	st.held[resp.GetTypeUrl()] = held
 }
 
-// response records a sent response and returns the stream's state with
-// c.mu held, for the caller to record what the stream now holds and unlock.
+// holds publishes what the stream holds of typeURL after its loop changed
+// it other than by a response (a request's names, a resource to send
+// again), with c.mu held.
+func (st *streamState) holds(typeURL string, held heldResources) {
+	if st.held != nil {
+		st.held[typeURL] = held
+	}
+}
+
+// response records a sent response and returns the stream's state, with
+// c.mu held.
 func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources int) *streamState {
 	now := time.Now()
 	p.responses.WithLabelValues(typeLabel(typeURL)).Inc()
 	p.perSecond.count(now)
-	c.mu.Lock()
 	st := &c.state
 	ts := st.typeStatus(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
@@ -692,14 +617,10 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	}
 	found.mu.Lock()
 	st := &found.state
-	res := make(map[string][]*anypb.Any, len(st.held)+len(st.sotw))
-	for typeURL, list := range st.sotw {
-		res[typeURL] = list
-	}
+	res := make(map[string][]*anypb.Any, len(st.held))
 	for typeURL, held := range st.held {
-		names := slices.Sorted(maps.Keys(held.res))
-		for _, name := range names {
-			res[typeURL] = append(res[typeURL], held.res[name])
+		if held.whole != nil || len(held.byName) > 0 {
+			res[typeURL] = held.anys()
 		}
 	}
 	pc := ProxyConfig{Proxy: st.snapshot(), Resources: res}

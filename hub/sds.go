@@ -138,7 +138,7 @@ func (w *watcher) secretResources(wt *watch) ([]*xdsgen.Resource, error) {
 			}
 		}
 		if err != nil {
-			if v, ok := wt.returned[name]; ok && transient(err) {
+			if v, ok := wt.held.version(name); ok && transient(err) {
 				out = append(out, &xdsgen.Resource{Name: name, Version: v, Kept: true})
 			}
 			continue

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/hub/authn"
@@ -377,7 +376,7 @@ func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
 // new one (full evaluation). An ACK that repeats the interned list of
 // names its subscriber was built from (requestStream) is recognised
 // without looking at the names.
-func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub cachev3.Subscription) *subscriber {
+func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub subscription) *subscriber {
 	if wt.wildcard {
 		w.dropSubscriber(rec, wt.typeURL)
 		return newSubscriber(wt.typeURL, sub.SubscribedResources(), wt.wildcard, false)

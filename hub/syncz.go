@@ -409,6 +409,7 @@ func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources
 // is not something the stream holds).
 func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, resources, size int) {
 	p.bytes.WithLabelValues(typeLabel(typeURL)).Add(float64(size))
+	c.mu.Lock()
 	p.response(c, typeURL, version, nonce, resources)
 	c.mu.Unlock()
 }

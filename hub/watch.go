@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -92,8 +91,8 @@ type watch struct {
 	// resource of its type when it was last evaluated: a push that leaves
 	// the set as it is has nothing for it.
 	setVersion string
-	returned   map[string]string // what the stream last received (and, for Delta, still holds); the loop's, read only
-	busy       sync.WaitGroup    // pushes evaluating this watch; cancelling waits for them
+	held       heldResources  // what the stream holds; the loop's, read only
+	busy       sync.WaitGroup // pushes evaluating this watch; cancelling waits for them
 
 	req *cachev3.Request // SotW
 	// out is the stream's: the response goes there (adsServer sends it).
@@ -234,15 +233,23 @@ func (w *watcher) viewOf(rec *streamRecord, node *corev3.Node, ident authn.Ident
 	return v
 }
 
+// subscription is what a watch reads of its stream's subscription to its
+// type (sotwSubscription, deltaSubscription).
+type subscription interface {
+	IsWildcard() bool
+	SubscribedResources() map[string]struct{}
+	held() heldResources
+}
+
 // CreateWatch takes a State-of-the-World request of c's stream with the
 // stream's subscription to its type; the response, now or on a later push,
 // goes to c.out. The returned function cancels the watch.
-func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c *conn) (func(), error) {
+func (w *watcher) CreateWatch(req *cachev3.Request, sub subscription, c *conn) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
 	rec := &c.rec
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), req: req, out: c.out}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: w.streamIdentity(rec), rec: rec, wildcard: sub.IsWildcard(), held: sub.held(), req: req, out: c.out}
 	wt.view = w.viewOf(rec, req.GetNode(), wt.ident, c.state.plaintext)
 	if mcp.IsConfigType(wt.typeURL) {
 		wt.wildcard = true // Istio config has no names: every subscription gets the whole type
@@ -266,7 +273,7 @@ func (w *watcher) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, c 
 // that is nothing: Envoy's initialisation waits for an answer to each
 // subscription (a wildcard LDS with no Listener for it, a CDS of an empty
 // mesh), as istiod answers.
-func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, c *conn, first bool) (func(), error) {
+func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub subscription, c *conn, first bool) (func(), error) {
 	if err := checkType(req.GetTypeUrl()); err != nil {
 		return nil, err
 	}
@@ -282,7 +289,7 @@ func (w *watcher) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscr
 	}
 	rec := &c.rec
 	ident := w.streamIdentity(rec)
-	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), returned: sub.ReturnedResources(), deltaReq: req, out: c.out, first: first}
+	wt := &watch{typeURL: req.GetTypeUrl(), nodeID: req.GetNode().GetId(), ident: ident, rec: rec, wildcard: sub.IsWildcard(), held: sub.held(), deltaReq: req, out: c.out, first: first}
 	wt.view = w.viewOf(rec, req.GetNode(), ident, c.state.plaintext)
 	wt.sub = w.deltaSubscriberFor(rec, wt, sub.SubscribedResources())
 	if wt.typeURL == resourcev3.SecretType {
@@ -652,12 +659,12 @@ func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
 	var changed []*xdsgen.Resource
 	for _, r := range res {
 		exists[r.Name] = struct{}{}
-		if !r.Kept && wt.returned[r.Name] != r.Version {
+		if !r.Kept && wt.held.changed(r) {
 			changed = append(changed, r)
 		}
 	}
 	var removed []string
-	for name := range wt.returned {
+	for name := range wt.held.byName {
 		if _, ok := exists[name]; !ok {
 			removed = append(removed, name)
 		}
@@ -695,13 +702,12 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 		if err != nil {
 			return err
 		}
-		held, ok := wt.returned[name]
 		switch {
 		case r == nil:
-			if ok {
+			if _, ok := wt.held.byName[name]; ok {
 				removed = append(removed, name)
 			}
-		case !r.Kept && (!ok || held != r.Version):
+		case !r.Kept && wt.held.changed(r):
 			changed = append(changed, r)
 		}
 		return nil
@@ -714,7 +720,7 @@ func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full
 		}
 		// Held but no longer subscribed (the stream's loop forgets unsubscribed
 		// names itself; initial_resource_versions may name others).
-		for name := range wt.returned {
+		for name := range wt.held.byName {
 			if !wt.sub.has(name) {
 				removed = append(removed, name)
 			}
@@ -812,8 +818,10 @@ type sotwResponse struct {
 	incremental bool
 	changed     []*xdsgen.Resource
 	// whole is, for a whole-state response, its resources (shared, read
-	// only): what the stream holds once it is sent.
+	// only): what the stream holds once it is sent; set is the version of
+	// the set of every resource of the type it is, for a wildcard's.
 	whole    []*xdsgen.Resource
+	set      string
 	sent     atomic.Bool
 	typeSent *atomic.Bool // the stream's flag for the type's first response (may be nil)
 }
@@ -836,7 +844,7 @@ func (r *sotwResponse) markSent() {
 func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
 	var changed []*xdsgen.Resource
 	consider := func(r *xdsgen.Resource) {
-		if r != nil && !r.Kept && wt.returned[r.Name] != r.Version {
+		if r != nil && !r.Kept && wt.held.changed(r) {
 			changed = append(changed, r)
 		}
 	}
@@ -905,7 +913,6 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	returned := make(map[string]string, len(res))
 	for _, r := range res {
 		if r.Kept {
 			// A whole-state response without it would remove it from the
@@ -913,9 +920,8 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 			// it can be built (a push re-evaluates the watch then).
 			return nil, nil
 		}
-		returned[r.Name] = r.Version
 	}
-	if !wt.first && maps.Equal(returned, wt.returned) {
+	if !wt.first && wt.held.sameAs(res) {
 		return nil, nil
 	}
 	anys := make([]*anypb.Any, 0, len(res))
@@ -929,15 +935,8 @@ func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
 			Resources:   anys,
 			TypeUrl:     wt.req.GetTypeUrl(),
 		},
-		ReturnedResources: returned,
 	}, whole: res, typeSent: wt.sent}, nil
 }
-
-// wildcardKey is the only entry of what a SotW wildcard stream is recorded
-// to hold: the version of the whole set. No resource can have this name.
-// With thousands of streams subscribed to every cluster, a per-stream map
-// of every name would cost more than everything else the hub keeps.
-const wildcardKey = "\x00every resource"
 
 // respondWildcard answers a SotW wildcard watch from the shared set: one
 // slice of resources and one version for every stream.
@@ -947,7 +946,7 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 		return nil, err
 	}
 	wt.setVersion = set.Version
-	if !wt.first && len(wt.returned) == 1 && wt.returned[wildcardKey] == set.Version {
+	if !wt.first && wt.held.set == set.Version {
 		return nil, nil
 	}
 	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
@@ -957,6 +956,5 @@ func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
 			Resources:   set.Anys, // shared: the stream's loop and the tracker only read it
 			TypeUrl:     wt.typeURL,
 		},
-		ReturnedResources: map[string]string{wildcardKey: set.Version},
-	}, whole: set.Resources, typeSent: wt.sent}, nil
+	}, whole: set.Resources, set: set.Version, typeSent: wt.sent}, nil
 }
