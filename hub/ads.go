@@ -25,7 +25,6 @@ import (
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
-	"github.com/hubmesh/hub/mcp"
 )
 
 // adsServer is the hub's xDS server (docs/architecture.md §3.6): the handlers of ADS
@@ -384,14 +383,6 @@ func changedClusters(prev, next []*xdsgen.Resource) []string {
 		}
 	}
 	return changed
-}
-
-// served reports whether the hub answers a type URL: the xDS types it
-// serves, Istio config (mcp.IsConfigType) and its debug types. Any other
-// is ignored, as istiod ignores it (tracker.onUnserved): pilot-agent adds
-// NDS, PCDS and health requests of its own to a proxy's stream.
-func served(typeURL string) bool {
-	return servedTypes[typeURL] || mcp.IsConfigType(typeURL) || isDebugType(typeURL)
 }
 
 func (c *sotwConn) close() {

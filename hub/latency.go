@@ -71,7 +71,7 @@ func (l *pushLatency) observe(typeURL string, since time.Time) {
 	}
 	o := l.byType[key]
 	if o == nil {
-		if key == typeURL && !servedTypes[typeURL] {
+		if !xdsTypeOf(typeURL).served {
 			l.mu.Unlock()
 			return // never pushed; and no series for a type a client invents
 		}

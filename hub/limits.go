@@ -7,7 +7,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/hubmesh/hub/mcp"
 )
 
 // Limits bounds what xDS clients may make the hub hold. A zero field takes
@@ -145,23 +144,6 @@ func (l Limits) checkNames(typeURL string, count int, lists ...[]string) error {
 		}
 	}
 	return nil
-}
-
-// typeLabel names a served type URL for metrics and messages: "Cluster",
-// "ClusterLoadAssignment", ..., "MCP" for every Istio config type; any
-// other type URL is "other", so a client
-// cannot create metric series (or log keys) of its choosing.
-func typeLabel(typeURL string) string {
-	if mcp.IsConfigType(typeURL) {
-		return configLabel
-	}
-	if isDebugType(typeURL) {
-		return "syncz"
-	}
-	if !servedTypes[typeURL] {
-		return "other"
-	}
-	return shortType(typeURL)
 }
 
 // checkRequestType refuses a type URL the hub does not serve (debug types

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -227,15 +226,6 @@ func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) er
 		p.log.Debug("xDS request for a type the hub does not serve ignored", "proxy", clip.String(node.GetId(), 256), "type", clip.String(typeURL, 128))
 	}
 	return nil
-}
-
-// shortType is the last path element of a type URL, e.g. "Cluster";
-// "MCP" for every Istio config type URL.
-func shortType(typeURL string) string {
-	if mcp.IsConfigType(typeURL) {
-		return configLabel
-	}
-	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
 
 // onStreamOpen registers a stream. On the mTLS listener a stream that
@@ -565,17 +555,14 @@ func (s *streamState) snapshot() ProxyStatus {
 	for _, ts := range s.types {
 		out.Types = append(out.Types, *ts)
 	}
-	sort.Slice(out.Types, func(i, j int) bool { return typeOrder(out.Types[i].TypeURL) < typeOrder(out.Types[j].TypeURL) })
-	return out
-}
-
-func typeOrder(typeURL string) string {
-	for i, t := range []string{resourcev3.ListenerType, resourcev3.RouteType, resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.SecretType} {
-		if t == typeURL {
-			return string(rune('0' + i))
+	sort.Slice(out.Types, func(i, j int) bool {
+		a, b := xdsTypeOf(out.Types[i].TypeURL).shown, xdsTypeOf(out.Types[j].TypeURL).shown
+		if a != b {
+			return a < b
 		}
-	}
-	return typeURL
+		return out.Types[i].TypeURL < out.Types[j].TypeURL
+	})
+	return out
 }
 
 // proxies lists every open stream, by proxy ID then stream.

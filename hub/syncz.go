@@ -64,9 +64,6 @@ import (
 // not paced.
 const TypeSyncz = "istio.io/debug/syncz"
 
-// isDebugType reports whether typeURL is a debug type the hub answers.
-func isDebugType(typeURL string) bool { return typeURL == TypeSyncz }
-
 // syncz answers TypeSyncz requests from what the tracker knows.
 type syncz struct {
 	tracker *proxyTracker

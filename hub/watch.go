@@ -112,14 +112,7 @@ type watch struct {
 
 // incremental reports whether wt's responses carry only what changed.
 func (wt *watch) incremental() bool {
-	if wt.deltaReq != nil || wt.wildcard {
-		return false
-	}
-	switch wt.typeURL {
-	case resourcev3.EndpointType, resourcev3.RouteType, resourcev3.SecretType:
-		return true
-	}
-	return false
+	return wt.deltaReq == nil && !wt.wildcard && xdsTypeOf(wt.typeURL).changedOnly
 }
 
 // watcherInputs are what the watcher reads and whom it tells, built
@@ -181,21 +174,6 @@ func newWatcher(in watcherInputs) *watcher {
 			Help: "Proxyless gRPC servers whose inbound listeners a change of AuthorizationPolicies or PeerAuthentications re-evaluated (only those the changed policies select, or every one when the mesh-wide mode changed).",
 		}),
 	}
-}
-
-// servedTypes are the xDS resource types the hub serves; with the Istio
-// config type URLs (mcp.IsConfigType) and the debug types they are all it
-// serves: a request for any other is ignored (see served), never watched.
-var servedTypes = map[string]bool{
-	resourcev3.ClusterType: true, resourcev3.EndpointType: true, resourcev3.ListenerType: true,
-	resourcev3.RouteType: true, resourcev3.SecretType: true,
-}
-
-func checkType(typeURL string) error {
-	if !servedTypes[typeURL] && !mcp.IsConfigType(typeURL) {
-		return status.Errorf(codes.InvalidArgument, "type %q is not served by the hub (CDS, EDS, LDS, RDS, SDS and Istio config <group>/<version>/<Kind> are)", typeURL)
-	}
-	return nil
 }
 
 // RuleSource has the Istio objects of a kind the hub's own xDS reads
@@ -511,7 +489,7 @@ func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
 			continue
 		}
 		if len(js) > 1 {
-			slices.SortStableFunc(js, func(a, b job) int { return adsRank(a.wt.typeURL) - adsRank(b.wt.typeURL) })
+			slices.SortStableFunc(js, func(a, b job) int { return xdsTypeOf(a.wt.typeURL).rank - xdsTypeOf(b.wt.typeURL).rank })
 		}
 		for _, j := range js {
 			w.evaluations.WithLabelValues(shortType(j.wt.typeURL)).Inc()
@@ -536,26 +514,6 @@ func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
 	}
 	close(work)
 	wg.Wait()
-}
-
-// adsRank is a type's place in the order a push answers a stream's
-// watches: the xDS protocol's (its "eventual consistency
-// considerations": CDS before the EDS of its clusters, LDS before RDS),
-// then SDS, then the rest (Istio config), as istiod's PushOrder.
-func adsRank(typeURL string) int {
-	switch typeURL {
-	case resourcev3.ClusterType:
-		return 0
-	case resourcev3.EndpointType:
-		return 1
-	case resourcev3.ListenerType:
-		return 2
-	case resourcev3.RouteType:
-		return 3
-	case resourcev3.SecretType:
-		return 4
-	}
-	return 5
 }
 
 // skipUnchangedWildcards drops the wildcard watches whose type's set is
