@@ -6,7 +6,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-
 )
 
 // Limits bounds what xDS clients may make the hub hold. A zero field takes
