@@ -361,19 +361,24 @@ type job struct {
 // ctx is done (the streams not reached keep their changes noted, for their
 // next request or push).
 func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
+	servers := w.applyInputs(b)
+	streams := w.affected(b, servers)
+	if !b.Churn {
+		w.pushWave(streams, b.Since)
+		return 0
+	}
+	return feed.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
+}
+
+// applyInputs applies what b changed of the generators' inputs before the
+// push evaluates anything: the DestinationRules (the hostnames whose
+// resources they change join b.Hosts) and the security policies (the
+// proxyless servers they concern are returned), then forgets the resources
+// of b's hostnames.
+func (w *watcher) applyInputs(b *feed.Batch) (servers []*subscriber) {
 	if _, ok := b.Kinds[xdsgen.DestinationRuleKind]; ok && w.rules != nil && w.gen != nil {
 		if objs, ready := w.rules.Rules(xdsgen.DestinationRuleKind); ready {
-			changed, refused := w.gen.SetDestinationRules(objs)
-			notes := make([]distribute.Note, 0, len(refused))
-			for _, r := range refused {
-				w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
-				notes = append(notes, distribute.Note{Object: r.Rule, Message: "load balancing not applied: " + r.Reason})
-			}
-			for _, r := range xdsgen.ClientTLSNotes(objs) {
-				notes = append(notes, distribute.Note{Object: r.Rule, Message: r.Reason})
-			}
-			w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
-			for _, host := range changed {
+			for _, host := range w.applyDestinationRules(objs) {
 				if b.Hosts == nil {
 					b.Hosts = map[string]struct{}{}
 				}
@@ -381,14 +386,38 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 			}
 		}
 	}
-	servers := w.applySecurity(b)
+	servers = w.applySecurity(b)
 	if w.gen != nil { // nil only in tests of the indexes
 		w.gen.Invalidate(b.Hosts)
 	}
 	if w.config != nil {
 		w.config.Invalidate(b.Hosts)
 	}
+	return servers
+}
+
+// applyDestinationRules hands the generator the DestinationRules, tells
+// the distribution what it could not apply, and returns the hostnames
+// whose resources changed.
+func (w *watcher) applyDestinationRules(objs []distribute.Object) []string {
+	changed, refused := w.gen.SetDestinationRules(objs)
+	notes := make([]distribute.Note, 0, len(refused))
+	for _, r := range refused {
+		w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
+		notes = append(notes, distribute.Note{Object: r.Rule, Message: "load balancing not applied: " + r.Reason})
+	}
+	for _, r := range xdsgen.ClientTLSNotes(objs) {
+		notes = append(notes, distribute.Note{Object: r.Rule, Message: r.Reason})
+	}
+	w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
+	return changed
+}
+
+// affected marks the subscribers b (and the policy servers) concern as
+// changed and returns the parked ones, by stream.
+func (w *watcher) affected(b *feed.Batch, servers []*subscriber) [][]*subscriber {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.epoch++
 	var (
 		streams [][]*subscriber // the parked subscribers to evaluate, by stream
@@ -407,16 +436,16 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 			streams[i] = append(streams[i], s)
 		}
 	}
-	changedHost := func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
 	for host := range b.Hosts {
 		for s := range w.subscribersOf(host) {
-			changedHost(s, host)
+			s.touchLocked(host)
+			schedule(s)
 		}
 	}
 	if len(b.Hosts) > 0 || len(b.Kinds) > 0 {
 		// Every wildcard set may have changed (Istio config's too): those
-		// whose set version did not are skipped below.
+		// whose set version did not are skipped in the waves.
 		for s := range w.byType {
 			changedAll(s)
 		}
@@ -452,12 +481,7 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration)
 			}
 		}
 	}
-	w.mu.Unlock()
-	if !b.Churn {
-		w.pushWave(streams, b.Since)
-		return 0
-	}
-	return feed.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
+	return streams
 }
 
 // pushWave evaluates the subscribers of a push's streams that are still
