@@ -29,7 +29,9 @@ type conn struct {
 
 	node  *corev3.Node // the first node the stream sent (an empty one until then)
 	named bool         // node is the client's
-	nonce int64        // the last response's nonce
+	// trimmed is the node trimNode last trimmed: each node once.
+	trimmed *corev3.Node
+	nonce   int64 // the last response's nonce
 
 	mu    sync.Mutex // guards state
 	state streamState
@@ -38,4 +40,14 @@ type conn struct {
 
 func newConn(id int64) *conn {
 	return &conn{id: id, out: newOutbox(), node: &corev3.Node{}, rec: streamRecord{subs: map[string]*subscriber{}}}
+}
+
+// trimNode drops what the hub never reads of the stream's node
+// (forgetUnread), once per node: the stream's loop stamps every request
+// with the stream's node, and trimming allocates.
+func (c *conn) trimNode() {
+	if c.node != c.trimmed {
+		forgetUnread(c.node)
+		c.trimmed = c.node
+	}
 }

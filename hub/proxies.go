@@ -93,12 +93,13 @@ type proxyTracker struct {
 	streams   map[int64]*conn // the open streams, by ID
 	perSecond perSecond       // responses sent
 
-	connected prometheus.Gauge
-	responses *prometheus.CounterVec
-	bytes     *prometheus.CounterVec
-	nacks     *prometheus.CounterVec
-	unserved  prometheus.Counter
-	refused   *refusals
+	connected   prometheus.Gauge
+	sentByLabel sync.Map // type label → sentCounters
+	responses   *prometheus.CounterVec
+	bytes       *prometheus.CounterVec
+	nacks       *prometheus.CounterVec
+	unserved    prometheus.Counter
+	refused     *refusals
 }
 
 // streamState is what the tracker checks and shows of a stream: its
@@ -497,8 +498,7 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 // stream holds of its type once it is, with c.mu held: the loop changes
 // what the stream holds (sotwSubscription.took) under it.
 func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse, held heldResources, incremental bool) {
-	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
-	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
 	st.held[resp.GetTypeUrl()] = held
 	if incremental {
 		st.typeStatus(resp.GetTypeUrl()).Resources = held.count() // what it holds, not what this response carried
@@ -507,8 +507,7 @@ func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResp
 
 // onDeltaResponse is onStreamResponse for Delta.
 func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse, held heldResources) {
-	p.bytes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(proto.Size(resp)))
-	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
+	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
 	st.held[resp.GetTypeUrl()] = held
 }
 
@@ -521,11 +520,13 @@ func (st *streamState) holds(typeURL string, held heldResources) {
 	}
 }
 
-// response records a sent response and returns the stream's state, with
-// c.mu held.
-func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources int) *streamState {
+// response records a sent response of size bytes and returns the
+// stream's state, with c.mu held.
+func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources, size int) *streamState {
 	now := time.Now()
-	p.responses.WithLabelValues(typeLabel(typeURL)).Inc()
+	m := p.sentMetrics(typeURL)
+	m.responses.Inc()
+	m.bytes.Add(float64(size))
 	p.perSecond.count(now)
 	st := &c.state
 	ts := st.typeStatus(typeURL)
@@ -538,6 +539,21 @@ func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resourc
 		st.nonces[nonce] = sent{typeURL, version}
 	}
 	return st
+}
+
+// sentCounters are the counters of the responses sent of one type label.
+type sentCounters struct{ responses, bytes prometheus.Counter }
+
+// sentMetrics returns the counters of typeURL's label, made once per label
+// (a label lookup costs more than the response's other bookkeeping).
+func (p *proxyTracker) sentMetrics(typeURL string) sentCounters {
+	label := typeLabel(typeURL)
+	if m, ok := p.sentByLabel.Load(label); ok {
+		return m.(sentCounters)
+	}
+	m := sentCounters{p.responses.WithLabelValues(label), p.bytes.WithLabelValues(label)}
+	p.sentByLabel.Store(label, m)
+	return m
 }
 
 func (s *streamState) typeStatus(typeURL string) *TypeStatus {

@@ -405,9 +405,8 @@ func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources
 // ACK is recognised, but not its resources (what other proxies' state was
 // is not something the stream holds).
 func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, resources, size int) {
-	p.bytes.WithLabelValues(typeLabel(typeURL)).Add(float64(size))
 	c.mu.Lock()
-	p.response(c, typeURL, version, nonce, resources)
+	p.response(c, typeURL, version, nonce, resources, size)
 	c.mu.Unlock()
 }
 
