@@ -172,21 +172,8 @@ type Cluster struct {
 	// gatewayRefused, if set, is told each new reason a gateway was
 	// refused (the registry records an Event on the remote Secret).
 	gatewayRefused func(reason string)
-	// peerGateways are every network's gateways (setPeerGateways);
-	// gatewayKick wakes the writer; what it wrote and its last error are
-	// shown in the status.
-	peerGateways           peerGateways
-	gatewayKick            chan struct{}
-	gatewayServicesWritten []string
-	gatewayWriteErr        string
-	// isLeader says whether this replica writes into members (nil: it does).
-	isLeader func() bool
-	// settled, if set, says whether membership has settled (every member
-	// synced, timed out or restored): until then the gateways of some
-	// networks are not known yet, and the writer writes nothing.
-	settled func() bool
-	// systemSynced reports whether the system namespace was listed.
-	systemSynced cache.InformerSynced
+	// gw writes the other networks' gateways into the member.
+	gw gatewayWriter
 }
 
 // clusterDeps are what every Cluster of a registry shares.
@@ -198,6 +185,13 @@ type clusterDeps struct {
 	secretEvents SecretEvents
 	// isLeader says whether this replica writes into members (nil: it does).
 	isLeader func() bool
+	// settled says whether membership has settled (every member synced,
+	// timed out or restored; nil: it has): until then the gateways of some
+	// networks are not known yet, and no member's gateway writer writes.
+	settled func() bool
+	// gatewaysChanged is told when a member's network or gateways changed
+	// (the registry hands every member the new set; may be nil).
+	gatewaysChanged func()
 	// exportMode says which Services are exported ("": ExportAll);
 	// exportPoll how often a member without ServiceExports is asked
 	// again (0: serviceExportPoll).
@@ -250,12 +244,10 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		state:      StatePending,
 		endpoints:  map[ServiceKey]int{},
 		plaintext:  map[ServiceKey]int{},
-		isLeader:   deps.isLeader,
 		exportMode: deps.exportMode,
 		exportPoll: cmp.Or(deps.exportPoll, serviceExportPoll),
 
-		gatewayKick: make(chan struct{}, 1),
-
+		gatewaysChanged:   deps.gatewaysChanged,
 		gatewayServices:   map[ServiceKey]bool{},
 		gatewayNamespaces: []string{SystemNamespace},
 	}
@@ -284,7 +276,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 	}))
 	nsInf := c.system.Core().V1().Namespaces()
 	c.namespaces = nsInf.Lister()
-	c.systemSynced = nsInf.Informer().HasSynced
+	systemSynced := nsInf.Informer().HasSynced
 	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.refreshGateways(true) },
 		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
@@ -303,6 +295,11 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		return nil, fmt.Errorf("adding object counter: %w", err)
 	}
 	c.services = scopedServices{c}
+	c.gw = gatewayWriter{
+		api: client.CoreV1().Services(SystemNamespace), services: c.services, network: c.network,
+		ready:    func() bool { return (deps.settled == nil || deps.settled()) && systemSynced() },
+		isLeader: deps.isLeader, log: c.log, kick: make(chan struct{}, 1),
+	}
 	if err := c.watchNamespaces(scope); err != nil {
 		return nil, err
 	}
@@ -412,7 +409,7 @@ func (c *Cluster) run(ctx context.Context) {
 	if notify != nil {
 		notify() // its gateways count for the others from now on (exportedGateways)
 	}
-	wg.Go(func() { c.writeGatewayServices(ctx) })
+	wg.Go(func() { c.gw.run(ctx) })
 	defer c.withdrawIfOverflowed()
 	if c.beforePublish == nil {
 		ready()
@@ -777,8 +774,7 @@ func (c *Cluster) statusLocked() Status {
 	st.ProxylessWithheld = c.proxylessWithheldLocked(st.Network, st.Endpoints, st.CrossNetworkWithheld)
 	st.Gateways = slices.Clone(c.gateways.gateways)
 	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.gateways.refused), c.gateways.refusedCount
-	st.GatewayServices = slices.Clone(c.gatewayServicesWritten)
-	st.GatewayServicesError = c.gatewayWriteErr
+	st.GatewayServices, st.GatewayServicesError = c.gw.status()
 	st.WatchScope = c.scope
 	return st
 }

@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	k8svalidation "k8s.io/apimachinery/pkg/util/validation"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 )
 
 // Member istiods learn other networks' gateways from the hub (docs/architecture.md
@@ -138,16 +142,57 @@ func sameGatewayService(have, want *corev1.Service) bool {
 		len(have.Spec.Ports) == 1 && have.Spec.Ports[0].Port == want.Spec.Ports[0].Port
 }
 
-// setPeerGateways hands the member every network's gateways; its writer
-// brings the member's Services in line.
-func (c *Cluster) setPeerGateways(peers peerGateways) {
-	c.mu.Lock()
-	c.peerGateways = peers
-	c.mu.Unlock()
+// gatewayWriter keeps a member's hub-gateway-* Services as
+// desiredGatewayServices says (see above): run is its one goroutine, woken
+// when the other networks' gateways or the member's own network change,
+// and every gatewayResync. It is part of its Cluster, whose status shows
+// what it wrote; its lock is taken after the Cluster's, never before.
+type gatewayWriter struct {
+	api      typedcorev1.ServiceInterface // the member's Services in SystemNamespace
+	services corelisters.ServiceLister    // as the member's informers hold them
+	network  func() string                // the member's own ("" until known)
+	// ready says whether the member's own network and every network's
+	// gateways are known (membership settled): until then it writes
+	// nothing.
+	ready    func() bool
+	isLeader func() bool // nil: this replica writes
+	log      *slog.Logger
+	kick     chan struct{}
+
+	mu      sync.Mutex
+	peers   peerGateways
+	written []string // the Services it last found or made as wanted
+	err     string   // its last round's error
+}
+
+// setPeers hands the writer every network's gateways.
+func (w *gatewayWriter) setPeers(peers peerGateways) {
+	w.mu.Lock()
+	w.peers = peers
+	w.mu.Unlock()
+	w.wake()
+}
+
+// peersOf returns the gateways of the other members of network.
+func (w *gatewayWriter) peersOf(network string) []Gateway {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.peers.networks[network]
+}
+
+// wake makes the writer look again soon.
+func (w *gatewayWriter) wake() {
 	select {
-	case c.gatewayKick <- struct{}{}:
+	case w.kick <- struct{}{}:
 	default:
 	}
+}
+
+// status is what the writer wrote and its last error.
+func (w *gatewayWriter) status() (written []string, err string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.written), w.err
 }
 
 // exportedGateways is the member's network and gateways as the other
@@ -185,51 +230,51 @@ func inGatewayNamespaces(gws []Gateway, namespaces []string) []Gateway {
 	return out
 }
 
-// writeGatewayServices keeps the member's hub-gateway-* Services as
-// desiredGatewayServices says, whenever it is kicked and every
-// gatewayResync, until ctx ends. Only the leader writes.
-func (c *Cluster) writeGatewayServices(ctx context.Context) {
+// run keeps the member's hub-gateway-* Services as desiredGatewayServices
+// says, whenever it is woken and every gatewayResync, until ctx ends. Only
+// the leader writes.
+func (w *gatewayWriter) run(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.gatewayKick:
+		case <-w.kick:
 		case <-t.C:
 		}
-		if c.settled != nil && !c.settled() || !c.systemSynced() {
+		if !w.ready() {
 			t.Reset(gatewaySettleRetry) // some networks' gateways, or its own network, are not known yet
 			continue
 		}
-		if c.isLeader == nil || c.isLeader() {
-			err := c.reconcileGatewayServices(ctx)
-			c.mu.Lock()
-			c.gatewayWriteErr = ""
+		if w.isLeader == nil || w.isLeader() {
+			err := w.reconcile(ctx)
+			w.mu.Lock()
+			w.err = ""
 			if err != nil {
-				c.gatewayWriteErr = err.Error()
+				w.err = err.Error()
 			}
-			c.mu.Unlock()
+			w.mu.Unlock()
 			if err != nil && ctx.Err() == nil {
-				c.log.Warn("writing gateway Services into the member", "error", err)
+				w.log.Warn("writing gateway Services into the member", "error", err)
 			}
 		}
 		t.Reset(gatewayResync)
 	}
 }
 
-// reconcileGatewayServices creates, updates and deletes the member's
+// reconcile creates, updates and deletes the member's
 // hub-gateway-* Services. Its requests are optional for the member's
 // state (optionalRequest): a member whose credentials may not write them
 // stays Ready.
-func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
+func (w *gatewayWriter) reconcile(ctx context.Context) error {
 	ctx = optionalRequest(ctx)
-	c.mu.Lock()
-	peers := c.peerGateways
-	c.mu.Unlock()
-	want := desiredGatewayServices(c.network(), peers.networks)
-	existing, _ := c.services.Services(SystemNamespace).List(labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByHub}))
-	api := c.client.CoreV1().Services(SystemNamespace)
+	w.mu.Lock()
+	peers := w.peers
+	w.mu.Unlock()
+	want := desiredGatewayServices(w.network(), peers.networks)
+	existing, _ := w.services.Services(SystemNamespace).List(labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedByHub}))
+	api := w.api
 	var errs []error
 	var written []string
 	for _, have := range existing {
@@ -267,7 +312,7 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(want)) {
 		if _, err := api.Create(ctx, want[name], metav1.CreateOptions{FieldManager: "hub"}); err != nil {
-			if apierrors.IsAlreadyExists(err) && c.hubOwns(name) {
+			if apierrors.IsAlreadyExists(err) && w.hubOwns(name) {
 				// Ours, written by an earlier round and not in the cache
 				// yet: it is there (the status says so); the next round
 				// checks its content.
@@ -280,9 +325,9 @@ func (c *Cluster) reconcileGatewayServices(ctx context.Context) error {
 		written = append(written, name)
 	}
 	slices.Sort(written)
-	c.mu.Lock()
-	c.gatewayServicesWritten = written
-	c.mu.Unlock()
+	w.mu.Lock()
+	w.written = written
+	w.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -299,7 +344,7 @@ func optionalRequest(ctx context.Context) context.Context {
 // hubOwns reports whether the member's Service istio-system/name, as the
 // cache has it, is one the hub wrote; true when it is not cached yet (the
 // next round decides).
-func (c *Cluster) hubOwns(name string) bool {
-	svc, err := c.services.Services(SystemNamespace).Get(name)
+func (w *gatewayWriter) hubOwns(name string) bool {
+	svc, err := w.services.Services(SystemNamespace).Get(name)
 	return err != nil || isHubGatewayService(svc)
 }

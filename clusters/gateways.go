@@ -502,10 +502,7 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	if notify != nil {
 		notify()
 	}
-	select { // the member's own network may have changed: its Services follow
-	case c.gatewayKick <- struct{}{}:
-	default:
-	}
+	c.gw.wake() // the member's own network may have changed: its Services follow
 	return true
 }
 
@@ -530,7 +527,7 @@ func (c *Cluster) proxylessWithheldLocked(network string, endpoints, withheld in
 	if network == "" || withheld == endpoints {
 		return withheld
 	}
-	for _, gws := range [][]Gateway{c.gateways.gateways, c.peerGateways.networks[network]} {
+	for _, gws := range [][]Gateway{c.gateways.gateways, c.gw.peersOf(network)} {
 		if slices.ContainsFunc(gws, func(g Gateway) bool { return g.Proxyless }) {
 			return withheld
 		}
@@ -548,7 +545,7 @@ func (c *Cluster) crossNetworkWithheldLocked(network string, endpoints int) int 
 	switch {
 	case network == "":
 		return 0
-	case len(c.gateways.gateways) == 0 && len(c.peerGateways.networks[network]) == 0:
+	case len(c.gateways.gateways) == 0 && len(c.gw.peersOf(network)) == 0:
 		return endpoints
 	}
 	n := 0

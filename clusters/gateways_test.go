@@ -446,11 +446,11 @@ func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
 	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 10 {
 		t.Errorf("no gateway on the network: %d; want 10", got)
 	}
-	c.peerGateways = peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443}}}}
+	c.gw.setPeers(peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443}}}})
 	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
 		t.Errorf("another member's gateway on the network: %d; want 3 (the plaintext ones)", got)
 	}
-	c.peerGateways = peerGateways{}
+	c.gw.setPeers(peerGateways{})
 	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
 	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
 		t.Errorf("own gateway: %d; want 3", got)
@@ -495,11 +495,12 @@ func TestProxylessGateways(t *testing.T) {
 	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 10 {
 		t.Errorf("no gateway admits proxyless gRPC: %d withheld; want 10", got)
 	}
-	c.peerGateways = peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443, Proxyless: true}}}}
+	c.gw.setPeers(peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443, Proxyless: true}}}})
 	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 1 {
 		t.Errorf("another member's gateway admits it: %d withheld; want 1 (the plaintext one)", got)
 	}
-	c.peerGateways, c.gateways = peerGateways{}, gatewayView{}
+	c.gw.setPeers(peerGateways{})
+	c.gateways = gatewayView{}
 	if got := c.proxylessWithheldLocked("net-x", 10, c.crossNetworkWithheldLocked("net-x", 10)); got != 10 {
 		t.Errorf("no gateway at all: %d withheld; want 10", got)
 	}

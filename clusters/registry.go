@@ -203,12 +203,12 @@ func NewRegistry(cfg Config) (*Registry, error) {
 			Help: "Member state changes, by member and new state.",
 		}, []string{"cluster", "to"}),
 	}
+	r.deps.settled, r.deps.gatewaysChanged = r.settled, r.refreshPeerGateways
 	home, err := newCluster(cfg.HomeID, "", &Kubeconfig{Config: cfg.Home, Server: cfg.Home.Host}, WatchScope{}, r.deps)
 	if err != nil {
 		return nil, err
 	}
 	home.setObserver(r.observer(nil, ""))
-	home.gatewaysChanged, home.settled = r.refreshPeerGateways, r.settled
 	home.setSecretNetworking(secretNetworking{gatewayNamespaces: cfg.HomeGatewayNamespaces})
 	r.home = home
 	if cfg.Metrics != nil {
@@ -525,7 +525,6 @@ func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectR
 		st.State, st.Message = StateInvalid, err.Error()
 		return st, false
 	}
-	c.gatewaysChanged, c.settled = r.refreshPeerGateways, r.settled
 	c.gatewayRefused = func(reason string) {
 		r.event(ref, corev1.EventTypeWarning, ReasonGatewayRefused, "cluster %s: gateway refused: %s", id, reason)
 	}
@@ -698,7 +697,7 @@ func (r *Registry) refreshPeerGateways() {
 		}
 	}
 	for _, c := range append(all, sources[0]) {
-		c.setPeerGateways(peers)
+		c.gw.setPeers(peers)
 	}
 }
 
