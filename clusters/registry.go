@@ -646,7 +646,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 
 // settled reports whether membership has settled (Ready) once: from then
 // on it stays true (members added later are written around, see
-// Cluster.reconcileGatewayServices). Ready is asked at most every
+// gatewayWriter.reconcile). Ready is asked at most every
 // gatewaySettleRetry, however many members' writers wait.
 func (r *Registry) settled() bool {
 	if r.settledOnce.Load() {

@@ -188,7 +188,7 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 // TestSilentMemberTokenReviewHoldsNoOtherStream: a proxy's service-account
 // token is reviewed in a member that does not answer. Only that stream
 // waits: other streams (token, certificate, plaintext) are served, pushes
-// reach them, the proxy list (the tracker's lock) answers, and the waiting
+// reach them, the proxy list answers, and the waiting
 // stream is served once its member answers.
 func TestSilentMemberTokenReviewHoldsNoOtherStream(t *testing.T) {
 	g := newGate(t)

@@ -55,7 +55,7 @@ import (
 // (an anonymous stream with Unauthenticated, see checkAnonymous; a federated
 // trust domain's identity or one its member may not assert with
 // PermissionDenied). Answers to mTLS callers are paced per replica, as each
-// walks every stream under the tracker's lock: 2 a second (bursts of 5) per
+// walks every stream, taking each one's lock: 2 a second (bursts of 5) per
 // caller identity, 5 (bursts of 10) for the callers of one member, 10
 // (bursts of 20) for all, root-namespace callers paced by the first only
 // (see debugPerSecond); a request over a pace ends its stream with

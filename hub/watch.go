@@ -354,7 +354,7 @@ type job struct {
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
 //
-// A push of churn (b.churn) reaches its streams in waves (see pace), so
+// A push of churn (b.Churn) reaches its streams in waves (feed.Pace), so
 // that the fleet, the hub and what shares their machines are not saturated
 // while the changes keep coming; push returns when the last wave is handed
 // out, with the time it left the fleet idle between waves, or early when
@@ -487,7 +487,7 @@ func (w *watcher) affected(b *feed.Batch, servers []*subscriber) [][]*subscriber
 // pushWave evaluates the subscribers of a push's streams that are still
 // parked, taking the changes noted on them: a subscriber whose watch was
 // cancelled meanwhile keeps them for its stream's next watch. One worker
-// answers a stream's watches one after another in ADS order (adsRank), so
+// answers a stream's watches one after another in ADS order (xdsType.rank), so
 // its loop sends their responses in that order (the outbox keeps it).
 func (w *watcher) pushWave(streams [][]*subscriber, since time.Time) {
 	byStream := make([][]job, 0, len(streams))
