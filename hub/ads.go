@@ -263,6 +263,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 	if err := c.a.tracker.onStreamRequest(c.conn, req, repeated); err != nil {
 		return err
 	}
+	c.identified(c.a.watcher)
 	c.trimNode()
 	if isDebugType(req.TypeUrl) {
 		return c.answerDebug(req) // answered here, never watched
@@ -862,6 +863,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 	if err := c.a.tracker.onDeltaRequest(c.conn, req); err != nil {
 		return err
 	}
+	c.identified(c.a.watcher)
 	c.trimNode()
 	if req.TypeUrl == "" {
 		if defaultType == resourcev3.AnyType {

@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/hubmesh/hub/hub/authn"
 )
 
 // conn is one ADS stream, SotW or Delta, as the hub holds it (docs/architecture.md
@@ -12,15 +14,15 @@ import (
 // that nothing looks a stream up by its node or its ID on the way from a
 // request to a response. Its parts are owned as follows:
 //   - id and out never change; out has a lock of its own;
-//   - node, named (SotW only) and nonce are the loop's (no lock), as is
-//     the per-type protocol state of sotwConn and deltaConn that embed
-//     the conn;
+//   - node, named (SotW only), trimmed, told and nonce are the loop's (no
+//     lock), as is the per-type protocol state of sotwConn and deltaConn
+//     that embed the conn;
 //   - state is what the tracker checks and shows (identity, status,
 //     nonces sent, what the stream holds): only the loop writes it (through
 //     the tracker), under mu, which readers (the API, TypeSyncz) take to
 //     copy it;
-//   - rec is what the watcher's pushes read (identity, persistent
-//     subscribers, the responses handed to the stream), guarded by
+//   - rec is what the watcher's pushes read (identity, as the loop tells
+//     it, persistent subscribers, the responses handed to the stream), guarded by
 //     watcher.mu, but for its withheld-SDS log (a lock of its own) and
 //     its per-type sent flags (atomic).
 type conn struct {
@@ -31,7 +33,9 @@ type conn struct {
 	named bool         // node is the client's
 	// trimmed is the node trimNode last trimmed: each node once.
 	trimmed *corev3.Node
-	nonce   int64 // the last response's nonce
+	// told is the identity the watcher was last told (identified).
+	told  authn.Identity
+	nonce int64 // the last response's nonce
 
 	mu    sync.Mutex // guards state
 	state streamState
@@ -49,5 +53,17 @@ func (c *conn) trimNode() {
 	if c.node != c.trimmed {
 		forgetUnread(c.node)
 		c.trimmed = c.node
+	}
+}
+
+// identified tells the watcher the stream's verified identity when the
+// tracker settled a new one (on the first request, and on a Delta request
+// with another node): an SDS subscriber of another member or namespace
+// than before is aimed again (watcher.identify). The loop is the writer of
+// c.state, so it reads it without the lock.
+func (c *conn) identified(w *watcher) {
+	if c.state.ident != c.told {
+		w.identify(&c.rec, c.state.ident)
+		c.told = c.state.ident
 	}
 }

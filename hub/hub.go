@@ -231,8 +231,7 @@ func New(opts Options) (*Hub, error) {
 		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: newPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
 	})
 	proxies := newProxyTracker(trackerInputs{
-		log: opts.Log, limits: opts.Limits, identify: watcher.identify, server: watcher.serverSecurity,
-		tokens: tokens, roots: opts.Roots, fleet: fleet,
+		log: opts.Log, limits: opts.Limits, tokens: tokens, roots: opts.Roots, fleet: fleet,
 	})
 	h := &Hub{
 		log:     opts.Log,
@@ -347,14 +346,16 @@ const (
 )
 
 // Proxies lists every connected ADS stream with its per-type ACK/NACK state.
-func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies() }
+func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies(h.watcher.serverSecurity) }
 
 // RefusedStreams are the most recent xDS streams the hub ended because of
 // what their clients sent, newest first.
 func (h *Hub) RefusedStreams() []RefusedStream { return h.proxies.refused.list() }
 
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
-func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) { return h.proxies.config(id) }
+func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) {
+	return h.proxies.config(id, h.watcher.serverSecurity)
+}
 
 // PushLatency summarises push latency over the last five minutes: from a
 // member's change reaching the hub to each pushed response being handed to

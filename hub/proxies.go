@@ -136,12 +136,6 @@ type sent struct{ typeURL, version string }
 type trackerInputs struct {
 	log    *slog.Logger
 	limits Limits
-	// identify tells the watcher a stream's verified identity once its
-	// node was checked (see request).
-	identify func(rec *streamRecord, id authn.Identity)
-	// server tells what the policies make of a stream's inbound
-	// listeners (watcher.serverSecurity; nil: not shown).
-	server func(rec *streamRecord) *ServerSecurity
 	// tokens authenticates service-account tokens on mTLS streams that
 	// carry no client certificate; nil rejects them.
 	tokens *authn.TokenAuth
@@ -470,9 +464,6 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 			st.status.Proxyless = xdsgen.Proxyless(node)
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
-		if p.identify != nil {
-			p.identify(&c.rec, st.ident)
-		}
 		st.node = node
 	}
 	if nonce == "" {
@@ -581,8 +572,9 @@ func (s *streamState) snapshot() ProxyStatus {
 	return out
 }
 
-// proxies lists every open stream, by proxy ID then stream.
-func (p *proxyTracker) proxies() []ProxyStatus {
+// proxies lists every open stream, by proxy ID then stream, with what
+// server (nil: not shown) says the policies make of its inbound listeners.
+func (p *proxyTracker) proxies(server func(*streamRecord) *ServerSecurity) []ProxyStatus {
 	conns := p.open()
 	out := make([]ProxyStatus, 0, len(conns))
 	for _, c := range conns {
@@ -590,9 +582,9 @@ func (p *proxyTracker) proxies() []ProxyStatus {
 		out = append(out, c.state.snapshot())
 		c.mu.Unlock()
 	}
-	if p.server != nil {
+	if server != nil {
 		for i, c := range conns {
-			out[i].Server = p.server(&c.rec)
+			out[i].Server = server(&c.rec)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -605,7 +597,7 @@ func (p *proxyTracker) proxies() []ProxyStatus {
 }
 
 // config returns the newest stream of a proxy and what it last received.
-func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
+func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecurity) (ProxyConfig, bool) {
 	var found *conn
 	for _, c := range p.open() {
 		c.mu.Lock()
@@ -628,8 +620,8 @@ func (p *proxyTracker) config(id string) (ProxyConfig, bool) {
 	}
 	pc := ProxyConfig{Proxy: st.snapshot(), Resources: res}
 	found.mu.Unlock()
-	if p.server != nil {
-		pc.Proxy.Server = p.server(&found.rec)
+	if server != nil {
+		pc.Proxy.Server = server(&found.rec)
 	}
 	return pc, true
 }

@@ -18,7 +18,7 @@ func TestProxyStatusSaysProxyless(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.request(c, kind.node, "", "", false)
-			ps := p.proxies()
+			ps := p.proxies(nil)
 			if len(ps) != 1 || ps[0].Proxyless != kind.proxyless {
 				t.Errorf("proxies %+v; want one with Proxyless %v", ps, kind.proxyless)
 			}

@@ -243,7 +243,7 @@ func (s *subscriber) sameNames(names map[string]struct{}, requested []string, wi
 
 // streamRecord is what the watcher keeps of a stream, part of the
 // stream's conn (which the loop hands to every watch) and guarded by
-// watcher.mu: its verified identity (from the tracker, see identify) and
+// watcher.mu: its verified identity (the loop tells it, see identify) and
 // its persistent subscribers by type.
 type streamRecord struct {
 	ident authn.Identity
@@ -346,9 +346,9 @@ func (w *watcher) closeStream(rec *streamRecord) {
 	w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
 }
 
-// identify sets the verified identity of rec's stream, from the proxy
-// tracker once it checked the stream's node: an SDS subscriber of another
-// member or namespace than before is aimed again.
+// identify sets the verified identity of rec's stream, as the stream's
+// loop tells it once the tracker settled it (conn.identified): an SDS
+// subscriber of another member or namespace than before is aimed again.
 func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
