@@ -92,31 +92,13 @@ type Cluster struct {
 	counts kindCounts
 
 	// exportMode says which Services are exported (--export-mode);
-	// exportsOn, in export mode serviceexport, that the member serves
-	// ServiceExports and their informers run (watchServiceExportsWhenServed).
+	// exportPoll how often a member without ServiceExports is asked again.
 	exportMode ExportMode
 	exportPoll time.Duration
-	exportsOn  atomic.Bool
 
-	// scope is what the member's Secret says to watch (WatchScope);
-	// watches are the namespaces watched, by name ("" for every
-	// namespace), guarded by watchMu; runCtx is the cluster's run context
-	// once it started (watches added later start at once). selected is
-	// the Namespace informer of a selector scope (nil otherwise), and
-	// watchLimit bounds how many namespaces it may add (0: no bound);
-	// watchRefused counts those refused.
-	scope           WatchScope
-	watchMu         sync.RWMutex
-	watches         map[string]*nsWatch
-	wantFederated   map[string]bool // a replaced watch's wanted state (replaceWatchLocked)
-	runCtx          context.Context
-	selectedFactory informers.SharedInformerFactory
-	selected        cache.ResourceEventHandlerRegistration
-	watchLimit      int
-	watchRefused    int
-	// replacing tracks the goroutines that swap in a replaced watch once
-	// it synced (replaceWatchLocked); stop waits for them.
-	replacing sync.WaitGroup
+	// ns are the namespaces watched (what the member's Secret says to
+	// watch, WatchScope), with their informers.
+	ns namespaceWatches
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -300,7 +282,8 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		ready:    func() bool { return (deps.settled == nil || deps.settled()) && systemSynced() },
 		isLeader: deps.isLeader, log: c.log, kick: make(chan struct{}, 1),
 	}
-	if err := c.watchNamespaces(scope); err != nil {
+	c.ns = namespaceWatches{newWatch: c.newNSWatch, retired: c.retire, replaced: c.enqueueWatch, log: c.log}
+	if err := c.ns.watchScope(scope, client); err != nil {
 		return nil, err
 	}
 	onNode := func(any) {
@@ -316,14 +299,14 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 	if err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
-	c.synced = append(c.synced, reg.HasSynced, c.watchesSynced)
+	c.synced = append(c.synced, reg.HasSynced, c.ns.synced)
 	return c, nil
 }
 
 // runs reports whether the cluster is the client of this kubeconfig
 // (same bytes) and watch scope.
 func (c *Cluster) runs(kc *Kubeconfig, scope WatchScope) bool {
-	return c.hash == kc.SHA256 && c.scope.equal(scope)
+	return c.hash == kc.SHA256 && c.ns.scope.equal(scope)
 }
 
 // start runs the cluster until stop is called.
@@ -341,7 +324,7 @@ func (c *Cluster) stop() {
 	<-c.done
 	c.factory.Shutdown()
 	c.system.Shutdown()
-	c.stopWatches()
+	c.ns.stop()
 	c.secrets.factory.Shutdown()
 	c.conns.closeAll()
 }
@@ -350,7 +333,7 @@ func (c *Cluster) run(ctx context.Context) {
 	defer close(c.done)
 	c.factory.Start(ctx.Done())
 	c.system.Start(ctx.Done())
-	c.startWatches(ctx)
+	c.ns.start(ctx)
 	c.secrets.factory.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -375,7 +358,7 @@ func (c *Cluster) run(ctx context.Context) {
 	// the mTLS endpoints, but never hold the member up for them.
 	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
 	exportsServed := c.exportMode == ExportServiceExport && c.watchServiceExportsWhenServed(ctx, meshCtx, &wg)
-	for _, w := range c.watchList() {
+	for _, w := range c.ns.list() {
 		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced(exportsServed)...)
 	}
 	cancelMesh()
@@ -642,7 +625,7 @@ func (c *Cluster) publishAll() {
 	views := make([]*Service, 0, len(svcs))
 	counts := make(map[ServiceKey]int, len(svcs))
 	for _, svc := range svcs {
-		if isHubGatewayService(svc) || !c.federates(svc.Namespace) {
+		if isHubGatewayService(svc) || !c.ns.federates(svc.Namespace) {
 			continue
 		}
 		v := c.build(svc)
@@ -674,7 +657,7 @@ func (c *Cluster) processNext() bool {
 		c.queue.AddRateLimited(key)
 		return true
 	case isHubGatewayService(svc): // the hub's own, not the member's
-	case !c.federates(svc.Namespace): // watched for gateways only
+	case !c.ns.federates(svc.Namespace): // watched for gateways only
 	default:
 		view = c.build(svc)
 	}
@@ -749,7 +732,7 @@ func (c *Cluster) enqueueAll() {
 // status reports the cluster's current status.
 func (c *Cluster) status() Status {
 	st := c.statusLocked()
-	st.WatchedNamespaces, st.WatchRefused = c.watchedNamespaces()
+	st.WatchedNamespaces, st.WatchRefused = c.ns.namespaces()
 	st.Objects = c.objectCounts()
 	return st
 }
@@ -775,7 +758,7 @@ func (c *Cluster) statusLocked() Status {
 	st.Gateways = slices.Clone(c.gateways.gateways)
 	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.gateways.refused), c.gateways.refusedCount
 	st.GatewayServices, st.GatewayServicesError = c.gw.status()
-	st.WatchScope = c.scope
+	st.WatchScope = c.ns.scope
 	return st
 }
 
@@ -786,7 +769,7 @@ func (c *Cluster) objectCounts() map[string]int {
 	for kind, n := range c.counts {
 		out[kind] = int(n.Load())
 	}
-	for _, w := range c.watchList() {
+	for _, w := range c.ns.list() {
 		for kind, n := range w.counts {
 			if kind == "ServiceExport" && w.exports == nil {
 				continue // not watched in this export mode

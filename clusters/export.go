@@ -179,24 +179,12 @@ func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *
 
 // enableServiceExports starts every watch's ServiceExport informer, and
 // those of watches added later, and returns whether those started synced.
-func (c *Cluster) enableServiceExports() []cache.InformerSynced {
-	c.watchMu.Lock()
-	defer c.watchMu.Unlock()
-	c.exportsOn.Store(true)
-	var synced []cache.InformerSynced
-	for _, w := range c.watches {
-		w.startExports()
-		if w.exports != nil {
-			synced = append(synced, w.exports.inf.HasSynced)
-		}
-	}
-	return synced
-}
+func (c *Cluster) enableServiceExports() []cache.InformerSynced { return c.ns.startExports() }
 
 // serviceExported reports whether Service namespace/name has a
 // ServiceExport, and whether the member's ServiceExports are listed.
 func (c *Cluster) serviceExported(namespace, name string) (exported, listed bool) {
-	w := c.watchOf(namespace)
+	w := c.ns.of(namespace)
 	if w == nil || w.exports == nil {
 		return false, false
 	}

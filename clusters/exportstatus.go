@@ -220,7 +220,7 @@ func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey
 	others := maps.Clone(e.ports[key])
 	e.mu.Unlock()
 	_, err := c.services.Services(key.Namespace).Get(key.Name)
-	conds := exportConditions(c.id, apierrors.IsNotFound(err) || !c.federates(key.Namespace), others)
+	conds := exportConditions(c.id, apierrors.IsNotFound(err) || !c.ns.federates(key.Namespace), others)
 	cached := c.serviceExportVersion(key)
 	e.mu.Lock()
 	prev, had := e.results[c.id][key]
@@ -334,7 +334,7 @@ func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds [
 // serviceExportVersion is the resource version the cache has of the
 // member's ServiceExport key ("" when none).
 func (c *Cluster) serviceExportVersion(key ServiceKey) string {
-	w := c.watchOf(key.Namespace)
+	w := c.ns.of(key.Namespace)
 	if w == nil || w.exports == nil {
 		return ""
 	}

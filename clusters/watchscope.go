@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
@@ -270,60 +269,7 @@ func (w *nsWatch) hasSynced() bool {
 	return true
 }
 
-// addWatch starts watching a namespace (a no-op when it is watched),
-// at once when the cluster runs, else when it starts.
-func (c *Cluster) addWatch(namespace string, federated bool) error {
-	c.watchMu.Lock()
-	defer c.watchMu.Unlock()
-	c.wantFederated[namespace] = federated
-	if w, ok := c.watches[namespace]; ok {
-		if w.federated != federated {
-			return c.replaceWatchLocked(w, federated)
-		}
-		return nil
-	}
-	if c.watchLimit > 0 && len(c.watches) >= c.watchLimit {
-		c.watchRefused++
-		return fmt.Errorf("not watching namespace %s: the member already watches %d namespaces", namespace, len(c.watches))
-	}
-	w, err := c.newNSWatch(namespace, federated)
-	if err != nil {
-		return err
-	}
-	c.watches[namespace] = w
-	if c.runCtx != nil {
-		w.start(c.runCtx, c.exportsOn.Load())
-	}
-	return nil
-}
-
-// removeWatch stops watching a namespace (the system namespace stays
-// watched for gateways, its Services no longer federated) and rebuilds its
-// Services, which are then gone.
-func (c *Cluster) removeWatch(namespace string) {
-	c.watchMu.Lock()
-	w, ok := c.watches[namespace]
-	if !ok {
-		c.watchMu.Unlock()
-		return
-	}
-	if namespace == SystemNamespace {
-		c.wantFederated[namespace] = false
-		if w.federated {
-			if err := c.replaceWatchLocked(w, false); err != nil {
-				c.log.Warn("system namespace watch not narrowed", "error", err)
-			}
-		}
-		c.watchMu.Unlock()
-		return
-	}
-	delete(c.watches, namespace)
-	delete(c.wantFederated, namespace)
-	c.watchMu.Unlock()
-	c.retire(w)
-}
-
-// retire stops a watch that is no longer in the map and rebuilds its
+// retire stops a watch that is no longer watched and rebuilds its
 // Services from whatever watch holds their namespace now (none: gone).
 func (c *Cluster) retire(w *nsWatch) {
 	keys := w.svcInf.GetStore().ListKeys()
@@ -335,184 +281,11 @@ func (c *Cluster) retire(w *nsWatch) {
 	}
 }
 
-// replaceWatchLocked replaces a namespace's watch by one that is (or is
-// not) federated, make-before-break: while the cluster runs, the old one
-// answers until the new one has synced (the system namespace's gateway
-// Services never disappear in between). watchMu is held.
-func (c *Cluster) replaceWatchLocked(old *nsWatch, federated bool) error {
-	w, err := c.newNSWatch(old.namespace, federated)
-	if err != nil {
-		return err
-	}
-	if c.runCtx == nil {
-		c.watches[old.namespace] = w
-		return nil
-	}
-	ctx := c.runCtx
-	w.start(ctx, c.exportsOn.Load())
-	c.replacing.Go(func() {
-		if !cache.WaitForCacheSync(ctx.Done(), w.hasSynced) {
-			w.stop()
-			return
-		}
-		c.watchMu.Lock()
-		// Not when replaced meanwhile, nor when what is wanted changed
-		// back (the old watch is what is wanted then).
-		current := c.watches[old.namespace] == old && c.wantFederated[old.namespace] == federated
-		if current {
-			c.watches[old.namespace] = w
-		}
-		c.watchMu.Unlock()
-		if !current {
-			w.stop()
-			return
-		}
-		c.retire(old)
-		c.enqueueWatch(w)
-	})
-	return nil
-}
-
 // enqueueWatch rebuilds every Service of a watch.
 func (c *Cluster) enqueueWatch(w *nsWatch) {
 	for _, k := range w.svcInf.GetStore().ListKeys() {
 		ns, name, _ := cache.SplitMetaNamespaceKey(k)
 		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
-	}
-}
-
-// watchOf is the watch holding a namespace's objects, nil when none does.
-func (c *Cluster) watchOf(namespace string) *nsWatch {
-	c.watchMu.RLock()
-	defer c.watchMu.RUnlock()
-	if w, ok := c.watches[""]; ok {
-		return w
-	}
-	return c.watches[namespace]
-}
-
-// watchList is every current watch.
-func (c *Cluster) watchList() []*nsWatch {
-	c.watchMu.RLock()
-	defer c.watchMu.RUnlock()
-	out := make([]*nsWatch, 0, len(c.watches))
-	for _, w := range c.watches {
-		out = append(out, w)
-	}
-	return out
-}
-
-// watchedNamespaces lists the namespaces watched, sorted (nil: every
-// namespace), and how many selected namespaces were refused for the bound.
-func (c *Cluster) watchedNamespaces() ([]string, int) {
-	c.watchMu.RLock()
-	defer c.watchMu.RUnlock()
-	if _, all := c.watches[""]; all {
-		return nil, 0
-	}
-	out := make([]string, 0, len(c.watches))
-	for ns := range c.watches {
-		out = append(out, ns)
-	}
-	slices.Sort(out)
-	return out, c.watchRefused
-}
-
-// watchesSynced reports whether the namespaces to watch are known (a
-// selector's namespaces listed) and every watch has synced.
-func (c *Cluster) watchesSynced() bool {
-	if c.selected != nil && !c.selected.HasSynced() {
-		return false
-	}
-	for _, w := range c.watchList() {
-		if !w.hasSynced() {
-			return false
-		}
-	}
-	return true
-}
-
-// federates reports whether a namespace's Services are the member's
-// services (in its WatchScope).
-func (c *Cluster) federates(namespace string) bool {
-	w := c.watchOf(namespace)
-	return w != nil && w.federated
-}
-
-// watchNamespaces sets up the watches of the cluster's scope: one for
-// every namespace, one per namespace named, or those a selector selects
-// (a Namespace informer adds and removes them); the system namespace is
-// watched for gateways in every case.
-func (c *Cluster) watchNamespaces(scope WatchScope) error {
-	c.watches, c.wantFederated = map[string]*nsWatch{}, map[string]bool{}
-	c.scope = scope
-	switch {
-	case scope.All():
-		return c.addWatch("", true)
-	case scope.Namespaces != nil:
-		for _, ns := range scope.Namespaces {
-			if err := c.addWatch(ns, true); err != nil {
-				return err
-			}
-		}
-	default:
-		c.watchLimit = maxWatchNamespaces + 1 // and the system namespace
-		c.selectedFactory = informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = scope.Selector
-		}))
-		inf := c.selectedFactory.Core().V1().Namespaces().Informer()
-		onAdd := func(obj any) {
-			if ns, ok := obj.(metav1.Object); ok {
-				if err := c.addWatch(ns.GetName(), true); err != nil {
-					c.log.Warn("selected namespace not watched", "namespace", ns.GetName(), "error", err)
-				}
-			}
-		}
-		onDelete := func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if ns, ok := obj.(metav1.Object); ok {
-				c.removeWatch(ns.GetName())
-			}
-		}
-		// A namespace whose labels stop matching is deleted from a
-		// label-selected watch: the informer tells onDelete.
-		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: onAdd, DeleteFunc: onDelete})
-		if err != nil {
-			return fmt.Errorf("adding event handler: %w", err)
-		}
-		c.selected = reg
-	}
-	if _, ok := c.watches[SystemNamespace]; !ok {
-		return c.addWatch(SystemNamespace, false)
-	}
-	return nil
-}
-
-// startWatches starts every watch registered so far; later ones start as
-// they are added.
-func (c *Cluster) startWatches(ctx context.Context) {
-	c.watchMu.Lock()
-	c.runCtx = ctx
-	for _, w := range c.watches {
-		w.start(ctx, c.exportsOn.Load())
-	}
-	c.watchMu.Unlock()
-	if c.selectedFactory != nil {
-		c.selectedFactory.Start(ctx.Done())
-	}
-}
-
-// stopWatches stops every watch and waits for them (and for replacements
-// under way, which end with the cluster's context).
-func (c *Cluster) stopWatches() {
-	c.replacing.Wait()
-	if c.selectedFactory != nil {
-		c.selectedFactory.Shutdown()
-	}
-	for _, w := range c.watchList() {
-		w.stop()
 	}
 }
 
@@ -524,7 +297,7 @@ type scopedServices struct{ c *Cluster }
 
 func (s scopedServices) List(sel labels.Selector) ([]*corev1.Service, error) {
 	var out []*corev1.Service
-	for _, w := range s.c.watchList() {
+	for _, w := range s.c.ns.list() {
 		l, err := w.services.List(sel)
 		if err != nil {
 			return nil, err
@@ -535,7 +308,7 @@ func (s scopedServices) List(sel labels.Selector) ([]*corev1.Service, error) {
 }
 
 func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceLister {
-	if w := s.c.watchOf(namespace); w != nil {
+	if w := s.c.ns.of(namespace); w != nil {
 		return w.services.Services(namespace)
 	}
 	return emptyServices.Services(namespace)
@@ -543,7 +316,7 @@ func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceL
 
 // endpointSlices lists the EndpointSlices of one Service.
 func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
-	w := c.watchOf(svc.Namespace)
+	w := c.ns.of(svc.Namespace)
 	if w == nil || w.slices == nil {
 		return nil
 	}
@@ -554,14 +327,14 @@ func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSli
 // runsMeshAccount reports whether a mesh pod of the member runs as
 // namespace/serviceAccount (false when its namespace is not watched).
 func (c *Cluster) runsMeshAccount(namespace, serviceAccount string) bool {
-	w := c.watchOf(namespace)
+	w := c.ns.of(namespace)
 	return w != nil && w.mesh != nil && w.mesh.runsAccount(namespace, serviceAccount)
 }
 
 // meshPod reports whether pod namespace/name is labelled for Istio mTLS,
 // and its workload (podWorkload) and service account.
 func (c *Cluster) meshPod(namespace, name string) (meshPod, bool) {
-	w := c.watchOf(namespace)
+	w := c.ns.of(namespace)
 	if w == nil || w.mesh == nil {
 		return meshPod{}, false
 	}
