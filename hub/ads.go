@@ -467,12 +467,13 @@ type sotwSubscription struct {
 	legacy   bool // no request named a resource yet
 	// holds is what the last responses that carried only what changed
 	// left the stream holding (nil: none).
-	holds *holding[*xdsgen.Resource]
+	holds *holding[heldResource]
 	// whole is the last whole-state response's resources (shared, read
 	// only; nil: none), and set the version of the set of every resource of
 	// the type it carried, for a wildcard one.
 	whole      []*xdsgen.Resource
 	setVersion string
+	sent       []*anypb.Any // the whole-state response's resources, as sent (shared, read only)
 	resources  *resourceHoldings
 }
 
@@ -486,15 +487,38 @@ func newSotwSubscription(names []string, resources *resourceHoldings) sotwSubscr
 // name (a holding's map, read only) or the resources of a whole-state
 // response, with the version of the set it was, if a wildcard's.
 type heldResources struct {
-	byName map[string]*xdsgen.Resource
+	byName map[string]heldResource
 	whole  []*xdsgen.Resource
 	set    string
+	// sent are the resources of the whole-state response, as sent (Istio
+	// config's are not xdsgen.Resources: whole is empty for them).
+	sent []*anypb.Any
+}
+
+// heldResource is what a stream holds of one resource: its version and,
+// when the hub sent it, the resource (nil when the stream only said it
+// holds it: Delta's initial_resource_versions; or when it is to be sent
+// again whatever its version: version ""). Streams that hold the same
+// versions of the same resources share one holding.
+type heldResource struct {
+	version string
+	any     *anypb.Any
+}
+
+// changeOf is what a response that sent res and removed removed does to
+// what a stream holds.
+func changeOf(res []*xdsgen.Resource, removed []string) change[heldResource] {
+	c := change[heldResource]{names: make([]string, len(res)), vals: make([]heldResource, len(res)), removed: removed}
+	for i, r := range res {
+		c.names[i], c.vals[i] = r.Name, heldResource{r.Version, r.Any}
+	}
+	return c
 }
 
 // version returns the version the stream holds of name.
 func (h heldResources) version(name string) (string, bool) {
 	if r, ok := h.byName[name]; ok {
-		return r.Version, true
+		return r.version, true
 	}
 	for _, r := range h.whole {
 		if r.Name == name {
@@ -504,16 +528,28 @@ func (h heldResources) version(name string) (string, bool) {
 	return "", false
 }
 
-// changed reports whether r is not what the stream holds of its name.
+// changed reports whether r is not what the stream holds of its name (a
+// resource held by name: whole states are compared whole, see sameAs).
 func (h heldResources) changed(r *xdsgen.Resource) bool {
 	held, ok := h.byName[r.Name]
-	return !ok || held.Version != r.Version
+	return !ok || held.version != r.Version
 }
 
 // sameAs reports whether the stream holds exactly res, a whole state
 // (nothing held is the same as none).
 func (h heldResources) sameAs(res []*xdsgen.Resource) bool {
-	if len(res) != len(h.whole) || len(h.byName) > 0 {
+	if len(h.byName) > 0 {
+		if len(res) != len(h.byName) {
+			return false
+		}
+		for _, r := range res {
+			if h.changed(r) {
+				return false
+			}
+		}
+		return true
+	}
+	if len(res) != len(h.whole) {
 		return false
 	}
 	for i, r := range res {
@@ -536,16 +572,12 @@ func (h heldResources) sameAs(res []*xdsgen.Resource) bool {
 // anys are the resources the stream holds, in order of name for a holding
 // (those it only said it holds, with no resource, left out).
 func (h heldResources) anys() []*anypb.Any {
-	if h.whole != nil {
-		out := make([]*anypb.Any, 0, len(h.whole))
-		for _, r := range h.whole {
-			out = append(out, r.Any)
-		}
-		return out
+	if h.sent != nil {
+		return h.sent
 	}
 	out := make([]*anypb.Any, 0, len(h.byName))
 	for _, name := range slices.Sorted(maps.Keys(h.byName)) {
-		if a := h.byName[name].Any; a != nil {
+		if a := h.byName[name].any; a != nil {
 			out = append(out, a)
 		}
 	}
@@ -553,10 +585,10 @@ func (h heldResources) anys() []*anypb.Any {
 }
 
 // count is how many resources the stream holds.
-func (h heldResources) count() int { return max(len(h.byName), len(h.whole)) }
+func (h heldResources) count() int { return max(len(h.byName), len(h.whole), len(h.sent)) }
 
 func (s *sotwSubscription) held() heldResources {
-	h := heldResources{whole: s.whole, set: s.setVersion}
+	h := heldResources{whole: s.whole, set: s.setVersion, sent: s.sent}
 	if s.holds != nil {
 		h.byName = s.holds.res
 	}
@@ -582,7 +614,7 @@ func (s *sotwSubscription) set(names []string) {
 	if s.setVersion != "" {
 		// What a wildcard response left is known by its version only:
 		// forgotten, as every name of it may no longer be subscribed.
-		s.whole, s.setVersion = nil, ""
+		s.whole, s.setVersion, s.sent = nil, "", nil
 		return
 	}
 	// Forget what was returned of names no longer subscribed: subscribing
@@ -590,6 +622,7 @@ func (s *sotwSubscription) set(names []string) {
 	keep := s.SubscribedResources()
 	if s.holds == nil {
 		s.whole = slices.DeleteFunc(slices.Clone(s.whole), func(r *xdsgen.Resource) bool { _, ok := keep[r.Name]; return !ok })
+		s.holdWhole() // by name from now on, whatever the responses carry
 		return
 	}
 	var gone []string
@@ -599,7 +632,7 @@ func (s *sotwSubscription) set(names []string) {
 		}
 	}
 	slices.Sort(gone)
-	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
+	s.holds = s.resources.apply(s.holds, change[heldResource]{removed: gone})
 }
 
 // took records that the stream was sent r.
@@ -607,27 +640,25 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 	r.markSent()
 	if !r.incremental {
 		s.release()
-		s.whole, s.setVersion = r.whole, r.set
+		s.whole, s.setVersion, s.sent = r.whole, r.set, nil
+		if r.PassthroughResponse != nil {
+			s.sent = r.DiscoveryResponse.GetResources()
+		}
 		if s.whole == nil {
 			s.whole = noResources // held: nothing
+		}
+		if s.sent == nil {
+			s.sent = []*anypb.Any{}
 		}
 		return
 	}
 	if s.holds == nil && len(s.whole) > 0 {
 		// What a whole-state response left (an SDS wildcard before these
 		// names): from here on, shared.
-		was := change[*xdsgen.Resource]{}
-		for _, r := range s.whole {
-			was.names, was.vals = append(was.names, r.Name), append(was.vals, r)
-		}
-		s.holds = s.resources.apply(nil, was)
+		s.holdWhole()
 	}
-	s.whole, s.setVersion = nil, ""
-	c := change[*xdsgen.Resource]{names: make([]string, len(r.changed)), vals: r.changed}
-	for i, res := range r.changed {
-		c.names[i] = res.Name
-	}
-	s.holds = s.resources.apply(s.holds, c)
+	s.whole, s.setVersion, s.sent = nil, "", nil
+	s.holds = s.resources.apply(s.holds, changeOf(r.changed, nil))
 }
 
 // forget drops names (nil: every name) from what the stream was sent,
@@ -635,7 +666,7 @@ func (s *sotwSubscription) took(r *sotwResponse) {
 func (s *sotwSubscription) forget(names []string) {
 	if names == nil || s.setVersion != "" {
 		s.release()
-		s.whole, s.setVersion = nil, ""
+		s.whole, s.setVersion, s.sent = nil, "", nil
 		return
 	}
 	if s.holds == nil {
@@ -644,6 +675,7 @@ func (s *sotwSubscription) forget(names []string) {
 			drop[n] = true
 		}
 		s.whole = slices.DeleteFunc(slices.Clone(s.whole), func(r *xdsgen.Resource) bool { return drop[r.Name] })
+		s.holdWhole()
 		return
 	}
 	var gone []string
@@ -656,7 +688,15 @@ func (s *sotwSubscription) forget(names []string) {
 		return
 	}
 	slices.Sort(gone)
-	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
+	s.holds = s.resources.apply(s.holds, change[heldResource]{removed: gone})
+}
+
+// holdWhole makes what the last whole-state response left (whole) a
+// holding by name, shared: the responses that follow may carry only what
+// changed, and are compared with it by name.
+func (s *sotwSubscription) holdWhole() {
+	s.holds = s.resources.apply(nil, changeOf(s.whole, nil))
+	s.whole, s.setVersion, s.sent = nil, "", nil
 }
 
 // noResources is a whole state of nothing (nil is none).
@@ -698,6 +738,11 @@ type deltaConn struct {
 type deltaType struct {
 	sub    deltaSubscription
 	cancel func() // the current watch's (nil: none)
+	// req is the current watch's request: a response of an earlier watch
+	// still queued when resendEndpoints replaced it is dropped (the new
+	// watch evaluates every name again), so that what the stream holds
+	// never changes under a parked watch.
+	req *discoveryv3.DeltaDiscoveryRequest
 	// answered says a response of the type went out on the stream: until
 	// then a request is answered even with nothing (CreateDeltaWatch).
 	answered bool
@@ -722,7 +767,7 @@ type deltaSubscription struct {
 	wildcard   bool
 	legacy     bool
 	subscribed *holding[struct{}]
-	holds      *holding[*xdsgen.Resource] // what the stream holds: what it was sent, or says it has (no Any)
+	holds      *holding[heldResource] // what the stream holds: what it was sent, or says it has (no Any)
 	names      *nameHoldings
 	resources  *resourceHoldings
 }
@@ -730,9 +775,9 @@ type deltaSubscription struct {
 func newDeltaSubscription(req *discoveryv3.DeltaDiscoveryRequest, names *nameHoldings, resources *resourceHoldings) deltaSubscription {
 	s := deltaSubscription{wildcard: len(req.ResourceNamesSubscribe) == 0, legacy: true, names: names, resources: resources}
 	s.subscribed = names.apply(nil, change[struct{}]{})
-	held := change[*xdsgen.Resource]{names: slices.Sorted(maps.Keys(req.InitialResourceVersions))}
+	held := change[heldResource]{names: slices.Sorted(maps.Keys(req.InitialResourceVersions))}
 	for _, name := range held.names {
-		held.vals = append(held.vals, &xdsgen.Resource{Name: name, Version: req.InitialResourceVersions[name]})
+		held.vals = append(held.vals, heldResource{version: req.InitialResourceVersions[name]})
 	}
 	s.holds = resources.apply(nil, held)
 	s.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
@@ -760,7 +805,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 	}
 	s.subscribed = s.names.apply(s.subscribed, add)
 	var drop change[struct{}]
-	var held change[*xdsgen.Resource]
+	var held change[heldResource]
 	dropped := map[string]bool{}
 	for _, name := range unsubscribe {
 		if name == "*" {
@@ -772,7 +817,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 		if subscribed && s.wildcard {
 			// Still wanted as part of the wildcard: sent again, or named
 			// removed if it no longer exists.
-			held.names, held.vals = append(held.names, name), append(held.vals, &xdsgen.Resource{Name: name})
+			held.names, held.vals = append(held.names, name), append(held.vals, heldResource{})
 		} else if _, ok := s.holds.res[name]; ok {
 			held.removed = append(held.removed, name)
 		}
@@ -787,11 +832,7 @@ func (s *deltaSubscription) update(subscribe, unsubscribe []string) {
 
 // took records that the stream was sent r.
 func (s *deltaSubscription) took(r *deltaResponse) {
-	c := change[*xdsgen.Resource]{names: make([]string, len(r.changed)), vals: r.changed, removed: r.removed}
-	for i, res := range r.changed {
-		c.names[i] = res.Name
-	}
-	s.holds = s.resources.apply(s.holds, c)
+	s.holds = s.resources.apply(s.holds, changeOf(r.changed, r.removed))
 }
 
 // holdsAny reports whether the stream holds any of names (read only).
@@ -819,7 +860,7 @@ func (s *deltaSubscription) forget(names []string) bool {
 		return false
 	}
 	slices.Sort(gone)
-	s.holds = s.resources.apply(s.holds, change[*xdsgen.Resource]{removed: gone})
+	s.holds = s.resources.apply(s.holds, change[heldResource]{removed: gone})
 	return true
 }
 
@@ -902,6 +943,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		c.mu.Unlock()
 	}
 	var err error
+	t.req = req
 	t.cancel, err = c.a.watcher.CreateDeltaWatch(req, &t.sub, c.conn, !t.answered)
 	return err
 }
@@ -910,6 +952,10 @@ func (c *deltaConn) sendQueued() error {
 	queued := c.out.take()
 	for i, r := range queued {
 		resp := r.delta
+		if t := c.types[resp.GetDeltaRequest().GetTypeUrl()]; t != nil && t.req != nil && resp.DeltaRequest != t.req {
+			c.a.fleet.Answer(1) // dropped: nobody will answer it
+			continue
+		}
 		out := resp.DeltaDiscoveryResponse
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
@@ -976,7 +1022,8 @@ func (c *deltaConn) resendEndpoints(names []string) error {
 	c.mu.Unlock()
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	var err error
-	t.cancel, err = c.a.watcher.CreateDeltaWatch(&discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}, &t.sub, c.conn, !t.answered)
+	t.req = &discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}
+	t.cancel, err = c.a.watcher.CreateDeltaWatch(t.req, &t.sub, c.conn, !t.answered)
 	return err
 }
 

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"google.golang.org/protobuf/types/known/anypb"
 	"io"
 	"maps"
 	"math/rand/v2"
@@ -185,7 +186,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 	for run := range 500 {
 		var lists [][]string
 		first := pickNames(rng, pool)
-		ours := newSotwSubscription(first, newHoldings[*xdsgen.Resource]())
+		ours := newSotwSubscription(first, newHoldings[heldResource]())
 		theirs := streamv3.NewSotwSubscription(first, true)
 		lists = append(lists, first)
 		for step := range 12 {
@@ -239,7 +240,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 func versionsHeld(h heldResources) map[string]string {
 	out := map[string]string{}
 	for name, r := range h.byName {
-		out[name] = r.Version
+		out[name] = r.version
 	}
 	for _, r := range h.whole {
 		out[r.Name] = r.Version
@@ -318,7 +319,7 @@ func TestDeltaReconnectWithInitialVersions(t *testing.T) {
 func TestDeltaSubscriptionIsGoControlPlanes(t *testing.T) {
 	pool := []string{"*", "a", "b", "c", "d"}
 	rng := rand.New(rand.NewPCG(3, 4))
-	names, versions := newHoldings[struct{}](), newHoldings[*xdsgen.Resource]()
+	names, versions := newHoldings[struct{}](), newHoldings[heldResource]()
 	for run := range 500 {
 		initial := map[string]string{}
 		for _, n := range pickNames(rng, pool[1:]) {
@@ -489,7 +490,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	}
 	parked := c.rec.subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
-	if parked == nil || reflect.ValueOf(parked.held.byName).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA].Version != st.sent[1].Resources[0].Version {
+	if parked == nil || reflect.ValueOf(parked.held.byName).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA].version != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
 }
@@ -566,5 +567,43 @@ func TestForgetUnread(t *testing.T) {
 	}
 	if !xdsgen.Proxyless(n) || n.GetId() == "" || n.GetCluster() != "a.demo" {
 		t.Errorf("what the hub reads changed: %v", n)
+	}
+}
+
+// TestOneRecordOfWhatAStreamHolds: the stream's record of what it holds
+// keeps what the two records it replaced kept. Delta streams that say
+// they hold the same versions share one holding; a SotW subscription
+// that turns from a wildcard (whole-state responses) to names compares
+// by name with what the whole state left, resending nothing; and a
+// whole-state response of Istio config, which has no xdsgen.Resources,
+// is what the API shows.
+func TestOneRecordOfWhatAStreamHolds(t *testing.T) {
+	held := newHoldings[heldResource]()
+	names := newHoldings[struct{}]()
+	req := &discoveryv3.DeltaDiscoveryRequest{InitialResourceVersions: map[string]string{"a": "1", "b": "2"}}
+	one, two := newDeltaSubscription(req, names, held), newDeltaSubscription(req, names, held)
+	if one.holds != two.holds {
+		t.Error("two Delta streams holding the same initial versions hold two holdings")
+	}
+	one.release()
+	two.release()
+
+	sds := newSotwSubscription(nil, held)
+	a := &xdsgen.Resource{Name: "a", Version: "1", Any: &anypb.Any{TypeUrl: "a"}}
+	sds.took(&sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{}, whole: []*xdsgen.Resource{a}})
+	sds.set([]string{"a"})
+	if sds.held().changed(a) {
+		t.Error("a name held from a wildcard's whole state counts as changed once subscribed by name")
+	}
+	if got := sds.held().anys(); len(got) != 1 || got[0] != a.Any {
+		t.Errorf("the API shows %v; want a's resource", got)
+	}
+	sds.release()
+
+	config := newSotwSubscription(nil, held)
+	anys := []*anypb.Any{{TypeUrl: "networking.istio.io/v1/ServiceEntry"}}
+	config.took(&sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{DiscoveryResponse: &discoveryv3.DiscoveryResponse{Resources: anys}}, set: "v1"})
+	if got := config.held().anys(); len(got) != 1 || got[0] != anys[0] {
+		t.Errorf("the API shows %v of an Istio config response; want its resources", got)
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-
-	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // holding is what a stream holds of one type, by name: the resources it
@@ -60,7 +58,7 @@ type holdings[V comparable] struct {
 // The stream loops' holdings: the resources streams hold, and the names
 // Delta streams subscribe to.
 type (
-	resourceHoldings = holdings[*xdsgen.Resource]
+	resourceHoldings = holdings[heldResource]
 	nameHoldings     = holdings[struct{}]
 )
 

@@ -180,7 +180,8 @@ type Hub struct {
 // the change feed and the index (unless given), the xDS and Istio config
 // generators, the access reviews, the identity scope and the token
 // reviewer, the CA, the watcher that reads them all, the stream tracker
-// that tells the watcher who a stream is, and the sync status of both.
+// (the registry of open streams and their status), and the sync status of
+// both.
 func New(opts Options) (*Hub, error) {
 	opts = opts.withDefaults()
 	changes, index := opts.Changes, opts.Index
@@ -250,7 +251,7 @@ func New(opts Options) (*Hub, error) {
 		ca:      caServer,
 		codec:   newSharedCodec(),
 		fleet:   fleet,
-		held:    newHoldings[*xdsgen.Resource](),
+		held:    newHoldings[heldResource](),
 		names:   newHoldings[struct{}](),
 	}
 	if opts.Metrics != nil {

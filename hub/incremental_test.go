@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"fmt"
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"maps"
 	"slices"
 	"testing"
@@ -149,7 +148,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
 	node := &corev3.Node{Id: "n"}
 	c := newConn(1)
-	sub := newSotwSubscription([]string{a, b}, newHoldings[*xdsgen.Resource]())
+	sub := newSotwSubscription([]string{a, b}, newHoldings[heldResource]())
 	out := c.out
 	next := func() *sotwResponse {
 		q := out.take()

@@ -171,8 +171,8 @@ func has[K comparable](m map[K]struct{}, k K) bool {
 	return ok
 }
 
-// identityOf is the identity of wt's stream as the proxy tracker last
-// told it: a claim that puts a proxy in conflict mid-stream (see
+// identityOf is the identity of wt's stream as its loop last told it
+// (conn.identified): a claim that puts a proxy in conflict mid-stream (see
 // proxyTracker.claim) applies to the watches parked before it too.
 func (w *watcher) identityOf(wt *watch) authn.Identity { return w.streamIdentity(wt.rec) }
 

@@ -792,8 +792,8 @@ func (r reply) send(wt *watch) { wt.out.put(r) }
 // request of its type arrives.
 //
 // A response that carries only what changed (incremental) is recorded
-// into what the stream holds (sotwSubscription.took) as a change of its
-// changed resources' versions, never rebuilt; what the stream held before
+// into what the stream holds (sotwSubscription.took) as a change of the
+// resources it carried, never rebuilt; what the stream held before
 // was read by the watch that built it.
 type sotwResponse struct {
 	*cachev3.PassthroughResponse

@@ -143,6 +143,10 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	if a.hub, err = hub.New(a.hubOptions(changes, index, metrics)); err != nil {
 		return nil, err
 	}
+	auth, err := apiAuth(cfg, homeClient)
+	if err != nil {
+		return nil, err
+	}
 	if err := startTrust(ctx, a.fed, log); err != nil {
 		return nil, err
 	}
@@ -153,7 +157,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 		}
 		a.webCert = &cert
 	}
-	if a.admin, err = a.adminServer(homeClient, policy, metrics); err != nil {
+	if a.admin, err = a.adminServer(homeClient, policy, auth, metrics); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -233,21 +237,23 @@ func (a *app) hubOptions(changes *feed.Changes, index *feed.Index, metrics *prom
 	}
 }
 
-// adminServer builds the admin server: the REST API and the dashboard on
-// one router, authenticated by --api-token-file or Kubernetes TokenReviews.
-func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.KubeconfigPolicy, metrics *prometheus.Registry) (*web.Server, error) {
-	cfg := a.cfg
+// apiAuth is who may call the admin server: the tokens of
+// --api-token-file, else Kubernetes TokenReviews in the home cluster.
+func apiAuth(cfg config, homeClient kubernetes.Interface) (api.Authenticator, error) {
+	if cfg.apiTokenFile != "" {
+		return api.LoadStaticTokens(cfg.apiTokenFile)
+	}
 	var audiences []string
 	if cfg.apiAudience != "" {
 		audiences = []string{cfg.apiAudience}
 	}
-	var auth api.Authenticator = api.NewKubeAuth(homeClient, cfg.secretsNamespace, api.KubeAuthOptions{Audiences: audiences})
-	if cfg.apiTokenFile != "" {
-		var err error
-		if auth, err = api.LoadStaticTokens(cfg.apiTokenFile); err != nil {
-			return nil, err
-		}
-	}
+	return api.NewKubeAuth(homeClient, cfg.secretsNamespace, api.KubeAuthOptions{Audiences: audiences}), nil
+}
+
+// adminServer builds the admin server: the REST API and the dashboard on
+// one router, authenticated by auth.
+func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.KubeconfigPolicy, auth api.Authenticator, metrics *prometheus.Registry) (*web.Server, error) {
+	cfg := a.cfg
 	membership := readiness{a.registry, a.draining}
 	registrar := clusters.NewRegistrar(homeClient.CoreV1().Secrets(cfg.secretsNamespace), cfg.secretsNamespace, cfg.clusterID, policy)
 	dashboard := web.New(web.Config{
