@@ -233,48 +233,16 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		gatewayServices:   map[ServiceKey]bool{},
 		gatewayNamespaces: []string{SystemNamespace},
 	}
-	mc, err := metadata.NewForConfigAndClient(cfg, httpClient)
-	if err != nil {
-		return nil, fmt.Errorf("building metadata client for cluster %s: %w", id, err)
-	}
-	c.meta = mc
-	if c.dynamic, err = dynamic.NewForConfigAndClient(cfg, httpClient); err != nil {
-		return nil, fmt.Errorf("building dynamic client for cluster %s: %w", id, err)
-	}
-	var onSecret func(ServiceKey)
-	if ev := deps.secretEvents; ev != nil {
-		onSecret = func(key ServiceKey) { ev.SecretChanged(id, key) }
-		c.secretsSynced = func() { ev.SecretsSynced(id) }
-	}
-	if c.secrets, err = newSecretController(client, onSecret); err != nil {
-		return nil, err
-	}
-	// The member's Istio network, from its system namespace alone (a field
-	// selector: RBAC can grant exactly that namespace). It does not hold
-	// up the sync: until it is listed, or when it may not be read, the
-	// member has no network.
-	c.system = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = "metadata.name=" + SystemNamespace
-	}))
-	nsInf := c.system.Core().V1().Namespaces()
-	c.namespaces = nsInf.Lister()
-	systemSynced := nsInf.Informer().HasSynced
-	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.refreshGateways(true) },
-		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
-		DeleteFunc: func(any) { c.refreshGateways(true) },
-	}); err != nil {
-		return nil, fmt.Errorf("adding event handler: %w", err)
-	}
-	nodeInf := c.factory.Core().V1().Nodes()
-	c.nodeInf, c.nodes = nodeInf.Informer(), nodeInf.Lister()
-	if err := c.nodeInf.SetTransform(stripObject); err != nil {
-		return nil, fmt.Errorf("setting informer transform: %w", err)
+	if c.meta, c.dynamic, err = untypedClients(cfg, httpClient); err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", id, err)
 	}
 	c.counts = newKindCounts("Node", "Secret")
-	// The secret controller's informer has its handler; this one counts.
-	if _, err := c.secrets.inf.AddEventHandler(c.counting(c.counts, "Secret", cache.ResourceEventHandlerFuncs{})); err != nil {
-		return nil, fmt.Errorf("adding object counter: %w", err)
+	if err := c.watchSecrets(deps.secretEvents); err != nil {
+		return nil, err
+	}
+	systemSynced, err := c.watchSystemNamespace()
+	if err != nil {
+		return nil, err
 	}
 	c.services = scopedServices{c}
 	c.gw = gatewayWriter{
@@ -285,6 +253,77 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 	c.ns = namespaceWatches{newWatch: c.newNSWatch, retired: c.retire, replaced: c.enqueueWatch, log: c.log}
 	if err := c.ns.watchScope(scope, client); err != nil {
 		return nil, err
+	}
+	nodesSynced, err := c.watchNodes()
+	if err != nil {
+		return nil, err
+	}
+	c.synced = append(c.synced, nodesSynced, c.ns.synced)
+	return c, nil
+}
+
+// untypedClients are the member's metadata client (the ServiceExport
+// informers) and dynamic client (ServiceExport status), over its HTTP
+// client.
+func untypedClients(cfg *rest.Config, httpClient *http.Client) (metadata.Interface, dynamic.Interface, error) {
+	mc, err := metadata.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building metadata client: %w", err)
+	}
+	dc, err := dynamic.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building dynamic client: %w", err)
+	}
+	return mc, dc, nil
+}
+
+// watchSecrets builds the member's Secret cache (for SDS), which tells
+// events of its Secrets' changes and of its sync (nil: nobody).
+func (c *Cluster) watchSecrets(events SecretEvents) error {
+	var onSecret func(ServiceKey)
+	if events != nil {
+		onSecret = func(key ServiceKey) { events.SecretChanged(c.id, key) }
+		c.secretsSynced = func() { events.SecretsSynced(c.id) }
+	}
+	var err error
+	if c.secrets, err = newSecretController(c.client, onSecret); err != nil {
+		return err
+	}
+	// The secret controller's informer has its handler; this one counts.
+	if _, err := c.secrets.inf.AddEventHandler(c.counting(c.counts, "Secret", cache.ResourceEventHandlerFuncs{})); err != nil {
+		return fmt.Errorf("adding object counter: %w", err)
+	}
+	return nil
+}
+
+// watchSystemNamespace builds the informer of the member's Istio network,
+// from its system namespace alone (a field selector: RBAC can grant
+// exactly that namespace). It does not hold up the sync: until it is
+// listed, or when it may not be read, the member has no network.
+func (c *Cluster) watchSystemNamespace() (cache.InformerSynced, error) {
+	c.system = informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = "metadata.name=" + SystemNamespace
+	}))
+	nsInf := c.system.Core().V1().Namespaces()
+	c.namespaces = nsInf.Lister()
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.refreshGateways(true) },
+		UpdateFunc: func(old, cur any) { c.networkChanged(old, cur) },
+		DeleteFunc: func(any) { c.refreshGateways(true) },
+	}); err != nil {
+		return nil, fmt.Errorf("adding event handler: %w", err)
+	}
+	return nsInf.Informer().HasSynced, nil
+}
+
+// watchNodes builds the member's Node informer: a node port gateway's
+// address may move with its nodes, and endpoints take their locality from
+// them.
+func (c *Cluster) watchNodes() (cache.InformerSynced, error) {
+	nodeInf := c.factory.Core().V1().Nodes()
+	c.nodeInf, c.nodes = nodeInf.Informer(), nodeInf.Lister()
+	if err := c.nodeInf.SetTransform(stripObject); err != nil {
+		return nil, fmt.Errorf("setting informer transform: %w", err)
 	}
 	onNode := func(any) {
 		if !c.refreshGateways(false) { // a node port gateway's address may have moved
@@ -299,8 +338,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 	if err != nil {
 		return nil, fmt.Errorf("adding event handler: %w", err)
 	}
-	c.synced = append(c.synced, reg.HasSynced, c.ns.synced)
-	return c, nil
+	return reg.HasSynced, nil
 }
 
 // runs reports whether the cluster is the client of this kubeconfig

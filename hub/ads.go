@@ -695,6 +695,10 @@ func (s *sotwSubscription) forget(names []string) {
 // holding by name, shared: the responses that follow may carry only what
 // changed, and are compared with it by name.
 func (s *sotwSubscription) holdWhole() {
+	if len(s.whole) == 0 {
+		s.whole, s.setVersion, s.sent = noResources, "", []*anypb.Any{} // held: nothing
+		return
+	}
 	s.holds = s.resources.apply(nil, changeOf(s.whole, nil))
 	s.whole, s.setVersion, s.sent = nil, "", nil
 }
@@ -934,8 +938,20 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 		// last looked: it goes out now, and into what the stream holds,
 		// before the new watch reads that (Delta responses are never
 		// stale; each says what changes).
+		replaced := t.req
 		if err := c.sendQueued(); err != nil {
 			return err
+		}
+		if t.req != replaced {
+			// A CDS response just sent made resendEndpoints replace this
+			// type's watch: that one ends too (its answer, if any, is
+			// dropped, as this request's watch replaces it), and this
+			// request's watch evaluates every name, so the endpoints it was
+			// to send again go out.
+			if t.cancel != nil {
+				t.cancel()
+			}
+			c.a.watcher.renew(&c.rec, req.TypeUrl)
 		}
 		c.mu.Lock()
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)

@@ -607,3 +607,72 @@ func TestOneRecordOfWhatAStreamHolds(t *testing.T) {
 		t.Errorf("the API shows %v of an Istio config response; want its resources", got)
 	}
 }
+
+// TestDeltaRewarmSurvivesAnACK: a CDS response that changes a cluster the
+// stream holds is followed by that cluster's endpoints (resendEndpoints),
+// also when the loop sends it while it takes an EDS request (an ACK that
+// raced the push): the EDS watch resendEndpoints made is replaced by the
+// request's, which must send the endpoints again.
+func TestDeltaRewarmSurvivesAnACK(t *testing.T) {
+	h, err := New(Options{DomainSuffix: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoServices(h)
+	st := &deltaSends{}
+	c := &deltaConn{conn: newConn(1), a: &adsServer{tracker: h.proxies, watcher: h.watcher, held: h.held, names: h.names, fleet: h.fleet},
+		st: st, types: map[string]*deltaType{}}
+	if err := h.proxies.onStreamOpen(context.Background(), c.conn, resourcev3.AnyType); err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	handle := func(req *discoveryv3.DeltaDiscoveryRequest) *discoveryv3.DeltaDiscoveryResponse {
+		t.Helper()
+		if err := c.handle(req, resourcev3.AnyType); err != nil {
+			t.Fatal(err)
+		}
+		n := len(st.sent)
+		if err := c.sendQueued(); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.sent) == n {
+			return nil
+		}
+		return st.sent[len(st.sent)-1]
+	}
+	cds := handle(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.ClusterType})
+	eds := handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+	if cds == nil || eds == nil || len(eds.Resources) != 2 {
+		t.Fatalf("first responses: CDS %v, EDS %v", cds != nil, eds)
+	}
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: cds.Nonce})
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: eds.Nonce})
+	// What a push of a change to cluster a's Cluster alone queues.
+	var changed *discoveryv3.Resource
+	for _, r := range cds.Resources {
+		if r.Name == edsA {
+			changed = &discoveryv3.Resource{Name: r.Name, Version: r.Version + "'", Resource: r.Resource}
+		}
+	}
+	if changed == nil {
+		t.Fatalf("no cluster %s in %v", edsA, cds.Resources)
+	}
+	c.out.put(reply{delta: &deltaResponse{
+		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
+			DeltaRequest:           c.types[resourcev3.ClusterType].req,
+			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Resources: []*discoveryv3.Resource{changed}},
+		},
+		changed: []*xdsgen.Resource{{Name: changed.Name, Version: changed.Version, Any: changed.Resource}},
+	}})
+	n := len(st.sent)
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: eds.Nonce}) // the ACK, again
+	var resent bool
+	for _, r := range st.sent[n:] {
+		if r.TypeUrl == resourcev3.EndpointType && len(r.Resources) == 1 && r.Resources[0].Name == edsA {
+			resent = true
+		}
+	}
+	if !resent {
+		t.Fatalf("after the changed cluster %s the stream got %d responses, none with its endpoints", edsA, len(st.sent)-n)
+	}
+}

@@ -208,21 +208,9 @@ func New(opts Options) (*Hub, error) {
 	if opts.Tokens != nil && opts.Roots != nil {
 		tokens = authn.NewTokenAuth(opts.Tokens, opts.Roots.LocalTrustDomain, scope)
 	}
-	var (
-		caServer *ca.Server
-		workload *workloadCerts
-	)
-	if opts.Signer != nil {
-		if opts.Roots == nil {
-			return nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
-		}
-		caServer = ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: tokens, Scope: scope,
-			Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
-		ttl := ca.DefaultWorkloadCertTTL
-		if opts.MaxWorkloadCertTTL > 0 {
-			ttl = min(ttl, opts.MaxWorkloadCertTTL)
-		}
-		workload = &workloadCerts{signer: opts.Signer, ttl: ttl}
+	caServer, workload, err := newCA(opts, tokens, scope)
+	if err != nil {
+		return nil, err
 	}
 	fleet := &feed.Deliveries{}
 	watcher := newWatcher(watcherInputs{
@@ -269,6 +257,24 @@ func New(opts Options) (*Hub, error) {
 		}
 	}
 	return h, nil
+}
+
+// newCA builds the CA API and the workload certificates SDS serves, when
+// the options have a signer (nil, nil otherwise).
+func newCA(opts Options, tokens *authn.TokenAuth, scope *authn.Scope) (*ca.Server, *workloadCerts, error) {
+	if opts.Signer == nil {
+		return nil, nil, nil
+	}
+	if opts.Roots == nil {
+		return nil, nil, errors.New("the CA API (Options.Signer) needs Options.Roots")
+	}
+	server := ca.New(ca.Options{Signer: opts.Signer, Roots: opts.Roots, Tokens: tokens, Scope: scope,
+		Members: opts.Members, MaxTTL: opts.MaxWorkloadCertTTL, Log: opts.Log})
+	ttl := ca.DefaultWorkloadCertTTL
+	if opts.MaxWorkloadCertTTL > 0 {
+		ttl = min(ttl, opts.MaxWorkloadCertTTL)
+	}
+	return server, &workloadCerts{signer: opts.Signer, ttl: ttl}, nil
 }
 
 // withDefaults fills in the options left zero.

@@ -150,17 +150,26 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	if err := startTrust(ctx, a.fed, log); err != nil {
 		return nil, err
 	}
-	if cfg.bundleAddr != "" && cfg.bundleProfile == string(trust.ProfileHTTPSWeb) {
-		cert, err := tls.LoadX509KeyPair(cfg.bundleCert, cfg.bundleKey)
-		if err != nil {
-			return nil, fmt.Errorf("--bundle-profile=https_web needs --bundle-cert and --bundle-key: %w", err)
-		}
-		a.webCert = &cert
+	if a.webCert, err = bundleCert(cfg); err != nil {
+		return nil, err
 	}
 	if a.admin, err = a.adminServer(homeClient, policy, auth, metrics); err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// bundleCert is the bundle endpoint's certificate for
+// --bundle-profile=https_web (nil for the SPIFFE profile).
+func bundleCert(cfg config) (*tls.Certificate, error) {
+	if cfg.bundleAddr == "" || cfg.bundleProfile != string(trust.ProfileHTTPSWeb) {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.bundleCert, cfg.bundleKey)
+	if err != nil {
+		return nil, fmt.Errorf("--bundle-profile=https_web needs --bundle-cert and --bundle-key: %w", err)
+	}
+	return &cert, nil
 }
 
 // memberPolicy is what a member's kubeconfig may say (--kubeconfig-allow,
