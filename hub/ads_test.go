@@ -451,13 +451,11 @@ func (s *deltaSends) Send(r *discoveryv3.DeltaDiscoveryResponse) error {
 
 func (s *deltaSends) Recv() (*discoveryv3.DeltaDiscoveryRequest, error) { return nil, io.EOF }
 
-// TestDeltaAnswerQueuedBeforeARequestIsHeldFirst: a push answers a Delta
-// stream's parked watch after its loop last took its outbox, and a request
-// (the ACK of an earlier response) arrives before that answer went out.
-// The answer is sent and recorded before the request's watch reads what the
-// stream holds: that watch compares with what the stream will hold, and
-// the loop never changes a holding a parked watch reads.
-func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
+// openDeltaConn is a Delta stream's loop state over a hub with two
+// services, driven by the test (handle, sendQueued) instead of a client;
+// its responses are kept in st.
+func openDeltaConn(t *testing.T) (*Hub, *deltaConn, *deltaSends) {
+	t.Helper()
 	h, err := New(Options{DomainSuffix: "cluster.local"})
 	if err != nil {
 		t.Fatal(err)
@@ -469,7 +467,18 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	if err := h.proxies.onStreamOpen(context.Background(), c.conn, resourcev3.AnyType); err != nil {
 		t.Fatal(err)
 	}
-	defer c.close()
+	t.Cleanup(c.close)
+	return h, c, st
+}
+
+// TestDeltaAnswerQueuedBeforeARequestIsHeldFirst: a push answers a Delta
+// stream's parked watch after its loop last took its outbox, and a request
+// (the ACK of an earlier response) arrives before that answer went out.
+// The answer is sent and recorded before the request's watch reads what the
+// stream holds: that watch compares with what the stream will hold, and
+// the loop never changes a holding a parked watch reads.
+func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
+	h, c, st := openDeltaConn(t)
 	handle := func(req *discoveryv3.DeltaDiscoveryRequest) {
 		t.Helper()
 		if err := c.handle(req, resourcev3.AnyType); err != nil {
@@ -614,18 +623,7 @@ func TestOneRecordOfWhatAStreamHolds(t *testing.T) {
 // raced the push): the EDS watch resendEndpoints made is replaced by the
 // request's, which must send the endpoints again.
 func TestDeltaRewarmSurvivesAnACK(t *testing.T) {
-	h, err := New(Options{DomainSuffix: "cluster.local"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	twoServices(h)
-	st := &deltaSends{}
-	c := &deltaConn{conn: newConn(1), a: &adsServer{tracker: h.proxies, watcher: h.watcher, held: h.held, names: h.names, fleet: h.fleet},
-		st: st, types: map[string]*deltaType{}}
-	if err := h.proxies.onStreamOpen(context.Background(), c.conn, resourcev3.AnyType); err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
+	_, c, st := openDeltaConn(t)
 	handle := func(req *discoveryv3.DeltaDiscoveryRequest) *discoveryv3.DeltaDiscoveryResponse {
 		t.Helper()
 		if err := c.handle(req, resourcev3.AnyType); err != nil {
