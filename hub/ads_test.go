@@ -3,7 +3,6 @@ package hub
 import (
 	"context"
 	"fmt"
-	"google.golang.org/protobuf/types/known/anypb"
 	"io"
 	"maps"
 	"math/rand/v2"
@@ -11,6 +10,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/anypb"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -27,6 +28,7 @@ import (
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // The stream loop's protocol behaviour, in the xDS spec's own terms, on
@@ -36,35 +38,6 @@ import (
 // type nobody asked for, always answered) must be the next response.
 
 const edsA, edsB = "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
-
-// barrier asks for a fresh Istio config type and fails unless its answer
-// is the next response: nothing else was on its way.
-func (c *adsClient) barrier(t *testing.T, what string) {
-	t.Helper()
-	c.barriers++
-	typeURL := fmt.Sprintf("barrier.test/v1/B%d", c.barriers)
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: typeURL})
-	r, err := c.next(t)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	if r.TypeUrl != typeURL {
-		t.Fatalf("%s: got a %s response with %d resources; want nothing before the barrier", what, r.TypeUrl, len(r.Resources))
-	}
-}
-
-// expect returns the next response, which must be of typeURL.
-func (c *adsClient) expect(t *testing.T, typeURL, what string) *discoveryv3.DiscoveryResponse {
-	t.Helper()
-	r, err := c.next(t)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	if r.TypeUrl != typeURL {
-		t.Fatalf("%s: got a %s response; want %s", what, r.TypeUrl, typeURL)
-	}
-	return r
-}
 
 func ack(typeURL string, names []string, r *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
 	return &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo}
@@ -80,13 +53,13 @@ func twoServices(h *Hub) {
 func TestStaleNonceIsIgnored(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	c := dialADS(t, addr, insecure.NewCredentials())
-	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("stale", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
-	r1 := c.expect(t, resourcev3.EndpointType, "first request")
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA, edsB}, ResponseNonce: "not-" + r1.Nonce})
-	c.barrier(t, "a request with a stale nonce")
-	c.send(t, ack(resourcev3.EndpointType, []string{edsA, edsB}, r1))
-	if got := claNames(t, c.expect(t, resourcev3.EndpointType, "the same request, nonce right")); len(got) != 1 || got[edsB] == "" {
+	c := xdstest.DialSotW(t, addr)
+	c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("stale", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
+	r1 := c.ExpectType(t, resourcev3.EndpointType, "first request")
+	c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA, edsB}, ResponseNonce: "not-" + r1.Nonce})
+	xdstest.Barrier(t, c, "a request with a stale nonce")
+	c.Send(t, ack(resourcev3.EndpointType, []string{edsA, edsB}, r1))
+	if got := claNames(t, c.ExpectType(t, resourcev3.EndpointType, "the same request, nonce right")); len(got) != 1 || got[edsB] == "" {
 		t.Fatalf("got %v; want b only (a is held)", got)
 	}
 }
@@ -99,24 +72,24 @@ func TestOneResponseInFlightPerType(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
 	names := []string{edsA, edsB}
-	slow := dialADS(t, addr, insecure.NewCredentials())
-	quick := dialADS(t, addr, insecure.NewCredentials())
-	slow.send(t, &discoveryv3.DiscoveryRequest{Node: node("slow", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
-	inflight := slow.expect(t, resourcev3.EndpointType, "slow: first request")
-	quick.send(t, &discoveryv3.DiscoveryRequest{Node: node("quick", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
-	quick.send(t, ack(resourcev3.EndpointType, names, quick.expect(t, resourcev3.EndpointType, "quick: first request")))
+	slow := xdstest.DialSotW(t, addr)
+	quick := xdstest.DialSotW(t, addr)
+	slow.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("slow", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+	inflight := slow.ExpectType(t, resourcev3.EndpointType, "slow: first request")
+	quick.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("quick", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+	quick.Send(t, ack(resourcev3.EndpointType, names, quick.ExpectType(t, resourcev3.EndpointType, "quick: first request")))
 	for i, svc := range []*clusters.Service{namedService("a", "10.0.0.2"), namedService("b", "10.0.1.2")} {
 		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: svc.Name}, svc)
-		r := quick.expect(t, resourcev3.EndpointType, fmt.Sprintf("quick: push %d", i))
-		quick.send(t, ack(resourcev3.EndpointType, names, r))
+		r := quick.ExpectType(t, resourcev3.EndpointType, fmt.Sprintf("quick: push %d", i))
+		quick.Send(t, ack(resourcev3.EndpointType, names, r))
 	}
-	slow.barrier(t, "slow: two pushes while its first response is unacknowledged")
-	slow.send(t, ack(resourcev3.EndpointType, names, inflight))
-	got := claNames(t, slow.expect(t, resourcev3.EndpointType, "slow: its ACK"))
+	xdstest.Barrier(t, slow, "slow: two pushes while its first response is unacknowledged")
+	slow.Send(t, ack(resourcev3.EndpointType, names, inflight))
+	got := claNames(t, slow.ExpectType(t, resourcev3.EndpointType, "slow: its ACK"))
 	if want := map[string]string{edsA: "10.0.0.2", edsB: "10.0.1.2"}; !maps.Equal(got, want) {
 		t.Fatalf("after the ACK: %v; want both changes in one response: %v", got, want)
 	}
-	slow.barrier(t, "slow: after the coalesced response")
+	xdstest.Barrier(t, slow, "slow: after the coalesced response")
 }
 
 // TestSotWWildcardSemantics: the xDS protocol's "how the client specifies
@@ -125,7 +98,7 @@ func TestOneResponseInFlightPerType(t *testing.T) {
 func TestSotWWildcardSemantics(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	c := dialADS(t, addr, insecure.NewCredentials())
+	c := xdstest.DialSotW(t, addr)
 	var last *discoveryv3.DiscoveryResponse
 	for i, step := range []struct {
 		what  string
@@ -144,16 +117,16 @@ func TestSotWWildcardSemantics(t *testing.T) {
 	} {
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNames: step.names}
 		if i == 0 {
-			req.Node = node("wildcard", "west")
+			req.Node = xdstest.Node("wildcard", "west")
 		} else {
 			req.ResponseNonce, req.VersionInfo = last.Nonce, last.VersionInfo
 		}
-		c.send(t, req)
+		c.Send(t, req)
 		if step.want == nil {
-			c.barrier(t, step.what)
+			xdstest.Barrier(t, c, step.what)
 			continue
 		}
-		last = c.expect(t, resourcev3.ClusterType, step.what)
+		last = c.ExpectType(t, resourcev3.ClusterType, step.what)
 		if got := clusterNames(t, last); !slices.Equal(got, step.want) {
 			t.Fatalf("%s: got clusters %q; want %q", step.what, got, step.want)
 		}
@@ -266,47 +239,47 @@ func pickNames(rng *rand.Rand, pool []string) []string {
 func TestDeltaReconnectWithInitialVersions(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	first := openDelta(t, addr)
-	first.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta-1", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+	first := xdstest.DialDelta(t, addr)
+	first.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("delta-1", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
 	held := map[string]string{}
-	r := first.next()
+	r := first.Expect(t, "a Delta response")
 	for _, res := range r.Resources {
 		held[res.Name] = res.Version
 	}
 	if len(held) != 2 {
 		t.Fatalf("first stream holds %v; want a and b", held)
 	}
-	first.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
+	first.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	first.next() // the hub has the new version
+	first.Expect(t, "a Delta response") // the hub has the new version
 	gone := "outbound|7070||gone.demo.svc.cluster.local"
 	held[gone] = "some-version"
 
-	second := openDelta(t, addr)
-	second.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta-1", "west"), TypeUrl: resourcev3.EndpointType,
+	second := xdstest.DialDelta(t, addr)
+	second.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("delta-1", "west"), TypeUrl: resourcev3.EndpointType,
 		ResourceNamesSubscribe: []string{edsA, edsB, gone}, InitialResourceVersions: held})
-	r = second.next()
+	r = second.Expect(t, "a Delta response")
 	if len(r.Resources) != 1 || r.Resources[0].Name != edsB || r.Resources[0].Version == held[edsB] {
 		t.Fatalf("reconnected: got %v; want b only, at a new version", r.Resources)
 	}
 	if !slices.Equal(r.RemovedResources, []string{gone}) {
 		t.Fatalf("reconnected: removed %q; want %q", r.RemovedResources, gone)
 	}
-	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
+	second.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
 
 	// CDS: names first, then "*" on top: every cluster; then "*" off again.
-	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{edsA}})
-	r = second.next()
+	second.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{edsA}})
+	r = second.Expect(t, "a Delta response")
 	if len(r.Resources) != 1 || r.Resources[0].Name != edsA {
 		t.Fatalf("CDS by name: %v", r.Resources)
 	}
-	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"*"}})
-	r = second.next()
+	second.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"*"}})
+	r = second.Expect(t, "a Delta response")
 	if len(r.Resources) != 1 || r.Resources[0].Name != edsB {
 		t.Fatalf("CDS wildcard on top of a: got %v; want b (a is held)", r.Resources)
 	}
-	second.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesUnsubscribe: []string{"*"}})
-	r = second.next()
+	second.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, ResourceNamesUnsubscribe: []string{"*"}})
+	r = second.Expect(t, "a Delta response")
 	if len(r.Resources) != 0 || !slices.Equal(r.RemovedResources, []string{edsB}) {
 		t.Fatalf("CDS wildcard off: got %v, removed %q; want b removed, a kept", r.Resources, r.RemovedResources)
 	}
@@ -400,7 +373,7 @@ func TestStalledClientHoldsUpNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Every cluster (~250 KB), never read.
-	if err := stalled.Send(&discoveryv3.DiscoveryRequest{Node: node("stalled", "west"), TypeUrl: resourcev3.ClusterType}); err != nil {
+	if err := stalled.Send(&discoveryv3.DiscoveryRequest{Node: xdstest.Node("stalled", "west"), TypeUrl: resourcev3.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
 	stalledSends := func() error {
@@ -413,18 +386,18 @@ func TestStalledClientHoldsUpNobody(t *testing.T) {
 	}
 	wait.Until(t, 20*time.Second, stalledSends)
 	name := "outbound|7070||s0000.demo.svc.cluster.local"
-	healthy := dialADS(t, addr, insecure.NewCredentials())
-	healthy.send(t, &discoveryv3.DiscoveryRequest{Node: node("healthy", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}})
-	healthy.send(t, ack(resourcev3.EndpointType, []string{name}, healthy.expect(t, resourcev3.EndpointType, "first request")))
+	healthy := xdstest.DialSotW(t, addr)
+	healthy.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("healthy", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}})
+	healthy.Send(t, ack(resourcev3.EndpointType, []string{name}, healthy.ExpectType(t, resourcev3.EndpointType, "first request")))
 	for i := range 5 {
 		ip := fmt.Sprintf("10.9.0.%d", i)
 		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "s0000"}, namedService("s0000", ip))
 		h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: fmt.Sprintf("new%d", i)}, namedService(fmt.Sprintf("new%d", i), ip)) // a new cluster: the CDS set changes too
-		r := healthy.expect(t, resourcev3.EndpointType, fmt.Sprintf("push %d", i))
+		r := healthy.ExpectType(t, resourcev3.EndpointType, fmt.Sprintf("push %d", i))
 		if got := claNames(t, r); got[name] != ip {
 			t.Fatalf("push %d: %v; want %s", i, got, ip)
 		}
-		healthy.send(t, ack(resourcev3.EndpointType, []string{name}, r))
+		healthy.Send(t, ack(resourcev3.EndpointType, []string{name}, r))
 	}
 	if err := stalledSends(); err != nil {
 		t.Fatal(err)
@@ -485,7 +458,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	handle(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+	handle(&discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
 	if err := c.sendQueued(); err != nil || len(st.sent) != 1 {
 		t.Fatalf("first response: %v, %d sent", err, len(st.sent))
 	}
@@ -521,18 +494,18 @@ func TestADSOrderWithinAPush(t *testing.T) {
 	}
 	order := []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
 	names := map[string][]string{resourcev3.EndpointType: {edsA}, resourcev3.RouteType: routes}
-	var cs []*adsClient
+	var cs []*xdstest.SotW
 	for i := range streams {
-		c := dialADS(t, addr, insecure.NewCredentials())
+		c := xdstest.DialSotW(t, addr)
 		for k, typeURL := range order {
 			req := &discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names[typeURL]}
 			if k == 0 {
-				req.Node = node(fmt.Sprintf("ordered-%d", i), "west")
+				req.Node = xdstest.Node(fmt.Sprintf("ordered-%d", i), "west")
 			}
-			c.send(t, req)
-			c.send(t, ack(typeURL, names[typeURL], c.expect(t, typeURL, "first request")))
+			c.Send(t, req)
+			c.Send(t, ack(typeURL, names[typeURL], c.ExpectType(t, typeURL, "first request")))
 		}
-		c.barrier(t, "after the first responses")
+		xdstest.Barrier(t, c, "after the first responses")
 		cs = append(cs, c)
 	}
 	for round := range rounds {
@@ -541,10 +514,10 @@ func TestADSOrderWithinAPush(t *testing.T) {
 		h.index.ReplaceCluster("west", slices.Clone(services))
 		for i, c := range cs {
 			for _, typeURL := range order {
-				r := c.expect(t, typeURL, fmt.Sprintf("round %d, stream %d", round, i))
-				c.send(t, ack(typeURL, names[typeURL], r))
+				r := c.ExpectType(t, typeURL, fmt.Sprintf("round %d, stream %d", round, i))
+				c.Send(t, ack(typeURL, names[typeURL], r))
 			}
-			c.barrier(t, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
+			xdstest.Barrier(t, c, fmt.Sprintf("round %d, stream %d: one response per type", round, i))
 		}
 	}
 }
@@ -638,7 +611,7 @@ func TestDeltaRewarmSurvivesAnACK(t *testing.T) {
 		}
 		return st.sent[len(st.sent)-1]
 	}
-	cds := handle(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.ClusterType})
+	cds := handle(&discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("delta", "west"), TypeUrl: resourcev3.ClusterType})
 	eds := handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
 	if cds == nil || eds == nil || len(eds.Resources) != 2 {
 		t.Fatalf("first responses: CDS %v, EDS %v", cds != nil, eds)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -28,18 +29,18 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoMember("10.0.0.1")})
 
 	// istiod's stream: every config type answered, the ServiceEntry there.
-	istiod := dialADS(t, s.secure, s.anonymous())
+	istiod := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
 	for _, typ := range istiodConfigTypes {
-		istiod.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typ})
+		istiod.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typ})
 	}
 	got := map[string]int{}
 	for range istiodConfigTypes {
-		r, err := istiod.next(t)
+		r, err := istiod.Next(t)
 		if err != nil {
 			t.Fatalf("anonymous config stream on the mTLS port ended after %d types: %v", len(got), err)
 		}
 		got[r.TypeUrl] = len(r.Resources)
-		istiod.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+		istiod.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 	}
 	if len(got) != len(istiodConfigTypes) || got[serviceEntryType] != 1 {
 		t.Fatalf("anonymous config stream got %v; want all %d types, one ServiceEntry", got, len(istiodConfigTypes))
@@ -55,27 +56,27 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 	}
 
 	// The stream limit (2) counts it: one more stream fits, a third does not.
-	second := dialADS(t, s.secure, s.anonymous())
-	second.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
-	if _, err := second.next(t); err != nil {
+	second := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
+	second.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
+	if _, err := second.Next(t); err != nil {
 		t.Fatalf("a second anonymous config stream: %v", err)
 	}
-	third := dialADS(t, s.secure, s.anonymous())
-	third.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
-	third.refused(t, codes.ResourceExhausted, "a third anonymous stream with a limit of two")
+	third := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
+	third.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
+	third.Refused(t, codes.ResourceExhausted, "a third anonymous stream with a limit of two")
 
 	// The same stream asking for CDS after its config: ended.
-	istiod.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
+	istiod.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
 	requireEnded(t, istiod, codes.Unauthenticated, "Cluster", "an anonymous config stream asking for CDS")
-	second.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"ROOTCA"}})
+	second.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: []string{"ROOTCA"}})
 	requireEnded(t, second, codes.Unauthenticated, "Secret", "an anonymous config stream asking for SDS without a node")
 
 	// CDS first, then config: refused at the first request, for every type.
 	for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType, resourcev3.SecretType} {
-		c := dialADS(t, s.secure, s.anonymous())
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typ})
-		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: serviceEntryType})
-		c.refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" request before config types")
+		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typ})
+		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: serviceEntryType})
+		c.Refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" request before config types")
 	}
 
 	// The per-type CDS service and Delta ADS: refused too.
@@ -94,12 +95,9 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 	if _, err := cds.Recv(); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("an anonymous StreamClusters: %v; want Unauthenticated", err)
 	}
-	delta, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = delta.Send(&discoveryv3.DeltaDiscoveryRequest{Node: istiodNode(), TypeUrl: resourcev3.EndpointType})
-	if _, err := delta.Recv(); status.Code(err) != codes.Unauthenticated {
+	delta := xdstest.OpenDelta(t, ctx, conn)
+	delta.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: istiodNode(), TypeUrl: resourcev3.EndpointType})
+	if _, err := delta.Next(t); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("an anonymous Delta EDS stream: %v; want Unauthenticated", err)
 	}
 }
@@ -107,10 +105,10 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 // requireEnded reads what a stream still had coming (config responses
 // pushed before) until it ends, and asserts it ended with code and a message
 // naming what was refused.
-func requireEnded(t *testing.T, c *adsClient, code codes.Code, what, desc string) {
+func requireEnded(t *testing.T, c *xdstest.SotW, code codes.Code, what, desc string) {
 	t.Helper()
 	for {
-		r, err := c.next(t)
+		r, err := c.Next(t)
 		if r != nil {
 			if !mcp.IsConfigType(r.TypeUrl) {
 				t.Fatalf("%s: got a %s response; want the stream ended with %s", desc, r.TypeUrl, code)

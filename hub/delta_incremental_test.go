@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"testing"
@@ -11,79 +10,12 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
-
-// deltaClient is a raw Delta ADS stream to a served hub.
-type deltaClient struct {
-	t      *testing.T
-	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
-	ch     chan *discoveryv3.DeltaDiscoveryResponse
-}
-
-func openDelta(t *testing.T, addr string) *deltaClient {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); conn.Close() })
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &deltaClient{t: t, stream: stream, ch: make(chan *discoveryv3.DeltaDiscoveryResponse, 100)}
-	go func() {
-		defer close(c.ch)
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			c.ch <- r
-		}
-	}()
-	return c
-}
-
-func (c *deltaClient) send(req *discoveryv3.DeltaDiscoveryRequest) {
-	c.t.Helper()
-	if req.TypeUrl == "" {
-		req.TypeUrl = resourcev3.EndpointType
-	}
-	if err := c.stream.Send(req); err != nil {
-		c.t.Fatal(err)
-	}
-}
-
-func (c *deltaClient) next() *discoveryv3.DeltaDiscoveryResponse {
-	c.t.Helper()
-	select {
-	case r, ok := <-c.ch:
-		if !ok {
-			c.t.Fatal("stream closed")
-		}
-		return r
-	case <-time.After(10 * time.Second):
-		c.t.Fatal("no delta response within 10s")
-		return nil
-	}
-}
-
-func (c *deltaClient) silence(what string) {
-	c.t.Helper()
-	select {
-	case r := <-c.ch:
-		c.t.Fatalf("%s: got %v; want nothing", what, r)
-	case <-time.After(time.Second):
-	}
-}
 
 // deltaCLAs decodes a Delta response's ClusterLoadAssignments: name → first endpoint address.
 func deltaCLAs(t *testing.T, r *discoveryv3.DeltaDiscoveryResponse) map[string]string {
@@ -111,14 +43,14 @@ func TestDeltaEDSCarriesOnlyWhatChanged(t *testing.T) {
 	h, _ := startHub(t)
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1"), namedService("c", "10.0.2.1")})
 	a, b, c := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local", "outbound|7070||c.demo.svc.cluster.local"
-	cl := openDelta(t, h.addrForTest)
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}, ResourceNamesSubscribe: []string{a, b}})
-	first := cl.next()
+	cl := xdstest.DialDelta(t, h.addrForTest)
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, Node: &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}, ResourceNamesSubscribe: []string{a, b}})
+	first := cl.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, first); len(got) != 2 || got[a] != "10.0.0.1" || got[b] != "10.0.1.1" || len(first.RemovedResources) != 0 {
 		t.Fatalf("first response = %v, removed %v; want a and b", got, first.RemovedResources)
 	}
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: first.Nonce})
-	cl.silence("after the ACK")
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})
+	cl.None(t, time.Second, "after the ACK")
 	sub := edsSubscriber(t, h)
 	if sub == nil || !sub.persistent {
 		t.Fatalf("the Delta EDS subscription by name has subscriber %+v; want a persistent one", sub)
@@ -126,48 +58,48 @@ func TestDeltaEDSCarriesOnlyWhatChanged(t *testing.T) {
 
 	// b changes: only b is sent, nothing is removed.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	second := cl.next()
+	second := cl.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, second); len(got) != 1 || got[b] != "10.0.1.2" || len(second.RemovedResources) != 0 {
 		t.Fatalf("response after b changed = %v, removed %v; want only b", got, second.RemovedResources)
 	}
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: second.Nonce})
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce})
 	waitHolds(t, h, map[string]string{a: "10.0.0.1", b: "10.0.1.2"})
 	if got := edsSubscriber(t, h); got != sub {
 		t.Fatal("an ACK replaced the stream's Delta subscriber")
 	}
 
 	// c is subscribed too: only c is sent.
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: second.Nonce, ResourceNamesSubscribe: []string{c}})
-	third := cl.next()
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce, ResourceNamesSubscribe: []string{c}})
+	third := cl.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, third); len(got) != 1 || got[c] != "10.0.2.1" || len(third.RemovedResources) != 0 {
 		t.Fatalf("response to the new name = %v, removed %v; want only c", got, third.RemovedResources)
 	}
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: third.Nonce})
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: third.Nonce})
 	waitHolds(t, h, map[string]string{a: "10.0.0.1", b: "10.0.1.2", c: "10.0.2.1"})
 
 	// a goes away: it is reported removed, and nothing is sent.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, nil)
-	fourth := cl.next()
+	fourth := cl.Expect(t, "a Delta response")
 	if len(fourth.Resources) != 0 || len(fourth.RemovedResources) != 1 || fourth.RemovedResources[0] != a {
 		t.Fatalf("response after a was deleted = %v, removed %v; want only a removed", deltaCLAs(t, fourth), fourth.RemovedResources)
 	}
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: fourth.Nonce})
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: fourth.Nonce})
 	waitHolds(t, h, map[string]string{b: "10.0.1.2", c: "10.0.2.1"})
 
 	// a comes back: it is sent again.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.3"))
-	fifth := cl.next()
+	fifth := cl.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, fifth); len(got) != 1 || got[a] != "10.0.0.3" || len(fifth.RemovedResources) != 0 {
 		t.Fatalf("response after a came back = %v, removed %v; want only a", got, fifth.RemovedResources)
 	}
 
 	// b is unsubscribed: a change to it sends nothing; c still gets its own.
-	cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: fifth.Nonce, ResourceNamesUnsubscribe: []string{b}})
-	cl.silence("after unsubscribing b")
+	cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: fifth.Nonce, ResourceNamesUnsubscribe: []string{b}})
+	cl.None(t, time.Second, "after unsubscribing b")
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.3"))
-	cl.silence("after a change to an unsubscribed name")
+	cl.None(t, time.Second, "after a change to an unsubscribed name")
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.2"))
-	if got := deltaCLAs(t, cl.next()); len(got) != 1 || got[c] != "10.0.2.2" {
+	if got := deltaCLAs(t, cl.Expect(t, "a Delta response")); len(got) != 1 || got[c] != "10.0.2.2" {
 		t.Fatalf("response after c changed = %v; want only c", got)
 	}
 }
@@ -271,19 +203,19 @@ func TestSameSubscriptionsShareOneIndex(t *testing.T) {
 	h, _ := startHub(t)
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1")})
 	a, b := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local"
-	one, two := openDelta(t, h.addrForTest), openDelta(t, h.addrForTest)
-	for i, cl := range []*deltaClient{one, two} {
-		cl.send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("proxy-%d", i)}, ResourceNamesSubscribe: []string{b, a}[i:]})
+	one, two := xdstest.DialDelta(t, h.addrForTest), xdstest.DialDelta(t, h.addrForTest)
+	for i, cl := range []*xdstest.Delta{one, two} {
+		cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, Node: &corev3.Node{Id: fmt.Sprintf("proxy-%d", i)}, ResourceNamesSubscribe: []string{b, a}[i:]})
 		if i == 1 {
-			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{b}})
+			cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{b}})
 		}
 	}
-	for _, cl := range []*deltaClient{one, two} {
+	for _, cl := range []*xdstest.Delta{one, two} {
 		got := map[string]string{}
 		for len(got) < 2 {
-			r := cl.next()
+			r := cl.Expect(t, "a Delta response")
 			maps.Copy(got, deltaCLAs(t, r))
-			cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+			cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
 		}
 	}
 	h.watcher.mu.Lock()
@@ -293,16 +225,14 @@ func TestSameSubscriptionsShareOneIndex(t *testing.T) {
 		t.Fatalf("two streams subscribed to the same names use %d indexes; want 1", indexes)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	for _, cl := range []*deltaClient{one, two} {
-		r := cl.next()
+	for _, cl := range []*xdstest.Delta{one, two} {
+		r := cl.Expect(t, "a Delta response")
 		if got := deltaCLAs(t, r); len(got) != 1 || got[b] != "10.0.1.2" {
 			t.Fatalf("after b changed: %v; want only b", got)
 		}
-		cl.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
+		cl.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
 	}
-	if err := one.stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
+	one.CloseSend(t)
 	wait.Until(t, 10*time.Second, func() error {
 		if n := len(h.Proxies()); n != 2 { // two and the helper's own stream
 			return fmt.Errorf("%d streams", n)
@@ -310,7 +240,7 @@ func TestSameSubscriptionsShareOneIndex(t *testing.T) {
 		return nil
 	})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
-	if got := deltaCLAs(t, two.next()); len(got) != 1 || got[a] != "10.0.0.2" {
+	if got := deltaCLAs(t, two.Expect(t, "a Delta response")); len(got) != 1 || got[a] != "10.0.0.2" {
 		t.Fatalf("after the other stream closed and a changed: %v; want only a", got)
 	}
 }

@@ -9,12 +9,11 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // clientKinds are a node of every kind of client the hub tells apart
@@ -36,30 +35,16 @@ func TestStreamsGetTheirClientKindsClusters(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{MTLSMode: xdsgen.MTLSStrict, Roots: fakeRoots{}})
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	const cds = "outbound|7070||echo.demo.svc.cluster.local"
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := xdstest.Dial(t, addr)
 	for kind, c := range clientKinds {
 		if kind == "istiod" {
 			continue
 		}
 		t.Run(kind, func(t *testing.T) {
 			for _, names := range [][]string{{cds}, nil} { // by name, and wildcard
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: c.node, TypeUrl: resourcev3.ClusterType, ResourceNames: names}); err != nil {
-					t.Fatal(err)
-				}
-				resp, err := stream.Recv()
-				if err != nil {
-					t.Fatal(err)
-				}
+				stream := xdstest.OpenSotW(t, context.Background(), conn)
+				stream.Send(t, &discoveryv3.DiscoveryRequest{Node: c.node, TypeUrl: resourcev3.ClusterType, ResourceNames: names})
+				resp := stream.Expect(t, "CDS response")
 				if len(resp.GetResources()) != 1 {
 					t.Fatalf("names %v: %d clusters; want 1", names, len(resp.GetResources()))
 				}

@@ -2,9 +2,7 @@ package hub
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -15,15 +13,14 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // serveHub runs a Hub with opts on a loopback port until the test ends;
@@ -64,24 +61,12 @@ func serveHub(t *testing.T, opts Options) (h *Hub, addr string, stop func() erro
 }
 
 // openCDS opens an ADS stream that asks for every cluster and returns it
-// once the first response (or the stream's error) arrives.
-func openCDS(t *testing.T, ctx context.Context, addr string) (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, error) {
+// once the first response (or the stream's end) arrives.
+func openCDS(t *testing.T, ctx context.Context, addr string) (*xdstest.SotW, error) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// A stream the server already ended fails Send with io.EOF; Recv
-	// returns its status.
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	_, err = stream.Recv()
+	stream := xdstest.OpenSotW(t, ctx, xdstest.Dial(t, addr))
+	stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType})
+	_, err := stream.Next(t)
 	return stream, err
 }
 
@@ -128,7 +113,7 @@ func TestStreamsWaitUntilMembershipSettles(t *testing.T) {
 
 func TestShutdownDrainsStreamsWithUnavailable(t *testing.T) {
 	_, addr, stop := serveHub(t, Options{DrainGrace: 4 * time.Second})
-	var streams []discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	var streams []*xdstest.SotW
 	for range 5 {
 		s, err := openCDS(t, context.Background(), addr)
 		if err != nil {
@@ -136,23 +121,12 @@ func TestShutdownDrainsStreamsWithUnavailable(t *testing.T) {
 		}
 		streams = append(streams, s)
 	}
-	ended := make(chan error, len(streams))
-	for _, s := range streams {
-		go func() {
-			for {
-				if _, err := s.Recv(); err != nil {
-					ended <- err
-					return
-				}
-			}
-		}()
-	}
 	if err := stop(); err != nil {
 		t.Fatalf("ServeADS: %v", err)
 	}
 	// ServeADS returned, so every stream has been closed by then.
-	for range streams {
-		if err := <-ended; status.Code(err) != codes.Unavailable {
+	for _, s := range streams {
+		if err := s.End(t); status.Code(err) != codes.Unavailable {
 			t.Errorf("stream ended with %v; want Unavailable (clients retry it)", err)
 		}
 	}
@@ -203,25 +177,16 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 func TestUnknownTypeIsIgnored(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	_, addr, _ := serveHub(t, Options{Metrics: reg})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := xdstest.Dial(t, addr)
+	stream := xdstest.OpenSotW(t, context.Background(), conn)
 	for _, req := range []*discoveryv3.DiscoveryRequest{
 		{Node: &corev3.Node{Id: "n"}, TypeUrl: "type.googleapis.com/istio.networking.nds.v1.NameTable"},
 		{TypeUrl: "type.googleapis.com/made.up.Thing", ResponseNonce: "7"},
 		{TypeUrl: resourcev3.ClusterType},
 	} {
-		if err := stream.Send(req); err != nil {
-			t.Fatal(err)
-		}
+		stream.Send(t, req)
 	}
-	resp, err := stream.Recv()
+	resp, err := stream.Next(t)
 	if err != nil {
 		t.Fatalf("after unserved types: %v; want the stream to stay", err)
 	}
@@ -232,14 +197,9 @@ func TestUnknownTypeIsIgnored(t *testing.T) {
 		t.Errorf("hub_xds_unserved_requests_total = %v; want 2", v)
 	}
 
-	big, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := big.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: strings.Repeat("x", 4096)}, TypeUrl: "type.googleapis.com/made.up.Thing"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := big.Recv(); status.Code(err) != codes.InvalidArgument {
+	big := xdstest.OpenSotW(t, context.Background(), conn)
+	big.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: strings.Repeat("x", 4096)}, TypeUrl: "type.googleapis.com/made.up.Thing"})
+	if _, err := big.Next(t); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("oversized node behind an unserved type: %v; want InvalidArgument", err)
 	}
 }
@@ -256,10 +216,8 @@ func TestRefusedStreamsAreNotCounted(t *testing.T) {
 	if _, err := openCDS(t, ctx, addr); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("second stream: %v", err)
 	}
-	if err := first.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = first.Recv() // the server ends the stream
+	first.CloseSend(t)
+	_ = first.End(t) // the server ends the stream
 	wait.Until(t, 10*time.Second, func() error {
 		if v := gaugeValue(t, reg, "hub_xds_connected_streams"); v != 0 {
 			return fmt.Errorf("hub_xds_connected_streams = %v; want 0", v)

@@ -13,11 +13,11 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 func namedService(name, ip string) *clusters.Service {
@@ -48,31 +48,28 @@ func claNames(t *testing.T, r *discoveryv3.DiscoveryResponse) map[string]string 
 func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	h, stream := startHub(t)
 	h.index.ReplaceCluster("west", []*clusters.Service{namedService("a", "10.0.0.1"), namedService("b", "10.0.1.1"), namedService("c", "10.0.2.1")})
-	ch := receiver(t, stream)
 	node := &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}
 	a, b, c := "outbound|7070||a.demo.svc.cluster.local", "outbound|7070||b.demo.svc.cluster.local", "outbound|7070||c.demo.svc.cluster.local"
 	send := func(req *discoveryv3.DiscoveryRequest) {
 		t.Helper()
 		req.TypeUrl = resourcev3.EndpointType
-		if err := stream.Send(req); err != nil {
-			t.Fatal(err)
-		}
+		stream.Send(t, req)
 	}
 	ack := func(r *discoveryv3.DiscoveryResponse, names ...string) {
 		t.Helper()
 		send(&discoveryv3.DiscoveryRequest{ResourceNames: names, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 	}
 	send(&discoveryv3.DiscoveryRequest{Node: node, ResourceNames: []string{a, b}})
-	first := expectResponse(t, ch)
+	first := stream.Expect(t, "a response")
 	if got := claNames(t, first); len(got) != 2 || got[a] != "10.0.0.1" || got[b] != "10.0.1.1" {
 		t.Fatalf("first response = %v; want a and b", got)
 	}
 	ack(first, a, b)
-	expectSilence(t, ch, "after the ACK")
+	expectSilence(t, stream, "after the ACK")
 
 	// b changes: only b is sent.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	second := expectResponse(t, ch)
+	second := stream.Expect(t, "a response")
 	if got := claNames(t, second); len(got) != 1 || got[b] != "10.0.1.2" {
 		t.Fatalf("response after b changed = %v; want only b", got)
 	}
@@ -81,7 +78,7 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 
 	// c is added to the subscription: only c is sent, and a and b are still held.
 	ack(second, a, b, c)
-	third := expectResponse(t, ch)
+	third := stream.Expect(t, "a response")
 	if got := claNames(t, third); len(got) != 1 || got[c] != "10.0.2.1" {
 		t.Fatalf("response to the new name = %v; want only c", got)
 	}
@@ -90,15 +87,15 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 
 	// a changes and the client NACKs it: not resent until a changes again.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
-	fourth := expectResponse(t, ch)
+	fourth := stream.Expect(t, "a response")
 	if got := claNames(t, fourth); len(got) != 1 || got[a] != "10.0.0.2" {
 		t.Fatalf("response after a changed = %v; want only a", got)
 	}
 	send(&discoveryv3.DiscoveryRequest{ResourceNames: []string{a, b, c}, ResponseNonce: fourth.Nonce, VersionInfo: third.VersionInfo,
 		ErrorDetail: &statuspb.Status{Code: 3, Message: "rejected by test"}})
-	expectSilence(t, ch, "after a NACK")
+	expectSilence(t, stream, "after a NACK")
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.2"))
-	fifth := expectResponse(t, ch)
+	fifth := stream.Expect(t, "a response")
 	if got := claNames(t, fifth); len(got) != 1 || got[c] != "10.0.2.2" {
 		t.Fatalf("response after c changed (a NACKed) = %v; want only c", got)
 	}
@@ -107,9 +104,9 @@ func TestSotWEDSCarriesOnlyWhatChanged(t *testing.T) {
 	ack(fifth, a, b)
 	waitHolds(t, h, map[string]string{a: "10.0.0.2", b: "10.0.1.2"})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "c"}, namedService("c", "10.0.2.3"))
-	expectSilence(t, ch, "after a change to an unsubscribed name")
+	expectSilence(t, stream, "after a change to an unsubscribed name")
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.3"))
-	if got := claNames(t, expectResponse(t, ch)); len(got) != 1 || got[a] != "10.0.0.3" {
+	if got := claNames(t, stream.Expect(t, "a response")); len(got) != 1 || got[a] != "10.0.0.3" {
 		t.Fatalf("response after a changed again = %v; want only a", got)
 	}
 }
@@ -190,30 +187,30 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 // type it asked for was answered); its ACK is not answered again.
 func TestFirstRequestAnsweredWhateverItsNonce(t *testing.T) {
 	_, addr, _ := serveHub(t, Options{})
-	c := dialADS(t, addr, insecure.NewCredentials())
+	c := xdstest.DialSotW(t, addr)
 	for _, req := range []*discoveryv3.DiscoveryRequest{
-		{Node: node("made-up-nonce", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"outbound|80||nothing.demo.svc.cluster.local"}, ResponseNonce: "2026-11-23 05:35:00 +0000 UTC"},
+		{Node: xdstest.Node("made-up-nonce", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"outbound|80||nothing.demo.svc.cluster.local"}, ResponseNonce: "2026-11-23 05:35:00 +0000 UTC"},
 		{TypeUrl: resourcev3.ClusterType, ResourceNames: []string{"outbound|80||nothing.demo.svc.cluster.local"}, ResponseNonce: "also made up"},
 		{TypeUrl: resourcev3.ListenerType, ResponseNonce: "made up too"},
 	} {
-		c.send(t, req)
-		r, err := c.next(t)
+		c.Send(t, req)
+		r, err := c.Next(t)
 		if err != nil {
 			t.Fatalf("%s: %v", req.TypeUrl, err)
 		}
 		if r.TypeUrl != req.TypeUrl || len(r.Resources) != 0 {
 			t.Fatalf("first %s request: got %s with %d resources; want an empty response of its type", req.TypeUrl, r.TypeUrl, len(r.Resources))
 		}
-		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: req.TypeUrl, ResourceNames: req.ResourceNames, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: req.TypeUrl, ResourceNames: req.ResourceNames, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 	}
 	// The ACKs are parked. The server handles a stream's requests in
 	// order and an ACK's watch answers at once or never (without a
 	// change): a response to any of them would come before the answer to
 	// a later first request.
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.RouteType, ResourceNames: []string{"nothing:80"}, ResponseNonce: "made up"})
-	r, err := c.next(t)
+	c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.RouteType, ResourceNames: []string{"nothing:80"}, ResponseNonce: "made up"})
+	r, err := c.Next(t)
 	if err != nil || r.TypeUrl != resourcev3.RouteType {
 		t.Fatalf("after the ACKs: %v, %v; want only the RDS response", r.GetTypeUrl(), err)
 	}
-	c.noResponse(t, "ACKs of empty responses")
+	c.NoneYet(t, "ACKs of empty responses")
 }

@@ -12,11 +12,10 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // latencyFamily gathers hub_xds_push_latency_seconds from reg (nil while
@@ -64,25 +63,11 @@ func latencyOf(t *testing.T, reg *prometheus.Registry, label string) (uint64, fl
 
 // openCDSFirst opens a wildcard CDS stream and returns it with its first
 // response.
-func openCDSFirst(t *testing.T, ctx context.Context, addr string) (discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discoveryv3.DiscoveryResponse) {
+func openCDSFirst(t *testing.T, ctx context.Context, addr string) (*xdstest.SotW, *discoveryv3.DiscoveryResponse) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return stream, first
+	stream := xdstest.OpenSotW(t, ctx, xdstest.Dial(t, addr))
+	stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType})
+	return stream, stream.Expect(t, "first CDS response")
 }
 
 // A change delivered to the index is measured once per stream it is pushed
@@ -97,7 +82,7 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const streams = 3
-	var opened []discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	var opened []*xdstest.SotW
 	var firsts []*discoveryv3.DiscoveryResponse
 	for range streams {
 		s, first := openCDSFirst(t, ctx, addr)
@@ -109,9 +94,7 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 	// ACK, then wait until every stream's watch is parked: a change that
 	// came before would be answered to the ACK, not pushed.
 	for i, s := range opened {
-		if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: firsts[i].Nonce, VersionInfo: firsts[i].VersionInfo}); err != nil {
-			t.Fatal(err)
-		}
+		s.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: firsts[i].Nonce, VersionInfo: firsts[i].VersionInfo})
 	}
 	wait.Until(t, 30*time.Second, func() error {
 		h.watcher.mu.Lock()
@@ -133,7 +116,7 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 	svc.Ports = append(svc.Ports, clusters.ServicePort{Name: "http", Port: 8080, Protocol: "TCP"})
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "echo"}, svc)
 	for i, s := range opened {
-		if _, err := s.Recv(); err != nil {
+		if _, err := s.Next(t); err != nil {
 			t.Fatalf("stream %d: no push after the change: %v", i, err)
 		}
 	}

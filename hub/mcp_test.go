@@ -1,11 +1,9 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -13,13 +11,13 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	mcpapi "istio.io/api/mcp/v1alpha1"
 	networking "istio.io/api/networking/v1alpha3"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -49,7 +47,7 @@ func istiodNodeOf(cluster string) *corev3.Node {
 // every response ACKed at once.
 type istiodStream struct {
 	t      *testing.T
-	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	stream *xdstest.SotW
 	node   *corev3.Node
 }
 
@@ -58,52 +56,20 @@ func openIstiod(t *testing.T, addr string) *istiodStream { return openIstiodOf(t
 // openIstiodOf opens an istiod stream whose node names member cluster.
 func openIstiodOf(t *testing.T, addr, cluster string) *istiodStream {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := istiodNodeOf(cluster)
+	s := &istiodStream{t: t, stream: xdstest.DialSotW(t, addr), node: istiodNodeOf(cluster)}
 	for _, typeURL := range istiodConfigTypes {
-		if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL}); err != nil {
-			t.Fatal(err)
-		}
+		s.stream.Send(t, &discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: typeURL})
 	}
-	return &istiodStream{t: t, stream: stream, node: node}
+	return s
 }
 
 // recv returns the next response, ACKed as adsc does (nonce, version, no
 // names), or fails the test after a generous deadline.
 func (s *istiodStream) recv() *discoveryv3.DiscoveryResponse {
 	s.t.Helper()
-	type result struct {
-		resp *discoveryv3.DiscoveryResponse
-		err  error
-	}
-	got := make(chan result, 1)
-	go func() {
-		resp, err := s.stream.Recv()
-		got <- result{resp, err}
-	}()
-	select {
-	case r := <-got:
-		if r.err != nil {
-			s.t.Fatalf("receiving: %v", r.err)
-		}
-		if err := s.stream.Send(&discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: r.resp.TypeUrl, VersionInfo: r.resp.VersionInfo, ResponseNonce: r.resp.Nonce}); err != nil {
-			s.t.Fatalf("ACK: %v", err)
-		}
-		return r.resp
-	case <-time.After(30 * time.Second):
-		s.t.Fatal("no response within 30 s")
-		return nil
-	}
+	r := s.stream.Expect(s.t, "an istiod config response")
+	s.stream.Send(s.t, &discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+	return r
 }
 
 // serviceEntries decodes a ServiceEntry response by object name.
@@ -228,42 +194,23 @@ func TestIstiodConfigSource(t *testing.T) {
 
 // edsStream is an Envoy-shaped stream subscribed to one cluster's endpoints.
 type edsStream struct {
-	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	stream *xdstest.SotW
 	name   string
 }
 
 func openEDS(t *testing.T, addr, name string) *edsStream {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
-	return &edsStream{stream: stream, name: name}
+	e := &edsStream{stream: xdstest.DialSotW(t, addr), name: name}
+	e.stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}})
+	return e
 }
 
 // waitFor receives (and ACKs) EDS responses until one has address.
 func (e *edsStream) waitFor(t *testing.T, address string) {
 	t.Helper()
-	deadline := time.AfterFunc(30*time.Second, func() { _ = e.stream.CloseSend() })
-	defer deadline.Stop()
 	for {
-		resp, err := e.stream.Recv()
-		if err != nil {
-			t.Fatalf("waiting for %s in EDS: %v", address, err)
-		}
-		if err := e.stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce, ResourceNames: []string{e.name}}); err != nil {
-			t.Fatal(err)
-		}
+		resp := e.stream.Expect(t, "waiting for "+address+" in EDS")
+		e.stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce, ResourceNames: []string{e.name}})
 		for _, a := range resp.Resources {
 			var cla endpointv3.ClusterLoadAssignment
 			if err := a.UnmarshalTo(&cla); err != nil {
@@ -289,19 +236,9 @@ func containsAddress(cla *endpointv3.ClusterLoadAssignment, address string) bool
 
 func TestIstioConfigOverDeltaIsRefused(t *testing.T) {
 	_, addr, _ := serveHub(t, Options{})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+	stream := xdstest.DialDelta(t, addr)
+	stream.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
+	if _, err := stream.Next(t); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("Delta ServiceEntry subscription: %v; want InvalidArgument", err)
 	}
 }
@@ -310,17 +247,17 @@ func TestIstioConfigOverDeltaIsRefused(t *testing.T) {
 // most maxTypesPerStream types, then it is refused with InvalidArgument.
 func TestConfigTypesPerStreamAreBounded(t *testing.T) {
 	_, addr, _ := serveHub(t, Options{})
-	c := dialADS(t, addr, insecure.NewCredentials())
+	c := xdstest.DialSotW(t, addr)
 	for i := range maxTypesPerStream + 1 {
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: fmt.Sprintf("example.com/v1/Kind%d", i)}
 		if i == 0 {
 			req.Node = istiodNode()
 		}
-		c.send(t, req)
+		c.Send(t, req)
 	}
 	// The first types are answered (empty lists); then the stream ends.
 	for range maxTypesPerStream + 1 {
-		if _, err := c.next(t); err != nil {
+		if _, err := c.Next(t); err != nil {
 			if status.Code(err) != codes.InvalidArgument {
 				t.Fatalf("the stream ended with %v; want InvalidArgument", err)
 			}
@@ -344,9 +281,9 @@ func TestIstiodExportTo(t *testing.T) {
 	limited := echoMember("10.2.0.1")
 	limited.ExportTo = []string{"north"}
 	s.h.index.UpdateService("east", echo, limited)
-	firstSE := func(c *adsClient, cluster string) []string {
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNodeOf(cluster), TypeUrl: serviceEntryType})
-		resp, err := c.next(t)
+	firstSE := func(c *xdstest.SotW, cluster string) []string {
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNodeOf(cluster), TypeUrl: serviceEntryType})
+		resp, err := c.Next(t)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -354,15 +291,15 @@ func TestIstiodExportTo(t *testing.T) {
 		return addresses(specs["demo/hub-echo"])
 	}
 	shared := []string{"west=10.1.0.1"}
-	if got, want := firstSE(dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "north")), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+	if got, want := firstSE(xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "north"))), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
 		t.Errorf("north's proven istiod: %v, want %v", got, want)
 	}
-	if got, want := firstSE(dialADS(t, s.plain, insecure.NewCredentials()), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
+	if got, want := firstSE(xdstest.DialSotW(t, s.plain), "north"), []string{"east=10.2.0.1", "west=10.1.0.1"}; !slices.Equal(got, want) {
 		t.Errorf("plaintext, CLUSTER_ID north: %v, want %v", got, want)
 	}
-	for name, c := range map[string]*adsClient{
-		"mTLS port, anonymous, CLUSTER_ID north": dialADS(t, s.secure, s.anonymous()),
-		"a certificate bound to south":           dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "south")),
+	for name, c := range map[string]*xdstest.SotW{
+		"mTLS port, anonymous, CLUSTER_ID north": xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous())),
+		"a certificate bound to south":           xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "south"))),
 	} {
 		if got := firstSE(c, "north"); !slices.Equal(got, shared) {
 			t.Errorf("%s: %v, want %v", name, got, shared)

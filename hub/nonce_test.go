@@ -2,13 +2,14 @@ package hub
 
 import (
 	"testing"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // TestSotWNoncesAsIstiodReadsThem: the xDS protocol's nonces, step by step
@@ -21,7 +22,7 @@ import (
 func TestSotWNoncesAsIstiodReadsThem(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	c := dialADS(t, addr, insecure.NewCredentials())
+	c := xdstest.DialSotW(t, addr)
 	var last *discoveryv3.DiscoveryResponse
 	steps := []struct {
 		what   string
@@ -40,19 +41,19 @@ func TestSotWNoncesAsIstiodReadsThem(t *testing.T) {
 	for i, s := range steps {
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: s.names}
 		if i == 0 {
-			req.Node = node("nonces", "west")
+			req.Node = xdstest.Node("nonces", "west")
 		}
 		if s.nonce != nil {
 			req.ResponseNonce = s.nonce()
 		} else {
 			req.ResponseNonce, req.VersionInfo = last.Nonce, last.VersionInfo
 		}
-		c.send(t, req)
+		c.Send(t, req)
 		if s.answer == nil {
-			c.barrier(t, s.what)
+			xdstest.Barrier(t, c, s.what)
 			continue
 		}
-		last = c.expect(t, resourcev3.EndpointType, s.what)
+		last = c.ExpectType(t, resourcev3.EndpointType, s.what)
 		got := claNames(t, last)
 		if len(got) != len(s.answer) {
 			t.Fatalf("%s: answered %v; want %v", s.what, got, s.answer)
@@ -64,8 +65,8 @@ func TestSotWNoncesAsIstiodReadsThem(t *testing.T) {
 		}
 	}
 	// A type's first request with a made-up nonce is answered.
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: "made-up"})
-	c.expect(t, resourcev3.ClusterType, "CDS's first request with a made-up nonce")
+	c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: "made-up"})
+	c.ExpectType(t, resourcev3.ClusterType, "CDS's first request with a made-up nonce")
 }
 
 func empty() string { return "" }
@@ -77,23 +78,23 @@ func empty() string { return "" }
 func TestDeltaNoncesAsIstiodReadsThem(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	c := openDelta(t, addr)
-	c.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta-nonces", "west"), ResourceNamesSubscribe: []string{edsA}})
-	r := c.next()
+	c := xdstest.DialDelta(t, addr)
+	c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, Node: xdstest.Node("delta-nonces", "west"), ResourceNamesSubscribe: []string{edsA}})
+	r := c.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, r); len(got) != 1 || got[edsA] == "" {
 		t.Fatalf("first request: %v; want a", got)
 	}
-	c.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce})
-	c.silence("ACK")
-	c.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: "not-" + r.Nonce, ResourceNamesSubscribe: []string{edsB}})
-	r = c.next()
+	c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce})
+	c.None(t, time.Second, "ACK")
+	c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: "not-" + r.Nonce, ResourceNamesSubscribe: []string{edsB}})
+	r = c.Expect(t, "a Delta response")
 	if got := deltaCLAs(t, r); len(got) != 1 || got[edsB] == "" {
 		t.Fatalf("a subscription with an unknown nonce: %v; want b", got)
 	}
-	c.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: r.Nonce, ErrorDetail: &status.Status{Code: 3, Message: "rejected"}})
-	c.silence("NACK")
-	c.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{edsA}})
-	c.silence("no nonce, a name already held")
+	c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: r.Nonce, ErrorDetail: &status.Status{Code: 3, Message: "rejected"}})
+	c.None(t, time.Second, "NACK")
+	c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA}})
+	c.None(t, time.Second, "no nonce, a name already held")
 }
 
 // TestClusterChangeResendsItsEndpoints: a CDS response that changes a
@@ -114,31 +115,31 @@ func TestClusterChangeResendsItsEndpoints(t *testing.T) {
 	t.Run("sotw", func(t *testing.T) {
 		h, addr, _ := serveHub(t, Options{})
 		twoServices(h)
-		c := dialADS(t, addr, insecure.NewCredentials())
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: node("rewarm", "west"), TypeUrl: resourcev3.ClusterType})
-		cds := c.expect(t, resourcev3.ClusterType, "CDS")
-		c.send(t, ack(resourcev3.ClusterType, nil, cds))
+		c := xdstest.DialSotW(t, addr)
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("rewarm", "west"), TypeUrl: resourcev3.ClusterType})
+		cds := c.ExpectType(t, resourcev3.ClusterType, "CDS")
+		c.Send(t, ack(resourcev3.ClusterType, nil, cds))
 		names := []string{edsA, edsB}
-		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
-		eds := c.expect(t, resourcev3.EndpointType, "EDS")
-		c.send(t, ack(resourcev3.EndpointType, names, eds))
-		c.barrier(t, "ACKed")
+		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
+		eds := c.ExpectType(t, resourcev3.EndpointType, "EDS")
+		c.Send(t, ack(resourcev3.EndpointType, names, eds))
+		xdstest.Barrier(t, c, "ACKed")
 		renamed(h)
-		c.expect(t, resourcev3.ClusterType, "the changed Cluster")
-		if got := claNames(t, c.expect(t, resourcev3.EndpointType, "its assignment, unchanged")); len(got) != 1 || got[edsA] == "" {
+		c.ExpectType(t, resourcev3.ClusterType, "the changed Cluster")
+		if got := claNames(t, c.ExpectType(t, resourcev3.EndpointType, "its assignment, unchanged")); len(got) != 1 || got[edsA] == "" {
 			t.Fatalf("after the Cluster change: %v; want a's assignment only", got)
 		}
 	})
 	t.Run("delta", func(t *testing.T) {
 		h, addr, _ := serveHub(t, Options{})
 		twoServices(h)
-		c := openDelta(t, addr)
-		c.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("rewarm-delta", "west"), TypeUrl: resourcev3.ClusterType})
-		cds := c.next()
-		c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: cds.Nonce})
-		c.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{edsA, edsB}})
-		eds := c.next()
-		c.send(&discoveryv3.DeltaDiscoveryRequest{ResponseNonce: eds.Nonce})
+		c := xdstest.DialDelta(t, addr)
+		c.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("rewarm-delta", "west"), TypeUrl: resourcev3.ClusterType})
+		cds := c.Expect(t, "a Delta response")
+		c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: cds.Nonce})
+		c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}})
+		eds := c.Expect(t, "a Delta response")
+		c.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: eds.Nonce})
 		held := map[string]string{}
 		for _, r := range cds.Resources {
 			held[r.Name] = r.Version
@@ -148,21 +149,21 @@ func TestClusterChangeResendsItsEndpoints(t *testing.T) {
 			eps[r.Name] = r.Version
 		}
 		renamed(h)
-		if r := c.next(); r.TypeUrl != resourcev3.ClusterType || len(r.Resources) != 1 {
+		if r := c.Expect(t, "a Delta response"); r.TypeUrl != resourcev3.ClusterType || len(r.Resources) != 1 {
 			t.Fatalf("after the change: %s with %d resources; want the changed Cluster", r.TypeUrl, len(r.Resources))
 		}
-		if got := deltaCLAs(t, c.next()); len(got) != 1 || got[edsA] == "" {
+		if got := deltaCLAs(t, c.Expect(t, "a Delta response")); len(got) != 1 || got[edsA] == "" {
 			t.Fatalf("after the Cluster change: %v; want a's assignment only", got)
 		}
 
 		// A reconnect holding the old Cluster and every assignment.
-		again := openDelta(t, addr)
-		again.send(&discoveryv3.DeltaDiscoveryRequest{Node: node("rewarm-delta", "west"), TypeUrl: resourcev3.ClusterType, InitialResourceVersions: held})
-		if r := again.next(); len(r.Resources) != 1 {
+		again := xdstest.DialDelta(t, addr)
+		again.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("rewarm-delta", "west"), TypeUrl: resourcev3.ClusterType, InitialResourceVersions: held})
+		if r := again.Expect(t, "a Delta response"); len(r.Resources) != 1 {
 			t.Fatalf("reconnected CDS: %d resources; want the changed one", len(r.Resources))
 		}
-		again.send(&discoveryv3.DeltaDiscoveryRequest{ResourceNamesSubscribe: []string{edsA, edsB}, InitialResourceVersions: eps})
-		if got := deltaCLAs(t, again.next()); len(got) != 1 || got[edsA] == "" {
+		again.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{edsA, edsB}, InitialResourceVersions: eps})
+		if got := deltaCLAs(t, again.Expect(t, "a Delta response")); len(got) != 1 || got[edsA] == "" {
 			t.Fatalf("reconnected EDS: %v; want a's assignment, though held", got)
 		}
 	})

@@ -10,11 +10,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // The tracker counts what clients answer: an ACK or a NACK of a sent
@@ -70,43 +68,15 @@ func TestPushWaitsForTheFleetsACKs(t *testing.T) {
 	defer cancel()
 
 	const streams, holding = 40, 30
-	type client struct {
-		stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-		in     <-chan *discoveryv3.DiscoveryResponse
-	}
-	ack := func(c client, r *discoveryv3.DiscoveryResponse) {
+	ack := func(c *xdstest.SotW, r *discoveryv3.DiscoveryResponse) {
 		t.Helper()
-		if err := c.stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}); err != nil {
-			t.Fatal(err)
-		}
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType, VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()})
 	}
-	next := func(c client, what string) *discoveryv3.DiscoveryResponse {
-		t.Helper()
-		select {
-		case r, ok := <-c.in:
-			if !ok {
-				t.Fatalf("%s: stream ended", what)
-			}
-			return r
-		case <-time.After(20 * time.Second):
-			t.Fatalf("%s: no response within 20s", what)
-			return nil
-		}
-	}
-	var fleet []client
+	var fleet []*xdstest.SotW
 	for range streams {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := client{s, receiver(t, s)}
+		c := xdstest.OpenSotW(t, ctx, xdstest.Dial(t, addr))
 		ack(c, &discoveryv3.DiscoveryResponse{}) // the first request
-		ack(c, next(c, "first response"))        // parks the stream's watch
+		ack(c, c.Expect(t, "first response"))    // parks the stream's watch
 		fleet = append(fleet, c)
 	}
 
@@ -116,7 +86,7 @@ func TestPushWaitsForTheFleetsACKs(t *testing.T) {
 	h.index.ReplaceCluster("west", []*clusters.Service{svc})
 	first := make([]*discoveryv3.DiscoveryResponse, streams)
 	for i := range fleet {
-		first[i] = next(fleet[i], "change 1")
+		first[i] = fleet[i].Expect(t, "change 1")
 	}
 	for i := holding; i < streams; i++ {
 		ack(fleet[i], first[i]) // 10 answer, 30 hold
@@ -125,16 +95,13 @@ func TestPushWaitsForTheFleetsACKs(t *testing.T) {
 	svc2 := echoService("10.0.0.1")
 	svc2.Name = "echo2"
 	h.index.ReplaceCluster("west", []*clusters.Service{svc, svc2})
-	select {
-	case r := <-fleet[streams-1].in:
-		t.Fatalf("change 2 was pushed (version %s) while 30 of 40 streams had not answered change 1", r.GetVersionInfo())
-	case <-time.After(time.Second): // a hundred debounce periods
-	}
+	// A second is a hundred debounce periods.
+	fleet[streams-1].None(t, time.Second, "change 2 pushed while 30 of 40 streams had not answered change 1")
 	for i := range holding {
 		ack(fleet[i], first[i])
 	}
 	for i := range fleet {
-		if r := next(fleet[i], "change 2"); len(r.GetResources()) != 3 {
+		if r := fleet[i].Expect(t, "change 2"); len(r.GetResources()) != 3 {
 			t.Fatalf("stream %d got %d clusters after change 2; want 3", i, len(r.GetResources()))
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	typev1beta1 "istio.io/api/type/v1beta1"
@@ -19,6 +18,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // fakeRules is a RuleSource the test fills.
@@ -86,25 +86,25 @@ func TestPolicyEditReachesOnlyTheServersItSelects(t *testing.T) {
 	rules := &fakeRules{objs: map[string][]distribute.Object{}, notes: map[string][]distribute.Note{}}
 	h, addr, _ := serveHub(t, Options{Rules: rules, RootNamespace: "istio-system"})
 	name := xdsgen.InboundListenerPrefix + "0.0.0.0:8080"
-	servers := map[string]*adsClient{}
+	servers := map[string]*xdstest.SotW{}
 	for _, ns := range []string{"app", "other"} {
-		c := dialADS(t, addr, insecure.NewCredentials())
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: serverNode("sidecar~10.0.0.1~s."+ns+"~"+ns+".svc.cluster.local", ns, map[string]any{"app": "echo"}),
+		c := xdstest.DialSotW(t, addr)
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: serverNode("sidecar~10.0.0.1~s."+ns+"~"+ns+".svc.cluster.local", ns, map[string]any{"app": "echo"}),
 			TypeUrl: resourcev3.ListenerType, ResourceNames: []string{name}})
 		servers[ns] = c
 	}
 	for ns, c := range servers {
-		c.barrier(t, ns+": before the policies are read")
+		xdstest.Barrier(t, c, ns+": before the policies are read")
 	}
 	rules.set(true, authz.AuthorizationPolicyKind)
 	rules.set(true, authz.PeerAuthenticationKind)
 	h.changes.ConfigChanged(authz.AuthorizationPolicyKind)
 	for ns, c := range servers {
-		r := c.expect(t, resourcev3.ListenerType, ns+": once the policies are read")
+		r := c.ExpectType(t, resourcev3.ListenerType, ns+": once the policies are read")
 		if got := rbacFilters(t, r); len(got) != 1 || got[0] != "envoy.filters.http.router" {
 			t.Fatalf("%s: filters %v; want the router alone", ns, got)
 		}
-		c.send(t, ack(resourcev3.ListenerType, []string{name}, r))
+		c.Send(t, ack(resourcev3.ListenerType, []string{name}, r))
 	}
 
 	updates := func() float64 {
@@ -121,12 +121,12 @@ func TestPolicyEditReachesOnlyTheServersItSelects(t *testing.T) {
 			Rules:    []*securityv1beta1.Rule{{From: []*securityv1beta1.Rule_From{{Source: &securityv1beta1.Source{Principals: []string{"cluster.local/ns/app/sa/alice"}}}}}},
 		}})
 	h.changes.ConfigChanged(authz.AuthorizationPolicyKind)
-	r := servers["app"].expect(t, resourcev3.ListenerType, "app's server after the policy")
+	r := servers["app"].ExpectType(t, resourcev3.ListenerType, "app's server after the policy")
 	if got := rbacFilters(t, r); len(got) != 2 || got[0] != xdsgen.RBACFilterName {
 		t.Fatalf("app: filters %v; want the ALLOW RBAC filter, then the router", got)
 	}
-	servers["app"].send(t, ack(resourcev3.ListenerType, []string{name}, r))
-	servers["other"].barrier(t, "other's server, which the policy does not select")
+	servers["app"].Send(t, ack(resourcev3.ListenerType, []string{name}, r))
+	xdstest.Barrier(t, servers["other"], "other's server, which the policy does not select")
 	if n := updates() - before; n != 1 {
 		t.Errorf("the policy re-evaluated %v servers; want 1", n)
 	}

@@ -12,10 +12,10 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // gate is a slow member's API server: calls for one key block until the
@@ -45,17 +45,6 @@ func (g *gate) block(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	}
-}
-
-// noResponse asserts that c has received nothing so far (a check of this
-// moment, not a wait).
-func (c *adsClient) noResponse(t *testing.T, what string) {
-	t.Helper()
-	select {
-	case r := <-c.ch:
-		t.Fatalf("%s: got a %s response with %d resources", what, r.TypeUrl, len(r.Resources))
-	default:
 	}
 }
 
@@ -114,35 +103,35 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 
 	// An EDS watcher and a proxy reading only its own namespace.
 	const eds = "outbound|7070||echo.demo.svc.cluster.local"
-	edsClient := dialADS(t, s.plain, insecure.NewCredentials())
-	edsClient.send(t, &discoveryv3.DiscoveryRequest{Node: node("eds", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
+	edsClient := xdstest.DialSotW(t, s.plain)
+	edsClient.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("eds", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
 	nextEDS := func() []string {
 		t.Helper()
-		r, err := edsClient.next(t)
+		r, err := edsClient.Next(t)
 		if err != nil {
 			t.Fatal(err)
 		}
-		edsClient.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+		edsClient.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 		return endpointIPs(t, r)
 	}
 	if got := nextEDS(); fmt.Sprint(got) != "[10.0.0.1]" {
 		t.Fatalf("first EDS: %v", got)
 	}
 	own := []string{"kubernetes://gw"}
-	ownClient := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	ownClient.send(t, sdsRequest("own", "west", own...))
-	if got := ownClient.secretsOf(t, own); got["kubernetes://gw"] == nil {
+	ownClient := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	ownClient.Send(t, sdsRequest("own", "west", own...))
+	if got := secretsOf(t, ownClient, own); got["kubernetes://gw"] == nil {
 		t.Fatalf("own namespace: %v", keys(got))
 	}
 
 	// The proxy that needs the hanging review.
 	both := []string{"kubernetes://gw", "kubernetes://slow/gw"}
-	waiting := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
+	waiting := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
 	// Its first request carries a response nonce of its own making, as
 	// Istio's adsc sends: the first response is still the one that waits.
 	first := sdsRequest("waiting", "west", both...)
 	first.ResponseNonce = "2026-11-23 05:35:00.309502067 +0000 UTC m=+0.113318264"
-	waiting.send(t, first)
+	waiting.Send(t, first)
 	wait.Until(t, 20*time.Second, func() error {
 		if g.started.Load() == 0 {
 			return fmt.Errorf("the access review has not been asked")
@@ -159,7 +148,7 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 		if got := nextEDS(); fmt.Sprint(got) != "["+ip+"]" {
 			t.Fatalf("EDS push %d: %v; want [%s]", i, got, ip)
 		}
-		got := ownClient.secretsOf(t, own)
+		got := secretsOf(t, ownClient, own)
 		if c := string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()); c != fmt.Sprint("CERT-", i) {
 			t.Fatalf("SDS push %d to the other proxy: %q", i, c)
 		}
@@ -167,7 +156,7 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 			t.Fatal("the access review ended (timed out?) before the pushes went out: they waited for it")
 		}
 	}
-	waiting.noResponse(t, "the proxy whose access review is pending")
+	waiting.NoneYet(t, "the proxy whose access review is pending")
 	if n := calls.Load(); n != 1 {
 		t.Errorf("the pending review was asked %d times; want once", n)
 	}
@@ -175,14 +164,14 @@ func TestPendingAccessReviewDelaysNoPush(t *testing.T) {
 	// The review completes: the waiting proxy gets its first response with
 	// both Secrets, gw as rotated.
 	g.open()
-	got := waiting.secretsOf(t, both)
+	got := secretsOf(t, waiting, both)
 	if c := string(got["kubernetes://slow/gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()); c != "SLOW-CERT" {
 		t.Fatalf("after the review: %v", keys(got))
 	}
 	if c := string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()); c != "CERT-3" {
 		t.Errorf("after the review gw is %q; want CERT-3", c)
 	}
-	ownClient.noResponse(t, "a proxy that consulted no review, after the review completed")
+	ownClient.NoneYet(t, "a proxy that consulted no review, after the review completed")
 }
 
 // TestSilentMemberTokenReviewHoldsNoOtherStream: a proxy's service-account
@@ -207,11 +196,11 @@ func TestSilentMemberTokenReviewHoldsNoOtherStream(t *testing.T) {
 	s := startSecureHub(t, Options{Tokens: tokens})
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	cds := func(id, cluster string) *discoveryv3.DiscoveryRequest {
-		return &discoveryv3.DiscoveryRequest{Node: node(id, cluster), TypeUrl: resourcev3.ClusterType}
+		return &discoveryv3.DiscoveryRequest{Node: xdstest.Node(id, cluster), TypeUrl: resourcev3.ClusterType}
 	}
 
-	silent := dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("black-token")))
-	silent.send(t, cds("silent", "black"))
+	silent := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("black-token")))
+	silent.Send(t, cds("silent", "black"))
 	wait.Until(t, 20*time.Second, func() error {
 		if g.started.Load() == 0 {
 			return fmt.Errorf("the token review has not been asked")
@@ -220,22 +209,22 @@ func TestSilentMemberTokenReviewHoldsNoOtherStream(t *testing.T) {
 	})
 
 	const eds = "outbound|7070||echo.demo.svc.cluster.local"
-	others := map[string]*adsClient{
-		"token":       dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("good-token"))),
-		"certificate": dialADS(t, s.secure, s.workload(t, s.ca, "a", "")),
-		"plaintext":   dialADS(t, s.plain, insecure.NewCredentials()),
+	others := map[string]*xdstest.SotW{
+		"token":       xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("good-token"))),
+		"certificate": xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", ""))),
+		"plaintext":   xdstest.DialSotW(t, s.plain),
 	}
 	for name, c := range others {
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: node(name, "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
-		r, err := c.next(t)
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node(name, "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
+		r, err := c.Next(t)
 		if err != nil || fmt.Sprint(endpointIPs(t, r)) != "[10.0.0.1]" {
 			t.Fatalf("%s: %v, %v; want the endpoints", name, r, err)
 		}
-		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 	}
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
 	for name, c := range others {
-		r, err := c.next(t)
+		r, err := c.Next(t)
 		if err != nil || fmt.Sprint(endpointIPs(t, r)) != "[10.0.0.2]" {
 			t.Fatalf("%s after a change: %v, %v; want the new endpoints", name, r, err)
 		}
@@ -246,10 +235,10 @@ func TestSilentMemberTokenReviewHoldsNoOtherStream(t *testing.T) {
 	if g.returned.Load() != 0 {
 		t.Fatal("the token review ended (timed out?) before the other streams were served: they waited for it")
 	}
-	silent.noResponse(t, "the stream whose token review is pending")
+	silent.NoneYet(t, "the stream whose token review is pending")
 
 	g.open()
-	if r, err := silent.next(t); err != nil || len(r.Resources) != 1 {
+	if r, err := silent.Next(t); err != nil || len(r.Resources) != 1 {
 		t.Fatalf("after its member answered: %v, %v; want the cluster", r, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // fakeScopes is an authn.IdentityScopes whose answers a test changes (the
@@ -187,14 +188,14 @@ func TestSDSServesOnlyIdentitiesTheMemberMayAssert(t *testing.T) {
 
 	// A gateway of west's root namespace, by token: roots only until the
 	// annotation allows the root namespace.
-	c := dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("west:istio-system")))
-	c.send(t, sdsRequest("west-gw", "west", names...))
-	if got := c.secretsOf(t, names); got["ROOTCA"] == nil || got["kubernetes://gw"] != nil {
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("west:istio-system")))
+	c.Send(t, sdsRequest("west-gw", "west", names...))
+	if got := secretsOf(t, c, names); got["ROOTCA"] == nil || got["kubernetes://gw"] != nil {
 		t.Fatalf("west's root-namespace gateway without the annotation got %v; want only ROOTCA", keys(got))
 	}
 	scopes.set("west", clusters.IdentityScope{Synced: true, AllowRootNamespace: true})
 	s.h.changes.SecretsSynced("west")
-	if got := c.secretsOf(t, names); got["kubernetes://gw"] == nil {
+	if got := secretsOf(t, c, names); got["kubernetes://gw"] == nil {
 		t.Fatalf("west's root-namespace gateway with the annotation got %v; want its Secret", keys(got))
 	}
 	if n := counterValue(t, s, "hub_identity_scope_refusals_total", map[string]string{"surface": "sds", "reason": "root_namespace"}); n != 1 {
@@ -203,20 +204,20 @@ func TestSDSServesOnlyIdentitiesTheMemberMayAssert(t *testing.T) {
 
 	// East has not synced: its token stream is refused without a review;
 	// a certificate bound to east gets roots only until east syncs.
-	refused := dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("east:a")))
-	refused.send(t, sdsRequest("east-token", "east", names...))
-	refused.refused(t, codes.PermissionDenied, "a token stream of a member that has not synced")
+	refused := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("east:a")))
+	refused.Send(t, sdsRequest("east-token", "east", names...))
+	refused.Refused(t, codes.PermissionDenied, "a token stream of a member that has not synced")
 	if n := reviewer.count("east"); n != 0 {
 		t.Errorf("%d token reviews sent to east; want none", n)
 	}
-	bound := dialADS(t, s.secure, s.workload(t, s.ca, "a", "east"))
-	bound.send(t, sdsRequest("east-cert", "east", names...))
-	if got := bound.secretsOf(t, names); got["ROOTCA"] == nil || got["kubernetes://gw"] != nil {
+	bound := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "east")))
+	bound.Send(t, sdsRequest("east-cert", "east", names...))
+	if got := secretsOf(t, bound, names); got["ROOTCA"] == nil || got["kubernetes://gw"] != nil {
 		t.Fatalf("a certificate bound to east before east synced got %v; want only ROOTCA", keys(got))
 	}
 	scopes.set("east", clusters.IdentityScope{Synced: true})
 	s.h.changes.SecretsSynced("east")
-	if got := bound.secretsOf(t, names); got["kubernetes://gw"] == nil {
+	if got := secretsOf(t, bound, names); got["kubernetes://gw"] == nil {
 		t.Fatalf("a certificate bound to east once east synced got %v; want its Secret", keys(got))
 	}
 }

@@ -7,9 +7,11 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // TestNodeSentAgainMidStreamChangesNothing: a proxy whose certificate is
@@ -29,15 +31,15 @@ func TestNodeSentAgainMidStreamChangesNothing(t *testing.T) {
 	}
 	rotate(0)
 	names := []string{"kubernetes://gw"}
-	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	c.send(t, sdsRequest("turncoat", "west", names...))
-	if got := c.secretsOf(t, names); got["kubernetes://gw"] == nil {
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	c.Send(t, sdsRequest("turncoat", "west", names...))
+	if got := secretsOf(t, c, names); got["kubernetes://gw"] == nil {
 		t.Fatalf("before the second node: %v; want the Secret", keys(got))
 	}
 	// The SDS watch is parked (ACKed). A CDS request with a node that
 	// claims east; its answer says the stream took it.
-	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("turncoat-2", "east"), TypeUrl: resourcev3.ClusterType})
-	if r, err := c.next(t); err != nil || r.TypeUrl != resourcev3.ClusterType {
+	c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("turncoat-2", "east"), TypeUrl: resourcev3.ClusterType})
+	if r, err := c.Next(t); err != nil || r.TypeUrl != resourcev3.ClusterType {
 		t.Fatalf("CDS request: %v, %v", r.GetTypeUrl(), err)
 	}
 	for _, p := range s.h.Proxies() {
@@ -47,7 +49,7 @@ func TestNodeSentAgainMidStreamChangesNothing(t *testing.T) {
 	}
 	rotate(1)
 	wait.Until(t, 20*time.Second, func() error {
-		got := c.secretsOf(t, names)
+		got := secretsOf(t, c, names)
 		if sec := got["kubernetes://gw"]; sec == nil || string(sec.GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != "CERT-1" {
 			return fmt.Errorf("pushed %v; want the rotated Secret", keys(got))
 		}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // listerSecrets looks Secrets up as clusters' secret controller does: with
@@ -62,9 +64,9 @@ func TestSDSNamesCannotEscapeTheirNamespace(t *testing.T) {
 		"/hub-system/gw", "kubernetes://b/gw/", "kubernetes://", "kubernetes:///", "kubernetes://b/",
 	}
 	names := append([]string{"kubernetes://gw", "kubernetes://b/gw"}, forbidden...)
-	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	c.send(t, sdsRequest("a-proxy", "west", names...))
-	got := c.secretsOf(t, names)
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	c.Send(t, sdsRequest("a-proxy", "west", names...))
+	got := secretsOf(t, c, names)
 	for _, name := range forbidden {
 		if got[name] != nil {
 			t.Errorf("served %s", name)
@@ -99,9 +101,9 @@ func TestSDSOtherNamespacesAreBounded(t *testing.T) {
 		names = append(names, "kubernetes://"+ns+"/gw")
 	}
 	s := startSecureHub(t, Options{Authorizer: allowAll, Secrets: newListerSecrets(t, secrets...)})
-	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	c.send(t, sdsRequest("many", "west", names...))
-	got := c.secretsOf(t, names)
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	c.Send(t, sdsRequest("many", "west", names...))
+	got := secretsOf(t, c, names)
 	mu.Lock()
 	n := len(asked)
 	mu.Unlock()
@@ -121,9 +123,9 @@ func TestSDSCACertNames(t *testing.T) {
 	src := newListerSecrets(t, secret("gw", "GW-CA"), secret("gw-cacert", "SEPARATE-CA"), secret("solo", "SOLO-CA"))
 	s := startSecureHub(t, Options{Secrets: src})
 	names := []string{"kubernetes://gw-cacert", "kubernetes://solo-cacert"}
-	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	c.send(t, sdsRequest("ca", "west", names...))
-	got := c.secretsOf(t, names)
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	c.Send(t, sdsRequest("ca", "west", names...))
+	got := secretsOf(t, c, names)
 	for name, want := range map[string]string{"kubernetes://gw-cacert": "SEPARATE-CA", "kubernetes://solo-cacert": "SOLO-CA"} {
 		if ca := string(got[name].GetValidationContext().GetTrustedCa().GetInlineBytes()); ca != want {
 			t.Errorf("%s: CA %q; want %q", name, ca, want)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -23,10 +22,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -96,62 +95,30 @@ func TestSDSAuthorisation(t *testing.T) {
 	wg.Go(func() { _ = h.ServeADS(ctx, secure, serverTLS) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	// sds opens an ADS stream, asks for names and returns the secrets it got.
-	type stream struct {
-		s  discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-		ch chan *discoveryv3.DiscoveryResponse
-	}
-	open := func(addr string, creds credentials.TransportCredentials, cluster string, names ...string) *stream {
+	// open opens an ADS stream and asks for names; recv returns the
+	// secrets of its next response, ACKed.
+	open := func(addr string, creds credentials.TransportCredentials, cluster string, names ...string) *xdstest.SotW {
 		t.Helper()
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		sctx, scancel := context.WithCancel(context.Background())
-		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st := &stream{s: s, ch: make(chan *discoveryv3.DiscoveryResponse, 10)}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for {
-				r, err := s.Recv()
-				if err != nil {
-					return
-				}
-				st.ch <- r
-			}
-		}()
-		t.Cleanup(func() { scancel(); conn.Close(); <-done })
-		meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
-		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "proxy-" + cluster, Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != nil {
-			t.Fatal(err)
-		}
+		st := xdstest.DialSotW(t, addr, grpc.WithTransportCredentials(creds))
+		st.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("proxy-"+cluster, cluster), TypeUrl: resourcev3.SecretType, ResourceNames: names})
 		return st
 	}
-	recv := func(st *stream) map[string]*tlsv3.Secret {
+	recv := func(st *xdstest.SotW) map[string]*tlsv3.Secret {
 		t.Helper()
-		select {
-		case r := <-st.ch:
-			out := map[string]*tlsv3.Secret{}
-			for _, a := range r.Resources {
-				var s tlsv3.Secret
-				if err := a.UnmarshalTo(&s); err != nil {
-					t.Fatal(err)
-				}
-				if err := s.ValidateAll(); err != nil {
-					t.Errorf("secret %s fails Envoy validation: %v", s.Name, err)
-				}
-				out[s.Name] = &s
+		r := st.Expect(t, "an SDS response")
+		out := map[string]*tlsv3.Secret{}
+		for _, a := range r.Resources {
+			var s tlsv3.Secret
+			if err := a.UnmarshalTo(&s); err != nil {
+				t.Fatal(err)
 			}
-			_ = st.s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names(out, r), ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
-			return out
-		case <-time.After(10 * time.Second):
-			t.Fatal("no SDS response")
-			return nil
+			if err := s.ValidateAll(); err != nil {
+				t.Errorf("secret %s fails Envoy validation: %v", s.Name, err)
+			}
+			out[s.Name] = &s
 		}
+		st.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names(out, r), ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+		return out
 	}
 	mtls := func(ns, member string) credentials.TransportCredentials {
 		svid, err := ca.IssueWorkloadSVID(spiffeid.RequireFromPath(td, "/ns/"+ns+"/sa/gateway"), member, time.Hour)
@@ -181,13 +148,10 @@ func TestSDSAuthorisation(t *testing.T) {
 	}
 	// The plaintext stream has the same stream number on its server as the
 	// mTLS one: a new request with a new node must still get nothing.
-	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "west"})
-	if err := plainStream.s.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "sneaky", Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: []string{"kubernetes://gw"}}); err != nil {
-		t.Fatal(err)
-	}
+	plainStream.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("sneaky", "west"), TypeUrl: resourcev3.SecretType, ResourceNames: []string{"kubernetes://gw"}})
 	select {
-	case r := <-plainStream.ch:
-		if len(r.Resources) != 0 {
+	case r, ok := <-plainStream.Responses():
+		if ok && len(r.Resources) != 0 {
 			t.Fatalf("a plaintext stream got %d secrets after an mTLS stream with the same number opened", len(r.Resources))
 		}
 	case <-time.After(2 * time.Second): // nothing sent is fine too

@@ -7,9 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -37,6 +35,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/internal/wait"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -174,87 +173,10 @@ func (s *secureHub) anonymous() credentials.TransportCredentials {
 	return credentials.NewTLS(tlsconfig.TLSClientConfig(s.bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(s.ca.TrustDomain, "/hub"))))
 }
 
-// adsClient is one ADS stream whose responses are read in the background.
-type adsClient struct {
-	s   discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	ch  chan *discoveryv3.DiscoveryResponse
-	err chan error // the stream's end
-	// barriers counts the barrier types asked for (see barrier).
-	barriers int
-}
-
-func dialADS(t *testing.T, addr string, creds credentials.TransportCredentials, opts ...grpc.DialOption) *adsClient {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &adsClient{s: s, ch: make(chan *discoveryv3.DiscoveryResponse, 100), err: make(chan error, 1)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := s.Recv()
-			if err != nil {
-				c.err <- err
-				return
-			}
-			c.ch <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); conn.Close(); <-done })
-	return c
-}
-
-func node(id, cluster string) *corev3.Node {
-	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
-	return &corev3.Node{Id: id, Metadata: meta}
-}
-
-// send sends req; a stream the server already ended is not an error here
-// (its status is what next returns).
-func (c *adsClient) send(t *testing.T, req *discoveryv3.DiscoveryRequest) {
-	t.Helper()
-	if err := c.s.Send(req); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatal(err)
-	}
-}
-
-// next returns the next response, or the error that ended the stream.
-func (c *adsClient) next(t *testing.T) (*discoveryv3.DiscoveryResponse, error) {
-	t.Helper()
-	select {
-	case r := <-c.ch:
-		return r, nil
-	case err := <-c.err:
-		return nil, err
-	case <-time.After(20 * time.Second):
-		t.Fatal("no response and no end of stream within 20s")
-		return nil, nil
-	}
-}
-
-// refused asserts that the stream ends with code before any response.
-func (c *adsClient) refused(t *testing.T, code codes.Code, what string) {
-	t.Helper()
-	r, err := c.next(t)
-	if r != nil {
-		t.Fatalf("%s: got a %s response with %d resources; want the stream refused with %s", what, r.TypeUrl, len(r.Resources), code)
-	}
-	if status.Code(err) != code {
-		t.Fatalf("%s: stream ended with %v; want %s", what, err, code)
-	}
-}
-
 // secretsOf decodes an SDS response and ACKs it, keeping the subscription.
-func (c *adsClient) secretsOf(t *testing.T, names []string) map[string]*tlsv3.Secret {
+func secretsOf(t *testing.T, c *xdstest.SotW, names []string) map[string]*tlsv3.Secret {
 	t.Helper()
-	r, err := c.next(t)
+	r, err := c.Next(t)
 	if err != nil {
 		t.Fatalf("SDS stream ended: %v", err)
 	}
@@ -266,12 +188,12 @@ func (c *adsClient) secretsOf(t *testing.T, names []string) map[string]*tlsv3.Se
 		}
 		out[s.Name] = &s
 	}
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+	c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 	return out
 }
 
 func sdsRequest(id, cluster string, names ...string) *discoveryv3.DiscoveryRequest {
-	return &discoveryv3.DiscoveryRequest{Node: node(id, cluster), TypeUrl: resourcev3.SecretType, ResourceNames: names}
+	return &discoveryv3.DiscoveryRequest{Node: xdstest.Node(id, cluster), TypeUrl: resourcev3.SecretType, ResourceNames: names}
 }
 
 // bearerCreds sends a service-account token as istio-agent does.
@@ -292,34 +214,34 @@ func TestMTLSPortRefusesUnauthenticatedStreams(t *testing.T) {
 	s := startSecureHub(t, Options{Tokens: tokens})
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	cds := func(id string) *discoveryv3.DiscoveryRequest {
-		return &discoveryv3.DiscoveryRequest{Node: node(id, "west"), TypeUrl: resourcev3.ClusterType}
+		return &discoveryv3.DiscoveryRequest{Node: xdstest.Node(id, "west"), TypeUrl: resourcev3.ClusterType}
 	}
 
 	// No certificate, no token: refused before anything is served, for
 	// every type.
 	for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType, resourcev3.SecretType} {
-		c := dialADS(t, s.secure, s.anonymous())
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: node("anon", "west"), TypeUrl: typ})
-		c.refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" stream on the mTLS port")
+		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("anon", "west"), TypeUrl: typ})
+		c.Refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" stream on the mTLS port")
 	}
 	// A token the member does not accept: refused too.
-	bad := dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("forged")))
-	bad.send(t, cds("forged"))
-	bad.refused(t, codes.Unauthenticated, "a stream with a rejected token")
+	bad := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("forged")))
+	bad.Send(t, cds("forged"))
+	bad.Refused(t, codes.Unauthenticated, "a stream with a rejected token")
 	if n := len(s.h.Proxies()); n != 0 {
 		t.Errorf("%d refused streams are listed as proxies", n)
 	}
 
 	// A valid token, a verified certificate (ours or a federated peer's),
 	// and the plaintext port: served.
-	for name, c := range map[string]*adsClient{
-		"token":            dialADS(t, s.secure, s.anonymous(), grpc.WithPerRPCCredentials(bearerCreds("good-token"))),
-		"certificate":      dialADS(t, s.secure, s.workload(t, s.ca, "a", "")),
-		"peer certificate": dialADS(t, s.secure, s.workload(t, s.peerCA, "a", "")),
-		"plaintext":        dialADS(t, s.plain, insecure.NewCredentials()),
+	for name, c := range map[string]*xdstest.SotW{
+		"token":            xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("good-token"))),
+		"certificate":      xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", ""))),
+		"peer certificate": xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.peerCA, "a", ""))),
+		"plaintext":        xdstest.DialSotW(t, s.plain),
 	} {
-		c.send(t, cds(name))
-		if r, err := c.next(t); err != nil || len(r.Resources) != 1 {
+		c.Send(t, cds(name))
+		if r, err := c.Next(t); err != nil || len(r.Resources) != 1 {
 			t.Errorf("%s: %v, %v; want the cluster", name, r, err)
 		}
 	}
@@ -333,9 +255,9 @@ func TestSDSBindsTheMemberTheCertificateProves(t *testing.T) {
 	names := []string{"kubernetes://gw", "ROOTCA"}
 	fetch := func(creds credentials.TransportCredentials, id, claim string) map[string]*tlsv3.Secret {
 		t.Helper()
-		c := dialADS(t, s.secure, creds)
-		c.send(t, sdsRequest(id, claim, names...))
-		return c.secretsOf(t, names)
+		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(creds))
+		c.Send(t, sdsRequest(id, claim, names...))
+		return secretsOf(t, c, names)
 	}
 	cert := func(got map[string]*tlsv3.Secret) string {
 		return string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes())
@@ -388,9 +310,9 @@ func TestSDSNeverServesHubNamespaceOrCAMaterial(t *testing.T) {
 	// of the hub's own namespace.
 	for _, ns := range []string{"a", "hub-system"} {
 		names := append([]string{"kubernetes://gw", "ROOTCA"}, forbidden...)
-		c := dialADS(t, s.secure, s.workload(t, s.ca, ns, "west"))
-		c.send(t, sdsRequest("in-"+ns, "west", names...))
-		got := c.secretsOf(t, names)
+		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, ns, "west")))
+		c.Send(t, sdsRequest("in-"+ns, "west", names...))
+		got := secretsOf(t, c, names)
 		for _, name := range forbidden {
 			if got[name] != nil {
 				t.Errorf("a workload of namespace %s got %s", ns, name)
@@ -409,13 +331,13 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 	s := startSecureHub(t, Options{Limits: Limits{MaxRequestBytes: 2 << 20}})
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
 	const eds = "outbound|7070||echo.demo.svc.cluster.local"
-	good := dialADS(t, s.plain, insecure.NewCredentials())
-	good.send(t, &discoveryv3.DiscoveryRequest{Node: node("good", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
-	first, err := good.next(t)
+	good := xdstest.DialSotW(t, s.plain)
+	good.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("good", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}})
+	first, err := good.Next(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	good.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: first.Nonce, VersionInfo: first.VersionInfo})
+	good.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{eds}, ResponseNonce: first.Nonce, VersionInfo: first.VersionInfo})
 
 	bigMeta := func(n int) *corev3.Node {
 		meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "west", "PAD": strings.Repeat("x", n)})
@@ -435,43 +357,31 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 	}{
 		{"100 KiB of node metadata", &discoveryv3.DiscoveryRequest{Node: bigMeta(100 << 10), TypeUrl: resourcev3.ClusterType}, codes.InvalidArgument},
 		{"a 2 KiB node ID", &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: strings.Repeat("i", 2<<10)}, TypeUrl: resourcev3.ClusterType}, codes.InvalidArgument},
-		{"100,000 names", &discoveryv3.DiscoveryRequest{Node: node("many", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: manyNames(100000)}, codes.InvalidArgument},
-		{"a 1 KiB name", &discoveryv3.DiscoveryRequest{Node: node("long", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{strings.Repeat("n", 1<<10)}}, codes.InvalidArgument},
-		{"a 3 MiB request", &discoveryv3.DiscoveryRequest{Node: node("huge", "west"), TypeUrl: resourcev3.ClusterType, ErrorDetail: &rpcstatus.Status{Message: strings.Repeat("e", 3<<20)}}, codes.ResourceExhausted},
+		{"100,000 names", &discoveryv3.DiscoveryRequest{Node: xdstest.Node("many", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: manyNames(100000)}, codes.InvalidArgument},
+		{"a 1 KiB name", &discoveryv3.DiscoveryRequest{Node: xdstest.Node("long", "west"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{strings.Repeat("n", 1<<10)}}, codes.InvalidArgument},
+		{"a 3 MiB request", &discoveryv3.DiscoveryRequest{Node: xdstest.Node("huge", "west"), TypeUrl: resourcev3.ClusterType, ErrorDetail: &rpcstatus.Status{Message: strings.Repeat("e", 3<<20)}}, codes.ResourceExhausted},
 	} {
-		bad := dialADS(t, s.plain, insecure.NewCredentials())
-		bad.send(t, c.req)
-		bad.refused(t, c.code, c.what)
+		bad := xdstest.DialSotW(t, s.plain)
+		bad.Send(t, c.req)
+		bad.Refused(t, c.code, c.what)
 	}
 	// A Delta stream that grows its subscription request by request.
-	conn, err := grpc.NewClient(s.plain, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	delta, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	delta := xdstest.DialDelta(t, s.plain)
 	names := manyNames(DefaultMaxResourceNames + 1)
 	half := len(names) / 2
-	if err := delta.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[:half]}); err != nil {
-		t.Fatal(err)
-	}
+	delta.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("delta", "west"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[:half]})
 	// (None of these names exist: the type's first answer is empty.)
-	if r, err := delta.Recv(); err != nil || len(r.Resources) != 0 {
+	if r, err := delta.Next(t); err != nil || len(r.Resources) != 0 {
 		t.Fatalf("first request of names that do not exist: %v, %v; want an empty answer", r, err)
 	}
-	if err := delta.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[half:]}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := delta.Recv(); status.Code(err) != codes.InvalidArgument {
+	delta.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names[half:]})
+	if _, err := delta.Next(t); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a Delta stream subscribed to %d names: %v; want InvalidArgument", len(names), err)
 	}
 
 	// The good stream was not harmed: it gets the next change.
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.2")})
-	r, err := good.next(t)
+	r, err := good.Next(t)
 	if err != nil || len(r.Resources) != 1 || !bytes.Contains(r.Resources[0].Value, []byte("10.0.0.2")) {
 		t.Fatalf("the good stream after the refusals: %v, %v; want the new endpoint", r, err)
 	}
@@ -479,29 +389,27 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 
 func TestStreamLimitRefusesBeyondIt(t *testing.T) {
 	s := startSecureHub(t, Options{Limits: Limits{MaxStreams: 2}})
-	cds := &discoveryv3.DiscoveryRequest{Node: node("n", "west"), TypeUrl: resourcev3.ClusterType}
-	var open []*adsClient
+	cds := &discoveryv3.DiscoveryRequest{Node: xdstest.Node("n", "west"), TypeUrl: resourcev3.ClusterType}
+	var open []*xdstest.SotW
 	for range 2 {
-		c := dialADS(t, s.plain, insecure.NewCredentials())
-		c.send(t, cds)
-		if _, err := c.next(t); err != nil {
+		c := xdstest.DialSotW(t, s.plain)
+		c.Send(t, cds)
+		if _, err := c.Next(t); err != nil {
 			t.Fatal(err)
 		}
 		open = append(open, c)
 	}
-	third := dialADS(t, s.plain, insecure.NewCredentials())
-	third.send(t, cds)
-	third.refused(t, codes.ResourceExhausted, "a third stream with a limit of two")
-	if err := open[0].s.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := open[0].next(t); err == nil {
+	third := xdstest.DialSotW(t, s.plain)
+	third.Send(t, cds)
+	third.Refused(t, codes.ResourceExhausted, "a third stream with a limit of two")
+	open[0].CloseSend(t)
+	if _, err := open[0].Next(t); err == nil {
 		t.Fatal("the closed stream got a response")
 	}
 	wait.Until(t, 30*time.Second, func() error {
-		c := dialADS(t, s.plain, insecure.NewCredentials())
-		c.send(t, cds)
-		_, err := c.next(t)
+		c := xdstest.DialSotW(t, s.plain)
+		c.Send(t, cds)
+		_, err := c.Next(t)
 		return err
 	})
 }
@@ -509,15 +417,15 @@ func TestStreamLimitRefusesBeyondIt(t *testing.T) {
 func TestNackIsBoundedAndLabelsOnlyServedTypes(t *testing.T) {
 	s := startSecureHub(t, Options{})
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
-	c := dialADS(t, s.plain, insecure.NewCredentials())
-	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("nacker", "west"), TypeUrl: resourcev3.ClusterType})
-	r, err := c.next(t)
+	c := xdstest.DialSotW(t, s.plain)
+	c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("nacker", "west"), TypeUrl: resourcev3.ClusterType})
+	r, err := c.Next(t)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A NACK of the real response, 64 KiB of error text and a version of
 	// the client's invention.
-	c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, VersionInfo: strings.Repeat("v", 4096),
+	c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: r.Nonce, VersionInfo: strings.Repeat("v", 4096),
 		ErrorDetail: &rpcstatus.Status{Message: strings.Repeat("é", 32<<10)}})
 	wait.Until(t, 30*time.Second, func() error {
 		for _, p := range s.h.Proxies() {
@@ -535,15 +443,15 @@ func TestNackIsBoundedAndLabelsOnlyServedTypes(t *testing.T) {
 	})
 	// A NACK of that nonce with an invented type URL: ignored (as istiod
 	// ignores types it does not serve), no series; the stream stays.
-	c2 := dialADS(t, s.plain, insecure.NewCredentials())
-	c2.send(t, &discoveryv3.DiscoveryRequest{Node: node("inventor", "west"), TypeUrl: resourcev3.ClusterType})
-	r2, err := c2.next(t)
+	c2 := xdstest.DialSotW(t, s.plain)
+	c2.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("inventor", "west"), TypeUrl: resourcev3.ClusterType})
+	r2, err := c2.Next(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c2.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "type.googleapis.com/made.up.Thing", ResponseNonce: r2.Nonce, ErrorDetail: &rpcstatus.Status{Message: "no"}})
-	c2.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}) // a new request: answered
-	if r, err := c2.next(t); err != nil || r.TypeUrl != resourcev3.ClusterType {
+	c2.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "type.googleapis.com/made.up.Thing", ResponseNonce: r2.Nonce, ErrorDetail: &rpcstatus.Status{Message: "no"}})
+	c2.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}) // a new request: answered
+	if r, err := c2.Next(t); err != nil || r.TypeUrl != resourcev3.ClusterType {
 		t.Fatalf("after a NACK with an invented type URL: %v, %v; want the stream to stay and CDS answered", r.GetTypeUrl(), err)
 	}
 	families, err := s.metrics.Gather()
@@ -575,14 +483,14 @@ func TestWithheldSecretIsLoggedOncePerStream(t *testing.T) {
 	}
 	rotate(0)
 	names := []string{"kubernetes://missing", "kubernetes://other/gw", "kubernetes://gw"}
-	c := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	c.send(t, sdsRequest("quiet", "west", names...))
-	c.secretsOf(t, names)
+	c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	c.Send(t, sdsRequest("quiet", "west", names...))
+	secretsOf(t, c, names)
 	// Every push re-evaluates the whole subscription: each rotation of gw
 	// reaches the stream, so the withheld names were evaluated each time.
 	for i := range 5 {
 		rotate(i + 1)
-		if got := c.secretsOf(t, names); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != fmt.Sprint("CERT-", i+1) {
+		if got := secretsOf(t, c, names); string(got["kubernetes://gw"].GetTlsCertificate().GetCertificateChain().GetInlineBytes()) != fmt.Sprint("CERT-", i+1) {
 			t.Fatalf("push %d: got %v", i+1, keys(got))
 		}
 	}
@@ -601,7 +509,7 @@ func TestStreamsPerConnectionAreBounded(t *testing.T) {
 	}
 	defer conn.Close()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
-	cds := &discoveryv3.DiscoveryRequest{Node: node("n", "west"), TypeUrl: resourcev3.ClusterType}
+	cds := &discoveryv3.DiscoveryRequest{Node: xdstest.Node("n", "west"), TypeUrl: resourcev3.ClusterType}
 	firstCtx, closeFirst := context.WithCancel(context.Background())
 	first, err := ads.StreamAggregatedResources(firstCtx)
 	if err != nil {

@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // syncState is one proxy as a TypeSyncz response lists it.
@@ -29,10 +29,10 @@ type syncState struct {
 
 // syncz asks c's stream for TypeSyncz (as istioctl does: a fresh request)
 // and decodes the answer by proxy ID.
-func (c *adsClient) syncz(t *testing.T) (map[string]syncState, *discoveryv3.DiscoveryResponse) {
+func askSyncz(t *testing.T, c *xdstest.SotW) (map[string]syncState, *discoveryv3.DiscoveryResponse) {
 	t.Helper()
-	c.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
-	r := c.expect(t, TypeSyncz, "syncz")
+	c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	r := c.ExpectType(t, TypeSyncz, "syncz")
 	out := map[string]syncState{}
 	for _, a := range r.Resources {
 		var cc statusv3.ClientConfig
@@ -54,7 +54,7 @@ func (c *adsClient) syncz(t *testing.T) (map[string]syncState, *discoveryv3.Disc
 
 func proxyNode(id, cluster, namespace string) *discoveryv3.DiscoveryRequest {
 	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster, "NAMESPACE": namespace, "ISTIO_VERSION": "1.31.0"})
-	n := node(id, cluster)
+	n := xdstest.Node(id, cluster)
 	n.Metadata = meta
 	return &discoveryv3.DiscoveryRequest{Node: n}
 }
@@ -69,25 +69,25 @@ func TestSynczListsProxiesWithTheirSyncState(t *testing.T) {
 	twoServices(h)
 	plain := insecure.NewCredentials()
 
-	synced := dialADS(t, addr, plain)
+	synced := xdstest.DialSotW(t, addr, grpc.WithTransportCredentials(plain))
 	req := proxyNode("sidecar~10.0.0.5~a-1.demo~demo.svc.cluster.local", "west", "demo")
 	req.TypeUrl = resourcev3.ClusterType
-	synced.send(t, req)
-	cds := synced.expect(t, resourcev3.ClusterType, "CDS")
-	synced.send(t, ack(resourcev3.ClusterType, nil, cds))
-	synced.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
-	eds := synced.expect(t, resourcev3.EndpointType, "EDS")
-	synced.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}, ResponseNonce: eds.Nonce, ErrorDetail: &rpcstatus.Status{Code: 3, Message: "bad endpoints"}})
-	synced.barrier(t, "after the ACK and the NACK") // both recorded
+	synced.Send(t, req)
+	cds := synced.ExpectType(t, resourcev3.ClusterType, "CDS")
+	synced.Send(t, ack(resourcev3.ClusterType, nil, cds))
+	synced.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}})
+	eds := synced.ExpectType(t, resourcev3.EndpointType, "EDS")
+	synced.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsA}, ResponseNonce: eds.Nonce, ErrorDetail: &rpcstatus.Status{Code: 3, Message: "bad endpoints"}})
+	xdstest.Barrier(t, synced, "after the ACK and the NACK") // both recorded
 
-	stale := dialADS(t, addr, plain)
+	stale := xdstest.DialSotW(t, addr, grpc.WithTransportCredentials(plain))
 	req = proxyNode("sidecar~10.1.0.5~b-1.other~other.svc.cluster.local", "east", "other")
 	req.TypeUrl = resourcev3.ClusterType
-	stale.send(t, req)
-	staleCDS := stale.expect(t, resourcev3.ClusterType, "CDS") // not ACKed yet
+	stale.Send(t, req)
+	staleCDS := stale.ExpectType(t, resourcev3.ClusterType, "CDS") // not ACKed yet
 
-	ctl := dialADS(t, addr, plain)
-	got, r := ctl.syncz(t)
+	ctl := xdstest.DialSotW(t, addr, grpc.WithTransportCredentials(plain))
+	got, r := askSyncz(t, ctl)
 	if len(got) != 2 {
 		t.Fatalf("syncz lists %v; want the two proxies, not the asking stream", got)
 	}
@@ -106,11 +106,11 @@ func TestSynczListsProxiesWithTheirSyncState(t *testing.T) {
 	}
 
 	// The ACK is not answered; a new request is, with the new state.
-	ctl.send(t, ack(TypeSyncz, nil, r))
-	ctl.barrier(t, "after the syncz ACK")
-	stale.send(t, ack(resourcev3.ClusterType, nil, staleCDS))
-	stale.barrier(t, "after the late ACK")
-	got, _ = ctl.syncz(t)
+	ctl.Send(t, ack(TypeSyncz, nil, r))
+	xdstest.Barrier(t, ctl, "after the syncz ACK")
+	stale.Send(t, ack(resourcev3.ClusterType, nil, staleCDS))
+	xdstest.Barrier(t, stale, "after the late ACK")
+	got, _ = askSyncz(t, ctl)
 	if s := got["sidecar~10.1.0.5~b-1.other~other.svc.cluster.local"].types["Cluster"]; s != statusv3.ConfigStatus_SYNCED {
 		t.Errorf("after its ACK the proxy's CDS is %s; want SYNCED", s)
 	}
@@ -127,76 +127,61 @@ func TestSynczOnTheMTLSPortIsScopedToTheCallersNamespace(t *testing.T) {
 	scopes := &fakeScopes{m: map[string]clusters.IdentityScope{"home": {Synced: true, Home: true}, "west": {Synced: true}}}
 	s := startSecureHub(t, Options{RootNamespace: "istio-system", IdentityScopes: scopes})
 	s.h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
-	connect := func(c *adsClient, id, namespace string) {
+	connect := func(c *xdstest.SotW, id, namespace string) {
 		req := proxyNode(id, "west", namespace)
 		req.TypeUrl = resourcev3.ClusterType
-		c.send(t, req)
-		r := c.expect(t, resourcev3.ClusterType, id+" CDS")
-		c.send(t, ack(resourcev3.ClusterType, nil, r))
-		c.barrier(t, id+" ACK")
+		c.Send(t, req)
+		r := c.ExpectType(t, resourcev3.ClusterType, id+" CDS")
+		c.Send(t, ack(resourcev3.ClusterType, nil, r))
+		xdstest.Barrier(t, c, id+" ACK")
 	}
-	connect(dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")), "proxy-a", "a")
-	connect(dialADS(t, s.secure, s.workload(t, s.ca, "b", "west")), "proxy-b", "b")
-	connect(dialADS(t, s.plain, insecure.NewCredentials()), "claims-a", "a")
-	connect(dialADS(t, s.secure, s.workload(t, s.peerCA, "a", "")), "peer-a", "a")
+	connect(xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west"))), "proxy-a", "a")
+	connect(xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "b", "west"))), "proxy-b", "b")
+	connect(xdstest.DialSotW(t, s.plain), "claims-a", "a")
+	connect(xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.peerCA, "a", ""))), "peer-a", "a")
 
-	tenant, _ := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")).syncz(t)
+	tenant, _ := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west"))))
 	if len(tenant) != 1 || tenant["proxy-a"].types["Cluster"] != statusv3.ConfigStatus_SYNCED || tenant["proxy-a"].namespace != "a" {
 		t.Errorf("namespace a's identity sees %v; want proxy-a alone, CDS SYNCED", tenant)
 	}
-	root, _ := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "home")).syncz(t)
+	root, _ := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "home"))))
 	if len(root) != 4 {
 		t.Errorf("the home cluster's root namespace identity sees %v; want all four proxies", root)
 	}
 	// The root namespace of a member not annotated for it: refused; bound
 	// to no member: its own namespace only (no proxy there).
-	notRoot := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "west"))
-	notRoot.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
-	notRoot.refused(t, codes.PermissionDenied, "syncz from a root namespace identity its member may not assert")
-	if unbound, _ := dialADS(t, s.secure, s.workload(t, s.ca, "istio-system", "")).syncz(t); len(unbound) != 0 {
+	notRoot := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "west")))
+	notRoot.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	notRoot.Refused(t, codes.PermissionDenied, "syncz from a root namespace identity its member may not assert")
+	if unbound, _ := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "")))); len(unbound) != 0 {
 		t.Errorf("a root namespace identity bound to no member sees %v; want no proxy", unbound)
 	}
-	plain, _ := dialADS(t, s.plain, insecure.NewCredentials()).syncz(t)
+	plain, _ := askSyncz(t, xdstest.DialSotW(t, s.plain))
 	if len(plain) != 4 {
 		t.Errorf("the plaintext port lists %v; want all four proxies", plain)
 	}
 
-	peer := dialADS(t, s.secure, s.workload(t, s.peerCA, "istio-system", ""))
-	peer.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
-	peer.refused(t, codes.PermissionDenied, "syncz from a federated trust domain's identity")
-	anon := dialADS(t, s.secure, s.anonymous())
-	anon.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
-	anon.refused(t, codes.Unauthenticated, "syncz from an anonymous stream")
+	peer := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.peerCA, "istio-system", "")))
+	peer.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	peer.Refused(t, codes.PermissionDenied, "syncz from a federated trust domain's identity")
+	anon := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
+	anon.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	anon.Refused(t, codes.Unauthenticated, "syncz from an anonymous stream")
 }
 
 // TestSynczOverDelta: a Delta stream gets the same list, named by proxy ID.
 func TestSynczOverDelta(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{})
 	twoServices(h)
-	p := dialADS(t, addr, insecure.NewCredentials())
+	p := xdstest.DialSotW(t, addr)
 	req := proxyNode("proxy-1", "west", "demo")
 	req.TypeUrl = resourcev3.ClusterType
-	p.send(t, req)
-	p.expect(t, resourcev3.ClusterType, "CDS")
+	p.Send(t, req)
+	p.ExpectType(t, resourcev3.ClusterType, "CDS")
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := st.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := xdstest.DialDelta(t, addr)
+	st.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	r := st.Expect(t, "Delta syncz")
 	if len(r.Resources) != 1 || r.Resources[0].Name != "proxy-1" {
 		t.Fatalf("Delta syncz: %d resources %v; want proxy-1", len(r.Resources), r.Resources)
 	}
@@ -258,16 +243,16 @@ func TestSynczPlaintextAnswersLoopbackOnly(t *testing.T) {
 func TestSynczPacesMTLSCallers(t *testing.T) {
 	scopes := &fakeScopes{m: map[string]clusters.IdentityScope{"west": {Synced: true}}}
 	s := startSecureHub(t, Options{IdentityScopes: scopes, Limits: Limits{debugRate: rate.Every(time.Hour), debugBurst: 1}})
-	if _, r := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west")).syncz(t); r.TypeUrl != TypeSyncz {
+	if _, r := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))); r.TypeUrl != TypeSyncz {
 		t.Fatalf("the first request of namespace a: %v", r)
 	}
-	again := dialADS(t, s.secure, s.workload(t, s.ca, "a", "west"))
-	again.send(t, &discoveryv3.DiscoveryRequest{Node: node("istioctl", ""), TypeUrl: TypeSyncz})
-	again.refused(t, codes.ResourceExhausted, "namespace a's second request within its pace")
-	if _, r := dialADS(t, s.secure, s.workload(t, s.ca, "b", "west")).syncz(t); r.TypeUrl != TypeSyncz {
+	again := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
+	again.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
+	again.Refused(t, codes.ResourceExhausted, "namespace a's second request within its pace")
+	if _, r := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "b", "west")))); r.TypeUrl != TypeSyncz {
 		t.Errorf("namespace b, with a turn of its own: %v", r)
 	}
-	if _, r := dialADS(t, s.plain, insecure.NewCredentials()).syncz(t); r.TypeUrl != TypeSyncz {
+	if _, r := askSyncz(t, xdstest.DialSotW(t, s.plain)); r.TypeUrl != TypeSyncz {
 		t.Errorf("the loopback operator: %v", r)
 	}
 }

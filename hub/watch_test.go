@@ -1,7 +1,6 @@
 package hub
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -10,30 +9,16 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // startHub serves a Hub's ADS on a loopback port and returns an ADS stream to it.
-func startHub(t *testing.T) (*testHub, discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
+func startHub(t *testing.T) (*testHub, *xdstest.SotW) {
 	t.Helper()
 	h, addr, _ := serveHub(t, Options{})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	streamCtx, streamCancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(streamCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // before serveHub's: the client goes first
-		streamCancel()
-		conn.Close()
-	})
-	return &testHub{Hub: h, addrForTest: addr}, stream
+	return &testHub{Hub: h, addrForTest: addr}, xdstest.DialSotW(t, addr) // its cleanup goes before serveHub's
 }
 
 // testHub is a Hub serving ADS on a loopback address.
@@ -50,72 +35,33 @@ func echoService(ip string) *clusters.Service {
 	}
 }
 
-// receiver reads responses in the background so tests can assert that none arrive.
-func receiver(t *testing.T, stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient) <-chan *discoveryv3.DiscoveryResponse {
-	ch := make(chan *discoveryv3.DiscoveryResponse, 100)
-	go func() {
-		defer close(ch)
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			ch <- resp
-		}
-	}()
-	return ch
-}
-
-func expectResponse(t *testing.T, ch <-chan *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
-	t.Helper()
-	select {
-	case r, ok := <-ch:
-		if !ok {
-			t.Fatal("stream closed")
-		}
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatal("no response within 10s")
-		return nil
-	}
-}
-
 // expectSilence asserts that no response arrives for a while. A negative
 // can only be observed over a window; one second is long against the 10ms
 // debounce and against go-control-plane caches, which resend a NACKed
 // version thousands of times per second.
-func expectSilence(t *testing.T, ch <-chan *discoveryv3.DiscoveryResponse, what string) {
+func expectSilence(t *testing.T, stream *xdstest.SotW, what string) {
 	t.Helper()
-	select {
-	case r := <-ch:
-		t.Fatalf("%s: got response version %s; want none", what, r.VersionInfo)
-	case <-time.After(time.Second):
-	}
+	stream.None(t, time.Second, what)
 }
 
 func TestNACKedVersionIsNotResent(t *testing.T) {
 	h, stream := startHub(t)
 	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
-	ch := receiver(t, stream)
 	node := &corev3.Node{Id: "sidecar~10.0.0.9~client.demo~demo.svc.cluster.local"}
 	name := "outbound|7070||echo.demo.svc.cluster.local"
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
-	first := expectResponse(t, ch)
+	stream.Send(t, &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}})
+	first := stream.Expect(t, "a response")
 	if len(first.Resources) != 1 {
 		t.Fatalf("first response has %d resources", len(first.Resources))
 	}
 
 	// The client rejects it.
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{
+	stream.Send(t, &discoveryv3.DiscoveryRequest{
 		TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: first.Nonce,
 		ErrorDetail: &statuspb.Status{Code: 3, Message: "endpoint rejected by test"},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	expectSilence(t, ch, "after a NACK")
+	})
+	expectSilence(t, stream, "after a NACK")
 	waitProxy(t, h, func(ts TypeStatus) error {
 		if ts.NackError != "endpoint rejected by test" || ts.NackedVersion != first.VersionInfo || ts.Sends != 1 || ts.Nacks != 1 {
 			return fmt.Errorf("EDS status after NACK = %+v", ts)
@@ -126,20 +72,18 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 	// A change to another service pushes, but this stream's resources are
 	// unchanged: still nothing.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
-	expectSilence(t, ch, "after an unrelated change")
+	expectSilence(t, stream, "after an unrelated change")
 
 	// An input change produces a new version.
 	h.index.UpdateService("west", key, echoService("10.0.0.2"))
-	second := expectResponse(t, ch)
+	second := stream.Expect(t, "a response")
 	if second.VersionInfo == first.VersionInfo {
 		t.Fatalf("new response has the NACKed version %s", second.VersionInfo)
 	}
 
 	// ACK it: nothing more until the next change.
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: second.Nonce, VersionInfo: second.VersionInfo}); err != nil {
-		t.Fatal(err)
-	}
-	expectSilence(t, ch, "after an ACK")
+	stream.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: second.Nonce, VersionInfo: second.VersionInfo})
+	expectSilence(t, stream, "after an ACK")
 	waitProxy(t, h, func(ts TypeStatus) error {
 		if ts.AckedVersion != second.VersionInfo || ts.SentVersion != second.VersionInfo || ts.Sends != 2 {
 			return fmt.Errorf("EDS status after ACK = %+v", ts)
@@ -179,11 +123,8 @@ func waitProxy(t *testing.T, h *testHub, check func(TypeStatus) error) {
 
 func TestFirstRequestIsAnsweredEvenWhenEmpty(t *testing.T) {
 	_, stream := startHub(t)
-	ch := receiver(t, stream)
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
-	if r := expectResponse(t, ch); len(r.Resources) != 0 {
+	stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "n"}, TypeUrl: resourcev3.ClusterType})
+	if r := stream.Expect(t, "a response"); len(r.Resources) != 0 {
 		t.Fatalf("wildcard CDS on an empty mesh returned %d resources", len(r.Resources))
 	}
 }
@@ -192,74 +133,30 @@ func TestDeltaADS(t *testing.T) {
 	h, _ := startHub(t)
 	key := clusters.ServiceKey{Namespace: "demo", Name: "echo"}
 	h.index.ReplaceCluster("west", []*clusters.Service{echoService("10.0.0.1")})
-	conn, err := grpc.NewClient(h.addrForTest, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := make(chan *discoveryv3.DeltaDiscoveryResponse, 100)
-	go func() {
-		defer close(ch)
-		for {
-			r, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			ch <- r
-		}
-	}()
-	next := func() *discoveryv3.DeltaDiscoveryResponse {
-		t.Helper()
-		select {
-		case r, ok := <-ch:
-			if !ok {
-				t.Fatal("stream closed")
-			}
-			return r
-		case <-time.After(10 * time.Second):
-			t.Fatal("no delta response within 10s")
-			return nil
-		}
-	}
-	silence := func(what string) {
-		t.Helper()
-		select {
-		case r := <-ch:
-			t.Fatalf("%s: got %v; want nothing", what, r)
-		case <-time.After(time.Second):
-		}
-	}
+	stream := xdstest.DialDelta(t, h.addrForTest)
 	name := "outbound|7070||echo.demo.svc.cluster.local"
-	if err := stream.Send(&discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "delta-client"}, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
-	first := next()
+	stream.Send(t, &discoveryv3.DeltaDiscoveryRequest{Node: &corev3.Node{Id: "delta-client"}, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{name}})
+	first := stream.Expect(t, "a Delta response")
 	if len(first.Resources) != 1 || first.Resources[0].Name != name || first.Resources[0].Version == "" {
 		t.Fatalf("first delta response: %v", first)
 	}
-	_ = stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})
-	silence("after an ACK")
+	stream.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})
+	stream.None(t, time.Second, "after an ACK")
 
 	// An unrelated service changes: nothing; this one changes: only it is sent.
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "other"}, &clusters.Service{Namespace: "demo", Name: "other"})
-	silence("after an unrelated change")
+	stream.None(t, time.Second, "after an unrelated change")
 	h.index.UpdateService("west", key, echoService("10.0.0.2"))
-	second := next()
+	second := stream.Expect(t, "a Delta response")
 	if len(second.Resources) != 1 || second.Resources[0].Version == first.Resources[0].Version {
 		t.Fatalf("second delta response: %v", second)
 	}
 	// A NACK is not answered with the same version again.
-	_ = stream.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce, ErrorDetail: &statuspb.Status{Code: 3, Message: "no"}})
-	silence("after a NACK")
+	stream.Send(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: second.Nonce, ErrorDetail: &statuspb.Status{Code: 3, Message: "no"}})
+	stream.None(t, time.Second, "after a NACK")
 	// The service goes away: the name is removed.
 	h.index.UpdateService("west", key, nil)
-	third := next()
+	third := stream.Expect(t, "a Delta response")
 	if len(third.Resources) != 0 || len(third.RemovedResources) != 1 || third.RemovedResources[0] != name {
 		t.Fatalf("removal: %v", third)
 	}

@@ -8,10 +8,10 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // A push of churn reaches its streams in waves through the real server:
@@ -24,12 +24,12 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	services := []*clusters.Service{namedService("a", "10.0.0.1")}
 	h.index.ReplaceCluster("west", services)
 	const streams = 2*feed.MinWave + 6 // waves of feed.MinWave, feed.MinWave and 6
-	cs := make([]*adsClient, streams)
+	cs := make([]*xdstest.SotW, streams)
 	for i := range cs {
-		c := dialADS(t, addr, insecure.NewCredentials())
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("wave-%d", i), "west"), TypeUrl: resourcev3.ClusterType})
-		c.send(t, ack(resourcev3.ClusterType, nil, c.expect(t, resourcev3.ClusterType, "first request")))
-		c.barrier(t, "parked")
+		c := xdstest.DialSotW(t, addr)
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node(fmt.Sprintf("wave-%d", i), "west"), TypeUrl: resourcev3.ClusterType})
+		c.Send(t, ack(resourcev3.ClusterType, nil, c.ExpectType(t, resourcev3.ClusterType, "first request")))
+		xdstest.Barrier(t, c, "parked")
 		cs[i] = c
 	}
 	all := make([]int, streams)
@@ -53,7 +53,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	services = append(services, namedService("c", "10.0.2.1"))
 	h.index.ReplaceCluster("west", append([]*clusters.Service(nil), services...))
 	for i, c := range cs {
-		c.send(t, ack(resourcev3.ClusterType, nil, last[i]))
+		c.Send(t, ack(resourcev3.ClusterType, nil, last[i]))
 	}
 
 	got := map[int]bool{}
@@ -68,20 +68,20 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	for i := range cs {
 		if !got[i] {
 			rest = append(rest, i)
-			cs[i].barrier(t, fmt.Sprintf("stream %d: nothing before the first wave is answered", i))
+			xdstest.Barrier(t, cs[i], fmt.Sprintf("stream %d: nothing before the first wave is answered", i))
 		}
 	}
 	// A stream that asks again between waves (here: its ACK repeated) is
 	// answered at once, and its wave leaves it out.
 	x := rest[0]
-	cs[x].send(t, ack(resourcev3.ClusterType, nil, last[x]))
-	if r := cs[x].expect(t, resourcev3.ClusterType, "asked again between waves"); len(r.Resources) != 3 {
+	cs[x].Send(t, ack(resourcev3.ClusterType, nil, last[x]))
+	if r := cs[x].ExpectType(t, resourcev3.ClusterType, "asked again between waves"); len(r.Resources) != 3 {
 		t.Fatalf("stream %d asked again: %d clusters; want 3", x, len(r.Resources))
 	} else {
 		got[x], last[x] = true, r
 	}
 	for i := range got {
-		cs[i].send(t, ack(resourcev3.ClusterType, nil, last[i]))
+		cs[i].Send(t, ack(resourcev3.ClusterType, nil, last[i]))
 	}
 	for range streams - len(got) {
 		i, r := nextOfAny(t, cs, rest)
@@ -89,10 +89,10 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))
 		}
 		got[i] = true
-		cs[i].send(t, ack(resourcev3.ClusterType, nil, r))
+		cs[i].Send(t, ack(resourcev3.ClusterType, nil, r))
 	}
 	for i, c := range cs {
-		c.barrier(t, fmt.Sprintf("stream %d: one response for the churn", i))
+		xdstest.Barrier(t, c, fmt.Sprintf("stream %d: one response for the churn", i))
 	}
 	if n := h.changes.Pushes(feed.QuietAfter) + h.changes.Pushes(feed.MaxWait); n != 1 {
 		t.Fatalf("%d pushes after a wait; want 1 (the churn)", n)
@@ -101,16 +101,19 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 
 // nextOfAny returns the next response of any of the streams cs[i], i in
 // from, and which one it came from.
-func nextOfAny(t *testing.T, cs []*adsClient, from []int) (int, *discoveryv3.DiscoveryResponse) {
+func nextOfAny(t *testing.T, cs []*xdstest.SotW, from []int) (int, *discoveryv3.DiscoveryResponse) {
 	t.Helper()
 	cases := make([]reflect.SelectCase, 0, len(from)+1)
 	for _, i := range from {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(cs[i].ch)})
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(cs[i].Responses())})
 	}
 	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(20 * time.Second))})
-	k, v, _ := reflect.Select(cases)
+	k, v, ok := reflect.Select(cases)
 	if k == len(from) {
 		t.Fatal("no response within 20s")
+	}
+	if !ok {
+		t.Fatalf("stream %d ended: %v", from[k], cs[from[k]].End(t))
 	}
 	return from[k], v.Interface().(*discoveryv3.DiscoveryResponse)
 }

@@ -345,7 +345,7 @@ func (s *Summary) WriteText(w io.Writer) {
 		s.Heap.LivePerStreamKiB, s.Heap.LiveBeforeMiB, s.Heap.LiveAfterMiB, s.Heap.InuseBeforeMiB, s.Heap.InuseAfterMiB, s.Heap.InusePerStreamKiB)
 	p("  hub CPU                   %8.1f s    (after sync %.1f s, after connect %.1f s; %d threads)",
 		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
-	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; /proc ticks are 10 ms)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
+	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; the threads' schedstat clock)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
 	p("")
 	if s.Shape == shapeIstiod {
 		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms   bytes/stream")
