@@ -177,11 +177,15 @@ func decodeView(data []byte) ([]*Service, error) {
 	return out, nil
 }
 
-// compress gzips data.
+// compress gzips data at the fastest level. A view is written every 30 s
+// while its member changes; at the default level that cost the hub 5 % of
+// its CPU under churn (perf, hubbench --real-envoys 50). For 1,000
+// services and 20,000 endpoints the fastest level takes 6 ms instead of
+// 26 and writes 175 KB instead of 126 (of 1.5 MB): still one object.
 func compress(data []byte) []byte {
 	var buf bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&buf, gzip.DefaultCompression) // the level is valid
-	_, _ = zw.Write(data)                                       // a bytes.Buffer does not fail
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed) // the level is valid
+	_, _ = zw.Write(data)                              // a bytes.Buffer does not fail
 	_ = zw.Close()
 	return buf.Bytes()
 }

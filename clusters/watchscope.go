@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -122,7 +121,6 @@ type nsWatch struct {
 	svcInf    cache.SharedIndexInformer
 	sliceInf  cache.SharedIndexInformer
 	services  corelisters.ServiceLister
-	slices    discoverylisters.EndpointSliceLister
 	synced    []cache.InformerSynced
 	exports   *serviceExports    // export mode serviceexport only
 	counts    kindCounts         // objects held, by kind
@@ -153,9 +151,12 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 	}{{"Service", w.svcInf, c.onService}}
 	if federated {
 		slice := w.factory.Discovery().V1().EndpointSlices()
-		w.sliceInf, w.slices = slice.Informer(), slice.Lister()
+		w.sliceInf = slice.Informer()
 		if err := w.sliceInf.SetTransform(stripObject); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
+		}
+		if err := w.sliceInf.AddIndexers(cache.Indexers{slicesOfService: sliceServiceKey}); err != nil {
+			return nil, fmt.Errorf("adding the EndpointSlice index: %w", err)
 		}
 		handlers = append(handlers, struct {
 			kind string
@@ -317,11 +318,34 @@ func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceL
 // endpointSlices lists the EndpointSlices of one Service.
 func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
 	w := c.ns.of(svc.Namespace)
-	if w == nil || w.slices == nil {
+	if w == nil || w.sliceInf == nil {
 		return nil
 	}
-	out, _ := w.slices.EndpointSlices(svc.Namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc.Name}))
+	objs, _ := w.sliceInf.GetIndexer().ByIndex(slicesOfService, svc.Namespace+"/"+svc.Name) // the index exists
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
 	return out
+}
+
+// slicesOfService names the EndpointSlice informers' index by the Service
+// a slice belongs to (its kubernetes.io/service-name label): a Service is
+// rebuilt from its own slices, not from a scan of its namespace's.
+const slicesOfService = "service"
+
+func sliceServiceKey(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{s.Namespace + "/" + name}, nil
 }
 
 // runsMeshAccount reports whether a mesh pod of the member runs as

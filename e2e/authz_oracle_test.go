@@ -29,6 +29,7 @@ import (
 
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // inboundShape is what the oracle test compares of an inbound listener:
@@ -106,14 +107,7 @@ func fetchInbound(ctx context.Context, addr string, node *corev3.Node, name stri
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ListenerType, ResourceNames: []string{name}}); err != nil {
-		return nil, err
-	}
-	resp, err := stream.Recv()
+	resp, err := xdstest.Fetch(ctx, conn, &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ListenerType, ResourceNames: []string{name}})
 	if err != nil {
 		return nil, err
 	}

@@ -14,13 +14,12 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/internal/chromium"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // browserIfAvailable is chromium.Start for tests whose main subject is
@@ -200,30 +199,8 @@ func requireNoSecrets(t *testing.T, where, body string, cs ...*localcluster.Clus
 // nackingProxy connects a raw ADS client that NACKs every CDS response.
 func nackingProxy(t *testing.T, xdsAddr, id, reason string) {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: resourcev3.ClusterType}
-		for {
-			if err := stream.Send(req); err != nil {
-				return
-			}
-			resp, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			req = &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.Nonce,
-				ErrorDetail: &statuspb.Status{Code: 3, Message: reason}}
-		}
-	}()
-	t.Cleanup(func() { cancel(); conn.Close(); <-done })
+	first := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: id}, TypeUrl: resourcev3.ClusterType}
+	xdstest.Answer(t, xdstest.Dial(t, xdsAddr), first, func(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+		return &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.Nonce, ErrorDetail: &statuspb.Status{Code: 3, Message: reason}}
+	})
 }

@@ -20,8 +20,7 @@ import (
 // kill ends the hub with SIGKILL (a crash) and waits for it.
 func (h *hubProcess) kill() {
 	h.stopOnce.Do(func() {
-		_ = h.cmd.Process.Kill()
-		<-h.done
+		h.Kill()
 	})
 }
 
@@ -54,7 +53,7 @@ func hubLeaseHolder(t *testing.T, home *localcluster.Cluster, ns string) string 
 	return *l.Spec.HolderIdentity
 }
 
-func (h *hubProcess) pid() string { return strconv.Itoa(h.cmd.Process.Pid) }
+func (h *hubProcess) pid() string { return strconv.Itoa(h.PID()) }
 
 // TestHAFailover runs two replicas against the same home cluster: both
 // serve identical configuration, one leads, and when the leader crashes the
@@ -222,7 +221,7 @@ func TestGracefulShutdown(t *testing.T) {
 	want := proxies[0].snapshot()
 
 	start := time.Now()
-	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := h.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// Readiness fails while streams are still being served.
@@ -248,13 +247,13 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Errorf("every stream was closed before readiness failed")
 	}
 	select {
-	case <-h.done:
+	case <-h.Done():
 	case <-time.After(grace + 10*time.Second):
 		t.Fatalf("hub still running %s after SIGTERM (grace %s)", time.Since(start), grace)
 	}
 	h.stopOnce.Do(func() {})
-	if h.exitError != nil {
-		t.Errorf("hub exited with %v after SIGTERM", h.exitError)
+	if err := h.Err(); err != nil {
+		t.Errorf("hub exited with %v after SIGTERM", err)
 	}
 	took := time.Since(start)
 	t.Logf("SIGTERM → exit: %s (grace %s)", took.Round(time.Millisecond), grace)

@@ -12,6 +12,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/internal/istiod"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // TestIstiodTakesFederationFromHub (issues 14, 21): a real istiod
@@ -101,9 +103,9 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	p := startIstiod(t, east, istiodOptions{ConfigSources: []istiodConfigSource{{Address: "k8s://"}, istiodTLSSource(tlsAddr, rootsPEM)}})
 	se := p.waitConfig(t, 2*time.Minute, "ServiceEntry/"+ns+"/hub-echo", false)
 	// What istiod reads there is all an anonymous client gets: CDS is refused.
-	anon := openADS(t, tlsAddr, simpleTLS(t, rootsPEM, hubDNSName))
-	anon.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", east.Name, nil), TypeUrl: resourcev3.ClusterType})
-	anon.refused(t, "an anonymous CDS stream on the port istiod reads its config from", codes.Unauthenticated)
+	anon := xdstest.DialSotW(t, tlsAddr, grpc.WithTransportCredentials(simpleTLS(t, rootsPEM, hubDNSName)))
+	anon.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", east.Name, nil), TypeUrl: resourcev3.ClusterType})
+	anon.Refused(t, "an anonymous CDS stream on the port istiod reads its config from", codes.Unauthenticated)
 	if se.Metadata.Labels["app.kubernetes.io/managed-by"] != "hub" {
 		t.Errorf("the federated ServiceEntry in istiod has labels %v; want app.kubernetes.io/managed-by=hub", se.Metadata.Labels)
 	}

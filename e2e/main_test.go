@@ -14,14 +14,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/api"
-	"github.com/hubmesh/hub/internal/listening"
+	"github.com/hubmesh/hub/internal/hubproc"
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -60,17 +59,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// hubProcess is a running hub binary.
+// hubProcess is a running hub binary and how the tests reach its API.
 type hubProcess struct {
-	cmd       *exec.Cmd
-	adminURL  string
-	xdsAddr   string
-	logPath   string
-	token     string            // an admin bearer token for the API
-	addrs     map[string]string // listener name → address, from the hub's log
-	done      chan struct{}
-	stopOnce  sync.Once
-	exitError error
+	*hubproc.Process // nil for the demo's hub, which its own binary runs
+	adminURL         string
+	xdsAddr          string
+	logPath          string
+	token            string            // an admin bearer token for the API
+	addrs            map[string]string // listener name → address, from the hub's log
+	stopOnce         sync.Once
 }
 
 // startHub runs the hub binary against the home cluster with free loopback
@@ -90,17 +87,6 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := &hubProcess{
-		logPath: filepath.Join(dir, "hub.log"),
-		token:   home.AdminToken(),
-		done:    make(chan struct{}),
-	}
-	logFile, err := os.Create(h.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Every listener binds port 0; the hub logs the addresses it got, so no
-	// port is ever picked here and then lost to another process.
 	// Tests that name a namespace keep the hub's state and the remote
 	// Secrets there; the others use the defaults (hub-system and
 	// istio-system), which must exist.
@@ -123,39 +109,30 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 		"--xds-tls-addr", "", "--bundle-addr", "",
 		"--remote-cluster-timeout", "20s", "--log-level", "debug",
 	}, extraArgs...)
-	h.cmd = exec.Command(hubBin, args...)
-	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
-	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := h.cmd.Start(); err != nil {
-		t.Fatalf("starting hub: %v", err)
+	p, err := hubproc.Start(hubproc.Options{Bin: hubBin, Args: args, LogPath: filepath.Join(dir, "hub.log")})
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		h.exitError = h.cmd.Wait()
-		logFile.Close()
-		close(h.done)
-	}()
+	h := &hubProcess{Process: p, logPath: p.LogPath(), token: home.AdminToken()}
 	t.Cleanup(func() {
 		h.stop(t)
 		if t.Failed() {
-			data, _ := os.ReadFile(h.logPath)
-			t.Logf("hub log:\n%s", tail(string(data), 60))
+			t.Logf("hub log:\n%s", h.Tail(60))
 		}
 	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if h.addrs, err = p.Listening(ctx); err != nil {
+		t.Fatal(err)
+	}
 	scheme, hc := "http://", http.DefaultClient
 	if clientTLS != nil {
 		scheme, hc = "https://", &http.Client{Transport: &http.Transport{TLSClientConfig: clientTLS}, Timeout: 10 * time.Second}
 	}
+	h.adminURL, h.xdsAddr = scheme+h.addrs["admin"], h.addrs["xds"]
 	eventually(t, 60*time.Second, func() error {
-		select {
-		case <-h.done:
-			return fmt.Errorf("hub exited early: %v", h.exitError)
-		default:
-		}
-		if h.addrs == nil {
-			if h.addrs = listening.InFile(h.logPath); h.addrs == nil {
-				return fmt.Errorf("hub has not logged its listeners yet")
-			}
-			h.adminURL, h.xdsAddr = scheme+h.addrs["admin"], h.addrs["xds"]
+		if err := h.Exited(); err != nil {
+			return err
 		}
 		resp, err := hc.Get(h.adminURL + "/readyz")
 		if err != nil {
@@ -170,19 +147,12 @@ func startHubAdminTLS(t *testing.T, home *localcluster.Cluster, clientTLS *tls.C
 	return h
 }
 
-// stop sends SIGTERM and waits for a clean exit.
+// stop sends SIGTERM and waits for a clean exit (once: a hub a test killed
+// or stopped itself is not stopped again).
 func (h *hubProcess) stop(t *testing.T) {
 	h.stopOnce.Do(func() {
-		_ = h.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-h.done:
-			if h.exitError != nil {
-				t.Errorf("hub did not exit cleanly on SIGTERM: %v", h.exitError)
-			}
-		case <-time.After(20 * time.Second):
-			_ = h.cmd.Process.Kill()
-			<-h.done
-			t.Errorf("hub did not stop within 20s of SIGTERM")
+		if err := h.Stop(20 * time.Second); err != nil {
+			t.Errorf("hub did not exit cleanly on SIGTERM: %v", err)
 		}
 	})
 }

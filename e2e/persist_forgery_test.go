@@ -28,6 +28,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // forgedIP is the address an attacker with ConfigMap rights in the hub's
@@ -323,18 +324,8 @@ func watchADS(t *testing.T, addr string, node *corev3.Node, typeURL string, name
 }
 
 func (l *adsLog) stream(ctx context.Context, conn *grpc.ClientConn, node *corev3.Node, typeURL string, names []string) error {
-	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return err
-	}
-	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}); err != nil {
-		return err
-	}
-	for {
-		resp, err := s.Recv()
-		if err != nil {
-			return err
-		}
+	first := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}
+	return xdstest.Session(ctx, conn, []*discoveryv3.DiscoveryRequest{first}, func(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
 		var all []byte
 		for _, r := range resp.Resources {
 			all = append(all, r.Value...)
@@ -346,10 +337,8 @@ func (l *adsLog) stream(ctx context.Context, conn *grpc.ClientConn, node *corev3
 		case l.changed <- struct{}{}:
 		default:
 		}
-		if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}); err != nil {
-			return err
-		}
-	}
+		return xdstest.ACK(resp, names...)
+	})
 }
 
 // count is the number of responses that hold s.

@@ -14,6 +14,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -91,32 +92,15 @@ func (p *proxy) stream(ctx context.Context, addr string, node *corev3.Node) erro
 		return err
 	}
 	defer conn.Close()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
-	if err != nil {
-		return err
-	}
-	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}); err != nil {
-		return err
-	}
-	if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: p.eds}); err != nil {
-		return err
-	}
-	for {
-		resp, err := s.Recv()
-		if err != nil {
-			return err
-		}
+	cds := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType}
+	eds := &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: p.eds}
+	return xdstest.Session(ctx, conn, []*discoveryv3.DiscoveryRequest{cds, eds}, func(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
 		p.record(addr, resp)
-		names := []string(nil)
 		if resp.TypeUrl == resourcev3.EndpointType {
-			names = p.eds
+			return xdstest.ACK(resp, p.eds...)
 		}
-		if err := s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: resp.TypeUrl, ResourceNames: names, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}); err != nil {
-			return err
-		}
-	}
+		return xdstest.ACK(resp)
+	})
 }
 
 func (p *proxy) record(addr string, resp *discoveryv3.DiscoveryResponse) {

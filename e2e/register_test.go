@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	"net"
 	"net/http"
 	"os"
@@ -25,6 +24,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"

@@ -1,26 +1,24 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // sdsWatch is an SDS stream held open: it ACKs every response and keeps
@@ -32,43 +30,21 @@ type sdsWatch struct {
 
 func openSDS(t *testing.T, addr string, creds credentials.TransportCredentials, cluster, id string, names ...string) *sdsWatch {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := &sdsWatch{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
-		req := &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: id, Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}
-		for {
-			if err := stream.Send(req); err != nil {
-				return
+	first := &discoveryv3.DiscoveryRequest{Node: xdstest.Node(id, cluster), TypeUrl: resourcev3.SecretType, ResourceNames: names}
+	xdstest.Answer(t, xdstest.Dial(t, addr, grpc.WithTransportCredentials(creds)), first, func(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+		got := map[string]string{}
+		for _, a := range resp.Resources {
+			var s tlsv3.Secret
+			if a.UnmarshalTo(&s) == nil {
+				got[s.Name] = string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
 			}
-			resp, err := stream.Recv()
-			if err != nil {
-				return
-			}
-			got := map[string]string{}
-			for _, a := range resp.Resources {
-				var s tlsv3.Secret
-				if a.UnmarshalTo(&s) == nil {
-					got[s.Name] = string(s.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
-				}
-			}
-			w.mu.Lock()
-			w.responses = append(w.responses, got)
-			w.mu.Unlock()
-			req = &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNames: names, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}
 		}
-	}()
-	t.Cleanup(func() { cancel(); conn.Close(); <-done })
+		w.mu.Lock()
+		w.responses = append(w.responses, got)
+		w.mu.Unlock()
+		return xdstest.ACK(resp, names...)
+	})
 	return w
 }
 

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -17,13 +16,13 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/structpb"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // bearer sends a service-account token the way istio-agent does.
@@ -48,15 +47,7 @@ func sdsTry(addr string, creds credentials.TransportCredentials, token bearer, c
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return nil, err
-	}
-	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": cluster})
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "token-" + rand.String(4), Metadata: meta}, TypeUrl: resourcev3.SecretType, ResourceNames: names}); err != nil {
-		return nil, err
-	}
-	resp, err := stream.Recv()
+	resp, err := xdstest.Fetch(ctx, conn, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("token-"+rand.String(4), cluster), TypeUrl: resourcev3.SecretType, ResourceNames: names})
 	if err != nil {
 		return nil, err
 	}

@@ -2,10 +2,7 @@ package e2e
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"regexp"
 	"slices"
@@ -23,91 +20,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
-
-// adsStream is a raw ADS stream to the hub whose responses are read in the
-// background.
-type adsStream struct {
-	s    discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	resp chan *discoveryv3.DiscoveryResponse
-	end  chan error
-}
-
-func openADS(t *testing.T, addr string, creds credentials.TransportCredentials) *adsStream {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &adsStream{s: s, resp: make(chan *discoveryv3.DiscoveryResponse, 16), end: make(chan error, 1)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := s.Recv()
-			if err != nil {
-				a.end <- err
-				return
-			}
-			a.resp <- r
-		}
-	}()
-	t.Cleanup(func() { cancel(); conn.Close(); <-done })
-	return a
-}
-
-// send sends req; a stream the hub already ended is not an error here (its
-// status is what next returns).
-func (a *adsStream) send(t *testing.T, req *discoveryv3.DiscoveryRequest) {
-	t.Helper()
-	if err := a.s.Send(req); err != nil && !errors.Is(err, io.EOF) {
-		t.Fatalf("sending a %d-byte request: %v", len(req.String()), err)
-	}
-}
-
-// next returns the next response or the error that ended the stream.
-func (a *adsStream) next(t *testing.T, timeout time.Duration) (*discoveryv3.DiscoveryResponse, error) {
-	t.Helper()
-	select {
-	case r := <-a.resp:
-		return r, nil
-	case err := <-a.end:
-		return nil, err
-	case <-time.After(timeout):
-		t.Fatalf("no response and no end of stream within %s", timeout)
-		return nil, nil
-	}
-}
-
-// refused asserts that the stream ends with one of codes before anything
-// is served on it.
-func (a *adsStream) refused(t *testing.T, what string, want ...codes.Code) {
-	t.Helper()
-	r, err := a.next(t, 30*time.Second)
-	if r != nil {
-		t.Errorf("%s: served a %s response with %d resources; want it refused with %v", what, r.TypeUrl, len(r.Resources), want)
-		return
-	}
-	for _, c := range want {
-		if status.Code(err) == c {
-			return
-		}
-	}
-	t.Errorf("%s: the stream ended with %v; want %v", what, err, want)
-}
 
 func nodeIn(id, cluster string, extra map[string]any) *corev3.Node {
 	fields := map[string]any{"CLUSTER_ID": cluster}
@@ -177,32 +97,32 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 	// endpoints: it must keep getting pushes through everything below.
 	const eds = "outbound|7070||echo.%s.svc.cluster.local"
 	edsName := fmt.Sprintf(eds, app)
-	live := openADS(t, h.xdsAddr, insecure.NewCredentials())
-	live.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("live", "west", nil), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}})
+	live := xdstest.DialSotW(t, h.xdsAddr)
+	live.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("live", "west", nil), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}})
 	var last *discoveryv3.DiscoveryResponse
 	var err error
 	for last == nil || len(last.Resources) != 1 || !bytes.Contains(last.Resources[0].Value, []byte("198.18.30.1")) {
-		if last, err = live.next(t, 30*time.Second); err != nil {
+		if last, err = live.NextWithin(t, 30*time.Second); err != nil {
 			t.Fatalf("the live stream: %v", err)
 		}
-		live.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}, ResponseNonce: last.Nonce, VersionInfo: last.VersionInfo})
+		live.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}, ResponseNonce: last.Nonce, VersionInfo: last.VersionInfo})
 	}
 
 	t.Run("anonymous mTLS stream", func(t *testing.T) {
 		anonymous := credentials.NewTLS(tlsconfig.TLSClientConfig(bundle, hubID))
 		for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType, resourcev3.SecretType} {
-			s := openADS(t, tlsAddr, anonymous)
-			s.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", "west", nil), TypeUrl: typ, ResourceNames: []string{edsName}})
-			s.refused(t, "an anonymous "+typ+" stream on the mTLS port", codes.Unauthenticated)
+			s := xdstest.DialSotW(t, tlsAddr, grpc.WithTransportCredentials(anonymous))
+			s.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", "west", nil), TypeUrl: typ, ResourceNames: []string{edsName}})
+			s.Refused(t, "an anonymous "+typ+" stream on the mTLS port", codes.Unauthenticated)
 		}
 	})
 
 	t.Run("certificate claiming another member", func(t *testing.T) {
 		names := []string{"kubernetes://gw-cert", "ROOTCA"}
 		fetch := func(creds credentials.TransportCredentials, id, claim string) map[string]string {
-			s := openADS(t, tlsAddr, creds)
-			s.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn(id, claim, nil), TypeUrl: resourcev3.SecretType, ResourceNames: names})
-			r, err := s.next(t, 30*time.Second)
+			s := xdstest.DialSotW(t, tlsAddr, grpc.WithTransportCredentials(creds))
+			s.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn(id, claim, nil), TypeUrl: resourcev3.SecretType, ResourceNames: names})
+			r, err := s.NextWithin(t, 30*time.Second)
 			if err != nil {
 				t.Fatalf("SDS for %s: %v", id, err)
 			}
@@ -262,20 +182,20 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 			{"a 100,000-name subscription", &discoveryv3.DiscoveryRequest{Node: nodeIn("greedy", "west", nil), TypeUrl: resourcev3.EndpointType, ResourceNames: manyNames},
 				[]codes.Code{codes.InvalidArgument}},
 		} {
-			s := openADS(t, h.xdsAddr, insecure.NewCredentials())
-			s.send(t, c.req)
-			s.refused(t, c.what, c.codes...)
+			s := xdstest.DialSotW(t, h.xdsAddr)
+			s.Send(t, c.req)
+			s.Refused(t, c.what, c.codes...)
 		}
 		// The live stream is unharmed: an EndpointSlice change reaches it.
 		if err := localcluster.ApplyEndpoints(ctx, client(t, west), app, "echo", "grpc", []localcluster.Backend{{IP: "198.18.30.2", Port: 8080}}); err != nil {
 			t.Fatal(err)
 		}
 		for {
-			r, err := live.next(t, 30*time.Second)
+			r, err := live.NextWithin(t, 30*time.Second)
 			if err != nil {
 				t.Fatalf("the live stream ended: %v", err)
 			}
-			live.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
+			live.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{edsName}, ResponseNonce: r.Nonce, VersionInfo: r.VersionInfo})
 			if len(r.Resources) == 1 && bytes.Contains(r.Resources[0].Value, []byte("198.18.30.2")) {
 				break
 			}
@@ -284,17 +204,17 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 
 	t.Run("NACK with an invented type URL", func(t *testing.T) {
 		const invented = "type.googleapis.com/attacker.Invented"
-		s := openADS(t, h.xdsAddr, insecure.NewCredentials())
-		s.send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("inventor", "west", nil), TypeUrl: resourcev3.ClusterType})
-		r, err := s.next(t, 30*time.Second)
+		s := xdstest.DialSotW(t, h.xdsAddr)
+		s.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("inventor", "west", nil), TypeUrl: resourcev3.ClusterType})
+		r, err := s.NextWithin(t, 30*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Ignored, as istiod ignores types it does not serve (pilot-agent
 		// adds some of its own): the stream stays and is answered.
-		s.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: invented, ResponseNonce: r.Nonce, ErrorDetail: &rpcstatus.Status{Message: "rejected"}})
-		s.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}) // no nonce: a new request
-		if r, err := s.next(t, 30*time.Second); err != nil || r.GetTypeUrl() != resourcev3.ClusterType {
+		s.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: invented, ResponseNonce: r.Nonce, ErrorDetail: &rpcstatus.Status{Message: "rejected"}})
+		s.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}) // no nonce: a new request
+		if r, err := s.NextWithin(t, 30*time.Second); err != nil || r.GetTypeUrl() != resourcev3.ClusterType {
 			t.Fatalf("after a NACK with an invented type URL: %v, %v; want the stream to stay and CDS answered", r.GetTypeUrl(), err)
 		}
 		body := []byte(h.scrapeMetrics(t))

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,10 +14,8 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +34,9 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/chromium"
+	"github.com/hubmesh/hub/internal/hubproc"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -127,14 +126,7 @@ func adsOverMTLS(t *testing.T, addr string, client *x509svid.SVID, hubBundle *sp
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "mtls-client"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		return err
-	}
-	_, err = stream.Recv()
+	_, err = xdstest.Fetch(ctx, conn, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "mtls-client"}, TypeUrl: resourcev3.ClusterType})
 	return err
 }
 
@@ -345,26 +337,23 @@ func TestHubRefusesCorruptCA(t *testing.T) {
 	if err := os.WriteFile(kubeconfig, home.Kubeconfig(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(hubBin, "serve", "--kubeconfig", kubeconfig, "--cluster-id", home.Name, "--namespace", ns,
-		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--xds-tls-addr", "", "--bundle-addr", "")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	started := time.Now()
-	if err := cmd.Start(); err != nil {
+	hub, err := hubproc.Start(hubproc.Options{Bin: hubBin, LogPath: filepath.Join(dir, "hub.log"), Args: []string{"serve",
+		"--kubeconfig", kubeconfig, "--cluster-id", home.Name, "--namespace", ns,
+		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--xds-tls-addr", "", "--bundle-addr", ""}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	started := time.Now()
 	select {
-	case err = <-exited:
+	case <-hub.Done():
+		err = hub.Err()
 	case <-time.After(2 * time.Minute): // startTrust would give up on a transient error after one minute
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatalf("the hub still runs with a corrupt CA key:\n%s", tail(out.String(), 20))
+		hub.Kill()
+		t.Fatalf("the hub still runs with a corrupt CA key:\n%s", hub.Tail(20))
 	}
 	t.Logf("hub exited %s after start: %v", time.Since(started).Round(100*time.Millisecond), err)
-	log := out.String()
+	out, _ := os.ReadFile(hub.LogPath())
+	log := string(out)
 	if err == nil {
 		t.Errorf("the hub exited 0 with a corrupt CA key:\n%s", tail(log, 20))
 	}

@@ -10,8 +10,6 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 )
 
 // TestWorkloadMetadataMatchesIstiod: for the same mesh pod (a Deployment's,
@@ -141,32 +140,22 @@ func endpointMetadataOf(t *testing.T, server, addr string, node *corev3.Node, cl
 	t.Helper()
 	ctx, cancel := context.WithTimeout(testContext(t), 90*time.Second)
 	defer cancel()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatalf("%s: %v", server, err)
-	}
-	send := func(r *discoveryv3.DiscoveryRequest) {
-		if err := st.Send(r); err != nil {
-			t.Fatalf("%s: sending %s: %v", server, r.TypeUrl, err)
-		}
-	}
-	send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType})
+	st := xdstest.OpenSotW(t, ctx, xdstest.Dial(t, addr))
+	st.Send(t, &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.ClusterType})
 	var last string
 	for {
-		r, err := st.Recv()
+		r, err := st.NextWithin(t, 90*time.Second)
 		if err != nil {
 			t.Fatalf("%s: no endpoint %s in %s (last EDS: %s): %v", server, address, cluster, last, err)
 		}
-		send(&discoveryv3.DiscoveryRequest{TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce,
-			ResourceNames: map[bool][]string{true: {cluster}}[r.TypeUrl == resourcev3.EndpointType]})
+		if r.TypeUrl == resourcev3.EndpointType {
+			st.Send(t, xdstest.ACK(r, cluster))
+		} else {
+			st.Send(t, xdstest.ACK(r))
+		}
 		switch r.TypeUrl {
 		case resourcev3.ClusterType:
-			send(&discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}})
+			st.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}})
 		case resourcev3.EndpointType:
 			for _, a := range r.Resources {
 				var cla endpointv3.ClusterLoadAssignment

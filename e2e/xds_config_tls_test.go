@@ -15,6 +15,7 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/localcluster"
+	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -98,14 +100,14 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 	delete(istiodNode.Metadata.Fields, "CLUSTER_ID") // istiod sends none
 
 	// istiod's stream: every config type, the federated ServiceEntry among them.
-	s := openADS(t, h.addrs["xds-tls"], creds)
+	s := xdstest.DialSotW(t, h.addrs["xds-tls"], grpc.WithTransportCredentials(creds))
 	for _, typ := range mcp.IstiodTypes() {
-		s.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode, TypeUrl: typ})
+		s.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode, TypeUrl: typ})
 	}
 	want := fmt.Sprintf("%s/hub-echo", app)
 	got := map[string]bool{}
 	for found := false; len(got) < len(mcp.IstiodTypes()) || !found; {
-		r, err := s.next(t, time.Minute)
+		r, err := s.NextWithin(t, time.Minute)
 		if err != nil {
 			t.Fatalf("the anonymous config stream on the mTLS port ended after %d types: %v", len(got), err)
 		}
@@ -113,7 +115,7 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 		if r.TypeUrl == "networking.istio.io/v1/ServiceEntry" {
 			found = slices.ContainsFunc(r.Resources, func(a *anypb.Any) bool { return bytes.Contains(a.Value, []byte(want)) })
 		}
-		s.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
+		s.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 	}
 	var list struct{ Items []api.Proxy }
 	h.getJSON(t, "/api/v1/proxies", &list)
@@ -122,9 +124,9 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 	}
 
 	// Then CDS on the same stream: it ends, Unauthenticated.
-	s.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
+	s.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
 	for {
-		r, err := s.next(t, 30*time.Second)
+		r, err := s.NextWithin(t, 30*time.Second)
 		if r == nil {
 			if status.Code(err) != codes.Unauthenticated {
 				t.Fatalf("an anonymous config stream asking for CDS ended with %v; want Unauthenticated", err)
@@ -137,9 +139,9 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 	}
 	// CDS or SDS first: refused before anything is served.
 	for _, typ := range []string{resourcev3.ClusterType, resourcev3.SecretType} {
-		c := openADS(t, h.addrs["xds-tls"], creds)
-		c.send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode, TypeUrl: typ, ResourceNames: []string{"ROOTCA"}})
-		c.send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "networking.istio.io/v1/ServiceEntry"})
-		c.refused(t, "an anonymous "+typ+" request on the mTLS port", codes.Unauthenticated)
+		c := xdstest.DialSotW(t, h.addrs["xds-tls"], grpc.WithTransportCredentials(creds))
+		c.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode, TypeUrl: typ, ResourceNames: []string{"ROOTCA"}})
+		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "networking.istio.io/v1/ServiceEntry"})
+		c.Refused(t, "an anonymous "+typ+" request on the mTLS port", codes.Unauthenticated)
 	}
 }

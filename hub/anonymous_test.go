@@ -63,7 +63,7 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 	}
 	third := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
 	third.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: serviceEntryType})
-	third.Refused(t, codes.ResourceExhausted, "a third anonymous stream with a limit of two")
+	third.Refused(t, "a third anonymous stream with a limit of two", codes.ResourceExhausted)
 
 	// The same stream asking for CDS after its config: ended.
 	istiod.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.ClusterType})
@@ -76,7 +76,7 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
 		c.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode(), TypeUrl: typ})
 		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: serviceEntryType})
-		c.Refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" request before config types")
+		c.Refused(t, "an anonymous "+shortType(typ)+" request before config types", codes.Unauthenticated)
 	}
 
 	// The per-type CDS service and Delta ADS: refused too.

@@ -41,6 +41,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
@@ -73,7 +74,7 @@ type Options struct {
 	// read, proxyless servers get no inbound listener.
 	Rules RuleSource
 	// Secrets and Roots feed SDS; without them no secrets are served.
-	Secrets SecretSource
+	Secrets sds.SecretSource
 	Roots   authn.RootSource
 	// Authorizer, if set, lets a proxy read another namespace's Secrets
 	// when its service account may list them there.
@@ -215,8 +216,8 @@ func New(opts Options) (*Hub, error) {
 	fleet := &feed.Deliveries{}
 	watcher := newWatcher(watcherInputs{
 		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
-		rules: opts.Rules, secrets: opts.Secrets, roots: opts.Roots, workload: workload, sar: reviews,
-		hubNamespace: opts.Namespace, scope: scope, maxNames: opts.Limits.MaxResourceNames,
+		rules: opts.Rules, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),
+		scope: scope, maxNames: opts.Limits.MaxResourceNames,
 		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: newPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
 	})
 	proxies := newProxyTracker(trackerInputs{

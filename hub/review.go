@@ -10,7 +10,9 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/sds"
 )
 
 // Access reviews (SubjectAccessReviews) are answered by member API servers,
@@ -35,10 +37,6 @@ const (
 	reviewsOverall   = 32
 	reviewCacheSize  = 10000
 )
-
-// errReviewPending means the access review a name needs has not completed
-// yet: the stream keeps what it has and is re-evaluated when it does.
-var errReviewPending = errors.New("access review pending")
 
 // errReviewsStopped means the hub is shutting down.
 var errReviewsStopped = errors.New("access reviews stopped: the hub is shutting down")
@@ -99,10 +97,10 @@ func newAccessReviews(a SecretAuthorizer, notify func(feed.ReviewKey), log *slog
 }
 
 // decide answers from the cache and never waits. On a miss it starts the
-// review and returns errReviewPending; a failed review's error is returned
+// review and returns sds.ErrReviewPending; a failed review's error is returned
 // (transient) until it is retried. A new decision for k is announced to
 // notify.
-func (r *accessReviews) decide(k feed.ReviewKey) (bool, error) {
+func (r *accessReviews) Decide(k feed.ReviewKey) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -119,7 +117,7 @@ func (r *accessReviews) decide(k feed.ReviewKey) (bool, error) {
 		return d.allowed, nil
 	}
 	r.start(k)
-	return false, errReviewPending
+	return false, sds.ErrReviewPending
 }
 
 // start runs k's review, or queues it behind its member's running ones,
@@ -257,4 +255,14 @@ func (r *accessReviews) close() {
 	r.mu.Unlock()
 	r.cancel()
 	r.wg.Wait()
+}
+
+// newSDS builds the SDS generator of opts: access reviews decide other
+// namespaces when an authorizer is configured.
+func newSDS(opts Options, scope *authn.Scope, reviews *accessReviews) *sds.Generator {
+	var r sds.Reviewer // a nil *accessReviews would be a non-nil Reviewer
+	if reviews != nil {
+		r = reviews
+	}
+	return sds.New(opts.Roots, opts.Secrets, scope, r, opts.Namespace)
 }

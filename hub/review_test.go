@@ -15,6 +15,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/sds"
 
 	"github.com/hubmesh/hub/internal/wait"
 )
@@ -110,7 +111,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 
 	// A miss is pending and starts one review, however often it is asked.
 	for range 5 {
-		if _, err := r.decide(key); !errors.Is(err, errReviewPending) && err != nil {
+		if _, err := r.Decide(key); !errors.Is(err, sds.ErrReviewPending) && err != nil {
 			t.Fatalf("first decision: %v", err)
 		}
 	}
@@ -120,7 +121,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 		t.Fatalf("after the review: %v, %v; want allowed", ok, err)
 	}
 	if n := m.count("b"); n != 1 {
@@ -128,7 +129,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 	}
 
 	// A deny is cached too.
-	_, _ = r.decide(reviewOf("west", "a", "gw", "c"))
+	_, _ = r.Decide(reviewOf("west", "a", "gw", "c"))
 	denyKey := reviewOf("west", "a", "gw", "c")
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(denyKey) == 0 {
@@ -136,7 +137,7 @@ func TestAccessReviewsAnswerWithoutWaiting(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "c")); ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "c")); ok || err != nil {
 		t.Fatalf("denied: %v, %v", ok, err)
 	}
 }
@@ -145,7 +146,7 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	m := &scriptedMember{answers: map[string]string{"b": "allow"}, calls: map[string]int{}}
 	r, ev, now := testReviews(t, m)
 	key := reviewOf("west", "a", "gw", "b")
-	_, _ = r.decide(reviewOf("west", "a", "gw", "b"))
+	_, _ = r.Decide(reviewOf("west", "a", "gw", "b"))
 	wait.Until(t, 10*time.Second, func() error {
 		if ev.count(key) != 1 {
 			return errors.New("the allow was not announced")
@@ -154,14 +155,14 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 	})
 	// Before the last fifth of its life an allow is served as it is.
 	now.advance(r.allowTTL / 2)
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil || m.count("b") != 1 {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil || m.count("b") != 1 {
 		t.Fatalf("mid-life: %v, %v, %d reviews", ok, err, m.count("b"))
 	}
 	// Near expiry: still served, and revalidated in the background; the
 	// member now denies, which is announced and then served.
 	m.set("b", "deny")
 	now.advance(r.allowTTL * 4 / 10)
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 		t.Fatalf("near expiry: %v, %v; want the last decision (allowed) served", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -170,13 +171,13 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("after revalidation: %v, %v; want denied", ok, err)
 	}
 	// A failed revalidation keeps the decision it was to refresh.
 	m.set("b", "fail")
 	now.advance(r.denyTTL * 9 / 10)
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("near the deny's expiry: %v, %v", ok, err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
@@ -187,7 +188,7 @@ func TestAccessReviewsRevalidateNearExpiry(t *testing.T) {
 		}
 		return nil
 	})
-	if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
+	if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); ok || err != nil {
 		t.Fatalf("after a failed revalidation: %v, %v; want the deny still served", ok, err)
 	}
 }
@@ -197,7 +198,7 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	r, ev, now := testReviews(t, m)
 	r.failedTTL = 50 * time.Millisecond
 	key := reviewOf("west", "a", "gw", "b")
-	_, _ = r.decide(reviewOf("west", "a", "gw", "b"))
+	_, _ = r.Decide(reviewOf("west", "a", "gw", "b"))
 	// The failure is announced, then announced again when it has expired,
 	// so that the watches that asked ask again.
 	wait.Until(t, 10*time.Second, func() error {
@@ -208,11 +209,11 @@ func TestAccessReviewsRetryFailures(t *testing.T) {
 	})
 	m.set("b", "allow")
 	now.advance(time.Second)
-	if _, err := r.decide(reviewOf("west", "a", "gw", "b")); !errors.Is(err, errReviewPending) {
+	if _, err := r.Decide(reviewOf("west", "a", "gw", "b")); !errors.Is(err, sds.ErrReviewPending) {
 		t.Fatalf("after the failure expired: %v; want a new review pending", err)
 	}
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, err := r.decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
+		if ok, err := r.Decide(reviewOf("west", "a", "gw", "b")); !ok || err != nil {
 			return fmt.Errorf("%v, %v", ok, err)
 		}
 		return nil
@@ -233,7 +234,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	r, ev, _ := testReviews(t, black)
 	r.perMember, r.overall = 2, 3
 	for i := range 5 {
-		_, _ = r.decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i)))
+		_, _ = r.Decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i)))
 	}
 	wait.Until(t, 10*time.Second, func() error {
 		black.mu.Lock()
@@ -244,9 +245,9 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 		return nil
 	})
 	// Another member gets the free slot while the silent one's hang.
-	_, _ = r.decide(reviewOf("west", "a", "gw", "ok"))
+	_, _ = r.Decide(reviewOf("west", "a", "gw", "ok"))
 	wait.Until(t, 10*time.Second, func() error {
-		if ok, err := r.decide(reviewOf("west", "a", "gw", "ok")); !ok || err != nil {
+		if ok, err := r.Decide(reviewOf("west", "a", "gw", "ok")); !ok || err != nil {
 			return fmt.Errorf("west: %v, %v", ok, err)
 		}
 		return nil
@@ -270,7 +271,7 @@ func TestAccessReviewsOfASilentMemberHoldNoOtherMember(t *testing.T) {
 	asked := 0
 	for i := range 5 {
 		asked += black.count(fmt.Sprint("ns", i))
-		if _, err := r.decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i))); err == nil || errors.Is(err, errReviewPending) {
+		if _, err := r.Decide(reviewOf("black", "a", "gw", fmt.Sprint("ns", i))); err == nil || errors.Is(err, sds.ErrReviewPending) {
 			t.Errorf("ns%d: %v; want the member's failure", i, err)
 		}
 	}

@@ -206,7 +206,7 @@ func TestSDSServesOnlyIdentitiesTheMemberMayAssert(t *testing.T) {
 	// a certificate bound to east gets roots only until east syncs.
 	refused := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("east:a")))
 	refused.Send(t, sdsRequest("east-token", "east", names...))
-	refused.Refused(t, codes.PermissionDenied, "a token stream of a member that has not synced")
+	refused.Refused(t, "a token stream of a member that has not synced", codes.PermissionDenied)
 	if n := reviewer.count("east"); n != 0 {
 		t.Errorf("%d token reviews sent to east; want none", n)
 	}

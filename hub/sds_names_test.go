@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -81,7 +82,7 @@ func TestSDSNamesCannotEscapeTheirNamespace(t *testing.T) {
 
 // TestSDSOtherNamespacesAreBounded: one subscription naming Secrets of 100
 // other namespaces makes the hub ask the member about at most
-// maxOtherNamespaces of them (each is an access review); the names beyond
+// sds.MaxOtherNamespaces of them (each is an access review); the names beyond
 // are withheld, the others served.
 func TestSDSOtherNamespacesAreBounded(t *testing.T) {
 	var mu sync.Mutex
@@ -107,8 +108,8 @@ func TestSDSOtherNamespacesAreBounded(t *testing.T) {
 	mu.Lock()
 	n := len(asked)
 	mu.Unlock()
-	if n != maxOtherNamespaces || len(got) != maxOtherNamespaces {
-		t.Errorf("asked about %d namespaces and served %d Secrets; want %d of each", n, len(got), maxOtherNamespaces)
+	if n != sds.MaxOtherNamespaces || len(got) != sds.MaxOtherNamespaces {
+		t.Errorf("asked about %d namespaces and served %d Secrets; want %d of each", n, len(got), sds.MaxOtherNamespaces)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/ca"
+	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
@@ -61,13 +62,13 @@ type streamWorkload struct {
 // when it has none for id or the one it has is due for renewal.
 func (wc *workloadCerts) secret(sw *streamWorkload, id authn.Identity, roots authn.RootSource) (proto.Message, error) {
 	if wc == nil || wc.signer == nil || roots == nil {
-		return nil, fmt.Errorf("%w: the hub has no CA: SDS serves no workload certificate (%q)", errDenied, xdsgen.SDSWorkloadCert)
+		return nil, fmt.Errorf("%w: the hub has no CA: SDS serves no workload certificate (%q)", sds.ErrDenied, xdsgen.SDSWorkloadCert)
 	}
 	if local := roots.LocalTrustDomain(); !id.Verified(local) {
-		return nil, fmt.Errorf("%w: a workload certificate is issued only to a verified workload identity of %s over mTLS", errDenied, local)
+		return nil, fmt.Errorf("%w: a workload certificate is issued only to a verified workload identity of %s over mTLS", sds.ErrDenied, local)
 	}
 	if id.Conflict != "" {
-		return nil, fmt.Errorf("%w: %s claims a member its certificate is not bound to", errDenied, id.SpiffeID)
+		return nil, fmt.Errorf("%w: %s claims a member its certificate is not bound to", sds.ErrDenied, id.SpiffeID)
 	}
 	now := time.Now()
 	sw.mu.Lock()
@@ -81,7 +82,7 @@ func (wc *workloadCerts) secret(sw *streamWorkload, id authn.Identity, roots aut
 		ttl = min(ttl, id.NotAfter.Sub(now))
 	}
 	if ttl < minWorkloadTTL {
-		return nil, fmt.Errorf("%w: the client certificate of %s expires in %s: renew it before asking for a workload certificate", errDenied, id.SpiffeID, ttl.Round(time.Second))
+		return nil, fmt.Errorf("%w: the client certificate of %s expires in %s: renew it before asking for a workload certificate", sds.ErrDenied, id.SpiffeID, ttl.Round(time.Second))
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

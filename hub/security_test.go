@@ -222,12 +222,12 @@ func TestMTLSPortRefusesUnauthenticatedStreams(t *testing.T) {
 	for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType, resourcev3.SecretType} {
 		c := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
 		c.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("anon", "west"), TypeUrl: typ})
-		c.Refused(t, codes.Unauthenticated, "an anonymous "+shortType(typ)+" stream on the mTLS port")
+		c.Refused(t, "an anonymous "+shortType(typ)+" stream on the mTLS port", codes.Unauthenticated)
 	}
 	// A token the member does not accept: refused too.
 	bad := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()), grpc.WithPerRPCCredentials(bearerCreds("forged")))
 	bad.Send(t, cds("forged"))
-	bad.Refused(t, codes.Unauthenticated, "a stream with a rejected token")
+	bad.Refused(t, "a stream with a rejected token", codes.Unauthenticated)
 	if n := len(s.h.Proxies()); n != 0 {
 		t.Errorf("%d refused streams are listed as proxies", n)
 	}
@@ -363,7 +363,7 @@ func TestOversizeXDSInputIsRefusedWithoutHarmingOthers(t *testing.T) {
 	} {
 		bad := xdstest.DialSotW(t, s.plain)
 		bad.Send(t, c.req)
-		bad.Refused(t, c.code, c.what)
+		bad.Refused(t, c.what, c.code)
 	}
 	// A Delta stream that grows its subscription request by request.
 	delta := xdstest.DialDelta(t, s.plain)
@@ -401,7 +401,7 @@ func TestStreamLimitRefusesBeyondIt(t *testing.T) {
 	}
 	third := xdstest.DialSotW(t, s.plain)
 	third.Send(t, cds)
-	third.Refused(t, codes.ResourceExhausted, "a third stream with a limit of two")
+	third.Refused(t, "a third stream with a limit of two", codes.ResourceExhausted)
 	open[0].CloseSend(t)
 	if _, err := open[0].Next(t); err == nil {
 		t.Fatal("the closed stream got a response")

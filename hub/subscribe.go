@@ -13,6 +13,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
@@ -159,7 +160,7 @@ func newSubscriber(typeURL string, names map[string]struct{}, wildcard, persiste
 }
 
 // aim records which Secrets and roots an SDS subscriber's names ask for,
-// read as the stream's identity means them (parseSecretName); not while s
+// read as the stream's identity means them (sds.ParseName); not while s
 // is indexed.
 func (s *subscriber) aim(id authn.Identity) {
 	s.secrets, s.roots = nil, false
@@ -167,11 +168,11 @@ func (s *subscriber) aim(id authn.Identity) {
 		return
 	}
 	for _, name := range s.list {
-		switch sn := parseSecretName(name, id.Namespace); {
-		case sn.roots:
+		switch n := sds.ParseName(name, id.Namespace); {
+		case n.Roots:
 			s.roots = true
-		case sn.wellFormed && id.Cluster != "":
-			for _, k := range sn.keys() {
+		case n.WellFormed && id.Cluster != "":
+			for _, k := range n.Keys() {
 				s.secrets = append(s.secrets, feed.SecretRef{Cluster: id.Cluster, Key: k})
 			}
 		}

@@ -152,7 +152,7 @@ func TestSynczOnTheMTLSPortIsScopedToTheCallersNamespace(t *testing.T) {
 	// to no member: its own namespace only (no proxy there).
 	notRoot := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "west")))
 	notRoot.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
-	notRoot.Refused(t, codes.PermissionDenied, "syncz from a root namespace identity its member may not assert")
+	notRoot.Refused(t, "syncz from a root namespace identity its member may not assert", codes.PermissionDenied)
 	if unbound, _ := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "istio-system", "")))); len(unbound) != 0 {
 		t.Errorf("a root namespace identity bound to no member sees %v; want no proxy", unbound)
 	}
@@ -163,10 +163,10 @@ func TestSynczOnTheMTLSPortIsScopedToTheCallersNamespace(t *testing.T) {
 
 	peer := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.peerCA, "istio-system", "")))
 	peer.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
-	peer.Refused(t, codes.PermissionDenied, "syncz from a federated trust domain's identity")
+	peer.Refused(t, "syncz from a federated trust domain's identity", codes.PermissionDenied)
 	anon := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.anonymous()))
 	anon.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
-	anon.Refused(t, codes.Unauthenticated, "syncz from an anonymous stream")
+	anon.Refused(t, "syncz from an anonymous stream", codes.Unauthenticated)
 }
 
 // TestSynczOverDelta: a Delta stream gets the same list, named by proxy ID.
@@ -248,7 +248,7 @@ func TestSynczPacesMTLSCallers(t *testing.T) {
 	}
 	again := xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "a", "west")))
 	again.Send(t, &discoveryv3.DiscoveryRequest{Node: xdstest.Node("istioctl", ""), TypeUrl: TypeSyncz})
-	again.Refused(t, codes.ResourceExhausted, "namespace a's second request within its pace")
+	again.Refused(t, "namespace a's second request within its pace", codes.ResourceExhausted)
 	if _, r := askSyncz(t, xdstest.DialSotW(t, s.secure, grpc.WithTransportCredentials(s.workload(t, s.ca, "b", "west")))); r.TypeUrl != TypeSyncz {
 		t.Errorf("namespace b, with a turn of its own: %v", r)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
@@ -118,19 +119,14 @@ func (wt *watch) incremental() bool {
 // watcherInputs are what the watcher reads and whom it tells, built
 // before it (Hub.New).
 type watcherInputs struct {
-	gen     *xdsgen.Generator
-	config  *mcp.Generator   // Istio config for member istiods
-	rules   RuleSource       // DestinationRules for gen (may be nil: none)
-	secrets SecretSource     // may be nil: no SDS
-	roots   authn.RootSource // may be nil: no SDS
-	// workload issues SDS "default", a hub-fed Envoy's workload
-	// certificate (nil: not served).
+	gen    *xdsgen.Generator
+	config *mcp.Generator   // Istio config for member istiods
+	rules  RuleSource       // DestinationRules for gen (may be nil: none)
+	roots  authn.RootSource // may be nil: no SDS
+	// sds builds the SDS resources a stream may have but its workload
+	// certificate, which workload issues ("default", nil: not served).
+	sds      *sds.Generator
 	workload *workloadCerts
-	// sar decides access reviews without waiting; nil: other namespaces
-	// are always denied.
-	sar *accessReviews
-	// hubNamespace is the hub's own namespace, whose Secrets are never served.
-	hubNamespace string
 	// scope decides which identities a member may assert; SDS serves
 	// Kubernetes Secrets only to those (nil: any).
 	scope *authn.Scope

@@ -19,31 +19,23 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hubmesh/hub/api"
+	"github.com/hubmesh/hub/internal/hubproc"
 	"github.com/hubmesh/hub/internal/istiod"
-	"github.com/hubmesh/hub/internal/listening"
 )
 
-// hubProcess is the real hub binary running as our child, or with --peer
-// istiod the real istiod standing in its place (peer set, cmd nil).
+// hubProcess is the real hub binary running as our child (proc), or with
+// --peer istiod the real istiod standing in its place (peer).
 type hubProcess struct {
 	peer     *istiod.Process
-	cmd      *exec.Cmd
+	proc     *hubproc.Process
 	logPath  string
 	adminURL string
 	xdsAddr  string
 	token    string
-	done     chan struct{}
-	waitErr  error
 	http     *http.Client
-	// bin, args and env are how it was started (restart starts it so
-	// again).
-	bin  string
-	args []string
-	env  []string
 }
 
 // buildHub builds ./cmd/hub into dir and returns the binary's path and
@@ -103,27 +95,24 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 	if _, err := rand.Read(tok[:]); err != nil {
 		return nil, err
 	}
-	h := &hubProcess{
-		logPath: filepath.Join(dir, "hub.log"),
-		token:   hex.EncodeToString(tok[:]),
-		http:    &http.Client{Timeout: 30 * time.Second},
-		bin:     bin,
-		env:     withGCTrace(append(os.Environ(), env...)),
-	}
 	tokenFile := filepath.Join(dir, "api-tokens")
-	if err := os.WriteFile(tokenFile, []byte(h.token+",hubbench,write\n"), 0o600); err != nil {
+	token := hex.EncodeToString(tok[:])
+	if err := os.WriteFile(tokenFile, []byte(token+",hubbench,write\n"), 0o600); err != nil {
 		return nil, err
 	}
-	h.args = append([]string{"serve",
-		"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace, "--remote-secrets-namespace", hubNamespace,
-		"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-		"--xds-tls-addr", "", "--bundle-addr", "",
-		"--api-token-file", tokenFile,
-	}, extra...)
-	if err := h.launch(ctx); err != nil {
+	proc, err := hubproc.Start(hubproc.Options{
+		Bin: bin, Env: withGCTrace(append(os.Environ(), env...)), LogPath: filepath.Join(dir, "hub.log"),
+		Args: append([]string{"serve",
+			"--kubeconfig", kubeconfig, "--cluster-id", homeID, "--namespace", hubNamespace, "--remote-secrets-namespace", hubNamespace,
+			"--xds-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+			"--xds-tls-addr", "", "--bundle-addr", "",
+			"--api-token-file", tokenFile,
+		}, extra...),
+	})
+	if err != nil {
 		return nil, err
 	}
-	return h, nil
+	return listened(ctx, proc, token)
 }
 
 // restart starts a stopped hub again, with the same binary, arguments
@@ -131,58 +120,29 @@ func startHub(ctx context.Context, bin, dir string, homeKubeconfig []byte, extra
 // into logPath: it restores what it persisted in the home cluster as any
 // restarted hub does. Its listeners get new ports.
 func (h *hubProcess) restart(ctx context.Context, logPath string) (*hubProcess, error) {
-	n := &hubProcess{logPath: logPath, token: h.token, http: h.http, bin: h.bin, args: h.args, env: h.env}
-	if err := n.launch(ctx); err != nil {
+	proc, err := h.proc.Restart(logPath)
+	if err != nil {
 		return nil, err
 	}
-	return n, nil
+	return listened(ctx, proc, h.token)
 }
 
-// launch starts the hub process and waits for its "hub listening" log
-// line.
-func (h *hubProcess) launch(ctx context.Context) error {
-	h.done = make(chan struct{})
-	logFile, err := os.Create(h.logPath)
+// listened waits up to two minutes for proc's admin and xDS listeners.
+func listened(ctx context.Context, proc *hubproc.Process, token string) (*hubProcess, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	addrs, err := proc.Listening(ctx)
+	if err == nil && (addrs["admin"] == "" || addrs["xds"] == "") {
+		err = fmt.Errorf("the hub's \"hub listening\" line lacks admin or xds: %v", addrs)
+	}
 	if err != nil {
-		return err
+		_ = proc.Stop(15 * time.Second)
+		return nil, err
 	}
-	h.cmd = exec.Command(h.bin, h.args...)
-	h.cmd.Env = h.env
-	h.cmd.Stdout, h.cmd.Stderr = logFile, logFile
-	// The hub dies with us even if we are killed with SIGKILL.
-	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := h.cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("starting the hub %s: %w", h.bin, err)
-	}
-	go func() {
-		h.waitErr = h.cmd.Wait()
-		logFile.Close()
-		close(h.done)
-	}()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if addrs := listening.InFile(h.logPath); addrs != nil {
-			h.adminURL, h.xdsAddr = "http://"+addrs["admin"], addrs["xds"]
-			if addrs["admin"] == "" || addrs["xds"] == "" {
-				h.stop()
-				return fmt.Errorf("the hub's \"hub listening\" line lacks admin or xds: %v", addrs)
-			}
-			return nil
-		}
-		select {
-		case <-h.done:
-			return fmt.Errorf("the hub exited before listening (%v); log tail:\n%s", h.waitErr, h.tail(30))
-		case <-ctx.Done():
-			h.stop()
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			h.stop()
-			return fmt.Errorf("the hub did not log \"hub listening\" within 2 minutes; log tail:\n%s", h.tail(30))
-		}
-	}
+	return &hubProcess{
+		proc: proc, logPath: proc.LogPath(), token: token, http: &http.Client{Timeout: 30 * time.Second},
+		adminURL: "http://" + addrs["admin"], xdsAddr: addrs["xds"],
+	}, nil
 }
 
 // withGCTrace adds gctrace=1 to GODEBUG (the last GODEBUG of env wins, as
@@ -263,7 +223,7 @@ func (h *hubProcess) pid() int {
 	if h.peer != nil {
 		return h.peer.PID()
 	}
-	return h.cmd.Process.Pid
+	return h.proc.PID()
 }
 
 func (h *hubProcess) exited() error {
@@ -273,12 +233,7 @@ func (h *hubProcess) exited() error {
 		}
 		return nil
 	}
-	select {
-	case <-h.done:
-		return fmt.Errorf("the hub exited: %v; log tail:\n%s", h.waitErr, h.tail(30))
-	default:
-		return nil
-	}
+	return h.proc.Exited()
 }
 
 // stop sends SIGTERM, then SIGKILL after 15 s, and waits.
@@ -287,31 +242,17 @@ func (h *hubProcess) stop() {
 		h.peer.Stop()
 		return
 	}
-	select {
-	case <-h.done:
-		return
-	default:
-	}
-	_ = h.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-h.done:
-	case <-time.After(15 * time.Second):
-		_ = h.cmd.Process.Kill()
-		<-h.done
-	}
+	_ = h.proc.Stop(15 * time.Second)
 }
 
-// tail returns the last n lines of the hub's log.
+// tail returns the last n lines of the hub's (or istiod's) log.
 func (h *hubProcess) tail(n int) string {
 	data, err := os.ReadFile(h.logPath)
 	if err != nil {
 		return "(no log: " + err.Error() + ")"
 	}
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 func (h *hubProcess) get(ctx context.Context, path string) ([]byte, error) {

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hubmesh/hub/internal/envoy"
+	"github.com/hubmesh/hub/internal/hubproc"
 	"github.com/hubmesh/hub/internal/localcluster"
 )
 
@@ -184,23 +185,21 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	hub, err := startHub(opts.hubBin, cfg.serveArgs(opts.hubArgs), filepath.Join(work, "hub.log"))
+	// The hub is in a process group of its own: Ctrl-C reaches the demo,
+	// which stops it.
+	hub, err := hubproc.Start(hubproc.Options{Bin: opts.hubBin, Args: cfg.serveArgs(opts.hubArgs), LogPath: filepath.Join(work, "hub.log"), OwnGroup: true})
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (make demo builds it, or give --hub-bin)", err)
 	}
 	hubStopped := false
 	defer func() {
 		if !hubStopped {
-			_ = hub.stop()
+			_ = hub.Stop(hubStopWait)
 		}
 	}()
-	var addrs map[string]string
-	select {
-	case addrs = <-hub.listening:
-	case <-hub.done:
-		return hub.exited()
-	case <-ctx.Done():
-		return ctx.Err()
+	addrs, err := hub.Listening(ctx)
+	if err != nil {
+		return err
 	}
 	starting = false
 	adminURL := "http://" + addrs["admin"]
@@ -278,9 +277,9 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	var hubErr error
 	select {
 	case <-ctx.Done(): // stopped, or a part failed
-		hubErr = hub.stop()
-	case <-hub.done:
-		hubErr = hub.exited()
+		hubErr = hub.Stop(hubStopWait)
+	case <-hub.Done():
+		hubErr = hub.Exited()
 	}
 	hubStopped = true
 	cancel()
@@ -425,7 +424,7 @@ func seedDemo(ctx context.Context, c kubernetes.Interface, dc demoCluster) error
 }
 
 // printDemoBanner prints the URLs, credentials and things to try.
-func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, hub *hubProcess, traffic, sidecars bool) {
+func printDemoBanner(w io.Writer, cfg config, env *localcluster.Env, binDir, work, adminURL string, addrs map[string]string, hub *hubproc.Process, traffic, sidecars bool) {
 	home := env.Cluster(demoClusters[0].name)
 	kubectl := filepath.Join(binDir, "kubectl") + " --kubeconfig " + filepath.Join(work, home.Name+".kubeconfig")
 	fmt.Fprintf(w, `
@@ -443,7 +442,7 @@ hubdemo is running (Ctrl-C stops everything)
 `, adminURL, home.AdminToken(), adminURL, adminURL, orDisabled(addrs["xds"]), demoNamespace, cfg.domainSuffix, demoEchoPort,
 		orDisabled(addrs["xds-tls"]), orDisabled(addrs["bundle"]), cfg.trustDomain, cfg.mtlsMode, kubectl, cfg.secretsNamespace,
 		work, demoClusters[0].name, demoClusters[1].name, demoClusters[2].name,
-		strings.Join(hub.cmd.Args, " "), hub.cmd.Process.Pid, hub.logPath, filepath.Join(work, "demo.log"))
+		strings.Join(hub.Args(), " "), hub.PID(), hub.LogPath(), filepath.Join(work, "demo.log"))
 	for _, dc := range demoClusters {
 		fmt.Fprintf(w, "  API server %-8s pid %d, %s\n", dc.name+":", env.Cluster(dc.name).APIServerPID(), env.Cluster(dc.name).Server())
 	}
