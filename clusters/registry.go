@@ -389,7 +389,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		st, ok := r.apply(ctx, key, ref, ann, networking, scope, scopeErr, id, data[id])
+		st, ok := r.apply(ctx, applyKey{secret: key, ref: ref, ann: ann, networking: networking, scope: scope, scopeErr: scopeErr, id: id, kubeconfig: data[id]})
 		if ok {
 			continue
 		}
@@ -444,118 +444,208 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 // A member's client is its kubeconfig and its WatchScope: a change of
 // either starts a new client, make-before-break; a scope annotation that
 // is not understood is refused like a kubeconfig that is not (scopeErr).
-func (r *Registry) apply(ctx context.Context, secret string, ref *corev1.ObjectReference, ann identityAnnotations, networking secretNetworking, scope WatchScope, scopeErr error, id string, kubeconfig []byte) (Status, bool) {
-	st := Status{ID: id, Secret: secret}
-	if id == r.cfg.HomeID {
-		st.State, st.Message = StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", id)
-		r.log.Warn("remote secret lists the home cluster; key ignored", "cluster", id, "secret", secret)
-		return st, false
+func (r *Registry) apply(ctx context.Context, key applyKey) (Status, bool) {
+	return r.act(ctx, key, r.plan(key))
+}
+
+// applyKey is one data key of a remote Secret, as reconcile read it.
+type applyKey struct {
+	secret     string
+	ref        *corev1.ObjectReference
+	ann        identityAnnotations
+	networking secretNetworking
+	scope      WatchScope
+	scopeErr   error
+	id         string
+	kubeconfig []byte
+}
+
+// applyKind is what applying a key comes to.
+type applyKind int
+
+const (
+	applyRefused   applyKind = iota // the key runs no cluster: status says why
+	applyRejected                   // its kubeconfig or scope is refused; the running client keeps serving
+	applyUnchanged                  // the running client (or the candidate) already runs it
+	applyAdded                      // a new member
+	applyReplaced                   // a new client syncs beside the running one, then replaces it
+)
+
+// applyPlan is what applying a key will do, decided from the registry's
+// state and the key alone (plan changes nothing but logs what it refuses);
+// act does it.
+type applyPlan struct {
+	kind     applyKind
+	status   Status
+	existing *member // the member of the ID, nil when new
+	// takeOver: the key's Secret is older than existing's, so it owns the
+	// ID (make-before-break; the displaced Secret is reconciled again).
+	takeOver bool
+	kc       *Kubeconfig
+	// With applyRejected: why, and the Event's reason and words.
+	rejected     error
+	reason, what string
+	// What plan saw the member's clients run (kc): the running one, and
+	// the candidate. A candidate that promoted itself since makes act
+	// plan again.
+	active, candidate bool
+}
+
+// plan decides what applying k does, reading the registry's state. Only
+// the registry's worker applies keys, so what plan read still holds when
+// act runs.
+func (r *Registry) plan(k applyKey) applyPlan {
+	p := applyPlan{status: Status{ID: k.id, Secret: k.secret}}
+	refuse := func(state State, msg string, logMsg string, args ...any) applyPlan {
+		p.kind, p.status.State, p.status.Message = applyRefused, state, msg
+		r.log.Warn(logMsg, args...)
+		return p
 	}
-	if err := ValidateClusterID(id); err != nil {
-		st.State, st.Message = StateInvalid, err.Error()
-		r.log.Warn("invalid cluster ID in remote secret", "secret", secret, "error", err)
-		return st, false
+	if k.id == r.cfg.HomeID {
+		return refuse(StateInvalid, fmt.Sprintf("cluster ID %q is the home cluster's own ID; key ignored", k.id),
+			"remote secret lists the home cluster; key ignored", "cluster", k.id, "secret", k.secret)
+	}
+	if err := ValidateClusterID(k.id); err != nil {
+		return refuse(StateInvalid, err.Error(), "invalid cluster ID in remote secret", "secret", k.secret, "error", err)
 	}
 	r.mu.Lock()
-	existing := r.members[id]
+	p.existing = r.members[k.id]
 	r.mu.Unlock()
-	if existing != nil && existing.secret != secret {
-		if !r.olderSecret(secret, existing.secret) {
-			st.State, st.Message = StateConflict, fmt.Sprintf("cluster ID %q is already registered by secret %s", id, existing.secret)
-			r.log.Warn("duplicate cluster ID", "cluster", id, "secret", secret, "owner", existing.secret)
-			return st, false
-		}
+	if p.existing != nil && p.existing.secret != k.secret {
 		// The older Secret owns the ID, whatever order the hub saw them in
 		// (after a restart the newer one may have been reconciled first).
-		// Take over with make-before-break; the displaced Secret is
-		// reconciled again and reports the conflict.
-		r.log.Warn("duplicate cluster ID: the older secret takes over", "cluster", id, "secret", secret, "displaced", existing.secret)
-		r.mu.Lock()
-		displaced := existing.secret
-		existing.secret, existing.ref = secret, ref
-		r.mu.Unlock()
-		r.queue.Add(displaced)
-	}
-	reason, what := "KubeconfigRejected", "new kubeconfig rejected"
-	kc, err := r.cfg.Policy.ParseKubeconfig(kubeconfig)
-	if err == nil && scopeErr != nil {
-		err, reason, what = scopeErr, "WatchScopeRejected", "new watch scope rejected"
-	}
-	if err != nil {
-		r.log.Warn("rejected kubeconfig", "cluster", id, "secret", secret, "error", err)
-		if existing == nil {
-			st.State, st.Message = StateInvalid, err.Error()
-			return st, false
+		if !r.olderSecret(k.secret, p.existing.secret) {
+			return refuse(StateConflict, fmt.Sprintf("cluster ID %q is already registered by secret %s", k.id, p.existing.secret),
+				"duplicate cluster ID", "cluster", k.id, "secret", k.secret, "owner", p.existing.secret)
 		}
-		r.mu.Lock()
-		changed := existing.rejected != err.Error()
-		existing.rejected = err.Error()
-		discard := existing.next // a pending candidate is no longer what the Secret says
-		existing.next = nil
-		r.mu.Unlock()
-		if discard != nil {
-			discard.stop()
-		}
-		if changed {
-			r.event(ref, corev1.EventTypeWarning, reason, "cluster %s: %s, still using the previous one: %s", id, what, err)
-		}
-		return st, true
+		p.takeOver = true
 	}
-
+	p.reason, p.what = "KubeconfigRejected", "new kubeconfig rejected"
+	kc, err := r.cfg.Policy.ParseKubeconfig(k.kubeconfig)
+	if err == nil && k.scopeErr != nil {
+		err, p.reason, p.what = k.scopeErr, "WatchScopeRejected", "new watch scope rejected"
+	}
+	switch {
+	case err != nil && p.existing == nil:
+		return refuse(StateInvalid, err.Error(), "rejected kubeconfig", "cluster", k.id, "secret", k.secret, "error", err)
+	case err != nil:
+		p.kind, p.rejected = applyRejected, err
+		return p
+	}
+	p.kc = kc
+	if p.existing == nil {
+		p.kind = applyAdded
+		return p
+	}
 	r.mu.Lock()
+	p.active, p.candidate = p.existing.runs(kc, k.scope)
+	r.mu.Unlock()
+	p.kind = applyReplaced
+	if p.active || p.candidate {
+		p.kind = applyUnchanged
+	}
+	return p
+}
+
+// runs reports whether the member's running client, and its candidate,
+// run kc and scope; with Registry.mu held.
+func (m *member) runs(kc *Kubeconfig, scope WatchScope) (active, candidate bool) {
+	return m.active.runs(kc, scope), m.next != nil && m.next.runs(kc, scope)
+}
+
+// act does what p says for k and returns the key's status and whether it
+// is a member.
+func (r *Registry) act(ctx context.Context, k applyKey, p applyPlan) (Status, bool) {
+	if p.kind == applyRefused {
+		return p.status, false
+	}
+	m := p.existing
 	var discard *Cluster
-	if existing != nil {
-		existing.rejected = ""
-		existing.ref = ref
-		if existing.active.runs(kc, scope) || existing.next != nil && existing.next.runs(kc, scope) {
-			if existing.active.runs(kc, scope) {
-				discard, existing.next = existing.next, nil // rotated back before the candidate synced
-			}
+	var displaced string
+	r.mu.Lock()
+	if p.kc != nil && m != nil {
+		if active, candidate := m.runs(p.kc, k.scope); active != p.active || candidate != p.candidate {
 			r.mu.Unlock()
-			if discard != nil {
-				discard.stop()
-			}
-			return st, true // unchanged kubeconfig: no-op
+			return r.apply(ctx, k) // a candidate promoted itself since plan
+		}
+	}
+	if p.takeOver {
+		displaced = m.secret
+		m.secret, m.ref = k.secret, k.ref
+	}
+	changed := false
+	switch {
+	case p.kind == applyRejected:
+		changed = m.rejected != p.rejected.Error()
+		m.rejected = p.rejected.Error()
+		discard, m.next = m.next, nil // a pending candidate is no longer what the Secret says
+	case m != nil:
+		m.rejected, m.ref = "", k.ref
+		if p.active {
+			discard, m.next = m.next, nil // rotated back before the candidate synced
 		}
 	}
 	r.mu.Unlock()
+	if displaced != "" {
+		r.log.Warn("duplicate cluster ID: the older secret takes over", "cluster", k.id, "secret", k.secret, "displaced", displaced)
+		r.queue.Add(displaced)
+	}
+	if discard != nil {
+		discard.stop()
+	}
+	switch p.kind {
+	case applyRejected:
+		r.log.Warn("rejected kubeconfig", "cluster", k.id, "secret", k.secret, "error", p.rejected)
+		if changed {
+			r.event(k.ref, corev1.EventTypeWarning, p.reason, "cluster %s: %s, still using the previous one: %s", k.id, p.what, p.rejected)
+		}
+		return p.status, true
+	case applyUnchanged:
+		return p.status, true
+	}
+	return r.startClient(ctx, k, p)
+}
 
-	c, err := newCluster(id, secret, kc, scope, r.deps)
+// startClient builds and starts the client of an added member, or the
+// candidate that replaces a member's client once it has synced.
+func (r *Registry) startClient(ctx context.Context, k applyKey, p applyPlan) (Status, bool) {
+	c, err := newCluster(k.id, k.secret, p.kc, k.scope, r.deps)
 	if err != nil {
-		st.State, st.Message = StateInvalid, err.Error()
-		return st, false
+		p.status.State, p.status.Message = StateInvalid, err.Error()
+		return p.status, false
 	}
 	c.gatewayRefused = func(reason string) {
-		r.event(ref, corev1.EventTypeWarning, ReasonGatewayRefused, "cluster %s: gateway refused: %s", id, reason)
+		r.event(k.ref, corev1.EventTypeWarning, ReasonGatewayRefused, "cluster %s: gateway refused: %s", k.id, reason)
 	}
 	// What the Secret says of the member's network holds from the start,
 	// for a restored view too (a persisted gateway counts only if the
 	// Secret confirms its network).
-	c.setSecretNetworking(networking)
+	c.setSecretNetworking(k.networking)
+	var discard *Cluster
 	r.mu.Lock()
-	if existing == nil {
-		c.setObserver(r.observer(ref, ""))
+	if p.kind == applyAdded {
+		c.setObserver(r.observer(k.ref, ""))
 		// The Secret's identity annotations from the start: a member never
 		// runs unscoped, not even before the whole Secret is applied.
-		r.members[id] = &member{secret: secret, ref: ref, active: c, identity: ann}
-		r.log.Info("cluster added", "cluster", id, "secret", secret, "server", kc.Server)
+		r.members[k.id] = &member{secret: k.secret, ref: k.ref, active: c, identity: k.ann}
+		r.log.Info("cluster added", "cluster", k.id, "secret", k.secret, "server", p.kc.Server)
 	} else {
 		// Make-before-break: the old client keeps serving until the new one
 		// has fully synced; then promote swaps them before the first publish.
-		c.setObserver(r.observer(ref, "new kubeconfig: "))
-		c.beforePublish = func() bool { return r.promote(id, c) }
-		discard, existing.next = existing.next, c
-		r.log.Info("cluster kubeconfig changed; syncing the new client before switching", "cluster", id, "secret", secret, "server", kc.Server)
+		c.setObserver(r.observer(k.ref, "new kubeconfig: "))
+		c.beforePublish = func() bool { return r.promote(k.id, c) }
+		discard, p.existing.next = p.existing.next, c
+		r.log.Info("cluster kubeconfig changed; syncing the new client before switching", "cluster", k.id, "secret", k.secret, "server", p.kc.Server)
 	}
 	r.mu.Unlock()
 	if discard != nil {
 		discard.stop()
 	}
-	if existing == nil {
-		r.views.restore(id, c)
+	if p.kind == applyAdded {
+		r.views.restore(k.id, c)
 	}
 	c.start(ctx)
-	return st, true
+	return p.status, true
 }
 
 // setIdentityLocked records the identity annotations of Secret key on

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
@@ -366,4 +368,55 @@ func TestReadyWaitsForListedSecretsToBeRead(t *testing.T) {
 		}
 	}
 	t.Fatal("the registry turned ready before the member of a Secret listed at start existed")
+}
+
+// An EndpointSlice relabelled to another Service leaves the Service it was
+// of: both are rebuilt, not only the one it names now.
+func TestSliceMovedToAnotherServiceLeavesTheOld(t *testing.T) {
+	_, sink, ns := startRegistry(t, 30*time.Second)
+	ctx := context.Background()
+	member := kube(t, env.Cluster("member1"))
+	appNS := "app-" + rand.String(6)
+	if err := localcluster.EnsureNamespace(ctx, member, appNS); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"a", "b"} {
+		if err := localcluster.ApplyService(ctx, member, appNS, name, "http", 80, []localcluster.Backend{{IP: fmt.Sprintf("198.18.7.%d", i+1), Port: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kube(t, env.Cluster("home")).CoreV1().Secrets(ns).Create(ctx, localcluster.RemoteSecret(ns, "s", map[string][]byte{"m1": env.Cluster("member1").Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addresses := func(name string) []string {
+		var out []string
+		if svc := sink.service("m1", ServiceKey{Namespace: appNS, Name: name}); svc != nil {
+			for _, e := range svc.Endpoints {
+				out = append(out, e.Address)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := func(a, b []string) func() error {
+		return func() error {
+			if got := addresses("a"); !slices.Equal(got, a) {
+				return fmt.Errorf("a has %v; want %v", got, a)
+			}
+			if got := addresses("b"); !slices.Equal(got, b) {
+				return fmt.Errorf("b has %v; want %v", got, b)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, want([]string{"198.18.7.1"}, []string{"198.18.7.2"}))
+	slice, err := member.DiscoveryV1().EndpointSlices(appNS).Get(ctx, "a-hub", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice.Labels[discoveryv1.LabelServiceName] = "b"
+	if _, err := member.DiscoveryV1().EndpointSlices(appNS).Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, want(nil, []string{"198.18.7.1", "198.18.7.2"}))
 }

@@ -148,7 +148,10 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 		kind string
 		inf  cache.SharedIndexInformer
 		fn   func(any)
-	}{{"Service", w.svcInf, c.onService}}
+		// both: an update is told with the object before it too (a slice
+		// that moved to another Service leaves the old one).
+		both bool
+	}{{"Service", w.svcInf, c.onService, false}}
 	if federated {
 		slice := w.factory.Discovery().V1().EndpointSlices()
 		w.sliceInf = slice.Informer()
@@ -162,7 +165,8 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 			kind string
 			inf  cache.SharedIndexInformer
 			fn   func(any)
-		}{"EndpointSlice", w.sliceInf, c.onSlice})
+			both bool
+		}{"EndpointSlice", w.sliceInf, c.onSlice, true})
 		w.mesh = newMeshPods(c.client, namespace)
 		if err := w.mesh.inf.SetTransform(stripMeshPod); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
@@ -177,10 +181,15 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 		}
 	}
 	for _, h := range handlers {
-		fn := h.fn
+		fn, both := h.fn, h.both
 		reg, err := h.inf.AddEventHandler(c.counting(w.counts, h.kind, cache.ResourceEventHandlerFuncs{
-			AddFunc:    fn,
-			UpdateFunc: func(_, obj any) { fn(obj) },
+			AddFunc: fn,
+			UpdateFunc: func(old, obj any) {
+				if both {
+					fn(old) // the queue takes a key once
+				}
+				fn(obj)
+			},
 			DeleteFunc: fn,
 		}))
 		if err != nil {

@@ -105,7 +105,7 @@ func TestIstiodTakesFederationFromHub(t *testing.T) {
 	// What istiod reads there is all an anonymous client gets: CDS is refused.
 	anon := xdstest.DialSotW(t, tlsAddr, grpc.WithTransportCredentials(simpleTLS(t, rootsPEM, hubDNSName)))
 	anon.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", east.Name, nil), TypeUrl: resourcev3.ClusterType})
-	anon.Refused(t, "an anonymous CDS stream on the port istiod reads its config from", codes.Unauthenticated)
+	anon.RefusedWithin(t, 30*time.Second, "an anonymous CDS stream on the port istiod reads its config from", codes.Unauthenticated)
 	if se.Metadata.Labels["app.kubernetes.io/managed-by"] != "hub" {
 		t.Errorf("the federated ServiceEntry in istiod has labels %v; want app.kubernetes.io/managed-by=hub", se.Metadata.Labels)
 	}

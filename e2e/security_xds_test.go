@@ -113,7 +113,7 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 		for _, typ := range []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType, resourcev3.SecretType} {
 			s := xdstest.DialSotW(t, tlsAddr, grpc.WithTransportCredentials(anonymous))
 			s.Send(t, &discoveryv3.DiscoveryRequest{Node: nodeIn("anonymous", "west", nil), TypeUrl: typ, ResourceNames: []string{edsName}})
-			s.Refused(t, "an anonymous "+typ+" stream on the mTLS port", codes.Unauthenticated)
+			s.RefusedWithin(t, 30*time.Second, "an anonymous "+typ+" stream on the mTLS port", codes.Unauthenticated)
 		}
 	})
 
@@ -184,7 +184,7 @@ func TestXDSAttacksAreRefused(t *testing.T) {
 		} {
 			s := xdstest.DialSotW(t, h.xdsAddr)
 			s.Send(t, c.req)
-			s.Refused(t, c.what, c.codes...)
+			s.RefusedWithin(t, 30*time.Second, c.what, c.codes...)
 		}
 		// The live stream is unharmed: an EndpointSlice change reaches it.
 		if err := localcluster.ApplyEndpoints(ctx, client(t, west), app, "echo", "grpc", []localcluster.Backend{{IP: "198.18.30.2", Port: 8080}}); err != nil {

@@ -142,6 +142,6 @@ func TestIstioConfigOverTLSWithPlaintextOff(t *testing.T) {
 		c := xdstest.DialSotW(t, h.addrs["xds-tls"], grpc.WithTransportCredentials(creds))
 		c.Send(t, &discoveryv3.DiscoveryRequest{Node: istiodNode, TypeUrl: typ, ResourceNames: []string{"ROOTCA"}})
 		c.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: "networking.istio.io/v1/ServiceEntry"})
-		c.Refused(t, "an anonymous "+typ+" request on the mTLS port", codes.Unauthenticated)
+		c.RefusedWithin(t, 30*time.Second, "an anonymous "+typ+" request on the mTLS port", codes.Unauthenticated)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -67,7 +68,10 @@ func openIstiodOf(t *testing.T, addr, cluster string) *istiodStream {
 // names), or fails the test after a generous deadline.
 func (s *istiodStream) recv() *discoveryv3.DiscoveryResponse {
 	s.t.Helper()
-	r := s.stream.Expect(s.t, "an istiod config response")
+	r, err := s.stream.NextWithin(s.t, 30*time.Second)
+	if err != nil {
+		s.t.Fatalf("receiving: %v", err)
+	}
 	s.stream.Send(s.t, &discoveryv3.DiscoveryRequest{Node: s.node, TypeUrl: r.TypeUrl, VersionInfo: r.VersionInfo, ResponseNonce: r.Nonce})
 	return r
 }
@@ -208,8 +212,11 @@ func openEDS(t *testing.T, addr, name string) *edsStream {
 // waitFor receives (and ACKs) EDS responses until one has address.
 func (e *edsStream) waitFor(t *testing.T, address string) {
 	t.Helper()
-	for {
-		resp := e.stream.Expect(t, "waiting for "+address+" in EDS")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := e.stream.NextWithin(t, time.Until(deadline))
+		if err != nil {
+			t.Fatalf("waiting for %s in EDS: %v", address, err)
+		}
 		e.stream.Send(t, &discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy"}, TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce, ResourceNames: []string{e.name}})
 		for _, a := range resp.Resources {
 			var cla endpointv3.ClusterLoadAssignment

@@ -44,7 +44,7 @@ type BulkSummary struct {
 	// bulkQuiet (the hub's trailing pushes included); 0 if that never
 	// happened within bulkQuietMax after convergence.
 	QuietSeconds float64 `json:"quietSeconds"`
-	// HubCPUSeconds is the hub's CPU (utime + stime) from the first create
+	// HubCPUSeconds is the hub's CPU (procStats) from the first create
 	// to convergence; HubCPUSecondsToQuiet to quiet.
 	HubCPUSeconds        float64 `json:"hubCpuSeconds"`
 	HubCPUSecondsToQuiet float64 `json:"hubCpuSecondsToQuiet"`

@@ -43,7 +43,7 @@ import (
 // made before the measurement starts, so reviews are answered from the
 // hub's cache, as for a fleet that renews.
 // It reports certificates per second, latency and the hub's CPU per
-// certificate (from /proc/<pid>/stat). The callers run on the same
+// certificate (procStats). The callers run on the same
 // machine and take CPU from the hub: the figures are a lower bound.
 const shapeCA = "ca"
 

@@ -8,10 +8,8 @@ import (
 	"debug/buildinfo"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +22,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/internal/hubproc"
 	"github.com/hubmesh/hub/internal/istiod"
+	"golang.org/x/sys/unix"
 )
 
 // hubProcess is the real hub binary running as our child (proc), or with
@@ -408,7 +407,7 @@ func label(series, name string) string {
 type ProcStats struct {
 	RSSMiB     float64 `json:"rssMiB"`
 	PeakRSSMiB float64 `json:"peakRssMiB"`
-	CPUSeconds float64 `json:"cpuSeconds"` // on CPU since start: its threads' schedstat, else utime + stime
+	CPUSeconds float64 `json:"cpuSeconds"` // on CPU since start: the process CPU clock, else utime + stime
 	Threads    int     `json:"threads"`
 }
 
@@ -461,41 +460,20 @@ func procStats(pid int) (ProcStats, error) {
 		return st, fmt.Errorf("parsing /proc/%d/stat utime/stime %q %q", pid, f[11], f[12])
 	}
 	st.CPUSeconds = (utime + stime) / clockTicks
-	if ns, ok := threadsOnCPU(pid); ok {
-		st.CPUSeconds = float64(ns) / 1e9
+	if cpu, ok := processCPU(pid); ok {
+		st.CPUSeconds = cpu.Seconds()
 	}
 	return st, nil
 }
 
-// threadsOnCPU sums the nanoseconds each live thread of pid has run (the
-// first field of /proc/<pid>/task/<tid>/schedstat): the CPU clock at the
-// scheduler's resolution, where utime and stime count 10 ms ticks. It
-// misses threads that have exited, which Go and Envoy processes keep for
-// their lifetime; false when schedstat is not readable.
-func threadsOnCPU(pid int) (int64, bool) {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tasks, err := os.ReadDir(dir)
-	if err != nil {
+// processCPU reads pid's process CPU clock (clock_gettime of
+// MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)): the nanoseconds all its
+// threads ran, exited ones included, where utime and stime count 10 ms
+// ticks; false when the kernel refuses it.
+func processCPU(pid int) (time.Duration, bool) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(^int32(pid)<<3|2, &ts); err != nil {
 		return 0, false
 	}
-	var sum int64
-	for _, t := range tasks {
-		b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				continue // the thread exited since the listing
-			}
-			return 0, false
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			return 0, false
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		sum += ns
-	}
-	return sum, true
+	return time.Duration(ts.Nano()), true
 }

@@ -113,7 +113,7 @@ type RealEnvoySummary struct {
 	RSSSumMiB float64    `json:"rssSumMiB"`
 	PssSumMiB float64    `json:"pssSumMiB"`
 	// EnvoyWriteCPUSeconds is the CPU all Envoys used over the write phase
-	// (/proc/<pid>/stat, the admin polling included), BenchWriteCPUSeconds
+	// (procStats, the admin polling included), BenchWriteCPUSeconds
 	// hubbench's own (the polling's client side): on a small machine
 	// they compete with the server.
 	EnvoyWriteCPUSeconds float64 `json:"envoyWriteCpuSeconds"`

@@ -58,8 +58,8 @@ type Summary struct {
 	// hub_xds_responses_total.
 	HubWriteResponses  float64 `json:"hubWriteResponses"`
 	HubPushesPerSecond float64 `json:"hubPushesPerSecond"`
-	// HubWriteCPUSeconds is the hub process's CPU (utime + stime of
-	// /proc/<pid>/stat) from just before the first write to just after the
+	// HubWriteCPUSeconds is the hub process's CPU (procStats: its CPU
+	// clock) from just before the first write to just after the
 	// last one reached every watcher, gaps included; HubCPUPerWriteMs is
 	// that ÷ writes.
 	HubWriteCPUSeconds float64 `json:"hubWriteCpuSeconds"`
@@ -345,7 +345,7 @@ func (s *Summary) WriteText(w io.Writer) {
 		s.Heap.LivePerStreamKiB, s.Heap.LiveBeforeMiB, s.Heap.LiveAfterMiB, s.Heap.InuseBeforeMiB, s.Heap.InuseAfterMiB, s.Heap.InusePerStreamKiB)
 	p("  hub CPU                   %8.1f s    (after sync %.1f s, after connect %.1f s; %d threads)",
 		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
-	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; the threads' schedstat clock)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
+	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; the process CPU clock)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
 	p("")
 	if s.Shape == shapeIstiod {
 		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms   bytes/stream")

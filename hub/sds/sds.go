@@ -157,7 +157,7 @@ func (g *Generator) servable(key clusters.ServiceKey) error {
 // review it asked, if it asked one: a new decision for it decides the
 // name again.
 func (g *Generator) Secret(id authn.Identity, name string) (_ proto.Message, consulted *feed.ReviewKey, _ error) {
-	if g.roots == nil || g.secrets == nil {
+	if g == nil || g.roots == nil || g.secrets == nil {
 		return nil, nil, errors.New("SDS is not configured on this hub")
 	}
 	local := g.roots.LocalTrustDomain()
@@ -190,6 +190,9 @@ func (g *Generator) Secret(id authn.Identity, name string) (_ proto.Message, con
 	n, err := g.readable(id, name)
 	if err != nil {
 		return nil, nil, err
+	}
+	if n.Roots { // the workload certificate: not a Secret, not built here
+		return nil, nil, fmt.Errorf("%w: %q is no Secret of a member", ErrDenied, name)
 	}
 	if n.Key.Namespace != id.Namespace {
 		review := feed.ReviewKey{Cluster: id.Cluster, SANamespace: id.Namespace, SA: authn.ServiceAccountOf(id.SpiffeID), Namespace: n.Key.Namespace}

@@ -95,6 +95,7 @@ func TestSecret(t *testing.T) {
 		{name: "kubernetes://hub/gw", id: id, err: ErrDenied},
 		{name: "kubernetes:///gw", id: id, err: ErrDenied},
 		{name: "kubernetes://missing", id: id, err: clusters.ErrSecretNotFound},
+		{name: "default", id: id, err: ErrDenied}, // the workload certificate is the watcher's
 		{name: "kubernetes://gw", id: authn.Identity{}, err: ErrDenied},
 		{name: "kubernetes://gw", id: authn.Identity{SpiffeID: id.SpiffeID, Namespace: "a"}, err: ErrDenied},
 		{name: "kubernetes://gw", id: authn.Identity{SpiffeID: id.SpiffeID, Namespace: "a", Cluster: "west", Conflict: "east"}, err: ErrDenied},
@@ -123,5 +124,9 @@ func TestSecret(t *testing.T) {
 	}
 	if _, _, err := New(nil, nil, nil, nil, "").Secret(id, "ROOTCA"); err == nil {
 		t.Error("a hub without roots or secrets served ROOTCA")
+	}
+	var none *Generator
+	if _, _, err := none.Secret(id, "ROOTCA"); err == nil {
+		t.Error("no generator served ROOTCA")
 	}
 }

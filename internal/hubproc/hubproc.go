@@ -1,8 +1,8 @@
 // Package hubproc runs the real hub binary (`hub serve`) as a child
 // process: the one launcher of the e2e tests, the demo and the benchmark.
-// Every listener binds port 0 and the hub logs the addresses it got (the
-// "hub listening" line, package listening), so no port is ever picked here
-// and then lost to another process.
+// The hub logs the addresses its listeners got (the "hub listening" line,
+// package listening): a caller that asks for port 0 never picks a port
+// and then loses it to another process.
 package hubproc
 
 import (
@@ -30,8 +30,8 @@ type Options struct {
 	OwnGroup bool
 }
 
-// Process is a running hub. It dies with its parent even if the parent is
-// killed (Pdeathsig).
+// Process is a running hub. It is killed (Pdeathsig) when the thread that
+// started it exits: when its parent dies, killed or not.
 type Process struct {
 	opts Options
 	cmd  *exec.Cmd

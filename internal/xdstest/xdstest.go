@@ -220,6 +220,7 @@ func (c *Stream[Req, Resp]) NoneYet(t testing.TB, what string) {
 		if ok {
 			t.Fatalf("%s: got a %s response; want none", what, typeOf(r))
 		}
+		t.Fatalf("%s: stream ended: %v; want it open and silent", what, c.end)
 	default:
 	}
 }
@@ -232,7 +233,13 @@ func (c *Stream[Req, Resp]) Responses() <-chan *Resp { return c.ch }
 // want, before any response.
 func (c *Stream[Req, Resp]) Refused(t testing.TB, what string, want ...codes.Code) {
 	t.Helper()
-	r, err := c.Next(t)
+	c.RefusedWithin(t, Wait, what, want...)
+}
+
+// RefusedWithin is Refused with a wait of its own.
+func (c *Stream[Req, Resp]) RefusedWithin(t testing.TB, wait time.Duration, what string, want ...codes.Code) {
+	t.Helper()
+	r, err := c.NextWithin(t, wait)
 	if r != nil {
 		t.Fatalf("%s: got a %s response; want the stream refused with %v", what, typeOf(r), want)
 	}
