@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hubmesh/hub/internal/workload"
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	_ "google.golang.org/grpc/xds" // registers the xds:/// resolver and balancers
@@ -197,14 +196,20 @@ func (c *xdsClient) drain() {
 	}
 }
 
-// backend is a real gRPC TestService server (workload.Echo) that answers
-// with its name.
+// backend is a real gRPC TestService server that answers with its name
+// only (workload.Echo also names the caller, which these tests' lines do
+// not expect).
 type backend struct {
+	testgrpc.UnimplementedTestServiceServer
 	name string
 	addr *net.TCPAddr
 	// stop stops serving (its listener closes: calls are refused); it is
 	// also called when the test ends.
 	stop func()
+}
+
+func (b *backend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	return &testgrpc.SimpleResponse{ServerId: b.name, Hostname: b.name}, nil
 }
 
 // startBackend serves a backend on ip with a free port until the test ends.
@@ -216,7 +221,7 @@ func startBackend(t *testing.T, ip, name string) *backend {
 	}
 	b := &backend{name: name, addr: lis.Addr().(*net.TCPAddr)}
 	srv := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(srv, &workload.Echo{ID: name})
+	testgrpc.RegisterTestServiceServer(srv, b)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
