@@ -336,51 +336,12 @@ func (r *Registry) processNext(ctx context.Context) bool {
 
 // reconcile brings the members owned by one Secret in line with its data.
 func (r *Registry) reconcile(ctx context.Context, key string) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	base, data, err := r.readRemoteSecret(key)
 	if err != nil {
 		return err
 	}
-	var data map[string][]byte
-	var ref *corev1.ObjectReference
-	var ann identityAnnotations
-	var networking secretNetworking
-	var scope WatchScope
-	var scopeErr error
-	secret, err := r.secrets.Secrets(ns).Get(name)
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return fmt.Errorf("reading secret: %w", err)
-	default:
-		data = secret.Data
-		ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
-		ann = readIdentityAnnotations(secret)
-		networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork],
-			gatewayNamespaces: secret.Annotations[AnnotationGatewayNamespaces], proxylessALPN: secret.Annotations[AnnotationProxylessALPN]}
-		scope, scopeErr = readWatchScope(secret.Annotations)
-	}
-
-	// Keys that no longer exist: stop their clusters and drop their services.
-	// Work out the changes under the lock, stop clusters outside it.
-	var removed []*member
-	var freed []string
-	r.mu.Lock()
-	for id, m := range r.members {
-		if _, ok := data[id]; m.secret == key && !ok {
-			delete(r.members, id)
-			removed = append(removed, m)
-			freed = append(freed, id)
-		}
-	}
-	previous := r.extra[key]
-	r.mu.Unlock()
-	for i, m := range removed {
-		m.stop()
-		r.cfg.Sink.RemoveCluster(freed[i])
-		r.transitions.DeletePartialMatch(prometheus.Labels{"cluster": freed[i]})
-		r.log.Info("cluster removed", "cluster", freed[i], "secret", key)
-		r.event(ref, corev1.EventTypeNormal, "ClusterRemoved", "cluster %s removed", freed[i])
-	}
+	ref, ann, networking := base.ref, base.ann, base.networking
+	freed, previous := r.removeUnlisted(key, data, ref)
 
 	ids := make([]string, 0, len(data))
 	for id := range data {
@@ -389,7 +350,9 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	sort.Strings(ids)
 	extras := map[string]Status{}
 	for _, id := range ids {
-		st, ok := r.apply(ctx, applyKey{secret: key, ref: ref, ann: ann, networking: networking, scope: scope, scopeErr: scopeErr, id: id, kubeconfig: data[id]})
+		k := base
+		k.id, k.kubeconfig = id, data[id]
+		st, ok := r.apply(ctx, k)
 		if ok {
 			continue
 		}
@@ -436,6 +399,56 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 		r.requeueConflicts(key)
 	}
 	return nil
+}
+
+// readRemoteSecret reads remote Secret key: what every one of its data keys
+// shares (an applyKey without id and kubeconfig) and its data; a Secret
+// that is gone reads as one without data.
+func (r *Registry) readRemoteSecret(key string) (applyKey, map[string][]byte, error) {
+	base := applyKey{secret: key}
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return base, nil, err
+	}
+	secret, err := r.secrets.Secrets(ns).Get(name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return base, nil, nil
+	case err != nil:
+		return base, nil, fmt.Errorf("reading secret: %w", err)
+	}
+	base.ref = &corev1.ObjectReference{Kind: "Secret", APIVersion: "v1", Namespace: ns, Name: name, UID: secret.UID}
+	base.ann = readIdentityAnnotations(secret)
+	base.networking = secretNetworking{gateways: secret.Annotations[AnnotationGateways], network: secret.Annotations[AnnotationNetwork],
+		gatewayNamespaces: secret.Annotations[AnnotationGatewayNamespaces], proxylessALPN: secret.Annotations[AnnotationProxylessALPN]}
+	base.scope, base.scopeErr = readWatchScope(secret.Annotations)
+	return base, secret.Data, nil
+}
+
+// removeUnlisted stops the members Secret key owns under IDs its data no
+// longer lists and drops their services (the changes worked out under the
+// lock, the clusters stopped outside it). It returns the freed IDs and the
+// statuses the Secret's other keys had.
+func (r *Registry) removeUnlisted(key string, data map[string][]byte, ref *corev1.ObjectReference) (freed []string, previous map[string]Status) {
+	var removed []*member
+	r.mu.Lock()
+	for id, m := range r.members {
+		if _, ok := data[id]; m.secret == key && !ok {
+			delete(r.members, id)
+			removed = append(removed, m)
+			freed = append(freed, id)
+		}
+	}
+	previous = r.extra[key]
+	r.mu.Unlock()
+	for i, m := range removed {
+		m.stop()
+		r.cfg.Sink.RemoveCluster(freed[i])
+		r.transitions.DeletePartialMatch(prometheus.Labels{"cluster": freed[i]})
+		r.log.Info("cluster removed", "cluster", freed[i], "secret", key)
+		r.event(ref, corev1.EventTypeNormal, "ClusterRemoved", "cluster %s removed", freed[i])
+	}
+	return freed, previous
 }
 
 // apply starts, keeps or replaces the member for one data key. It returns
