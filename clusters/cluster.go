@@ -126,28 +126,9 @@ type Cluster struct {
 	// persistedAt is when the view it serves until its first sync was
 	// persisted (zero: it was not restored; see persist.go).
 	persistedAt time.Time
-	// annotated and annotatedErr are the gateways the remote Secret names
-	// (AnnotationGateways) and why it was refused; gateways is what
-	// discoverGateways made of them and the member's gateway Services
-	// (shared by every Service view: never modified, only replaced), and
-	// gatewayServices the labelled Services it looked at.
-	annotated    []Gateway
-	annotatedErr []error
-	confirmed    string // the network the Secret confirms (AnnotationNetwork)
-	// gatewayNamespaces are where gateway Services may live
-	// (AnnotationGatewayNamespaces and SystemNamespace), sorted.
-	gatewayNamespaces []string
-	gateways          gatewayView
-	gatewayServices   map[ServiceKey]bool
-	// plaintext counts, per Service, the endpoints that do not accept
-	// Istio mTLS: what proxies of other networks do not get when the
-	// member's network has a gateway (Status.CrossNetworkWithheld).
-	plaintext map[ServiceKey]int
-	// restoredNetwork and restoredGateways are the network and gateways
-	// of the persisted view the member serves until its system namespace
-	// is listed (exportedGateways).
-	restoredNetwork  string
-	restoredGateways []Gateway
+	// networking is what the member's Secret, Services and persisted view
+	// say of its network and gateways.
+	networking networkingState
 	// gatewaysChanged, if set, is told when the member's network or
 	// gateways changed (the registry hands every member the new set).
 	gatewaysChanged func()
@@ -225,13 +206,13 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		done:       make(chan struct{}),
 		state:      StatePending,
 		endpoints:  map[ServiceKey]int{},
-		plaintext:  map[ServiceKey]int{},
 		exportMode: deps.exportMode,
 		exportPoll: cmp.Or(deps.exportPoll, serviceExportPoll),
 
-		gatewaysChanged:   deps.gatewaysChanged,
-		gatewayServices:   map[ServiceKey]bool{},
-		gatewayNamespaces: []string{SystemNamespace},
+		gatewaysChanged: deps.gatewaysChanged,
+		networking: networkingState{
+			plaintext: map[ServiceKey]int{}, gatewayServices: map[ServiceKey]bool{}, gatewayNamespaces: []string{SystemNamespace},
+		},
 	}
 	if c.meta, c.dynamic, err = untypedClients(cfg, httpClient); err != nil {
 		return nil, fmt.Errorf("cluster %s: %w", id, err)
@@ -676,7 +657,7 @@ func (c *Cluster) publishAll() {
 	}
 	c.sink.ReplaceCluster(c.id, views)
 	c.mu.Lock()
-	c.endpoints, c.plaintext = counts, plaintext
+	c.endpoints, c.networking.plaintext = counts, plaintext
 	c.mu.Unlock()
 }
 
@@ -703,10 +684,10 @@ func (c *Cluster) processNext() bool {
 	c.mu.Lock()
 	if view == nil {
 		delete(c.endpoints, key)
-		delete(c.plaintext, key)
+		delete(c.networking.plaintext, key)
 	} else {
 		c.endpoints[key] = len(view.Endpoints)
-		c.plaintext[key] = plaintextEndpoints(view)
+		c.networking.plaintext[key] = plaintextEndpoints(view)
 	}
 	c.lastSync = time.Now()
 	c.mu.Unlock()
@@ -725,8 +706,8 @@ func (c *Cluster) build(svc *corev1.Service) *Service {
 	exported, listed := c.serviceExported(svc.Namespace, svc.Name)
 	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, c.exportMode, exported, listed)
 	c.mu.Lock()
-	if c.gateways.network == out.Network { // else a refresh for the new network is under way
-		out.Gateways = c.gateways.gateways
+	if c.networking.gateways.network == out.Network { // else a refresh for the new network is under way
+		out.Gateways = c.networking.gateways.gateways
 	}
 	c.mu.Unlock()
 	return out
@@ -793,8 +774,8 @@ func (c *Cluster) statusLocked() Status {
 	st.Network = c.network()
 	st.CrossNetworkWithheld = c.crossNetworkWithheldLocked(st.Network, st.Endpoints)
 	st.ProxylessWithheld = c.proxylessWithheldLocked(st.Network, st.Endpoints, st.CrossNetworkWithheld)
-	st.Gateways = slices.Clone(c.gateways.gateways)
-	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.gateways.refused), c.gateways.refusedCount
+	st.Gateways = slices.Clone(c.networking.gateways.gateways)
+	st.GatewaysRefused, st.GatewaysRefusedCount = slices.Clone(c.networking.gateways.refused), c.networking.gateways.refusedCount
 	st.GatewayServices, st.GatewayServicesError = c.gw.status()
 	st.WatchScope = c.ns.scope
 	return st

@@ -204,11 +204,11 @@ func (c *Cluster) exportedGateways() (network string, gateways []Gateway, known 
 	defer c.mu.Unlock()
 	switch {
 	case c.informersSynced: // its gateway Services and system namespace are listed too
-		return c.gateways.network, c.gateways.gateways, true
-	case !c.persistedAt.IsZero() && (c.secret == "" || c.confirmed == c.restoredNetwork):
-		return c.restoredNetwork, inGatewayNamespaces(c.restoredGateways, c.gatewayNamespaces), true
+		return c.networking.gateways.network, c.networking.gateways.gateways, true
+	case !c.persistedAt.IsZero() && (c.secret == "" || c.networking.confirmed == c.networking.restoredNetwork):
+		return c.networking.restoredNetwork, inGatewayNamespaces(c.networking.restoredGateways, c.networking.gatewayNamespaces), true
 	case !c.persistedAt.IsZero():
-		return c.restoredNetwork, nil, true
+		return c.networking.restoredNetwork, nil, true
 	}
 	return "", nil, false
 }

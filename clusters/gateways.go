@@ -386,6 +386,33 @@ func serviceGateways(svc *corev1.Service, nodes []*corev1.Node) (out []Gateway, 
 	return out, ""
 }
 
+// networkingState is what a Cluster knows of its member's network and
+// gateways; Cluster.mu guards it.
+type networkingState struct {
+	// annotated and annotatedErr are the gateways the remote Secret names
+	// (AnnotationGateways) and why it was refused; gateways is what
+	// discoverGateways made of them and the member's gateway Services
+	// (shared by every Service view: never modified, only replaced), and
+	// gatewayServices the labelled Services it looked at.
+	annotated    []Gateway
+	annotatedErr []error
+	confirmed    string // the network the Secret confirms (AnnotationNetwork)
+	// gatewayNamespaces are where gateway Services may live
+	// (AnnotationGatewayNamespaces and SystemNamespace), sorted.
+	gatewayNamespaces []string
+	gateways          gatewayView
+	gatewayServices   map[ServiceKey]bool
+	// plaintext counts, per Service, the endpoints that do not accept
+	// Istio mTLS: what proxies of other networks do not get when the
+	// member's network has a gateway (Status.CrossNetworkWithheld).
+	plaintext map[ServiceKey]int
+	// restoredNetwork and restoredGateways are the network and gateways
+	// of the persisted view the member serves until its system namespace
+	// is listed (exportedGateways).
+	restoredNetwork  string
+	restoredGateways []Gateway
+}
+
 // secretNetworking is what a remote Secret says of its members' network:
 // its AnnotationGateways, AnnotationNetwork, AnnotationGatewayNamespaces and
 // AnnotationProxylessALPN, as written.
@@ -409,8 +436,8 @@ func (c *Cluster) setSecretNetworking(s secretNetworking) {
 	}
 	nw := confirmedNetwork(s.network, c.id)
 	c.mu.Lock()
-	same := slices.Equal(c.annotated, gws) && fmt.Sprint(c.annotatedErr) == fmt.Sprint(errs) && c.confirmed == nw && slices.Equal(c.gatewayNamespaces, nss)
-	c.annotated, c.annotatedErr, c.confirmed, c.gatewayNamespaces = gws, errs, nw, nss
+	same := slices.Equal(c.networking.annotated, gws) && fmt.Sprint(c.networking.annotatedErr) == fmt.Sprint(errs) && c.networking.confirmed == nw && slices.Equal(c.networking.gatewayNamespaces, nss)
+	c.networking.annotated, c.networking.annotatedErr, c.networking.confirmed, c.networking.gatewayNamespaces = gws, errs, nw, nss
 	c.mu.Unlock()
 	if !same && c.services != nil {
 		c.refreshGateways(false)
@@ -428,9 +455,9 @@ func (c *Cluster) gatewayServiceChanged(key ServiceKey, obj any) {
 		_, labelled = svc.Labels[LabelNetwork]
 	}
 	c.mu.Lock()
-	was := c.gatewayServices[key]
+	was := c.networking.gatewayServices[key]
 	if labelled {
-		c.gatewayServices[key] = true
+		c.networking.gatewayServices[key] = true
 	}
 	c.mu.Unlock()
 	if labelled || was {
@@ -446,11 +473,11 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	c.gatewaysMu.Lock()
 	defer c.gatewaysMu.Unlock()
 	c.mu.Lock()
-	keys := make([]ServiceKey, 0, len(c.gatewayServices))
-	for k := range c.gatewayServices {
+	keys := make([]ServiceKey, 0, len(c.networking.gatewayServices))
+	for k := range c.networking.gatewayServices {
 		keys = append(keys, k)
 	}
-	annotated, annotatedErr, confirmed, namespaces := c.annotated, c.annotatedErr, c.confirmed, c.gatewayNamespaces
+	annotated, annotatedErr, confirmed, namespaces := c.networking.annotated, c.networking.annotatedErr, c.networking.confirmed, c.networking.gatewayNamespaces
 	c.mu.Unlock()
 	var svcs []*corev1.Service
 	var gone []ServiceKey
@@ -476,14 +503,14 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 		services: svcs, nodes: nodes, annotated: annotated, annotErr: annotatedErr})
 	c.mu.Lock()
 	for _, k := range gone {
-		delete(c.gatewayServices, k)
+		delete(c.networking.gatewayServices, k)
 	}
-	changed := !slices.Equal(c.gateways.gateways, view.gateways) || c.gateways.network != view.network
+	changed := !slices.Equal(c.networking.gateways.gateways, view.gateways) || c.networking.gateways.network != view.network
 	if changed {
-		c.gateways.gateways, c.gateways.network = view.gateways, view.network
+		c.networking.gateways.gateways, c.networking.gateways.network = view.gateways, view.network
 	}
-	newlyRefused := slices.DeleteFunc(slices.Clone(view.refused), func(r string) bool { return slices.Contains(c.gateways.refused, r) })
-	c.gateways.refused, c.gateways.refusedCount = view.refused, view.refusedCount
+	newlyRefused := slices.DeleteFunc(slices.Clone(view.refused), func(r string) bool { return slices.Contains(c.networking.gateways.refused, r) })
+	c.networking.gateways.refused, c.networking.gateways.refusedCount = view.refused, view.refusedCount
 	notify, onRefused := c.gatewaysChanged, c.gatewayRefused
 	c.mu.Unlock()
 	for _, r := range newlyRefused {
@@ -527,7 +554,7 @@ func (c *Cluster) proxylessWithheldLocked(network string, endpoints, withheld in
 	if network == "" || withheld == endpoints {
 		return withheld
 	}
-	for _, gws := range [][]Gateway{c.gateways.gateways, c.gw.peersOf(network)} {
+	for _, gws := range [][]Gateway{c.networking.gateways.gateways, c.gw.peersOf(network)} {
 		if slices.ContainsFunc(gws, func(g Gateway) bool { return g.Proxyless }) {
 			return withheld
 		}
@@ -545,11 +572,11 @@ func (c *Cluster) crossNetworkWithheldLocked(network string, endpoints int) int 
 	switch {
 	case network == "":
 		return 0
-	case len(c.gateways.gateways) == 0 && len(c.gw.peersOf(network)) == 0:
+	case len(c.networking.gateways.gateways) == 0 && len(c.gw.peersOf(network)) == 0:
 		return endpoints
 	}
 	n := 0
-	for _, p := range c.plaintext {
+	for _, p := range c.networking.plaintext {
 		n += p
 	}
 	return n

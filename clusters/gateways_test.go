@@ -423,7 +423,7 @@ func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
 		secret, confirmed string
 		kept              bool
 	}{{"ns/s", "net-a", true}, {"ns/s", "net-b", false}, {"ns/s", "", false}, {"", "", true}} {
-		c := &Cluster{secret: tc.secret, confirmed: tc.confirmed}
+		c := &Cluster{secret: tc.secret, networking: networkingState{confirmed: tc.confirmed}}
 		got := c.confirmedGateways(view)
 		if kept := len(got[0].Gateways) > 0; kept != tc.kept {
 			t.Errorf("secret %q confirming %q: gateways kept %v; want %v", tc.secret, tc.confirmed, kept, tc.kept)
@@ -439,7 +439,7 @@ func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
 // network, so only its plaintext endpoints are withheld then; without any
 // gateway on its network, all of them; without a network, none.
 func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
-	c := &Cluster{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1, {Namespace: "a", Name: "y"}: 2}}
+	c := &Cluster{networking: networkingState{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1, {Namespace: "a", Name: "y"}: 2}}}
 	if got := c.crossNetworkWithheldLocked("", 10); got != 0 {
 		t.Errorf("no network: %d", got)
 	}
@@ -451,7 +451,7 @@ func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
 		t.Errorf("another member's gateway on the network: %d; want 3 (the plaintext ones)", got)
 	}
 	c.gw.setPeers(peerGateways{})
-	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	c.networking.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
 	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
 		t.Errorf("own gateway: %d; want 3", got)
 	}
@@ -489,8 +489,8 @@ func TestProxylessGateways(t *testing.T) {
 		}
 	}
 
-	c := &Cluster{id: "m", plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1}}
-	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	c := &Cluster{id: "m", networking: networkingState{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1}}}
+	c.networking.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
 	withheld := c.crossNetworkWithheldLocked("net-x", 10)
 	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 10 {
 		t.Errorf("no gateway admits proxyless gRPC: %d withheld; want 10", got)
@@ -500,7 +500,7 @@ func TestProxylessGateways(t *testing.T) {
 		t.Errorf("another member's gateway admits it: %d withheld; want 1 (the plaintext one)", got)
 	}
 	c.gw.setPeers(peerGateways{})
-	c.gateways = gatewayView{}
+	c.networking.gateways = gatewayView{}
 	if got := c.proxylessWithheldLocked("net-x", 10, c.crossNetworkWithheldLocked("net-x", 10)); got != 10 {
 		t.Errorf("no gateway at all: %d withheld; want 10", got)
 	}
@@ -511,12 +511,12 @@ func TestProxylessGateways(t *testing.T) {
 	// The Secret's word for the gateways it names.
 	c = &Cluster{id: "m"}
 	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x", proxylessALPN: "true"})
-	if len(c.annotated) != 1 || !c.annotated[0].Proxyless {
-		t.Errorf("Secret with %s=true: %+v", AnnotationProxylessALPN, c.annotated)
+	if len(c.networking.annotated) != 1 || !c.networking.annotated[0].Proxyless {
+		t.Errorf("Secret with %s=true: %+v", AnnotationProxylessALPN, c.networking.annotated)
 	}
 	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x"})
-	if len(c.annotated) != 1 || c.annotated[0].Proxyless {
-		t.Errorf("Secret without %s: %+v", AnnotationProxylessALPN, c.annotated)
+	if len(c.networking.annotated) != 1 || c.networking.annotated[0].Proxyless {
+		t.Errorf("Secret without %s: %+v", AnnotationProxylessALPN, c.networking.annotated)
 	}
 }
 

@@ -559,7 +559,7 @@ func (r *Registry) namedBySecret(id string) (named, known bool) {
 // longer allows.
 func (c *Cluster) confirmedGateways(services []*Service) []*Service {
 	c.mu.Lock()
-	confirmed := c.confirmed
+	confirmed := c.networking.confirmed
 	c.mu.Unlock()
 	out := services
 	for i, s := range services {
@@ -585,10 +585,10 @@ func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 		for _, s := range services {
 			c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
 			if s.Network != "" {
-				c.restoredNetwork = s.Network
+				c.networking.restoredNetwork = s.Network
 			}
 			if len(s.Gateways) > 0 {
-				c.restoredGateways = s.Gateways
+				c.networking.restoredGateways = s.Gateways
 			}
 		}
 	})
