@@ -111,7 +111,25 @@ type Cluster struct {
 
 	mu sync.Mutex
 	// observe is told about every state change, outside the lock.
-	observe      func(st Status, from State)
+	observe func(st Status, from State)
+	// health is where the member's client stands: its state, its last
+	// sync and error, what it published.
+	health memberHealth
+	// networking is what the member's Secret, Services and persisted view
+	// say of its network and gateways.
+	networking networkingState
+	// gatewaysChanged, if set, is told when the member's network or
+	// gateways changed (the registry hands every member the new set).
+	gatewaysChanged func()
+	// gatewayRefused, if set, is told each new reason a gateway was
+	// refused (the registry records an Event on the remote Secret).
+	gatewayRefused func(reason string)
+	// gw writes the other networks' gateways into the member.
+	gw gatewayWriter
+}
+
+// memberHealth is where a member's client stands; Cluster.mu guards it.
+type memberHealth struct {
 	state        State
 	message      string
 	lastSync     time.Time
@@ -126,17 +144,6 @@ type Cluster struct {
 	// persistedAt is when the view it serves until its first sync was
 	// persisted (zero: it was not restored; see persist.go).
 	persistedAt time.Time
-	// networking is what the member's Secret, Services and persisted view
-	// say of its network and gateways.
-	networking networkingState
-	// gatewaysChanged, if set, is told when the member's network or
-	// gateways changed (the registry hands every member the new set).
-	gatewaysChanged func()
-	// gatewayRefused, if set, is told each new reason a gateway was
-	// refused (the registry records an Event on the remote Secret).
-	gatewayRefused func(reason string)
-	// gw writes the other networks' gateways into the member.
-	gw gatewayWriter
 }
 
 // clusterDeps are what every Cluster of a registry shares.
@@ -204,8 +211,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		factory:    informers.NewSharedInformerFactory(client, 0),
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]()),
 		done:       make(chan struct{}),
-		state:      StatePending,
-		endpoints:  map[ServiceKey]int{},
+		health:     memberHealth{state: StatePending, endpoints: map[ServiceKey]int{}},
 		exportMode: deps.exportMode,
 		exportPoll: cmp.Or(deps.exportPoll, serviceExportPoll),
 
@@ -364,7 +370,9 @@ func (c *Cluster) run(ctx context.Context) {
 		})
 	}
 	wg.Go(func() { c.probeHealth(ctx) })
-	c.transition(func() { c.state, c.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync" })
+	c.transition(func() {
+		c.health.state, c.health.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync"
+	})
 	started := time.Now()
 	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
 	defer timer.Stop()
@@ -382,13 +390,13 @@ func (c *Cluster) run(ctx context.Context) {
 	}
 	cancelMesh()
 	c.mu.Lock()
-	c.informersSynced = true
+	c.health.informersSynced = true
 	c.mu.Unlock()
 	ready := func() {
 		took := time.Since(started)
 		c.transition(func() {
-			if c.state != StateInvalid {
-				c.state, c.message, c.lastSync, c.syncDuration, c.everSynced = StateReady, "", time.Now(), took, true
+			if c.health.state != StateInvalid {
+				c.health.state, c.health.message, c.health.lastSync, c.health.syncDuration, c.health.everSynced = StateReady, "", time.Now(), took, true
 			}
 		})
 		c.log.Info("cluster synced", "duration", took.Round(time.Millisecond).String())
@@ -527,16 +535,16 @@ func (c *Cluster) setObserver(fn func(Status, State)) {
 
 func (c *Cluster) syncTimedOut() {
 	c.transition(func() {
-		if c.state == StateSyncing || c.state == StateUnreachable {
-			c.state, c.message = StateTimedOut, c.timedOutMessage()
+		if c.health.state == StateSyncing || c.health.state == StateUnreachable {
+			c.health.state, c.health.message = StateTimedOut, c.timedOutMessage()
 		}
 	})
 }
 
 func (c *Cluster) timedOutMessage() string {
 	msg := fmt.Sprintf("not synced within %s; still trying (no longer blocks readiness)", c.timeout)
-	if c.lastErr != "" {
-		msg += ": cannot list or watch: " + c.lastErr
+	if c.health.lastErr != "" {
+		msg += ": cannot list or watch: " + c.health.lastErr
 	}
 	return msg
 }
@@ -547,16 +555,16 @@ func (c *Cluster) timedOutMessage() string {
 // back.
 func (c *Cluster) requestFailed(err error) {
 	c.transition(func() {
-		c.lastErr = err.Error()
-		switch c.state {
+		c.health.lastErr = err.Error()
+		switch c.health.state {
 		case StateReady, StateStale:
-			c.state = StateStale
-			c.message = "API server unreachable or watch failing; serving the last known endpoints: " + c.lastErr
+			c.health.state = StateStale
+			c.health.message = "API server unreachable or watch failing; serving the last known endpoints: " + c.health.lastErr
 		case StatePending, StateSyncing, StateUnreachable:
-			c.state = StateUnreachable
-			c.message = "cannot list or watch: " + c.lastErr
+			c.health.state = StateUnreachable
+			c.health.message = "cannot list or watch: " + c.health.lastErr
 		case StateTimedOut:
-			c.message = c.timedOutMessage()
+			c.health.message = c.timedOutMessage()
 		}
 	})
 }
@@ -623,17 +631,17 @@ func refuseRedirect(*http.Request, []*http.Request) error {
 // one back to Syncing) once its API server answers again.
 func (c *Cluster) requestSucceeded() {
 	c.mu.Lock()
-	healthy := c.state != StateStale && c.state != StateUnreachable
+	healthy := c.health.state != StateStale && c.health.state != StateUnreachable
 	c.mu.Unlock()
 	if healthy {
 		return
 	}
 	c.transition(func() {
-		switch c.state {
+		switch c.health.state {
 		case StateStale:
-			c.state, c.message, c.lastErr = StateReady, "", ""
+			c.health.state, c.health.message, c.health.lastErr = StateReady, "", ""
 		case StateUnreachable:
-			c.state, c.message = StateSyncing, "API server reachable again; waiting for informers to sync"
+			c.health.state, c.health.message = StateSyncing, "API server reachable again; waiting for informers to sync"
 		}
 	})
 }
@@ -657,7 +665,7 @@ func (c *Cluster) publishAll() {
 	}
 	c.sink.ReplaceCluster(c.id, views)
 	c.mu.Lock()
-	c.endpoints, c.networking.plaintext = counts, plaintext
+	c.health.endpoints, c.networking.plaintext = counts, plaintext
 	c.mu.Unlock()
 }
 
@@ -683,13 +691,13 @@ func (c *Cluster) processNext() bool {
 	c.sink.UpdateService(c.id, key, view)
 	c.mu.Lock()
 	if view == nil {
-		delete(c.endpoints, key)
+		delete(c.health.endpoints, key)
 		delete(c.networking.plaintext, key)
 	} else {
-		c.endpoints[key] = len(view.Endpoints)
+		c.health.endpoints[key] = len(view.Endpoints)
 		c.networking.plaintext[key] = plaintextEndpoints(view)
 	}
-	c.lastSync = time.Now()
+	c.health.lastSync = time.Now()
 	c.mu.Unlock()
 	c.queue.Forget(key)
 	return true
@@ -761,14 +769,14 @@ func (c *Cluster) statusLocked() Status {
 	defer c.mu.Unlock()
 	st := Status{
 		ID: c.id, Secret: c.secret, Server: c.server,
-		Services: len(c.endpoints), LastSyncTime: c.lastSync, SyncDuration: c.syncDuration,
+		Services: len(c.health.endpoints), LastSyncTime: c.health.lastSync, SyncDuration: c.health.syncDuration,
 		Warnings: slices.Clone(c.warnings), Credentials: slices.Clone(c.credentials),
 	}
 	if c.hash != ([32]byte{}) {
 		st.KubeconfigSHA256 = hex.EncodeToString(c.hash[:])
 	}
 	st.State, st.Message = c.shownLocked()
-	for _, n := range c.endpoints {
+	for _, n := range c.health.endpoints {
 		st.Endpoints += n
 	}
 	st.Network = c.network()

@@ -203,11 +203,11 @@ func (c *Cluster) exportedGateways() (network string, gateways []Gateway, known 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
-	case c.informersSynced: // its gateway Services and system namespace are listed too
+	case c.health.informersSynced: // its gateway Services and system namespace are listed too
 		return c.networking.gateways.network, c.networking.gateways.gateways, true
-	case !c.persistedAt.IsZero() && (c.secret == "" || c.networking.confirmed == c.networking.restoredNetwork):
+	case !c.health.persistedAt.IsZero() && (c.secret == "" || c.networking.confirmed == c.networking.restoredNetwork):
 		return c.networking.restoredNetwork, inGatewayNamespaces(c.networking.restoredGateways, c.networking.gatewayNamespaces), true
-	case !c.persistedAt.IsZero():
+	case !c.health.persistedAt.IsZero():
 		return c.networking.restoredNetwork, nil, true
 	}
 	return "", nil, false

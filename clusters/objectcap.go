@@ -65,8 +65,8 @@ func (c *Cluster) overflow() {
 		return
 	}
 	c.transition(func() {
-		c.state = StateInvalid
-		c.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.maxObjects)
+		c.health.state = StateInvalid
+		c.health.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.maxObjects)
 	})
 	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.maxObjects)
 	c.cancel()
@@ -81,6 +81,6 @@ func (c *Cluster) withdrawIfOverflowed() {
 	}
 	c.sink.RemoveCluster(c.id)
 	c.mu.Lock()
-	clear(c.endpoints)
+	clear(c.health.endpoints)
 	c.mu.Unlock()
 }

@@ -581,9 +581,9 @@ func (c *Cluster) confirmedGateways(services []*Service) []*Service {
 // view's gateways are already those the Secret confirms (confirmedGateways).
 func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 	c.transition(func() {
-		c.persistedAt = at
+		c.health.persistedAt = at
 		for _, s := range services {
-			c.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
+			c.health.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
 			if s.Network != "" {
 				c.networking.restoredNetwork = s.Network
 			}
@@ -598,12 +598,12 @@ func (c *Cluster) servePersisted(at time.Time, services []*Service) {
 // served from its persisted view first syncs, it is Stale, and the message
 // says which view it serves.
 func (c *Cluster) shownLocked() (State, string) {
-	if c.persistedAt.IsZero() || c.everSynced {
-		return c.state, c.message
+	if c.health.persistedAt.IsZero() || c.health.everSynced {
+		return c.health.state, c.health.message
 	}
-	msg := fmt.Sprintf("serving the view persisted at %s until the member syncs", c.persistedAt.UTC().Format(time.RFC3339))
-	if c.message != "" {
-		msg += "; " + string(c.state) + ": " + c.message
+	msg := fmt.Sprintf("serving the view persisted at %s until the member syncs", c.health.persistedAt.UTC().Format(time.RFC3339))
+	if c.health.message != "" {
+		msg += "; " + string(c.health.state) + ": " + c.health.message
 	}
 	return StateStale, msg
 }
@@ -616,6 +616,6 @@ func (c *Cluster) shownLocked() (State, string) {
 func (c *Cluster) holdsReadiness() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.persistedAt.IsZero() && !c.everSynced && c.lastErr == "" &&
-		(c.state == StatePending || c.state == StateSyncing)
+	return !c.health.persistedAt.IsZero() && !c.health.everSynced && c.health.lastErr == "" &&
+		(c.health.state == StatePending || c.health.state == StateSyncing)
 }
