@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -70,11 +69,8 @@ type Cluster struct {
 	// credentials are when the kubeconfig's credentials expire; never
 	// modified after newCluster.
 	credentials []CredentialExpiry
-	// maxObjects caps the objects the informers hold (0: none); objects
-	// counts them, and overflowed is set once the cap was passed.
-	maxObjects int
-	objects    atomic.Int64
-	overflowed atomic.Bool
+	// objectCap caps the objects the informers hold.
+	objectCap  objectCap
 	secrets    *secretController
 	meta       metadata.Interface
 	dynamic    dynamic.Interface               // ServiceExport status
@@ -205,7 +201,7 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 	}
 	*c = Cluster{
 		id: id, secret: secret, server: kc.Server, hash: kc.SHA256, warnings: kc.Warnings, credentials: kc.Credentials,
-		httpClient: httpClient, maxObjects: kc.maxObjects,
+		httpClient: httpClient, objectCap: objectCap{max: kc.maxObjects},
 		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
 		client: client, conns: conns,
 		factory:    informers.NewSharedInformerFactory(client, 0),

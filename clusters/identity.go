@@ -123,5 +123,5 @@ func (c *Cluster) identitySynced() (bool, State) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st, _ := c.shownLocked()
-	return c.health.informersSynced && !c.overflowed.Load(), st
+	return c.health.informersSynced && !c.objectCap.overflowed.Load(), st
 }

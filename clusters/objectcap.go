@@ -27,6 +27,15 @@ func (k kindCounts) total() int64 {
 	return n
 }
 
+// objectCap bounds the objects a member's informers hold
+// (--member-max-objects): held counts them, and overflowed is set once the
+// count passed max (0: no cap).
+type objectCap struct {
+	max        int
+	held       atomic.Int64
+	overflowed atomic.Bool
+}
+
 // counting wraps an informer's handler so that it also counts the objects
 // the informer holds, as kind in counts and in the member's total, and
 // stops the member once the total passes its cap (Services,
@@ -40,7 +49,7 @@ func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEvent
 	add, del := h.AddFunc, h.DeleteFunc
 	h.AddFunc = func(obj any) {
 		n.Add(1)
-		if c.objects.Add(1) > int64(c.maxObjects) && c.maxObjects > 0 {
+		if c.objectCap.held.Add(1) > int64(c.objectCap.max) && c.objectCap.max > 0 {
 			c.overflow()
 		}
 		if add != nil {
@@ -49,7 +58,7 @@ func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEvent
 	}
 	h.DeleteFunc = func(obj any) {
 		n.Add(-1)
-		c.objects.Add(-1)
+		c.objectCap.held.Add(-1)
 		if del != nil {
 			del(obj)
 		}
@@ -61,14 +70,14 @@ func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEvent
 // controller; run then withdraws whatever it had published. Other members
 // are not affected. It runs once, from an informer's notification.
 func (c *Cluster) overflow() {
-	if !c.overflowed.CompareAndSwap(false, true) {
+	if !c.objectCap.overflowed.CompareAndSwap(false, true) {
 		return
 	}
 	c.transition(func() {
 		c.health.state = StateInvalid
-		c.health.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.maxObjects)
+		c.health.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.objectCap.max)
 	})
-	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.maxObjects)
+	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.objectCap.max)
 	c.cancel()
 	c.queue.ShutDown()
 }
@@ -76,7 +85,7 @@ func (c *Cluster) overflow() {
 // withdrawIfOverflowed drops the member's services from the Sink after an
 // overflow stopped a member that had published them.
 func (c *Cluster) withdrawIfOverflowed() {
-	if !c.overflowed.Load() {
+	if !c.objectCap.overflowed.Load() {
 		return
 	}
 	c.sink.RemoveCluster(c.id)

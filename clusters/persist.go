@@ -337,7 +337,7 @@ func (p *viewPersister) restore(id string, c *Cluster) {
 	if v == nil {
 		return
 	}
-	services, unauthenticated, err := v.open(key, time.Now(), c.maxObjects)
+	services, unauthenticated, err := v.open(key, time.Now(), c.objectCap.max)
 	if err != nil {
 		p.rejectView(v, unauthenticated, err)
 		return

@@ -284,7 +284,7 @@ func (w *nsWatch) hasSynced() bool {
 func (c *Cluster) retire(w *nsWatch) {
 	keys := w.svcInf.GetStore().ListKeys()
 	w.stop()
-	c.objects.Add(-w.counts.total())
+	c.objectCap.held.Add(-w.counts.total())
 	for _, k := range keys {
 		ns, name, _ := cache.SplitMetaNamespaceKey(k)
 		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
