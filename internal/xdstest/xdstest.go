@@ -201,13 +201,12 @@ func (c *Stream[Req, Resp]) ExpectType(t testing.TB, typeURL, what string) *Resp
 // None fails the test if a response arrives within d.
 func (c *Stream[Req, Resp]) None(t testing.TB, d time.Duration, what string) {
 	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
 	select {
 	case r, ok := <-c.ch:
-		if ok {
-			t.Fatalf("%s: got a %s response; want none", what, typeOf(r))
-		}
-		t.Fatalf("%s: stream ended: %v; want it open and silent", what, c.end)
-	case <-time.After(d):
+		c.notSilent(t, r, ok, what)
+	case <-timer.C:
 	}
 }
 
@@ -217,12 +216,19 @@ func (c *Stream[Req, Resp]) NoneYet(t testing.TB, what string) {
 	t.Helper()
 	select {
 	case r, ok := <-c.ch:
-		if ok {
-			t.Fatalf("%s: got a %s response; want none", what, typeOf(r))
-		}
-		t.Fatalf("%s: stream ended: %v; want it open and silent", what, c.end)
+		c.notSilent(t, r, ok, what)
 	default:
 	}
+}
+
+// notSilent fails the test with what None and NoneYet received: a
+// response r, or the stream's end (!ok).
+func (c *Stream[Req, Resp]) notSilent(t testing.TB, r *Resp, ok bool, what string) {
+	t.Helper()
+	if ok {
+		t.Fatalf("%s: got a %s response; want none", what, typeOf(r))
+	}
+	t.Fatalf("%s: stream ended: %v; want it open and silent", what, c.end)
 }
 
 // Responses is the channel the responses arrive on, for a test that
