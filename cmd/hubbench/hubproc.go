@@ -10,11 +10,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -312,6 +314,52 @@ type hubMetrics struct {
 	NextGCMiB     float64            `json:"nextGCMiB"`     // go_memstats_next_gc_bytes: the heap goal
 	GoSysMiB      float64            `json:"goSysMiB"`      // go_memstats_sys_bytes: all memory the runtime holds
 	GCs           float64            `json:"gcs"`           // go_gc_duration_seconds_count
+	// EDSPushLatency is hub_xds_push_latency_seconds for
+	// ClusterLoadAssignment: the hub's own share of a write's time, from
+	// the member's change reaching the index to the response handed to
+	// the stream.
+	EDSPushLatency histogram `json:"edsPushLatency"`
+}
+
+// histogram is one Prometheus histogram series: cumulative counts by
+// upper bound (seconds), with its sum and count.
+type histogram struct {
+	Buckets map[string]float64 `json:"buckets,omitempty"` // le → cumulative count
+	Sum     float64            `json:"sum"`
+	Count   float64            `json:"count"`
+}
+
+// since returns h minus an earlier reading of the same series.
+func (h histogram) since(before histogram) histogram {
+	d := histogram{Buckets: map[string]float64{}, Sum: h.Sum - before.Sum, Count: h.Count - before.Count}
+	for le, n := range h.Buckets {
+		d.Buckets[le] = n - before.Buckets[le]
+	}
+	return d
+}
+
+// quantile returns the upper bound (ms) of the bucket that holds the q
+// quantile; -1 when that is +Inf or the histogram is empty.
+func (h histogram) quantile(q float64) float64 {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	for le, n := range h.Buckets {
+		v, err := strconv.ParseFloat(le, 64)
+		if err != nil {
+			v = math.Inf(1)
+		}
+		bs = append(bs, bucket{v, n})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	for _, b := range bs {
+		if b.n >= q*h.Count {
+			if math.IsInf(b.le, 1) {
+				return -1
+			}
+			return b.le * 1000
+		}
+	}
+	return -1
 }
 
 func (m hubMetrics) total() float64 {
@@ -328,7 +376,9 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 	if err != nil {
 		return hubMetrics{}, err
 	}
-	m := hubMetrics{Responses: map[string]float64{}, Pushes: map[string]float64{}}
+	m := hubMetrics{Responses: map[string]float64{}, Pushes: map[string]float64{},
+		EDSPushLatency: histogram{Buckets: map[string]float64{}}}
+	const eds = `type="ClusterLoadAssignment"`
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, "#") {
 			continue
@@ -357,6 +407,12 @@ func (h *hubProcess) metrics(ctx context.Context) (hubMetrics, error) {
 			m.Nacks += v
 		case series == "hub_xds_connected_streams":
 			m.Streams = v
+		case strings.HasPrefix(series, "hub_xds_push_latency_seconds_bucket{") && strings.Contains(series, eds):
+			m.EDSPushLatency.Buckets[label(series, "le")] = v
+		case strings.HasPrefix(series, "hub_xds_push_latency_seconds_sum{") && strings.Contains(series, eds):
+			m.EDSPushLatency.Sum = v
+		case strings.HasPrefix(series, "hub_xds_push_latency_seconds_count{") && strings.Contains(series, eds):
+			m.EDSPushLatency.Count = v
 		case series == "go_goroutines":
 			m.Goroutines = v
 		case series == "go_memstats_heap_inuse_bytes":

@@ -345,6 +345,10 @@ func (s *Summary) WriteText(w io.Writer) {
 		s.Heap.LivePerStreamKiB, s.Heap.LiveBeforeMiB, s.Heap.LiveAfterMiB, s.Heap.InuseBeforeMiB, s.Heap.InuseAfterMiB, s.Heap.InusePerStreamKiB)
 	p("  hub CPU                   %8.1f s    (after sync %.1f s, after connect %.1f s; %d threads)",
 		s.Hub.AfterWrites.CPUSeconds, s.Hub.AfterSync.CPUSeconds, s.Hub.AfterConnect.CPUSeconds, s.Hub.AfterWrites.Threads)
+	if l := s.HubMetrics.EDSPushLatency.since(s.HubMetricsAfterConnect.EDSPushLatency); l.Count > 0 {
+		p("  hub index → stream (EDS)  %8.1f ms   mean over %.0f pushed responses in the writes; p50 ≤ %.1f ms, p99 ≤ %.1f ms (hub_xds_push_latency_seconds buckets)",
+			l.Sum/l.Count*1000, l.Count, l.quantile(0.5), l.quantile(0.99))
+	}
 	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; the process CPU clock)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
 	p("")
 	if s.Shape == shapeIstiod {
