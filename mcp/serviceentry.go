@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -82,63 +83,12 @@ func buildServiceEntry(members map[string]*clusters.Service, domain, trustDomain
 		}
 	}
 	portNames := map[int32]string{} // service port → SE port name
-	taken := map[string]bool{}
-	for _, id := range ids {
-		for _, p := range members[id].Ports {
-			if _, ok := portNames[p.Port]; ok {
-				continue
-			}
-			name := p.Name
-			if name == "" || taken[name] || len(validation.IsDNS1123Label(name)) > 0 {
-				name = fmt.Sprintf("port-%d", p.Port)
-			}
-			if taken[name] {
-				continue // a user port is named port-<this number> for another number
-			}
-			taken[name] = true
-			portNames[p.Port] = name
-			se.Ports = append(se.Ports, &networking.ServicePort{Number: uint32(p.Port), Protocol: protocolOf(p), Name: name})
-		}
-	}
+	se.Ports = entryPorts(members, ids, portNames)
 	if len(se.Ports) == 0 {
 		return nil // istiod refuses a ServiceEntry without ports
 	}
-	slices.SortFunc(se.Ports, func(a, b *networking.ServicePort) int { return int(a.Number) - int(b.Number) })
 	for _, id := range ids {
-		net := members[id].Network
-		byAddr := map[string]*networking.WorkloadEntry{}
-		for _, ep := range members[id].Endpoints {
-			name, ok := portNames[ep.ServicePort]
-			if !ok || ep.Health != clusters.Healthy {
-				continue
-			}
-			we := byAddr[ep.Address]
-			if we == nil {
-				we = &networking.WorkloadEntry{
-					Address:  ep.Address,
-					Ports:    map[string]uint32{},
-					Labels:   map[string]string{LabelCluster: id},
-					Locality: locality(ep.Region, ep.Zone),
-					Network:  net,
-				}
-				byAddr[ep.Address] = we
-			}
-			if ep.MTLS {
-				// Istio's label for endpoints that accept its mTLS: istiod
-				// then uses mTLS to them (auto mTLS) and reaches them
-				// across networks through their network's gateway.
-				we.Labels[clusters.LabelTLSMode] = clusters.TLSModeIstio
-			}
-			we.Ports[name] = uint32(ep.Port)
-		}
-		addrs := make([]string, 0, len(byAddr))
-		for a := range byAddr {
-			addrs = append(addrs, a)
-		}
-		slices.Sort(addrs)
-		for _, a := range addrs {
-			se.Endpoints = append(se.Endpoints, byAddr[a])
-		}
+		se.Endpoints = append(se.Endpoints, memberEntries(id, members[id], portNames)...)
 	}
 	var created time.Time
 	for _, id := range ids {
@@ -153,6 +103,70 @@ func buildServiceEntry(members map[string]*clusters.Service, domain, trustDomain
 		spec:      se,
 		created:   created,
 	}
+}
+
+// entryPorts are the ServiceEntry's ports, by number: the union over the
+// members ids, named by the first that has each (a name Istio would refuse,
+// or one taken, becomes port-<number>). It records each port's name in
+// names.
+func entryPorts(members map[string]*clusters.Service, ids []string, names map[int32]string) []*networking.ServicePort {
+	var ports []*networking.ServicePort
+	taken := map[string]bool{}
+	for _, id := range ids {
+		for _, p := range members[id].Ports {
+			if _, ok := names[p.Port]; ok {
+				continue
+			}
+			name := p.Name
+			if name == "" || taken[name] || len(validation.IsDNS1123Label(name)) > 0 {
+				name = fmt.Sprintf("port-%d", p.Port)
+			}
+			if taken[name] {
+				continue // a user port is named port-<this number> for another number
+			}
+			taken[name] = true
+			names[p.Port] = name
+			ports = append(ports, &networking.ServicePort{Number: uint32(p.Port), Protocol: protocolOf(p), Name: name})
+		}
+	}
+	slices.SortFunc(ports, func(a, b *networking.ServicePort) int { return int(a.Number) - int(b.Number) })
+	return ports
+}
+
+// memberEntries are one member's ready endpoints of the ports named in
+// ports, one WorkloadEntry per address, sorted by address.
+func memberEntries(id string, svc *clusters.Service, ports map[int32]string) []*networking.WorkloadEntry {
+	byAddr := map[string]*networking.WorkloadEntry{}
+	for _, ep := range svc.Endpoints {
+		name, ok := ports[ep.ServicePort]
+		if !ok || ep.Health != clusters.Healthy {
+			continue
+		}
+		we := byAddr[ep.Address]
+		if we == nil {
+			we = &networking.WorkloadEntry{
+				Address:  ep.Address,
+				Ports:    map[string]uint32{},
+				Labels:   map[string]string{LabelCluster: id},
+				Locality: locality(ep.Region, ep.Zone),
+				Network:  svc.Network,
+			}
+			byAddr[ep.Address] = we
+		}
+		if ep.MTLS {
+			// Istio's label for endpoints that accept its mTLS: istiod
+			// then uses mTLS to them (auto mTLS) and reaches them
+			// across networks through their network's gateway.
+			we.Labels[clusters.LabelTLSMode] = clusters.TLSModeIstio
+		}
+		we.Ports[name] = uint32(ep.Port)
+	}
+	addrs := slices.Sorted(maps.Keys(byAddr))
+	out := make([]*networking.WorkloadEntry, len(addrs))
+	for i, a := range addrs {
+		out[i] = byAddr[a]
+	}
+	return out
 }
 
 // locality is Istio's region/zone form of an endpoint's locality.

@@ -344,36 +344,17 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 	defer close(p.done)
 	log := f.log.With("trustDomain", p.spec.TrustDomain)
-	td, err := spiffeid.TrustDomainFromString(p.spec.TrustDomain)
+	ep, auth, err := peerEndpoint(p.spec, f.cfg.EndpointGuard)
 	if err != nil {
-		f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid trust domain: "+err.Error() })
+		f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, err.Error() })
 		return
 	}
-	ep := Endpoint{TrustDomain: td, URL: p.spec.BundleEndpointURL, Profile: p.spec.Profile, Guard: f.cfg.EndpointGuard}
-	var auth, last *spiffebundle.Bundle
-	if p.spec.Profile == ProfileHTTPSSPIFFE {
-		if ep.EndpointID, err = spiffeid.FromString(p.spec.EndpointSPIFFEID); err != nil {
-			f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid endpointSPIFFEID: "+err.Error() })
-			return
-		}
-		if p.spec.Bundle != "" {
-			if auth, err = spiffebundle.Parse(td, []byte(p.spec.Bundle)); err != nil {
-				f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "invalid bootstrap bundle: "+err.Error() })
-				return
-			}
-			f.setStatus(p, func(s *Status) { s.Bundle = auth })
-		}
+	if auth != nil {
+		f.setStatus(p, func(s *Status) { s.Bundle = auth })
 	}
-	if p.spec.CABundle != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(p.spec.CABundle)) {
-			f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, "caBundle holds no PEM certificates" })
-			return
-		}
-		ep.Roots = pool
-	}
+	var last *spiffebundle.Bundle
 	if persisted != "" {
-		if b, err := Validate(td, []byte(persisted), nil); err == nil {
+		if b, err := Validate(ep.TrustDomain, []byte(persisted), nil); err == nil {
 			last, auth = b, b
 			f.setStatus(p, func(s *Status) {
 				s.Bundle, s.State, s.Message = b, StateStale, "using the last accepted bundle until the peer answers"
@@ -396,20 +377,7 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 			}
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(backoff*2, 5*time.Minute)
-			reason := "other"
-			if fe := (*FetchError)(nil); errors.As(err, &fe) {
-				reason = fe.Reason
-			}
-			log.Warn("peer bundle rejected", "reason", reason, "error", err, "retry", wait.Round(time.Second).String())
-			stale := last != nil
-			f.setStatus(p, func(s *Status) {
-				s.LastFetch, s.NextRefresh, s.Message = now, now.Add(wait), err.Error()
-				if stale {
-					s.State = StateStale // keep serving the last accepted bundle
-				} else {
-					s.State = StateError
-				}
-			})
+			f.fetchFailed(p, log, err, last != nil, now, wait)
 		} else {
 			backoff = time.Second
 			wait = MaxRefresh
@@ -452,6 +420,55 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// peerEndpoint is where and how a peer's bundle is fetched, from its spec,
+// and the bundle that authenticates its endpoint first (nil: none yet);
+// an error says what in the spec is invalid.
+func peerEndpoint(spec PeerSpec, guard *dialguard.Guard) (Endpoint, *spiffebundle.Bundle, error) {
+	td, err := spiffeid.TrustDomainFromString(spec.TrustDomain)
+	if err != nil {
+		return Endpoint{}, nil, fmt.Errorf("invalid trust domain: %w", err)
+	}
+	ep := Endpoint{TrustDomain: td, URL: spec.BundleEndpointURL, Profile: spec.Profile, Guard: guard}
+	var auth *spiffebundle.Bundle
+	if spec.Profile == ProfileHTTPSSPIFFE {
+		if ep.EndpointID, err = spiffeid.FromString(spec.EndpointSPIFFEID); err != nil {
+			return Endpoint{}, nil, fmt.Errorf("invalid endpointSPIFFEID: %w", err)
+		}
+		if spec.Bundle != "" {
+			if auth, err = spiffebundle.Parse(td, []byte(spec.Bundle)); err != nil {
+				return Endpoint{}, nil, fmt.Errorf("invalid bootstrap bundle: %w", err)
+			}
+		}
+	}
+	if spec.CABundle != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(spec.CABundle)) {
+			return Endpoint{}, nil, errors.New("caBundle holds no PEM certificates")
+		}
+		ep.Roots = pool
+	}
+	return ep, auth, nil
+}
+
+// fetchFailed records a failed fetch of p's bundle at now, tried again
+// after wait: the peer is Stale while a bundle it served before is kept
+// (stale), else in Error.
+func (f *Federation) fetchFailed(p *peer, log *slog.Logger, err error, stale bool, now time.Time, wait time.Duration) {
+	reason := "other"
+	if fe := (*FetchError)(nil); errors.As(err, &fe) {
+		reason = fe.Reason
+	}
+	log.Warn("peer bundle rejected", "reason", reason, "error", err, "retry", wait.Round(time.Second).String())
+	f.setStatus(p, func(s *Status) {
+		s.LastFetch, s.NextRefresh, s.Message = now, now.Add(wait), err.Error()
+		if stale {
+			s.State = StateStale // keep serving the last accepted bundle
+		} else {
+			s.State = StateError
+		}
+	})
 }
 
 func (f *Federation) setStatus(p *peer, change func(*Status)) {

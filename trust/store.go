@@ -183,33 +183,8 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, ns string,
 		}
 		source = PluggedCASecret
 	case apierrors.IsNotFound(err):
-		certPEM, keyPEM := state.Data["ca-cert.pem"], state.Data["ca-key.pem"]
-		if len(certPEM) == 0 && len(keyPEM) == 0 {
-			// First start, or the operator's cacerts was removed: our own root.
-			if ca, err = NewSelfSignedCA(td, 10*365*24*time.Hour); err != nil {
-				return nil, err
-			}
-			keyPEM, err := encodeKey(ca.Key)
-			if err != nil {
-				return nil, err
-			}
-			state.Data["ca-cert.pem"], state.Data["ca-key.pem"] = encodeCerts([]*x509.Certificate{ca.Cert}), keyPEM
-		} else {
-			certs, err := parseCerts(certPEM)
-			if err == nil && len(certs) == 0 {
-				err = errors.New("no PEM certificate in ca-cert.pem")
-			}
-			if err != nil {
-				return nil, corrupt(stateName, "stored CA certificate", stateRemedy, err)
-			}
-			key, err := parseKey(keyPEM)
-			if err != nil {
-				return nil, corrupt(stateName, "stored CA key", stateRemedy, fmt.Errorf("ca-key.pem: %w", err))
-			}
-			if !keyMatches(certs[0], key) {
-				return nil, corrupt(stateName, "stored CA key", stateRemedy, errors.New("ca-key.pem is not the key of ca-cert.pem"))
-			}
-			ca = &CA{TrustDomain: td, Cert: certs[0], Key: key}
+		if ca, err = ownCA(td, state, stateName); err != nil {
+			return nil, err
 		}
 		current = []*x509.Certificate{ca.Cert}
 	default:
@@ -240,6 +215,44 @@ func loadCA(ctx context.Context, secrets typedcorev1.SecretInterface, ns string,
 		}
 	}
 	return &caState{ca: ca, roots: roots, current: len(current), secret: source, sequence: seq}, nil
+}
+
+// ownCA is the hub's own CA from its state Secret (ca-cert.pem and
+// ca-key.pem), or a new self-signed root written into state when it has
+// neither: on the first start, or once the operator's cacerts was removed.
+// A state it cannot read is a *CorruptStateError naming stateName.
+func ownCA(td spiffeid.TrustDomain, state *corev1.Secret, stateName string) (*CA, error) {
+	corrupt := func(what string, err error) error {
+		return &CorruptStateError{Secret: stateName, What: what, Err: err, Remedy: stateRemedy}
+	}
+	certPEM, keyPEM := state.Data["ca-cert.pem"], state.Data["ca-key.pem"]
+	if len(certPEM) == 0 && len(keyPEM) == 0 {
+		ca, err := NewSelfSignedCA(td, 10*365*24*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		keyPEM, err := encodeKey(ca.Key)
+		if err != nil {
+			return nil, err
+		}
+		state.Data["ca-cert.pem"], state.Data["ca-key.pem"] = encodeCerts([]*x509.Certificate{ca.Cert}), keyPEM
+		return ca, nil
+	}
+	certs, err := parseCerts(certPEM)
+	if err == nil && len(certs) == 0 {
+		err = errors.New("no PEM certificate in ca-cert.pem")
+	}
+	if err != nil {
+		return nil, corrupt("stored CA certificate", err)
+	}
+	key, err := parseKey(keyPEM)
+	if err != nil {
+		return nil, corrupt("stored CA key", fmt.Errorf("ca-key.pem: %w", err))
+	}
+	if !keyMatches(certs[0], key) {
+		return nil, corrupt("stored CA key", errors.New("ca-key.pem is not the key of ca-cert.pem"))
+	}
+	return &CA{TrustDomain: td, Cert: certs[0], Key: key}, nil
 }
 
 // parsePlugged reads Istio's plug-in CA Secret: ca-cert.pem (the signing

@@ -2,6 +2,7 @@ package web
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -29,18 +30,8 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
-	path := r.URL.Query().Get("page")
-	name, id := "", ""
-	switch {
-	case path == "/":
-		name = "overview"
-	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust" || path == "/distribution":
-		name = strings.TrimPrefix(path, "/")
-	case strings.HasPrefix(path, "/clusters/"):
-		name, id = "cluster", strings.TrimPrefix(path, "/clusters/")
-	case strings.HasPrefix(path, "/proxies/"):
-		name, id = "proxy", strings.TrimPrefix(path, "/proxies/")
-	default:
+	name, id, ok := livePage(r.URL.Query().Get("page"))
+	if !ok {
 		http.Error(w, "unknown page", http.StatusBadRequest)
 		return
 	}
@@ -53,25 +44,10 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer d.live.close(s.id, live)
-	// The server's read and write timeouts are for ordinary requests; this
-	// one lasts, so lift them and bound each write instead.
-	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+	write, ok := openEventStream(w, flusher)
+	if !ok {
 		return
 	}
-	write := func(frame func(io.Writer)) bool {
-		if err := rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return false
-		}
-		frame(w)
-		return rc.Flush() == nil
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	flusher.Flush()
-
 	end := func(reason string) { write(func(w io.Writer) { writeEvent(w, "end", reason) }) }
 	var last string
 	lastWrite := time.Now()
@@ -110,23 +86,76 @@ func (d *Dashboard) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-tick.C:
 		}
-		// Every tick: the session still exists and has not expired, and its
-		// token still authenticates and may read. A session the store no
-		// longer holds has ended (here or in another request).
-		if d.sessions.get(s.id) == nil {
-			end(s.endReason())
-			return
-		}
-		if _, err := d.recheck(r.Context(), s); errors.Is(err, errSessionEnded) {
-			d.cfg.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
-			d.sessions.remove(s.id, endRevoked)
-			end(s.endReason())
-			return
-		} else if err != nil {
-			d.cfg.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)
+		if goOn, ended := d.recheckLive(r.Context(), s); !goOn {
+			if ended {
+				end(s.endReason())
+			}
 			return
 		}
 	}
+}
+
+// openEventStream starts a Server-Sent Events response: the server's read
+// and write timeouts are for ordinary requests and this one lasts, so it
+// lifts them and bounds each write instead. write sends one frame and says
+// whether it reached the client; false: the response cannot be a stream.
+func openEventStream(w http.ResponseWriter, flusher http.Flusher) (write func(frame func(io.Writer)) bool, ok bool) {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Time{}); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return nil, false
+	}
+	write = func(frame func(io.Writer)) bool {
+		if err := rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return false
+		}
+		frame(w)
+		return rc.Flush() == nil
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	return write, true
+}
+
+// livePage is the page (and its object's ID) a live stream of path shows;
+// false for a path that is no page.
+func livePage(path string) (name, id string, ok bool) {
+	switch {
+	case path == "/":
+		return "overview", "", true
+	case path == "/clusters" || path == "/services" || path == "/proxies" || path == "/trust" || path == "/distribution":
+		return strings.TrimPrefix(path, "/"), "", true
+	case strings.HasPrefix(path, "/clusters/"):
+		return "cluster", strings.TrimPrefix(path, "/clusters/"), true
+	case strings.HasPrefix(path, "/proxies/"):
+		return "proxy", strings.TrimPrefix(path, "/proxies/"), true
+	}
+	return "", "", false
+}
+
+// recheckLive checks, on every tick of a live stream, that its session
+// still exists and has not expired, and that its token still authenticates
+// and may read (a session the store no longer holds has ended, here or in
+// another request). The stream goes on, or ends: with an end event when
+// the session ended, without one (the browser reconnects) when it cannot be
+// checked now.
+func (d *Dashboard) recheckLive(ctx context.Context, s *session) (goOn, ended bool) {
+	if d.sessions.get(s.id) == nil {
+		return false, true
+	}
+	_, err := d.recheck(ctx, s)
+	switch {
+	case errors.Is(err, errSessionEnded):
+		d.cfg.Log.Info("dashboard session ended", "user", s.user.Name, "reason", err)
+		d.sessions.remove(s.id, endRevoked)
+		return false, true
+	case err != nil:
+		d.cfg.Log.Warn("re-checking a live stream's session; closing the stream", "user", s.user.Name, "error", err)
+		return false, false
+	}
+	return true, false
 }
 
 // sseEscaper keeps every line terminator of the data inside its data: line.

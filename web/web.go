@@ -456,49 +456,7 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 	status := http.StatusOK
 	switch page {
 	case "overview":
-		sts := a.Membership.Clusters()
-		byState := map[string]int{}
-		for _, st := range sts {
-			byState[string(st.State)]++
-		}
-		ready, reason := a.Membership.Ready()
-		svcs := a.Federation.Services()
-		endpoints := 0
-		for _, sv := range svcs {
-			for _, n := range sv.Endpoints {
-				endpoints += n
-			}
-		}
-		m["Members"] = len(sts)
-		m["ByState"] = sortedCounts(byState)
-		m["Ready"], m["ReadyReason"] = ready, reason
-		m["Services"], m["Endpoints"] = len(svcs), endpoints
-		proxies := a.Federation.Proxies()
-		m["Proxies"] = len(proxies)
-		var tds []trust.Status
-		if a.Trust != nil {
-			tds = a.Trust.TrustDomains()
-		}
-		certified := map[string]int{}
-		if a.CA != nil {
-			if st, ok := a.CA.Certificates(); ok {
-				for _, g := range st.Groups {
-					certified[g.Member] += g.Valid
-				}
-			}
-		}
-		m["Picture"] = layoutPicture(sts, proxies, tds, certified)
-		if p, ok := a.Federation.(Pushes); ok {
-			per := p.PushesPerSecond()
-			total := 0
-			for _, n := range per {
-				total += n
-			}
-			m["PushesPerMinute"], m["Chart"] = total, chart(per)
-		}
-		if l, ok := a.Federation.(PushLatency); ok {
-			m["Latency"] = toLatencyView(l.PushLatency())
-		}
+		d.overview(m)
 	case "clusters":
 		m["Clusters"] = toClusters(a.Membership.Clusters())
 	case "cluster":
@@ -556,6 +514,56 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 		m["Found"], m["Proxy"], m["Config"] = true, pc.Proxy, string(pretty)
 	}
 	return m, status
+}
+
+// overview adds to m what the overview page shows: the members by state,
+// the services, endpoints, proxies and trust domains, the picture, and the
+// pushes and their latency when the federation counts them.
+func (d *Dashboard) overview(m map[string]any) {
+	a := d.cfg
+	sts := a.Membership.Clusters()
+	byState := map[string]int{}
+	for _, st := range sts {
+		byState[string(st.State)]++
+	}
+	ready, reason := a.Membership.Ready()
+	svcs := a.Federation.Services()
+	endpoints := 0
+	for _, sv := range svcs {
+		for _, n := range sv.Endpoints {
+			endpoints += n
+		}
+	}
+	m["Members"] = len(sts)
+	m["ByState"] = sortedCounts(byState)
+	m["Ready"], m["ReadyReason"] = ready, reason
+	m["Services"], m["Endpoints"] = len(svcs), endpoints
+	proxies := a.Federation.Proxies()
+	m["Proxies"] = len(proxies)
+	var tds []trust.Status
+	if a.Trust != nil {
+		tds = a.Trust.TrustDomains()
+	}
+	certified := map[string]int{}
+	if a.CA != nil {
+		if st, ok := a.CA.Certificates(); ok {
+			for _, g := range st.Groups {
+				certified[g.Member] += g.Valid
+			}
+		}
+	}
+	m["Picture"] = layoutPicture(sts, proxies, tds, certified)
+	if p, ok := a.Federation.(Pushes); ok {
+		per := p.PushesPerSecond()
+		total := 0
+		for _, n := range per {
+			total += n
+		}
+		m["PushesPerMinute"], m["Chart"] = total, chart(per)
+	}
+	if l, ok := a.Federation.(PushLatency); ok {
+		m["Latency"] = toLatencyView(l.PushLatency())
+	}
 }
 
 func toClusters(sts []clusters.Status) []api.Cluster {

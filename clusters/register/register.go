@@ -270,6 +270,125 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	prev, err := checkRegistration(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	member, err := kubernetes.NewForConfig(o.Member.Config)
+	if err != nil {
+		return nil, fmt.Errorf("member client: %w", err)
+	}
+	rbac, err := LoadMemberRBAC()
+	if err != nil {
+		return nil, err
+	}
+	legacy, err := grantMember(ctx, o, member, rbac, prev)
+	if err != nil {
+		return nil, err
+	}
+	toks, cred, err := mintCredential(ctx, o, member, rbac, prev)
+	if err != nil {
+		return nil, err
+	}
+	undo := func(err error) (*Result, error) {
+		if derr := toks.discard(context.WithoutCancel(ctx), cred); derr != nil {
+			return nil, errors.Join(err, derr)
+		}
+		return nil, err
+	}
+	kubeconfig, err := Kubeconfig(o.ClusterID, o.Member, cred.Token)
+	if err != nil {
+		return undo(err)
+	}
+	if err := check(ctx, o.Member.Config, cred.Token, rbac.ServiceAccount.Namespace); err != nil {
+		return undo(err)
+	}
+	o.progress("the new token works against the member's API server, which enforces %s for it", WritesPolicy)
+	if o.Secrets == nil {
+		return &Result{Credential: cred, Kubeconfig: kubeconfig}, nil
+	}
+	secret, err := writeRemoteSecret(ctx, o, kubeconfig)
+	if err != nil {
+		return undo(err)
+	}
+	res := &Result{Secret: secret, Credential: cred, Kubeconfig: kubeconfig}
+	if o.Hub == nil {
+		return res, nil
+	}
+	hub := *o.Hub
+	if !o.Rotate {
+		hub.Settle = 0 // nothing is revoked: one replica's word will do
+	}
+	wctx, cancel := context.WithTimeout(ctx, o.Wait)
+	defer cancel()
+	notReady, err := hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
+	if o.Rotate { // a new member is Pending and Syncing first, as it should
+		res.NotReady = notReady
+	}
+	if err != nil {
+		if !o.Rotate {
+			return res, fmt.Errorf("registered, but not seen Ready: %w", err)
+		}
+		return nil, undoRotation(context.WithoutCancel(ctx), o, &hub, prev.kubeconfig, toks, cred, err)
+	}
+	res.Verified = true
+	if !o.Rotate {
+		o.progress("the hub reports cluster %s Ready with the new kubeconfig", o.ClusterID)
+		return res, nil
+	}
+	o.progress("the hub reports cluster %s Ready with the new kubeconfig on every answer for %s", o.ClusterID, hub.Settle)
+	return res, finishRotation(ctx, o, toks, cred, rbac, member, legacy, res)
+}
+
+// mintCredential mints the member's new credential: a token of the member
+// RBAC's ServiceAccount, in the lineage of the token the hub runs (prev),
+// or a new lineage. toks can revoke or discard it.
+func mintCredential(ctx context.Context, o Options, member kubernetes.Interface, rbac *MemberRBAC, prev *registered) (tokens, *Credential, error) {
+	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID, lineage: Lineage(o.HomeServer, o.Namespace, o.ClusterID)}
+	if prev != nil { // the lineage of the token the hub runs, however the home cluster is reached
+		lineage, err := toks.lineageOf(ctx, prev.kubeconfig)
+		if err != nil {
+			return tokens{}, nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
+		}
+		if lineage != "" {
+			toks.lineage = lineage
+		}
+	}
+	cred, err := toks.mint(ctx, o.TokenTTL)
+	if err != nil {
+		return tokens{}, nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
+	}
+	o.progress("credential generation %d (lineage %s) minted, bound to Secret %s/%s, expires %s", cred.Generation, toks.lineage, rbac.ServiceAccount.Namespace, cred.Secret, cred.Expires.UTC().Format(time.RFC3339))
+	if short := time.Until(cred.Expires); short < o.TokenTTL-time.Minute {
+		o.progress("warning: the member's API server granted %s, not the %s asked for", short.Round(time.Second), o.TokenTTL)
+	}
+	return toks, cred, nil
+}
+
+// writeRemoteSecret writes the member's remote Secret with kubeconfig (and
+// its network, if given) and returns its name. The home cluster's ID is
+// refused before (checkRegistration) when the hub's API is given; without
+// it the command cannot know it (the hub ignores such a key).
+func writeRemoteSecret(ctx context.Context, o Options, kubeconfig []byte) (string, error) {
+	var annotations func(cur *corev1.Secret) map[string]string
+	if o.Network != "" {
+		annotations = networkAnnotations(o.ClusterID, o.Network)
+	}
+	registrar := clusters.NewRegistrar(o.Secrets, o.Namespace, "", clusters.KubeconfigPolicy{})
+	secret, _, err := registrar.RegisterAnnotated(ctx, o.ClusterID, kubeconfig, annotations)
+	if err != nil {
+		return "", err
+	}
+	o.progress("remote secret %s written", secret)
+	return secret, nil
+}
+
+// checkRegistration reads the member's current registration (nil: none, or
+// no Secrets to read it from) and refuses what cannot succeed before
+// anything is made: registering a registered member, rotating an
+// unregistered one, the hub's home cluster's ID, or a rotation a hub too
+// old to report its kubeconfig could not confirm.
+func checkRegistration(ctx context.Context, o Options) (*registered, error) {
 	var prev *registered
 	if o.Secrets != nil {
 		var err error
@@ -294,129 +413,60 @@ func Register(ctx context.Context, o Options) (*Result, error) {
 			return nil, errors.New("the hub does not report which kubeconfig a member runs (kubeconfigSHA256): it is older than this command, and a rotation could revoke the credential it runs")
 		}
 	}
-	member, err := kubernetes.NewForConfig(o.Member.Config)
-	if err != nil {
-		return nil, fmt.Errorf("member client: %w", err)
-	}
-	rbac, err := LoadMemberRBAC()
-	if err != nil {
-		return nil, err
-	}
-	grant, legacy := rbac, false
+	return prev, nil
+}
+
+// grantMember applies the member RBAC when registering, and when rotating
+// a credential of the legacy ServiceAccount (whose bindings then name both
+// until finishRotation); it reports whether the credential prev holds is
+// of that legacy ServiceAccount. Registering grants the member RBAC (an
+// admin's right); a rotation only mints and revokes a token, so that
+// whoever runs it (a CronJob) needs no right to write or list RBAC.
+func grantMember(ctx context.Context, o Options, member kubernetes.Interface, rbac *MemberRBAC, prev *registered) (legacy bool, err error) {
+	grant := rbac
 	if prev != nil && rbac.ServiceAccount != legacyServiceAccount && tokenServiceAccount(prev.kubeconfig) == legacyServiceAccount {
 		grant, legacy = rbac.withSubject(legacyServiceAccount), true
 	}
-	// Registering grants the member RBAC (an admin's right); a rotation
-	// only mints and revokes a token, so that whoever runs it (a CronJob)
-	// needs no right to write or list RBAC, unless the credential it
-	// replaces is of the legacy ServiceAccount, whose binding it removes.
-	if !o.Rotate || legacy {
-		if err := grant.Apply(ctx, member); err != nil {
-			return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
-		}
-		o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
-		if legacy {
-			o.progress("the hub runs a token of %s: its bindings name it too until the hub runs %s's", legacyServiceAccount, rbac.ServiceAccount)
-		}
-		if others, err := rbac.OtherBindings(ctx, member); err != nil {
-			o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
-		} else if len(others) > 0 {
-			o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
-		}
-	} else {
+	if o.Rotate && !legacy {
 		o.progress("member RBAC left as registered (a rotation mints and revokes a token of %s, nothing more)", rbac.ServiceAccount)
+		return false, nil
 	}
-	toks := tokens{client: member, sa: rbac.ServiceAccount, clusterID: o.ClusterID, lineage: Lineage(o.HomeServer, o.Namespace, o.ClusterID)}
-	if prev != nil { // the lineage of the token the hub runs, however the home cluster is reached
-		lineage, err := toks.lineageOf(ctx, prev.kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
-		}
-		if lineage != "" {
-			toks.lineage = lineage
-		}
+	if err := grant.Apply(ctx, member); err != nil {
+		return legacy, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
 	}
-	cred, err := toks.mint(ctx, o.TokenTTL)
-	if err != nil {
-		return nil, fmt.Errorf("member (context %q): %w", o.Member.Context, err)
+	o.progress("member RBAC applied (deploy/remote-member-rbac.yaml) for %s", rbac.ServiceAccount)
+	if legacy {
+		o.progress("the hub runs a token of %s: its bindings name it too until the hub runs %s's", legacyServiceAccount, rbac.ServiceAccount)
 	}
-	o.progress("credential generation %d (lineage %s) minted, bound to Secret %s/%s, expires %s", cred.Generation, toks.lineage, rbac.ServiceAccount.Namespace, cred.Secret, cred.Expires.UTC().Format(time.RFC3339))
-	if short := time.Until(cred.Expires); short < o.TokenTTL-time.Minute {
-		o.progress("warning: the member's API server granted %s, not the %s asked for", short.Round(time.Second), o.TokenTTL)
+	if others, err := rbac.OtherBindings(ctx, member); err != nil {
+		o.progress("warning: could not check what else %s is granted: %v", rbac.ServiceAccount, err)
+	} else if len(others) > 0 {
+		o.progress("warning: %s is also bound by %s: its tokens may do more than deploy/remote-member-rbac.yaml grants", rbac.ServiceAccount, strings.Join(others, ", "))
 	}
-	undo := func(err error) (*Result, error) {
-		if derr := toks.discard(context.WithoutCancel(ctx), cred); derr != nil {
-			return nil, errors.Join(err, derr)
-		}
-		return nil, err
-	}
-	kubeconfig, err := Kubeconfig(o.ClusterID, o.Member, cred.Token)
-	if err != nil {
-		return undo(err)
-	}
-	if err := check(ctx, o.Member.Config, cred.Token, rbac.ServiceAccount.Namespace); err != nil {
-		return undo(err)
-	}
-	o.progress("the new token works against the member's API server, which enforces %s for it", WritesPolicy)
-	if o.Secrets == nil {
-		return &Result{Credential: cred, Kubeconfig: kubeconfig}, nil
-	}
+	return legacy, nil
+}
 
-	var annotations func(cur *corev1.Secret) map[string]string
-	if o.Network != "" {
-		annotations = networkAnnotations(o.ClusterID, o.Network)
-	}
-	// The home cluster's ID is refused above when the hub's API is given;
-	// without it the command cannot know it (the hub ignores such a key).
-	registrar := clusters.NewRegistrar(o.Secrets, o.Namespace, "", clusters.KubeconfigPolicy{})
-	secret, _, err := registrar.RegisterAnnotated(ctx, o.ClusterID, kubeconfig, annotations)
+// finishRotation, once the hub runs the new credential, revokes the older
+// generations of its lineage into res and, when the credential replaced
+// was of the legacy ServiceAccount, removes that from the member RBAC's
+// bindings.
+func finishRotation(ctx context.Context, o Options, toks tokens, cred *Credential, rbac *MemberRBAC, member kubernetes.Interface, legacy bool, res *Result) error {
+	var err error
+	res.Revoked, err = toks.revokeBefore(ctx, cred.Generation)
 	if err != nil {
-		return undo(err)
+		return fmt.Errorf("rotated, but revoking the previous credential: %w", err)
 	}
-	o.progress("remote secret %s written", secret)
-	res := &Result{Secret: secret, Credential: cred, Kubeconfig: kubeconfig}
-	if o.Hub == nil {
-		return res, nil
+	o.progress("%d previous credential generation(s) revoked", res.Revoked)
+	if res.Revoked == 0 {
+		o.progress("the previous credential was not minted by hub register: revoke it where it was made")
 	}
-	hub := *o.Hub
-	if !o.Rotate {
-		hub.Settle = 0 // nothing is revoked: one replica's word will do
-	}
-	wctx, cancel := context.WithTimeout(ctx, o.Wait)
-	defer cancel()
-	notReady, err := hub.waitReady(wctx, o.ClusterID, sha256Hex(kubeconfig))
-	if o.Rotate { // a new member is Pending and Syncing first, as it should
-		res.NotReady = notReady
-	}
-	if err != nil {
-		if !o.Rotate {
-			return res, fmt.Errorf("registered, but not seen Ready: %w", err)
+	if legacy {
+		if err := rbac.Apply(ctx, member); err != nil {
+			return fmt.Errorf("rotated, but removing %s from the member RBAC's bindings: %w", legacyServiceAccount, err)
 		}
-		return nil, undoRotation(context.WithoutCancel(ctx), o, &hub, prev.kubeconfig, toks, cred, err)
+		o.progress("%s removed from the member RBAC's bindings: they name %s only", legacyServiceAccount, rbac.ServiceAccount)
 	}
-	res.Verified = true
-	if o.Rotate {
-		o.progress("the hub reports cluster %s Ready with the new kubeconfig on every answer for %s", o.ClusterID, hub.Settle)
-	} else {
-		o.progress("the hub reports cluster %s Ready with the new kubeconfig", o.ClusterID)
-	}
-	if o.Rotate {
-		res.Revoked, err = toks.revokeBefore(ctx, cred.Generation)
-		if err != nil {
-			return res, fmt.Errorf("rotated, but revoking the previous credential: %w", err)
-		}
-		o.progress("%d previous credential generation(s) revoked", res.Revoked)
-		if res.Revoked == 0 {
-			o.progress("the previous credential was not minted by hub register: revoke it where it was made")
-		}
-		if legacy {
-			if err := rbac.Apply(ctx, member); err != nil {
-				return res, fmt.Errorf("rotated, but removing %s from the member RBAC's bindings: %w", legacyServiceAccount, err)
-			}
-			o.progress("%s removed from the member RBAC's bindings: they name %s only", legacyServiceAccount, rbac.ServiceAccount)
-		}
-	}
-	return res, nil
+	return nil
 }
 
 // check proves a token authenticates at the member's API server and may

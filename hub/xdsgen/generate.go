@@ -398,64 +398,78 @@ func (g *Generator) Resource(typeURL, name string, v View) (*Resource, error) {
 	if v.Audience != "" {
 		members = feed.Visible(members, client)
 	}
-	var msg proto.Message
-	shared := key // the key of the resource all views that get the same share
-	if sp, ok := findPort(FederatedPorts(members), port); ok {
-		switch typeURL {
-		case resourcev3.ClusterType:
-			c := buildCluster(name, sp)
-			lb.applyToCluster(c)
-			switch v.Flavour {
-			case FlavourGRPC:
-				c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, members), SNI(host, port))
-			case FlavourEnvoy:
-				c.TransportSocketMatches = envoyTransportSockets(peerSANs(g.trustDomain, members), SNI(host, port), speaksHTTP2(sp))
-			}
-			msg = c
-		case resourcev3.EndpointType:
-			a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC || v.Flavour == FlavourEnvoy, proxyless: v.Flavour == FlavourGRPC,
-				network: v.Network, lb: lb, client: v.Locality, gateways: g.index.NetworkGateways}
-			switch {
-			case needsSplit(v.Network, a.mtls, a.proxyless, members, a.gateways):
-				a.split = true
-			case !lb.applies():
-				shared = resourceKey{typeURL: typeURL, name: name, view: View{Audience: v.Audience}, direct: true}
-			}
-			msg = buildLoadAssignment(name, port, members, a)
-		case resourcev3.ListenerType:
-			msg = buildListener(name)
-		case resourcev3.RouteType:
-			msg = buildRoute(name, host, port)
-		}
-	}
-	var r *Resource
-	if msg != nil {
-		var err error
-		if r, err = Marshal(name, typeURL, msg); err != nil {
-			return nil, err
-		}
-	}
-	if r == nil {
+	msg, shared := g.build(key, host, port, lb, members)
+	if msg == nil {
 		return nil, nil // absent names are not cached: clients choose them freely
 	}
-	g.mu.Lock()
-	// Not kept: when the index changed while we built, and past
-	// maxVariants per hostname (clients choose their member, network and
-	// locality: each their own variant is built, not kept).
-	if g.genOf(host) == gen && variants < maxVariants {
-		byName, ok := g.cache.Get(host)
-		if !ok {
-			byName = map[resourceKey]*Resource{}
-			g.cache.Add(host, byName)
-		}
-		if s, ok := byName[shared]; ok {
-			r = s // one encoding for every view that gets the same
-		}
-		byName[shared] = r
-		byName[key] = r
+	r, err := Marshal(name, typeURL, msg)
+	if err != nil {
+		return nil, err
 	}
-	g.mu.Unlock()
-	return r, nil
+	return g.keep(host, gen, variants, key, shared, r), nil
+}
+
+// build makes the resource of key (nil: the service has no such port) for
+// a host's members, and says the key under which every view that gets the
+// same resource shares it.
+func (g *Generator) build(key resourceKey, host string, port int32, lb localityLB, members map[string]*clusters.Service) (msg proto.Message, shared resourceKey) {
+	sp, ok := findPort(FederatedPorts(members), port)
+	if !ok {
+		return nil, key
+	}
+	name, v := key.name, key.view
+	switch key.typeURL {
+	case resourcev3.ClusterType:
+		c := buildCluster(name, sp)
+		lb.applyToCluster(c)
+		switch v.Flavour {
+		case FlavourGRPC:
+			c.TransportSocket = upstreamTLS(peerSANs(g.trustDomain, members), SNI(host, port))
+		case FlavourEnvoy:
+			c.TransportSocketMatches = envoyTransportSockets(peerSANs(g.trustDomain, members), SNI(host, port), speaksHTTP2(sp))
+		}
+		return c, key
+	case resourcev3.EndpointType:
+		a := assignment{demoted: g.demoted, mtls: v.Flavour == FlavourGRPC || v.Flavour == FlavourEnvoy, proxyless: v.Flavour == FlavourGRPC,
+			network: v.Network, lb: lb, client: v.Locality, gateways: g.index.NetworkGateways}
+		shared = key
+		switch {
+		case needsSplit(v.Network, a.mtls, a.proxyless, members, a.gateways):
+			a.split = true
+		case !lb.applies():
+			shared = resourceKey{typeURL: key.typeURL, name: name, view: View{Audience: v.Audience}, direct: true}
+		}
+		return buildLoadAssignment(name, port, members, a), shared
+	case resourcev3.ListenerType:
+		return buildListener(name), key
+	case resourcev3.RouteType:
+		return buildRoute(name, host, port), key
+	}
+	return nil, key
+}
+
+// keep caches r under key and shared, and returns the resource to serve:
+// the one already shared under shared, if any. Not kept: when the index
+// changed while it was built (gen), and past maxVariants per hostname
+// (clients choose their member, network and locality: each their own
+// variant is built, not kept).
+func (g *Generator) keep(host string, gen uint64, variants int, key, shared resourceKey, r *Resource) *Resource {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.genOf(host) != gen || variants >= maxVariants {
+		return r
+	}
+	byName, ok := g.cache.Get(host)
+	if !ok {
+		byName = map[resourceKey]*Resource{}
+		g.cache.Add(host, byName)
+	}
+	if s, ok := byName[shared]; ok {
+		r = s // one encoding for every view that gets the same
+	}
+	byName[shared] = r
+	byName[key] = r
+	return r
 }
 
 // SetDemoteUnhealthy says whether the endpoints of members that are not

@@ -247,10 +247,86 @@ type assignment struct {
 // the network has no gateway (see memberSplit). Localities of demoted
 // members go one priority behind the others, unless nothing else is left.
 func buildLoadAssignment(name string, port int32, members map[string]*clusters.Service, a assignment) *endpointv3.ClusterLoadAssignment {
-	type locality struct{ cluster, region, zone string }
+	groups, viaGateway := groupEndpoints(port, members, a)
+	locs := make([]locality, 0, len(groups))
+	for l := range groups {
+		locs = append(locs, l)
+	}
+	sort.Slice(locs, func(i, j int) bool { return locs[i].less(locs[j]) })
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	placedLocs := make([]placed, len(locs))
+	weights := make([]uint32, len(locs))
+	for i, l := range locs {
+		eps := groups[l]
+		sort.Slice(eps, func(i, j int) bool {
+			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
+			if a.GetAddress() != b.GetAddress() {
+				return a.GetAddress() < b.GetAddress()
+			}
+			return a.GetPortValue() < b.GetPortValue()
+		})
+		weights[i] = uint32(len(eps))
+		if v, ok := viaGateway[l]; ok {
+			// The member keeps the share of the endpoints the gateways
+			// stand for (a member's endpoints are all direct or all not).
+			weights[i], _ = v.weight()
+		}
+		placedLocs[i] = placed{member: l.cluster, network: members[l.cluster].Network, region: l.region, zone: l.zone}
+	}
+	prio, distributed := rankLocalities(placedLocs, weights, a.client, a.network, a.lb)
+	demote(prio, placedLocs, a.demoted)
+	for i, l := range locs {
+		weight := weights[i]
+		if distributed != nil {
+			if weight = distributed[i]; weight == 0 {
+				continue // the rule's distribute leaves it out
+			}
+		}
+		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
+			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
+			LbEndpoints:         groups[l],
+			LoadBalancingWeight: wrapperspb.UInt32(weight),
+			Priority:            prio[i],
+		})
+	}
+	cla.Endpoints = mergeDuplicates(cla.Endpoints)
+	compactLocalities(cla.Endpoints) // a distribute or a merge may have left a gap
+	return cla
+}
+
+// locality is one locality of an assignment: a member's region and zone.
+type locality struct{ cluster, region, zone string }
+
+func (l locality) less(o locality) bool {
+	if l.cluster != o.cluster {
+		return l.cluster < o.cluster
+	}
+	if l.region != o.region {
+		return l.region < o.region
+	}
+	return l.zone < o.zone
+}
+
+// gatewayShare counts the mTLS endpoints of one locality that its
+// network's gateways stand for.
+type gatewayShare struct{ healthy, draining uint32 }
+
+// weight is the share's weight and health: its healthy endpoints, or its
+// draining ones when none is healthy.
+func (g gatewayShare) weight() (uint32, corev3.HealthStatus) {
+	if g.healthy == 0 {
+		return g.draining, corev3.HealthStatus_DRAINING
+	}
+	return g.healthy, corev3.HealthStatus_HEALTHY
+}
+
+// groupEndpoints sorts the members' endpoints of port into localities:
+// each direct endpoint as itself, and each locality a member's network
+// reaches through its gateways as those gateways, weighted by the
+// endpoints they stand for (see buildLoadAssignment).
+func groupEndpoints(port int32, members map[string]*clusters.Service, a assignment) (map[locality][]*endpointv3.LbEndpoint, map[locality]*gatewayShare) {
 	groups := map[locality][]*endpointv3.LbEndpoint{}
-	type gatewayed struct{ healthy, draining uint32 }
-	viaGateway := map[locality]*gatewayed{}
+	viaGateway := map[locality]*gatewayShare{}
 	ids := sortedIDs(members)
 	for _, id := range ids {
 		svc := members[id]
@@ -274,7 +350,7 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 				}
 				g := viaGateway[loc]
 				if g == nil {
-					g = &gatewayed{}
+					g = &gatewayShare{}
 					viaGateway[loc] = g
 				}
 				if ep.Health == clusters.Draining {
@@ -294,72 +370,13 @@ func buildLoadAssignment(name string, port int32, members map[string]*clusters.S
 			if loc.cluster != id {
 				continue
 			}
-			weight, health := g.healthy, corev3.HealthStatus_HEALTHY
-			if weight == 0 {
-				weight, health = g.draining, corev3.HealthStatus_DRAINING
-			}
+			weight, health := g.weight()
 			for _, gw := range gateways {
 				groups[loc] = append(groups[loc], lbEndpoint(gw.Address, uint32(gw.Port), health, weight, meta.of(gatewayWorkload, true)))
 			}
 		}
 	}
-	locs := make([]locality, 0, len(groups))
-	for l := range groups {
-		locs = append(locs, l)
-	}
-	sort.Slice(locs, func(i, j int) bool {
-		a, b := locs[i], locs[j]
-		if a.cluster != b.cluster {
-			return a.cluster < b.cluster
-		}
-		if a.region != b.region {
-			return a.region < b.region
-		}
-		return a.zone < b.zone
-	})
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	placedLocs := make([]placed, len(locs))
-	weights := make([]uint32, len(locs))
-	for i, l := range locs {
-		eps := groups[l]
-		sort.Slice(eps, func(i, j int) bool {
-			a, b := eps[i].GetEndpoint().GetAddress().GetSocketAddress(), eps[j].GetEndpoint().GetAddress().GetSocketAddress()
-			if a.GetAddress() != b.GetAddress() {
-				return a.GetAddress() < b.GetAddress()
-			}
-			return a.GetPortValue() < b.GetPortValue()
-		})
-		weight := uint32(len(eps))
-		if v, ok := viaGateway[l]; ok {
-			// The member keeps the share of the endpoints the gateways
-			// stand for (a member's endpoints are all direct or all not).
-			weight = v.healthy
-			if weight == 0 {
-				weight = v.draining
-			}
-		}
-		weights[i] = weight
-		placedLocs[i] = placed{member: l.cluster, network: members[l.cluster].Network, region: l.region, zone: l.zone}
-	}
-	prio, distributed := rankLocalities(placedLocs, weights, a.client, a.network, a.lb)
-	demote(prio, placedLocs, a.demoted)
-	for i, l := range locs {
-		weight := weights[i]
-		if distributed != nil {
-			if weight = distributed[i]; weight == 0 {
-				continue // the rule's distribute leaves it out
-			}
-		}
-		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Region: l.region, Zone: l.zone, SubZone: l.cluster},
-			LbEndpoints:         groups[l],
-			LoadBalancingWeight: wrapperspb.UInt32(weight),
-			Priority:            prio[i],
-		})
-	}
-	cla.Endpoints = mergeDuplicates(cla.Endpoints)
-	compactLocalities(cla.Endpoints) // a distribute or a merge may have left a gap
-	return cla
+	return groups, viaGateway
 }
 
 // compactLocalities renumbers the localities' priorities 0..N in order.

@@ -104,23 +104,8 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if len(bytes.TrimSpace(o.Bootstrap)) == 0 {
 		return nil, errors.New("envoy: Options.Bootstrap is empty")
 	}
-	dir, err := filepath.Abs(o.Dir)
+	dir, cfg, adminPath, err := prepareDir(o)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	// Envoy picks the parser by the file's extension.
-	cfg := filepath.Join(dir, "bootstrap.yaml")
-	if bytes.HasPrefix(bytes.TrimSpace(o.Bootstrap), []byte("{")) {
-		cfg = filepath.Join(dir, "bootstrap.json")
-	}
-	if err := os.WriteFile(cfg, o.Bootstrap, 0o644); err != nil {
-		return nil, err
-	}
-	adminPath := filepath.Join(dir, "admin")
-	if err := os.Remove(adminPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, "envoy.log")
@@ -130,23 +115,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	}
 	defer logFile.Close() // the child has its own descriptor
 
-	args := []string{"-c", cfg, "--disable-hot-restart", "--use-dynamic-base-id",
-		"--admin-address-path", adminPath, "--log-path", logPath}
-	if !hasFlag(o.Args, "--concurrency") {
-		args = append(args, "--concurrency", "1")
-	}
-	if !hasFlag(o.Args, "-l", "--log-level") {
-		args = append(args, "-l", "info")
-	}
-	if o.ID != "" {
-		args = append(args, "--service-node", o.ID)
-	}
-	args = append(args, o.Args...)
-	name := bin
-	if o.Netns != "" {
-		name = "ip"
-		args = append([]string{"netns", "exec", o.Netns, bin}, args...)
-	}
+	name, args := commandLine(bin, o, cfg, adminPath, logPath)
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -182,6 +151,53 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		case <-tick.C:
 		}
 	}
+}
+
+// prepareDir makes o.Dir (absolute), writes o.Bootstrap into it and
+// clears the admin address file a previous Envoy left; it returns the
+// directory, the bootstrap's path and the admin address file's.
+func prepareDir(o Options) (dir, cfg, adminPath string, err error) {
+	if dir, err = filepath.Abs(o.Dir); err != nil {
+		return "", "", "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", "", err
+	}
+	// Envoy picks the parser by the file's extension.
+	cfg = filepath.Join(dir, "bootstrap.yaml")
+	if bytes.HasPrefix(bytes.TrimSpace(o.Bootstrap), []byte("{")) {
+		cfg = filepath.Join(dir, "bootstrap.json")
+	}
+	if err := os.WriteFile(cfg, o.Bootstrap, 0o644); err != nil {
+		return "", "", "", err
+	}
+	adminPath = filepath.Join(dir, "admin")
+	if err := os.Remove(adminPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", "", "", err
+	}
+	return dir, cfg, adminPath, nil
+}
+
+// commandLine is the program and arguments that run Envoy bin on cfg: one
+// worker thread and info logs unless o.Args say otherwise, inside o.Netns
+// when set.
+func commandLine(bin string, o Options, cfg, adminPath, logPath string) (string, []string) {
+	args := []string{"-c", cfg, "--disable-hot-restart", "--use-dynamic-base-id",
+		"--admin-address-path", adminPath, "--log-path", logPath}
+	if !hasFlag(o.Args, "--concurrency") {
+		args = append(args, "--concurrency", "1")
+	}
+	if !hasFlag(o.Args, "-l", "--log-level") {
+		args = append(args, "-l", "info")
+	}
+	if o.ID != "" {
+		args = append(args, "--service-node", o.ID)
+	}
+	args = append(args, o.Args...)
+	if o.Netns != "" {
+		return "ip", append([]string{"netns", "exec", o.Netns, bin}, args...)
+	}
+	return bin, args
 }
 
 // hasFlag reports whether args set one of the flags (as "-f v" or "-f=v").
