@@ -219,7 +219,7 @@ func TestSameSubscriptionsShareOneIndex(t *testing.T) {
 		}
 	}
 	h.watcher.mu.Lock()
-	indexes := len(h.watcher.indexes)
+	indexes := len(h.watcher.index.indexes)
 	h.watcher.mu.Unlock()
 	if indexes != 1 {
 		t.Fatalf("two streams subscribed to the same names use %d indexes; want 1", indexes)

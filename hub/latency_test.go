@@ -100,7 +100,7 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 		h.watcher.mu.Lock()
 		defer h.watcher.mu.Unlock()
 		parked := 0
-		for s := range h.watcher.byType {
+		for s := range h.watcher.index.byType {
 			if s.parked != nil {
 				parked++
 			}

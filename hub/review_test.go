@@ -338,7 +338,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		// No watch is parked: a push only notes what changed for each
 		// subscriber it reaches.
 		w := newWatcher(watcherInputs{workers: 1, log: slog.New(slog.DiscardHandler)})
-		w.indexLocked(c.sub)
+		w.index.add(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
 		w.push(context.Background(), c.changed)
 		if got := len(c.sub.dirty) > 0 || c.sub.full; got != c.want {

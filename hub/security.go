@@ -107,8 +107,8 @@ func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
 		wl *authz.Workload
 	}
 	w.mu.Lock()
-	servers := make([]server, 0, len(w.byServer))
-	for s := range w.byServer {
+	servers := make([]server, 0, len(w.index.byServer))
+	for s := range w.index.byServer {
 		servers = append(servers, server{s, s.view.Server})
 	}
 	w.mu.Unlock()

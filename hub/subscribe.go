@@ -2,7 +2,6 @@ package hub
 
 import (
 	"hash/maphash"
-	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -18,7 +17,7 @@ import (
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
-// the hostnames its names belong to, indexed in watcher.byHost so that a
+// the hostnames its names belong to, indexed (subscriberIndex) so that a
 // change reaches only the subscribers of the changed hostnames, and what
 // changed for it while none of its watches was parked.
 //
@@ -93,7 +92,7 @@ func digestOf(names []string) digest {
 // a hostname side by side (sorted by hostname, then name), then those
 // that name no hostname; hosts maps a hostname to its names' span of
 // list. It is built once per subscription and read only after. Kept
-// subscribers of the same type and names share one (watcher.indexes):
+// subscribers of the same type and names share one (subscriberIndex):
 // with Envoy sidecars every stream subscribes to every cluster, and an
 // index per stream would be a large part of the hub's memory.
 type nameIndex struct {
@@ -103,7 +102,7 @@ type nameIndex struct {
 	hosted  int // how many of list name a hostname (they come first)
 	sum     uint64
 	// subs are the indexed subscribers that use it (guarded by
-	// watcher.mu); while there are any, watcher.byHost lists it under
+	// watcher.mu); while there are any, the subscriberIndex lists it under
 	// each of its hostnames.
 	subs map[*subscriber]struct{}
 }
@@ -177,28 +176,6 @@ func (s *subscriber) aim(id authn.Identity) {
 			}
 		}
 	}
-}
-
-// internLocked makes s use the shared index of its names, if there is
-// one, else shares its own; with watcher.mu held, before s is indexed.
-func (w *watcher) internLocked(s *subscriber) {
-	if s.idx == nil {
-		return
-	}
-	key := indexKey{s.typeURL, s.idx.sum}
-	if x := w.indexes[key]; x != nil && slices.Equal(x.list, s.idx.list) {
-		s.idx, s.list = x, x.list
-		return
-	}
-	if w.indexes[key] == nil {
-		w.indexes[key] = s.idx
-	}
-}
-
-// indexKey finds a shared nameIndex.
-type indexKey struct {
-	typeURL string
-	sum     uint64
 }
 
 // namesOf returns the subscribed names of a hostname (shared, read only).
@@ -341,7 +318,7 @@ func (w *watcher) closeStream(rec *streamRecord) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, s := range rec.subs {
-		w.unindexLocked(s)
+		w.index.remove(s)
 	}
 	clear(rec.subs)
 	w.fleet.Answer(rec.unsentLocked("")) // the stream is gone: nobody will answer them
@@ -355,11 +332,11 @@ func (w *watcher) identify(rec *streamRecord, id authn.Identity) {
 	defer w.mu.Unlock()
 	if s := rec.subs[resourcev3.SecretType]; s != nil && (rec.ident.Cluster != id.Cluster || rec.ident.Namespace != id.Namespace) {
 		indexed := s.indexed
-		w.unindexLocked(s)
+		w.index.remove(s)
 		s.aim(id)
 		s.full = true
 		if indexed {
-			w.indexLocked(s)
+			w.index.add(s)
 		}
 	}
 	rec.ident = id
@@ -423,11 +400,11 @@ func (w *watcher) keep(rec *streamRecord, old, ns *subscriber) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if old != nil {
-		w.unindexLocked(old)
+		w.index.remove(old)
 	}
-	w.internLocked(ns)
+	w.index.intern(ns)
 	rec.subs[ns.typeURL] = ns
-	w.indexLocked(ns)
+	w.index.add(ns)
 }
 
 // deltaSubscriberFor returns the subscriber a new Delta watch belongs
@@ -464,111 +441,8 @@ func (w *watcher) dropSubscriber(rec *streamRecord, typeURL string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if s := rec.subs[typeURL]; s != nil {
-		w.unindexLocked(s)
+		w.index.remove(s)
 		delete(rec.subs, typeURL)
-	}
-}
-
-// subscribersOf lists the indexed subscribers of a hostname, with w.mu held.
-func (w *watcher) subscribersOf(host string) iter.Seq[*subscriber] {
-	return func(yield func(*subscriber) bool) {
-		for x := range w.byHost[host] {
-			for s := range x.subs {
-				if !yield(s) {
-					return
-				}
-			}
-		}
-	}
-}
-
-// indexLocked makes pushes find s, with w.mu held.
-func (w *watcher) indexLocked(s *subscriber) {
-	if s.indexed {
-		return
-	}
-	s.indexed = true
-	switch {
-	case s.typeURL == resourcev3.SecretType:
-		w.bySecret[s] = struct{}{}
-		for _, ref := range s.secrets {
-			addSubscriber(w.byRef, ref, s)
-			addSubscriber(w.byMember, ref.Cluster, s)
-		}
-		if s.roots {
-			w.byRoots[s] = struct{}{}
-		}
-	case s.wildcard:
-		w.byType[s] = struct{}{}
-	default:
-		x := s.idx
-		if isServer(s) {
-			w.byServer[s] = struct{}{}
-		}
-		if len(x.subs) == 0 {
-			for host := range x.hosts {
-				set := w.byHost[host]
-				if set == nil {
-					set = map[*nameIndex]struct{}{}
-					w.byHost[host] = set
-				}
-				set[x] = struct{}{}
-			}
-		}
-		x.subs[s] = struct{}{}
-	}
-}
-
-func addSubscriber[K comparable](index map[K]map[*subscriber]struct{}, k K, s *subscriber) {
-	set := index[k]
-	if set == nil {
-		set = map[*subscriber]struct{}{}
-		index[k] = set
-	}
-	set[s] = struct{}{}
-}
-
-func removeSubscriber[K comparable](index map[K]map[*subscriber]struct{}, k K, s *subscriber) {
-	set := index[k]
-	delete(set, s)
-	if len(set) == 0 {
-		delete(index, k)
-	}
-}
-
-// unindexLocked undoes indexLocked, with w.mu held.
-func (w *watcher) unindexLocked(s *subscriber) {
-	if !s.indexed {
-		return
-	}
-	s.indexed = false
-	switch {
-	case s.typeURL == resourcev3.SecretType:
-		delete(w.bySecret, s)
-		for _, ref := range s.secrets {
-			removeSubscriber(w.byRef, ref, s)
-			removeSubscriber(w.byMember, ref.Cluster, s)
-		}
-		delete(w.byRoots, s)
-	case s.wildcard:
-		delete(w.byType, s)
-	default:
-		x := s.idx
-		delete(w.byServer, s)
-		delete(x.subs, s)
-		if len(x.subs) > 0 {
-			return
-		}
-		for host := range x.hosts {
-			set := w.byHost[host]
-			delete(set, x)
-			if len(set) == 0 {
-				delete(w.byHost, host)
-			}
-		}
-		if key := (indexKey{x.typeURL, x.sum}); w.indexes[key] == x {
-			delete(w.indexes, key)
-		}
 	}
 }
 

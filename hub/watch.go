@@ -47,22 +47,8 @@ type watcher struct {
 	evaluations *prometheus.CounterVec
 
 	mu    sync.Mutex
-	epoch uint64 // incremented by every push
-	// The indexed subscribers: by hostname (CDS, EDS, LDS, RDS by name),
-	// wildcard ones of those types, and SDS ones: all of them, by the
-	// member Secret they ask for, by the member of those Secrets, and those
-	// asking for roots.
-	byHost   map[string]map[*nameIndex]struct{} // see subscribersOf
-	indexes  map[indexKey]*nameIndex            // the shared name indexes of kept subscribers
-	byType   map[*subscriber]struct{}
-	bySecret map[*subscriber]struct{}
-	byRef    map[feed.SecretRef]map[*subscriber]struct{}
-	byMember map[string]map[*subscriber]struct{}
-	byRoots  map[*subscriber]struct{}
-	// byServer are the LDS subscribers that name an inbound listener: the
-	// proxyless gRPC servers a policy change may concern.
-	byServer map[*subscriber]struct{}
-
+	epoch uint64          // incremented by every push
+	index subscriberIndex // the subscribers pushes find
 	// policyServers counts the servers whose inbound listeners policy
 	// changes re-evaluated: what a policy edit costs.
 	policyServers prometheus.Counter
@@ -162,9 +148,7 @@ func newWatcher(in watcherInputs) *watcher {
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
 		}, []string{"type"}),
-		byHost: map[string]map[*nameIndex]struct{}{}, indexes: map[indexKey]*nameIndex{}, byType: map[*subscriber]struct{}{},
-		bySecret: map[*subscriber]struct{}{}, byRef: map[feed.SecretRef]map[*subscriber]struct{}{},
-		byMember: map[string]map[*subscriber]struct{}{}, byRoots: map[*subscriber]struct{}{}, byServer: map[*subscriber]struct{}{},
+		index: newSubscriberIndex(),
 		policyServers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hub_xds_policy_server_updates_total",
 			Help: "Proxyless gRPC servers whose inbound listeners a change of AuthorizationPolicies or PeerAuthentications re-evaluated (only those the changed policies select, or every one when the mesh-wide mode changed).",
@@ -304,7 +288,7 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 		}
 		if len(s.dirty) == 0 && !s.full {
 			s.parked = wt
-			w.indexLocked(s)
+			w.index.add(s)
 			w.mu.Unlock()
 			return func() { w.cancel(wt) }, nil
 		}
@@ -320,7 +304,7 @@ func (w *watcher) cancel(wt *watch) {
 	if s := wt.sub; s.parked == wt {
 		s.parked = nil
 		if !s.persistent {
-			w.unindexLocked(s)
+			w.index.remove(s)
 		}
 	}
 	w.mu.Unlock()
@@ -433,48 +417,11 @@ func (w *watcher) affected(b *feed.Batch, servers []*subscriber) [][]*subscriber
 		}
 	}
 	changedAll := func(s *subscriber) { s.full = true; schedule(s) }
-	for host := range b.Hosts {
-		for s := range w.subscribersOf(host) {
-			s.touchLocked(host)
-			schedule(s)
-		}
-	}
-	if len(b.Hosts) > 0 || len(b.Kinds) > 0 {
-		// Every wildcard set may have changed (Istio config's too): those
-		// whose set version did not are skipped in the waves.
-		for s := range w.byType {
-			changedAll(s)
-		}
-	}
-	for ref := range b.Secrets {
-		for s := range w.byRef[ref] {
-			changedAll(s)
-		}
-	}
-	for member := range b.Members {
-		for s := range w.byMember[member] {
-			changedAll(s)
-		}
-	}
-	if b.Roots {
-		for s := range w.byRoots {
-			changedAll(s)
-		}
-	}
+	w.index.reached(b, func(s *subscriber, host string) { s.touchLocked(host); schedule(s) }, changedAll)
 	for _, s := range servers {
 		if s.indexed { // still subscribed
 			changedAll(s)
 			w.policyServers.Inc()
-		}
-	}
-	if len(b.Reviews) > 0 {
-		for s := range w.bySecret {
-			for k := range s.reviews {
-				if _, ok := b.Reviews[k]; ok {
-					changedAll(s)
-					break
-				}
-			}
 		}
 	}
 	return streams
@@ -592,7 +539,7 @@ func (w *watcher) pushTo(j job) {
 		s.last = resp.sotw
 		wt.rec.handedLocked(wt.typeURL, resp.sotw)
 		if !s.persistent {
-			w.unindexLocked(s)
+			w.index.remove(s)
 		}
 	} else {
 		// Cancelled meanwhile: the stream has a newer request, whose watch
