@@ -4,7 +4,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -20,21 +19,6 @@ import (
 // configLabel is the metrics label of every Istio config type (their
 // names come from clients: one label keeps the series bounded).
 const configLabel = "MCP"
-
-// all returns every resource of a type, for wildcard subscriptions: Istio
-// config from the mcp generator (only the set version and the messages:
-// config types are served over SotW only), everything else from the
-// xDS generator (xdsgen).
-func (w *watcher) all(typeURL string, v xdsgen.View) (xdsgen.WildcardSet, error) {
-	if mcp.IsConfigType(typeURL) {
-		set, err := w.config.Set(typeURL, v.Client)
-		if err != nil {
-			return xdsgen.WildcardSet{}, err
-		}
-		return xdsgen.WildcardSet{Version: set.Version, Anys: set.Resources}, nil
-	}
-	return w.gen.All(typeURL, v)
-}
 
 // checkDeltaConfig refuses Istio config over Delta: istiod asks for it
 // over SotW, and the watcher serves it as a whole set.

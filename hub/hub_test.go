@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/internal/wait"
@@ -146,7 +147,7 @@ func TestEndpointChangeSkipsWildcardClusterWatches(t *testing.T) {
 	cds := &watch{typeURL: resourcev3.ClusterType, wildcard: true}
 	eds := &watch{typeURL: resourcev3.EndpointType, wildcard: true}
 	for _, wt := range []*watch{cds, eds} {
-		if _, err := h.watcher.resources(wt); err != nil || wt.setVersion == "" {
+		if _, err := h.watcher.responder.resources(wt, authn.Identity{}); err != nil || wt.setVersion == "" {
 			t.Fatalf("evaluating %s: %v, set version %q", wt.typeURL, err, wt.setVersion)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/hubmesh/hub/hub/authn"
@@ -459,4 +460,57 @@ func (s *subscriber) takeLocked() (dirty map[string]struct{}, full bool) {
 	dirty, full = s.dirty, s.full
 	s.dirty, s.full = nil, false
 	return dirty, full
+}
+
+// serverOf is the workload behind rec's stream, for the inbound listeners
+// of a proxyless gRPC server (see authz.WorkloadOf): worked out once per
+// identity the stream proves, so that every watch of the stream has the
+// same one (a new one would make its next evaluation full).
+func (w *watcher) serverOf(rec *streamRecord, node *corev3.Node, ident authn.Identity) *authz.Workload {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if rec.server != nil && rec.serverFor == ident {
+		return rec.server
+	}
+	var proven authz.Proven
+	if !ident.SpiffeID.IsZero() {
+		// A proven identity stands, whatever the node says; one of
+		// another trust domain, or without /ns/<ns>/sa/<sa>, selects
+		// no namespace's policies.
+		proven = authz.Proven{Verified: true, Member: ident.Cluster}
+		if w.roots != nil && ident.Verified(w.roots.LocalTrustDomain()) {
+			proven.Namespace, proven.ServiceAccount = ident.Namespace, authn.ServiceAccountOf(ident.SpiffeID)
+		}
+	}
+	wl := authz.WorkloadOf(node, proven)
+	rec.server, rec.serverFor = &wl, ident
+	return rec.server
+}
+
+// serverSecurity is what the policies make of rec's stream's inbound
+// listeners; nil when it asks for none.
+func (w *watcher) serverSecurity(rec *streamRecord) *ServerSecurity {
+	w.mu.Lock()
+	names, wl := inboundNames(rec.subs[resourcev3.ListenerType]), rec.server
+	w.mu.Unlock()
+	if len(names) == 0 || w.gen == nil {
+		return nil
+	}
+	out := &ServerSecurity{}
+	if wl != nil {
+		out.Workload = *wl
+	}
+	set, known := w.gen.Security()
+	out.Pending = !known
+	sel := set.Select(out.Workload)
+	out.PeerAuthentications, out.Policies, out.FailClosed = sel.PeerAuthentications(), sel.Policies(), sel.FailsClosed()
+	for _, name := range names {
+		ap, ok := xdsgen.ParseInboundName(name)
+		if !ok {
+			continue
+		}
+		port := uint32(ap.Port())
+		out.Listeners = append(out.Listeners, InboundListener{Name: name, Port: port, Mode: sel.ServerMode(port), PolicyMode: sel.PolicyMode(port)})
+	}
+	return out
 }

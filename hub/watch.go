@@ -2,24 +2,24 @@ package hub
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authn"
+	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
@@ -39,9 +39,8 @@ import (
 // resources a response of these types leaves out (see sotwResponse).
 type watcher struct {
 	watcherInputs
-	// lists shares the resource lists of responses that carry the same
-	// resources (nil: none shared).
-	lists *responseLists
+	// responder builds the response of a watch the watcher evaluates.
+	responder *responder
 	// evaluations counts the watches pushes evaluated, by type: the work
 	// changes cost.
 	evaluations *prometheus.CounterVec
@@ -67,7 +66,7 @@ type watch struct {
 	view xdsgen.View
 	// ident is the stream's identity when the watch was created; rec, the
 	// stream's record, has the current one, which SDS evaluations read
-	// (see watcher.identityOf).
+	// (see watcher.evaluate).
 	ident    authn.Identity
 	rec      *streamRecord
 	wildcard bool
@@ -93,8 +92,11 @@ type watch struct {
 	deltaReq *cachev3.DeltaRequest // Delta
 
 	// awaiting says an access review an SDS watch needs was pending when
-	// it was last evaluated: a first SotW response waits for it.
+	// it was last evaluated: a first SotW response waits for it. reviews
+	// are the access reviews that evaluation consulted, which the watcher
+	// records in the subscriber.
 	awaiting bool
+	reviews  map[feed.ReviewKey]struct{}
 }
 
 // incremental reports whether wt's responses carry only what changed.
@@ -143,7 +145,9 @@ func newWatcher(in watcherInputs) *watcher {
 		in.log = slog.Default()
 	}
 	return &watcher{
-		watcherInputs: in, lists: newResponseLists(),
+		watcherInputs: in,
+		responder: &responder{gen: in.gen, config: in.config, lists: newResponseLists(), roots: in.roots, sds: in.sds,
+			workload: in.workload, scope: in.scope, log: in.log},
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",
 			Help: "Parked xDS watches that pushes evaluated because a change could affect them (whether or not a response followed), by type: the work changes cost.",
@@ -296,6 +300,23 @@ func (w *watcher) watch(wt *watch) (func(), error) {
 	}
 }
 
+// evaluate builds what wt's stream lacks (responder.evaluate). An SDS
+// watch is evaluated for the identity of its stream as the stream's loop
+// last told it (conn.identified): a claim that puts a proxy in conflict
+// mid-stream (see proxyTracker.claim) applies to the watches parked before
+// it too; the access reviews it consulted are recorded in its subscriber,
+// where pushes read them.
+func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
+	if wt.typeURL != resourcev3.SecretType {
+		return w.responder.evaluate(wt, dirty, full, authn.Identity{})
+	}
+	r, err := w.responder.evaluate(wt, dirty, full, w.streamIdentity(wt.rec))
+	w.mu.Lock()
+	wt.sub.reviews = wt.reviews
+	w.mu.Unlock()
+	return r, err
+}
+
 // cancel ends a parked watch: the stream's loop (hub/ads.go) changes the
 // subscription state next, so it waits until no push is evaluating the
 // watch.
@@ -391,6 +412,79 @@ func (w *watcher) applyDestinationRules(objs []distribute.Object) []string {
 	}
 	w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
 	return changed
+}
+
+// applySecurity reads the distributed AuthorizationPolicies and
+// PeerAuthentications into the Generator when b changed either kind (and
+// both are ready), and returns the servers whose inbound listeners that
+// changes, to be re-evaluated. A change of the mesh-wide mode changes
+// every proxyless client's Clusters: every hostname joins b.
+func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
+	_, a := b.Kinds[authz.AuthorizationPolicyKind]
+	_, p := b.Kinds[authz.PeerAuthenticationKind]
+	if (!a && !p) || w.rules == nil || w.gen == nil {
+		return nil
+	}
+	authzObjs, ready := w.rules.Rules(authz.AuthorizationPolicyKind)
+	if !ready {
+		return nil
+	}
+	peerObjs, ready := w.rules.Rules(authz.PeerAuthenticationKind)
+	if !ready {
+		return nil
+	}
+	change := w.gen.SetSecurity(authzObjs, peerObjs)
+	notes := map[string][]distribute.Note{authz.AuthorizationPolicyKind: nil, authz.PeerAuthenticationKind: nil}
+	for _, p := range change.Problems {
+		msg := p.Message
+		if p.Rule >= 0 {
+			msg = fmt.Sprintf("rule %d: %s", p.Rule, msg)
+		}
+		notes[p.Kind] = append(notes[p.Kind], distribute.Note{Object: p.Policy, Message: msg})
+	}
+	if len(change.Problems) > 0 {
+		w.log.Warn("policies proxyless gRPC servers cannot enforce as Istio means them (see /api/v1/distribution)", "notes", len(change.Problems))
+	}
+	for kind, n := range notes {
+		w.rules.SetNotes(kind, n)
+	}
+	if change.MeshMode {
+		if b.Hosts == nil {
+			b.Hosts = map[string]struct{}{}
+		}
+		for _, host := range w.gen.Hostnames() {
+			b.Hosts[host] = struct{}{}
+		}
+	}
+	// The servers, then what the change does to each kind of workload
+	// (namespace and labels), outside the lock every watch needs.
+	type server struct {
+		s  *subscriber
+		wl *authz.Workload
+	}
+	w.mu.Lock()
+	servers := make([]server, 0, len(w.index.byServer))
+	for s := range w.index.byServer {
+		servers = append(servers, server{s, s.view.Server})
+	}
+	w.mu.Unlock()
+	affects := map[string]bool{}
+	for _, sv := range servers {
+		wl := authz.Workload{}
+		if sv.wl != nil {
+			wl = *sv.wl
+		}
+		key := strconv.Quote(wl.Namespace) + strconv.FormatBool(wl.Truncated) + wl.LabelsKey()
+		a, ok := affects[key]
+		if !ok {
+			a = change.Affects(wl)
+			affects[key] = a
+		}
+		if a {
+			affected = append(affected, sv.s)
+		}
+	}
+	return affected
 }
 
 // affected marks the subscribers b (and the policy servers) concern as
@@ -498,7 +592,7 @@ func (w *watcher) skipUnchangedWildcards(jobs []job, versions map[xdsgen.Wildcar
 			key := xdsgen.WildcardSetKey{TypeURL: wt.typeURL, View: view}
 			v, ok := versions[key]
 			if !ok {
-				set, err := w.all(wt.typeURL, wt.view)
+				set, err := w.responder.all(wt.typeURL, wt.view)
 				if err == nil {
 					v = set.Version
 				}
@@ -555,331 +649,4 @@ func (w *watcher) pushTo(j job) {
 		w.fleet.Hand()
 		w.latency.observe(wt.typeURL, j.since)
 	}
-}
-
-// resources are what a watch subscribes to: per-proxy secrets for SDS,
-// shared generated resources for everything else.
-func (w *watcher) resources(wt *watch) ([]*xdsgen.Resource, error) {
-	if wt.typeURL == resourcev3.SecretType {
-		return w.secretResources(wt)
-	}
-	if wt.wildcard {
-		set, err := w.all(wt.typeURL, wt.view)
-		wt.setVersion = set.Version
-		return set.Resources, err
-	}
-	return w.gen.Resources(wt.typeURL, wt.names, wt.view)
-}
-
-// respondDelta builds a Delta response with the resources whose version
-// differs from what the stream holds and the names that are gone, or nil,
-// from the whole subscription: for wildcard and SDS subscriptions (those
-// by name are evaluated per changed hostname, see respondDeltaChanged).
-func (w *watcher) respondDelta(wt *watch) (*deltaResponse, error) {
-	res, err := w.resources(wt)
-	if err != nil {
-		return nil, err
-	}
-	exists := make(map[string]struct{}, len(res))
-	var changed []*xdsgen.Resource
-	for _, r := range res {
-		exists[r.Name] = struct{}{}
-		if !r.Kept && wt.held.changed(r) {
-			changed = append(changed, r)
-		}
-	}
-	var removed []string
-	for name := range wt.held.byName {
-		if _, ok := exists[name]; !ok {
-			removed = append(removed, name)
-		}
-	}
-	if len(changed) == 0 && len(removed) == 0 && !wt.first {
-		return nil, nil
-	}
-	sort.Strings(removed)
-	list := w.lists.delta(changed) // in res's order: by name (SDS: as subscribed)
-	return &deltaResponse{
-		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
-			DeltaRequest: wt.deltaReq,
-			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: xdsgen.ResponseVersion(res),
-				Resources:         list.out,
-				RemovedResources:  removed,
-				TypeUrl:           wt.typeURL,
-			},
-		},
-		changed: list.res,
-		removed: removed,
-	}, nil
-}
-
-// respondDeltaChanged builds a Delta response for a persistent
-// subscription by name: of the changed hostnames' names (every name when
-// full), the resources whose version differs from what the stream holds
-// and the held ones that are gone, or nil. Its work is proportional to
-// what changed, not to the subscription.
-func (w *watcher) respondDeltaChanged(wt *watch, dirty map[string]struct{}, full bool) (*deltaResponse, error) {
-	var changed []*xdsgen.Resource
-	var removed []string
-	consider := func(name string) error {
-		r, err := w.gen.Resource(wt.typeURL, name, wt.view)
-		if err != nil {
-			return err
-		}
-		switch {
-		case r == nil:
-			if _, ok := wt.held.byName[name]; ok {
-				removed = append(removed, name)
-			}
-		case !r.Kept && wt.held.changed(r):
-			changed = append(changed, r)
-		}
-		return nil
-	}
-	if full {
-		for _, name := range wt.sub.list {
-			if err := consider(name); err != nil {
-				return nil, err
-			}
-		}
-		// Held but no longer subscribed (the stream's loop forgets unsubscribed
-		// names itself; initial_resource_versions may name others).
-		for name := range wt.held.byName {
-			if !wt.sub.has(name) {
-				removed = append(removed, name)
-			}
-		}
-	} else {
-		for host := range dirty {
-			for _, name := range wt.sub.namesOf(host) {
-				if err := consider(name); err != nil {
-					return nil, err
-				}
-			}
-		}
-	}
-	if len(changed) == 0 && len(removed) == 0 && !wt.first {
-		return nil, nil
-	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
-	sort.Strings(removed)
-	list := w.lists.delta(changed)
-	return &deltaResponse{
-		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
-			DeltaRequest: wt.deltaReq,
-			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: list.version,
-				Resources:         list.out,
-				RemovedResources:  removed,
-				TypeUrl:           wt.typeURL,
-			},
-		},
-		changed: list.res,
-		removed: removed,
-	}, nil
-}
-
-// deltaResponse is a Delta response with what it changes of what the
-// stream holds: the changed resources and the removed names, which the
-// stream's loop records (deltaSubscription.took) once it sent it.
-type deltaResponse struct {
-	*cachev3.DeltaPassthroughResponse
-	changed []*xdsgen.Resource
-	removed []string
-}
-
-// evaluate builds what wt's stream lacks, given the hostnames that changed
-// for it since its last evaluation (every name when full), or an empty reply.
-func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (reply, error) {
-	switch {
-	case wt.deltaReq != nil:
-		var resp *deltaResponse
-		var err error
-		if wt.sub.persistent {
-			resp, err = w.respondDeltaChanged(wt, dirty, full)
-		} else {
-			resp, err = w.respondDelta(wt)
-		}
-		if err != nil || resp == nil {
-			return reply{}, err
-		}
-		return reply{delta: resp}, nil
-	case wt.wildcard && wt.typeURL != resourcev3.SecretType:
-		resp, err := w.respondWildcard(wt)
-		return reply{sotw: resp}, err
-	case wt.incremental():
-		resp, err := w.respondChanged(wt, dirty, full)
-		return reply{sotw: resp}, err
-	case !full && len(dirty) == 0 && wt.sub.persistent:
-		return reply{}, nil // nothing changed since the stream's last response
-	default:
-		resp, err := w.respond(wt)
-		return reply{sotw: resp}, err
-	}
-}
-
-// reply is a SotW or a Delta response, or neither.
-type reply struct {
-	sotw  *sotwResponse
-	delta *deltaResponse
-}
-
-func (r reply) ok() bool { return r.sotw != nil || r.delta != nil }
-
-// send hands the reply to the stream's loop; it never blocks (outbox).
-func (r reply) send(wt *watch) { wt.out.put(r) }
-
-// sotwResponse is a SotW response that tells whether its stream's loop
-// sent it (markSent): the loop drops a response still queued when a newer
-// request of its type arrives.
-//
-// A response that carries only what changed (incremental) is recorded
-// into what the stream holds (sotwSubscription.took) as a change of the
-// resources it carried, never rebuilt; what the stream held before
-// was read by the watch that built it.
-type sotwResponse struct {
-	*cachev3.PassthroughResponse
-	incremental bool
-	changed     []*xdsgen.Resource
-	// whole is, for a whole-state response, its resources (shared, read
-	// only): what the stream holds once it is sent; set is the version of
-	// the set of every resource of the type it is, for a wildcard's.
-	whole    []*xdsgen.Resource
-	set      string
-	sent     atomic.Bool
-	typeSent *atomic.Bool // the stream's flag for the type's first response (may be nil)
-}
-
-// markSent records that the stream's loop sent r.
-func (r *sotwResponse) markSent() {
-	r.sent.Store(true)
-	if r.typeSent != nil {
-		r.typeSent.Store(true)
-	}
-}
-
-// respondChanged builds a response with the subscribed resources whose
-// version differs from what the stream holds: of the changed hostnames'
-// names, or of every name when full (and for SDS, whose names are few).
-// Resources that disappeared are not named: for these types a SotW
-// response leaves the others as the client has them. The first request of
-// a type on a stream (watch.first) is always answered, possibly with no
-// resources; for SDS once the access reviews its names need are decided.
-func (w *watcher) respondChanged(wt *watch, dirty map[string]struct{}, full bool) (*sotwResponse, error) {
-	var changed []*xdsgen.Resource
-	consider := func(r *xdsgen.Resource) {
-		if r != nil && !r.Kept && wt.held.changed(r) {
-			changed = append(changed, r)
-		}
-	}
-	switch {
-	case wt.typeURL == resourcev3.SecretType:
-		res, err := w.secretResources(wt)
-		if err != nil {
-			return nil, err
-		}
-		if wt.awaiting && wt.first {
-			// The first response to an SDS subscription waits for the
-			// access reviews its names need (each bounded by its timeout):
-			// a client may not ask again (Istio's adsc acknowledges
-			// without resource names), so it must not be told "nothing"
-			// for a name that is only undecided.
-			return nil, nil
-		}
-		for _, r := range res {
-			consider(r)
-		}
-	case full:
-		for _, name := range wt.sub.list {
-			r, err := w.gen.Resource(wt.typeURL, name, wt.view)
-			if err != nil {
-				return nil, err
-			}
-			consider(r)
-		}
-	default:
-		for host := range dirty {
-			for _, name := range wt.sub.namesOf(host) {
-				r, err := w.gen.Resource(wt.typeURL, name, wt.view)
-				if err != nil {
-					return nil, err
-				}
-				consider(r)
-			}
-		}
-	}
-	if len(changed) == 0 && !wt.first {
-		return nil, nil
-	}
-	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
-	list := w.lists.list(changed)
-	return &sotwResponse{
-		PassthroughResponse: &cachev3.PassthroughResponse{
-			Request: wt.req,
-			DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-				VersionInfo: list.version,
-				Resources:   list.anys,
-				TypeUrl:     wt.typeURL,
-			},
-		},
-		incremental: true,
-		changed:     list.res,
-		typeSent:    wt.sent,
-	}, nil
-}
-
-// respond builds a whole-state response (LDS and CDS by name), or returns
-// nil when the stream already holds exactly these resources (the first
-// request of a type on a stream, watch.first, is always answered, possibly
-// with no resources), or when one of them is Kept (not buildable yet).
-func (w *watcher) respond(wt *watch) (*sotwResponse, error) {
-	res, err := w.resources(wt)
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range res {
-		if r.Kept {
-			// A whole-state response without it would remove it from the
-			// client (a proxyless server would stop serving): wait until
-			// it can be built (a push re-evaluates the watch then).
-			return nil, nil
-		}
-	}
-	if !wt.first && wt.held.sameAs(res) {
-		return nil, nil
-	}
-	anys := make([]*anypb.Any, 0, len(res))
-	for _, r := range res {
-		anys = append(anys, r.Any)
-	}
-	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
-		Request: wt.req,
-		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: xdsgen.ResponseVersion(res),
-			Resources:   anys,
-			TypeUrl:     wt.req.GetTypeUrl(),
-		},
-	}, whole: res, typeSent: wt.sent}, nil
-}
-
-// respondWildcard answers a SotW wildcard watch from the shared set: one
-// slice of resources and one version for every stream.
-func (w *watcher) respondWildcard(wt *watch) (*sotwResponse, error) {
-	set, err := w.all(wt.typeURL, wt.view)
-	if err != nil {
-		return nil, err
-	}
-	wt.setVersion = set.Version
-	if !wt.first && wt.held.set == set.Version {
-		return nil, nil
-	}
-	return &sotwResponse{PassthroughResponse: &cachev3.PassthroughResponse{
-		Request: wt.req,
-		DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-			VersionInfo: set.Version,
-			Resources:   set.Anys, // shared: the stream's loop and the tracker only read it
-			TypeUrl:     wt.typeURL,
-		},
-	}, whole: set.Resources, set: set.Version, typeSent: wt.sent}, nil
 }
