@@ -18,9 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
@@ -29,7 +27,6 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // Cluster is one member cluster: a client, its informers, the endpoint
@@ -81,7 +78,7 @@ type Cluster struct {
 	system     informers.SharedInformerFactory // the system namespace alone (network)
 	namespaces corelisters.NamespaceLister
 	synced     []cache.InformerSynced
-	queue      workqueue.TypedRateLimitingInterface[ServiceKey]
+	views      *serviceController // Services and EndpointSlices → Sink
 
 	// counts are the objects the member-wide informers hold (Nodes,
 	// Secrets), by kind; each watch counts its own.
@@ -205,7 +202,6 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		sink: deps.sink, timeout: deps.timeout, log: deps.log.With("cluster", id),
 		client: client, conns: conns,
 		factory:    informers.NewSharedInformerFactory(client, 0),
-		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]()),
 		done:       make(chan struct{}),
 		health:     memberHealth{state: StatePending, endpoints: map[ServiceKey]int{}},
 		exportMode: deps.exportMode,
@@ -228,12 +224,13 @@ func newCluster(id, secret string, kc *Kubeconfig, scope WatchScope, deps cluste
 		return nil, err
 	}
 	c.services = scopedServices{c}
+	c.views = newServiceController(c)
 	c.gw = gatewayWriter{
 		api: client.CoreV1().Services(SystemNamespace), services: c.services, network: c.network,
 		ready:    func() bool { return (deps.settled == nil || deps.settled()) && systemSynced() },
 		isLeader: deps.isLeader, log: c.log, kick: make(chan struct{}, 1),
 	}
-	c.ns = namespaceWatches{newWatch: c.newNSWatch, retired: c.retire, replaced: c.enqueueWatch, log: c.log}
+	c.ns = namespaceWatches{newWatch: c.newNSWatch, retired: c.retire, replaced: c.views.enqueueWatch, log: c.log}
 	if err := c.ns.watchScope(scope, client); err != nil {
 		return nil, err
 	}
@@ -310,7 +307,7 @@ func (c *Cluster) watchNodes() (cache.InformerSynced, error) {
 	}
 	onNode := func(any) {
 		if !c.refreshGateways(false) { // a node port gateway's address may have moved
-			c.enqueueAll()
+			c.views.enqueueAll()
 		}
 	}
 	reg, err := c.nodeInf.AddEventHandler(c.counting(c.counts, "Node", cache.ResourceEventHandlerFuncs{
@@ -341,7 +338,7 @@ func (c *Cluster) start(ctx context.Context) {
 // whether the member's services go (RemoveCluster) or stay for a successor.
 func (c *Cluster) stop() {
 	c.cancel()
-	c.queue.ShutDown()
+	c.views.stop()
 	<-c.done
 	c.factory.Shutdown()
 	c.system.Shutdown()
@@ -408,7 +405,7 @@ func (c *Cluster) run(ctx context.Context) {
 	} else if ctx.Err() != nil {
 		return
 	}
-	c.publishAll()
+	c.views.publishAll()
 	c.mu.Lock()
 	notify := c.gatewaysChanged
 	c.mu.Unlock()
@@ -425,8 +422,7 @@ func (c *Cluster) run(ctx context.Context) {
 		// SDS answers withheld until it synced go out.
 		c.secretsSynced()
 	}
-	for c.processNext() {
-	}
+	c.views.run()
 }
 
 // Health probing: informers only notice an API server that stopped
@@ -642,81 +638,6 @@ func (c *Cluster) requestSucceeded() {
 	})
 }
 
-// publishAll hands the member's complete view to the Sink in one call.
-func (c *Cluster) publishAll() {
-	svcs, _ := c.services.List(labels.Everything())
-	views := make([]*Service, 0, len(svcs))
-	counts := make(map[ServiceKey]int, len(svcs))
-	for _, svc := range svcs {
-		if isHubGatewayService(svc) || !c.ns.federates(svc.Namespace) {
-			continue
-		}
-		v := c.build(svc)
-		views = append(views, v)
-		counts[ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = len(v.Endpoints)
-	}
-	plaintext := make(map[ServiceKey]int, len(svcs))
-	for _, v := range views {
-		plaintext[ServiceKey{Namespace: v.Namespace, Name: v.Name}] = plaintextEndpoints(v)
-	}
-	c.sink.ReplaceCluster(c.id, views)
-	c.mu.Lock()
-	c.health.endpoints, c.networking.plaintext = counts, plaintext
-	c.mu.Unlock()
-}
-
-func (c *Cluster) processNext() bool {
-	key, quit := c.queue.Get()
-	if quit {
-		return false
-	}
-	defer c.queue.Done(key)
-	svc, err := c.services.Services(key.Namespace).Get(key.Name)
-	var view *Service
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		c.log.Error("reading service from cache", "service", key, "error", err)
-		c.queue.AddRateLimited(key)
-		return true
-	case isHubGatewayService(svc): // the hub's own, not the member's
-	case !c.ns.federates(svc.Namespace): // watched for gateways only
-	default:
-		view = c.build(svc)
-	}
-	c.sink.UpdateService(c.id, key, view)
-	c.mu.Lock()
-	if view == nil {
-		delete(c.health.endpoints, key)
-		delete(c.networking.plaintext, key)
-	} else {
-		c.health.endpoints[key] = len(view.Endpoints)
-		c.networking.plaintext[key] = plaintextEndpoints(view)
-	}
-	c.health.lastSync = time.Now()
-	c.mu.Unlock()
-	c.queue.Forget(key)
-	return true
-}
-
-func (c *Cluster) build(svc *corev1.Service) *Service {
-	out := buildService(svc, c.endpointSlices(svc), func(name string) map[string]string {
-		if n, err := c.nodes.Get(name); err == nil {
-			return n.Labels
-		}
-		return nil
-	}, c.meshPod)
-	out.Network = c.network()
-	exported, listed := c.serviceExported(svc.Namespace, svc.Name)
-	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, c.exportMode, exported, listed)
-	c.mu.Lock()
-	if c.networking.gateways.network == out.Network { // else a refresh for the new network is under way
-		out.Gateways = c.networking.gateways.gateways
-	}
-	c.mu.Unlock()
-	return out
-}
-
 // SystemNamespace is the namespace whose topology.istio.io/network label
 // names a member's Istio network, as istiod reads it.
 const SystemNamespace = "istio-system"
@@ -742,13 +663,6 @@ func (c *Cluster) networkChanged(old, cur any) {
 	n, ok2 := cur.(*corev1.Namespace)
 	if !ok1 || !ok2 || o.Labels[LabelNetwork] != n.Labels[LabelNetwork] {
 		c.refreshGateways(true)
-	}
-}
-
-func (c *Cluster) enqueueAll() {
-	svcs, _ := c.services.List(labels.Everything())
-	for _, s := range svcs {
-		c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Name})
 	}
 }
 

@@ -118,7 +118,7 @@ func (c *Cluster) watchServiceExports(w *nsWatch) error {
 			obj = t.Obj
 		}
 		if m, ok := obj.(metav1.Object); ok {
-			c.queue.Add(ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()})
+			c.views.enqueue(ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()})
 		}
 	}
 	if _, err := inf.AddEventHandler(c.counting(w.counts, "ServiceExport", cache.ResourceEventHandlerFuncs{AddFunc: on, DeleteFunc: on})); err != nil {
@@ -168,7 +168,7 @@ func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *
 				// Every Service is rebuilt once they are listed: those
 				// without one now say so instead of "not listed".
 				if cache.WaitForCacheSync(ctx.Done(), c.enableServiceExports()...) {
-					c.enqueueAll()
+					c.views.enqueueAll()
 				}
 				return
 			}

@@ -525,7 +525,7 @@ func (c *Cluster) refreshGateways(rebuild bool) bool {
 	if !changed && !rebuild {
 		return false
 	}
-	c.enqueueAll()
+	c.views.enqueueAll()
 	if notify != nil {
 		notify()
 	}

@@ -111,7 +111,7 @@ func (c *Cluster) watchMeshPods(w *nsWatch) error {
 		slices, _ := w.sliceInf.GetIndexer().ByIndex(podIndex, key)
 		for _, o := range slices {
 			if s, ok := o.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-				c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
+				c.views.enqueue(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
 			}
 		}
 	}

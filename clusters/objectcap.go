@@ -79,7 +79,7 @@ func (c *Cluster) overflow() {
 	})
 	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.objectCap.max)
 	c.cancel()
-	c.queue.ShutDown()
+	c.views.stop()
 }
 
 // withdrawIfOverflowed drops the member's services from the Sink after an

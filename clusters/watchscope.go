@@ -166,7 +166,7 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 			inf  cache.SharedIndexInformer
 			fn   func(any)
 			both bool
-		}{"EndpointSlice", w.sliceInf, c.onSlice, true})
+		}{"EndpointSlice", w.sliceInf, c.views.onSlice, true})
 		w.mesh = newMeshPods(c.client, namespace)
 		if err := w.mesh.inf.SetTransform(stripMeshPod); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
@@ -204,18 +204,8 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 func (c *Cluster) onService(obj any) {
 	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
-		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
+		c.views.enqueue(ServiceKey{Namespace: ns, Name: name})
 		c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
-	}
-}
-
-// onSlice rebuilds the Service of an EndpointSlice.
-func (c *Cluster) onSlice(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-		c.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
 	}
 }
 
@@ -287,15 +277,7 @@ func (c *Cluster) retire(w *nsWatch) {
 	c.objectCap.held.Add(-w.counts.total())
 	for _, k := range keys {
 		ns, name, _ := cache.SplitMetaNamespaceKey(k)
-		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
-	}
-}
-
-// enqueueWatch rebuilds every Service of a watch.
-func (c *Cluster) enqueueWatch(w *nsWatch) {
-	for _, k := range w.svcInf.GetStore().ListKeys() {
-		ns, name, _ := cache.SplitMetaNamespaceKey(k)
-		c.queue.Add(ServiceKey{Namespace: ns, Name: name})
+		c.views.enqueue(ServiceKey{Namespace: ns, Name: name})
 	}
 }
 
@@ -322,22 +304,6 @@ func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceL
 		return w.services.Services(namespace)
 	}
 	return emptyServices.Services(namespace)
-}
-
-// endpointSlices lists the EndpointSlices of one Service.
-func (c *Cluster) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
-	w := c.ns.of(svc.Namespace)
-	if w == nil || w.sliceInf == nil {
-		return nil
-	}
-	objs, _ := w.sliceInf.GetIndexer().ByIndex(slicesOfService, svc.Namespace+"/"+svc.Name) // the index exists
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, o := range objs {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // slicesOfService names the EndpointSlice informers' index by the Service

@@ -1,0 +1,178 @@
+package clusters
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// serviceController is a member's endpoint controller: the path from its
+// Services and EndpointSlices to the Sink. A change of a Service, of one of
+// its EndpointSlices, or of anything its view is built from (the member's
+// nodes, network, gateways, mesh pods, ServiceExports) queues the Service.
+// Its Cluster's run has it hand the Sink the member's whole view once
+// (publishAll), then run rebuilds each queued Service (build) and hands it
+// over, one at a time, until stop. Views are built from the member's
+// informers (its Cluster); what was handed over is recorded in the
+// Cluster's health and networking state (published).
+type serviceController struct {
+	c     *Cluster
+	queue workqueue.TypedRateLimitingInterface[ServiceKey]
+}
+
+func newServiceController(c *Cluster) *serviceController {
+	return &serviceController{c: c, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]())}
+}
+
+// run rebuilds and hands over every queued Service until stop.
+func (sc *serviceController) run() {
+	for sc.processNext() {
+	}
+}
+
+// stop ends run once the Service it is building is handed over.
+func (sc *serviceController) stop() { sc.queue.ShutDown() }
+
+// enqueue queues one Service to be rebuilt.
+func (sc *serviceController) enqueue(key ServiceKey) { sc.queue.Add(key) }
+
+// enqueueAll queues every Service of the member.
+func (sc *serviceController) enqueueAll() {
+	svcs, _ := sc.c.services.List(labels.Everything())
+	for _, s := range svcs {
+		sc.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Name})
+	}
+}
+
+// enqueueWatch queues every Service of a watch.
+func (sc *serviceController) enqueueWatch(w *nsWatch) {
+	for _, k := range w.svcInf.GetStore().ListKeys() {
+		ns, name, _ := cache.SplitMetaNamespaceKey(k)
+		sc.queue.Add(ServiceKey{Namespace: ns, Name: name})
+	}
+}
+
+// onSlice queues the Service of an EndpointSlice.
+func (sc *serviceController) onSlice(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+		sc.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
+	}
+}
+
+// publishAll hands the member's complete view to the Sink in one call.
+func (sc *serviceController) publishAll() {
+	c := sc.c
+	svcs, _ := c.services.List(labels.Everything())
+	views := make([]*Service, 0, len(svcs))
+	for _, svc := range svcs {
+		if isHubGatewayService(svc) || !c.ns.federates(svc.Namespace) {
+			continue
+		}
+		views = append(views, sc.build(svc))
+	}
+	c.sink.ReplaceCluster(c.id, views)
+	c.publishedAll(views)
+}
+
+// processNext rebuilds the next queued Service and hands it to the Sink
+// (nil: it is gone, or not federated); false once the queue is shut down.
+func (sc *serviceController) processNext() bool {
+	c := sc.c
+	key, quit := sc.queue.Get()
+	if quit {
+		return false
+	}
+	defer sc.queue.Done(key)
+	svc, err := c.services.Services(key.Namespace).Get(key.Name)
+	var view *Service
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		c.log.Error("reading service from cache", "service", key, "error", err)
+		sc.queue.AddRateLimited(key)
+		return true
+	case isHubGatewayService(svc): // the hub's own, not the member's
+	case !c.ns.federates(svc.Namespace): // watched for gateways only
+	default:
+		view = sc.build(svc)
+	}
+	c.sink.UpdateService(c.id, key, view)
+	c.published(key, view)
+	sc.queue.Forget(key)
+	return true
+}
+
+// build makes a Service's view from its EndpointSlices, its nodes'
+// localities, its mesh pods, the member's network and gateways, and
+// whether it is exported.
+func (sc *serviceController) build(svc *corev1.Service) *Service {
+	c := sc.c
+	out := buildService(svc, sc.endpointSlices(svc), func(name string) map[string]string {
+		if n, err := c.nodes.Get(name); err == nil {
+			return n.Labels
+		}
+		return nil
+	}, c.meshPod)
+	out.Network = c.network()
+	exported, listed := c.serviceExported(svc.Namespace, svc.Name)
+	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, c.exportMode, exported, listed)
+	c.mu.Lock()
+	if c.networking.gateways.network == out.Network { // else a refresh for the new network is under way
+		out.Gateways = c.networking.gateways.gateways
+	}
+	c.mu.Unlock()
+	return out
+}
+
+// endpointSlices lists the EndpointSlices of one Service (an informer
+// index by Service, slicesOfService).
+func (sc *serviceController) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
+	w := sc.c.ns.of(svc.Namespace)
+	if w == nil || w.sliceInf == nil {
+		return nil
+	}
+	objs, _ := w.sliceInf.GetIndexer().ByIndex(slicesOfService, svc.Namespace+"/"+svc.Name) // the index exists
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// published records what the Sink was handed for one Service (nil: none):
+// its endpoint count (status) and plaintext endpoints (gateways).
+func (c *Cluster) published(key ServiceKey, view *Service) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if view == nil {
+		delete(c.health.endpoints, key)
+		delete(c.networking.plaintext, key)
+	} else {
+		c.health.endpoints[key] = len(view.Endpoints)
+		c.networking.plaintext[key] = plaintextEndpoints(view)
+	}
+	c.health.lastSync = time.Now()
+}
+
+// publishedAll records what the Sink was handed for the member as a whole.
+func (c *Cluster) publishedAll(views []*Service) {
+	counts := make(map[ServiceKey]int, len(views))
+	plaintext := make(map[ServiceKey]int, len(views))
+	for _, v := range views {
+		key := ServiceKey{Namespace: v.Namespace, Name: v.Name}
+		counts[key], plaintext[key] = len(v.Endpoints), plaintextEndpoints(v)
+	}
+	c.mu.Lock()
+	c.health.endpoints, c.networking.plaintext = counts, plaintext
+	c.mu.Unlock()
+}
