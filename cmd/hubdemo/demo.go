@@ -116,30 +116,13 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	}
 	defer closeLog()
 
-	// The hub's listeners default to fixed ports: one taken fails now, not
-	// after the clusters have started; so does a hub binary not built.
-	if err := demoPortsFree(cfg); err != nil {
+	binDir, err := checkDemoPrerequisites(ctx, cfg, opts)
+	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(opts.hubBin); err != nil {
-		return fmt.Errorf("the hub binary (make demo builds it, or give --hub-bin): %w", err)
-	}
-	binDir, err := localcluster.BinDir(ctx)
+	env, err := startDemoClusters(ctx, binDir, work)
 	if err != nil {
-		return fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
-	}
-	names := make([]string, len(demoClusters))
-	for i, c := range demoClusters {
-		names[i] = c.name
-	}
-	fmt.Fprintln(os.Stderr, "starting local clusters...")
-	clustersDir := filepath.Join(work, "clusters")
-	if err := os.MkdirAll(clustersDir, 0o700); err != nil {
 		return err
-	}
-	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
-	if err != nil {
-		return fmt.Errorf("starting local clusters: %w", err)
 	}
 	defer env.Stop()
 	members, err := setUpDemoClusters(ctx, env, cfg, work)
@@ -148,38 +131,13 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	}
 	cfg.kubeconfig = filepath.Join(work, demoClusters[0].name+".kubeconfig")
 
-	var netns map[string]*demoNetns // by network
-	var envoyBin string             // the east-west gateways' and the sidecars' Envoy
-	var istioBins *istioBinaries    // the sidecars' istiod and pilot-agent; nil: no sidecars
+	var traffic demoTraffic
 	if opts.traffic {
-		if ok, why := canRunNetns(); !ok {
-			fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
-		} else {
-			if envoyBin, err = envoy.Binary(); err != nil {
-				return fmt.Errorf("the networks' east-west gateways are real Envoys: %w", err)
-			}
-			if bins, err := findIstioBinaries(); err != nil {
-				fmt.Fprintf(os.Stderr, "no Istio sidecars: %v\n", err)
-			} else if cfg.tlsDNSNames == "" {
-				fmt.Fprintln(os.Stderr, "no Istio sidecars: --tls-dns-names is empty (their istiod and agent verify the hub by name)")
-			} else {
-				istioBins = &bins
-			}
-			// Root is not always enough (a container without
-			// CAP_NET_ADMIN, another demo holding the veth address): the
-			// demo then runs as without root, saying why.
-			if netns, err = newDemoNetworks(ctx); err != nil {
-				netns = nil
-				fmt.Fprintf(os.Stderr, "no real traffic: creating the demo's network namespaces: %v; the sample endpoints are made-up addresses\n", err)
-			} else {
-				defer func() {
-					for _, n := range netns {
-						if err := n.Close(); err != nil {
-							fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", n.name, err)
-						}
-					}
-				}()
-			}
+		if traffic, err = prepareDemoTraffic(ctx, cfg); err != nil {
+			return err
+		}
+		if traffic.netns != nil {
+			defer removeDemoNetworks(traffic.netns)
 		}
 	}
 
@@ -202,14 +160,130 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 		return err
 	}
 	starting = false
-	adminURL := "http://" + addrs["admin"]
-	if cfg.adminTLSCert != "" {
-		adminURL = "https://" + addrs["admin"]
-	}
-	home := env.Cluster(demoClusters[0].name)
-	sidecars := netns != nil && istioBins != nil && (cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE")
-	printDemoBanner(os.Stdout, cfg, env, binDir, work, adminURL, addrs, hub, netns != nil, sidecars)
+	run := demoRun{cfg: cfg, env: env, members: members, work: work, traffic: traffic, hub: hub, addrs: addrs,
+		adminURL: demoAdminURL(cfg, addrs)}
+	sidecars := traffic.netns != nil && traffic.istioBins != nil && (cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE")
+	printDemoBanner(os.Stdout, cfg, env, binDir, work, run.adminURL, addrs, hub, traffic.netns != nil, sidecars)
+	err = runDemoParts(ctx, cancel, run, opts.churn, log)
+	hubStopped = true // runDemoParts stopped it, or it had exited
+	return err
+}
 
+// demoTraffic is what the demo's real traffic runs with.
+type demoTraffic struct {
+	netns     map[string]*demoNetns // by network; nil: no real traffic
+	envoyBin  string                // the east-west gateways' and the sidecars' Envoy
+	istioBins *istioBinaries        // the sidecars' istiod and pilot-agent; nil: no sidecars
+}
+
+// demoRun is what the demo has started by the time the hub listens, which
+// its parts beside the hub (the workloads and the churn) run with.
+type demoRun struct {
+	cfg      config
+	env      *localcluster.Env
+	members  map[string]kubernetes.Interface // a client per cluster
+	work     string                          // the demo's work directory
+	traffic  demoTraffic
+	hub      *hubproc.Process
+	addrs    map[string]string // the hub's listeners' addresses, by name
+	adminURL string
+}
+
+// checkDemoPrerequisites fails early on what would fail the demo after the
+// clusters have started: a listener's port taken, the hub binary not built.
+// It returns the directory of the kube-apiserver and etcd binaries.
+func checkDemoPrerequisites(ctx context.Context, cfg config, opts options) (binDir string, err error) {
+	// The hub's listeners default to fixed ports: one taken fails now, not
+	// after the clusters have started; so does a hub binary not built.
+	if err := demoPortsFree(cfg); err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(opts.hubBin); err != nil {
+		return "", fmt.Errorf("the hub binary (make demo builds it, or give --hub-bin): %w", err)
+	}
+	binDir, err = localcluster.BinDir(ctx)
+	if err != nil {
+		return "", fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+	}
+	return binDir, nil
+}
+
+// startDemoClusters starts the demo's local clusters (demoClusters) under
+// work/clusters, with the binaries in binDir.
+func startDemoClusters(ctx context.Context, binDir, work string) (*localcluster.Env, error) {
+	names := make([]string, len(demoClusters))
+	for i, c := range demoClusters {
+		names[i] = c.name
+	}
+	fmt.Fprintln(os.Stderr, "starting local clusters...")
+	clustersDir := filepath.Join(work, "clusters")
+	if err := os.MkdirAll(clustersDir, 0o700); err != nil {
+		return nil, err
+	}
+	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
+	if err != nil {
+		return nil, fmt.Errorf("starting local clusters: %w", err)
+	}
+	return env, nil
+}
+
+// prepareDemoTraffic finds Envoy and the Istio binaries and creates the
+// networks' namespaces for real traffic. What the demo cannot have (no
+// root, no sidecar binaries, namespaces that cannot be created) it goes
+// without, saying why; only a missing Envoy fails it. The caller removes
+// the namespaces (removeDemoNetworks).
+func prepareDemoTraffic(ctx context.Context, cfg config) (demoTraffic, error) {
+	var t demoTraffic
+	ok, why := canRunNetns()
+	if !ok {
+		fmt.Fprintf(os.Stderr, "no real traffic: %s (the demo needs root and iproute2 for its network namespace); the sample endpoints are made-up addresses\n", why)
+		return t, nil
+	}
+	var err error
+	if t.envoyBin, err = envoy.Binary(); err != nil {
+		return t, fmt.Errorf("the networks' east-west gateways are real Envoys: %w", err)
+	}
+	if bins, err := findIstioBinaries(); err != nil {
+		fmt.Fprintf(os.Stderr, "no Istio sidecars: %v\n", err)
+	} else if cfg.tlsDNSNames == "" {
+		fmt.Fprintln(os.Stderr, "no Istio sidecars: --tls-dns-names is empty (their istiod and agent verify the hub by name)")
+	} else {
+		t.istioBins = &bins
+	}
+	// Root is not always enough (a container without CAP_NET_ADMIN,
+	// another demo holding the veth address): the demo then runs as
+	// without root, saying why.
+	if t.netns, err = newDemoNetworks(ctx); err != nil {
+		t.netns = nil
+		fmt.Fprintf(os.Stderr, "no real traffic: creating the demo's network namespaces: %v; the sample endpoints are made-up addresses\n", err)
+	}
+	return t, nil
+}
+
+// demoAdminURL is the base URL of the hub's admin listener, whose address
+// is addrs["admin"]: https when it has a certificate.
+func demoAdminURL(cfg config, addrs map[string]string) string {
+	if cfg.adminTLSCert != "" {
+		return "https://" + addrs["admin"]
+	}
+	return "http://" + addrs["admin"]
+}
+
+// removeDemoNetworks removes the networks' namespaces, reporting what it
+// cannot remove.
+func removeDemoNetworks(netns map[string]*demoNetns) {
+	for _, n := range netns {
+		if err := n.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "removing the network namespace %s: %v\n", n.name, err)
+		}
+	}
+}
+
+// runDemoParts runs the parts beside the hub (the workloads, with network
+// namespaces, and the churn, if asked for) until ctx is done, a part fails
+// (which cancels ctx) or the hub exits. It then stops the hub if it still
+// runs, waits for the parts and returns the hub's and the parts' errors.
+func runDemoParts(ctx context.Context, cancel context.CancelFunc, run demoRun, churn bool, log *slog.Logger) error {
 	// The parts beside the hub; one failing stops the demo.
 	var (
 		parts   sync.WaitGroup
@@ -225,51 +299,14 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 		partsMu.Unlock()
 		cancel()
 	}
-	if netns != nil {
-		parts.Go(func() {
-			if addrs["xds"] == "" {
-				fail("workloads", errors.New("they read xDS from the hub's plaintext --xds-addr, which is disabled"))
-				return
-			}
-			var ca *demoCA
-			if cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE" {
-				if addrs["xds-tls"] == "" {
-					fail("workloads", errors.New("their certificates come from the hub's CA on --xds-tls-addr, which is disabled"))
-					return
-				}
-				var err error
-				if ca, err = newDemoCA(ctx, adminURL, home.AdminToken(), cfg.trustDomain, addrs["xds-tls"]); err != nil {
-					fail("workloads", err)
-					return
-				}
-				defer ca.Close()
-			}
-			memberIDs := make([]string, len(demoClusters))
-			restConfigs, kubeconfigs := map[string]*rest.Config{}, map[string][]byte{}
-			for i, dc := range demoClusters {
-				memberIDs[i] = dc.name
-				restConfigs[dc.name], kubeconfigs[dc.name] = env.Cluster(dc.name).RESTConfig(), env.Cluster(dc.name).Kubeconfig()
-			}
-			var sidecars *sidecarsConfig
-			if ca != nil {
-				sidecars = newSidecarsConfig(istioBins, ca, addrs["xds-tls"], strings.Split(cfg.tlsDNSNames, ",")[0], cfg.trustDomain, restConfigs, kubeconfigs)
-			}
-			err := runWorkloads(ctx, workloadsConfig{
-				netns: netns, workloads: demoWorkloads(sidecars != nil), hubXDS: addrs["xds"], envoyBin: envoyBin, ca: ca,
-				sidecars: sidecars, members: members, dir: filepath.Join(work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
-				host:        fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
-				sidecarHost: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.federatedDomain),
-			})
-			if err != nil {
-				fail("workloads", err)
-			}
-		})
+	if run.traffic.netns != nil {
+		parts.Go(func() { runDemoWorkloads(ctx, run, fail) })
 	}
-	if opts.churn {
+	if churn {
 		for _, dc := range demoClusters {
 			if dc.name == demoChurnMember {
 				parts.Go(func() {
-					runChurn(ctx, members[dc.name], dc.name, demoNamespace, "echo", "grpc", echoBackends(dc), log)
+					runChurn(ctx, run.members[dc.name], dc.name, demoNamespace, "echo", "grpc", echoBackends(dc), log)
 				})
 			}
 		}
@@ -277,19 +314,63 @@ func demo(ctx context.Context, cfg config, opts options) (err error) {
 	var hubErr error
 	select {
 	case <-ctx.Done(): // stopped, or a part failed
-		hubErr = hub.Stop(hubStopWait)
-	case <-hub.Done():
-		hubErr = hub.Exited()
+		hubErr = run.hub.Stop(hubStopWait)
+	case <-run.hub.Done():
+		hubErr = run.hub.Exited()
 	}
-	hubStopped = true
 	cancel()
 	parts.Wait()
-	if netns != nil {
+	if run.traffic.netns != nil {
 		fmt.Fprintln(os.Stderr, "hubdemo: stopping the clusters and removing the network namespaces")
 	} else {
 		fmt.Fprintln(os.Stderr, "hubdemo: stopping the clusters")
 	}
 	return errors.Join(hubErr, partErr)
+}
+
+// runDemoWorkloads runs the demo's workloads (runWorkloads) until ctx is
+// done, with certificates from the hub's CA in the mTLS modes STRICT and
+// PERMISSIVE, and with Istio sidecars when they can run. What fails is
+// reported to fail.
+func runDemoWorkloads(ctx context.Context, run demoRun, fail func(what string, err error)) {
+	cfg, addrs := run.cfg, run.addrs
+	if addrs["xds"] == "" {
+		fail("workloads", errors.New("they read xDS from the hub's plaintext --xds-addr, which is disabled"))
+		return
+	}
+	var ca *demoCA
+	if cfg.mtlsMode == "STRICT" || cfg.mtlsMode == "PERMISSIVE" {
+		if addrs["xds-tls"] == "" {
+			fail("workloads", errors.New("their certificates come from the hub's CA on --xds-tls-addr, which is disabled"))
+			return
+		}
+		var err error
+		home := run.env.Cluster(demoClusters[0].name)
+		if ca, err = newDemoCA(ctx, run.adminURL, home.AdminToken(), cfg.trustDomain, addrs["xds-tls"]); err != nil {
+			fail("workloads", err)
+			return
+		}
+		defer ca.Close()
+	}
+	memberIDs := make([]string, len(demoClusters))
+	restConfigs, kubeconfigs := map[string]*rest.Config{}, map[string][]byte{}
+	for i, dc := range demoClusters {
+		memberIDs[i] = dc.name
+		restConfigs[dc.name], kubeconfigs[dc.name] = run.env.Cluster(dc.name).RESTConfig(), run.env.Cluster(dc.name).Kubeconfig()
+	}
+	var sidecars *sidecarsConfig
+	if ca != nil {
+		sidecars = newSidecarsConfig(run.traffic.istioBins, ca, addrs["xds-tls"], strings.Split(cfg.tlsDNSNames, ",")[0], cfg.trustDomain, restConfigs, kubeconfigs)
+	}
+	err := runWorkloads(ctx, workloadsConfig{
+		netns: run.traffic.netns, workloads: demoWorkloads(sidecars != nil), hubXDS: addrs["xds"], envoyBin: run.traffic.envoyBin, ca: ca,
+		sidecars: sidecars, members: run.members, dir: filepath.Join(run.work, "workloads"), memberIDs: memberIDs, out: os.Stdout,
+		host:        fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.domainSuffix),
+		sidecarHost: fmt.Sprintf("echo.%s.svc.%s", demoNamespace, cfg.federatedDomain),
+	})
+	if err != nil {
+		fail("workloads", err)
+	}
 }
 
 // orDisabled is a listener's address for the banner, "(disabled)" when

@@ -77,23 +77,14 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	defer parts.Wait()
 	defer cancel()
 
-	// In each network's namespace: the relay, on the namespace's own
-	// loopback (reachable from its workloads alone, see demo_netns.go),
-	// and the network's east-west gateway (demo_networks.go).
-	xdsAddrs := map[string]string{}
-	for _, nw := range demoNetworks {
-		netns := cfg.netns[nw.name]
-		lis, err := netns.Listen("127.0.0.1:0")
-		if err != nil {
-			return err
+	xdsAddrs, gateways, err := startRelaysAndGateways(ctx, cfg, &parts)
+	defer func() { // the last started first, as deferring each Stop would
+		for i := len(gateways) - 1; i >= 0; i-- {
+			_ = gateways[i].Stop()
 		}
-		parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
-		xdsAddrs[nw.name] = lis.Addr().String()
-		gw, err := startDemoGateway(ctx, cfg, nw)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = gw.Stop() }()
+	}()
+	if err != nil {
+		return err
 	}
 
 	view := newTrafficView(cfg.memberIDs, clientsOf(cfg.workloads))
@@ -107,63 +98,10 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 		if w.role == "sidecar" {
 			// In the background: a sidecar waits for its istiod and
 			// Envoy, the proxyless workloads need not.
-			parts.Go(func() {
-				s, err := startDemoSidecar(ctx, cfg, w, func(lis net.Listener, target string) {
-					parts.Go(func() { relay(ctx, lis, target) })
-				})
-				if err != nil {
-					if ctx.Err() == nil {
-						fmt.Fprintf(os.Stderr, "hubdemo: %s: %v\n", w.name, err)
-						view.exited(w.name)
-					}
-					return
-				}
-				parts.Go(func() { followClient(s.app, view) })
-				s.refreshToken(ctx, cfg.members[w.member], w)
-				s.stop()
-			})
+			parts.Go(func() { runDemoSidecar(ctx, cfg, w, view, &parts) })
 			continue
 		}
-		dir := filepath.Join(cfg.dir, w.name)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
-		refresh := 15 * time.Minute
-		if cfg.ca != nil {
-			issue := func(ctx context.Context) (validity, error) {
-				return cfg.ca.issue(ctx, cfg.members[w.member], w.member, demoNamespace, w.sa, dir)
-			}
-			v, err := issueWithRetry(ctx, issue, func(err error) {
-				fmt.Fprintf(os.Stderr, "hubdemo: the certificate of %s (retrying): %v\n", w.name, err)
-			})
-			if err != nil {
-				return err
-			}
-			refresh = v.refreshInterval()
-			parts.Go(func() {
-				renewCertificate(ctx, v, issue, func(err error) {
-					fmt.Fprintf(os.Stderr, "hubdemo: renewing the certificate of %s: %v\n", w.name, err)
-				})
-			})
-		}
-		nodeIP := demoVethNsIP.String()
-		if w.ip != "" {
-			nodeIP = w.ip
-		}
-		nodeID := workload.NodeID(nodeIP, w.name, demoNamespace)
-		network := demoNetworkOf(w.member).name
-		bootstrap, err := writeDemoBootstrap(dir, xdsAddrs[network], nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
-		if err != nil {
-			return err
-		}
-		env := []string{demoChildEnv + "=" + w.role, "GRPC_XDS_BOOTSTRAP=" + bootstrap}
-		if w.role == "server" {
-			env = append(env, demoListenEnv+"="+net.JoinHostPort(w.ip, strconv.Itoa(demoEchoPort)), demoMemberEnv+"="+w.member)
-		} else {
-			env = append(env, demoTargetEnv+"="+fmt.Sprintf("xds:///%s:%d", cfg.host, demoEchoPort), demoRateEnv+"="+strconv.Itoa(demoClientRate),
-				"GRPC_EXPERIMENTAL_XDS_SNI=true") // Istio's SNI, on which the gateways route (gRFC A101)
-		}
-		c, err := startDemoChild(cfg.netns[network], w.name, filepath.Join(dir, w.role+".log"), env, w.role == "client")
+		c, err := startProxylessWorkload(ctx, cfg, w, xdsAddrs, &parts)
 		if err != nil {
 			return err
 		}
@@ -175,6 +113,97 @@ func runWorkloads(ctx context.Context, cfg workloadsConfig) (err error) {
 	parts.Go(func() { view.run(ctx, cfg.out) })
 	<-ctx.Done()
 	return nil
+}
+
+// startRelaysAndGateways starts, in each network's namespace, the relay to
+// the hub's xDS port on the namespace's own loopback (reachable from its
+// workloads alone, see demo_netns.go) and the network's east-west gateway
+// (demo_networks.go). It returns the relays' addresses by network and the
+// gateways it started, also when it fails: the caller stops them.
+func startRelaysAndGateways(ctx context.Context, cfg workloadsConfig, parts *sync.WaitGroup) (xdsAddrs map[string]string, gateways []*envoy.Process, err error) {
+	xdsAddrs = map[string]string{}
+	for _, nw := range demoNetworks {
+		netns := cfg.netns[nw.name]
+		lis, err := netns.Listen("127.0.0.1:0")
+		if err != nil {
+			return nil, gateways, err
+		}
+		parts.Go(func() { relay(ctx, lis, cfg.hubXDS) })
+		xdsAddrs[nw.name] = lis.Addr().String()
+		gw, err := startDemoGateway(ctx, cfg, nw)
+		if err != nil {
+			return nil, gateways, err
+		}
+		gateways = append(gateways, gw)
+	}
+	return xdsAddrs, gateways, nil
+}
+
+// runDemoSidecar starts a sidecar workload and, until ctx is done, follows
+// its app's calls in view and keeps its token fresh; then it stops it. A
+// sidecar that cannot start (ctx not done) is reported and shown as exited.
+func runDemoSidecar(ctx context.Context, cfg workloadsConfig, w demoWorkload, view *trafficView, parts *sync.WaitGroup) {
+	s, err := startDemoSidecar(ctx, cfg, w, func(lis net.Listener, target string) {
+		parts.Go(func() { relay(ctx, lis, target) })
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			fmt.Fprintf(os.Stderr, "hubdemo: %s: %v\n", w.name, err)
+			view.exited(w.name)
+		}
+		return
+	}
+	parts.Go(func() { followClient(s.app, view) })
+	s.refreshToken(ctx, cfg.members[w.member], w)
+	s.stop()
+}
+
+// startProxylessWorkload starts a proxyless backend or client in its
+// network's namespace, after writing into its own directory under cfg.dir
+// its certificate from the hub's CA (when there is one; renewed in the
+// background) and its gRPC xDS bootstrap, pointing at its network's relay
+// in xdsAddrs.
+func startProxylessWorkload(ctx context.Context, cfg workloadsConfig, w demoWorkload, xdsAddrs map[string]string, parts *sync.WaitGroup) (*demoChild, error) {
+	dir := filepath.Join(cfg.dir, w.name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	refresh := 15 * time.Minute
+	if cfg.ca != nil {
+		issue := func(ctx context.Context) (validity, error) {
+			return cfg.ca.issue(ctx, cfg.members[w.member], w.member, demoNamespace, w.sa, dir)
+		}
+		v, err := issueWithRetry(ctx, issue, func(err error) {
+			fmt.Fprintf(os.Stderr, "hubdemo: the certificate of %s (retrying): %v\n", w.name, err)
+		})
+		if err != nil {
+			return nil, err
+		}
+		refresh = v.refreshInterval()
+		parts.Go(func() {
+			renewCertificate(ctx, v, issue, func(err error) {
+				fmt.Fprintf(os.Stderr, "hubdemo: renewing the certificate of %s: %v\n", w.name, err)
+			})
+		})
+	}
+	nodeIP := demoVethNsIP.String()
+	if w.ip != "" {
+		nodeIP = w.ip
+	}
+	nodeID := workload.NodeID(nodeIP, w.name, demoNamespace)
+	network := demoNetworkOf(w.member).name
+	bootstrap, err := writeDemoBootstrap(dir, xdsAddrs[network], nodeID, w.member, demoNamespace, cfg.ca != nil, refresh)
+	if err != nil {
+		return nil, err
+	}
+	env := []string{demoChildEnv + "=" + w.role, "GRPC_XDS_BOOTSTRAP=" + bootstrap}
+	if w.role == "server" {
+		env = append(env, demoListenEnv+"="+net.JoinHostPort(w.ip, strconv.Itoa(demoEchoPort)), demoMemberEnv+"="+w.member)
+	} else {
+		env = append(env, demoTargetEnv+"="+fmt.Sprintf("xds:///%s:%d", cfg.host, demoEchoPort), demoRateEnv+"="+strconv.Itoa(demoClientRate),
+			"GRPC_EXPERIMENTAL_XDS_SNI=true") // Istio's SNI, on which the gateways route (gRFC A101)
+	}
+	return startDemoChild(cfg.netns[network], w.name, filepath.Join(dir, w.role+".log"), env, w.role == "client")
 }
 
 // startDemoGateway runs a network's east-west gateway in its namespace: a

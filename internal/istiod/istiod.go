@@ -126,6 +126,40 @@ var listenRE = regexp.MustCompile(`starting (gRPC discovery|HTTP) service at (\S
 // k8s:// source watches them. The caller stops it (Stop); so does the
 // caller's death (Pdeathsig).
 func Start(ctx context.Context, o Options) (*Process, error) {
+	o = withDefaults(o)
+	kubeconfig, meshPath, networksPath, err := writeConfigFiles(o)
+	if err != nil {
+		return nil, err
+	}
+
+	p := &Process{LogPath: filepath.Join(o.Dir, "istiod.log"), done: make(chan struct{})}
+	logFile, err := os.Create(p.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = discoveryCommand(o, kubeconfig, meshPath, networksPath)
+	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	if err := p.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting istiod: %w", err)
+	}
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	if err := p.waitReady(ctx, o.ReadyTimeout); err != nil {
+		p.Stop()
+		return nil, fmt.Errorf("istiod not ready: %w (log: %s)", err, p.LogPath)
+	}
+	p.StartToReady = time.Since(start)
+	return p, nil
+}
+
+// withDefaults returns o with its empty fields set to their defaults.
+func withDefaults(o Options) Options {
 	if o.SystemNamespace == "" {
 		o.SystemNamespace = "istio-system"
 	}
@@ -141,9 +175,15 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = 3 * time.Minute
 	}
-	kubeconfig := filepath.Join(o.Dir, "kubeconfig")
+	return o
+}
+
+// writeConfigFiles writes istiod's kubeconfig, mesh config and (empty) mesh
+// networks file into o.Dir and returns their paths.
+func writeConfigFiles(o Options) (kubeconfig, meshPath, networksPath string, err error) {
+	kubeconfig = filepath.Join(o.Dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, o.Kubeconfig, 0o600); err != nil {
-		return nil, err
+		return "", "", "", err
 	}
 	// Mesh config as JSON (a subset of YAML, which istiod reads).
 	mesh, err := json.Marshal(map[string]any{
@@ -152,24 +192,25 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		"rootNamespace": o.SystemNamespace,
 	})
 	if err != nil {
-		return nil, err
+		return "", "", "", err
 	}
-	meshPath := filepath.Join(o.Dir, "mesh.yaml")
+	meshPath = filepath.Join(o.Dir, "mesh.yaml")
 	if err := os.WriteFile(meshPath, mesh, 0o644); err != nil {
-		return nil, err
+		return "", "", "", err
 	}
 	// An empty networks file: the default path would be looked up relative
 	// to the working directory.
-	networksPath := filepath.Join(o.Dir, "meshNetworks.yaml")
+	networksPath = filepath.Join(o.Dir, "meshNetworks.yaml")
 	if err := os.WriteFile(networksPath, []byte("networks: {}\n"), 0o644); err != nil {
-		return nil, err
+		return "", "", "", err
 	}
+	return kubeconfig, meshPath, networksPath, nil
+}
 
-	p := &Process{LogPath: filepath.Join(o.Dir, "istiod.log"), done: make(chan struct{})}
-	logFile, err := os.Create(p.LogPath)
-	if err != nil {
-		return nil, err
-	}
+// discoveryCommand builds the pilot-discovery command (command line,
+// working directory and environment) for o and the files writeConfigFiles
+// wrote.
+func discoveryCommand(o Options, kubeconfig, meshPath, networksPath string) *exec.Cmd {
 	args := append([]string{"discovery",
 		"--kubeconfig", kubeconfig,
 		"--meshConfig", meshPath,
@@ -186,11 +227,11 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		"--shutdownDuration", "1s",
 		"--keepaliveMaxServerConnectionAge", "30m",
 	}, o.Args...)
-	p.cmd = exec.Command(o.Bin, args...)
+	cmd := exec.Command(o.Bin, args...)
 	// The working directory holds no ./var/lib/istio/inject templates, so no
 	// sidecar injector starts.
-	p.cmd.Dir = o.Dir
-	p.cmd.Env = append(os.Environ(),
+	cmd.Dir = o.Dir
+	cmd.Env = append(os.Environ(),
 		"POD_NAMESPACE="+o.SystemNamespace,
 		"POD_NAME=istiod-"+o.ClusterID,
 		"REVISION=default",
@@ -203,20 +244,15 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		"INJECTION_WEBHOOK_CONFIG_NAME=",  // empty: no injection webhook configuration to patch
 		"KUBECONFIG="+kubeconfig,
 	)
-	p.cmd.Env = append(p.cmd.Env, o.Env...)
-	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	start := time.Now()
-	if err := p.cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("starting istiod: %w", err)
-	}
-	go func() {
-		p.exitErr = p.cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	readyCtx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
+	cmd.Env = append(cmd.Env, o.Env...)
+	return cmd
+}
+
+// waitReady waits up to timeout for istiod to log its addresses and answer
+// 200 on /ready. It gives up at once if istiod exits, and then returns
+// why it exited.
+func (p *Process) waitReady(ctx context.Context, timeout time.Duration) error {
+	readyCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	go func() { // an istiod that exits is not waited for
 		select {
@@ -225,7 +261,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 		case <-readyCtx.Done():
 		}
 	}()
-	err = until(readyCtx, func() error {
+	err := until(readyCtx, func() error {
 		if p.XDSAddr == "" || p.HTTPURL == "" {
 			if err := p.readAddrs(); err != nil {
 				return err
@@ -236,12 +272,7 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	if exit := p.Exited(); exit != nil {
 		err = exit
 	}
-	if err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("istiod not ready: %w (log: %s)", err, p.LogPath)
-	}
-	p.StartToReady = time.Since(start)
-	return p, nil
+	return err
 }
 
 // readAddrs takes the bound xDS and http addresses from istiod's log.

@@ -41,6 +41,38 @@ func newPKI(dir string) (*pki, error) {
 		return nil, fmt.Errorf("generating CA key: %w", err)
 	}
 	now := time.Now()
+	p, err := selfSignCA(caKey, now)
+	if err != nil {
+		return nil, err
+	}
+	p.serverCertPEM, p.serverKeyPEM, err = p.issueLeaf(now, 2, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+	}
+	p.adminCertPEM, p.adminKeyPEM, err = p.issueLeaf(now, 3, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "hub-admin", Organization: []string{"system:masters"}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("issuing admin certificate: %w", err)
+	}
+	if err := p.generateServiceAccountKey(); err != nil {
+		return nil, err
+	}
+	if err := p.writeFiles(dir); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// selfSignCA makes the CA certificate of caKey, valid from an hour before
+// now for ten years, and returns a pki holding the CA alone.
+func selfSignCA(caKey *ecdsa.PrivateKey, now time.Time) (*pki, error) {
 	caTmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "hub-local-ca"},
@@ -58,54 +90,52 @@ func newPKI(dir string) (*pki, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing CA: %w", err)
 	}
-	p := &pki{caPEM: pemBlock("CERTIFICATE", caDER), caCert: caCert, caKey: caKey, serial: 10}
+	return &pki{caPEM: pemBlock("CERTIFICATE", caDER), caCert: caCert, caKey: caKey, serial: 10}, nil
+}
 
-	leaf := func(serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return nil, nil, err
-		}
-		tmpl.SerialNumber = big.NewInt(serial)
-		tmpl.NotBefore = now.Add(-time.Hour)
-		tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-		if err != nil {
-			return nil, nil, err
-		}
-		keyDER, err := x509.MarshalECPrivateKey(key)
-		if err != nil {
-			return nil, nil, err
-		}
-		return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
-	}
-	p.serverCertPEM, p.serverKeyPEM, err = leaf(2, &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "kube-apiserver"},
-		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	})
+// issueLeaf signs tmpl with the CA for a new key, with the given serial
+// number, valid from an hour before now for ten years, and returns the
+// certificate and the key as PEM.
+func (p *pki) issueLeaf(now time.Time, serial int64, tmpl *x509.Certificate) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+		return nil, nil, err
 	}
-	p.adminCertPEM, p.adminKeyPEM, err = leaf(3, &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "hub-admin", Organization: []string{"system:masters"}},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	})
+	tmpl.SerialNumber = big.NewInt(serial)
+	tmpl.NotBefore = now.Add(-time.Hour)
+	tmpl.NotAfter = now.Add(10 * 365 * 24 * time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)
 	if err != nil {
-		return nil, fmt.Errorf("issuing admin certificate: %w", err)
+		return nil, nil, err
 	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER), nil
+}
+
+// generateServiceAccountKey makes the RSA key pair that signs and verifies
+// service-account tokens.
+func (p *pki) generateServiceAccountKey() error {
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
-		return nil, fmt.Errorf("generating service-account key: %w", err)
+		return fmt.Errorf("generating service-account key: %w", err)
 	}
 	p.saKeyPEM = pemBlock("RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey))
 	pubDER, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
 	if err != nil {
-		return nil, fmt.Errorf("marshalling service-account public key: %w", err)
+		return fmt.Errorf("marshalling service-account public key: %w", err)
 	}
 	p.saPubPEM = pemBlock("PUBLIC KEY", pubDER)
+	return nil
+}
 
+// writeFiles writes the CA certificate, the serving certificate and key,
+// the service-account key pair and the static token file into dir, and
+// records their paths in p.
+func (p *pki) writeFiles(dir string) error {
 	files := []struct {
 		path *string
 		name string
@@ -121,10 +151,10 @@ func newPKI(dir string) (*pki, error) {
 	for _, f := range files {
 		*f.path = filepath.Join(dir, f.name)
 		if err := os.WriteFile(*f.path, f.data, 0o600); err != nil {
-			return nil, fmt.Errorf("writing %s: %w", f.name, err)
+			return fmt.Errorf("writing %s: %w", f.name, err)
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // clientCert issues a fresh client certificate for a user in groups.

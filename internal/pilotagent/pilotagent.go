@@ -211,6 +211,51 @@ func Start(o Options) (*Process, error) {
 		LogPath:       filepath.Join(dir, "agent.log"),
 		done:          make(chan struct{}),
 	}
+	if err := writePodFiles(o, p); err != nil {
+		return nil, err
+	}
+	if px := o.Proxy; px != nil {
+		p.Envoy = envoy.NewAdminAPI(fmt.Sprintf("http://127.0.0.1:%d", px.AdminPort), px.Netns)
+	}
+	proxyConfig, err := proxyConfigJSON(o)
+	if err != nil {
+		return nil, err
+	}
+	argv, caAddr, err := commandLine(o)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = dir
+	cmd.Env = environment(o, p, proxyConfig, caAddr)
+	logFile, err := os.Create(p.LogPath)
+	if err != nil {
+		return nil, err
+	}
+	var out io.Writer = logFile
+	if o.Output != nil {
+		out = io.MultiWriter(logFile, o.Output)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.WaitDelay = 5 * time.Second // a process holding its output cannot hold Wait
+	p.cmd = cmd
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting pilot-agent: %w", err)
+	}
+	go func() { // owned by the process: ends when it exits
+		p.exitErr = cmd.Wait() // returns once the output is copied
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// writePodFiles writes what the injection template mounts into a pod (the
+// token, the root certificate, the pod's labels and annotations) under
+// o.Dir and makes the directories the agent writes into.
+func writePodFiles(o Options, p *Process) error {
 	labels := map[string]string{"app": o.ServiceAccount}
 	if o.Proxy != nil && o.Proxy.Labels != nil {
 		labels = o.Proxy.Labels
@@ -228,26 +273,32 @@ func Start(o Options) (*Process, error) {
 		"etc/istio/pod/annotations":           []byte(`status.sidecar.istio.io/port="0"` + "\n"),
 	}
 	for name, data := range files {
-		if err := writeFile(filepath.Join(dir, name), data); err != nil {
-			return nil, err
+		if err := writeFile(filepath.Join(o.Dir, name), data); err != nil {
+			return err
 		}
 	}
-	for _, d := range []string{p.CertDir, filepath.Dir(p.BootstrapPath), filepath.Join(dir, "var/run/secrets/workload-spiffe-uds"),
-		filepath.Join(dir, "var/run/secrets/workload-spiffe-credentials")} {
+	for _, d := range []string{p.CertDir, filepath.Dir(p.BootstrapPath), filepath.Join(o.Dir, "var/run/secrets/workload-spiffe-uds"),
+		filepath.Join(o.Dir, "var/run/secrets/workload-spiffe-credentials")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	// The injected ProxyConfig (meshConfig.defaultConfig) with the hub as
-	// the discovery address; configPath absolute, so that the xDS proxy's
-	// socket in the bootstrap is an absolute path.
+	return nil
+}
+
+// proxyConfigJSON is the injected ProxyConfig (meshConfig.defaultConfig)
+// as JSON: the hub as the discovery address, or with Proxy the member
+// istiod and the proxy's Envoy settings.
+func proxyConfigJSON(o Options) ([]byte, error) {
+	// configPath absolute, so that the xDS proxy's socket in the bootstrap
+	// is an absolute path.
 	envoyBin := "/usr/local/bin/envoy" // never run: DISABLE_ENVOY
 	if o.Envoy != "" {
 		envoyBin = o.Envoy
 	}
 	pc := map[string]any{
 		"discoveryAddress": o.HubAddr,
-		"configPath":       filepath.Join(dir, "etc/istio/proxy"),
+		"configPath":       filepath.Join(o.Dir, "etc/istio/proxy"),
 		"binaryPath":       envoyBin,
 	}
 	if px := o.Proxy; px != nil {
@@ -263,13 +314,16 @@ func Start(o Options) (*Process, error) {
 			matcher["inclusionPrefixes"] = px.Stats
 		}
 		pc["proxyStatsMatcher"] = matcher
-		p.Envoy = envoy.NewAdminAPI(fmt.Sprintf("http://127.0.0.1:%d", px.AdminPort), px.Netns)
 	}
-	proxyConfig, err := json.Marshal(pc)
-	if err != nil {
-		return nil, err
-	}
+	return json.Marshal(pc)
+}
 
+// commandLine builds the agent's command line: pilot-agent itself, wrapped
+// in unshare (and ip netns exec) when it runs Envoy. For a data-plane proxy
+// it writes the hosts file its mount namespace sees as /etc/hosts, and it
+// returns the CA address the agent dials: the hub by HubName there, else
+// HubAddr.
+func commandLine(o Options) (argv []string, caAddr string, err error) {
 	args := []string{"proxy", "sidecar",
 		"--domain", o.Namespace + ".svc.cluster.local",
 		"--proxyLogLevel=warning", "--proxyComponentLogLevel=misc:error",
@@ -277,24 +331,24 @@ func Start(o Options) (*Process, error) {
 	if o.Envoy != "" {
 		template, err := istiomod.EnvoyBootstrapTemplate()
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		args = append(args, "--templateFile", template)
 	}
 	if o.Proxy != nil && o.Proxy.Router {
 		args[1] = "router"
 	}
-	argv := append([]string{o.Bin}, args...)
-	caAddr := o.HubAddr
+	argv = append([]string{o.Bin}, args...)
+	caAddr = o.HubAddr
 	switch px := o.Proxy; {
 	case px != nil:
 		hubHost, port, err := net.SplitHostPort(o.HubAddr)
 		if err != nil {
-			return nil, fmt.Errorf("the hub's address %q: %w", o.HubAddr, err)
+			return nil, "", fmt.Errorf("the hub's address %q: %w", o.HubAddr, err)
 		}
-		hosts := filepath.Join(dir, "hosts")
+		hosts := filepath.Join(o.Dir, "hosts")
 		if err := writeFile(hosts, fmt.Appendf(nil, "127.0.0.1 localhost\n%s %s\n", hubHost, o.HubName)); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		caAddr = net.JoinHostPort(o.HubName, port)
 		argv = append([]string{"unshare", "--mount", "--pid", "--fork", "--kill-child", "--",
@@ -305,9 +359,14 @@ func Start(o Options) (*Process, error) {
 	case o.Envoy != "":
 		argv = append([]string{"unshare", "--pid", "--fork", "--kill-child", "--"}, argv...)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
+	return argv, caAddr, nil
+}
+
+// environment is the agent's environment: the grpc-agent template's, then
+// an Istio sidecar's when it runs Envoy, a member istiod's proxy's with
+// Proxy, and o.Env last.
+func environment(o Options, p *Process, proxyConfig []byte, caAddr string) []string {
+	env := append(os.Environ(),
 		// The grpc-agent template's environment.
 		"ISTIO_META_GENERATOR=grpc",
 		"OUTPUT_CERTS="+p.CertDir,
@@ -338,42 +397,20 @@ func Start(o Options) (*Process, error) {
 	if o.Envoy != "" {
 		// An Istio sidecar's environment instead (later values win):
 		// Envoy runs, DNS capture on, no proxyless generator.
-		cmd.Env = append(cmd.Env, "ISTIO_META_GENERATOR=", "DISABLE_ENVOY=false", "ISTIO_META_DNS_CAPTURE=true",
+		env = append(env, "ISTIO_META_GENERATOR=", "DISABLE_ENVOY=false", "ISTIO_META_DNS_CAPTURE=true",
 			"ISTIO_META_INTERCEPTION_MODE=NONE")
 	}
 	if px := o.Proxy; px != nil {
 		// A member istiod's proxy: config from istiod, certificate from
 		// the hub, no DNS capture (no iptables to send DNS to the agent).
-		cmd.Env = append(cmd.Env, "CA_ADDR="+caAddr, "ISTIO_META_DNS_CAPTURE=false",
+		env = append(env, "CA_ADDR="+caAddr, "ISTIO_META_DNS_CAPTURE=false",
 			"ISTIO_META_NETWORK="+px.Network,
 			fmt.Sprintf("ENVOY_STATUS_PORT=%d", px.AdminPort+21), fmt.Sprintf("ENVOY_PROMETHEUS_PORT=%d", px.AdminPort+90))
 		if px.Router {
-			cmd.Env = append(cmd.Env, "ISTIO_META_REQUESTED_NETWORK_VIEW="+px.Network, "ISTIO_META_ROUTER_MODE=sni-dnat")
+			env = append(env, "ISTIO_META_REQUESTED_NETWORK_VIEW="+px.Network, "ISTIO_META_ROUTER_MODE=sni-dnat")
 		}
 	}
-	cmd.Env = append(cmd.Env, o.Env...)
-	logFile, err := os.Create(p.LogPath)
-	if err != nil {
-		return nil, err
-	}
-	var out io.Writer = logFile
-	if o.Output != nil {
-		out = io.MultiWriter(logFile, o.Output)
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.WaitDelay = 5 * time.Second // a process holding its output cannot hold Wait
-	p.cmd = cmd
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("starting pilot-agent: %w", err)
-	}
-	go func() { // owned by the process: ends when it exits
-		p.exitErr = cmd.Wait() // returns once the output is copied
-		logFile.Close()
-		close(p.done)
-	}()
-	return p, nil
+	return append(env, o.Env...)
 }
 
 // Done is closed when the agent has exited.
