@@ -48,132 +48,27 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	}
 
 	// Build the hub while the clusters start.
-	hubBin := cfg.HubBin
-	built := make(chan error, 1)
-	switch {
-	case cfg.Peer != "":
-		sum.HubBuild = "istiod " + cfg.istiodBin()
-		built <- nil
-	case hubBin == "":
-		go func() {
-			var err error
-			hubBin, sum.HubBuild, err = buildHub(ctx, work)
-			built <- err
-		}()
-	default:
-		sum.HubBuild = hubBuild(hubBin)
-		built <- nil
-	}
-
-	binDir, err := localcluster.BinDir(ctx)
+	hubBuilt := startHubBuild(ctx, cfg, work, sum)
+	l, env, err := startClusters(ctx, cfg, work, sum)
 	if err != nil {
-		<-built
-		return nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
-	}
-	l := newLayout(cfg)
-	names := append([]string{homeID}, l.servers...)
-	if l.scale {
-		cfg.progress("scale mode: starting %d local API servers (%s and %d for the %d member IDs) from %s", len(names), homeID, len(l.servers), cfg.Members, binDir)
-	} else {
-		cfg.progress("starting %d local API servers (%s and %d members) from %s", len(names), homeID, cfg.Members, binDir)
-	}
-	clustersDir := filepath.Join(work, "clusters")
-	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
-		<-built
+		hubBuilt()
 		return nil, err
-	}
-	start := time.Now()
-	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
-	if err != nil {
-		<-built
-		return nil, fmt.Errorf("starting local clusters: %w", err)
 	}
 	defer env.Stop()
-	sum.ClustersStartSeconds = time.Since(start).Seconds()
-	if err := <-built; err != nil {
-		return nil, err
-	}
-
-	// clients[i] is member i's API server's (one client per API server).
-	serverClients := make([]kubernetes.Interface, len(l.servers))
-	for i, name := range l.servers {
-		if serverClients[i], err = kubernetes.NewForConfig(env.Cluster(name).RESTConfig()); err != nil {
-			return nil, err
-		}
-	}
-	clients := make([]kubernetes.Interface, cfg.Members)
-	for i := range clients {
-		clients[i] = serverClients[l.server[i]]
-	}
-	if l.scale {
-		cfg.progress("creating %d members × %d services × %d endpoints: %d Services and EndpointSlices, %d endpoints, over %d API servers (%d workers)",
-			cfg.Members, cfg.ServicesPerMember, cfg.EndpointsPerService, cfg.Members*cfg.ServicesPerMember, cfg.Endpoints, len(l.servers), cfg.CreateWorkers)
-	} else {
-		cfg.progress("creating %d services × %d members with %d endpoints (%d workers)", cfg.Services, cfg.serviceMembers(), cfg.Endpoints, cfg.CreateWorkers)
-	}
-	start = time.Now()
-	if err := l.create(ctx, clients, cfg.CreateWorkers, cfg.progress); err != nil {
-		return nil, fmt.Errorf("creating services: %w", err)
-	}
-	sum.CreateSeconds = time.Since(start).Seconds()
-	sum.Layout = l.summary(cfg)
-	if l.scale {
-		sum.Scale = &ScaleSummary{APIServers: l.servers}
-	}
-
-	home := env.Cluster(homeID)
-	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
+	hubBin, err := hubBuilt()
 	if err != nil {
 		return nil, err
 	}
-	if err := localcluster.EnsureNamespace(ctx, homeClient, hubNamespace); err != nil {
-		return nil, err
-	}
-	kubeconfigs := map[string][]byte{}
-	if l.scale {
-		// One Secret per member ID, each with its own client certificate
-		// and namespace (scale.go).
-		if sum.Scale.SecretsSeconds, err = createScaleSecrets(ctx, cfg, l, env, homeClient); err != nil {
-			return nil, err
-		}
-	} else {
-		for _, id := range l.memberIDs {
-			kubeconfigs[id] = env.Cluster(id).Kubeconfig()
-		}
-		secret := localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs)
-		if cfg.Networks > 1 { // the operator confirms each member's network (hub.federation/network)
-			var nets []string
-			for i, id := range l.memberIDs {
-				nets = append(nets, id+"="+l.memberNetwork(i))
-			}
-			secret.Annotations = map[string]string{"hub.federation/network": strings.Join(nets, ",")}
-		}
-		if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating the remote secret: %w", err)
-		}
-	}
-	if cfg.LocalityFailover {
-		if err := applyFailoverRule(ctx, home); err != nil {
-			return nil, err
-		}
-	}
 
-	hubDir := filepath.Join(work, "hub-run")
-	if cfg.Peer != "" {
-		hubDir = peerDir(work)
-	}
-	if err := os.MkdirAll(hubDir, 0o755); err != nil {
+	clients, err := createObjects(ctx, cfg, l, env, sum)
+	if err != nil {
 		return nil, err
 	}
-	hubStart := time.Now()
-	var h *hubProcess
-	if cfg.Peer != "" {
-		cfg.progress("starting istiod in the hub's place (%s)", sum.HubBuild)
-		h, err = startIstiodPeer(ctx, cfg, home, kubeconfigs, hubDir)
-	} else {
-		cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
-		h, err = startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs, cfg.HubEnv)
+	home, kubeconfigs, err := prepareHome(ctx, cfg, l, env, sum)
+	if err != nil {
+		return nil, err
 	}
+	h, hubStart, err := startServer(ctx, cfg, home, kubeconfigs, hubBin, work, sum)
 	if err != nil {
 		return nil, err
 	}
@@ -183,33 +78,8 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 			err = fmt.Errorf("%w\nhub log (%s) tail:\n%s", err, h.logPath, h.tail(20))
 		}
 	}()
-	if cfg.WorkDir != "" {
-		sum.HubLog = h.logPath
-	}
-	sum.HubPID = h.pid()
-	if l.scale {
-		cfg.progress("waiting for all %d members to be Ready (polling /api/v1/clusters)", cfg.Members)
-		if sum.Scale.Start, err = readyTimeline(ctx, h, cfg, l, hubStart); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.Peer != "" {
-		err = waitIstiodSynced(ctx, h, cfg, l)
-	} else {
-		err = waitSynced(ctx, h, cfg, l)
-	}
-	if err != nil {
+	if err := measureSync(ctx, cfg, l, h, hubStart, work, sum); err != nil {
 		return nil, err
-	}
-	sum.MemberSyncSeconds = time.Since(hubStart).Seconds()
-	cfg.progress("hub synced %d members and %d services in %.1fs", cfg.Members+1, cfg.Services, sum.MemberSyncSeconds)
-	if sum.Hub.AfterSync, err = procStats(h.pid()); err != nil {
-		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
-	}
-	if l.scale {
-		if err := measureSteady(ctx, cfg, l, h, work, sum.Scale); err != nil {
-			return nil, err
-		}
 	}
 
 	// Live heap before the streams (heap.go).
@@ -227,17 +97,273 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		}
 		return sum, nil
 	}
+	if h, err = runStreams(ctx, cfg, l, clients, h, heapBefore, sum); err != nil {
+		return nil, err
+	}
+	return sum, nil
+}
 
+// startHubBuild records in sum which server runs and, unless --peer or
+// --hub-bin names it, starts building the hub in work. The function it
+// returns waits for the build and returns the hub binary (cfg.HubBin
+// unless built).
+func startHubBuild(ctx context.Context, cfg Config, work string, sum *Summary) func() (string, error) {
+	hubBin := cfg.HubBin
+	built := make(chan error, 1)
+	switch {
+	case cfg.Peer != "":
+		sum.HubBuild = "istiod " + cfg.istiodBin()
+		built <- nil
+	case hubBin == "":
+		go func() {
+			var err error
+			hubBin, sum.HubBuild, err = buildHub(ctx, work)
+			built <- err
+		}()
+	default:
+		sum.HubBuild = hubBuild(hubBin)
+		built <- nil
+	}
+	return func() (string, error) {
+		err := <-built
+		return hubBin, err
+	}
+}
+
+// startClusters finds the API server binaries, lays out the run and starts
+// the local API servers its layout needs: the home cluster's and
+// l.servers. The caller stops them.
+func startClusters(ctx context.Context, cfg Config, work string, sum *Summary) (*layout, *localcluster.Env, error) {
+	binDir, err := localcluster.BinDir(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+	}
+	l := newLayout(cfg)
+	names := append([]string{homeID}, l.servers...)
+	if l.scale {
+		cfg.progress("scale mode: starting %d local API servers (%s and %d for the %d member IDs) from %s", len(names), homeID, len(l.servers), cfg.Members, binDir)
+	} else {
+		cfg.progress("starting %d local API servers (%s and %d members) from %s", len(names), homeID, cfg.Members, binDir)
+	}
+	clustersDir := filepath.Join(work, "clusters")
+	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	start := time.Now()
+	env, err := localcluster.Start(ctx, localcluster.Options{Names: names, BinDir: binDir, Dir: clustersDir})
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting local clusters: %w", err)
+	}
+	sum.ClustersStartSeconds = time.Since(start).Seconds()
+	return l, env, nil
+}
+
+// createObjects creates the layout's Services and EndpointSlices in the
+// members' API servers and returns every member's client: clients[i] is
+// member i's API server's (one client per API server).
+func createObjects(ctx context.Context, cfg Config, l *layout, env *localcluster.Env, sum *Summary) ([]kubernetes.Interface, error) {
+	serverClients := make([]kubernetes.Interface, len(l.servers))
+	for i, name := range l.servers {
+		var err error
+		if serverClients[i], err = kubernetes.NewForConfig(env.Cluster(name).RESTConfig()); err != nil {
+			return nil, err
+		}
+	}
+	clients := make([]kubernetes.Interface, cfg.Members)
+	for i := range clients {
+		clients[i] = serverClients[l.server[i]]
+	}
+	if l.scale {
+		cfg.progress("creating %d members × %d services × %d endpoints: %d Services and EndpointSlices, %d endpoints, over %d API servers (%d workers)",
+			cfg.Members, cfg.ServicesPerMember, cfg.EndpointsPerService, cfg.Members*cfg.ServicesPerMember, cfg.Endpoints, len(l.servers), cfg.CreateWorkers)
+	} else {
+		cfg.progress("creating %d services × %d members with %d endpoints (%d workers)", cfg.Services, cfg.serviceMembers(), cfg.Endpoints, cfg.CreateWorkers)
+	}
+	start := time.Now()
+	if err := l.create(ctx, clients, cfg.CreateWorkers, cfg.progress); err != nil {
+		return nil, fmt.Errorf("creating services: %w", err)
+	}
+	sum.CreateSeconds = time.Since(start).Seconds()
+	sum.Layout = l.summary(cfg)
+	if l.scale {
+		sum.Scale = &ScaleSummary{APIServers: l.servers}
+	}
+	return clients, nil
+}
+
+// prepareHome readies the home cluster for the server: the hub's
+// namespace, the members' remote Secret (with their networks when there are
+// several; in scale mode one Secret per member ID) and, with
+// --locality-failover, the failover rule. It returns the home cluster and
+// the members' kubeconfigs (none in scale mode).
+func prepareHome(ctx context.Context, cfg Config, l *layout, env *localcluster.Env, sum *Summary) (*localcluster.Cluster, map[string][]byte, error) {
+	home := env.Cluster(homeID)
+	homeClient, err := kubernetes.NewForConfig(home.RESTConfig())
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := localcluster.EnsureNamespace(ctx, homeClient, hubNamespace); err != nil {
+		return nil, nil, err
+	}
+	kubeconfigs := map[string][]byte{}
+	if l.scale {
+		// One Secret per member ID, each with its own client certificate
+		// and namespace (scale.go).
+		if sum.Scale.SecretsSeconds, err = createScaleSecrets(ctx, cfg, l, env, homeClient); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		for _, id := range l.memberIDs {
+			kubeconfigs[id] = env.Cluster(id).Kubeconfig()
+		}
+		secret := localcluster.RemoteSecret(hubNamespace, "hubbench-members", kubeconfigs)
+		if cfg.Networks > 1 { // the operator confirms each member's network (hub.federation/network)
+			var nets []string
+			for i, id := range l.memberIDs {
+				nets = append(nets, id+"="+l.memberNetwork(i))
+			}
+			secret.Annotations = map[string]string{"hub.federation/network": strings.Join(nets, ",")}
+		}
+		if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			return nil, nil, fmt.Errorf("creating the remote secret: %w", err)
+		}
+	}
+	if cfg.LocalityFailover {
+		if err := applyFailoverRule(ctx, home); err != nil {
+			return nil, nil, err
+		}
+	}
+	return home, kubeconfigs, nil
+}
+
+// startServer starts the server under test on the home cluster in its
+// directory under work: istiod with --peer (given the members'
+// kubeconfigs), else the hub hubBin. It returns the server and when it was
+// started; the caller stops it.
+func startServer(ctx context.Context, cfg Config, home *localcluster.Cluster, kubeconfigs map[string][]byte, hubBin, work string, sum *Summary) (*hubProcess, time.Time, error) {
+	hubDir := filepath.Join(work, "hub-run")
+	if cfg.Peer != "" {
+		hubDir = peerDir(work)
+	}
+	if err := os.MkdirAll(hubDir, 0o755); err != nil {
+		return nil, time.Time{}, err
+	}
+	hubStart := time.Now()
+	var h *hubProcess
+	var err error
+	if cfg.Peer != "" {
+		cfg.progress("starting istiod in the hub's place (%s)", sum.HubBuild)
+		h, err = startIstiodPeer(ctx, cfg, home, kubeconfigs, hubDir)
+	} else {
+		cfg.progress("starting the hub %s (%s)", hubBin, sum.HubBuild)
+		h, err = startHub(ctx, hubBin, hubDir, home.Kubeconfig(), cfg.HubArgs, cfg.HubEnv)
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if cfg.WorkDir != "" {
+		sum.HubLog = h.logPath
+	}
+	sum.HubPID = h.pid()
+	return h, hubStart, nil
+}
+
+// measureSync waits until the server under test, started at hubStart, has
+// synced every member and service (in scale mode timing the members'
+// readiness first), records how long that took and the server's process
+// figures, and in scale mode measures the steady state (measureSteady).
+func measureSync(ctx context.Context, cfg Config, l *layout, h *hubProcess, hubStart time.Time, work string, sum *Summary) (err error) {
+	if l.scale {
+		cfg.progress("waiting for all %d members to be Ready (polling /api/v1/clusters)", cfg.Members)
+		if sum.Scale.Start, err = readyTimeline(ctx, h, cfg, l, hubStart); err != nil {
+			return err
+		}
+	}
+	if cfg.Peer != "" {
+		err = waitIstiodSynced(ctx, h, cfg, l)
+	} else {
+		err = waitSynced(ctx, h, cfg, l)
+	}
+	if err != nil {
+		return err
+	}
+	sum.MemberSyncSeconds = time.Since(hubStart).Seconds()
+	cfg.progress("hub synced %d members and %d services in %.1fs", cfg.Members+1, cfg.Services, sum.MemberSyncSeconds)
+	if sum.Hub.AfterSync, err = procStats(h.pid()); err != nil {
+		return fmt.Errorf("reading the hub's /proc: %w", err)
+	}
+	if l.scale {
+		if err := measureSteady(ctx, cfg, l, h, work, sum.Scale); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runStreams is the simulated fleet's part of a run, once the server under
+// test (h) is synced: cold connect of the streams, the measured writes, the
+// bulk phase and, in scale mode, the API, the other shapes and a restart.
+// It returns the server running at the end (in scale mode the restarted
+// hub), also with an error.
+func runStreams(ctx context.Context, cfg Config, l *layout, clients []kubernetes.Interface, h *hubProcess, heapBefore heapPoint, sum *Summary) (_ *hubProcess, err error) {
 	// Cold connect.
 	f := newFleet(ctx, h.xdsAddr, cfg, l)
 	defer f.close()
+	if err := coldConnect(ctx, cfg, f, h, heapBefore, sum); err != nil {
+		return h, err
+	}
+
+	// Convergence: one write at a time.
+	if err := writePhase(ctx, cfg, l, clients, f, h, sum); err != nil {
+		return h, err
+	}
+	if cfg.Bulk > 0 {
+		if sum.Bulk, err = runBulk(ctx, cfg, l, clients, f, h); err != nil {
+			return h, err
+		}
+		if sum.Hub.AfterBulk, err = procStats(h.pid()); err != nil {
+			return h, fmt.Errorf("reading the hub's /proc: %w", err)
+		}
+	}
+	if e := h.exited(); e != nil {
+		return h, e
+	}
+	if l.scale {
+		// With the streams of the shape still connected: the REST API and
+		// the dashboard, then the other shapes, then a restart.
+		if sum.Scale.API, err = measureAPI(ctx, cfg, h); err != nil {
+			return h, err
+		}
+		f.close()
+		for _, shape := range cfg.AlsoShapes {
+			r, err := measureShape(ctx, cfg, shape, l, clients, h)
+			if err != nil {
+				return h, err
+			}
+			sum.Scale.Shapes = append(sum.Scale.Shapes, r)
+		}
+		if h, err = measureRestart(ctx, cfg, l, h, sum.Scale); err != nil {
+			return h, err
+		}
+		sum.HubPID = h.pid()
+		if cfg.WorkDir != "" {
+			sum.Scale.RestartHubLog = h.logPath
+		}
+	}
+	return h, nil
+}
+
+// coldConnect opens the fleet's streams and waits until every one holds
+// its config, then records the connect figures, the hub's live heap per
+// stream and its process figures.
+func coldConnect(ctx context.Context, cfg Config, f *fleet, h *hubProcess, heapBefore heapPoint, sum *Summary) error {
 	cfg.progress("opening %d %s ADS streams (%d connecting at once), %s", cfg.Streams, sum.Protocol, cfg.ConnectConcurrency, cfg.shapeText())
 	connectStart := time.Now()
 	if err := f.connect(cfg.ConnectConcurrency, cfg.ConnectTimeout, cfg.progress); err != nil {
 		if e := h.exited(); e != nil {
-			return nil, e
+			return e
 		}
-		return nil, err
+		return err
 	}
 	sum.ColdConnectSeconds = time.Since(connectStart).Seconds()
 	sum.ConnectRefused = f.refused.Load()
@@ -247,36 +373,41 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	}
 	sum.StreamConnect = percentiles(perStream)
 	if err := waitCDS(ctx, f, 60*time.Second); err != nil {
-		return nil, err
+		return err
 	}
 	sum.ConnectResponses, _ = f.totals()
 	sum.ConnectResponsesByType = f.byType()
 	cfg.progress("cold connect: all %d streams hold their config after %.2fs", cfg.Streams, sum.ColdConnectSeconds)
 	heapAfter, err := h.heapNow(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sum.Heap = heapPerStream(heapBefore, heapAfter, cfg.Streams)
 	cfg.progress("hub live heap %d → %d MiB: %.1f KiB per stream", sum.Heap.LiveBeforeMiB, sum.Heap.LiveAfterMiB, sum.Heap.LivePerStreamKiB)
 	if sum.Hub.AfterConnect, err = procStats(h.pid()); err != nil {
-		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+		return fmt.Errorf("reading the hub's /proc: %w", err)
 	}
+	return nil
+}
 
-	// Convergence: one write at a time.
+// writePhase makes the measured writes (measureWrites), with --hub-perf
+// under perf, and records what they cost the hub: its CPU, the responses
+// it and the streams counted, its metrics and its process figures after.
+func writePhase(ctx context.Context, cfg Config, l *layout, clients []kubernetes.Interface, f *fleet, h *hubProcess, sum *Summary) error {
 	before, err := h.metrics(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	responsesBefore, _ := f.totals()
 	sum.LoadBefore = loadAvg()
 	cpuBefore, err := procStats(h.pid())
 	if err != nil {
-		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+		return fmt.Errorf("reading the hub's /proc: %w", err)
 	}
 	var perf *perfRecorder
 	if cfg.HubPerf != "" {
 		if perf, err = startPerf(h.pid(), cfg.HubPerf); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	writeStart := time.Now()
@@ -286,16 +417,16 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 		err = perr
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	cpuAfter, err := procStats(h.pid())
 	if err != nil {
-		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+		return fmt.Errorf("reading the hub's /proc: %w", err)
 	}
 	sum.setWriteCPU(cpuAfter.CPUSeconds-cpuBefore.CPUSeconds, cfg.Writes)
 	after, err := h.metrics(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	responsesAfter, resends := f.totals()
 	sum.WriteResponses = responsesAfter - responsesBefore
@@ -307,42 +438,9 @@ func run(ctx context.Context, cfg Config) (_ *Summary, err error) {
 	sum.Resends = resends
 	sum.HubMetrics, sum.HubMetricsAfterConnect = after, before
 	if sum.Hub.AfterWrites, err = procStats(h.pid()); err != nil {
-		return nil, fmt.Errorf("reading the hub's /proc: %w", err)
+		return fmt.Errorf("reading the hub's /proc: %w", err)
 	}
-	if cfg.Bulk > 0 {
-		if sum.Bulk, err = runBulk(ctx, cfg, l, clients, f, h); err != nil {
-			return nil, err
-		}
-		if sum.Hub.AfterBulk, err = procStats(h.pid()); err != nil {
-			return nil, fmt.Errorf("reading the hub's /proc: %w", err)
-		}
-	}
-	if e := h.exited(); e != nil {
-		return nil, e
-	}
-	if l.scale {
-		// With the streams of the shape still connected: the REST API and
-		// the dashboard, then the other shapes, then a restart.
-		if sum.Scale.API, err = measureAPI(ctx, cfg, h); err != nil {
-			return nil, err
-		}
-		f.close()
-		for _, shape := range cfg.AlsoShapes {
-			r, err := measureShape(ctx, cfg, shape, l, clients, h)
-			if err != nil {
-				return nil, err
-			}
-			sum.Scale.Shapes = append(sum.Scale.Shapes, r)
-		}
-		if h, err = measureRestart(ctx, cfg, l, h, sum.Scale); err != nil {
-			return nil, err
-		}
-		sum.HubPID = h.pid()
-		if cfg.WorkDir != "" {
-			sum.Scale.RestartHubLog = h.logPath
-		}
-	}
-	return sum, nil
+	return nil
 }
 
 // raiseFileLimit lifts the soft RLIMIT_NOFILE to the hard limit (the hub
@@ -529,13 +627,7 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			// (mTLS clients: the grpc shape with --hub-arg=--mtls-mode=STRICT)
 			// or nothing (plaintext clients). They are not timed; their
 			// responses count in the hub's CPU.
-			var local []int
-			for _, i := range watchers {
-				if f.streams[i].network == nw {
-					local = append(local, i)
-				}
-			}
-			watchers = local
+			watchers = streamsOnNetwork(f, watchers, nw)
 		}
 		t := newWriteTarget(svc.cluster, svc.entry(), addr, len(f.streams), watchers)
 		t.start = time.Now()
@@ -549,18 +641,7 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		case <-t.done:
 			timer.Stop()
 		case <-timer.C:
-			var stragglers []int
-			for _, i := range watchers {
-				if t.arrived[i].Load() == 0 {
-					stragglers = append(stragglers, i)
-				}
-			}
-			err := fmt.Errorf("write %d (endpoint %s added to %s in %s): %d of %d watching streams did not receive it within %s:\n%s",
-				w+1, addr, svc.cluster, member, len(stragglers), len(watchers), cfg.WriteTimeout, f.describe(stragglers, 20))
-			if e := h.exited(); e != nil {
-				err = fmt.Errorf("%w\n%w", err, e)
-			}
-			return err
+			return missedWrite(cfg, f, h, t, watchers, fmt.Sprintf("write %d (endpoint %s added to %s in %s)", w+1, addr, svc.cluster, member))
 		case <-f.failed:
 			timer.Stop()
 			return fmt.Errorf("write %d: %w", w+1, f.firstErr)
@@ -569,15 +650,8 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			return ctx.Err()
 		}
 		f.target.Store(nil)
-		var lat []time.Duration
-		var size int64
-		for _, i := range watchers {
-			lat = append(lat, time.Duration(t.arrived[i].Load()))
-			if b := t.bytes[i].Load(); b > 0 {
-				sizes = append(sizes, int(b))
-				size += b
-			}
-		}
+		lat, writeSizes, size := arrivals(t, watchers)
+		sizes = append(sizes, writeSizes...)
 		all = append(all, lat...)
 		p := percentiles(lat)
 		wr := WriteResult{
@@ -598,6 +672,48 @@ func measureWrites(ctx context.Context, cfg Config, l *layout, clients []kuberne
 		sum.ResponseBytes = minMax(sizes)
 	}
 	return nil
+}
+
+// streamsOnNetwork are the watchers whose stream is on network.
+func streamsOnNetwork(f *fleet, watchers []int, network string) []int {
+	var local []int
+	for _, i := range watchers {
+		if f.streams[i].network == network {
+			local = append(local, i)
+		}
+	}
+	return local
+}
+
+// missedWrite is the error of a write (what) that not every watcher
+// received within cfg.WriteTimeout: how many did not, which ones, and the
+// hub's exit if it exited.
+func missedWrite(cfg Config, f *fleet, h *hubProcess, t *writeTarget, watchers []int, what string) error {
+	var stragglers []int
+	for _, i := range watchers {
+		if t.arrived[i].Load() == 0 {
+			stragglers = append(stragglers, i)
+		}
+	}
+	err := fmt.Errorf("%s: %d of %d watching streams did not receive it within %s:\n%s",
+		what, len(stragglers), len(watchers), cfg.WriteTimeout, f.describe(stragglers, 20))
+	if e := h.exited(); e != nil {
+		err = fmt.Errorf("%w\n%w", err, e)
+	}
+	return err
+}
+
+// arrivals are how long each watcher took to receive t's write, the sizes
+// of the responses that brought it (where counted) and their total.
+func arrivals(t *writeTarget, watchers []int) (lat []time.Duration, sizes []int, total int64) {
+	for _, i := range watchers {
+		lat = append(lat, time.Duration(t.arrived[i].Load()))
+		if b := t.bytes[i].Load(); b > 0 {
+			sizes = append(sizes, int(b))
+			total += b
+		}
+	}
+	return lat, sizes, total
 }
 
 // machine describes where the run happened.

@@ -96,78 +96,26 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
-	hubBin := cfg.HubBin
-	if hubBin == "" {
-		cfg.progress("building the hub")
-		if hubBin, sum.HubBuild, err = buildHub(ctx, work); err != nil {
-			return nil, err
-		}
-	} else {
-		sum.HubBuild = hubBuild(hubBin)
-	}
-	binDir, err := localcluster.BinDir(ctx)
+	hubBin, err := caHubBin(ctx, cfg, work, sum)
 	if err != nil {
-		return nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+		return nil, err
 	}
 	const member = "m01"
-	cfg.progress("starting 2 local API servers (%s and %s)", homeID, member)
-	clustersDir := filepath.Join(work, "clusters")
-	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
-		return nil, err
-	}
-	env, err := localcluster.Start(ctx, localcluster.Options{Names: []string{homeID, member}, BinDir: binDir, Dir: clustersDir})
+	env, err := startCAClusters(ctx, cfg, work, member)
 	if err != nil {
-		return nil, fmt.Errorf("starting local clusters: %w", err)
+		return nil, err
 	}
 	defer env.Stop()
-	homeClient, err := kubernetes.NewForConfig(env.Cluster(homeID).RESTConfig())
+	memberClient, err := registerCAMember(ctx, env, member)
 	if err != nil {
 		return nil, err
 	}
-	memberClient, err := kubernetes.NewForConfig(env.Cluster(member).RESTConfig())
+	tokens, csrs, err := caCredentials(ctx, cfg, memberClient)
 	if err != nil {
 		return nil, err
-	}
-	if err := localcluster.EnsureNamespace(ctx, homeClient, hubNamespace); err != nil {
-		return nil, err
-	}
-	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, localcluster.RemoteSecret(hubNamespace, "hubbench-members",
-		map[string][]byte{member: env.Cluster(member).Kubeconfig()}), metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("creating the remote secret: %w", err)
-	}
-	if err := localcluster.EnsureNamespace(ctx, memberClient, benchNamespace); err != nil {
-		return nil, err
-	}
-	cfg.progress("creating %d ServiceAccounts, their tokens and RSA-2048 CSRs", cfg.Streams)
-	tokens, csrs := make([]string, cfg.Streams), make([]string, cfg.Streams)
-	for i := range cfg.Streams {
-		sa := fmt.Sprintf("workload-%04d", i)
-		if _, err := memberClient.CoreV1().ServiceAccounts(benchNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating ServiceAccount %s: %w", sa, err)
-		}
-		tr, err := memberClient.CoreV1().ServiceAccounts(benchNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}}}, metav1.CreateOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("requesting a token of %s: %w", sa, err)
-		}
-		tokens[i] = tr.Status.Token
-		key, err := rsa.GenerateKey(rand.Reader, 2048)
-		if err != nil {
-			return nil, err
-		}
-		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
-		if err != nil {
-			return nil, err
-		}
-		csrs[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
 	}
 
-	hubDir := filepath.Join(work, "hub-run")
-	if err := os.MkdirAll(hubDir, 0o755); err != nil {
-		return nil, err
-	}
-	args := append([]string{"--xds-tls-addr", "127.0.0.1:0", "--trust-domain", caTrustDomain}, cfg.HubArgs...)
-	h, err := startHub(ctx, hubBin, hubDir, env.Cluster(homeID).Kubeconfig(), args, cfg.HubEnv)
+	h, err := startCAHub(ctx, cfg, hubBin, work, env)
 	if err != nil {
 		return nil, err
 	}
@@ -177,23 +125,10 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 			err = fmt.Errorf("%w\nhub log (%s) tail:\n%s", err, h.logPath, h.tail(20))
 		}
 	}()
-	tlsAddr := listening.InFile(h.logPath)["xds-tls"]
-	if tlsAddr == "" {
-		return nil, errors.New("the hub logged no xds-tls listener")
-	}
-	if err := waitMemberReady(ctx, h, member, cfg.SyncTimeout); err != nil {
-		return nil, err
-	}
-	td := spiffeid.RequireTrustDomainFromString(caTrustDomain)
-	body, err := h.get(ctx, "/api/v1/trustdomains/"+caTrustDomain+"/bundle")
+	tlsAddr, creds, err := hubCAEndpoint(ctx, cfg, h, member)
 	if err != nil {
 		return nil, err
 	}
-	bundle, err := spiffebundle.Parse(td, body)
-	if err != nil {
-		return nil, fmt.Errorf("the hub's bundle: %w", err)
-	}
-	creds := credentials.NewTLS(tlsconfig.TLSClientConfig(bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
 
 	// One connection per caller, like agents; each caller's first call
 	// makes the member review its token (cached from then on).
@@ -221,11 +156,165 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 		}
 	}
 
-	cfg.progress("issuing for %s with %d concurrent callers", cfg.CADuration, cfg.Streams)
-	before, err := procStats(h.pid())
+	if err := measureIssuing(ctx, cfg, h, call, sum); err != nil {
+		return nil, err
+	}
+	if sum.Issued == 0 {
+		return sum, fmt.Errorf("no certificate issued: %s", sum.FirstError)
+	}
+	return sum, nil
+}
+
+// caHubBin returns the hub binary, --hub-bin or else the hub built in
+// work, and records its build in sum.
+func caHubBin(ctx context.Context, cfg Config, work string, sum *CASummary) (string, error) {
+	if cfg.HubBin != "" {
+		sum.HubBuild = hubBuild(cfg.HubBin)
+		return cfg.HubBin, nil
+	}
+	cfg.progress("building the hub")
+	hubBin, build, err := buildHub(ctx, work)
+	if err != nil {
+		return "", err
+	}
+	sum.HubBuild = build
+	return hubBin, nil
+}
+
+// startCAClusters starts the ca shape's local API servers: the home
+// cluster's and member's. The caller stops them.
+func startCAClusters(ctx context.Context, cfg Config, work, member string) (*localcluster.Env, error) {
+	binDir, err := localcluster.BinDir(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kube-apiserver and etcd binaries: %w", err)
+	}
+	cfg.progress("starting 2 local API servers (%s and %s)", homeID, member)
+	clustersDir := filepath.Join(work, "clusters")
+	if err := os.MkdirAll(clustersDir, 0o755); err != nil {
+		return nil, err
+	}
+	env, err := localcluster.Start(ctx, localcluster.Options{Names: []string{homeID, member}, BinDir: binDir, Dir: clustersDir})
+	if err != nil {
+		return nil, fmt.Errorf("starting local clusters: %w", err)
+	}
+	return env, nil
+}
+
+// registerCAMember makes the hub's namespace in the home cluster and
+// member's remote Secret there, and the bench namespace in member; it
+// returns member's client.
+func registerCAMember(ctx context.Context, env *localcluster.Env, member string) (kubernetes.Interface, error) {
+	homeClient, err := kubernetes.NewForConfig(env.Cluster(homeID).RESTConfig())
 	if err != nil {
 		return nil, err
 	}
+	memberClient, err := kubernetes.NewForConfig(env.Cluster(member).RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	if err := localcluster.EnsureNamespace(ctx, homeClient, hubNamespace); err != nil {
+		return nil, err
+	}
+	if _, err := homeClient.CoreV1().Secrets(hubNamespace).Create(ctx, localcluster.RemoteSecret(hubNamespace, "hubbench-members",
+		map[string][]byte{member: env.Cluster(member).Kubeconfig()}), metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("creating the remote secret: %w", err)
+	}
+	if err := localcluster.EnsureNamespace(ctx, memberClient, benchNamespace); err != nil {
+		return nil, err
+	}
+	return memberClient, nil
+}
+
+// caCredentials creates a ServiceAccount per caller in the member and
+// returns each one's token (audience istio-ca) and a PEM RSA-2048 CSR.
+func caCredentials(ctx context.Context, cfg Config, memberClient kubernetes.Interface) (tokens, csrs []string, err error) {
+	cfg.progress("creating %d ServiceAccounts, their tokens and RSA-2048 CSRs", cfg.Streams)
+	tokens, csrs = make([]string, cfg.Streams), make([]string, cfg.Streams)
+	for i := range cfg.Streams {
+		sa := fmt.Sprintf("workload-%04d", i)
+		if _, err := memberClient.CoreV1().ServiceAccounts(benchNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			return nil, nil, fmt.Errorf("creating ServiceAccount %s: %w", sa, err)
+		}
+		tr, err := memberClient.CoreV1().ServiceAccounts(benchNamespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}}}, metav1.CreateOptions{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("requesting a token of %s: %w", sa, err)
+		}
+		tokens[i] = tr.Status.Token
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			return nil, nil, err
+		}
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		csrs[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	}
+	return tokens, csrs, nil
+}
+
+// startCAHub starts the hub hubBin on the home cluster, in its directory
+// under work, with its mTLS xDS port and the ca shape's trust domain. The
+// caller stops it.
+func startCAHub(ctx context.Context, cfg Config, hubBin, work string, env *localcluster.Env) (*hubProcess, error) {
+	hubDir := filepath.Join(work, "hub-run")
+	if err := os.MkdirAll(hubDir, 0o755); err != nil {
+		return nil, err
+	}
+	args := append([]string{"--xds-tls-addr", "127.0.0.1:0", "--trust-domain", caTrustDomain}, cfg.HubArgs...)
+	return startHub(ctx, hubBin, hubDir, env.Cluster(homeID).Kubeconfig(), args, cfg.HubEnv)
+}
+
+// hubCAEndpoint waits until the hub reports member Ready and returns the
+// hub's mTLS xDS address and the callers' credentials: the hub's trust
+// bundle, and the hub's SPIFFE ID expected of the server.
+func hubCAEndpoint(ctx context.Context, cfg Config, h *hubProcess, member string) (string, credentials.TransportCredentials, error) {
+	tlsAddr := listening.InFile(h.logPath)["xds-tls"]
+	if tlsAddr == "" {
+		return "", nil, errors.New("the hub logged no xds-tls listener")
+	}
+	if err := waitMemberReady(ctx, h, member, cfg.SyncTimeout); err != nil {
+		return "", nil, err
+	}
+	td := spiffeid.RequireTrustDomainFromString(caTrustDomain)
+	body, err := h.get(ctx, "/api/v1/trustdomains/"+caTrustDomain+"/bundle")
+	if err != nil {
+		return "", nil, err
+	}
+	bundle, err := spiffebundle.Parse(td, body)
+	if err != nil {
+		return "", nil, fmt.Errorf("the hub's bundle: %w", err)
+	}
+	creds := credentials.NewTLS(tlsconfig.TLSClientConfig(bundle, tlsconfig.AuthorizeID(spiffeid.RequireFromPath(td, "/hub"))))
+	return tlsAddr, creds, nil
+}
+
+// measureIssuing has the callers issue certificates for cfg.CADuration
+// (issueCertificates) and records what that took and cost the hub.
+func measureIssuing(ctx context.Context, cfg Config, h *hubProcess, call func(context.Context, int) error, sum *CASummary) error {
+	cfg.progress("issuing for %s with %d concurrent callers", cfg.CADuration, cfg.Streams)
+	before, err := procStats(h.pid())
+	if err != nil {
+		return err
+	}
+	latencies, elapsed := issueCertificates(ctx, cfg, call, sum)
+	after, err := procStats(h.pid())
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	sum.setFigures(latencies, elapsed, before, after)
+	return nil
+}
+
+// issueCertificates has cfg.Streams callers (call with their index) call
+// back to back for cfg.CADuration and returns the latencies of the
+// certificates issued and how long that took; it counts the failures in
+// sum.
+func issueCertificates(ctx context.Context, cfg Config, call func(context.Context, int) error, sum *CASummary) ([]time.Duration, time.Duration) {
 	// The window only stops callers from starting calls: a call in flight
 	// when it ends finishes under its own caCallTimeout. (Calls that shared
 	// the window's deadline failed with DeadlineExceeded when it passed,
@@ -237,7 +326,7 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 	sum.FailedByCode = map[string]int{} // empty: omitted from the JSON
 	start := time.Now()
 	end := start.Add(cfg.CADuration)
-	for i := range clients {
+	for i := range cfg.Streams {
 		wg.Go(func() {
 			var mine []time.Duration
 			failed := map[string]int{}
@@ -270,30 +359,25 @@ func runCA(ctx context.Context, cfg Config) (_ *CASummary, err error) {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	after, err := procStats(h.pid())
-	if err != nil {
-		return nil, err
-	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
-	}
+	return latencies, time.Since(start)
+}
+
+// setFigures fills in what the issuing measured: the certificates issued
+// (latencies, which it sorts) over elapsed, and the hub's CPU and memory
+// from its process figures before and after.
+func (s *CASummary) setFigures(latencies []time.Duration, elapsed time.Duration, before, after ProcStats) {
 	slices.Sort(latencies)
-	sum.Seconds = elapsed.Seconds()
-	sum.Issued = len(latencies)
-	sum.PerSecond = float64(sum.Issued) / elapsed.Seconds()
-	sum.HubCPUSeconds = after.CPUSeconds - before.CPUSeconds
-	sum.HubCores = sum.HubCPUSeconds / elapsed.Seconds()
-	sum.HubRSSMiB = after.RSSMiB
-	if sum.Issued > 0 {
-		sum.HubCPUMsPerCert = sum.HubCPUSeconds * 1000 / float64(sum.Issued)
-		sum.P50Ms = float64(latencies[len(latencies)/2]) / float64(time.Millisecond)
-		sum.P99Ms = float64(latencies[len(latencies)*99/100]) / float64(time.Millisecond)
+	s.Seconds = elapsed.Seconds()
+	s.Issued = len(latencies)
+	s.PerSecond = float64(s.Issued) / elapsed.Seconds()
+	s.HubCPUSeconds = after.CPUSeconds - before.CPUSeconds
+	s.HubCores = s.HubCPUSeconds / elapsed.Seconds()
+	s.HubRSSMiB = after.RSSMiB
+	if s.Issued > 0 {
+		s.HubCPUMsPerCert = s.HubCPUSeconds * 1000 / float64(s.Issued)
+		s.P50Ms = float64(latencies[len(latencies)/2]) / float64(time.Millisecond)
+		s.P99Ms = float64(latencies[len(latencies)*99/100]) / float64(time.Millisecond)
 	}
-	if sum.Issued == 0 {
-		return sum, fmt.Errorf("no certificate issued: %s", sum.FirstError)
-	}
-	return sum, nil
 }
 
 // waitMemberReady waits until the hub reports member Ready.

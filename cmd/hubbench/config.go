@@ -272,16 +272,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 // of --services-per-stream all, the default services per stream and the
 // CDS subscription.
 func (c *Config) validate() error {
-	var errs []error
-	switch {
-	case c.Peer == "":
-	case c.Peer != peerIstiod:
-		errs = append(errs, fmt.Errorf("--peer %q: the one peer is istiod", c.Peer))
-	case c.Shape != shapeEnvoy && c.ServicesPerStream != allServices:
-		errs = append(errs, fmt.Errorf("--peer istiod serves the envoy shape (Envoy's SotW or Delta ADS), not --shape %s", c.Shape))
-	case len(c.HubArgs) > 0 || c.HubPerf != "":
-		errs = append(errs, errors.New("--hub-arg and --hub-perf are the hub's; --peer istiod runs istiod"))
-	}
+	errs := c.validatePeer()
 	if c.ServicesPerStream == allServices {
 		switch c.Shape {
 		case "", shapeNamed, shapeEnvoy:
@@ -299,6 +290,56 @@ func (c *Config) validate() error {
 	}
 	errs = append(errs, c.validateScale()...)
 	errs = append(errs, c.validateRealEnvoys()...)
+	errs = append(errs, c.validateShape()...)
+	c.defaultStreams()
+	positive := map[string]int{
+		"--members": c.Members, "--services": c.Services, "--service-members": c.ServiceMembers,
+		"--streams": c.Streams, "--connect-concurrency": c.ConnectConcurrency, "--create-workers": c.CreateWorkers,
+	}
+	for _, name := range []string{"--members", "--services", "--service-members", "--streams", "--connect-concurrency", "--create-workers"} {
+		if positive[name] < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1, not %d", name, positive[name]))
+		}
+	}
+	if c.ServicesPerStream < 0 {
+		errs = append(errs, fmt.Errorf("--services-per-stream must be at least 1 or all, not %d", c.ServicesPerStream))
+	}
+	if c.Shape != shapeIstiod && c.CDS != cdsWildcard && c.CDS != cdsNamed {
+		errs = append(errs, fmt.Errorf("--cds must be wildcard or named, not %q", c.CDS))
+	}
+	if c.Writes < 0 {
+		errs = append(errs, fmt.Errorf("--writes must not be negative, not %d", c.Writes))
+	}
+	if c.Networks < 1 || c.Networks > c.Members && c.Networks > 1 {
+		errs = append(errs, fmt.Errorf("--networks must be between 1 and --members (%d), not %d", c.Members, c.Networks))
+	}
+	errs = append(errs, c.validateSize()...)
+	errs = append(errs, c.validateBulk()...)
+	if c.WriteTimeout <= 0 || c.SyncTimeout <= 0 || c.ConnectTimeout <= 0 || c.WriteGap < 0 {
+		errs = append(errs, errors.New("timeouts must be positive and --write-gap not negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// validatePeer checks --peer: istiod, serving the envoy shape, without the
+// hub's own flags. It runs before the shape is settled.
+func (c *Config) validatePeer() []error {
+	switch {
+	case c.Peer == "":
+	case c.Peer != peerIstiod:
+		return []error{fmt.Errorf("--peer %q: the one peer is istiod", c.Peer)}
+	case c.Shape != shapeEnvoy && c.ServicesPerStream != allServices:
+		return []error{fmt.Errorf("--peer istiod serves the envoy shape (Envoy's SotW or Delta ADS), not --shape %s", c.Shape)}
+	case len(c.HubArgs) > 0 || c.HubPerf != "":
+		return []error{errors.New("--hub-arg and --hub-perf are the hub's; --peer istiod runs istiod")}
+	}
+	return nil
+}
+
+// validateShape checks the flags the shape decides and fills in its
+// default services per stream and CDS subscription.
+func (c *Config) validateShape() []error {
+	var errs []error
 	switch c.Shape {
 	case shapeNamed:
 		if c.ServicesPerStream == 0 {
@@ -345,6 +386,12 @@ func (c *Config) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--shape must be named, envoy, grpc, istiod or ca, not %q", c.Shape))
 	}
+	return errs
+}
+
+// defaultStreams fills in the default --streams: 2000, 10 for the istiod
+// shape, 16 for the ca shape, 200 in scale mode.
+func (c *Config) defaultStreams() {
 	if c.Streams == 0 {
 		c.Streams = 2000
 		switch c.Shape {
@@ -357,27 +404,14 @@ func (c *Config) validate() error {
 			c.Streams = 200
 		}
 	}
-	positive := map[string]int{
-		"--members": c.Members, "--services": c.Services, "--service-members": c.ServiceMembers,
-		"--streams": c.Streams, "--connect-concurrency": c.ConnectConcurrency, "--create-workers": c.CreateWorkers,
-	}
-	for _, name := range []string{"--members", "--services", "--service-members", "--streams", "--connect-concurrency", "--create-workers"} {
-		if positive[name] < 1 {
-			errs = append(errs, fmt.Errorf("%s must be at least 1, not %d", name, positive[name]))
-		}
-	}
-	if c.ServicesPerStream < 0 {
-		errs = append(errs, fmt.Errorf("--services-per-stream must be at least 1 or all, not %d", c.ServicesPerStream))
-	}
-	if c.Shape != shapeIstiod && c.CDS != cdsWildcard && c.CDS != cdsNamed {
-		errs = append(errs, fmt.Errorf("--cds must be wildcard or named, not %q", c.CDS))
-	}
-	if c.Writes < 0 {
-		errs = append(errs, fmt.Errorf("--writes must not be negative, not %d", c.Writes))
-	}
-	if c.Networks < 1 || c.Networks > c.Members && c.Networks > 1 {
-		errs = append(errs, fmt.Errorf("--networks must be between 1 and --members (%d), not %d", c.Members, c.Networks))
-	}
+}
+
+// validateSize checks the run's size: in scale mode, that the endpoints and
+// every shape's writes fit the test addresses; otherwise at most 99
+// members (one API server each), an endpoint for every member's
+// EndpointSlice, and the endpoints and writes within 198.18.0.0/15.
+func (c *Config) validateSize() []error {
+	var errs []error
 	switch {
 	case c.scale():
 		if n := c.Endpoints + c.Writes*(1+len(c.AlsoShapes)); n > maxScaleAddresses {
@@ -393,11 +427,7 @@ func (c *Config) validate() error {
 			errs = append(errs, fmt.Errorf("--endpoints + --writes (%d) exceeds the %d addresses of 198.18.0.0/15", c.Endpoints+c.Writes, maxAddresses))
 		}
 	}
-	errs = append(errs, c.validateBulk()...)
-	if c.WriteTimeout <= 0 || c.SyncTimeout <= 0 || c.ConnectTimeout <= 0 || c.WriteGap < 0 {
-		errs = append(errs, errors.New("timeouts must be positive and --write-gap not negative"))
-	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // scale reports whether the run is in scale mode: more member IDs than

@@ -274,16 +274,7 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	// Cold connect: start every Envoy (bounded), then wait until each holds
 	// every cluster of the layout and warms none.
 	envoys := make([]*realEnvoy, cfg.RealEnvoys)
-	defer func() {
-		var wg sync.WaitGroup
-		for _, e := range envoys {
-			if e != nil && e.p != nil {
-				wg.Add(1)
-				go func() { defer wg.Done(); _ = e.p.Stop() }()
-			}
-		}
-		wg.Wait()
-	}()
+	defer stopEnvoys(envoys)
 	var sds *sdsServer
 	if cfg.Peer != "" {
 		if sds, err = startSDS(ctx); err != nil {
@@ -296,67 +287,17 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	if err != nil {
 		return err
 	}
-	var writtenClusters []string
-	for _, si := range written {
-		if c := l.services[si].cluster; !slices.Contains(writtenClusters, c) {
-			writtenClusters = append(writtenClusters, c)
-		}
+	fl := &realEnvoyFleet{envoys: envoys, bin: bin, work: work, want: want, written: written, writtenClusters: serviceClusters(l, written)}
+	if sds != nil {
+		fl.sdsAddr = sds.addr
 	}
 	conc := min(cfg.ConnectConcurrency, realEnvoyStartConcurrency)
 	cfg.progress("starting %d real Envoys (%s, %s ADS, CDS wildcard + EDS, no LDS; %d at once) against %s", cfg.RealEnvoys, bin, sum.Protocol, conc, h.xdsAddr)
 	connectCtx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
-	perEnvoy := make([]time.Duration, cfg.RealEnvoys)
-	active := make([]int, cfg.RealEnvoys)
-	sem := make(chan struct{}, conc)
-	errc := make(chan error, cfg.RealEnvoys)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range envoys {
-		sem <- struct{}{}
-		if connectCtx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			e := &realEnvoy{idx: i, clusterID: realEnvoyMember(i, l.memberIDs)}
-			t0 := time.Now()
-			sdsAddr := ""
-			if sds != nil {
-				sdsAddr = sds.addr
-			}
-			boot, err := realEnvoyBootstrap(i, e.clusterID, h.xdsAddr, sdsAddr, cfg.Delta, writtenClusters)
-			if err != nil {
-				errc <- err
-				return
-			}
-			e.p, err = envoy.Start(connectCtx, envoy.Options{Bin: bin, Bootstrap: boot, Dir: filepath.Join(work, "envoys", fmt.Sprintf("envoy-%03d", i))})
-			envoys[i] = e
-			if err != nil {
-				errc <- fmt.Errorf("envoy %d: %w", i, err)
-				return
-			}
-			n, err := waitEnvoyHolds(connectCtx, e, want)
-			if err != nil {
-				errc <- fmt.Errorf("envoy %d (CLUSTER_ID %s): %w", i, e.clusterID, err)
-				return
-			}
-			perEnvoy[i], active[i] = time.Since(t0), n
-		}()
-	}
-	wg.Wait()
-	close(errc)
-	if err := fleetError(errc, h); err != nil {
+	if err := connectEnvoys(connectCtx, cfg, l, h, fl, sum); err != nil {
 		return err
 	}
-	if err := connectCtx.Err(); err != nil {
-		return fmt.Errorf("starting the Envoys: %w", err)
-	}
-	sum.ColdConnectSeconds = time.Since(start).Seconds()
-	sum.StreamConnect = percentiles(perEnvoy)
-	rs.ActiveClusters = *minMax(active)
 	if info, err := envoys[0].p.ServerInfo(ctx); err == nil {
 		rs.Version = info.GetVersion()
 	}
@@ -374,6 +315,121 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	}
 
 	// Writes, one at a time, each timed at every Envoy.
+	if err := realEnvoyWritePhase(ctx, cfg, l, clients, h, fl, sum); err != nil {
+		return err
+	}
+	if cfg.Bulk > 0 {
+		if rs.Bulk, err = realEnvoyBulk(ctx, cfg, l, clients, envoys, h); err != nil {
+			return err
+		}
+	}
+	if rs.NacksAfterWrites, rs.WarmingAfterWrites, rs.NacksBy, err = fleetNacks(ctx, envoys); err != nil {
+		return err
+	}
+	if rs.NacksAfterWrites > 0 {
+		rs.Rejected = rejectedSample(envoys)
+	}
+	return envoyMemory(envoys, rs)
+}
+
+// realEnvoyFleet is the real-Envoy mode's fleet: the Envoys, what they are
+// started with, and the services the writes go to.
+type realEnvoyFleet struct {
+	envoys          []*realEnvoy    // Envoy i once started: the caller of connectEnvoys stops them
+	bin             string          // the Envoy binary
+	work            string          // Envoy i runs in work/envoys/envoy-<i>
+	sdsAddr         string          // the SDS server's address (istiod's Envoys), or ""
+	want            map[string]bool // the layout's clusters: every Envoy must hold them
+	written         []int           // the services the writes go to, in order
+	writtenClusters []string        // their clusters, once each
+}
+
+// stopEnvoys stops the Envoys that started, all at once.
+func stopEnvoys(envoys []*realEnvoy) {
+	var wg sync.WaitGroup
+	for _, e := range envoys {
+		if e != nil && e.p != nil {
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = e.p.Stop() }()
+		}
+	}
+	wg.Wait()
+}
+
+// serviceClusters are the clusters of the services, once each, in the
+// services' order.
+func serviceClusters(l *layout, services []int) []string {
+	var clusters []string
+	for _, si := range services {
+		if c := l.services[si].cluster; !slices.Contains(clusters, c) {
+			clusters = append(clusters, c)
+		}
+	}
+	return clusters
+}
+
+// connectEnvoys starts the fleet's Envoys (at most
+// realEnvoyStartConcurrency at once) and waits until each holds every
+// cluster of fl.want and warms none, all within connectCtx, then records
+// the cold connect figures. It fills fl.envoys in as the Envoys start,
+// also when it fails.
+func connectEnvoys(connectCtx context.Context, cfg Config, l *layout, h *hubProcess, fl *realEnvoyFleet, sum *Summary) error {
+	perEnvoy := make([]time.Duration, cfg.RealEnvoys)
+	active := make([]int, cfg.RealEnvoys)
+	sem := make(chan struct{}, min(cfg.ConnectConcurrency, realEnvoyStartConcurrency))
+	errc := make(chan error, cfg.RealEnvoys)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range fl.envoys {
+		sem <- struct{}{}
+		if connectCtx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			e := &realEnvoy{idx: i, clusterID: realEnvoyMember(i, l.memberIDs)}
+			t0 := time.Now()
+			boot, err := realEnvoyBootstrap(i, e.clusterID, h.xdsAddr, fl.sdsAddr, cfg.Delta, fl.writtenClusters)
+			if err != nil {
+				errc <- err
+				return
+			}
+			e.p, err = envoy.Start(connectCtx, envoy.Options{Bin: fl.bin, Bootstrap: boot, Dir: filepath.Join(fl.work, "envoys", fmt.Sprintf("envoy-%03d", i))})
+			fl.envoys[i] = e
+			if err != nil {
+				errc <- fmt.Errorf("envoy %d: %w", i, err)
+				return
+			}
+			n, err := waitEnvoyHolds(connectCtx, e, fl.want)
+			if err != nil {
+				errc <- fmt.Errorf("envoy %d (CLUSTER_ID %s): %w", i, e.clusterID, err)
+				return
+			}
+			perEnvoy[i], active[i] = time.Since(t0), n
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	if err := fleetError(errc, h); err != nil {
+		return err
+	}
+	if err := connectCtx.Err(); err != nil {
+		return fmt.Errorf("starting the Envoys: %w", err)
+	}
+	sum.ColdConnectSeconds = time.Since(start).Seconds()
+	sum.StreamConnect = percentiles(perEnvoy)
+	sum.RealEnvoys.ActiveClusters = *minMax(active)
+	return nil
+}
+
+// realEnvoyWritePhase makes the measured writes (realEnvoyWrites), with
+// --hub-perf under perf, and records what they cost: the server's CPU,
+// responses, metrics and process figures, and the CPU of the Envoys and
+// of hubbench.
+func realEnvoyWritePhase(ctx context.Context, cfg Config, l *layout, clients []kubernetes.Interface, h *hubProcess, fl *realEnvoyFleet, sum *Summary) error {
+	rs := sum.RealEnvoys
 	before, err := h.metrics(ctx)
 	if err != nil {
 		return err
@@ -389,12 +445,12 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 			return err
 		}
 	}
-	envoyCPUBefore, selfCPUBefore, err := fleetCPU(envoys)
+	envoyCPUBefore, selfCPUBefore, err := fleetCPU(fl.envoys)
 	if err != nil {
 		return err
 	}
 	writeStart := time.Now()
-	err = realEnvoyWrites(ctx, cfg, l, written, clients, envoys, h, sum)
+	err = realEnvoyWrites(ctx, cfg, l, fl.written, clients, fl.envoys, h, sum)
 	sum.WritePhaseSeconds = time.Since(writeStart).Seconds()
 	if perr := perf.stop(); err == nil && perr != nil {
 		err = perr
@@ -406,7 +462,7 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	if err != nil {
 		return err
 	}
-	envoyCPUAfter, selfCPUAfter, err := fleetCPU(envoys)
+	envoyCPUAfter, selfCPUAfter, err := fleetCPU(fl.envoys)
 	if err != nil {
 		return err
 	}
@@ -425,24 +481,25 @@ func runRealEnvoys(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	if sum.Hub.AfterWrites, err = procStats(h.pid()); err != nil {
 		return err
 	}
-	if cfg.Bulk > 0 {
-		if rs.Bulk, err = realEnvoyBulk(ctx, cfg, l, clients, envoys, h); err != nil {
-			return err
-		}
-	}
-	if rs.NacksAfterWrites, rs.WarmingAfterWrites, rs.NacksBy, err = fleetNacks(ctx, envoys); err != nil {
-		return err
-	}
-	if rs.NacksAfterWrites > 0 {
-		for _, e := range envoys {
-			if log, err := e.p.Log(); err == nil {
-				if m := rejectedLine.FindString(log); m != "" {
-					rs.Rejected = fmt.Sprintf("envoy %d: %s", e.idx, truncateText(strings.TrimSpace(m), 600))
-					break
-				}
+	return nil
+}
+
+// rejectedSample is the first line saying an update was rejected from the
+// first Envoy log that has one, with its Envoy; "" when none has.
+func rejectedSample(envoys []*realEnvoy) string {
+	for _, e := range envoys {
+		if log, err := e.p.Log(); err == nil {
+			if m := rejectedLine.FindString(log); m != "" {
+				return fmt.Sprintf("envoy %d: %s", e.idx, truncateText(strings.TrimSpace(m), 600))
 			}
 		}
 	}
+	return ""
+}
+
+// envoyMemory records the Envoys' memory: VmRSS per Envoy and summed, and
+// their Pss summed.
+func envoyMemory(envoys []*realEnvoy, rs *RealEnvoySummary) error {
 	var rss []float64
 	for _, e := range envoys {
 		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.p.PID()))

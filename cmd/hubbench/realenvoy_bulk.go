@@ -98,28 +98,11 @@ func realEnvoyBulk(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	b.ConvergeSeconds = b.EnvoyConverge.MaxMs / 1000
 	cfg.progress("bulk: every Envoy holds the %d new services after %.2fs", b.Services, b.ConvergeSeconds)
 
-	// Quiet: the server's response counters unchanged for realBulkQuiet.
-	last, lastChange := before.total(), time.Now()
-	var after hubMetrics
-	for deadline := time.Now().Add(realBulkQuietMax); ; {
-		if after, err = h.metrics(ctx); err != nil {
-			return nil, err
-		}
-		if t := after.total(); t != last {
-			last, lastChange = t, time.Now()
-		} else if time.Since(lastChange) >= realBulkQuiet {
-			b.QuietSeconds = lastChange.Sub(start).Seconds()
-			break
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+	after, quiet, err := waitServerQuiet(ctx, h, before, start)
+	if err != nil {
+		return nil, err
 	}
+	b.QuietSeconds = quiet
 	cpu1, err := procStats(h.pid())
 	if err != nil {
 		return nil, fmt.Errorf("reading the server's /proc: %w", err)
@@ -133,6 +116,34 @@ func realEnvoyBulk(ctx context.Context, cfg Config, l *layout, clients []kuberne
 	}
 	b.LoadAfter = loadAvg()
 	return b, nil
+}
+
+// waitServerQuiet waits up to realBulkQuietMax for the server to be quiet:
+// its response counters (from before on) unchanged for realBulkQuiet. It
+// returns the server's metrics at the end and when it went quiet, in
+// seconds from start (0 if it did not).
+func waitServerQuiet(ctx context.Context, h *hubProcess, before hubMetrics, start time.Time) (after hubMetrics, quiet float64, err error) {
+	last, lastChange := before.total(), time.Now()
+	for deadline := time.Now().Add(realBulkQuietMax); ; {
+		if after, err = h.metrics(ctx); err != nil {
+			return hubMetrics{}, 0, err
+		}
+		if t := after.total(); t != last {
+			last, lastChange = t, time.Now()
+		} else if time.Since(lastChange) >= realBulkQuiet {
+			quiet = lastChange.Sub(start).Seconds()
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return hubMetrics{}, 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return after, quiet, nil
 }
 
 // writeText prints the bulk phase's figures.

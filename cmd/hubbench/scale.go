@@ -363,7 +363,38 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 	if fi, err := os.Stat(h.logPath); err == nil {
 		sc.HubLogBytesAtReady = fi.Size()
 	}
-	// What each member watches.
+	if err := measureWatchScope(ctx, cfg, l, h, sc); err != nil {
+		return err
+	}
+
+	// The persisted views, written by the leader within seconds of a
+	// member's sync; the restart restores them, and the idle window is
+	// quiet only once they are written.
+	if err := waitViewsPersisted(ctx, cfg, l, h, sc); err != nil {
+		return err
+	}
+	sc.ViewsPersistedSeconds = math.Round(time.Since(syncedAt).Seconds()*100) / 100
+
+	// Idle CPU.
+	cpu1, window, err := measureIdle(ctx, cfg, h, sc)
+	if err != nil {
+		return err
+	}
+
+	// Memory.
+	if err := measureMemory(ctx, cfg, l, h, work, cpu1, sc); err != nil {
+		return err
+	}
+	m := &sc.Memory
+	cfg.progress("hub idle: %.1f%% of a core over %.0fs; RSS %.0f MiB (peak %.0f), live heap %d MiB (%.0f KiB per member, %.0f bytes per endpoint), %.0f goroutines, %d sockets",
+		sc.Idle.CPUPercent, window, m.SteadyRSSMiB, m.PeakRSSMiB, m.LiveHeapMiB, m.LiveHeapPerMemberKiB, m.LiveHeapPerEndpointBytes, m.Goroutines, m.Sockets)
+	return nil
+}
+
+// measureWatchScope records what each member watches (/api/v1/clusters:
+// its watch scope and objects) and whether the hub scopes its watches:
+// every service listed with endpoints in just its own members.
+func measureWatchScope(ctx context.Context, cfg Config, l *layout, h *hubProcess, sc *ScaleSummary) error {
 	cs, err := h.memberStates(ctx)
 	if err != nil {
 		return err
@@ -411,10 +442,13 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 	if !sc.WatchScoped && !cfg.Unscoped {
 		cfg.progress("the hub does not scope its watches by %s: services have endpoints in %d–%d members, want their team's %d", annotationWatchNamespaces, sc.MembersPerService.Min, sc.MembersPerService.Max, cfg.APIServers)
 	}
+	return nil
+}
 
-	// The persisted views, written by the leader within seconds of a
-	// member's sync; the restart restores them, and the idle window is
-	// quiet only once they are written.
+// waitViewsPersisted waits until the hub has persisted every member's
+// view in the home cluster, or goes on after 3 minutes and a second per
+// member; it records how many it persisted.
+func waitViewsPersisted(ctx context.Context, cfg Config, l *layout, h *hubProcess, sc *ScaleSummary) error {
 	cfg.progress("waiting for the hub to persist every member's view in the home cluster")
 	// The hub writes them one at a time through its home client (at the
 	// client's rate limit): allow a second per member beyond 3 minutes.
@@ -428,7 +462,7 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 		}
 		sc.ViewsPersisted = n
 		if n >= len(l.memberIDs) {
-			break
+			return nil
 		}
 		if time.Since(lastReport) > 2*time.Second {
 			cfg.progress("%d/%d member views persisted", n, len(l.memberIDs))
@@ -436,7 +470,7 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 		}
 		if time.Now().After(deadline) {
 			cfg.progress("only %d of %d member views persisted after %s; going on", n, len(l.memberIDs), wait)
-			break
+			return nil
 		}
 		select {
 		case <-ctx.Done():
@@ -444,34 +478,43 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	sc.ViewsPersistedSeconds = math.Round(time.Since(syncedAt).Seconds()*100) / 100
+}
 
-	// Idle CPU.
+// measureIdle records the hub's CPU and log growth over cfg.IdleWindow.
+// It returns the hub's process figures at the window's end and the
+// window's length in seconds.
+func measureIdle(ctx context.Context, cfg Config, h *hubProcess, sc *ScaleSummary) (ProcStats, float64, error) {
 	cfg.progress("measuring the hub's idle CPU over %s", cfg.IdleWindow)
 	logBefore := fileSize(h.logPath)
 	cpu0, err := procStats(h.pid())
 	if err != nil {
-		return fmt.Errorf("reading the hub's /proc: %w", err)
+		return ProcStats{}, 0, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
 	t0 := time.Now()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return ProcStats{}, 0, ctx.Err()
 	case <-time.After(cfg.IdleWindow):
 	}
 	cpu1, err := procStats(h.pid())
 	if err != nil {
-		return fmt.Errorf("reading the hub's /proc: %w", err)
+		return ProcStats{}, 0, fmt.Errorf("reading the hub's /proc: %w", err)
 	}
 	window := time.Since(t0).Seconds()
 	sc.Idle = IdleStats{WindowSeconds: math.Round(window*100) / 100, CPUSeconds: cpu1.CPUSeconds - cpu0.CPUSeconds, LogBytes: fileSize(h.logPath) - logBefore}
 	if window > 0 {
 		sc.Idle.CPUPercent = math.Round(sc.Idle.CPUSeconds/window*1000) / 10
 	}
+	return cpu1, window, nil
+}
 
-	// Memory.
+// measureMemory records the hub's memory at rest: its RSS and threads
+// (from st, its process figures), live heap, goroutines and open files,
+// per member and per endpoint where that says something, and a heap
+// profile.
+func measureMemory(ctx context.Context, cfg Config, l *layout, h *hubProcess, work string, st ProcStats, sc *ScaleSummary) error {
 	m := &sc.Memory
-	m.SteadyRSSMiB, m.PeakRSSMiB, m.Threads = cpu1.RSSMiB, cpu1.PeakRSSMiB, cpu1.Threads
+	m.SteadyRSSMiB, m.PeakRSSMiB, m.Threads = st.RSSMiB, st.PeakRSSMiB, st.Threads
 	heap, err := h.heapNow(ctx)
 	if err != nil {
 		return err
@@ -491,8 +534,6 @@ func measureSteady(ctx context.Context, cfg Config, l *layout, h *hubProcess, wo
 	}
 	m.OpenFiles, m.Sockets = openFiles(h.pid())
 	m.HeapProfile, m.HeapProfileNote = h.heapProfile(ctx, cfg, work)
-	cfg.progress("hub idle: %.1f%% of a core over %.0fs; RSS %.0f MiB (peak %.0f), live heap %d MiB (%.0f KiB per member, %.0f bytes per endpoint), %.0f goroutines, %d sockets",
-		sc.Idle.CPUPercent, window, m.SteadyRSSMiB, m.PeakRSSMiB, m.LiveHeapMiB, m.LiveHeapPerMemberKiB, m.LiveHeapPerEndpointBytes, m.Goroutines, m.Sockets)
 	return nil
 }
 

@@ -280,24 +280,7 @@ func (s *Summary) Missed() []string {
 func (s *Summary) WriteText(w io.Writer) {
 	c := s.Config
 	p := func(format string, args ...any) { fmt.Fprintf(w, format+"\n", args...) }
-	cds := "CDS " + c.CDS
-	if s.Shape == shapeIstiod {
-		cds = "MCP config, no CDS"
-	}
-	p("hubbench: %s ADS, %d members + home, %d services (each in %d members), %d endpoints, %d streams × %d services (%s shape, %s), %d writes",
-		s.Protocol, c.Members, c.Services, c.serviceMembers(), c.Endpoints, c.Streams, c.servicesPerStream(), s.Shape, cds, c.Writes)
-	p("shape:    %s", c.shapeText())
-	p("machine:  %d CPUs (%s), %.1f GiB, Linux %s, %s; load average %s at start, %s → %s around the writes",
-		s.Machine.CPUs, s.Machine.CPUModel, s.Machine.MemGiB, s.Machine.Kernel, s.Machine.GoVersion, s.Machine.LoadAvg, s.LoadBefore, s.LoadAfter)
-	p("layout:   ≤%d services per member, ≤%d endpoints per service, %d EndpointSlices, %d–%d watchers per service (mean %.1f)",
-		s.Layout.ServicesPerMember, s.Layout.EndpointsPerService, s.Layout.SlicesCreated,
-		s.Layout.WatchersPerService.Min, s.Layout.WatchersPerService.Max, s.Layout.WatchersPerService.Mean)
-	if c.Peer != "" {
-		p("SERVER:   %s, not the hub: every \"hub\" figure below is istiod's (%s)", c.Peer, s.HubBuild)
-	} else {
-		p("hub:      %s", s.HubBuild)
-	}
-	p("setup:    API servers started in %.1fs, objects created in %.1fs", s.ClustersStartSeconds, s.CreateSeconds)
+	s.writeSetup(p)
 	p("")
 	p("  member sync time          %8.2f s    (hub start → %d clusters Ready and %d services listed with all endpoints)", s.MemberSyncSeconds, c.Members+1, c.Services)
 	byType := s.ConnectResponsesByType
@@ -351,17 +334,7 @@ func (s *Summary) WriteText(w io.Writer) {
 	}
 	p("  hub CPU per write         %8.1f ms   (%.2f s over the %d writes, gaps included; the process CPU clock)", s.HubCPUPerWriteMs, s.HubWriteCPUSeconds, c.Writes)
 	p("")
-	if s.Shape == shapeIstiod {
-		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms   bytes/stream")
-		for i, wr := range s.Writes {
-			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f   %12d", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs, wr.ResponseBytes)
-		}
-	} else {
-		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms")
-		for i, wr := range s.Writes {
-			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
-		}
-	}
+	s.writeWrites(p)
 	if b := s.Bulk; b != nil {
 		b.writeText(p, s.Hub.AfterBulk)
 	}
@@ -373,6 +346,46 @@ func (s *Summary) WriteText(w io.Writer) {
 	p("targets:  %s (%s, for the large size)", strings.Join(verdicts, "; "), s.Targets.Source)
 	if s.HubLog != "" {
 		p("hub log:  %s", s.HubLog)
+	}
+}
+
+// writeSetup prints the summary's head: what ran, on what machine, the
+// layout, the server and how long the setup took.
+func (s *Summary) writeSetup(p func(string, ...any)) {
+	c := s.Config
+	cds := "CDS " + c.CDS
+	if s.Shape == shapeIstiod {
+		cds = "MCP config, no CDS"
+	}
+	p("hubbench: %s ADS, %d members + home, %d services (each in %d members), %d endpoints, %d streams × %d services (%s shape, %s), %d writes",
+		s.Protocol, c.Members, c.Services, c.serviceMembers(), c.Endpoints, c.Streams, c.servicesPerStream(), s.Shape, cds, c.Writes)
+	p("shape:    %s", c.shapeText())
+	p("machine:  %d CPUs (%s), %.1f GiB, Linux %s, %s; load average %s at start, %s → %s around the writes",
+		s.Machine.CPUs, s.Machine.CPUModel, s.Machine.MemGiB, s.Machine.Kernel, s.Machine.GoVersion, s.Machine.LoadAvg, s.LoadBefore, s.LoadAfter)
+	p("layout:   ≤%d services per member, ≤%d endpoints per service, %d EndpointSlices, %d–%d watchers per service (mean %.1f)",
+		s.Layout.ServicesPerMember, s.Layout.EndpointsPerService, s.Layout.SlicesCreated,
+		s.Layout.WatchersPerService.Min, s.Layout.WatchersPerService.Max, s.Layout.WatchersPerService.Mean)
+	if c.Peer != "" {
+		p("SERVER:   %s, not the hub: every \"hub\" figure below is istiod's (%s)", c.Peer, s.HubBuild)
+	} else {
+		p("hub:      %s", s.HubBuild)
+	}
+	p("setup:    API servers started in %.1fs, objects created in %.1fs", s.ClustersStartSeconds, s.CreateSeconds)
+}
+
+// writeWrites prints the table of the measured writes, with the bytes per
+// stream in the istiod shape.
+func (s *Summary) writeWrites(p func(string, ...any)) {
+	if s.Shape == shapeIstiod {
+		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms   bytes/stream")
+		for i, wr := range s.Writes {
+			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f   %12d", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs, wr.ResponseBytes)
+		}
+	} else {
+		p("  write  service     member  watchers  reached   p50 ms   max ms   API ms")
+		for i, wr := range s.Writes {
+			p("  %5d  %-10s  %-6s  %8d  %7d  %7.1f  %7.1f  %7.1f", i+1, wr.Service, wr.Member, wr.Watchers, wr.Reached, wr.P50Ms, wr.MaxMs, wr.APIMs)
+		}
 	}
 }
 

@@ -90,32 +90,9 @@ type options struct {
 }
 
 func run() int {
-	var o options
-	flag.StringVar(&o.addr, "addr", "", "xDS server host:port (mTLS, or plaintext with --plaintext)")
-	flag.BoolVar(&o.plaintext, "plaintext", false, "connect without TLS (e.g. to istiod's plaintext xDS port); --cert, --key, --ca and --server-spiffe-id are then not used")
-	flag.StringVar(&o.cert, "cert", "", "PEM file: client X.509-SVID chain (leaf first)")
-	flag.StringVar(&o.key, "key", "", "PEM file: the SVID's private key")
-	flag.StringVar(&o.ca, "ca", "", "PEM file: trust bundle roots that verify the server")
-	flag.StringVar(&o.serverID, "server-spiffe-id", "", "the server's SPIFFE ID, e.g. spiffe://<td>/hub (checked against its URI SAN)")
-	flag.BoolVar(&o.delta, "delta", false, "use Delta xDS (adsc.NewDelta) instead of SotW (adsc.New)")
-	flag.StringVar(&o.nodeID, "node-id", "", "node ID in Istio's form <type>~<ip>~<workload>.<ns>~<ns>.svc.cluster.local (adsc builds the ID from these parts); empty: adsc's default")
-	flag.StringVar(&o.clusterID, "cluster-id", "", "member cluster, sent as node metadata CLUSTER_ID")
-	flag.StringVar(&o.network, "network", "", "the proxy's Istio network, sent as node metadata NETWORK (as istio-agent sends ISTIO_META_NETWORK)")
-	flag.StringVar(&o.namespace, "namespace", "", "proxy namespace (node metadata NAMESPACE); default from --node-id, else adsc's default")
-	flag.StringVar(&o.watch, "watch", "cds", "comma-separated watches: cds, eds:<cluster>, sds:<name> (bare names are classified)")
-	flag.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up waiting for the watched resources after this long (exit 2 with a summary)")
-	flag.BoolVar(&o.follow, "follow", false, "keep running and printing updates until killed")
-	flag.StringVar(&o.logLevel, "log-level", "info", "level of adsc's own log on stderr (debug, info, warn, error, none)")
-	flag.Parse()
-
+	o := parseFlags()
 	out := newPrinter()
-	// Istio's log writes to stdout by default; stdout carries our JSON.
-	lo := istiolog.DefaultOptions()
-	lo.OutputPaths, lo.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	lo.SetDefaultOutputLevel(istiolog.DefaultScopeName, istiolog.StringToLevel(o.logLevel))
-	lo.SetDefaultOutputLevel("adsc", istiolog.StringToLevel(o.logLevel))
-	lo.SetDefaultOutputLevel("deltaadsc", istiolog.StringToLevel(o.logLevel))
-	if err := istiolog.Configure(lo); err != nil {
+	if err := configureLog(o.logLevel); err != nil {
 		return out.fail(fmt.Errorf("configuring istio log: %w", err))
 	}
 
@@ -188,6 +165,40 @@ func run() int {
 			return exitIncomplete
 		}
 	}
+}
+
+// parseFlags reads the command line.
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.addr, "addr", "", "xDS server host:port (mTLS, or plaintext with --plaintext)")
+	flag.BoolVar(&o.plaintext, "plaintext", false, "connect without TLS (e.g. to istiod's plaintext xDS port); --cert, --key, --ca and --server-spiffe-id are then not used")
+	flag.StringVar(&o.cert, "cert", "", "PEM file: client X.509-SVID chain (leaf first)")
+	flag.StringVar(&o.key, "key", "", "PEM file: the SVID's private key")
+	flag.StringVar(&o.ca, "ca", "", "PEM file: trust bundle roots that verify the server")
+	flag.StringVar(&o.serverID, "server-spiffe-id", "", "the server's SPIFFE ID, e.g. spiffe://<td>/hub (checked against its URI SAN)")
+	flag.BoolVar(&o.delta, "delta", false, "use Delta xDS (adsc.NewDelta) instead of SotW (adsc.New)")
+	flag.StringVar(&o.nodeID, "node-id", "", "node ID in Istio's form <type>~<ip>~<workload>.<ns>~<ns>.svc.cluster.local (adsc builds the ID from these parts); empty: adsc's default")
+	flag.StringVar(&o.clusterID, "cluster-id", "", "member cluster, sent as node metadata CLUSTER_ID")
+	flag.StringVar(&o.network, "network", "", "the proxy's Istio network, sent as node metadata NETWORK (as istio-agent sends ISTIO_META_NETWORK)")
+	flag.StringVar(&o.namespace, "namespace", "", "proxy namespace (node metadata NAMESPACE); default from --node-id, else adsc's default")
+	flag.StringVar(&o.watch, "watch", "cds", "comma-separated watches: cds, eds:<cluster>, sds:<name> (bare names are classified)")
+	flag.DurationVar(&o.timeout, "timeout", 30*time.Second, "give up waiting for the watched resources after this long (exit 2 with a summary)")
+	flag.BoolVar(&o.follow, "follow", false, "keep running and printing updates until killed")
+	flag.StringVar(&o.logLevel, "log-level", "info", "level of adsc's own log on stderr (debug, info, warn, error, none)")
+	flag.Parse()
+	return o
+
+}
+
+// configureLog sends Istio's log (stdout by default: stdout carries our
+// JSON) to stderr at level, adsc's own scopes too.
+func configureLog(level string) error {
+	lo := istiolog.DefaultOptions()
+	lo.OutputPaths, lo.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	lo.SetDefaultOutputLevel(istiolog.DefaultScopeName, istiolog.StringToLevel(level))
+	lo.SetDefaultOutputLevel("adsc", istiolog.StringToLevel(level))
+	lo.SetDefaultOutputLevel("deltaadsc", istiolog.StringToLevel(level))
+	return istiolog.Configure(lo)
 }
 
 // adscConfig turns the flags into adsc's Config: node identity and metadata,
