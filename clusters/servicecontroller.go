@@ -1,6 +1,7 @@
 package clusters
 
 import (
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,26 +18,34 @@ import (
 // nodes, network, gateways, mesh pods, ServiceExports) queues the Service.
 // Its Cluster's run has it hand the Sink the member's whole view once
 // (publishAll), then run rebuilds each queued Service (build) and hands it
-// over, one at a time, until stop. Views are built from the member's
+// over, one at a time, until stop; after stop nothing more reaches the
+// Sink (a stopped client's caches must not overwrite its successor's
+// views: make-before-break). Views are built from the member's
 // informers (its Cluster); what was handed over is recorded in the
 // Cluster's health and networking state (published).
 type serviceController struct {
-	c     *Cluster
-	queue workqueue.TypedRateLimitingInterface[ServiceKey]
+	c       *Cluster
+	queue   workqueue.TypedRateLimitingInterface[ServiceKey]
+	stopped atomic.Bool
 }
 
 func newServiceController(c *Cluster) *serviceController {
 	return &serviceController{c: c, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]())}
 }
 
-// run rebuilds and hands over every queued Service until stop.
+// run rebuilds and hands over every queued Service until stop; what is
+// still queued then is dropped.
 func (sc *serviceController) run() {
 	for sc.processNext() {
 	}
 }
 
-// stop ends run once the Service it is building is handed over.
-func (sc *serviceController) stop() { sc.queue.ShutDown() }
+// stop makes run hand nothing more to the Sink and end (once the Service
+// it may be handing over is handed over).
+func (sc *serviceController) stop() {
+	sc.stopped.Store(true)
+	sc.queue.ShutDown() // Get still hands out what is queued: processNext drops it
+}
 
 // enqueue queues one Service to be rebuilt.
 func (sc *serviceController) enqueue(key ServiceKey) { sc.queue.Add(key) }
@@ -83,7 +92,8 @@ func (sc *serviceController) publishAll() {
 }
 
 // processNext rebuilds the next queued Service and hands it to the Sink
-// (nil: it is gone, or not federated); false once the queue is shut down.
+// (nil: it is gone, or not federated); after stop it drops it. False once
+// the queue is shut down and empty.
 func (sc *serviceController) processNext() bool {
 	c := sc.c
 	key, quit := sc.queue.Get()
@@ -91,6 +101,9 @@ func (sc *serviceController) processNext() bool {
 		return false
 	}
 	defer sc.queue.Done(key)
+	if sc.stopped.Load() {
+		return true
+	}
 	svc, err := c.services.Services(key.Namespace).Get(key.Name)
 	var view *Service
 	switch {

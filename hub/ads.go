@@ -452,13 +452,14 @@ func sameSlice(a, b []string) bool {
 // SubscribedResources), and it changes only when a request's names do.
 //
 // It is also the one record of what the stream holds of the type
-// (heldResources): the watcher compares with it, the API shows it. For
+// (heldResources): a watch's evaluation (responder) compares with it, the
+// API shows it. For
 // responses that carry only what changed (EDS, RDS, SDS by name) that is a
 // holding shared with every stream that was sent the same
 // (resourceHoldings): with Envoy sidecars every stream holds every
 // cluster's endpoints, and a map per stream would be most of the hub's
-// memory; for the others, the last response's resources. The watcher
-// reads it only while a watch of the stream's type is parked or being
+// memory; for the others, the last response's resources. A watch's
+// evaluation reads it only while a watch of the stream's type is parked or being
 // created, and the stream's loop changes it (took, set, forget) only while
 // none is, under the conn's lock, which the API takes to read it.
 type sotwSubscription struct {

@@ -9,8 +9,8 @@ import (
 
 // Istio config (MCP-over-XDS, docs/architecture.md §3.7): a member's istiod opens one
 // SotW stream and subscribes, as wildcards, to every Istio config type URL
-// (<group>/<version>/<Kind>). The watcher answers each with the full state
-// of that type from the mcp generator, under the type URL asked for, and
+// (<group>/<version>/<Kind>). The responder answers each with the full
+// state of that type from the mcp generator (responder.all), under the type URL asked for, and
 // answers again only when the type's set version changes: a push of
 // changed hostnames re-evaluates these wildcard watches like Envoy's
 // (watcher.push), and those whose set is unchanged are skipped

@@ -8,7 +8,7 @@ import (
 )
 
 // holding is what a stream holds of one type, by name: the resources it
-// was sent (what the watcher compares new ones with, and the API shows), or
+// was sent (what the responder compares new ones with, and the API shows), or
 // the names it subscribes to (Delta). Streams that received the
 // same responses hold the same resources (with Envoy sidecars, every stream
 // holds every cluster's endpoints), so a holding reached by a change that

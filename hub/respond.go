@@ -386,7 +386,7 @@ func (rs *responder) all(typeURL string, v xdsgen.View) (xdsgen.WildcardSet, err
 // does: only to a verified identity of our trust domain, Secrets of the
 // member its credential proves, of the proxy's own namespace or of another
 // namespace whose Secrets its service account may list there (a
-// SubjectAccessReview in that member, see secret); also roots (ROOTCA, a
+// SubjectAccessReview in that member, see sds.Generator.Secret); also roots (ROOTCA, a
 // trust domain's bundle) and its own workload certificate ("default").
 // Names it may not have are left out (and logged once per stream and
 // reason), never an error for the stream. id is the stream's identity; the

@@ -10,7 +10,7 @@ import (
 )
 
 // subscriberIndex is how a push finds the subscribers a change concerns:
-// those of named resources by hostname, wildcard ones by type, SDS ones by
+// those of named resources by hostname, every wildcard one, SDS ones by
 // the member Secrets they ask for, by those Secrets' member and by whether
 // they ask for roots, and the proxyless gRPC servers by their inbound
 // listeners. Kept subscribers of the same type and names share one

@@ -67,7 +67,7 @@ type subscriber struct {
 	last    *sotwResponse       // the last SotW response handed to the stream for this subscription
 	// reviews are the access reviews an SDS subscriber's last evaluation
 	// consulted: a new decision for one of them re-evaluates it (see
-	// watcher.push).
+	// subscriberIndex.reached).
 	reviews map[feed.ReviewKey]struct{}
 }
 

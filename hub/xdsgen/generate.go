@@ -5,7 +5,8 @@
 // UpstreamTlsContext), and the inbound Listeners of proxyless gRPC
 // servers. Its one job is building them and caching them, marshalled once
 // and shared, until their hostnames change. It knows nothing of streams:
-// the hub's watcher asks it for resources by type, name and flavour.
+// the hub's responder (hub/respond.go) asks it for resources by type, name
+// and flavour, and the watcher tells it what changed.
 package xdsgen
 
 import (

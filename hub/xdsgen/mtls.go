@@ -104,7 +104,8 @@ func FlavourOf(node *corev3.Node) Flavour {
 
 // The SDS resource names of a hub-fed Envoy's Istio mTLS, as Istio names
 // them: its workload certificate and our roots, both from the hub over
-// ADS (hub.watcher's secret).
+// ADS (the hub's responder.secretResources; "default" from its workload
+// certificates).
 const (
 	SDSWorkloadCert = "default"
 	SDSRoots        = "ROOTCA"

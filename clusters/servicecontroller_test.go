@@ -1,0 +1,33 @@
+package clusters
+
+import (
+	"log/slog"
+	"testing"
+)
+
+// TestStoppedControllerLeavesTheSink: once a member's client is stopped
+// (its successor runs, or it is removed), what its queue still holds never
+// reaches the Sink: its caches would overwrite the successor's views. The
+// queued Service here is gone from its (empty) cache, so handing it over
+// would remove it from the Sink.
+func TestStoppedControllerLeavesTheSink(t *testing.T) {
+	sink := newRecordingSink()
+	key := ServiceKey{Namespace: "default", Name: "a"}
+	sink.UpdateService("west", key, &Service{Namespace: key.Namespace, Name: key.Name, Endpoints: []Endpoint{{Address: "10.0.0.1", Port: 80}}})
+	c := &Cluster{id: "west", sink: sink, services: emptyServices, log: slog.New(slog.DiscardHandler)}
+	sc := newServiceController(c)
+	sc.enqueue(key)
+	sc.stop()
+	sc.run() // returns: the queue is shut down
+	if sink.services["west"][key] == nil {
+		t.Fatal("a stopped controller handed a queued Service to the Sink (removed it)")
+	}
+
+	// The same, not stopped: the Service is removed, as it is gone.
+	sc = newServiceController(c)
+	sc.enqueue(key)
+	if !sc.processNext() || sink.services["west"][key] != nil {
+		t.Fatal("a running controller did not hand the Sink the removal of a Service gone from its cache")
+	}
+	sc.stop()
+}
