@@ -44,21 +44,22 @@ type Registrar interface {
 	Remove(ctx context.Context, id string) error
 }
 
-// Federation is the read model of federated services and connected proxies.
-type Federation interface {
+// Serving is what the hub serves over xDS, as the API reads it: the
+// federated services and the proxies connected to it.
+type Serving interface {
 	Services() []hub.ServiceSummary
 	Proxies() []hub.ProxyStatus
 	ProxyConfig(id string) (hub.ProxyConfig, bool)
 }
 
 // Refusals are the xDS streams the hub recently ended because of what
-// their clients sent; Federation may implement it (*hub.Hub does) for GET
+// their clients sent; Serving may implement it (*hub.Hub does) for GET
 // /api/v1/proxies/refused.
 type Refusals interface {
 	RefusedStreams() []hub.RefusedStream
 }
 
-// Exchange is what a member exports and imports; Federation may implement
+// Exchange is what a member exports and imports; Serving may implement
 // it (*hub.Hub does) for GET /api/v1/clusters/{id}.
 type Exchange interface {
 	Exchange(member string) hub.MemberExchange
@@ -81,7 +82,7 @@ type Distribution interface {
 type Config struct {
 	Membership Membership
 	Registrar  Registrar
-	Federation Federation
+	Serving    Serving
 	// Trust is SPIFFE federation; nil answers its routes with 404.
 	Trust Trust
 	// Distribution, if set, answers GET /api/v1/distribution.
@@ -240,7 +241,7 @@ func (s *server) getCluster(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := ToCluster(st)
-	if ex, ok := s.cfg.Federation.(Exchange); ok {
+	if ex, ok := s.cfg.Serving.(Exchange); ok {
 		e := ToExchange(ex.Exchange(id))
 		out.Exchange = &e
 	}
@@ -320,7 +321,7 @@ func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	svcs := s.cfg.Federation.Services()
+	svcs := s.cfg.Serving.Services()
 	out := List[Service]{Items: make([]Service, 0, len(svcs))}
 	for _, sv := range svcs {
 		item := ToService(sv)
@@ -359,7 +360,7 @@ func (s *server) distribution(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *server) listProxies(w http.ResponseWriter, _ *http.Request) {
-	ps := s.cfg.Federation.Proxies()
+	ps := s.cfg.Serving.Proxies()
 	out := List[Proxy]{Items: make([]Proxy, 0, len(ps))}
 	for _, p := range ps {
 		out.Items = append(out.Items, ToProxy(p))
@@ -369,7 +370,7 @@ func (s *server) listProxies(w http.ResponseWriter, _ *http.Request) {
 
 func (s *server) listRefused(w http.ResponseWriter, _ *http.Request) {
 	out := List[RefusedStream]{Items: []RefusedStream{}}
-	if rf, ok := s.cfg.Federation.(Refusals); ok {
+	if rf, ok := s.cfg.Serving.(Refusals); ok {
 		for _, r := range rf.RefusedStreams() {
 			out.Items = append(out.Items, RefusedStream{At: r.At, ID: r.ID, Address: r.Address, Identity: r.Identity, Code: r.Code, Message: r.Message})
 		}
@@ -382,7 +383,7 @@ func (s *server) proxyConfig(w http.ResponseWriter, r *http.Request) {
 	if unescaped, err := url.PathUnescape(id); err == nil {
 		id = unescaped
 	}
-	cfg, ok := s.cfg.Federation.ProxyConfig(id)
+	cfg, ok := s.cfg.Serving.ProxyConfig(id)
 	if !ok {
 		WriteProblem(w, http.StatusNotFound, "proxy "+id+" is not connected")
 		return

@@ -52,11 +52,11 @@ func (f *fakeRegistrar) Remove(_ context.Context, id string) error {
 	return nil
 }
 
-type fakeFederation struct{}
+type fakeServing struct{}
 
-func (fakeFederation) Services() []hub.ServiceSummary { return nil }
-func (fakeFederation) Proxies() []hub.ProxyStatus     { return nil }
-func (fakeFederation) ProxyConfig(string) (hub.ProxyConfig, bool) {
+func (fakeServing) Services() []hub.ServiceSummary { return nil }
+func (fakeServing) Proxies() []hub.ProxyStatus     { return nil }
+func (fakeServing) ProxyConfig(string) (hub.ProxyConfig, bool) {
 	return hub.ProxyConfig{}, false
 }
 
@@ -71,7 +71,7 @@ func newTestHandler(t *testing.T, m *fakeMembership) (http.Handler, *fakeRegistr
 		t.Fatal(err)
 	}
 	reg := &fakeRegistrar{}
-	return NewHandler(Config{Membership: m, Registrar: reg, Federation: fakeFederation{}, Auth: auth, Metrics: prometheus.NewRegistry()}), reg
+	return NewHandler(Config{Membership: m, Registrar: reg, Serving: fakeServing{}, Auth: auth, Metrics: prometheus.NewRegistry()}), reg
 }
 
 func do(t *testing.T, h http.Handler, method, path, token, body string) *httptest.ResponseRecorder {

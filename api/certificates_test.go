@@ -39,7 +39,7 @@ func TestCertificates(t *testing.T) {
 		Groups:   []ca.CertificateGroup{{Member: "west", Namespace: "a", Issued: 3, Valid: 2, NextExpiry: expiry}, {Member: "east", Namespace: "b", Issued: 1}},
 		Failures: []ca.Failure{{Reason: "invalid_csr", Total: 4, LastHour: 1, Last: expiry, LastMessage: "the CSR is not a PEM CERTIFICATE REQUEST"}, {Reason: "invalid_ttl"}},
 	}}
-	h = NewHandler(Config{Membership: &fakeMembership{}, Federation: fakeFederation{}, CA: fake, Auth: staticAuth(t), Metrics: prometheus.NewRegistry()})
+	h = NewHandler(Config{Membership: &fakeMembership{}, Serving: fakeServing{}, CA: fake, Auth: staticAuth(t), Metrics: prometheus.NewRegistry()})
 	problem(t, do(t, h, "GET", "/api/v1/certificates", "", ""), 401, "bearer token")
 	rec := do(t, h, "GET", "/api/v1/certificates", "reader-token", "")
 	var got Certificates

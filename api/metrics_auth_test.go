@@ -20,7 +20,7 @@ func TestMetricsNeedATokenByDefault(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "hub_test_member_secret", Help: "a series naming a member"}))
 	serve := func(open bool) string {
-		srv := httptest.NewServer(NewHandler(Config{Membership: &fakeMembership{}, Registrar: &fakeRegistrar{}, Federation: fakeFederation{},
+		srv := httptest.NewServer(NewHandler(Config{Membership: &fakeMembership{}, Registrar: &fakeRegistrar{}, Serving: fakeServing{},
 			Auth: auth, Metrics: reg, OpenMetrics: open}))
 		t.Cleanup(srv.Close)
 		return srv.URL
@@ -66,7 +66,7 @@ func TestMetricsNeedATokenByDefault(t *testing.T) {
 // TestProfilesNeedWriteAccess: Go's runtime profiles are served to tokens
 // that may change the hub only (a CPU profile costs the hub CPU).
 func TestProfilesNeedWriteAccess(t *testing.T) {
-	srv := httptest.NewServer(NewHandler(Config{Membership: &fakeMembership{}, Registrar: &fakeRegistrar{}, Federation: fakeFederation{}, Auth: staticAuth(t)}))
+	srv := httptest.NewServer(NewHandler(Config{Membership: &fakeMembership{}, Registrar: &fakeRegistrar{}, Serving: fakeServing{}, Auth: staticAuth(t)}))
 	t.Cleanup(srv.Close)
 	for _, tc := range []struct {
 		token string

@@ -126,7 +126,7 @@ func TestFormBodyTooLarge(t *testing.T) {
 func TestMemberTextEscaped(t *testing.T) {
 	msg := `<img src=x onerror=alert(1)><script>alert(2)</script>"'`
 	models := &messageModels{msg: msg}
-	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Serving: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, _ := s.signIn(t, "good")
 	_, page := s.get(t, "/clusters", cookie)

@@ -20,7 +20,7 @@ func (fakeModels) Certificates() (ca.CertificateStats, bool) {
 // issued per member and namespace and what it refused, escaped.
 func TestTrustPageShowsWorkloadCertificates(t *testing.T) {
 	m := fakeModels{}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, CA: m, Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, CA: m, Auth: &fakeAuth{}})
 	body := signedInGet(t, h, "/trust")
 	for _, want := range []string{"Workload certificates", "<td>west</td><td>shop</td><td>42</td><td>7</td>", "(in 5h0m0s)",
 		"at most 168h0m0s", "<code>invalid_csr</code></td><td>2</td><td>3</td>", "&lt;script&gt;"} {

@@ -62,7 +62,7 @@ func (t expiringTrust) TrustDomains() []trust.Status {
 func TestExpiryBadges(t *testing.T) {
 	now := time.Now()
 	m := expiringModels{now: now}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Trust: expiringTrust{now}, Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Trust: expiringTrust{now}, Auth: &fakeAuth{}})
 
 	list := signedInGet(t, h, "/clusters")
 	for _, want := range []string{

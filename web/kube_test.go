@@ -43,7 +43,7 @@ func TestSessionsFollowKubernetesAuthorization(t *testing.T) {
 	}
 	auth := api.NewKubeAuth(cs, ns, api.KubeAuthOptions{CacheTTL: time.Second})
 	m := fakeModels{}
-	s := startServer(t, Config{Membership: m, Registrar: m, Federation: m, Auth: auth, Refresh: 100 * time.Millisecond}, ServerOptions{}, nil)
+	s := startServer(t, Config{Membership: m, Registrar: m, Serving: m, Auth: auth, Refresh: 100 * time.Millisecond}, ServerOptions{}, nil)
 
 	// A token that may not read cannot sign in.
 	nobody := serviceAccountToken(t, ctx, cs, ns, "nobody", false)

@@ -33,7 +33,7 @@ func (m *latencyModels) set(s hub.LatencySummary) {
 // its live stream updates them.
 func TestOverviewShowsPushLatency(t *testing.T) {
 	models := &latencyModels{}
-	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Serving: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, _ := s.signIn(t, "good")
 

@@ -43,7 +43,7 @@ func (m *messageModels) Clusters() []clusters.Status {
 
 func liveConfig(auth api.Authenticator) Config {
 	m := fakeModels{}
-	return Config{Membership: m, Registrar: m, Federation: m, Auth: auth, Refresh: 20 * time.Millisecond}
+	return Config{Membership: m, Registrar: m, Serving: m, Auth: auth, Refresh: 20 * time.Millisecond}
 }
 
 func TestLiveStreamEndsWithItsSession(t *testing.T) {
@@ -130,7 +130,7 @@ func TestLiveStreamFramesKeepLineBreaksInData(t *testing.T) {
 	// trying to inject SSE fields with every kind of line break.
 	msg := "a\rretry: 1\r\nevent: end\rid: 7\ndata: injected\r\rz"
 	models := &messageModels{msg: msg}
-	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+	cfg := Config{Membership: models, Registrar: models, Serving: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 	s := startServer(t, cfg, ServerOptions{}, nil)
 	cookie, csrf := s.signIn(t, "good")
 	st := s.openStream(t, "/clusters", cookie)

@@ -18,7 +18,7 @@ import (
 // is refused with 503 and Retry-After until a stream closes.
 func TestLiveStreamsBounded(t *testing.T) {
 	models := &messageModels{msg: "v1"}
-	cfg := Config{Membership: models, Registrar: models, Federation: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond,
+	cfg := Config{Membership: models, Registrar: models, Serving: models, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond,
 		MaxLiveStreamsPerSession: 3, MaxLiveStreams: 4}
 	dash := New(cfg)
 	s := serveDashboard(t, dash, ServerOptions{}, nil)

@@ -50,7 +50,7 @@ func (m *pictureModels) setState(id string, s clusters.State) {
 }
 
 func (m *pictureModels) config() Config {
-	return Config{Membership: m, Registrar: m, Federation: m, Trust: m, CA: m, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
+	return Config{Membership: m, Registrar: m, Serving: m, Trust: m, CA: m, Auth: &fakeAuth{}, Refresh: 20 * time.Millisecond}
 }
 
 // certified is what the overview takes from the CA (fakeModels'

@@ -86,9 +86,9 @@ type TrustDomains interface {
 type Config struct {
 	Membership api.Membership
 	Registrar  api.Registrar
-	// Federation may also implement Pushes and PushLatency for the
+	// Serving may also implement Pushes and PushLatency for the
 	// overview (*hub.Hub does).
-	Federation api.Federation
+	Serving api.Serving
 	// Trust, if set, feeds the trust page.
 	Trust TrustDomains
 	// Distribution, if set, feeds the distribution page.
@@ -465,20 +465,20 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 			status = http.StatusNotFound
 		}
 		c := api.ToCluster(st)
-		if ex, isEx := a.Federation.(api.Exchange); ok && isEx {
+		if ex, isEx := a.Serving.(api.Exchange); ok && isEx {
 			e := api.ToExchange(ex.Exchange(id))
 			c.Exchange = &e
 		}
 		m["Found"], m["Cluster"], m["History"] = ok, c, a.Membership.History(id)
 	case "services":
 		var out []api.Service
-		for _, sv := range a.Federation.Services() {
+		for _, sv := range a.Serving.Services() {
 			out = append(out, api.ToService(sv))
 		}
 		m["Services"] = out
 	case "proxies":
 		var out []api.Proxy
-		for _, p := range a.Federation.Proxies() {
+		for _, p := range a.Serving.Proxies() {
 			out = append(out, api.ToProxy(p))
 		}
 		m["Proxies"] = out
@@ -500,7 +500,7 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 			m["Distribution"] = a.Distribution.Status()
 		}
 	case "proxy":
-		cfg, ok := a.Federation.ProxyConfig(id)
+		cfg, ok := a.Serving.ProxyConfig(id)
 		if !ok {
 			status = http.StatusNotFound
 			m["Found"] = false
@@ -527,7 +527,7 @@ func (d *Dashboard) overview(m map[string]any) {
 		byState[string(st.State)]++
 	}
 	ready, reason := a.Membership.Ready()
-	svcs := a.Federation.Services()
+	svcs := a.Serving.Services()
 	endpoints := 0
 	for _, sv := range svcs {
 		for _, n := range sv.Endpoints {
@@ -538,7 +538,7 @@ func (d *Dashboard) overview(m map[string]any) {
 	m["ByState"] = sortedCounts(byState)
 	m["Ready"], m["ReadyReason"] = ready, reason
 	m["Services"], m["Endpoints"] = len(svcs), endpoints
-	proxies := a.Federation.Proxies()
+	proxies := a.Serving.Proxies()
 	m["Proxies"] = len(proxies)
 	var tds []trust.Status
 	if a.Trust != nil {
@@ -553,7 +553,7 @@ func (d *Dashboard) overview(m map[string]any) {
 		}
 	}
 	m["Picture"] = layoutPicture(sts, proxies, tds, certified)
-	if p, ok := a.Federation.(Pushes); ok {
+	if p, ok := a.Serving.(Pushes); ok {
 		per := p.PushesPerSecond()
 		total := 0
 		for _, n := range per {
@@ -561,7 +561,7 @@ func (d *Dashboard) overview(m map[string]any) {
 		}
 		m["PushesPerMinute"], m["Chart"] = total, chart(per)
 	}
-	if l, ok := a.Federation.(PushLatency); ok {
+	if l, ok := a.Serving.(PushLatency); ok {
 		m["Latency"] = toLatencyView(l.PushLatency())
 	}
 }

@@ -91,7 +91,7 @@ func TestSafeNext(t *testing.T) {
 func TestSessions(t *testing.T) {
 	auth := &fakeAuth{}
 	m := fakeModels{}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: auth})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Auth: auth})
 
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/clusters", nil))
@@ -161,7 +161,7 @@ func TestSessions(t *testing.T) {
 // template errors show up without a browser.
 func TestTemplatesRender(t *testing.T) {
 	m := fakeModels{}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Auth: &fakeAuth{}})
 	form := url.Values{"token": {"good"}}
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("POST", "/signin", strings.NewReader(form.Encode()))
@@ -191,7 +191,7 @@ func TestDistributionPageShowsRefusals(t *testing.T) {
 		Rejected: []distribute.Rejected{{Object: "tenant/claim", Reason: distribute.ReasonHost,
 			Message: `host "echo.demo.svc.clusterset.local" is under the federated domain <clusterset.local>`}},
 	}}}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
 	body := signedInGet(t, h, "/distribution")
 	for _, want := range []string{"tenant/claim", distribute.ReasonHost, "echo.demo.svc.clusterset.local", "&lt;clusterset.local&gt;"} {
 		if !strings.Contains(body, want) {
@@ -208,7 +208,7 @@ func TestDistributionPageShowsNotes(t *testing.T) {
 		Kind: "security.istio.io/v1/AuthorizationPolicy", Ready: true, Objects: 1,
 		Notes: []distribute.Note{{Object: "app/ext", Message: `CUSTOM (extension provider "<opa>"): requests its rules match are denied`}},
 	}}}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Distribution: fakeDistribution(st), Auth: &fakeAuth{}})
 	body := signedInGet(t, h, "/distribution")
 	for _, want := range []string{"Applied differently by the hub", "app/ext", "&lt;opa&gt;", "requests its rules match are denied"} {
 		if !strings.Contains(body, want) {
@@ -233,7 +233,7 @@ func (serverModels) ProxyConfig(id string) (hub.ProxyConfig, bool) {
 // and each inbound listener's mode.
 func TestProxyPageShowsServerPolicies(t *testing.T) {
 	m := serverModels{}
-	h := New(Config{Membership: m, Registrar: m, Federation: m, Auth: &fakeAuth{}})
+	h := New(Config{Membership: m, Registrar: m, Serving: m, Auth: &fakeAuth{}})
 	body := signedInGet(t, h, "/proxies/echo-0.app")
 	for _, want := range []string{"Proxyless gRPC server", "app / echo in west", "from its verified identity", "claimed namespace other",
 		"app/strict", "app/only-alice", "app/ext", "enforced as DENY", "0.0.0.0:8080", `class="mtls-mode">STRICT`} {

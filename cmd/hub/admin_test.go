@@ -57,8 +57,8 @@ func TestAdminServesAPIAndDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := members{}
-	dashboard := web.New(web.Config{Membership: m, Registrar: m, Federation: h, Auth: auth, Refresh: 50 * time.Millisecond})
-	admin, err := web.NewServer(adminHandler(api.Config{Membership: m, Registrar: m, Federation: h, Auth: auth,
+	dashboard := web.New(web.Config{Membership: m, Registrar: m, Serving: h, Auth: auth, Refresh: 50 * time.Millisecond})
+	admin, err := web.NewServer(adminHandler(api.Config{Membership: m, Registrar: m, Serving: h, Auth: auth,
 		Metrics: prometheus.NewRegistry()}, dashboard), web.ServerOptions{})
 	if err != nil {
 		t.Fatal(err)

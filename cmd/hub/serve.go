@@ -268,7 +268,7 @@ func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.Kubec
 	dashboard := web.New(web.Config{
 		Membership:   membership,
 		Registrar:    registrar,
-		Federation:   a.hub,
+		Serving:      a.hub,
 		Trust:        a.fed,
 		Distribution: a.distributed,
 		CA:           a.hub,
@@ -278,7 +278,7 @@ func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.Kubec
 	admin, err := web.NewServer(adminHandler(api.Config{
 		Membership:   membership,
 		Registrar:    registrar,
-		Federation:   a.hub,
+		Serving:      a.hub,
 		Trust:        a.fed,
 		Distribution: a.distributed,
 		CA:           a.hub,
