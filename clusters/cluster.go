@@ -399,7 +399,13 @@ func (c *Cluster) run(ctx context.Context) {
 		// member's active client: the member, shown as its active client, is
 		// never seen Syncing because its credentials rotated.
 		ready()
-		if !c.beforePublish() || ctx.Err() != nil {
+		promoted := c.beforePublish()
+		if !promoted || ctx.Err() != nil {
+			if promoted {
+				// Stopped right after it replaced its predecessor: if by its
+				// object cap, the predecessor's views go too.
+				c.withdrawIfOverflowed()
+			}
 			return // superseded, or stopped while swapping: publish nothing
 		}
 	} else if ctx.Err() != nil {

@@ -19,10 +19,11 @@ import (
 // Its Cluster's run has it hand the Sink the member's whole view once
 // (publishAll), then run rebuilds each queued Service (build) and hands it
 // over, one at a time, until stop; after stop nothing more reaches the
-// Sink (a stopped client's caches must not overwrite its successor's
-// views: make-before-break). Views are built from the member's
-// informers (its Cluster); what was handed over is recorded in the
-// Cluster's health and networking state (published).
+// Sink: what a stopped client still had queued is dropped, and its caller
+// decides what the Sink keeps (a successor's whole view, or none). Views
+// are built from the member's informers (its Cluster); what was handed
+// over is recorded in the Cluster's health and networking state
+// (published).
 type serviceController struct {
 	c       *Cluster
 	queue   workqueue.TypedRateLimitingInterface[ServiceKey]

@@ -6,10 +6,10 @@ import (
 )
 
 // TestStoppedControllerLeavesTheSink: once a member's client is stopped
-// (its successor runs, or it is removed), what its queue still holds never
-// reaches the Sink: its caches would overwrite the successor's views. The
-// queued Service here is gone from its (empty) cache, so handing it over
-// would remove it from the Sink.
+// (a successor replaced it, or it is removed), what its queue still holds
+// is dropped, not handed to the Sink: the caller of stop decides what the
+// Sink keeps. The queued Service here is gone from its (empty) cache, so
+// handing it over would remove it from the Sink.
 func TestStoppedControllerLeavesTheSink(t *testing.T) {
 	sink := newRecordingSink()
 	key := ServiceKey{Namespace: "default", Name: "a"}

@@ -345,12 +345,12 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 	defer close(p.done)
 	log := f.log.With("trustDomain", p.spec.TrustDomain)
 	ep, auth, err := peerEndpoint(p.spec, f.cfg.EndpointGuard)
+	if auth != nil {
+		f.setStatus(p, func(s *Status) { s.Bundle = auth })
+	}
 	if err != nil {
 		f.setStatus(p, func(s *Status) { s.State, s.Message = StateError, err.Error() })
 		return
-	}
-	if auth != nil {
-		f.setStatus(p, func(s *Status) { s.Bundle = auth })
 	}
 	var last *spiffebundle.Bundle
 	if persisted != "" {
@@ -424,7 +424,8 @@ func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
 
 // peerEndpoint is where and how a peer's bundle is fetched, from its spec,
 // and the bundle that authenticates its endpoint first (nil: none yet);
-// an error says what in the spec is invalid.
+// an error says what in the spec is invalid (the bootstrap bundle, if it
+// was read before, is returned with it).
 func peerEndpoint(spec PeerSpec, guard *dialguard.Guard) (Endpoint, *spiffebundle.Bundle, error) {
 	td, err := spiffeid.TrustDomainFromString(spec.TrustDomain)
 	if err != nil {
@@ -445,7 +446,7 @@ func peerEndpoint(spec PeerSpec, guard *dialguard.Guard) (Endpoint, *spiffebundl
 	if spec.CABundle != "" {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM([]byte(spec.CABundle)) {
-			return Endpoint{}, nil, errors.New("caBundle holds no PEM certificates")
+			return Endpoint{}, auth, errors.New("caBundle holds no PEM certificates")
 		}
 		ep.Roots = pool
 	}

@@ -220,3 +220,49 @@ func TestPluggedCAWithECParameters(t *testing.T) {
 		t.Fatalf("parsePlugged = %v, %d roots, %v", got, len(roots), err)
 	}
 }
+
+// TestFollowerLoadsStoredCA: a replica that is not the leader loads the
+// hub's stored CA even when the state's roots must change (here: a state
+// with a CA but no roots or sequence yet), which only the leader writes.
+// It used to fail with the "not found" of the absent cacerts Secret.
+func TestFollowerLoadsStoredCA(t *testing.T) {
+	e := localcluster.Require(t, env)
+	ctx := context.Background()
+	cs, err := kubernetes.NewForConfig(e.Cluster("home").RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := "trust-" + rand.String(6)
+	if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("example.org")
+	ca, err := NewSelfSignedCA(td, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := encodeKey(ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := cs.CoreV1().Secrets(ns)
+	if _, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: StateSecret}, Data: map[string][]byte{
+		"ca-cert.pem": encodeCerts([]*x509.Certificate{ca.Cert}), "ca-key.pem": keyPEM,
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := loadCA(ctx, secrets, ns, td, time.Now(), false)
+	if err != nil {
+		t.Fatalf("a follower could not load the stored CA: %v", err)
+	}
+	if !st.ca.Cert.Equal(ca.Cert) || st.sequence != 1 || len(st.roots) != 1 {
+		t.Fatalf("loaded CA %v, sequence %d, %d roots; want the stored CA, sequence 1, its one root", st.ca.Cert.Subject, st.sequence, len(st.roots))
+	}
+	got, err := secrets.Get(ctx, StateSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Data["roots.pem"]) != 0 || len(got.Data["sequence"]) != 0 {
+		t.Error("a follower wrote the state; only the leader updates it")
+	}
+}

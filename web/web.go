@@ -518,7 +518,7 @@ func (d *Dashboard) data(r *http.Request, page, id string) (map[string]any, int)
 
 // overview adds to m what the overview page shows: the members by state,
 // the services, endpoints, proxies and trust domains, the picture, and the
-// pushes and their latency when the federation counts them.
+// pushes and their latency when Serving counts them (Pushes, PushLatency).
 func (d *Dashboard) overview(m map[string]any) {
 	a := d.cfg
 	sts := a.Membership.Clusters()
