@@ -367,24 +367,9 @@ func (c *Cluster) run(ctx context.Context) {
 		c.health.state, c.health.message = StateSyncing, "waiting for Services, EndpointSlices and Nodes to sync"
 	})
 	started := time.Now()
-	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
-	defer timer.Stop()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+	if !c.waitForSync(ctx, &wg) {
 		return
 	}
-	timer.Stop()
-	// The mesh pods are optional (the member's credentials may not list
-	// pods): wait for them a little, so that the first view already marks
-	// the mTLS endpoints, but never hold the member up for them.
-	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
-	exportsServed := c.exportMode == ExportServiceExport && c.watchServiceExportsWhenServed(ctx, meshCtx, &wg)
-	for _, w := range c.ns.list() {
-		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced(exportsServed)...)
-	}
-	cancelMesh()
-	c.mu.Lock()
-	c.health.informersSynced = true
-	c.mu.Unlock()
 	ready := func() {
 		took := time.Since(started)
 		c.transition(func() {
@@ -429,6 +414,32 @@ func (c *Cluster) run(ctx context.Context) {
 		c.secretsSynced()
 	}
 	c.views.run()
+}
+
+// waitForSync waits for the member's informers: its Services,
+// EndpointSlices and Nodes (the member is TimedOut after c.timeout, and
+// still waited for; false: stopped first), then, a little, the optional
+// ones. The ServiceExport watch, if the member serves them, starts in wg.
+func (c *Cluster) waitForSync(ctx context.Context, wg *sync.WaitGroup) bool {
+	timer := time.AfterFunc(c.timeout, c.syncTimedOut)
+	defer timer.Stop()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return false
+	}
+	timer.Stop()
+	// The mesh pods are optional (the member's credentials may not list
+	// pods): wait for them a little, so that the first view already marks
+	// the mTLS endpoints, but never hold the member up for them.
+	meshCtx, cancelMesh := context.WithTimeout(ctx, meshPodsSyncWait)
+	exportsServed := c.exportMode == ExportServiceExport && c.watchServiceExportsWhenServed(ctx, meshCtx, wg)
+	for _, w := range c.ns.list() {
+		cache.WaitForCacheSync(meshCtx.Done(), w.optionalSynced(exportsServed)...)
+	}
+	cancelMesh()
+	c.mu.Lock()
+	c.health.informersSynced = true
+	c.mu.Unlock()
+	return true
 }
 
 // Health probing: informers only notice an API server that stopped
