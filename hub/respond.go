@@ -246,19 +246,7 @@ func (rs *responder) respondDelta(wt *watch, id authn.Identity) (*deltaResponse,
 	}
 	sort.Strings(removed)
 	list := rs.lists.delta(changed) // in res's order: by name (SDS: as subscribed)
-	return &deltaResponse{
-		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
-			DeltaRequest: wt.deltaReq,
-			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: xdsgen.ResponseVersion(res),
-				Resources:         list.out,
-				RemovedResources:  removed,
-				TypeUrl:           wt.typeURL,
-			},
-		},
-		changed: list.res,
-		removed: removed,
-	}, nil
+	return newDeltaResponse(wt, xdsgen.ResponseVersion(res), list, removed), nil
 }
 
 // respondDeltaChanged builds a Delta response for a persistent
@@ -312,11 +300,17 @@ func (rs *responder) respondDeltaChanged(wt *watch, dirty map[string]struct{}, f
 	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
 	sort.Strings(removed)
 	list := rs.lists.delta(changed)
+	return newDeltaResponse(wt, list.version, list, removed), nil
+}
+
+// newDeltaResponse answers wt's Delta request with list's resources and
+// the removed names, at version.
+func newDeltaResponse(wt *watch, version string, list deltaList, removed []string) *deltaResponse {
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
-				SystemVersionInfo: list.version,
+				SystemVersionInfo: version,
 				Resources:         list.out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
@@ -324,7 +318,7 @@ func (rs *responder) respondDeltaChanged(wt *watch, dirty map[string]struct{}, f
 		},
 		changed: list.res,
 		removed: removed,
-	}, nil
+	}
 }
 
 // deltaResponse is a Delta response with what it changes of what the

@@ -14,10 +14,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
-	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/hubmesh/hub/internal/localcluster"
 )
 
 func TestWorkloadSVIDCarriesItsMember(t *testing.T) {
@@ -73,16 +69,8 @@ func TestWorkloadSVIDCarriesItsMember(t *testing.T) {
 // SPIFFE ID, so a federated peer's CA can vouch only for its own trust
 // domain, never for ours (and so never for a member binding of ours).
 func TestFederatedPeerCannotMintOurTrustDomain(t *testing.T) {
-	e := localcluster.Require(t, env)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(e.Cluster("home").RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := "trust-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
-		t.Fatal(err)
-	}
+	cs, ns := homeNamespace(t)
 	td := spiffeid.RequireTrustDomainFromString("ours.test")
 	f := New(Config{Client: cs, Namespace: ns, TrustDomain: td})
 	if err := f.Start(ctx); err != nil {

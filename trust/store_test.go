@@ -31,16 +31,8 @@ func TestMain(m *testing.M) { os.Exit(localcluster.RunTests(m, &env, "home")) }
 // cluster: all converge on one root, a restart keeps it, and plugging in a
 // new CA keeps the old root in the bundle and raises the sequence.
 func TestCAPersistedOnce(t *testing.T) {
-	e := localcluster.Require(t, env)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(e.Cluster("home").RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := "trust-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
-		t.Fatal(err)
-	}
+	cs, ns := homeNamespace(t)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	replicas := make([]*Federation, 4)
 	var wg sync.WaitGroup
@@ -226,16 +218,8 @@ func TestPluggedCAWithECParameters(t *testing.T) {
 // with a CA but no roots or sequence yet), which only the leader writes.
 // It used to fail with the "not found" of the absent cacerts Secret.
 func TestFollowerLoadsStoredCA(t *testing.T) {
-	e := localcluster.Require(t, env)
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(e.Cluster("home").RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := "trust-" + rand.String(6)
-	if err := localcluster.EnsureNamespace(ctx, cs, ns); err != nil {
-		t.Fatal(err)
-	}
+	cs, ns := homeNamespace(t)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
 	ca, err := NewSelfSignedCA(td, time.Hour)
 	if err != nil {
