@@ -102,10 +102,10 @@ current-context: x
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.conns.closeAll()
+	defer c.api.conns.closeAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = c.readyz(ctx)
+	err = c.api.readyz(ctx)
 	// Dialled directly, the name resolves to loopback and the guard refuses
 	// it, or (where no resolver knows the absolute name) it does not resolve.
 	if err == nil || !strings.Contains(err.Error(), "refusing to connect to a member API server") && !strings.Contains(err.Error(), "lookup localhost.") {

@@ -213,7 +213,7 @@ func (r *Registry) memberCredentials() []memberCreds {
 	defer r.mu.Unlock()
 	out := make([]memberCreds, 0, len(r.members))
 	for id, m := range r.members {
-		out = append(out, memberCreds{id: id, ref: m.ref, creds: m.active.credentials})
+		out = append(out, memberCreds{id: id, ref: m.ref, creds: m.active.api.credentials})
 	}
 	return out
 }

@@ -196,7 +196,7 @@ func TestExpiryWarnsOncePerCrossing(t *testing.T) {
 	leader := false
 	notAfter := time.Date(2030, 1, 10, 0, 0, 0, 0, time.UTC)
 	ref := &corev1.ObjectReference{Kind: "Secret", Namespace: "ns", Name: "s"}
-	m := &member{secret: "ns/s", ref: ref, active: &Cluster{credentials: []CredentialExpiry{{Credential: CredentialToken, NotAfter: notAfter}}}}
+	m := &member{secret: "ns/s", ref: ref, active: &Cluster{api: &memberAPI{credentials: []CredentialExpiry{{Credential: CredentialToken, NotAfter: notAfter}}}}}
 	r := &Registry{cfg: Config{IsLeader: func() bool { return leader }}, log: slog.New(slog.DiscardHandler), recorder: rec,
 		members: map[string]*member{"m": m}}
 	events := func() []string {
@@ -234,7 +234,7 @@ func TestExpiryWarnsOncePerCrossing(t *testing.T) {
 	// A new kubeconfig whose token is outside the window: nothing; then it
 	// enters the window: one warning.
 	r.mu.Lock()
-	m.active = &Cluster{credentials: []CredentialExpiry{{Credential: CredentialToken, NotAfter: notAfter.Add(30 * day)}}}
+	m.active = &Cluster{api: &memberAPI{credentials: []CredentialExpiry{{Credential: CredentialToken, NotAfter: notAfter.Add(30 * day)}}}}
 	r.mu.Unlock()
 	r.checkExpiry(notAfter.Add(time.Hour))
 	if evs := events(); len(evs) != 0 {

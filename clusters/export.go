@@ -107,8 +107,8 @@ type serviceExports struct {
 
 // watchServiceExports adds a ServiceExport watch to w (export mode
 // serviceexport): each change rebuilds the Service of the same name.
-func (c *Cluster) watchServiceExports(w *nsWatch) error {
-	factory := metadatainformer.NewFilteredSharedInformerFactory(c.meta, 0, w.namespace, nil)
+func (b *watchBuilder) watchServiceExports(w *nsWatch) error {
+	factory := metadatainformer.NewFilteredSharedInformerFactory(b.meta, 0, w.namespace, nil)
 	inf := factory.ForResource(ServiceExportGVR).Informer()
 	if err := inf.SetTransform(stripToName); err != nil {
 		return fmt.Errorf("setting informer transform: %w", err)
@@ -118,10 +118,10 @@ func (c *Cluster) watchServiceExports(w *nsWatch) error {
 			obj = t.Obj
 		}
 		if m, ok := obj.(metav1.Object); ok {
-			c.views.enqueue(ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()})
+			b.views.enqueue(ServiceKey{Namespace: m.GetNamespace(), Name: m.GetName()})
 		}
 	}
-	if _, err := inf.AddEventHandler(c.counting(w.counts, "ServiceExport", cache.ResourceEventHandlerFuncs{AddFunc: on, DeleteFunc: on})); err != nil {
+	if _, err := inf.AddEventHandler(b.objects.counting(w.counts, "ServiceExport", cache.ResourceEventHandlerFuncs{AddFunc: on, DeleteFunc: on})); err != nil {
 		return fmt.Errorf("adding ServiceExport event handler: %w", err)
 	}
 	w.exports = &serviceExports{factory: factory, inf: inf}
@@ -132,8 +132,8 @@ func (c *Cluster) watchServiceExports(w *nsWatch) error {
 // ServiceExports (the CRD is installed): false only when it says it does
 // not (404), so that the first publish does not wait for an informer that
 // cannot list.
-func (c *Cluster) serviceExportsServed(ctx context.Context) bool {
-	err := c.client.Discovery().RESTClient().Get().AbsPath("/apis", ServiceExportGVR.Group, ServiceExportGVR.Version).Do(optionalRequest(ctx)).Error()
+func (a *memberAPI) serviceExportsServed(ctx context.Context) bool {
+	err := a.client.Discovery().RESTClient().Get().AbsPath("/apis", ServiceExportGVR.Group, ServiceExportGVR.Version).Do(optionalRequest(ctx)).Error()
 	return !apierrors.IsNotFound(err)
 }
 
@@ -149,13 +149,13 @@ const serviceExportPoll = 30 * time.Second
 // does not serve would fail every list, and say so in the log, for as
 // long as it ran.
 func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *sync.WaitGroup) bool {
-	if c.serviceExportsServed(first) {
-		c.enableServiceExports()
+	if c.api.serviceExportsServed(first) {
+		c.ns.startExports()
 		return true
 	}
-	c.log.Info("the member does not serve ServiceExports (multicluster.x-k8s.io CRD absent): none of its Services is exported; asking again", "every", c.exportPoll.String())
+	c.log.Info("the member does not serve ServiceExports (multicluster.x-k8s.io CRD absent): none of its Services is exported; asking again", "every", c.exports.poll.String())
 	wg.Go(func() {
-		t := time.NewTicker(c.exportPoll)
+		t := time.NewTicker(c.exports.poll)
 		defer t.Stop()
 		for {
 			select {
@@ -163,11 +163,11 @@ func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *
 				return
 			case <-t.C:
 			}
-			if c.serviceExportsServed(ctx) {
+			if c.api.serviceExportsServed(ctx) {
 				c.log.Info("the member serves ServiceExports now")
 				// Every Service is rebuilt once they are listed: those
 				// without one now say so instead of "not listed".
-				if cache.WaitForCacheSync(ctx.Done(), c.enableServiceExports()...) {
+				if cache.WaitForCacheSync(ctx.Done(), c.ns.startExports()...) {
 					c.views.enqueueAll()
 				}
 				return
@@ -177,14 +177,10 @@ func (c *Cluster) watchServiceExportsWhenServed(ctx, first context.Context, wg *
 	return false
 }
 
-// enableServiceExports starts every watch's ServiceExport informer, and
-// those of watches added later, and returns whether those started synced.
-func (c *Cluster) enableServiceExports() []cache.InformerSynced { return c.ns.startExports() }
-
 // serviceExported reports whether Service namespace/name has a
 // ServiceExport, and whether the member's ServiceExports are listed.
-func (c *Cluster) serviceExported(namespace, name string) (exported, listed bool) {
-	w := c.ns.of(namespace)
+func (n *namespaceWatches) serviceExported(namespace, name string) (exported, listed bool) {
+	w := n.of(namespace)
 	if w == nil || w.exports == nil {
 		return false, false
 	}

@@ -209,7 +209,7 @@ const exportStatusWriters = 8
 // reconcile works out the conditions of one member's ServiceExport of a
 // Service (none: nothing to do) and writes them when they changed.
 func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey) {
-	exported, listed := c.serviceExported(key.Namespace, key.Name)
+	exported, listed := c.ns.serviceExported(key.Namespace, key.Name)
 	if !listed || !exported {
 		e.mu.Lock()
 		delete(e.results[c.id], key)
@@ -221,7 +221,7 @@ func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey
 	e.mu.Unlock()
 	_, err := c.services.Services(key.Namespace).Get(key.Name)
 	conds := exportConditions(c.id, apierrors.IsNotFound(err) || !c.ns.federates(key.Namespace), others)
-	cached := c.serviceExportVersion(key)
+	cached := c.ns.serviceExportVersion(key)
 	e.mu.Lock()
 	prev, had := e.results[c.id][key]
 	e.mu.Unlock()
@@ -229,7 +229,7 @@ func (e *exportStatus) reconcile(ctx context.Context, c *Cluster, key ServiceKey
 		return // written, and the ServiceExport has not changed since
 	}
 	st := ExportStatus{Conditions: conds}
-	rv, werr := c.writeExportStatus(ctx, key, conds)
+	rv, werr := c.api.writeExportStatus(ctx, key, conds)
 	st.resourceVersion = rv
 	if werr != nil {
 		st.WriteError = werr.Error()
@@ -290,10 +290,10 @@ func exportConditions(member string, noService bool, ports map[string]exportedVi
 // ServiceExport key, keeping each unchanged condition's transition time;
 // nothing when they are already there. It is optional for the member's
 // state: a member that may not write it stays Ready.
-func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds []ExportCondition) (resourceVersion string, err error) {
+func (a *memberAPI) writeExportStatus(ctx context.Context, key ServiceKey, conds []ExportCondition) (resourceVersion string, err error) {
 	ctx, cancel := context.WithTimeout(optionalRequest(ctx), 10*time.Second)
 	defer cancel()
-	res := c.dynamic.Resource(ServiceExportGVR).Namespace(key.Namespace)
+	res := a.dynamic.Resource(ServiceExportGVR).Namespace(key.Namespace)
 	cur, err := res.Get(ctx, key.Name, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("reading ServiceExport %s: %w", key, err)
@@ -333,8 +333,8 @@ func (c *Cluster) writeExportStatus(ctx context.Context, key ServiceKey, conds [
 
 // serviceExportVersion is the resource version the cache has of the
 // member's ServiceExport key ("" when none).
-func (c *Cluster) serviceExportVersion(key ServiceKey) string {
-	w := c.ns.of(key.Namespace)
+func (n *namespaceWatches) serviceExportVersion(key ServiceKey) string {
+	w := n.of(key.Namespace)
 	if w == nil || w.exports == nil {
 		return ""
 	}

@@ -145,8 +145,9 @@ func sameGatewayService(have, want *corev1.Service) bool {
 // gatewayWriter keeps a member's hub-gateway-* Services as
 // desiredGatewayServices says (see above): run is its one goroutine, woken
 // when the other networks' gateways or the member's own network change,
-// and every gatewayResync. It is part of its Cluster, whose status shows
-// what it wrote; its lock is taken after the Cluster's, never before.
+// and every gatewayResync. It is part of its member's networkController,
+// whose status shows what it wrote; its lock is taken after the
+// controller's, never before.
 type gatewayWriter struct {
 	api      typedcorev1.ServiceInterface // the member's Services in SystemNamespace
 	services corelisters.ServiceLister    // as the member's informers hold them
@@ -193,24 +194,6 @@ func (w *gatewayWriter) status() (written []string, err string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.written), w.err
-}
-
-// exportedGateways is the member's network and gateways as the other
-// members' istiods should know them: live once its informers synced, else
-// as its persisted view had them if the Secret confirms that view's
-// network; known is false when it has neither.
-func (c *Cluster) exportedGateways() (network string, gateways []Gateway, known bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case c.health.informersSynced: // its gateway Services and system namespace are listed too
-		return c.networking.gateways.network, c.networking.gateways.gateways, true
-	case !c.health.persistedAt.IsZero() && (c.secret == "" || c.networking.confirmed == c.networking.restoredNetwork):
-		return c.networking.restoredNetwork, inGatewayNamespaces(c.networking.restoredGateways, c.networking.gatewayNamespaces), true
-	case !c.health.persistedAt.IsZero():
-		return c.networking.restoredNetwork, nil, true
-	}
-	return "", nil, false
 }
 
 // inGatewayNamespaces keeps the gateways whose Service is in one of

@@ -3,6 +3,7 @@ package clusters
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 )
@@ -423,8 +426,8 @@ func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
 		secret, confirmed string
 		kept              bool
 	}{{"ns/s", "net-a", true}, {"ns/s", "net-b", false}, {"ns/s", "", false}, {"", "", true}} {
-		c := &Cluster{secret: tc.secret, networking: networkingState{confirmed: tc.confirmed}}
-		got := c.confirmedGateways(view)
+		n := &networkController{home: tc.secret == "", networkingState: networkingState{confirmed: tc.confirmed}}
+		got := n.confirmedGateways(view)
 		if kept := len(got[0].Gateways) > 0; kept != tc.kept {
 			t.Errorf("secret %q confirming %q: gateways kept %v; want %v", tc.secret, tc.confirmed, kept, tc.kept)
 		}
@@ -439,20 +442,21 @@ func TestRestoredGatewaysNeedTheSecretsConfirmation(t *testing.T) {
 // network, so only its plaintext endpoints are withheld then; without any
 // gateway on its network, all of them; without a network, none.
 func TestCrossNetworkWithheldCountsTheNetworksGateways(t *testing.T) {
-	c := &Cluster{networking: networkingState{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1, {Namespace: "a", Name: "y"}: 2}}}
-	if got := c.crossNetworkWithheldLocked("", 10); got != 0 {
+	c := &networkController{}
+	published := endpointCounts{all: 10, plaintext: 3} // 1 + 2 of two Services
+	if got := c.crossNetworkWithheldLocked("", published); got != 0 {
 		t.Errorf("no network: %d", got)
 	}
-	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 10 {
+	if got := c.crossNetworkWithheldLocked("net-x", published); got != 10 {
 		t.Errorf("no gateway on the network: %d; want 10", got)
 	}
 	c.gw.setPeers(peerGateways{networks: map[string][]Gateway{"net-x": {{Address: "203.0.113.50", Port: 15443}}}})
-	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
+	if got := c.crossNetworkWithheldLocked("net-x", published); got != 3 {
 		t.Errorf("another member's gateway on the network: %d; want 3 (the plaintext ones)", got)
 	}
 	c.gw.setPeers(peerGateways{})
-	c.networking.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
-	if got := c.crossNetworkWithheldLocked("net-x", 10); got != 3 {
+	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	if got := c.crossNetworkWithheldLocked("net-x", published); got != 3 {
 		t.Errorf("own gateway: %d; want 3", got)
 	}
 }
@@ -489,9 +493,10 @@ func TestProxylessGateways(t *testing.T) {
 		}
 	}
 
-	c := &Cluster{id: "m", networking: networkingState{plaintext: map[ServiceKey]int{{Namespace: "a", Name: "x"}: 1}}}
-	c.networking.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
-	withheld := c.crossNetworkWithheldLocked("net-x", 10)
+	c := &networkController{id: "m"}
+	published := endpointCounts{all: 10, plaintext: 1}
+	c.gateways = gatewayView{gateways: []Gateway{{Address: "203.0.113.51", Port: 15443}}}
+	withheld := c.crossNetworkWithheldLocked("net-x", published)
 	if got := c.proxylessWithheldLocked("net-x", 10, withheld); got != 10 {
 		t.Errorf("no gateway admits proxyless gRPC: %d withheld; want 10", got)
 	}
@@ -500,8 +505,8 @@ func TestProxylessGateways(t *testing.T) {
 		t.Errorf("another member's gateway admits it: %d withheld; want 1 (the plaintext one)", got)
 	}
 	c.gw.setPeers(peerGateways{})
-	c.networking.gateways = gatewayView{}
-	if got := c.proxylessWithheldLocked("net-x", 10, c.crossNetworkWithheldLocked("net-x", 10)); got != 10 {
+	c.gateways = gatewayView{}
+	if got := c.proxylessWithheldLocked("net-x", 10, c.crossNetworkWithheldLocked("net-x", published)); got != 10 {
 		t.Errorf("no gateway at all: %d withheld; want 10", got)
 	}
 	if got := c.proxylessWithheldLocked("", 10, 0); got != 0 {
@@ -509,14 +514,15 @@ func TestProxylessGateways(t *testing.T) {
 	}
 
 	// The Secret's word for the gateways it names.
-	c = &Cluster{id: "m"}
+	c = &networkController{id: "m", services: emptyServices, rebuild: func() {}, log: slog.New(slog.DiscardHandler),
+		namespaces: corelisters.NewNamespaceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))}
 	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x", proxylessALPN: "true"})
-	if len(c.networking.annotated) != 1 || !c.networking.annotated[0].Proxyless {
-		t.Errorf("Secret with %s=true: %+v", AnnotationProxylessALPN, c.networking.annotated)
+	if len(c.annotated) != 1 || !c.annotated[0].Proxyless {
+		t.Errorf("Secret with %s=true: %+v", AnnotationProxylessALPN, c.annotated)
 	}
 	c.setSecretNetworking(secretNetworking{gateways: "198.51.100.1", network: "net-x"})
-	if len(c.networking.annotated) != 1 || c.networking.annotated[0].Proxyless {
-		t.Errorf("Secret without %s: %+v", AnnotationProxylessALPN, c.networking.annotated)
+	if len(c.annotated) != 1 || c.annotated[0].Proxyless {
+		t.Errorf("Secret without %s: %+v", AnnotationProxylessALPN, c.annotated)
 	}
 }
 

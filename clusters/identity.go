@@ -120,8 +120,6 @@ func (r *Registry) IdentityScope(cluster string) (IdentityScope, error) {
 // identitySynced reports whether the cluster's informers have synced since
 // it started and it is not stopped for overflow, and its shown state.
 func (c *Cluster) identitySynced() (bool, State) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st, _ := c.shownLocked()
-	return c.health.informersSynced && !c.objectCap.overflowed.Load(), st
+	synced, shown := c.health.identity()
+	return synced && !c.objects.overflowed.Load(), shown
 }

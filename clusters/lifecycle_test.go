@@ -133,7 +133,7 @@ func TestRotationIsMakeBeforeBreak(t *testing.T) {
 	activeHash := func() [32]byte {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.members["m1"].active.hash
+		return r.members["m1"].active.api.hash
 	}
 
 	// A new kubeconfig whose server is unreachable never replaces the working one.
@@ -313,7 +313,7 @@ func TestNoGoroutineLeaks(t *testing.T) {
 			eventually(t, 30*time.Second, func() error {
 				r.mu.Lock()
 				defer r.mu.Unlock()
-				if m := r.members["m1"]; m == nil || m.next != nil || m.active.hash != sha(fresh) {
+				if m := r.members["m1"]; m == nil || m.next != nil || m.active.api.hash != sha(fresh) {
 					return fmt.Errorf("rotation not finished")
 				}
 				return nil

@@ -140,7 +140,7 @@ func TestReadyzIsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.conns.closeAll()
+	defer c.api.conns.closeAll()
 	for _, tc := range []struct{ mode, want string }{
 		{"ok", ""},
 		{"huge", "200 OK: the answer is larger than 65536 bytes"},
@@ -148,7 +148,7 @@ func TestReadyzIsBounded(t *testing.T) {
 		{"redirect", "member API server answered 302 Found, a redirect to"},
 	} {
 		mode.Store(tc.mode)
-		err := c.readyz(context.Background())
+		err := c.api.readyz(context.Background())
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: %v; want %q", tc.mode, err, tc.want)
 		}

@@ -99,7 +99,7 @@ func slicePods(obj any) ([]string, error) {
 // deleted) or its workload changes (its labels do); a pod's service
 // account never changes, but a pod replaced under its name may have
 // another.
-func (c *Cluster) watchMeshPods(w *nsWatch) error {
+func (b *watchBuilder) watchMeshPods(w *nsWatch) error {
 	if err := w.sliceInf.AddIndexers(cache.Indexers{podIndex: slicePods}); err != nil {
 		return fmt.Errorf("adding EndpointSlice pod index: %w", err)
 	}
@@ -111,11 +111,11 @@ func (c *Cluster) watchMeshPods(w *nsWatch) error {
 		slices, _ := w.sliceInf.GetIndexer().ByIndex(podIndex, key)
 		for _, o := range slices {
 			if s, ok := o.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-				c.views.enqueue(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
+				b.views.enqueue(ServiceKey{Namespace: s.Namespace, Name: s.Labels[discoveryv1.LabelServiceName]})
 			}
 		}
 	}
-	_, err := w.mesh.inf.AddEventHandler(c.counting(w.counts, "MeshPod", cache.ResourceEventHandlerFuncs{
+	_, err := w.mesh.inf.AddEventHandler(b.objects.counting(w.counts, "MeshPod", cache.ResourceEventHandlerFuncs{
 		AddFunc: onPod,
 		UpdateFunc: func(old, cur any) {
 			if workloadOf(old) != workloadOf(cur) || serviceAccountOf(old) != serviceAccountOf(cur) {

@@ -18,18 +18,19 @@ import (
 // those a label selector selects (a Namespace informer adds and removes
 // them, at most maxWatchNamespaces); the system namespace is watched for
 // gateways in every case. A watch that must become (or stop being)
-// federated is replaced make-before-break. It is part of its Cluster,
-// which builds the watches (newWatch) and rebuilds the Services they hold.
+// federated is replaced make-before-break. It is part of its Cluster: a
+// watchBuilder builds the watches (newWatch) with the handlers of the
+// member's controllers, and the endpoint controller rebuilds the Services
+// they hold.
 type namespaceWatches struct {
 	scope WatchScope
-	// newWatch builds a namespace's informers with the Cluster's handlers.
+	// newWatch builds a namespace's informers with the member's handlers.
 	newWatch func(namespace string, federated bool) (*nsWatch, error)
-	// retired is told a watch stopped: the Cluster rebuilds its Services
-	// (from whichever watch holds their namespace now) and forgets its
-	// objects.
+	// retired is told a watch stopped: its Services are rebuilt (from
+	// whichever watch holds their namespace now) and its objects no longer
+	// count against the member's cap.
 	retired func(w *nsWatch)
-	// replaced is told a watch replaced another: the Cluster rebuilds its
-	// Services.
+	// replaced is told a watch replaced another: its Services are rebuilt.
 	replaced func(w *nsWatch)
 	log      *slog.Logger
 

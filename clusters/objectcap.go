@@ -34,6 +34,11 @@ type objectCap struct {
 	max        int
 	held       atomic.Int64
 	overflowed atomic.Bool
+	// counts are the objects the member-wide informers hold (Nodes,
+	// Secrets), by kind; each watch counts its own.
+	counts kindCounts
+	// overflow is called once, when the count first passes max.
+	overflow func()
 }
 
 // counting wraps an informer's handler so that it also counts the objects
@@ -44,13 +49,13 @@ type objectCap struct {
 // nothing per object held, and no listener of their own. The cap bounds
 // what stays in memory; one oversize list is still decoded once before the
 // member is stopped.
-func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEventHandlerFuncs) cache.ResourceEventHandlerFuncs {
+func (o *objectCap) counting(counts kindCounts, kind string, h cache.ResourceEventHandlerFuncs) cache.ResourceEventHandlerFuncs {
 	n := counts[kind]
 	add, del := h.AddFunc, h.DeleteFunc
 	h.AddFunc = func(obj any) {
 		n.Add(1)
-		if c.objectCap.held.Add(1) > int64(c.objectCap.max) && c.objectCap.max > 0 {
-			c.overflow()
+		if o.held.Add(1) > int64(o.max) && o.max > 0 && o.overflowed.CompareAndSwap(false, true) {
+			o.overflow()
 		}
 		if add != nil {
 			add(obj)
@@ -58,7 +63,7 @@ func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEvent
 	}
 	h.DeleteFunc = func(obj any) {
 		n.Add(-1)
-		c.objectCap.held.Add(-1)
+		o.held.Add(-1)
 		if del != nil {
 			del(obj)
 		}
@@ -70,14 +75,8 @@ func (c *Cluster) counting(counts kindCounts, kind string, h cache.ResourceEvent
 // controller; run then withdraws whatever it had published. Other members
 // are not affected. It runs once, from an informer's notification.
 func (c *Cluster) overflow() {
-	if !c.objectCap.overflowed.CompareAndSwap(false, true) {
-		return
-	}
-	c.transition(func() {
-		c.health.state = StateInvalid
-		c.health.message = fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.objectCap.max)
-	})
-	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.objectCap.max)
+	c.health.invalid(fmt.Sprintf("the member holds more than %d objects (Services, EndpointSlices, Nodes, Secrets and mesh pods; --member-max-objects); its informers are stopped and its services are not served", c.objects.max))
+	c.log.Warn("member exceeds its object cap; stopped", "max_objects", c.objects.max)
 	c.cancel()
 	c.views.stop()
 }
@@ -85,11 +84,9 @@ func (c *Cluster) overflow() {
 // withdrawIfOverflowed drops the member's services from the Sink after an
 // overflow stopped a member that had published them.
 func (c *Cluster) withdrawIfOverflowed() {
-	if !c.objectCap.overflowed.Load() {
+	if !c.objects.overflowed.Load() {
 		return
 	}
 	c.sink.RemoveCluster(c.id)
-	c.mu.Lock()
-	clear(c.health.endpoints)
-	c.mu.Unlock()
+	c.health.publishedAll(nil)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -328,7 +327,7 @@ func (p *viewPersister) setServer(id, server string) {
 // or validation is refused (rejectView) and the member starts as if it had
 // none.
 func (p *viewPersister) restore(id string, c *Cluster) {
-	p.setServer(id, c.server)
+	p.setServer(id, c.api.server)
 	p.mu.Lock()
 	v := p.loaded[id]
 	delete(p.loaded, id)
@@ -337,22 +336,22 @@ func (p *viewPersister) restore(id string, c *Cluster) {
 	if v == nil {
 		return
 	}
-	services, unauthenticated, err := v.open(key, time.Now(), c.objectCap.max)
+	services, unauthenticated, err := v.open(key, time.Now(), c.objects.max)
 	if err != nil {
 		p.rejectView(v, unauthenticated, err)
 		return
 	}
-	if v.Server != c.server {
+	if v.Server != c.api.server {
 		// Its kubeconfig now points elsewhere: the view is of another
 		// cluster (or an older hub's, which did not record the server).
 		p.log.Warn("not serving the persisted view of a member: it was read from another API server", "cluster", id,
-			"persistedFrom", v.Server, "server", c.server, "persistedAt", v.WrittenAt.Format(time.RFC3339))
+			"persistedFrom", v.Server, "server", c.api.server, "persistedAt", v.WrittenAt.Format(time.RFC3339))
 		return
 	}
 	p.mu.Lock()
 	p.trackedLocked(id).sum = v.SHA256 // the live view is written only if it differs
 	p.mu.Unlock()
-	services = c.confirmedGateways(services)
+	services = c.net.confirmedGateways(services)
 	p.next.ReplaceCluster(id, services)
 	c.servePersisted(v.WrittenAt, services)
 	endpoints := 0
@@ -550,72 +549,4 @@ func (r *Registry) namedBySecret(id string) (named, known bool) {
 		}
 	}
 	return false, true
-}
-
-// confirmedGateways returns a persisted view's services as the member may
-// serve them now: without gateways unless its remote Secret confirms the
-// view's network (the home cluster's is its own). A view persisted before
-// the Secret's confirmation changed cannot bring back gateways it no
-// longer allows.
-func (c *Cluster) confirmedGateways(services []*Service) []*Service {
-	c.mu.Lock()
-	confirmed := c.networking.confirmed
-	c.mu.Unlock()
-	out := services
-	for i, s := range services {
-		if len(s.Gateways) == 0 || c.secret == "" || confirmed == s.Network {
-			continue
-		}
-		if &out[0] == &services[0] {
-			out = slices.Clone(services)
-		}
-		stripped := *s
-		stripped.Gateways = nil
-		out[i] = &stripped
-	}
-	return out
-}
-
-// servePersisted marks a member that has not started yet as serving a view
-// persisted at at (a state change to Stale, observed like any other); the
-// view's gateways are already those the Secret confirms (confirmedGateways).
-func (c *Cluster) servePersisted(at time.Time, services []*Service) {
-	c.transition(func() {
-		c.health.persistedAt = at
-		for _, s := range services {
-			c.health.endpoints[ServiceKey{Namespace: s.Namespace, Name: s.Name}] = len(s.Endpoints)
-			if s.Network != "" {
-				c.networking.restoredNetwork = s.Network
-			}
-			if len(s.Gateways) > 0 {
-				c.networking.restoredGateways = s.Gateways
-			}
-		}
-	})
-}
-
-// shownLocked is the state and message the cluster reports: until a member
-// served from its persisted view first syncs, it is Stale, and the message
-// says which view it serves.
-func (c *Cluster) shownLocked() (State, string) {
-	if c.health.persistedAt.IsZero() || c.health.everSynced {
-		return c.health.state, c.health.message
-	}
-	msg := fmt.Sprintf("serving the view persisted at %s until the member syncs", c.health.persistedAt.UTC().Format(time.RFC3339))
-	if c.health.message != "" {
-		msg += "; " + string(c.health.state) + ": " + c.health.message
-	}
-	return StateStale, msg
-}
-
-// holdsReadiness reports whether a member served from its persisted view
-// should still keep the hub unready: only while its API server answers and
-// it syncs within the timeout, as any member does. Once a request to it
-// failed the persisted view is the best there is, and it stops blocking
-// (also if the API server answers again, so readiness does not flap).
-func (c *Cluster) holdsReadiness() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !c.health.persistedAt.IsZero() && !c.health.everSynced && c.health.lastErr == "" &&
-		(c.health.state == StatePending || c.health.state == StateSyncing)
 }

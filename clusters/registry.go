@@ -209,7 +209,7 @@ func NewRegistry(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	home.setObserver(r.observer(nil, ""))
-	home.setSecretNetworking(secretNetworking{gatewayNamespaces: cfg.HomeGatewayNamespaces})
+	home.net.setSecretNetworking(secretNetworking{gatewayNamespaces: cfg.HomeGatewayNamespaces})
 	r.home = home
 	if cfg.Metrics != nil {
 		if err := cfg.Metrics.Register(r.transitions); err != nil {
@@ -389,7 +389,7 @@ func (r *Registry) reconcile(ctx context.Context, key string) error {
 	}
 	r.mu.Unlock()
 	for _, c := range clients {
-		c.setSecretNetworking(networking)
+		c.net.setSecretNetworking(networking)
 	}
 	r.refreshPeerGateways() // members may have come or gone
 	r.identityChanged(key, ann, rescoped)
@@ -627,13 +627,13 @@ func (r *Registry) startClient(ctx context.Context, k applyKey, p applyPlan) (St
 		p.status.State, p.status.Message = StateInvalid, err.Error()
 		return p.status, false
 	}
-	c.gatewayRefused = func(reason string) {
+	c.net.refused = func(reason string) {
 		r.event(k.ref, corev1.EventTypeWarning, ReasonGatewayRefused, "cluster %s: gateway refused: %s", k.id, reason)
 	}
 	// What the Secret says of the member's network holds from the start,
 	// for a restored view too (a persisted gateway counts only if the
 	// Secret confirms its network).
-	c.setSecretNetworking(k.networking)
+	c.net.setSecretNetworking(k.networking)
 	var discard *Cluster
 	r.mu.Lock()
 	if p.kind == applyAdded {
@@ -728,7 +728,7 @@ func (r *Registry) promote(id string, candidate *Cluster) bool {
 	observe := r.observer(m.ref, "")
 	candidate.setObserver(observe)
 	r.mu.Unlock()
-	r.views.setServer(id, candidate.server) // before it publishes
+	r.views.setServer(id, candidate.api.server) // before it publishes
 	from := old.status().State
 	old.stop()
 	if st := candidate.status(); from != st.State {
@@ -791,7 +791,7 @@ func (r *Registry) refreshPeerGateways() {
 	}
 	peers := peerGateways{networks: map[string][]Gateway{}, complete: true}
 	for _, c := range sources {
-		nw, gws, known := c.exportedGateways()
+		nw, gws, known := c.net.exportedGateways(c.health.progress())
 		if !known {
 			peers.complete = false // its network's Services are kept as they are
 		}
@@ -800,7 +800,7 @@ func (r *Registry) refreshPeerGateways() {
 		}
 	}
 	for _, c := range append(all, sources[0]) {
-		c.gw.setPeers(peers)
+		c.net.gw.setPeers(peers)
 	}
 }
 
@@ -1017,7 +1017,7 @@ func (r *Registry) Ready() (bool, string) {
 		}
 	}
 	for _, c := range r.activeClusters() {
-		if c.holdsReadiness() { // Stale from a persisted view, but syncing
+		if c.health.holdsReadiness() { // Stale from a persisted view, but syncing
 			waiting = append(waiting, c.id)
 		}
 	}

@@ -142,7 +142,7 @@ func (r *Registry) CanListSecrets(ctx context.Context, cluster, saNamespace, saN
 	if err != nil {
 		return false, err
 	}
-	sar, err := c.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+	sar, err := c.api.client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
 		Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:   "system:serviceaccount:" + saNamespace + ":" + saName,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + saNamespace, "system:authenticated"},
@@ -167,7 +167,7 @@ const TokenAudience = "istio-ca"
 // for certificates (authn.MeshAccounts).
 func (r *Registry) RunsMeshAccount(cluster, namespace, serviceAccount string) bool {
 	c, err := r.activeCluster(cluster)
-	return err == nil && c.runsMeshAccount(namespace, serviceAccount)
+	return err == nil && c.ns.runsMeshAccount(namespace, serviceAccount)
 }
 
 // ReviewToken checks a proxy's service-account token with a TokenReview in
@@ -181,7 +181,7 @@ func (r *Registry) ReviewToken(ctx context.Context, cluster, token string) (name
 		return "", "", err
 	}
 	audiences := []string{TokenAudience}
-	tr, err := c.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+	tr, err := c.api.client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 		Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {

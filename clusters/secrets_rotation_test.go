@@ -29,7 +29,7 @@ func (s *syncRecorder) SecretsSynced(cluster string) {
 	s.r.mu.Lock()
 	var h [32]byte
 	if m := s.r.members[cluster]; m != nil {
-		h = m.active.hash
+		h = m.active.api.hash
 	}
 	s.r.mu.Unlock()
 	s.mu.Lock()
@@ -82,7 +82,7 @@ func TestRotationReportsSecretsOfTheNewClient(t *testing.T) {
 	activeHash := func() [32]byte {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.members["m1"].active.hash
+		return r.members["m1"].active.api.hash
 	}
 	before := activeHash()
 	eventually(t, 30*time.Second, func() error {

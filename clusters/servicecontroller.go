@@ -1,13 +1,14 @@
 package clusters
 
 import (
+	"log/slog"
 	"sync/atomic"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
@@ -21,17 +22,33 @@ import (
 // over, one at a time, until stop; after stop nothing more reaches the
 // Sink: what a stopped client still had queued is dropped, and its caller
 // decides what the Sink keeps (a successor's whole view, or none). Views
-// are built from the member's informers (its Cluster); what was handed
-// over is recorded in the Cluster's health and networking state
-// (published).
+// are built from the member's informers (viewInputs); what was handed
+// over is recorded in the member's health (its status counts it).
 type serviceController struct {
-	c       *Cluster
+	id   string
+	sink Sink
+	log  *slog.Logger
+	viewInputs
 	queue   workqueue.TypedRateLimitingInterface[ServiceKey]
 	stopped atomic.Bool
 }
 
-func newServiceController(c *Cluster) *serviceController {
-	return &serviceController{c: c, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]())}
+// viewInputs are what a member's Service views are built from, and what
+// records what was handed over.
+type viewInputs struct {
+	// services are the member's Services over every watch (scopedServices
+	// of ns; its own field so that a test can hand an empty lister).
+	services   corelisters.ServiceLister
+	ns         *namespaceWatches // EndpointSlices, mesh pods, ServiceExports
+	nodes      corelisters.NodeLister
+	net        *networkController // network and gateways
+	health     *memberHealth      // records what was handed over
+	exportMode ExportMode
+}
+
+func newServiceController(id string, sink Sink, log *slog.Logger, in viewInputs) *serviceController {
+	return &serviceController{id: id, sink: sink, log: log, viewInputs: in,
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[ServiceKey]())}
 }
 
 // run rebuilds and hands over every queued Service until stop; what is
@@ -53,7 +70,7 @@ func (sc *serviceController) enqueue(key ServiceKey) { sc.queue.Add(key) }
 
 // enqueueAll queues every Service of the member.
 func (sc *serviceController) enqueueAll() {
-	svcs, _ := sc.c.services.List(labels.Everything())
+	svcs, _ := sc.services.List(labels.Everything())
 	for _, s := range svcs {
 		sc.queue.Add(ServiceKey{Namespace: s.Namespace, Name: s.Name})
 	}
@@ -79,24 +96,22 @@ func (sc *serviceController) onSlice(obj any) {
 
 // publishAll hands the member's complete view to the Sink in one call.
 func (sc *serviceController) publishAll() {
-	c := sc.c
-	svcs, _ := c.services.List(labels.Everything())
+	svcs, _ := sc.services.List(labels.Everything())
 	views := make([]*Service, 0, len(svcs))
 	for _, svc := range svcs {
-		if isHubGatewayService(svc) || !c.ns.federates(svc.Namespace) {
+		if isHubGatewayService(svc) || !sc.ns.federates(svc.Namespace) {
 			continue
 		}
 		views = append(views, sc.build(svc))
 	}
-	c.sink.ReplaceCluster(c.id, views)
-	c.publishedAll(views)
+	sc.sink.ReplaceCluster(sc.id, views)
+	sc.health.publishedAll(views)
 }
 
 // processNext rebuilds the next queued Service and hands it to the Sink
 // (nil: it is gone, or not federated); after stop it drops it. False once
 // the queue is shut down and empty.
 func (sc *serviceController) processNext() bool {
-	c := sc.c
 	key, quit := sc.queue.Get()
 	if quit {
 		return false
@@ -105,21 +120,21 @@ func (sc *serviceController) processNext() bool {
 	if sc.stopped.Load() {
 		return true
 	}
-	svc, err := c.services.Services(key.Namespace).Get(key.Name)
+	svc, err := sc.services.Services(key.Namespace).Get(key.Name)
 	var view *Service
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		c.log.Error("reading service from cache", "service", key, "error", err)
+		sc.log.Error("reading service from cache", "service", key, "error", err)
 		sc.queue.AddRateLimited(key)
 		return true
 	case isHubGatewayService(svc): // the hub's own, not the member's
-	case !c.ns.federates(svc.Namespace): // watched for gateways only
+	case !sc.ns.federates(svc.Namespace): // watched for gateways only
 	default:
 		view = sc.build(svc)
 	}
-	c.sink.UpdateService(c.id, key, view)
-	c.published(key, view)
+	sc.sink.UpdateService(sc.id, key, view)
+	sc.health.publishedOne(key, view)
 	sc.queue.Forget(key)
 	return true
 }
@@ -128,28 +143,23 @@ func (sc *serviceController) processNext() bool {
 // localities, its mesh pods, the member's network and gateways, and
 // whether it is exported.
 func (sc *serviceController) build(svc *corev1.Service) *Service {
-	c := sc.c
 	out := buildService(svc, sc.endpointSlices(svc), func(name string) map[string]string {
-		if n, err := c.nodes.Get(name); err == nil {
+		if n, err := sc.nodes.Get(name); err == nil {
 			return n.Labels
 		}
 		return nil
-	}, c.meshPod)
-	out.Network = c.network()
-	exported, listed := c.serviceExported(svc.Namespace, svc.Name)
-	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, c.exportMode, exported, listed)
-	c.mu.Lock()
-	if c.networking.gateways.network == out.Network { // else a refresh for the new network is under way
-		out.Gateways = c.networking.gateways.gateways
-	}
-	c.mu.Unlock()
+	}, sc.ns.meshPod)
+	out.Network = sc.net.network()
+	exported, listed := sc.ns.serviceExported(svc.Namespace, svc.Name)
+	out.NotExported, out.ExportTo, out.ExportReason = exportOf(svc, sc.exportMode, exported, listed)
+	out.Gateways = sc.net.gatewaysOf(out.Network)
 	return out
 }
 
 // endpointSlices lists the EndpointSlices of one Service (an informer
 // index by Service, slicesOfService).
 func (sc *serviceController) endpointSlices(svc *corev1.Service) []*discoveryv1.EndpointSlice {
-	w := sc.c.ns.of(svc.Namespace)
+	w := sc.ns.of(svc.Namespace)
 	if w == nil || w.sliceInf == nil {
 		return nil
 	}
@@ -161,32 +171,4 @@ func (sc *serviceController) endpointSlices(svc *corev1.Service) []*discoveryv1.
 		}
 	}
 	return out
-}
-
-// published records what the Sink was handed for one Service (nil: none):
-// its endpoint count (status) and plaintext endpoints (gateways).
-func (c *Cluster) published(key ServiceKey, view *Service) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if view == nil {
-		delete(c.health.endpoints, key)
-		delete(c.networking.plaintext, key)
-	} else {
-		c.health.endpoints[key] = len(view.Endpoints)
-		c.networking.plaintext[key] = plaintextEndpoints(view)
-	}
-	c.health.lastSync = time.Now()
-}
-
-// publishedAll records what the Sink was handed for the member as a whole.
-func (c *Cluster) publishedAll(views []*Service) {
-	counts := make(map[ServiceKey]int, len(views))
-	plaintext := make(map[ServiceKey]int, len(views))
-	for _, v := range views {
-		key := ServiceKey{Namespace: v.Namespace, Name: v.Name}
-		counts[key], plaintext[key] = len(v.Endpoints), plaintextEndpoints(v)
-	}
-	c.mu.Lock()
-	c.health.endpoints, c.networking.plaintext = counts, plaintext
-	c.mu.Unlock()
 }

@@ -14,8 +14,8 @@ func TestStoppedControllerLeavesTheSink(t *testing.T) {
 	sink := newRecordingSink()
 	key := ServiceKey{Namespace: "default", Name: "a"}
 	sink.UpdateService("west", key, &Service{Namespace: key.Namespace, Name: key.Name, Endpoints: []Endpoint{{Address: "10.0.0.1", Port: 80}}})
-	c := &Cluster{id: "west", sink: sink, services: emptyServices, log: slog.New(slog.DiscardHandler)}
-	sc := newServiceController(c)
+	in := viewInputs{services: emptyServices, health: newMemberHealth(0), net: &networkController{}}
+	sc := newServiceController("west", sink, slog.New(slog.DiscardHandler), in)
 	sc.enqueue(key)
 	sc.stop()
 	sc.run() // returns: the queue is shut down
@@ -24,7 +24,7 @@ func TestStoppedControllerLeavesTheSink(t *testing.T) {
 	}
 
 	// The same, not stopped: the Service is removed, as it is gone.
-	sc = newServiceController(c)
+	sc = newServiceController("west", sink, slog.New(slog.DiscardHandler), in)
 	sc.enqueue(key)
 	if !sc.processNext() || sink.services["west"][key] != nil {
 		t.Fatal("a running controller did not hand the Sink the removal of a Service gone from its cache")

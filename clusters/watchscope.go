@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -128,17 +130,29 @@ type nsWatch struct {
 	cancel    context.CancelFunc // nil until started
 }
 
-// newNSWatch builds (but does not start) the informers of one namespace,
-// with the cluster's handlers and object counter. A watch that is not
-// federated (the system namespace outside the scope, watched for gateway
-// Services) has a Service informer only.
-func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error) {
+// watchBuilder builds a member's namespace watches with its handlers: a
+// Service change goes to the endpoint and network controllers, an
+// EndpointSlice, mesh pod or ServiceExport change to the endpoint
+// controller, and every object is counted against the member's cap.
+type watchBuilder struct {
+	client  kubernetes.Interface
+	meta    metadata.Interface // ServiceExports (names only)
+	objects *objectCap
+	views   *serviceController
+	net     *networkController
+	exports bool // export mode serviceexport: ServiceExports are watched
+}
+
+// build builds (but does not start) the informers of one namespace. A
+// watch that is not federated (the system namespace outside the scope,
+// watched for gateway Services) has a Service informer only.
+func (b *watchBuilder) build(namespace string, federated bool) (*nsWatch, error) {
 	w := &nsWatch{namespace: namespace, federated: federated, counts: newKindCounts("Service", "EndpointSlice", "MeshPod", "ServiceExport")}
 	var opts []informers.SharedInformerOption
 	if namespace != "" {
 		opts = append(opts, informers.WithNamespace(namespace))
 	}
-	w.factory = informers.NewSharedInformerFactoryWithOptions(c.client, 0, opts...)
+	w.factory = informers.NewSharedInformerFactoryWithOptions(b.client, 0, opts...)
 	svc := w.factory.Core().V1().Services()
 	w.svcInf, w.services = svc.Informer(), svc.Lister()
 	if err := w.svcInf.SetTransform(stripObject); err != nil {
@@ -151,7 +165,7 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 		// both: an update is told with the object before it too (a slice
 		// that moved to another Service leaves the old one).
 		both bool
-	}{{"Service", w.svcInf, c.onService, false}}
+	}{{"Service", w.svcInf, b.onService, false}}
 	if federated {
 		slice := w.factory.Discovery().V1().EndpointSlices()
 		w.sliceInf = slice.Informer()
@@ -166,23 +180,23 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 			inf  cache.SharedIndexInformer
 			fn   func(any)
 			both bool
-		}{"EndpointSlice", w.sliceInf, c.views.onSlice, true})
-		w.mesh = newMeshPods(c.client, namespace)
+		}{"EndpointSlice", w.sliceInf, b.views.onSlice, true})
+		w.mesh = newMeshPods(b.client, namespace)
 		if err := w.mesh.inf.SetTransform(stripMeshPod); err != nil {
 			return nil, fmt.Errorf("setting informer transform: %w", err)
 		}
-		if err := c.watchMeshPods(w); err != nil {
+		if err := b.watchMeshPods(w); err != nil {
 			return nil, err
 		}
-		if c.exportMode == ExportServiceExport {
-			if err := c.watchServiceExports(w); err != nil {
+		if b.exports {
+			if err := b.watchServiceExports(w); err != nil {
 				return nil, err
 			}
 		}
 	}
 	for _, h := range handlers {
 		fn, both := h.fn, h.both
-		reg, err := h.inf.AddEventHandler(c.counting(w.counts, h.kind, cache.ResourceEventHandlerFuncs{
+		reg, err := h.inf.AddEventHandler(b.objects.counting(w.counts, h.kind, cache.ResourceEventHandlerFuncs{
 			AddFunc: fn,
 			UpdateFunc: func(old, obj any) {
 				if both {
@@ -201,11 +215,11 @@ func (c *Cluster) newNSWatch(namespace string, federated bool) (*nsWatch, error)
 }
 
 // onService rebuilds a Service, and reconsiders it as a gateway.
-func (c *Cluster) onService(obj any) {
+func (b *watchBuilder) onService(obj any) {
 	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
-		c.views.enqueue(ServiceKey{Namespace: ns, Name: name})
-		c.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
+		b.views.enqueue(ServiceKey{Namespace: ns, Name: name})
+		b.net.gatewayServiceChanged(ServiceKey{Namespace: ns, Name: name}, obj)
 	}
 }
 
@@ -271,13 +285,13 @@ func (w *nsWatch) hasSynced() bool {
 
 // retire stops a watch that is no longer watched and rebuilds its
 // Services from whatever watch holds their namespace now (none: gone).
-func (c *Cluster) retire(w *nsWatch) {
+func (b *watchBuilder) retire(w *nsWatch) {
 	keys := w.svcInf.GetStore().ListKeys()
 	w.stop()
-	c.objectCap.held.Add(-w.counts.total())
+	b.objects.held.Add(-w.counts.total())
 	for _, k := range keys {
 		ns, name, _ := cache.SplitMetaNamespaceKey(k)
-		c.views.enqueue(ServiceKey{Namespace: ns, Name: name})
+		b.views.enqueue(ServiceKey{Namespace: ns, Name: name})
 	}
 }
 
@@ -285,11 +299,11 @@ func (c *Cluster) retire(w *nsWatch) {
 var emptyServices = corelisters.NewServiceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))
 
 // scopedServices is the member's Services over every watch.
-type scopedServices struct{ c *Cluster }
+type scopedServices struct{ ns *namespaceWatches }
 
 func (s scopedServices) List(sel labels.Selector) ([]*corev1.Service, error) {
 	var out []*corev1.Service
-	for _, w := range s.c.ns.list() {
+	for _, w := range s.ns.list() {
 		l, err := w.services.List(sel)
 		if err != nil {
 			return nil, err
@@ -300,7 +314,7 @@ func (s scopedServices) List(sel labels.Selector) ([]*corev1.Service, error) {
 }
 
 func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceLister {
-	if w := s.c.ns.of(namespace); w != nil {
+	if w := s.ns.of(namespace); w != nil {
 		return w.services.Services(namespace)
 	}
 	return emptyServices.Services(namespace)
@@ -325,15 +339,15 @@ func sliceServiceKey(obj any) ([]string, error) {
 
 // runsMeshAccount reports whether a mesh pod of the member runs as
 // namespace/serviceAccount (false when its namespace is not watched).
-func (c *Cluster) runsMeshAccount(namespace, serviceAccount string) bool {
-	w := c.ns.of(namespace)
+func (n *namespaceWatches) runsMeshAccount(namespace, serviceAccount string) bool {
+	w := n.of(namespace)
 	return w != nil && w.mesh != nil && w.mesh.runsAccount(namespace, serviceAccount)
 }
 
 // meshPod reports whether pod namespace/name is labelled for Istio mTLS,
 // and its workload (podWorkload) and service account.
-func (c *Cluster) meshPod(namespace, name string) (meshPod, bool) {
-	w := c.ns.of(namespace)
+func (n *namespaceWatches) meshPod(namespace, name string) (meshPod, bool) {
+	w := n.of(namespace)
 	if w == nil || w.mesh == nil {
 		return meshPod{}, false
 	}
