@@ -321,6 +321,13 @@ func (r *Registry) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer r.queue.Done(key)
+	if ctx.Err() != nil {
+		// Shutting down: the queue still hands out what it holds, which is
+		// dropped, not reconciled with a cancelled context (that would
+		// build member clients only to stop them, or remove members, on
+		// the way out).
+		return true
+	}
 	err := r.reconcile(ctx, key)
 	r.mu.Lock()
 	r.reconciled[key] = struct{}{}

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/workqueue"
 
 	"github.com/hubmesh/hub/internal/localcluster"
 	"github.com/hubmesh/hub/internal/wait"
@@ -419,4 +420,23 @@ func TestSliceMovedToAnotherServiceLeavesTheOld(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, want(nil, []string{"198.18.7.1", "198.18.7.2"}))
+}
+
+// TestStoppingRegistryDropsQueuedSecrets: once the registry's context is
+// cancelled, the remote Secrets still queued are dropped, not reconciled
+// (with a cancelled context, which would build member clients only to
+// stop them, or remove members, on the way out). This registry has nothing
+// to reconcile with: reconciling would panic.
+func TestStoppingRegistryDropsQueuedSecrets(t *testing.T) {
+	r := &Registry{queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+	r.queue.Add("hub/remote-west")
+	r.queue.ShutDown()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if !r.processNext(ctx) {
+		t.Fatal("the queued Secret was not handed out")
+	}
+	if r.processNext(ctx) {
+		t.Fatal("the queue did not end")
+	}
 }
