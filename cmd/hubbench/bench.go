@@ -384,6 +384,12 @@ func coldConnect(ctx context.Context, cfg Config, f *fleet, h *hubProcess, heapB
 	}
 	sum.Heap = heapPerStream(heapBefore, heapAfter, cfg.Streams)
 	cfg.progress("hub live heap %d → %d MiB: %.1f KiB per stream", sum.Heap.LiveBeforeMiB, sum.Heap.LiveAfterMiB, sum.Heap.LivePerStreamKiB)
+	if cfg.HubHeap != "" {
+		if err := h.writeHeapProfile(ctx, cfg.HubHeap); err != nil {
+			return err
+		}
+		cfg.progress("hub heap profile: %s", cfg.HubHeap)
+	}
 	if sum.Hub.AfterConnect, err = procStats(h.pid()); err != nil {
 		return fmt.Errorf("reading the hub's /proc: %w", err)
 	}

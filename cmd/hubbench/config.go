@@ -95,6 +95,9 @@ type Config struct {
 	// HubPerf, if set, is where `perf record -g` writes a CPU profile of
 	// the hub taken over the write phase (read it with `perf report -i`).
 	HubPerf string `json:"hubPerf,omitempty"`
+	// HubHeap, if set, is where the hub's heap profile (pprof, after a GC)
+	// is written once every stream holds its config (go tool pprof FILE).
+	HubHeap string `json:"hubHeap,omitempty"`
 	// WorkDir, if set, keeps clusters' data and logs and the hub log there
 	// (it is not removed); empty uses a temporary directory removed on exit.
 	WorkDir string `json:"workDir,omitempty"`
@@ -259,6 +262,7 @@ func (c *Config) register(fs *flag.FlagSet) {
 	fs.Var((*stringList)(&c.HubArgs), "hub-arg", "extra argument for `hub serve` (repeatable), e.g. --hub-arg=--debounce-after=50ms")
 	fs.Var((*stringList)(&c.HubEnv), "hub-env", "extra NAME=value environment for the hub process only (repeatable), e.g. --hub-env=GOMEMLIMIT=350MiB")
 	fs.StringVar(&c.HubPerf, "hub-perf", c.HubPerf, "record a CPU profile of the hub over the write phase with Linux perf into this file (perf report -i FILE)")
+	fs.StringVar(&c.HubHeap, "hub-heap", c.HubHeap, "write the hub's heap profile (after a GC) into this file once every stream holds its config (go tool pprof FILE)")
 	fs.StringVar(&c.WorkDir, "work-dir", c.WorkDir, "keep cluster data and all logs in this directory (default: a temp dir removed on exit)")
 	fs.IntVar(&c.Bulk, "bulk", c.Bulk, "envoy shape: after the writes, create this many new services (Service + EndpointSlice in --service-members members each) while the streams watch, and report responses per stream, hub CPU, API write time and time to converge (0: no bulk phase)")
 	fs.IntVar(&c.BulkWriters, "bulk-writers", c.BulkWriters, "concurrent writers creating the --bulk services")
@@ -330,8 +334,8 @@ func (c *Config) validatePeer() []error {
 		return []error{fmt.Errorf("--peer %q: the one peer is istiod", c.Peer)}
 	case c.Shape != shapeEnvoy && c.ServicesPerStream != allServices:
 		return []error{fmt.Errorf("--peer istiod serves the envoy shape (Envoy's SotW or Delta ADS), not --shape %s", c.Shape)}
-	case len(c.HubArgs) > 0 || c.HubPerf != "":
-		return []error{errors.New("--hub-arg and --hub-perf are the hub's; --peer istiod runs istiod")}
+	case len(c.HubArgs) > 0 || c.HubPerf != "" || c.HubHeap != "":
+		return []error{errors.New("--hub-arg, --hub-perf and --hub-heap are the hub's; --peer istiod runs istiod")}
 	}
 	return nil
 }

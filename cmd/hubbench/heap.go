@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"os"
 	"time"
 )
 
@@ -44,6 +46,19 @@ func (h *hubProcess) heapNow(ctx context.Context) (heapPoint, error) {
 		return heapPoint{}, err
 	}
 	return heapPoint{liveMiB: live, inuseMiB: m.HeapInuseMiB}, nil
+}
+
+// writeHeapProfile writes the hub's heap profile, taken after a GC, to
+// path.
+func (h *hubProcess) writeHeapProfile(ctx context.Context, path string) error {
+	profile, err := h.get(ctx, "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return fmt.Errorf("reading the hub's heap profile: %w", err)
+	}
+	if err := os.WriteFile(path, profile, 0o644); err != nil {
+		return fmt.Errorf("writing the hub's heap profile: %w", err)
+	}
+	return nil
 }
 
 func heapPerStream(before, after heapPoint, streams int) HeapSummary {

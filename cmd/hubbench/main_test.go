@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,11 +69,19 @@ func TestRunTiny(t *testing.T) {
 				cfg.WriteGap = 150 * time.Millisecond
 				cfg.WriteTimeout, cfg.SyncTimeout, cfg.ConnectTimeout = 20*time.Second, time.Minute, time.Minute
 				cfg.Progress = t.Logf
+				if shape == shapeEnvoy {
+					cfg.HubHeap = filepath.Join(t.TempDir(), "heap.pprof")
+				}
 				sum, err := run(ctx, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
 				checkTiny(t, cfg, sum, protocol)
+				if cfg.HubHeap != "" {
+					if p, err := os.ReadFile(cfg.HubHeap); err != nil || !bytes.HasPrefix(p, []byte{0x1f, 0x8b}) {
+						t.Errorf("--hub-heap: %d bytes (%v); want a gzipped pprof profile", len(p), err)
+					}
+				}
 			})
 		}
 	}
