@@ -174,23 +174,25 @@ func NewRegistry(cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building home cluster client: %w", err)
 	}
+	// The Sink chain, from the members towards cfg.Sink: the export
+	// status (serviceexport mode), then the view persister.
 	views, err := newViewPersister(cfg, homeClient)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Sink = views
+	var sink Sink = views
 	var exports *exportStatus
 	if cfg.ExportMode == ExportServiceExport {
 		exports = newExportStatus(views, cfg.Log)
 		exports.isLeader = cfg.IsLeader
-		cfg.Sink = exports
+		sink = exports
 	}
 	r := &Registry{
 		views:      views,
 		exports:    exports,
 		cfg:        cfg,
 		log:        cfg.Log,
-		deps:       clusterDeps{sink: cfg.Sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode, exportPoll: cfg.ServiceExportPoll},
+		deps:       clusterDeps{sink: sink, timeout: cfg.SyncTimeout, log: cfg.Log, secretEvents: cfg.SecretEvents, isLeader: cfg.IsLeader, exportMode: cfg.ExportMode, exportPoll: cfg.ServiceExportPoll},
 		homeClient: homeClient,
 		queue:      workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		members:    map[string]*member{},
@@ -450,7 +452,7 @@ func (r *Registry) removeUnlisted(key string, data map[string][]byte, ref *corev
 	r.mu.Unlock()
 	for i, m := range removed {
 		m.stop()
-		r.cfg.Sink.RemoveCluster(freed[i])
+		r.deps.sink.RemoveCluster(freed[i])
 		r.transitions.DeletePartialMatch(prometheus.Labels{"cluster": freed[i]})
 		r.log.Info("cluster removed", "cluster", freed[i], "secret", key)
 		r.event(ref, corev1.EventTypeNormal, "ClusterRemoved", "cluster %s removed", freed[i])

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
@@ -318,23 +317,6 @@ func (s scopedServices) Services(namespace string) corelisters.ServiceNamespaceL
 		return w.services.Services(namespace)
 	}
 	return emptyServices.Services(namespace)
-}
-
-// slicesOfService names the EndpointSlice informers' index by the Service
-// a slice belongs to (its kubernetes.io/service-name label): a Service is
-// rebuilt from its own slices, not from a scan of its namespace's.
-const slicesOfService = "service"
-
-func sliceServiceKey(obj any) ([]string, error) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil, nil
-	}
-	name := s.Labels[discoveryv1.LabelServiceName]
-	if name == "" {
-		return nil, nil
-	}
-	return []string{s.Namespace + "/" + name}, nil
 }
 
 // runsMeshAccount reports whether a mesh pod of the member runs as
