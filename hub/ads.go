@@ -23,7 +23,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/hub/authz"
-	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
@@ -54,7 +53,7 @@ type adsServer struct {
 	watcher *watcher
 	held    *resourceHoldings // what the streams hold, shared
 	names   *nameHoldings     // what the Delta streams subscribe to, shared
-	fleet   *feed.Deliveries  // may be nil
+	fleet   *deliveries       // may be nil
 	syncz   *syncz            // answers TypeSyncz
 	admit   func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.

@@ -164,9 +164,9 @@ type Hub struct {
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
 	syncz   *syncz
-	ca      *ca.Server       // nil: no CA API
-	codec   *sharedCodec     // the ADS servers' gRPC codec
-	fleet   *feed.Deliveries // what the streams take in: paces the pushes
+	ca      *ca.Server   // nil: no CA API
+	codec   *sharedCodec // the ADS servers' gRPC codec
+	fleet   *deliveries  // what the streams take in: paces the pushes
 	// held are what the streams hold, names what the Delta streams
 	// subscribe to (sotwSubscription, deltaSubscription): shared between
 	// them.
@@ -213,7 +213,7 @@ func New(opts Options) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	fleet := &feed.Deliveries{}
+	fleet := &deliveries{}
 	watcher := newWatcher(watcherInputs{
 		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
 		rules: opts.Rules, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),
@@ -471,7 +471,7 @@ func (h *Hub) Run(ctx context.Context) {
 			renewWorkloadCerts(ctx, wc, h.changes.RootsChanged)
 		}()
 	}
-	h.changes.Run(ctx, h.watcher.push, h.fleet)
+	h.changes.Run(ctx, h.watcher.push)
 }
 
 // renewWorkloadCerts re-evaluates the SDS subscribers of roots and

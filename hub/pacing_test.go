@@ -19,7 +19,7 @@ import (
 // response, once, and what a closing stream leaves unanswered; a stale or
 // unknown nonce is no answer.
 func TestTrackerCountsAnswers(t *testing.T) {
-	fleet := &feed.Deliveries{}
+	fleet := &deliveries{}
 	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}})
 	p.fleet = fleet
 	conns := map[int64]*conn{}

@@ -25,7 +25,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/hubmesh/hub/hub/authn"
-	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/internal/clip"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
@@ -143,7 +142,7 @@ type trackerInputs struct {
 	// our own CA; nil honours no binding.
 	roots authn.RootSource
 	// fleet counts the responses clients answered (may be nil).
-	fleet *feed.Deliveries
+	fleet *deliveries
 }
 
 func newProxyTracker(in trackerInputs) *proxyTracker {

@@ -127,7 +127,7 @@ type watcherInputs struct {
 	// latency measures pushed responses (may be nil: not measured).
 	latency *pushLatency
 	// fleet counts the responses handed to streams (may be nil).
-	fleet *feed.Deliveries
+	fleet *deliveries
 	// paceLimit bounds how long a push of churn paces its waves (see pace;
 	// zero: DefaultDebounceMax).
 	paceLimit time.Duration
@@ -355,20 +355,25 @@ type job struct {
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
 //
-// A push of churn (b.Churn) reaches its streams in waves (feed.Pace), so
+// A push of churn (b.Churn) reaches its streams in waves (pace), so
 // that the fleet, the hub and what shares their machines are not saturated
 // while the changes keep coming; push returns when the last wave is handed
 // out, with the time it left the fleet idle between waves, or early when
 // ctx is done (the streams not reached keep their changes noted, for their
-// next request or push).
-func (w *watcher) push(ctx context.Context, b *feed.Batch) (idled time.Duration) {
+// next request or push). The channel it returns is closed once the
+// streams answered all but a few of the responses it handed them (nil:
+// it handed none, or nobody counts them): the change feed paces the next
+// push by it (feed.Changes.Run).
+func (w *watcher) push(ctx context.Context, b *feed.Batch) (delivered <-chan struct{}, idled time.Duration) {
+	m := w.fleet.mark()
 	servers := w.applyInputs(b)
 	streams := w.affected(b, servers)
-	if !b.Churn {
+	if b.Churn {
+		idled = pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
+	} else {
 		w.pushWave(streams, b.Since)
-		return 0
 	}
-	return feed.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
+	return w.fleet.await(m), idled
 }
 
 // applyInputs applies what b changed of the generators' inputs before the

@@ -23,7 +23,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{Changes: feed.NewChanges(10*time.Millisecond, time.Minute)})
 	services := []*clusters.Service{namedService("a", "10.0.0.1")}
 	h.index.ReplaceCluster("west", services)
-	const streams = 2*feed.MinWave + 6 // waves of feed.MinWave, feed.MinWave and 6
+	const streams = 2*minWave + 6 // waves of minWave, minWave and 6
 	cs := make([]*xdstest.SotW, streams)
 	for i := range cs {
 		c := xdstest.DialSotW(t, addr)
@@ -57,7 +57,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	}
 
 	got := map[int]bool{}
-	for range feed.MinWave {
+	for range minWave {
 		i, r := nextOfAny(t, cs, all)
 		if got[i] || len(r.Resources) != 3 {
 			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))

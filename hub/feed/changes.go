@@ -1,9 +1,9 @@
 // Package feed is where the hub's data path starts: the federated Index
 // of every member's services, and the change feed (Changes) that the
 // Index, the member registry, the trust federation, the distributed Istio
-// config and the access reviews report typed changes to, batched and
-// paced by what the streams took in (Deliveries) for the hub's push. It
-// knows nothing of xDS.
+// config and the access reviews report typed changes to, batched for the
+// hub's push and paced by when each push says it was delivered. It knows
+// nothing of xDS or of streams.
 package feed
 
 import (
@@ -28,7 +28,7 @@ import (
 // for a quiet period as long as its delivery took, but never longer than
 // `max` (docs/architecture.md §4); under sustained churn pushes back off to one per
 // `max`, and each reaches the streams in waves that leave the fleet idle
-// most of the time (see Run and Pace). Each batch carries the time its
+// most of the time (see Run, and the hub's pace). Each batch carries the time its
 // oldest change was reported, from which push latency is measured.
 // Reporting never blocks, also when nothing consumes.
 type Changes struct {
@@ -83,7 +83,7 @@ type Batch struct {
 	latest  time.Time              // when the newest of these was reported
 	reports int                    // how many reports these are
 	// Churn says these changes piled up (see Changes.Run): their push
-	// reaches its streams in waves (Pace).
+	// reaches its streams in waves (the hub's pace).
 	Churn bool
 }
 
@@ -201,9 +201,11 @@ func (c *Changes) take() Batch {
 // consumer. The rules below are the debouncer's (debounce.go), which holds
 // the debounce state; Run feeds it the clock, the timer and the deliveries.
 //
-// Pushes are paced by what they cost (fleet, nil: not paced): after a push
-// the feed waits until the fleet answered most of what it was handed
-// (Deliveries); the time that took is the push's cost, the quiet period.
+// Pushes are paced by what they cost: push returns a channel closed once
+// the streams took in most of what it handed them (nil: nothing to wait
+// for), and the feed waits for it; the time from the push's start until
+// then is its cost, the quiet period. push also returns how long it left
+// the fleet idle while handing out its waves (that is no cost of it).
 //
 // The first change after a calm period goes at once (leading edge), so a
 // quiet mesh and one-off writes are never held back. Calm means nothing
@@ -227,45 +229,31 @@ func (c *Changes) take() Batch {
 // leading edge: congestion collapse), while a writer that waits for each
 // write to arrive is never mistaken for churn.
 //
-// A push of churn reaches its streams in waves (Pace): the fleet is busy
-// about a third of the time while it is handed out, for at most `max`
-// beyond what its delivery costs. Changes made meanwhile are taken when
-// it is handed out.
+// A push of churn may reach its streams in waves (the hub's pace): the
+// fleet is busy about a third of the time while it is handed out, for at
+// most `max` beyond what its delivery costs. Changes made meanwhile are
+// taken when it is handed out.
 //
 // A batch never waits longer than `max` from its first change, delivered
 // or not; a push not delivered within `max` stops being waited for, and
 // pacing starts over.
-func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) time.Duration, fleet *Deliveries) {
+func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) (delivered <-chan struct{}, idled time.Duration)) {
 	d := newDebouncer(c.after, c.max)
 	c.quiet.Store(int64(d.quiet))
 	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	timer.Stop()
 	var delivering <-chan struct{}
-	defer func() {
-		timer.Stop()
-		if fleet != nil {
-			fleet.stopWaiting()
-		}
-	}()
 	flush := func(t PushTrigger) {
 		c.pushes[t].Add(1)
 		timer.Stop()
 		b := d.take()
-		var m mark
-		if fleet != nil {
-			m = fleet.mark()
-		}
 		start := time.Now()
-		idled := push(ctx, &b)
-		if fleet != nil {
-			delivering = fleet.await(m)
-		}
+		var idled time.Duration
+		delivering, idled = push(ctx, &b)
 		d.pushed(start, idled, delivering != nil)
-		switch {
-		case fleet == nil:
-			d.rest(time.Now())
-		case delivering == nil:
-			d.delivered(time.Now()) // nothing handed out: the push cost its own time
+		if delivering == nil {
+			d.delivered(time.Now()) // nothing to wait for: the push cost its own time
 		}
 	}
 	for {
@@ -278,7 +266,9 @@ func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) ti
 				continue
 			}
 			now := time.Now()
-			c.giveUp(d, fleet, &delivering, now)
+			if d.giveUp(now) {
+				delivering = nil // not delivered within max
+			}
 			if d.changed(&in, now) {
 				flush(LeadingEdge)
 			}
@@ -287,7 +277,9 @@ func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) ti
 			d.delivered(time.Now())
 		case <-timer.C:
 			now := time.Now()
-			c.giveUp(d, fleet, &delivering, now)
+			if d.giveUp(now) {
+				delivering = nil
+			}
 			if t, ok := d.fired(now); ok {
 				flush(t)
 			}
@@ -299,16 +291,8 @@ func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) ti
 	}
 }
 
-// giveUp stops waiting for a push not delivered within max.
-func (c *Changes) giveUp(d *debouncer, fleet *Deliveries, delivering *<-chan struct{}, now time.Time) {
-	if d.giveUp(now) {
-		fleet.stopWaiting()
-		*delivering = nil
-	}
-}
-
 // Limit is the longest a change waits for its push (--debounce-max); a
-// push of churn hands out its waves within it too (Pace).
+// push of churn hands out its waves within it too (the hub's pace).
 func (c *Changes) Limit() time.Duration { return c.max }
 
 // Quiet returns the quiet period batches currently wait for: the time the

@@ -15,15 +15,41 @@ type testFeed struct{ *Changes }
 func (d testFeed) add(hosts []string) { d.HostnamesChanged(hosts) }
 
 // unpaced is a push that leaves the fleet no idle time.
-func unpaced(push func(context.Context, *Batch)) func(context.Context, *Batch) time.Duration {
-	return func(ctx context.Context, b *Batch) time.Duration { push(ctx, b); return 0 }
+func unpaced(push func(context.Context, *Batch)) func(context.Context, *Batch) (<-chan struct{}, time.Duration) {
+	return func(ctx context.Context, b *Batch) (<-chan struct{}, time.Duration) { push(ctx, b); return nil, 0 }
+}
+
+// testFleet stands for the streams the pushes are handed to: each push's
+// delivery is a channel the test closes (deliver).
+type testFleet struct {
+	mu      sync.Mutex
+	pending []chan struct{}
+}
+
+// handOut is one push's delivery, undelivered.
+func (f *testFleet) handOut() <-chan struct{} {
+	ch := make(chan struct{})
+	f.mu.Lock()
+	f.pending = append(f.pending, ch)
+	f.mu.Unlock()
+	return ch
+}
+
+// deliver marks every push handed out so far delivered.
+func (f *testFleet) deliver() {
+	f.mu.Lock()
+	for _, ch := range f.pending {
+		close(ch)
+	}
+	f.pending = nil
+	f.mu.Unlock()
 }
 
 // startChanges runs c's consumer until the test ends.
 func startChanges(t *testing.T, c *Changes, push func(context.Context, *Batch)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { c.Run(ctx, unpaced(push), nil); close(done) }()
+	go func() { c.Run(ctx, unpaced(push)); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -179,35 +205,35 @@ func TestDebounceChangesDuringASlowPushWait(t *testing.T) {
 	}
 }
 
-// startPaced runs c's consumer paced by fleet; every push hands `handed`
-// responses to the fleet and reports its hostnames and when it ran.
-func startPaced(t *testing.T, c *Changes, fleet *Deliveries, handed int) chan pacedPush {
+// startPaced runs c's consumer paced by fleet; every push is handed out
+// to the fleet (delivered when the test says so) and reports its
+// hostnames and when it ran.
+func startPaced(t *testing.T, c *Changes, fleet *testFleet) chan pacedPush {
 	pushes := make(chan pacedPush, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		c.Run(ctx, unpaced(func(_ context.Context, b *Batch) {
+		c.Run(ctx, func(_ context.Context, b *Batch) (<-chan struct{}, time.Duration) {
 			var hosts []string
 			for k := range b.Hosts {
 				hosts = append(hosts, k)
 			}
 			sort.Strings(hosts)
-			for range handed {
-				fleet.Hand()
-			}
+			delivered := fleet.handOut()
 			pushes <- pacedPush{hosts, time.Now()}
-		}), fleet)
+			return delivered, 0
+		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return pushes
 }
 
-// startPacedChanges runs a paced feed whose pushes hand out 100 responses
-// each (more than the allowance of 16).
-func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *Deliveries, chan pacedPush) {
-	c, fleet := NewChanges(after, max), &Deliveries{}
-	return c, fleet, startPaced(t, c, fleet, 100)
+// startPacedChanges runs a paced feed whose pushes are delivered when the
+// test says so.
+func startPacedChanges(t *testing.T, after, max time.Duration) (*Changes, *testFleet, chan pacedPush) {
+	c, fleet := NewChanges(after, max), &testFleet{}
+	return c, fleet, startPaced(t, c, fleet)
 }
 
 type pacedPush struct {
@@ -245,14 +271,8 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 		t.Fatalf("pushed %v while the last push was undelivered", p.hosts)
 	case <-time.After(200 * time.Millisecond):
 	}
-	fleet.Answer(80) // 80%: still undelivered
-	select {
-	case p := <-pushes:
-		t.Fatalf("pushed %v with 80 of 100 responses answered", p.hosts)
-	case <-time.After(50 * time.Millisecond):
-	}
 	answered := time.Now()
-	fleet.Answer(4) // all but 16: delivered
+	fleet.deliver()
 	second := nextPaced(t, pushes)
 	if len(second.hosts) != 2 || second.hosts[0] != "b" || second.hosts[1] != "c" {
 		t.Fatalf("push after delivery = %v; want [b c] coalesced", second.hosts)
@@ -269,7 +289,7 @@ func TestDebouncePacedByDelivery(t *testing.T) {
 	added := time.Now()
 	d.add([]string{"e"})
 	waitTaken(c)
-	fleet.Answer(84)
+	fleet.deliver()
 	third := nextPaced(t, pushes)
 	if len(third.hosts) != 2 || third.hosts[0] != "d" || third.hosts[1] != "e" {
 		t.Fatalf("push after the second delivery = %v; want [d e] coalesced", third.hosts)
@@ -320,34 +340,6 @@ func TestDebounceStopsWaitingForAnUndeliveredPush(t *testing.T) {
 	}
 }
 
-// A push that hands nothing out is delivered when it returns; so is one
-// to a small fleet, or one already answered.
-func TestDeliveriesSmallOrAnswered(t *testing.T) {
-	fleet := &Deliveries{}
-	m := fleet.mark()
-	if ch := fleet.await(m); ch != nil {
-		t.Fatal("await with nothing handed returned a channel; want nil")
-	}
-	for range 16 {
-		fleet.Hand()
-	}
-	select {
-	case <-fleet.await(m):
-	default:
-		t.Fatal("a push of 16 responses, none answered, is waited for; want a small fleet never paced")
-	}
-	m = fleet.mark()
-	for range 1000 {
-		fleet.Hand()
-	}
-	fleet.Answer(900) // answered before the push returned
-	select {
-	case <-fleet.await(m):
-	default:
-		t.Fatal("await of a push already answered did not return at once")
-	}
-}
-
 // A change made late in an undelivered push's wait goes when the push is
 // given up on, `max` after it, not `max` after the change.
 func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
@@ -368,7 +360,7 @@ func TestDebounceGivesUpOnAPushOnTime(t *testing.T) {
 // startCostlyPaced runs a paced feed whose fleet takes cost to answer each
 // push (100 responses); delivered receives once per push after its answers.
 func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (testFeed, chan pacedPush, chan struct{}) {
-	c, fleet := NewChanges(after, max), &Deliveries{}
+	c := NewChanges(after, max)
 	delivered := make(chan struct{}, 64)
 	pushes := make(chan pacedPush, 64)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -376,18 +368,17 @@ func startCostlyPaced(t *testing.T, after, max, cost time.Duration) (testFeed, c
 	var answers sync.WaitGroup
 	go func() {
 		defer close(done)
-		c.Run(ctx, unpaced(func(_ context.Context, b *Batch) {
-			for range 100 {
-				fleet.Hand()
-			}
+		c.Run(ctx, func(_ context.Context, b *Batch) (<-chan struct{}, time.Duration) {
+			answered := make(chan struct{})
 			pushes <- pacedPush{at: time.Now()}
 			answers.Add(1)
 			time.AfterFunc(cost, func() {
 				defer answers.Done()
-				fleet.Answer(100)
+				close(answered)
 				delivered <- struct{}{}
 			})
-		}), fleet)
+			return answered, 0
+		})
 	}()
 	t.Cleanup(func() { cancel(); <-done; answers.Wait() })
 	return testFeed{c}, pushes, delivered

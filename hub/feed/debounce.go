@@ -124,10 +124,6 @@ func (d *debouncer) delivered(now time.Time) {
 	d.quiet = min(max(now.Sub(d.pushedAt), d.after), d.max)
 }
 
-// rest records that the fleet is idle from now, the push's cost unknown
-// (an unpaced feed).
-func (d *debouncer) rest(now time.Time) { d.delivering, d.idleSince = false, now }
-
 // giveUp stops waiting for a push not delivered within max and reports
 // whether it did; pacing starts over.
 func (d *debouncer) giveUp(now time.Time) bool {

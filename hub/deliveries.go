@@ -1,4 +1,4 @@
-package feed
+package hub
 
 import (
 	"context"
@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// Deliveries counts what the fleet of streams takes in: the responses the
-// watcher hands to streams and the ones clients answer (ACK or NACK). The
-// change feed paces pushes by it (Changes.Run): the time from a push until
-// its clients answered most of what it handed them is what the push cost,
-// the CPU of the hub, of the network and of the clients together, and the
-// changes made meanwhile wait for it and then for a quiet period that long
-// (see Changes.Run).
+// deliveries counts what the fleet of streams takes in: the responses the
+// watcher hands to streams and the ones clients answer (ACK or NACK). A
+// push tells the change feed when its clients answered most of what it
+// handed them (watcher.push, await): the time that took is what the push
+// cost, the CPU of the hub, of the network and of the clients together,
+// and the changes made meanwhile wait for it and then for a quiet period
+// that long (see feed.Changes.Run).
 //
 // A SotW client that never answers is handed nothing more of that type (a
 // response is handed only to a stream that asked again), so it slows at
@@ -23,7 +23,7 @@ import (
 // that answer late, on more than a tenth of the responses of every push,
 // hold every push back up to `max`: that bound is all pacing guarantees
 // against them.
-type Deliveries struct {
+type deliveries struct {
 	handed   atomic.Int64
 	answered atomic.Int64
 	waiter   atomic.Pointer[deliveryWaiter]
@@ -43,12 +43,15 @@ func unanswered(handed int64) int64 { return max(handed/10, 16) }
 // mark is where the counters stand before a push.
 type mark struct{ handed, answered int64 }
 
-func (d *Deliveries) mark() mark {
+func (d *deliveries) mark() mark {
+	if d == nil {
+		return mark{}
+	}
 	return mark{handed: d.handed.Load(), answered: d.answered.Load()}
 }
 
 // Hand counts a response handed to a stream.
-func (d *Deliveries) Hand() {
+func (d *deliveries) Hand() {
 	if d != nil {
 		d.handed.Add(1)
 	}
@@ -56,7 +59,7 @@ func (d *Deliveries) Hand() {
 
 // Answer counts n responses answered by their clients (or lost with their
 // stream) and wakes the waiter once its target is reached.
-func (d *Deliveries) Answer(n int) {
+func (d *deliveries) Answer(n int) {
 	if d == nil || n <= 0 {
 		return
 	}
@@ -68,9 +71,12 @@ func (d *Deliveries) Answer(n int) {
 
 // await returns a channel closed once clients answered all but
 // unanswered(n) of the n responses handed since m (answers since m count,
-// whichever response they answer), or nil when nothing was handed. It
-// replaces any earlier wait.
-func (d *Deliveries) await(m mark) <-chan struct{} {
+// whichever response they answer), or nil when nothing was handed (or d
+// is nil: nobody counts). It replaces any earlier wait.
+func (d *deliveries) await(m mark) <-chan struct{} {
+	if d == nil {
+		return nil
+	}
 	n := d.handed.Load() - m.handed
 	if n <= 0 {
 		d.waiter.Store(nil)
@@ -85,22 +91,22 @@ func (d *Deliveries) await(m mark) <-chan struct{} {
 }
 
 // stopWaiting drops the current wait, if any.
-func (d *Deliveries) stopWaiting() { d.waiter.Store(nil) }
+func (d *deliveries) stopWaiting() { d.waiter.Store(nil) }
 
-// A paced push (Pace) reaches its streams in at most paceWaves waves of at
-// least MinWave streams each.
+// A paced push (pace) reaches its streams in at most paceWaves waves of at
+// least minWave streams each.
 const (
 	paceWaves = 8
-	MinWave   = 32
+	minWave   = 32
 )
 
 // idlePerBusy is how long a paced push leaves the fleet idle after a wave,
 // for each unit of time the wave took.
 const idlePerBusy = 2
 
-// Pace hands a push of churn to its streams in waves: push(wave) answers
+// pace hands a push of churn to its streams in waves: push(wave) answers
 // a wave's streams; once the fleet answered all but a few of the responses
-// it was handed (await), Pace leaves it idle for idlePerBusy times as long
+// it was handed (await), pace leaves it idle for idlePerBusy times as long
 // as the wave took before the next one. So while changes keep coming the
 // fleet is busy about a third of the time, and the API servers and
 // workloads on the machines it shares keep the rest (istiod gets there by
@@ -108,15 +114,15 @@ const idlePerBusy = 2
 // slowly). A stream reached by a later wave gets what the hub generates
 // then. Waiting and idling end at limit from the push's start: what is
 // left then goes at once, so that the change feed, blocked meanwhile, is
-// held back at most limit. A fleet of fewer than 2*MinWave streams, or no
-// d, gets the push in one go. Pace returns when the last stream is handed
+// held back at most limit. A fleet of fewer than 2*minWave streams, or no
+// d, gets the push in one go. pace returns when the last stream is handed
 // its response, or when ctx is done, with the time it left the fleet idle.
-func Pace[S any](ctx context.Context, d *Deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
-	if d == nil || len(streams) < 2*MinWave {
+func pace[S any](ctx context.Context, d *deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
+	if d == nil || len(streams) < 2*minWave {
 		push(streams)
 		return 0
 	}
-	size := max(MinWave, (len(streams)+paceWaves-1)/paceWaves)
+	size := max(minWave, (len(streams)+paceWaves-1)/paceWaves)
 	deadline := time.Now().Add(limit)
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
@@ -165,4 +171,4 @@ func Pace[S any](ctx context.Context, d *Deliveries, streams []S, limit time.Dur
 }
 
 // Answered is how many responses clients answered so far.
-func (d *Deliveries) Answered() int64 { return d.answered.Load() }
+func (d *deliveries) Answered() int64 { return d.answered.Load() }
