@@ -29,7 +29,8 @@ type deliveries struct {
 	waiter   atomic.Pointer[deliveryWaiter]
 }
 
-// deliveryWaiter is the change feed waiting for answered to reach target.
+// deliveryWaiter is a wait for answered to reach target: a push's (the
+// change feed's) or a wave's (pace).
 type deliveryWaiter struct {
 	target int64
 	done   chan struct{}

@@ -148,4 +148,23 @@ func TestDeliveriesAllButAFew(t *testing.T) {
 	default:
 		t.Fatal("not delivered with 84 of 100 responses answered (all but 16)")
 	}
+	// A second push counts only the answers after its own mark: the 84
+	// above, and 16 late answers to the first push, are none of them.
+	m = fleet.mark()
+	for range 100 {
+		fleet.Hand()
+	}
+	delivered = fleet.await(m)
+	fleet.Answer(80)
+	select {
+	case <-delivered:
+		t.Fatal("second push delivered with 80 of its 100 responses answered")
+	default:
+	}
+	fleet.Answer(4)
+	select {
+	case <-delivered:
+	default:
+		t.Fatal("second push not delivered with 84 of its 100 responses answered")
+	}
 }

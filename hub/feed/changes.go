@@ -199,7 +199,8 @@ func (c *Changes) take() Batch {
 
 // Run hands batches to push until ctx is done; it is the feed's one
 // consumer. The rules below are the debouncer's (debounce.go), which holds
-// the debounce state; Run feeds it the clock, the timer and the deliveries.
+// the debounce state; Run feeds it the clock, the timer and when each push
+// is delivered.
 //
 // Pushes are paced by what they cost: push returns a channel closed once
 // the streams took in most of what it handed them (nil: nothing to wait

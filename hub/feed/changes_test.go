@@ -14,7 +14,8 @@ type testFeed struct{ *Changes }
 
 func (d testFeed) add(hosts []string) { d.HostnamesChanged(hosts) }
 
-// unpaced is a push that leaves the fleet no idle time.
+// unpaced is a push that leaves the fleet no idle time and is delivered
+// when it returns.
 func unpaced(push func(context.Context, *Batch)) func(context.Context, *Batch) (<-chan struct{}, time.Duration) {
 	return func(ctx context.Context, b *Batch) (<-chan struct{}, time.Duration) { push(ctx, b); return nil, 0 }
 }
