@@ -69,7 +69,6 @@ type exportSettings struct {
 // may move with its nodes, and endpoints take their locality from them.
 type nodeWatch struct {
 	factory informers.SharedInformerFactory
-	inf     cache.SharedIndexInformer
 	lister  corelisters.NodeLister
 }
 
@@ -159,9 +158,10 @@ func (c *Cluster) watchSecrets(events SecretEvents) error {
 // watchNodes builds the member's Node informer.
 func (c *Cluster) watchNodes() (cache.InformerSynced, error) {
 	c.nodes.factory = informers.NewSharedInformerFactory(c.api.client, 0)
-	nodeInf := c.nodes.factory.Core().V1().Nodes()
-	c.nodes.inf, c.nodes.lister = nodeInf.Informer(), nodeInf.Lister()
-	if err := c.nodes.inf.SetTransform(stripObject); err != nil {
+	nodes := c.nodes.factory.Core().V1().Nodes()
+	inf := nodes.Informer()
+	c.nodes.lister = nodes.Lister()
+	if err := inf.SetTransform(stripObject); err != nil {
 		return nil, fmt.Errorf("setting informer transform: %w", err)
 	}
 	onNode := func(any) {
@@ -169,7 +169,7 @@ func (c *Cluster) watchNodes() (cache.InformerSynced, error) {
 			c.views.enqueueAll()
 		}
 	}
-	reg, err := c.nodes.inf.AddEventHandler(c.objects.counting(c.objects.counts, "Node", cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(c.objects.counting(c.objects.counts, "Node", cache.ResourceEventHandlerFuncs{
 		AddFunc:    onNode,
 		UpdateFunc: func(_, obj any) { onNode(obj) },
 		DeleteFunc: onNode,
