@@ -278,7 +278,6 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 		if t.cancel != nil {
 			t.cancel()
 		}
-		c.mu.Lock()
 		t.sub.set(req.ResourceNames)
 		if req.ResponseNonce == "" {
 			// A new request (istiod's shouldRespond: no nonce is a client
@@ -286,8 +285,7 @@ func (c *sotwConn) handle(req *discoveryv3.DiscoveryRequest, defaultType string)
 			// type's first request is.
 			t.sub.forget(nil)
 		}
-		c.state.holds(req.TypeUrl, t.sub.held())
-		c.mu.Unlock()
+		c.holds(req.TypeUrl, t.sub.held())
 		if req.ResponseNonce == "" {
 			c.a.watcher.renew(&c.rec, req.TypeUrl)
 		}
@@ -311,10 +309,8 @@ func (c *sotwConn) sendQueued() error {
 		c.nonce++
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		t.nonce = out.Nonce
-		c.mu.Lock()
 		t.sub.took(resp)
 		c.a.tracker.onStreamResponse(c.conn, out, t.sub.held(), resp.incremental)
-		c.mu.Unlock()
 		if err := c.st.Send(out); err != nil {
 			return err
 		}
@@ -351,10 +347,8 @@ func (c *sotwConn) resendEndpoints(clusters []string) error {
 	if t.cancel != nil {
 		t.cancel()
 	}
-	c.mu.Lock()
 	t.sub.forget(clusters)
-	c.state.holds(resourcev3.EndpointType, t.sub.held())
-	c.mu.Unlock()
+	c.holds(resourcev3.EndpointType, t.sub.held())
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	// A request of its own identity: a response the cancelled watch queued
 	// is dropped (sendQueued), as the new watch's requested() counted it
@@ -391,12 +385,10 @@ func (c *sotwConn) close() {
 			t.cancel()
 		}
 	}
-	c.mu.Lock()
-	clear(c.state.held)
+	c.unpublishHeld()
 	for _, t := range c.types {
 		t.sub.release()
 	}
-	c.mu.Unlock()
 	c.a.watcher.closeStream(&c.rec)
 	c.a.tracker.onStreamClosed(c.conn)
 }
@@ -484,12 +476,12 @@ func newSotwSubscription(names []string, resources *resourceHoldings) sotwSubscr
 }
 
 // heldResources is what a stream holds of one type: the resources by
-// name (a holding's map, read only) or the resources of a whole-state
+// name (a holding, read only) or the resources of a whole-state
 // response, with the version of the set it was, if a wildcard's.
 type heldResources struct {
-	byName map[string]heldResource
-	whole  []*xdsgen.Resource
-	set    string
+	holding *holding[heldResource] // nil: none by name
+	whole   []*xdsgen.Resource
+	set     string
 	// sent are the resources of the whole-state response, as sent (Istio
 	// config's are not xdsgen.Resources: whole is empty for them).
 	sent []*anypb.Any
@@ -515,9 +507,17 @@ func changeOf(res []*xdsgen.Resource, removed []string) change[heldResource] {
 	return c
 }
 
+// byName returns the resources held by name (nil: none).
+func (h heldResources) byName() map[string]heldResource {
+	if h.holding == nil {
+		return nil
+	}
+	return h.holding.res
+}
+
 // version returns the version the stream holds of name.
 func (h heldResources) version(name string) (string, bool) {
-	if r, ok := h.byName[name]; ok {
+	if r, ok := h.byName()[name]; ok {
 		return r.version, true
 	}
 	for _, r := range h.whole {
@@ -531,15 +531,15 @@ func (h heldResources) version(name string) (string, bool) {
 // changed reports whether r is not what the stream holds of its name (a
 // resource held by name: whole states are compared whole, see sameAs).
 func (h heldResources) changed(r *xdsgen.Resource) bool {
-	held, ok := h.byName[r.Name]
+	held, ok := h.byName()[r.Name]
 	return !ok || held.version != r.Version
 }
 
 // sameAs reports whether the stream holds exactly res, a whole state
 // (nothing held is the same as none).
 func (h heldResources) sameAs(res []*xdsgen.Resource) bool {
-	if len(h.byName) > 0 {
-		if len(res) != len(h.byName) {
+	if len(h.byName()) > 0 {
+		if len(res) != len(h.byName()) {
 			return false
 		}
 		for _, r := range res {
@@ -575,9 +575,9 @@ func (h heldResources) anys() []*anypb.Any {
 	if h.sent != nil {
 		return h.sent
 	}
-	out := make([]*anypb.Any, 0, len(h.byName))
-	for _, name := range slices.Sorted(maps.Keys(h.byName)) {
-		if a := h.byName[name].any; a != nil {
+	out := make([]*anypb.Any, 0, len(h.byName()))
+	for _, name := range slices.Sorted(maps.Keys(h.byName())) {
+		if a := h.byName()[name].any; a != nil {
 			out = append(out, a)
 		}
 	}
@@ -585,13 +585,11 @@ func (h heldResources) anys() []*anypb.Any {
 }
 
 // count is how many resources the stream holds.
-func (h heldResources) count() int { return max(len(h.byName), len(h.whole), len(h.sent)) }
+func (h heldResources) count() int { return max(len(h.byName()), len(h.whole), len(h.sent)) }
 
 func (s *sotwSubscription) held() heldResources {
 	h := heldResources{whole: s.whole, set: s.setVersion, sent: s.sent}
-	if s.holds != nil {
-		h.byName = s.holds.res
-	}
+	h.holding = s.holds
 	return h
 }
 
@@ -875,10 +873,7 @@ func (s *deltaSubscription) release() {
 }
 
 func (s *deltaSubscription) held() heldResources {
-	if s.holds == nil {
-		return heldResources{}
-	}
-	return heldResources{byName: s.holds.res}
+	return heldResources{holding: s.holds}
 }
 
 // IsWildcard reports whether the subscription is to every resource.
@@ -927,9 +922,7 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 			t.sub.forget(slices.Collect(maps.Keys(c.rewarm)))
 			c.rewarm = nil
 		}
-		c.mu.Lock()
-		c.state.holds(req.TypeUrl, t.sub.held())
-		c.mu.Unlock()
+		c.holds(req.TypeUrl, t.sub.held())
 	} else {
 		if t.cancel != nil {
 			t.cancel()
@@ -953,10 +946,8 @@ func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType s
 			}
 			c.a.watcher.renew(&c.rec, req.TypeUrl)
 		}
-		c.mu.Lock()
 		t.sub.update(req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe)
-		c.state.holds(req.TypeUrl, t.sub.held())
-		c.mu.Unlock()
+		c.holds(req.TypeUrl, t.sub.held())
 	}
 	var err error
 	t.req = req
@@ -977,7 +968,6 @@ func (c *deltaConn) sendQueued() error {
 		out.Nonce = strconv.FormatInt(c.nonce, 10)
 		var updated []string // clusters the stream held another version of: Envoy re-warms them
 		var held heldResources
-		c.mu.Lock()
 		if t := c.types[out.TypeUrl]; t != nil {
 			if out.TypeUrl == resourcev3.ClusterType {
 				for _, r := range resp.changed {
@@ -991,7 +981,6 @@ func (c *deltaConn) sendQueued() error {
 			held = t.sub.held()
 		}
 		c.a.tracker.onDeltaResponse(c.conn, out, held)
-		c.mu.Unlock()
 		if err := c.st.Send(out); err != nil {
 			c.a.fleet.Answer(len(queued) - i - 1) // never sent: nobody will answer them
 			return err
@@ -1032,10 +1021,8 @@ func (c *deltaConn) resendEndpoints(names []string) error {
 	if t.cancel != nil {
 		t.cancel()
 	}
-	c.mu.Lock()
 	t.sub.forget(names)
-	c.state.holds(resourcev3.EndpointType, t.sub.held())
-	c.mu.Unlock()
+	c.holds(resourcev3.EndpointType, t.sub.held())
 	c.a.watcher.renew(&c.rec, resourcev3.EndpointType)
 	var err error
 	t.req = &discoveryv3.DeltaDiscoveryRequest{Node: c.node, TypeUrl: resourcev3.EndpointType}
@@ -1053,12 +1040,10 @@ func (c *deltaConn) close() {
 			t.cancel()
 		}
 	}
-	c.mu.Lock()
-	clear(c.state.held)
+	c.unpublishHeld()
 	for _, t := range c.types {
 		t.sub.release()
 	}
-	c.mu.Unlock()
 	// Responses handed to the stream and never sent: nobody will answer
 	// them (the pacing counts them answered). SotW's are counted by the
 	// watcher (streamRecord.handed).

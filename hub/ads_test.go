@@ -212,7 +212,7 @@ func TestSotWSubscriptionIsGoControlPlanes(t *testing.T) {
 // subscriptions record what they returned.
 func versionsHeld(h heldResources) map[string]string {
 	out := map[string]string{}
-	for name, r := range h.byName {
+	for name, r := range h.byName() {
 		out[name] = r.version
 	}
 	for _, r := range h.whole {
@@ -472,7 +472,7 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	}
 	parked := c.rec.subs[resourcev3.EndpointType].parked
 	held := c.types[resourcev3.EndpointType].sub.holds.res
-	if parked == nil || reflect.ValueOf(parked.held.byName).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA].version != st.sent[1].Resources[0].Version {
+	if parked == nil || reflect.ValueOf(parked.held.byName()).UnsafePointer() != reflect.ValueOf(held).UnsafePointer() || held[edsA].version != st.sent[1].Resources[0].Version {
 		t.Fatalf("the parked watch (%v) does not read what the stream holds (%v)", parked != nil, held)
 	}
 }

@@ -1,8 +1,6 @@
 package hub
 
 import (
-	"sync"
-
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/hubmesh/hub/hub/authn"
@@ -17,10 +15,11 @@ import (
 //   - node, named (SotW only), trimmed, told and nonce are the loop's (no
 //     lock), as is the per-type protocol state of sotwConn and deltaConn
 //     that embed the conn;
-//   - state is what the tracker checks and shows (identity, status,
-//     nonces sent, what the stream holds): only the loop writes it (through
-//     the tracker), under mu, which readers (the API, TypeSyncz) take to
-//     copy it;
+//   - state is what the tracker checks and records (identity, status,
+//     nonces sent, each type's state): the loop's too, through the tracker;
+//   - shown is what others (the API, other streams' TypeSyncz) see of
+//     state: immutable values the loop publishes after each change, read
+//     without a lock;
 //   - rec is what the watcher's pushes read (identity, as the loop tells
 //     it, persistent subscribers, the responses handed to the stream), guarded by
 //     watcher.mu, but for its withheld-SDS log (a lock of its own) and
@@ -37,8 +36,8 @@ type conn struct {
 	told  authn.Identity
 	nonce int64 // the last response's nonce
 
-	mu    sync.Mutex // guards state
 	state streamState
+	shown shownStream
 	rec   streamRecord
 }
 
@@ -59,11 +58,19 @@ func (c *conn) trimNode() {
 // identified tells the watcher the stream's verified identity when the
 // tracker settled a new one (on the first request, and on a Delta request
 // with another node): an SDS subscriber of another member or namespace
-// than before is aimed again (watcher.identify). The loop is the writer of
-// c.state, so it reads it without the lock.
+// than before is aimed again (watcher.identify).
 func (c *conn) identified(w *watcher) {
 	if c.state.ident != c.told {
 		w.identify(&c.rec, c.state.ident)
 		c.told = c.state.ident
+	}
+}
+
+// unpublishHeld withdraws what the stream published it holds, when the
+// loop releases its holdings (the stream ends): a released holding may be
+// another stream's to change.
+func (c *conn) unpublishHeld() {
+	for _, t := range c.state.types {
+		t.held.Store(nil)
 	}
 }

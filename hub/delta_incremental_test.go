@@ -113,7 +113,7 @@ func edsSubscriber(t *testing.T, h *testHub) *subscriber {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var found *subscriber
-	for _, c := range h.proxies.streams {
+	for c := range h.proxies.streams {
 		if s := c.rec.subs[resourcev3.EndpointType]; s != nil {
 			if found != nil {
 				t.Fatal("more than one stream has an EDS subscriber")

@@ -15,12 +15,14 @@ import (
 // another stream made first is shared instead of copied: with thousands of
 // streams a map per stream would be most of the hub's memory. A holding is
 // changed in place only while one stream holds it and no other can reach
-// it; its map is read only once shared.
+// it; its map is read only once shared, or frozen for a reader outside the
+// stream's loop.
 type holding[V comparable] struct {
 	res    map[string]V
 	refs   int  // streams holding it
 	cached bool // reachable from holdings.cache: never changed again
 	keyed  bool // a change from it is remembered: never changed again
+	frozen bool // read outside its stream's loop (freeze): never changed again
 }
 
 // change is what one response did to a holding: names now hold vals,
@@ -110,7 +112,7 @@ func (h *holdings[V]) apply(base *holding[V], c change[V]) *holding[V] {
 		t.next.refs++
 		return t.next
 	}
-	if base.refs == 1 && !base.cached && !base.keyed {
+	if base.refs == 1 && !base.cached && !base.keyed && !base.frozen {
 		applyChange(base.res, c)
 		return base
 	}
@@ -137,6 +139,18 @@ func applyChange[V comparable](m map[string]V, c change[V]) {
 	}
 	for _, name := range c.removed {
 		delete(m, name)
+	}
+}
+
+// freeze says x (nil: nothing) is never changed in place again, so that
+// a reader outside the stream's loop (the API) may read its map without a
+// lock once freeze returned: a change the loop made in place before is
+// seen, and any later one copies the map.
+func (h *holdings[V]) freeze(x *holding[V]) {
+	if x != nil {
+		h.mu.Lock()
+		x.frozen = true
+		h.mu.Unlock()
 	}
 }
 

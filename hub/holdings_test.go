@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -56,4 +57,22 @@ func TestHoldingsShareAndDiverge(t *testing.T) {
 		t.Fatalf("after many changes: %d held, %d remembered", len(s1.res), len(h.cache))
 	}
 	want(s2, map[string]*anypb.Any{"a": a2, "b": b1})
+}
+
+// A holding a reader froze (the API) is never changed in place: the next
+// change copies it, and the reader's map stays as it was.
+func TestFrozenHoldingIsCopied(t *testing.T) {
+	h := newHoldings[string]()
+	x := h.apply(nil, change[string]{names: []string{"a"}, vals: []string{"1"}})
+	for i := range maxTransitions + 1 { // the cache forgets x: it may change in place
+		h.apply(nil, change[string]{names: []string{fmt.Sprint("other", i)}, vals: []string{"1"}})
+	}
+	if y := h.apply(x, change[string]{names: []string{"b"}, vals: []string{"1"}}); y != x {
+		t.Fatal("a holding only one stream holds and nothing remembers was copied; want it changed in place")
+	}
+	h.freeze(x)
+	y := h.apply(x, change[string]{names: []string{"c"}, vals: []string{"1"}})
+	if y == x || len(x.res) != 2 || len(y.res) != 3 {
+		t.Fatalf("after freeze: the change gave %p (was %p), which holds %d; the frozen one holds %d; want a copy of 3 and 2 left", y, x, len(y.res), len(x.res))
+	}
 }

@@ -220,8 +220,9 @@ func New(opts Options) (*Hub, error) {
 		scope: scope, maxNames: opts.Limits.MaxResourceNames,
 		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: newPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
 	})
+	held := newHoldings[heldResource]()
 	proxies := newProxyTracker(trackerInputs{
-		log: opts.Log, limits: opts.Limits, tokens: tokens, roots: opts.Roots, fleet: fleet,
+		log: opts.Log, limits: opts.Limits, tokens: tokens, roots: opts.Roots, fleet: fleet, held: held,
 	})
 	h := &Hub{
 		log:     opts.Log,
@@ -240,7 +241,7 @@ func New(opts Options) (*Hub, error) {
 		ca:      caServer,
 		codec:   newSharedCodec(),
 		fleet:   fleet,
-		held:    newHoldings[heldResource](),
+		held:    held,
 		names:   newHoldings[struct{}](),
 	}
 	if opts.Metrics != nil {

@@ -176,7 +176,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 	if got := claNames(t, resp); len(got) != 1 || got[b] != "10.0.1.2" {
 		t.Fatalf("after a dropped response the stream got %v; want b again", got)
 	}
-	if names := slices.Sorted(maps.Keys(sub.held().byName)); !slices.Equal(names, []string{a, b}) {
+	if names := slices.Sorted(maps.Keys(sub.held().byName())); !slices.Equal(names, []string{a, b}) {
 		t.Fatalf("returned resources = %v", names)
 	}
 }

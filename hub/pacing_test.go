@@ -31,9 +31,7 @@ func TestTrackerCountsAnswers(t *testing.T) {
 	}
 	send := func(id int64, typeURL, nonce string) {
 		c := conns[id]
-		c.mu.Lock()
 		p.onStreamResponse(c, &discoveryv3.DiscoveryResponse{TypeUrl: typeURL, VersionInfo: "v" + nonce, Nonce: nonce}, heldResources{}, false)
-		c.mu.Unlock()
 	}
 	send(1, resourcev3.ClusterType, "1")
 	send(1, resourcev3.EndpointType, "2")

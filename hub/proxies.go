@@ -85,12 +85,15 @@ type ProxyConfig struct {
 }
 
 // proxyTracker follows every ADS stream as its loop (adsServer) reports
-// it: who is connected, what was sent, what was ACKed or NACKed.
+// it: who is connected, what was sent, what was ACKed or NACKed. Its
+// checks and records run on the stream's loop, which alone writes the
+// stream's state; readers (the API, other streams' TypeSyncz) read what
+// the loop published (shownStream) and take no lock a response takes.
 type proxyTracker struct {
 	trackerInputs
-	mu        sync.Mutex      // guards streams only: a stream's state has its own lock (conn.mu)
-	streams   map[int64]*conn // the open streams, by ID
-	perSecond perSecond       // responses sent
+	mu        sync.Mutex         // guards streams
+	streams   map[*conn]struct{} // the open streams
+	perSecond perSecond          // responses sent
 
 	connected   prometheus.Gauge
 	sentByLabel sync.Map // type label → sentCounters
@@ -102,21 +105,18 @@ type proxyTracker struct {
 }
 
 // streamState is what the tracker checks and shows of a stream: its
-// verified identity, its status for the API, the nonces it was sent and
-// what it holds. It is part of the stream's conn: the stream's loop writes
-// it (through the tracker) under conn.mu, which readers take to copy it.
+// verified identity, its status, the nonces it was sent and each type's
+// protocol state. It is part of the stream's conn and its loop's alone (no
+// lock): what others see of it is what the loop publishes (conn.shown).
 type streamState struct {
 	ident   authn.Identity
 	claimed string          // the member the proxy says it is in (may differ from ident.Cluster)
 	token   string          // a bearer token still to be reviewed (mTLS streams without a certificate)
 	ctx     context.Context // the stream's, for that review
 	node    *corev3.Node
-	status  ProxyStatus
-	types   map[string]*TypeStatus
-	nonces  map[string]sent // per stream (nonces are unique per stream)
-	// held is, by type URL, what the stream holds: its loop's record
-	// (sotwSubscription, deltaSubscription), published here.
-	held map[string]heldResources
+	status  ProxyStatus           // but Types: those are types'
+	types   map[string]*typeState // by type URL
+	nonces  map[string]sent       // per stream (nonces are unique per stream)
 	// asked are the type URLs the stream asked for (see check).
 	asked map[string]struct{}
 	// anonymous is a stream on the mTLS listener with neither a client
@@ -129,6 +129,87 @@ type streamState struct {
 
 // sent is what a response carried: the type and version a nonce names.
 type sent struct{ typeURL, version string }
+
+// typeState is the protocol state of one type on a stream: the loop's
+// TypeStatus, and the copies of it and of what the stream holds of the
+// type that the loop last published.
+type typeState struct {
+	TypeStatus
+	shown atomic.Pointer[TypeStatus]    // nil until a response is sent
+	held  atomic.Pointer[heldResources] // its byName may change in place until frozen (holdings.freeze)
+}
+
+// shownStream is what a stream shows to readers other than its loop: the
+// API, and other streams' TypeSyncz. The loop publishes immutable values
+// after each change it makes (publishFacts, typeState.shown and held), so
+// that a reader never waits for a stream, nor a stream for a reader.
+type shownStream struct {
+	facts atomic.Pointer[streamFacts]
+	types atomic.Pointer[[]*typeState] // in no order; replaced when a type is added
+}
+
+// streamFacts is who a stream is and what it asked for, as published.
+type streamFacts struct {
+	status ProxyStatus // but Types
+	ident  authn.Identity
+	asked  []string // the type URLs the stream asked for, in no order
+}
+
+// publishFacts publishes what the loop changed of the stream's status,
+// identity or asked types: a new node, claim or identity, or an unserved
+// request (rare, against a response's per type).
+func (c *conn) publishFacts() {
+	st := &c.state
+	c.shown.facts.Store(&streamFacts{status: st.status, ident: st.ident, asked: slices.Collect(maps.Keys(st.asked))})
+}
+
+// typeState returns the stream's state of typeURL, made (and published)
+// on first use.
+func (c *conn) typeState(typeURL string) *typeState {
+	ts := c.state.types[typeURL]
+	if ts == nil {
+		ts = &typeState{TypeStatus: TypeStatus{TypeURL: typeURL}}
+		c.state.types[typeURL] = ts
+		list := slices.Collect(maps.Values(c.state.types))
+		c.shown.types.Store(&list)
+	}
+	return ts
+}
+
+// publish publishes the loop's TypeStatus of the type.
+func (t *typeState) publish() {
+	v := t.TypeStatus
+	t.shown.Store(&v)
+}
+
+// shownTypes returns what the stream published of its types.
+func (s *shownStream) shownTypes() []*typeState {
+	if l := s.types.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
+// status returns the stream's status as published, its types in the
+// order they are shown.
+func (s *shownStream) status() ProxyStatus {
+	types := s.shownTypes()
+	out := s.facts.Load().status
+	out.Types = make([]TypeStatus, 0, len(types))
+	for _, t := range types {
+		if ts := t.shown.Load(); ts != nil {
+			out.Types = append(out.Types, *ts)
+		}
+	}
+	sort.Slice(out.Types, func(i, j int) bool {
+		a, b := xdsTypeOf(out.Types[i].TypeURL).shown, xdsTypeOf(out.Types[j].TypeURL).shown
+		if a != b {
+			return a < b
+		}
+		return out.Types[i].TypeURL < out.Types[j].TypeURL
+	})
+	return out
+}
 
 // trackerInputs are what the tracker checks streams with and whom it
 // tells, built before it (Hub.New).
@@ -143,12 +224,15 @@ type trackerInputs struct {
 	roots authn.RootSource
 	// fleet counts the responses clients answered (may be nil).
 	fleet *deliveries
+	// held is where the stream loops' holdings of resources come from:
+	// the API freezes one before it reads it (config).
+	held *resourceHoldings
 }
 
 func newProxyTracker(in trackerInputs) *proxyTracker {
 	return &proxyTracker{
 		trackerInputs: in,
-		streams:       map[int64]*conn{},
+		streams:       map[*conn]struct{}{},
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "hub_xds_connected_streams", Help: "Open ADS streams.",
 		}),
@@ -182,9 +266,7 @@ func (p *proxyTracker) onRefused(c *conn, err error) {
 	default:
 		return // the hub's own state (a full hub, a drain), not what the client sent
 	}
-	c.mu.Lock()
-	st := c.state.status
-	c.mu.Unlock()
+	st := c.state.status // on the stream's loop
 	p.refused.record(st, c.node, err)
 	s := status.Convert(err)
 	id := st.ID
@@ -200,23 +282,15 @@ func (p *proxyTracker) onRefused(c *conn, err error) {
 // the stream stays. A node it carries is checked as any request's is, so
 // no client can park an oversized one behind an unserved type.
 func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) error {
-	if node != nil {
-		c.mu.Lock()
-		known := c.state.node == node
-		c.mu.Unlock()
-		if !known {
-			if err := p.limits.checkNode(node); err != nil {
-				return err
-			}
+	if node != nil && c.state.node != node {
+		if err := p.limits.checkNode(node); err != nil {
+			return err
 		}
 	}
 	p.unserved.Inc()
-	c.mu.Lock()
-	st := &c.state
-	st.status.Unserved++
-	first := st.status.Unserved == 1
-	c.mu.Unlock()
-	if first {
+	c.state.status.Unserved++
+	c.publishFacts()
+	if c.state.status.Unserved == 1 {
 		p.log.Debug("xDS request for a type the hub does not serve ignored", "proxy", clip.String(node.GetId(), 256), "type", clip.String(typeURL, 128))
 	}
 	return nil
@@ -233,7 +307,7 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 	st := &c.state
 	*st = streamState{
 		status: ProxyStatus{Stream: c.id, ConnectedAt: time.Now()}, ctx: ctx,
-		types: map[string]*TypeStatus{}, nonces: map[string]sent{}, held: map[string]heldResources{},
+		types: map[string]*typeState{}, nonces: map[string]sent{},
 	}
 	secure := false
 	if pr, ok := peer.FromContext(ctx); ok {
@@ -265,20 +339,21 @@ func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) er
 			return errAnonymousType(typ)
 		}
 	}
-	p.claim(st, claimed) // not yet registered: nobody else reads st
+	p.claim(st, claimed)
+	c.publishFacts()
 	p.mu.Lock()
 	if len(p.streams) >= p.limits.MaxStreams {
 		p.mu.Unlock()
 		return errTooManyStreams(p.limits.MaxStreams)
 	}
-	p.streams[c.id] = c
+	p.streams[c] = struct{}{}
 	p.mu.Unlock()
 	p.connected.Inc()
 	return nil
 }
 
 // claim records the member cluster a proxy says it is in (node metadata
-// CLUSTER_ID or the ClusterID header), with c.mu held once the stream is registered. A token's member is
+// CLUSTER_ID or the ClusterID header), for the stream's loop to publish. A token's member is
 // where it was reviewed, whatever the proxy says later. A certificate bound
 // to a member (see trust.MemberOID) that claims another one is in conflict:
 // it gets no Kubernetes Secrets, which is logged once and shown in status.
@@ -303,15 +378,13 @@ func (p *proxyTracker) claim(st *streamState, member string) {
 // open was refused (rate limit), which were never counted.
 func (p *proxyTracker) onStreamClosed(c *conn) {
 	p.mu.Lock()
-	if p.streams[c.id] != c {
+	if _, ok := p.streams[c]; !ok {
 		p.mu.Unlock()
 		return
 	}
-	delete(p.streams, c.id)
+	delete(p.streams, c)
 	p.mu.Unlock()
-	c.mu.Lock()
 	p.fleet.Answer(len(c.state.nonces)) // lost with the stream
-	c.mu.Unlock()
 	p.connected.Dec()
 }
 
@@ -362,14 +435,11 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	if err := checkRequestType(typeURL); err != nil {
 		return err
 	}
-	c.mu.Lock()
 	st := &c.state
 	if err := checkAnonymous(st, typeURL); err != nil {
-		c.mu.Unlock()
 		return err
 	}
 	if node == nil {
-		c.mu.Unlock()
 		return nil
 	}
 	known := st.node == node
@@ -378,15 +448,14 @@ func (p *proxyTracker) check(c *conn, node *corev3.Node, typeURL string) error {
 	// stream may open, each costs the stream's loop and the tracker state.
 	if _, ok := st.asked[typeURL]; !ok {
 		if len(st.asked) >= maxTypesPerStream {
-			c.mu.Unlock()
 			return status.Errorf(codes.InvalidArgument, "more than %d resource types on one stream", maxTypesPerStream)
 		}
 		if st.asked == nil {
 			st.asked = map[string]struct{}{}
 		}
 		st.asked[typeURL] = struct{}{}
+		c.publishFacts()
 	}
-	c.mu.Unlock()
 	if known {
 		return nil
 	}
@@ -417,15 +486,12 @@ const maxTypesPerStream = 64
 // ClusterID header). A rejected token ends the stream with Unauthenticated,
 // as istiod does; the identity it proves is pinned to that cluster.
 func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
-	c.mu.Lock()
 	st := &c.state
 	if st.token == "" {
-		c.mu.Unlock()
 		return nil
 	}
 	token, cluster, ctx := st.token, st.claimed, st.ctx
 	st.token = ""
-	c.mu.Unlock()
 	if member := node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue(); member != "" {
 		cluster = member
 	}
@@ -437,10 +503,9 @@ func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 		p.log.Warn("xDS stream rejected: service-account token not accepted", "proxy", node.GetId(), "cluster", clip.String(cluster, 64), "error", err)
 		return status.Errorf(authn.TokenErrorCode(err), "service-account token not accepted by cluster %s: %v", clip.String(cluster, 64), err)
 	}
-	c.mu.Lock()
 	st.ident = ident
 	st.status.Identity, st.status.Cluster = ident.SpiffeID.String(), cluster
-	c.mu.Unlock()
+	c.publishFacts()
 	return nil
 }
 
@@ -449,8 +514,6 @@ func (p *proxyTracker) authenticate(c *conn, node *corev3.Node) error {
 // response carried (its type and version), never the client's words, but
 // for a NACK's error detail, which is truncated.
 func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string, nack bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	st := &c.state
 	// The stream's loop stamps every request with the stream's first node:
 	// a node not seen before is that one, recorded and identified once.
@@ -464,6 +527,7 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 		}
 		p.claim(st, node.GetMetadata().GetFields()["CLUSTER_ID"].GetStringValue())
 		st.node = node
+		c.publishFacts()
 	}
 	if nonce == "" {
 		return
@@ -474,7 +538,8 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 	}
 	delete(st.nonces, nonce)
 	p.fleet.Answer(1)
-	ts := st.typeStatus(s.typeURL)
+	ts := c.typeState(s.typeURL)
+	defer ts.publish()
 	if nack {
 		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, clip.String(nackMsg, maxNackDetailBytes), time.Now()
 		ts.Nacks++
@@ -485,41 +550,40 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 }
 
 // onStreamResponse records a SotW response about to be sent and what the
-// stream holds of its type once it is, with c.mu held: the loop changes
-// what the stream holds (sotwSubscription.took) under it.
+// stream holds of its type once it is (sotwSubscription.took).
 func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse, held heldResources, incremental bool) {
-	st := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
-	st.held[resp.GetTypeUrl()] = held
+	ts := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
 	if incremental {
-		st.typeStatus(resp.GetTypeUrl()).Resources = held.count() // what it holds, not what this response carried
+		ts.Resources = held.count() // what it holds, not what this response carried
 	}
+	ts.publish()
+	ts.held.Store(&held)
 }
 
 // onDeltaResponse is onStreamResponse for Delta.
 func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse, held heldResources) {
-	st := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
-	st.held[resp.GetTypeUrl()] = held
+	ts := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
+	ts.publish()
+	ts.held.Store(&held)
 }
 
 // holds publishes what the stream holds of typeURL after its loop changed
 // it other than by a response (a request's names, a resource to send
-// again), with c.mu held.
-func (st *streamState) holds(typeURL string, held heldResources) {
-	if st.held != nil {
-		st.held[typeURL] = held
-	}
+// again).
+func (c *conn) holds(typeURL string, held heldResources) {
+	c.typeState(typeURL).held.Store(&held)
 }
 
-// response records a sent response of size bytes and returns the
-// stream's state, with c.mu held.
-func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources, size int) *streamState {
+// response records a sent response of size bytes and returns its type's
+// state, for the caller to publish.
+func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources, size int) *typeState {
 	now := time.Now()
 	m := p.sentMetrics(typeURL)
 	m.responses.Inc()
 	m.bytes.Add(float64(size))
 	p.perSecond.count(now)
 	st := &c.state
-	ts := st.typeStatus(typeURL)
+	ts := c.typeState(typeURL)
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
 	ts.Sends++
 	st.nonces[nonce] = sent{typeURL, version}
@@ -528,7 +592,7 @@ func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resourc
 		clear(st.nonces)
 		st.nonces[nonce] = sent{typeURL, version}
 	}
-	return st
+	return ts
 }
 
 // sentCounters are the counters of the responses sent of one type label.
@@ -546,40 +610,13 @@ func (p *proxyTracker) sentMetrics(typeURL string) sentCounters {
 	return m
 }
 
-func (s *streamState) typeStatus(typeURL string) *TypeStatus {
-	ts := s.types[typeURL]
-	if ts == nil {
-		ts = &TypeStatus{TypeURL: typeURL}
-		s.types[typeURL] = ts
-	}
-	return ts
-}
-
-func (s *streamState) snapshot() ProxyStatus {
-	out := s.status
-	out.Types = make([]TypeStatus, 0, len(s.types))
-	for _, ts := range s.types {
-		out.Types = append(out.Types, *ts)
-	}
-	sort.Slice(out.Types, func(i, j int) bool {
-		a, b := xdsTypeOf(out.Types[i].TypeURL).shown, xdsTypeOf(out.Types[j].TypeURL).shown
-		if a != b {
-			return a < b
-		}
-		return out.Types[i].TypeURL < out.Types[j].TypeURL
-	})
-	return out
-}
-
 // proxies lists every open stream, by proxy ID then stream, with what
 // server (nil: not shown) says the policies make of its inbound listeners.
 func (p *proxyTracker) proxies(server func(*streamRecord) *ServerSecurity) []ProxyStatus {
 	conns := p.open()
 	out := make([]ProxyStatus, 0, len(conns))
 	for _, c := range conns {
-		c.mu.Lock()
-		out = append(out, c.state.snapshot())
-		c.mu.Unlock()
+		out = append(out, c.shown.status())
 	}
 	if server != nil {
 		for i, c := range conns {
@@ -599,26 +636,28 @@ func (p *proxyTracker) proxies(server func(*streamRecord) *ServerSecurity) []Pro
 func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecurity) (ProxyConfig, bool) {
 	var found *conn
 	for _, c := range p.open() {
-		c.mu.Lock()
-		match := c.state.status.ID == id
-		c.mu.Unlock()
-		if match && (found == nil || c.id > found.id) {
+		if c.shown.facts.Load().status.ID == id && (found == nil || c.id > found.id) {
 			found = c
 		}
 	}
 	if found == nil {
 		return ProxyConfig{}, false
 	}
-	found.mu.Lock()
-	st := &found.state
-	res := make(map[string][]*anypb.Any, len(st.held))
-	for typeURL, held := range st.held {
-		if held.whole != nil || len(held.byName) > 0 {
-			res[typeURL] = held.anys()
+	types := found.shown.shownTypes()
+	res := make(map[string][]*anypb.Any, len(types))
+	for _, t := range types {
+		held := t.held.Load()
+		if held == nil {
+			continue
+		}
+		// The loop may change a holding in place while it alone holds
+		// it; frozen, it never changes again and is read without a lock.
+		p.held.freeze(held.holding)
+		if held.whole != nil || len(held.byName()) > 0 {
+			res[t.TypeURL] = held.anys()
 		}
 	}
-	pc := ProxyConfig{Proxy: st.snapshot(), Resources: res}
-	found.mu.Unlock()
+	pc := ProxyConfig{Proxy: found.shown.status(), Resources: res}
 	if server != nil {
 		pc.Proxy.Server = server(&found.rec)
 	}
@@ -633,7 +672,7 @@ func (p *proxyTracker) pushesPerSecond() []int { return p.perSecond.last60(time.
 func (p *proxyTracker) open() []*conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return slices.Collect(maps.Values(p.streams))
+	return slices.Collect(maps.Keys(p.streams))
 }
 
 // perSecond counts events per second over the last minute, without a

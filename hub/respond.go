@@ -236,7 +236,7 @@ func (rs *responder) respondDelta(wt *watch, id authn.Identity) (*deltaResponse,
 		}
 	}
 	var removed []string
-	for name := range wt.held.byName {
+	for name := range wt.held.byName() {
 		if _, ok := exists[name]; !ok {
 			removed = append(removed, name)
 		}
@@ -264,7 +264,7 @@ func (rs *responder) respondDeltaChanged(wt *watch, dirty map[string]struct{}, f
 		}
 		switch {
 		case r == nil:
-			if _, ok := wt.held.byName[name]; ok {
+			if _, ok := wt.held.byName()[name]; ok {
 				removed = append(removed, name)
 			}
 		case !r.Kept && wt.held.changed(r):
@@ -280,7 +280,7 @@ func (rs *responder) respondDeltaChanged(wt *watch, dirty map[string]struct{}, f
 		}
 		// Held but no longer subscribed (the stream's loop forgets unsubscribed
 		// names itself; initial_resource_versions may name others).
-		for name := range wt.held.byName {
+		for name := range wt.held.byName() {
 			if !wt.sub.has(name) {
 				removed = append(removed, name)
 			}

@@ -239,9 +239,7 @@ func callerOf(id authn.Identity) synczCaller { return synczCaller{id.Cluster, id
 // scope decides what stream c may see, or that it may see nothing (an
 // error: Unauthenticated or PermissionDenied).
 func (z *syncz) scope(c *conn) (synczScope, error) {
-	c.mu.Lock()
-	plaintext, id, addr := c.state.plaintext, c.state.ident, c.state.status.Address
-	c.mu.Unlock()
+	plaintext, id, addr := c.state.plaintext, c.state.ident, c.state.status.Address // c's loop asks
 	if plaintext {
 		if !loopbackAddr(addr) {
 			return synczScope{}, status.Errorf(codes.Unauthenticated, "%s on the plaintext port answers loopback callers only (kubectl port-forward to the hub's pod); elsewhere use the mTLS port with a workload identity", TypeSyncz)
@@ -300,10 +298,7 @@ func (p *proxyTracker) syncRows(all bool, namespace string) []syncRow {
 	conns := p.open()
 	rows := make([]syncRow, 0, len(conns))
 	for _, c := range conns {
-		c.mu.Lock()
-		r, ok := syncRowOf(c, all, namespace, local)
-		c.mu.Unlock()
-		if ok {
+		if r, ok := syncRowOf(&c.shown, c.id, all, namespace, local); ok {
 			rows = append(rows, r)
 		}
 	}
@@ -320,11 +315,11 @@ func (p *proxyTracker) syncRows(all bool, namespace string) []syncRow {
 }
 
 // debugOnly reports whether a stream asked for debug types only.
-func debugOnly(asked map[string]struct{}) bool {
+func debugOnly(asked []string) bool {
 	if len(asked) == 0 {
 		return false
 	}
-	for typeURL := range asked {
+	for _, typeURL := range asked {
 		if !isDebugType(typeURL) {
 			return false
 		}
@@ -405,35 +400,35 @@ func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources
 // ACK is recognised, but not its resources (what other proxies' state was
 // is not something the stream holds).
 func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, resources, size int) {
-	c.mu.Lock()
-	p.response(c, typeURL, version, nonce, resources, size)
-	c.mu.Unlock()
+	p.response(c, typeURL, version, nonce, resources, size).publish()
 }
 
-// syncRowOf is stream c's row, with c.mu held; false when the caller may
-// not see it (see syncRows), or it sent no node, or it asked for debug
-// types only.
-func syncRowOf(c *conn, all bool, namespace, local string) (syncRow, bool) {
-	st := &c.state
-	if st.status.ID == "" || debugOnly(st.asked) {
+// syncRowOf is the row of the stream that shows shown, as published;
+// false when the caller may not see it (see syncRows), or it sent no node,
+// or it asked for debug types only.
+func syncRowOf(shown *shownStream, stream int64, all bool, namespace, local string) (syncRow, bool) {
+	f := shown.facts.Load()
+	if f.status.ID == "" || debugOnly(f.asked) {
 		return syncRow{}, false
 	}
-	ns, verified := st.status.Namespace, false
-	if !st.ident.SpiffeID.IsZero() {
-		ns, verified = st.ident.Namespace, st.ident.Verified(local)
+	ns, verified := f.status.Namespace, false
+	if !f.ident.SpiffeID.IsZero() {
+		ns, verified = f.ident.Namespace, f.ident.Verified(local)
 	}
 	if !all && (!verified || ns != namespace) {
 		return syncRow{}, false
 	}
-	r := syncRow{id: st.status.ID, cluster: st.status.Cluster, namespace: ns, istioVersion: st.status.IstioVersion, stream: c.id}
-	for typeURL := range st.asked {
-		if _, ok := st.types[typeURL]; !ok && !isDebugType(typeURL) {
-			r.types = append(r.types, TypeStatus{TypeURL: typeURL})
+	r := syncRow{id: f.status.ID, cluster: f.status.Cluster, namespace: ns, istioVersion: f.status.IstioVersion, stream: stream}
+	sent := map[string]bool{}
+	for _, t := range shown.shownTypes() {
+		if ts := t.shown.Load(); ts != nil && !isDebugType(ts.TypeURL) {
+			r.types = append(r.types, *ts)
+			sent[ts.TypeURL] = true
 		}
 	}
-	for typeURL, ts := range st.types {
-		if !isDebugType(typeURL) {
-			r.types = append(r.types, *ts)
+	for _, typeURL := range f.asked {
+		if !sent[typeURL] && !isDebugType(typeURL) {
+			r.types = append(r.types, TypeStatus{TypeURL: typeURL})
 		}
 	}
 	return r, true
