@@ -429,8 +429,9 @@ func forgetUnread(n *corev3.Node) {
 var readNodeMetadata = []string{"CLUSTER_ID", "NAMESPACE", "GENERATOR", "ISTIO_VERSION", "NETWORK", "SERVICE_ACCOUNT"}
 
 // sameSlice reports whether a and b are the same slice (not only equal):
-// an interned resource_names list (requestStream) repeated by an ACK.
-func sameSlice(a, b []string) bool {
+// an interned resource_names list (requestStream) repeated by an ACK, or
+// what a stream holds published again unchanged.
+func sameSlice[T any](a, b []T) bool {
 	return len(a) == len(b) && (len(a) == 0 || unsafe.SliceData(a) == unsafe.SliceData(b))
 }
 
@@ -476,8 +477,10 @@ func newSotwSubscription(names []string, resources *resourceHoldings) sotwSubscr
 }
 
 // heldResources is what a stream holds of one type: the resources by
-// name (a holding, read only) or the resources of a whole-state
-// response, with the version of the set it was, if a wildcard's.
+// name (a holding, which only the stream's loop may change, in place while
+// the stream alone holds it and nobody froze it: see holdings.apply) or the
+// resources of a whole-state response, with the version of the set it
+// was, if a wildcard's.
 type heldResources struct {
 	holding *holding[heldResource] // nil: none by name
 	whole   []*xdsgen.Resource
@@ -505,6 +508,14 @@ func changeOf(res []*xdsgen.Resource, removed []string) change[heldResource] {
 		c.names[i], c.vals[i] = r.Name, heldResource{r.Version, r.Any}
 	}
 	return c
+}
+
+// same reports whether h and o are the same record: the same holding and
+// the very same whole-state slices.
+func (h heldResources) same(o heldResources) bool {
+	return h.holding == o.holding && h.set == o.set &&
+		(h.whole == nil) == (o.whole == nil) && sameSlice(h.whole, o.whole) &&
+		(h.sent == nil) == (o.sent == nil) && sameSlice(h.sent, o.sent)
 }
 
 // byName returns the resources held by name (nil: none).

@@ -33,7 +33,7 @@ import (
 	"github.com/hubmesh/hub/trust"
 )
 
-// caSigner signs with a real trust.CA as trust.Federation does, its root
+// caSigner signs with a real trust.CA as trust.Domains does, its root
 // being the CA's own self-signed certificate.
 type caSigner struct{ ca *trust.CA }
 

@@ -19,7 +19,7 @@ import (
 //     nonces sent, each type's state): the loop's too, through the tracker;
 //   - shown is what others (the API, other streams' TypeSyncz) see of
 //     state: immutable values the loop publishes after each change, read
-//     without a lock;
+//     without the stream's lock (it has none);
 //   - rec is what the watcher's pushes read (identity, as the loop tells
 //     it, persistent subscribers, the responses handed to the stream), guarded by
 //     watcher.mu, but for its withheld-SDS log (a lock of its own) and

@@ -47,7 +47,7 @@ const (
 )
 
 // Pacing of debug answers to mTLS callers, per replica: each walks every
-// stream (taking each one's lock), and any workload identity of our trust
+// stream, and any workload identity of our trust
 // domain may ask. istioctl asks once per command; a dashboard polling every
 // few seconds is far below these. A caller identity (member and namespace)
 // gets debugPerCallerPerSecond; the callers of one member together

@@ -20,7 +20,7 @@ import (
 // unknown nonce is no answer.
 func TestTrackerCountsAnswers(t *testing.T) {
 	fleet := &deliveries{}
-	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}})
+	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}, held: newHoldings[heldResource]()})
 	p.fleet = fleet
 	conns := map[int64]*conn{}
 	for id := int64(1); id <= 2; id++ {

@@ -88,7 +88,8 @@ type ProxyConfig struct {
 // it: who is connected, what was sent, what was ACKed or NACKed. Its
 // checks and records run on the stream's loop, which alone writes the
 // stream's state; readers (the API, other streams' TypeSyncz) read what
-// the loop published (shownStream) and take no lock a response takes.
+// the loop published (shownStream), taking no lock of the stream's (but the
+// holdings' lock for an instant, to freeze what they read of a holding).
 type proxyTracker struct {
 	trackerInputs
 	mu        sync.Mutex         // guards streams
@@ -130,18 +131,18 @@ type streamState struct {
 // sent is what a response carried: the type and version a nonce names.
 type sent struct{ typeURL, version string }
 
-// typeState is the protocol state of one type on a stream: the loop's
-// TypeStatus, and the copies of it and of what the stream holds of the
-// type that the loop last published.
+// typeState is the protocol state of one type on a stream, as its loop
+// last published it: the type's status (copied on write: the loop reads
+// it too) and what the stream holds of the type.
 type typeState struct {
-	TypeStatus
-	shown atomic.Pointer[TypeStatus]    // nil until a response is sent
-	held  atomic.Pointer[heldResources] // its byName may change in place until frozen (holdings.freeze)
+	typeURL string
+	status  atomic.Pointer[TypeStatus]    // nil until a response is sent
+	held    atomic.Pointer[heldResources] // its byName may change in place until frozen (holdings.freeze)
 }
 
 // shownStream is what a stream shows to readers other than its loop: the
 // API, and other streams' TypeSyncz. The loop publishes immutable values
-// after each change it makes (publishFacts, typeState.shown and held), so
+// after each change it makes (publishFacts, typeState's status and held), so
 // that a reader never waits for a stream, nor a stream for a reader.
 type shownStream struct {
 	facts atomic.Pointer[streamFacts]
@@ -168,7 +169,7 @@ func (c *conn) publishFacts() {
 func (c *conn) typeState(typeURL string) *typeState {
 	ts := c.state.types[typeURL]
 	if ts == nil {
-		ts = &typeState{TypeStatus: TypeStatus{TypeURL: typeURL}}
+		ts = &typeState{typeURL: typeURL}
 		c.state.types[typeURL] = ts
 		list := slices.Collect(maps.Values(c.state.types))
 		c.shown.types.Store(&list)
@@ -176,10 +177,13 @@ func (c *conn) typeState(typeURL string) *typeState {
 	return ts
 }
 
-// publish publishes the loop's TypeStatus of the type.
-func (t *typeState) publish() {
-	v := t.TypeStatus
-	t.shown.Store(&v)
+// current returns a copy of the type's status, for the loop to change
+// and publish (status.Store).
+func (t *typeState) current() TypeStatus {
+	if v := t.status.Load(); v != nil {
+		return *v
+	}
+	return TypeStatus{TypeURL: t.typeURL}
 }
 
 // shownTypes returns what the stream published of its types.
@@ -197,7 +201,7 @@ func (s *shownStream) status() ProxyStatus {
 	out := s.facts.Load().status
 	out.Types = make([]TypeStatus, 0, len(types))
 	for _, t := range types {
-		if ts := t.shown.Load(); ts != nil {
+		if ts := t.status.Load(); ts != nil {
 			out.Types = append(out.Types, *ts)
 		}
 	}
@@ -224,8 +228,8 @@ type trackerInputs struct {
 	roots authn.RootSource
 	// fleet counts the responses clients answered (may be nil).
 	fleet *deliveries
-	// held is where the stream loops' holdings of resources come from:
-	// the API freezes one before it reads it (config).
+	// held is where the stream loops' holdings of resources come from
+	// (required): the API freezes one before it reads it (config).
 	held *resourceHoldings
 }
 
@@ -538,44 +542,45 @@ func (p *proxyTracker) request(c *conn, node *corev3.Node, nonce, nackMsg string
 	}
 	delete(st.nonces, nonce)
 	p.fleet.Answer(1)
-	ts := c.typeState(s.typeURL)
-	defer ts.publish()
+	t := c.typeState(s.typeURL)
+	ts := t.current()
 	if nack {
 		ts.NackedVersion, ts.NackError, ts.NackedAt = s.version, clip.String(nackMsg, maxNackDetailBytes), time.Now()
 		ts.Nacks++
 		p.nacks.WithLabelValues(typeLabel(s.typeURL)).Inc()
-		return
+	} else {
+		ts.AckedVersion, ts.AckedNonce, ts.AckedAt = s.version, nonce, time.Now()
 	}
-	ts.AckedVersion, ts.AckedNonce, ts.AckedAt = s.version, nonce, time.Now()
+	t.status.Store(&ts)
 }
 
 // onStreamResponse records a SotW response about to be sent and what the
 // stream holds of its type once it is (sotwSubscription.took).
 func (p *proxyTracker) onStreamResponse(c *conn, resp *discoveryv3.DiscoveryResponse, held heldResources, incremental bool) {
-	ts := p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
+	resources := len(resp.GetResources())
 	if incremental {
-		ts.Resources = held.count() // what it holds, not what this response carried
+		resources = held.count() // what it holds, not what this response carried
 	}
-	ts.publish()
-	ts.held.Store(&held)
+	p.response(c, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), resources, proto.Size(resp)).held.Store(&held)
 }
 
 // onDeltaResponse is onStreamResponse for Delta.
 func (p *proxyTracker) onDeltaResponse(c *conn, resp *discoveryv3.DeltaDiscoveryResponse, held heldResources) {
-	ts := p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp))
-	ts.publish()
-	ts.held.Store(&held)
+	p.response(c, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()), proto.Size(resp)).held.Store(&held)
 }
 
 // holds publishes what the stream holds of typeURL after its loop changed
 // it other than by a response (a request's names, a resource to send
-// again).
+// again); an ACK, which changes nothing, publishes nothing.
 func (c *conn) holds(typeURL string, held heldResources) {
-	c.typeState(typeURL).held.Store(&held)
+	t := c.typeState(typeURL)
+	if prev := t.held.Load(); prev == nil || !prev.same(held) {
+		t.held.Store(&held)
+	}
 }
 
-// response records a sent response of size bytes and returns its type's
-// state, for the caller to publish.
+// response records (and publishes) a sent response of size bytes and
+// returns its type's state.
 func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resources, size int) *typeState {
 	now := time.Now()
 	m := p.sentMetrics(typeURL)
@@ -583,16 +588,18 @@ func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resourc
 	m.bytes.Add(float64(size))
 	p.perSecond.count(now)
 	st := &c.state
-	ts := c.typeState(typeURL)
+	t := c.typeState(typeURL)
+	ts := t.current()
 	ts.SentVersion, ts.SentNonce, ts.SentAt, ts.Resources = version, nonce, now, resources
 	ts.Sends++
+	t.status.Store(&ts)
 	st.nonces[nonce] = sent{typeURL, version}
 	if len(st.nonces) > 64 { // a client that never answers must not grow this forever
 		p.fleet.Answer(len(st.nonces) - 1) // given up on
 		clear(st.nonces)
 		st.nonces[nonce] = sent{typeURL, version}
 	}
-	return ts
+	return t
 }
 
 // sentCounters are the counters of the responses sent of one type label.
@@ -654,7 +661,7 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecur
 		// it; frozen, it never changes again and is read without a lock.
 		p.held.freeze(held.holding)
 		if held.whole != nil || len(held.byName()) > 0 {
-			res[t.TypeURL] = held.anys()
+			res[t.typeURL] = held.anys()
 		}
 	}
 	pc := ProxyConfig{Proxy: found.shown.status(), Resources: res}

@@ -12,7 +12,7 @@ import (
 func TestProxyStatusSaysProxyless(t *testing.T) {
 	for name, kind := range clientKinds {
 		t.Run(name, func(t *testing.T) {
-			p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}})
+			p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}, held: newHoldings[heldResource]()})
 			c := newConn(1)
 			if err := p.onStreamOpen(context.Background(), c, ""); err != nil {
 				t.Fatal(err)

@@ -111,7 +111,7 @@ func startSecureHub(t testing.TB, opts Options) *secureHub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As trust.Federation.ServerTLSConfig: a client certificate must chain
+	// As trust.Domains.ServerTLSConfig: a client certificate must chain
 	// to the bundle of the trust domain in its own SPIFFE ID.
 	bundles := x509bundle.NewSet(s.bundle, x509bundle.FromX509Authorities(peerCA.TrustDomain, []*x509.Certificate{peerCA.Cert}))
 	serverSVID, err := ca.IssueSVID(spiffeid.RequireFromPath(td, "/hub"), time.Hour)

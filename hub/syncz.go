@@ -55,7 +55,7 @@ import (
 // (an anonymous stream with Unauthenticated, see checkAnonymous; a federated
 // trust domain's identity or one its member may not assert with
 // PermissionDenied). Answers to mTLS callers are paced per replica, as each
-// walks every stream, taking each one's lock: 2 a second (bursts of 5) per
+// walks every stream: 2 a second (bursts of 5) per
 // caller identity, 5 (bursts of 10) for the callers of one member, 10
 // (bursts of 20) for all, root-namespace callers paced by the first only
 // (see debugPerSecond); a request over a pace ends its stream with
@@ -400,7 +400,7 @@ func (a *adsServer) debugSent(c *conn, typeURL, version, nonce string, resources
 // ACK is recognised, but not its resources (what other proxies' state was
 // is not something the stream holds).
 func (p *proxyTracker) onDebugResponse(c *conn, typeURL, version, nonce string, resources, size int) {
-	p.response(c, typeURL, version, nonce, resources, size).publish()
+	p.response(c, typeURL, version, nonce, resources, size)
 }
 
 // syncRowOf is the row of the stream that shows shown, as published;
@@ -421,7 +421,7 @@ func syncRowOf(shown *shownStream, stream int64, all bool, namespace, local stri
 	r := syncRow{id: f.status.ID, cluster: f.status.Cluster, namespace: ns, istioVersion: f.status.IstioVersion, stream: stream}
 	sent := map[string]bool{}
 	for _, t := range shown.shownTypes() {
-		if ts := t.shown.Load(); ts != nil && !isDebugType(ts.TypeURL) {
+		if ts := t.status.Load(); ts != nil && !isDebugType(ts.TypeURL) {
 			r.types = append(r.types, *ts)
 			sent[ts.TypeURL] = true
 		}

@@ -27,7 +27,7 @@ import (
 )
 
 // RootSource gives the roots of our trust domain and of federated ones
-// (trust.Federation implements it): a member binding is honoured only on a
+// (trust.Domains implements it): a member binding is honoured only on a
 // certificate that chains to our own.
 type RootSource interface {
 	// LocalTrustDomain is our trust domain's name.

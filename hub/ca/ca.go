@@ -40,7 +40,7 @@ import (
 )
 
 // WorkloadSigner signs workload certificates for Istio's CA API
-// (trust.Federation implements it).
+// (trust.Domains implements it).
 type WorkloadSigner interface {
 	// SignWorkload signs pub for id, bound to member, valid for ttl (never
 	// beyond the CA's own certificate), and returns the chain: the leaf
