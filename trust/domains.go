@@ -98,7 +98,7 @@ type Status struct {
 	CA *CAExpiry
 }
 
-// Config holds the Federation's dependencies.
+// Config holds the Domains' dependencies.
 type Config struct {
 	Client      kubernetes.Interface // the home cluster
 	Namespace   string
@@ -125,8 +125,10 @@ type Config struct {
 	ExpiryWarning time.Duration
 }
 
-// Federation is our trust domain and every peer we federate with.
-type Federation struct {
+// Domains are the trust domains the hub trusts: ours (its CA, which signs
+// every workload certificate the hub issues) and every peer trust domain
+// we federate with (the bundles their endpoints served).
+type Domains struct {
 	cfg Config
 	log *slog.Logger
 
@@ -151,15 +153,15 @@ type peer struct {
 	accepted *spiffebundle.Bundle
 }
 
-// New creates a Federation; Start loads our CA, Run starts federating.
-func New(cfg Config) *Federation {
+// New creates the Domains; Start loads our CA, Run starts federating.
+func New(cfg Config) *Domains {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
 	if cfg.EndpointGuard == nil {
 		cfg.EndpointGuard = DefaultEndpointGuard
 	}
-	return &Federation{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}, expiryKick: expiry.NewKick()}
+	return &Domains{cfg: cfg, log: cfg.Log, peers: map[string]*peer{}, expiryKick: expiry.NewKick()}
 }
 
 // Start loads (or creates and persists) our CA. It must succeed before the
@@ -170,7 +172,7 @@ func New(cfg Config) *Federation {
 // the leader writes). Stored CA material that
 // cannot be read is a *CorruptStateError: nothing is written then, and
 // retrying will not help.
-func (f *Federation) Start(ctx context.Context) error {
+func (f *Domains) Start(ctx context.Context) error {
 	st, err := loadCA(ctx, f.cfg.Client.CoreV1().Secrets(f.cfg.Namespace), f.cfg.Namespace, f.cfg.TrustDomain, time.Now(), f.leader())
 	if err != nil {
 		return err
@@ -182,7 +184,7 @@ func (f *Federation) Start(ctx context.Context) error {
 }
 
 // Run watches the CA Secrets and the peer ConfigMaps until ctx is done.
-func (f *Federation) Run(ctx context.Context) error {
+func (f *Domains) Run(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(f.cfg.Client, 0, informers.WithNamespace(f.cfg.Namespace))
 	cms := factory.Core().V1().ConfigMaps()
 	secrets := factory.Core().V1().Secrets()
@@ -228,13 +230,13 @@ func (f *Federation) Run(ctx context.Context) error {
 	return nil
 }
 
-func (f *Federation) leader() bool { return f.cfg.IsLeader == nil || f.cfg.IsLeader() }
+func (f *Domains) leader() bool { return f.cfg.IsLeader == nil || f.cfg.IsLeader() }
 
 // LeadershipGained persists what only the leader writes and what this
 // replica may have learnt while it was a follower: our roots and sequence
 // if its view of them was ahead of the stored state, and every peer's last
 // accepted bundle that differs from the one stored in the peer's ConfigMap.
-func (f *Federation) LeadershipGained(ctx context.Context) {
+func (f *Domains) LeadershipGained(ctx context.Context) {
 	if err := f.Start(ctx); err != nil {
 		f.log.Error("persisting our CA state as the new leader", "trustDomain", f.cfg.TrustDomain.Name(), "error", err)
 	}
@@ -257,7 +259,7 @@ func (f *Federation) LeadershipGained(ctx context.Context) {
 	}
 }
 
-func (f *Federation) changed() {
+func (f *Domains) changed() {
 	f.expiryKick.Now()
 	if f.cfg.OnChange != nil {
 		f.cfg.OnChange()
@@ -276,7 +278,7 @@ func specFrom(cm *corev1.ConfigMap) PeerSpec {
 }
 
 // reconcilePeers starts, restarts or stops peer loops to match the ConfigMaps.
-func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Selector) ([]*corev1.ConfigMap, error)) {
+func (f *Domains) reconcilePeers(ctx context.Context, list func(labels.Selector) ([]*corev1.ConfigMap, error)) {
 	cms, err := list(labels.SelectorFromSet(labels.Set{PeerLabel: "true"}))
 	if err != nil {
 		return
@@ -341,7 +343,7 @@ func (f *Federation) reconcilePeers(ctx context.Context, list func(labels.Select
 // persisted in the peer's ConfigMap so that it survives restarts (a
 // follower's is persisted when it gains leadership; a failed write is tried
 // again after the next successful fetch).
-func (f *Federation) runPeer(ctx context.Context, p *peer, persisted string) {
+func (f *Domains) runPeer(ctx context.Context, p *peer, persisted string) {
 	defer close(p.done)
 	log := f.log.With("trustDomain", p.spec.TrustDomain)
 	ep, auth, err := peerEndpoint(p.spec, f.cfg.EndpointGuard)
@@ -456,7 +458,7 @@ func peerEndpoint(spec PeerSpec, guard *dialguard.Guard) (Endpoint, *spiffebundl
 // fetchFailed records a failed fetch of p's bundle at now, tried again
 // after wait: the peer is Stale while a bundle it served before is kept
 // (stale), else in Error.
-func (f *Federation) fetchFailed(p *peer, log *slog.Logger, err error, stale bool, now time.Time, wait time.Duration) {
+func (f *Domains) fetchFailed(p *peer, log *slog.Logger, err error, stale bool, now time.Time, wait time.Duration) {
 	reason := "other"
 	if fe := (*FetchError)(nil); errors.As(err, &fe) {
 		reason = fe.Reason
@@ -472,7 +474,7 @@ func (f *Federation) fetchFailed(p *peer, log *slog.Logger, err error, stale boo
 	})
 }
 
-func (f *Federation) setStatus(p *peer, change func(*Status)) {
+func (f *Domains) setStatus(p *peer, change func(*Status)) {
 	f.mu.Lock()
 	change(&p.status)
 	f.mu.Unlock()
@@ -484,7 +486,7 @@ func (f *Federation) setStatus(p *peer, change func(*Status)) {
 // number (a newer one stored by an earlier leader), and nothing when the
 // ConfigMap is gone or now declares another trust domain. Callers check
 // leadership.
-func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) error {
+func (f *Domains) persist(ctx context.Context, cmName string, b *spiffebundle.Bundle) error {
 	data, err := b.Marshal()
 	if err != nil {
 		return fmt.Errorf("encoding the bundle of %s: %w", b.TrustDomain().Name(), err)
@@ -522,7 +524,7 @@ func (f *Federation) persist(ctx context.Context, cmName string, b *spiffebundle
 }
 
 // Refresh asks a peer's loop to fetch now.
-func (f *Federation) Refresh(td string) bool {
+func (f *Domains) Refresh(td string) bool {
 	f.mu.RLock()
 	p := f.peers[td]
 	f.mu.RUnlock()
@@ -538,7 +540,7 @@ func (f *Federation) Refresh(td string) bool {
 
 // LocalBundle is our trust domain's bundle: every trusted root, sequence
 // and refresh hint.
-func (f *Federation) LocalBundle() (*spiffebundle.Bundle, error) {
+func (f *Domains) LocalBundle() (*spiffebundle.Bundle, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if f.local == nil {
@@ -552,7 +554,7 @@ func (f *Federation) LocalBundle() (*spiffebundle.Bundle, error) {
 
 // GetBundleForTrustDomain implements spiffebundle.Source: ours, or a peer's
 // last accepted (or bootstrap) bundle.
-func (f *Federation) GetBundleForTrustDomain(td spiffeid.TrustDomain) (*spiffebundle.Bundle, error) {
+func (f *Domains) GetBundleForTrustDomain(td spiffeid.TrustDomain) (*spiffebundle.Bundle, error) {
 	if td == f.cfg.TrustDomain {
 		return f.LocalBundle()
 	}
@@ -566,7 +568,7 @@ func (f *Federation) GetBundleForTrustDomain(td spiffeid.TrustDomain) (*spiffebu
 
 // GetX509BundleForTrustDomain implements x509bundle.Source, for verifying
 // client certificates of any federated trust domain.
-func (f *Federation) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
+func (f *Domains) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
 	b, err := f.GetBundleForTrustDomain(td)
 	if err != nil {
 		return nil, err
@@ -575,11 +577,11 @@ func (f *Federation) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509
 }
 
 // LocalTrustDomain is our trust domain's name.
-func (f *Federation) LocalTrustDomain() string { return f.cfg.TrustDomain.Name() }
+func (f *Domains) LocalTrustDomain() string { return f.cfg.TrustDomain.Name() }
 
 // RootsPEM returns a trust domain's X.509 roots as PEM (for SDS ROOTCA and
 // spiffe://<td> validation contexts).
-func (f *Federation) RootsPEM(td string) ([]byte, bool) {
+func (f *Domains) RootsPEM(td string) ([]byte, bool) {
 	id, err := spiffeid.TrustDomainFromString(td)
 	if err != nil {
 		return nil, false
@@ -593,7 +595,7 @@ func (f *Federation) RootsPEM(td string) ([]byte, bool) {
 
 // TrustDomains lists ours first, then every peer by name, with what
 // expires when (Status.CA, Status.BundleExpiry).
-func (f *Federation) TrustDomains() []Status {
+func (f *Domains) TrustDomains() []Status {
 	now := time.Now()
 	local := Status{Spec: PeerSpec{TrustDomain: f.cfg.TrustDomain.Name()}, Local: true, State: StatePending}
 	if b, err := f.LocalBundle(); err == nil {
@@ -613,7 +615,7 @@ func (f *Federation) TrustDomains() []Status {
 }
 
 // IssueSVID signs an SVID with our CA, with DNS names if given.
-func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (*x509svid.SVID, error) {
+func (f *Domains) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...string) (*x509svid.SVID, error) {
 	f.mu.RLock()
 	st := f.local
 	f.mu.RUnlock()
@@ -626,7 +628,7 @@ func (f *Federation) IssueSVID(id spiffeid.ID, ttl time.Duration, dnsNames ...st
 // ServingCertificate returns a GetCertificate callback that serves an SVID
 // for spiffe://<td>/hub with Config.DNSNames, reissued when half of its
 // lifetime has passed.
-func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (f *Domains) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	var mu sync.Mutex
 	var cur *tls.Certificate
 	var renewAt time.Time
@@ -654,7 +656,7 @@ func (f *Federation) ServingCertificate() func(*tls.ClientHelloInfo) (*tls.Certi
 // ServeBundleEndpoint serves our bundle on lis until ctx is done, with the
 // https_spiffe profile (an SVID for spiffe://<td>/hub) or, if webCert is
 // set, https_web.
-func (f *Federation) ServeBundleEndpoint(ctx context.Context, lis net.Listener, webCert *tls.Certificate) error {
+func (f *Domains) ServeBundleEndpoint(ctx context.Context, lis net.Listener, webCert *tls.Certificate) error {
 	h, err := federation.NewHandler(f.cfg.TrustDomain, f)
 	if err != nil {
 		return err
@@ -686,7 +688,7 @@ func (f *Federation) ServeBundleEndpoint(ctx context.Context, lis net.Listener, 
 // accepts a client certificate only if it chains to the bundle of the trust
 // domain in its own SPIFFE ID (ours or a federated peer's), unexpired.
 // Clients without a certificate may connect; they get no verified identity.
-func (f *Federation) ServerTLSConfig() *tls.Config {
+func (f *Domains) ServerTLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		GetCertificate: f.ServingCertificate(),

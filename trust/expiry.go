@@ -63,11 +63,11 @@ func bundleExpiry(b *spiffebundle.Bundle) CertExpiry {
 	return earliest(b.X509Authorities())
 }
 
-func (f *Federation) warning() time.Duration { return f.cfg.ExpiryWarning }
+func (f *Domains) warning() time.Duration { return f.cfg.ExpiryWarning }
 
 // CAExpiry reports when our CA's root and chain expire, graded at now;
 // false until the CA is loaded.
-func (f *Federation) CAExpiry(now time.Time) (CAExpiry, bool) {
+func (f *Domains) CAExpiry(now time.Time) (CAExpiry, bool) {
 	f.mu.RLock()
 	st := f.local
 	f.mu.RUnlock()
@@ -98,9 +98,9 @@ var (
 // Collector reports the expiry of our CA and of peers' bundles, computed
 // at scrape time from the federation's state, so that it never disagrees
 // with the API.
-func (f *Federation) Collector() prometheus.Collector { return expiryCollector{f} }
+func (f *Domains) Collector() prometheus.Collector { return expiryCollector{f} }
 
-type expiryCollector struct{ f *Federation }
+type expiryCollector struct{ f *Domains }
 
 func (c expiryCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRootExpiry, descChainExpiry, descPeerRefresh, descPeerExpiry} {
@@ -129,7 +129,7 @@ type peerState struct {
 	cmName string
 }
 
-func (f *Federation) peerStatuses() []peerState {
+func (f *Domains) peerStatuses() []peerState {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	out := make([]peerState, 0, len(f.peers))
@@ -141,7 +141,7 @@ func (f *Federation) peerStatuses() []peerState {
 
 // withExpiry grades a trust domain's status at now: a peer's bundle
 // expiry, our CA's.
-func (f *Federation) withExpiry(st Status, now time.Time) Status {
+func (f *Domains) withExpiry(st Status, now time.Time) Status {
 	if st.Local {
 		if ca, ok := f.CAExpiry(now); ok {
 			st.CA = &ca
@@ -160,7 +160,7 @@ func (f *Federation) withExpiry(st Status, now time.Time) Status {
 // Config.ExpiryWarning of expiring and when it has expired: once per
 // crossing, only on the leader; it checks when roots change and every
 // expiry.CheckEvery, until ctx is done.
-func (f *Federation) watchExpiry(ctx context.Context) {
+func (f *Domains) watchExpiry(ctx context.Context) {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: f.cfg.Client.CoreV1().Events(f.cfg.Namespace)})
 	defer broadcaster.Shutdown()
@@ -168,7 +168,7 @@ func (f *Federation) watchExpiry(ctx context.Context) {
 	expiry.Watch(ctx, f.expiryKick, func(now time.Time) { f.checkExpiry(rec, now) })
 }
 
-func (f *Federation) checkExpiry(rec record.EventRecorder, now time.Time) {
+func (f *Domains) checkExpiry(rec record.EventRecorder, now time.Time) {
 	if !f.leader() {
 		return // a replica that gains leadership warns of what it never did
 	}

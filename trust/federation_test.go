@@ -76,7 +76,7 @@ func (p *bundlePeer) spec() PeerSpec {
 }
 
 // runFederation starts f (CA and watches) until the test ends.
-func runFederation(t *testing.T, f *Federation) {
+func runFederation(t *testing.T, f *Domains) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := f.Start(ctx); err != nil {
@@ -88,7 +88,7 @@ func runFederation(t *testing.T, f *Federation) {
 }
 
 // waitReady waits until f has fetched ca's root for td from its endpoint.
-func waitReady(t *testing.T, f *Federation, td spiffeid.TrustDomain, ca *CA) {
+func waitReady(t *testing.T, f *Domains, td spiffeid.TrustDomain, ca *CA) {
 	t.Helper()
 	wait.Until(t, 30*time.Second, func() error {
 		st, err := f.TrustDomain(td.Name())

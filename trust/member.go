@@ -101,7 +101,7 @@ func memberExtension(member string) (pkix.Extension, error) {
 // SignWorkload signs a workload certificate for pub with our CA (see
 // CA.SignWorkloadKey) and returns it with its chain up to our root, root
 // last (see CA.WorkloadChain).
-func (f *Federation) SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error) {
+func (f *Domains) SignWorkload(pub crypto.PublicKey, id spiffeid.ID, member string, ttl time.Duration) ([]*x509.Certificate, error) {
 	f.mu.RLock()
 	st := f.local
 	f.mu.RUnlock()

@@ -119,7 +119,7 @@ func PeerConfigMapName(td spiffeid.TrustDomain) string {
 
 // peerConfigMaps lists the federation ConfigMaps declaring td, by name
 // (the first is the one the peer loop uses).
-func (f *Federation) peerConfigMaps(ctx context.Context, td spiffeid.TrustDomain) ([]corev1.ConfigMap, error) {
+func (f *Domains) peerConfigMaps(ctx context.Context, td spiffeid.TrustDomain) ([]corev1.ConfigMap, error) {
 	list, err := f.cfg.Client.CoreV1().ConfigMaps(f.cfg.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(labels.Set{PeerLabel: "true"}).String()})
 	if err != nil {
@@ -140,7 +140,7 @@ func (f *Federation) peerConfigMaps(ctx context.Context, td spiffeid.TrustDomain
 // domain is updated in place, whatever its name (so relationships created
 // under the names of earlier versions keep theirs), else one named
 // PeerConfigMapName is created. It reports whether the relationship is new.
-func (f *Federation) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool, err error) {
+func (f *Domains) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool, err error) {
 	if err := spec.Validate(f.cfg.TrustDomain); err != nil {
 		return false, err
 	}
@@ -198,7 +198,7 @@ func (f *Federation) ApplyPeer(ctx context.Context, spec PeerSpec) (created bool
 // DeletePeer removes a relationship: every ConfigMap declaring the trust
 // domain. Removing an absent one (or one whose name is no valid trust
 // domain) is not an error.
-func (f *Federation) DeletePeer(ctx context.Context, td string) error {
+func (f *Domains) DeletePeer(ctx context.Context, td string) error {
 	if td == f.cfg.TrustDomain.Name() {
 		return invalid("%s is our own trust domain", td)
 	}
@@ -224,7 +224,7 @@ func (f *Federation) DeletePeer(ctx context.Context, td string) error {
 var ErrUnknownTrustDomain = errors.New("unknown trust domain")
 
 // TrustDomain returns one trust domain's status.
-func (f *Federation) TrustDomain(td string) (Status, error) {
+func (f *Domains) TrustDomain(td string) (Status, error) {
 	for _, st := range f.TrustDomains() {
 		if st.Spec.TrustDomain == td {
 			return st, nil

@@ -34,7 +34,7 @@ func TestCAPersistedOnce(t *testing.T) {
 	ctx := context.Background()
 	cs, ns := homeNamespace(t)
 	td := spiffeid.RequireTrustDomainFromString("example.org")
-	replicas := make([]*Federation, 4)
+	replicas := make([]*Domains, 4)
 	var wg sync.WaitGroup
 	for i := range replicas {
 		replicas[i] = New(Config{Client: cs, Namespace: ns, TrustDomain: td})

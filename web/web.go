@@ -75,7 +75,7 @@ func formatLatency(d time.Duration) string {
 }
 
 // TrustDomains is the read model of SPIFFE federation the trust page shows
-// (*trust.Federation implements it).
+// (*trust.Domains implements it).
 type TrustDomains interface {
 	TrustDomains() []trust.Status
 }

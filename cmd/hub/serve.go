@@ -50,7 +50,7 @@ type app struct {
 	cfg         config
 	log         *slog.Logger
 	elector     *leader.Elector
-	fed         *trust.Federation
+	trust       *trust.Domains
 	registry    *clusters.Registry
 	distributed *distribute.Source
 	hub         *hub.Hub
@@ -100,11 +100,11 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	metrics.MustRegister(a.elector.Collector())
 	changes := feed.NewChanges(cfg.debounceAfter, cfg.debounceMax)
 	index := feed.NewIndex(cfg.domainSuffix, changes)
-	if a.fed, err = newTrust(cfg, homeClient, changes, a.elector, log); err != nil {
+	if a.trust, err = newTrust(cfg, homeClient, changes, a.elector, log); err != nil {
 		return nil, err
 	}
-	metrics.MustRegister(a.fed.Collector())
-	a.elector.OnStartedLeading(a.fed.LeadershipGained)
+	metrics.MustRegister(a.trust.Collector())
+	a.elector.OnStartedLeading(a.trust.LeadershipGained)
 	a.registry, err = clusters.NewRegistry(clusters.Config{
 		Home:                  home,
 		HomeID:                cfg.clusterID,
@@ -147,7 +147,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := startTrust(ctx, a.fed, log); err != nil {
+	if err := startTrust(ctx, a.trust, log); err != nil {
 		return nil, err
 	}
 	if a.webCert, err = bundleCert(cfg); err != nil {
@@ -191,7 +191,7 @@ func memberPolicy(cfg config) (clusters.KubeconfigPolicy, error) {
 
 // newTrust builds the trust federation: our CA, our trust domain's bundle
 // and the peers' (--trust-domain, --tls-dns-names, the hardening flags).
-func newTrust(cfg config, homeClient kubernetes.Interface, changes *feed.Changes, elector *leader.Elector, log *slog.Logger) (*trust.Federation, error) {
+func newTrust(cfg config, homeClient kubernetes.Interface, changes *feed.Changes, elector *leader.Elector, log *slog.Logger) (*trust.Domains, error) {
 	td, err := spiffeid.TrustDomainFromString(cfg.trustDomain)
 	if err != nil {
 		return nil, fmt.Errorf("--trust-domain: %w", err)
@@ -222,10 +222,10 @@ func (a *app) hubOptions(changes *feed.Changes, index *feed.Index, metrics *prom
 		Authorizer:          a.registry,
 		AccessReviewTimeout: cfg.accessReviewTimeout,
 		Tokens:              a.registry,
-		Signer:              a.fed,
+		Signer:              a.trust,
 		Members:             a.registry,
 		MaxWorkloadCertTTL:  cfg.maxWorkloadCertTTL,
-		Roots:               a.fed,
+		Roots:               a.trust,
 		Namespace:           cfg.namespace,
 		RootNamespace:       cfg.rootNamespace,
 		IdentityScopes:      a.registry,
@@ -269,7 +269,7 @@ func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.Kubec
 		Membership:   membership,
 		Registrar:    registrar,
 		Serving:      a.hub,
-		Trust:        a.fed,
+		Trust:        a.trust,
 		Distribution: a.distributed,
 		CA:           a.hub,
 		Auth:         auth,
@@ -279,7 +279,7 @@ func (a *app) adminServer(homeClient kubernetes.Interface, policy clusters.Kubec
 		Membership:   membership,
 		Registrar:    registrar,
 		Serving:      a.hub,
-		Trust:        a.fed,
+		Trust:        a.trust,
 		Distribution: a.distributed,
 		CA:           a.hub,
 		Auth:         auth,
@@ -353,17 +353,17 @@ func (a *app) run(ctx context.Context, listeners map[string]net.Listener) error 
 	}
 	run(&coreParts, "index", func() error { a.hub.Run(coreCtx); return nil })
 	run(&coreParts, "registry", func() error { return a.registry.Run(coreCtx) })
-	run(&coreParts, "trust", func() error { return a.fed.Run(coreCtx) })
+	run(&coreParts, "trust", func() error { return a.trust.Run(coreCtx) })
 	run(&coreParts, "distribute", func() error { return a.distributed.Run(coreCtx) })
 	run(&coreParts, "leader election", func() error { return a.elector.Run(coreCtx) })
 	if l := listeners["xds"]; l != nil {
 		run(&xdsParts, "xds", func() error { return a.hub.ServeADS(xdsCtx, l, nil) })
 	}
 	if l := listeners["xds-tls"]; l != nil {
-		run(&xdsParts, "xds-tls", func() error { return a.hub.ServeADS(xdsCtx, l, a.fed.ServerTLSConfig()) })
+		run(&xdsParts, "xds-tls", func() error { return a.hub.ServeADS(xdsCtx, l, a.trust.ServerTLSConfig()) })
 	}
 	if l := listeners["bundle"]; l != nil {
-		run(&coreParts, "bundle", func() error { return a.fed.ServeBundleEndpoint(coreCtx, l, a.webCert) })
+		run(&coreParts, "bundle", func() error { return a.trust.ServeBundleEndpoint(coreCtx, l, a.webCert) })
 	}
 	run(&coreParts, "admin", func() error { return a.admin.Serve(coreCtx, listeners["admin"]) })
 	<-xdsCtx.Done()
@@ -425,10 +425,10 @@ func listen(addr, what string) (net.Listener, error) {
 // minute so that a hub starting alongside its API server does not
 // crash-loop. Stored CA material that cannot be read fails at once:
 // retrying cannot repair it.
-func startTrust(ctx context.Context, fed *trust.Federation, log *slog.Logger) error {
+func startTrust(ctx context.Context, domains *trust.Domains, log *slog.Logger) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		err := fed.Start(ctx)
+		err := domains.Start(ctx)
 		if err == nil {
 			return nil
 		}
