@@ -28,6 +28,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/ca"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // Membership is the read model of member clusters.
@@ -48,15 +49,15 @@ type Registrar interface {
 // federated services and the proxies connected to it.
 type Serving interface {
 	Services() []hub.ServiceSummary
-	Proxies() []hub.ProxyStatus
-	ProxyConfig(id string) (hub.ProxyConfig, bool)
+	Proxies() []xdsstatus.Proxy
+	ProxyConfig(id string) (xdsstatus.Config, bool)
 }
 
 // Refusals are the xDS streams the hub recently ended because of what
 // their clients sent; Serving may implement it (*hub.Hub does) for GET
 // /api/v1/proxies/refused.
 type Refusals interface {
-	RefusedStreams() []hub.RefusedStream
+	RefusedStreams() []xdsstatus.Refused
 }
 
 // Exchange is what a member exports and imports; Serving may implement

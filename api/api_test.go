@@ -17,6 +17,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // Pure-logic fakes for handler tests; tests on real API servers and real
@@ -55,9 +56,9 @@ func (f *fakeRegistrar) Remove(_ context.Context, id string) error {
 type fakeServing struct{}
 
 func (fakeServing) Services() []hub.ServiceSummary { return nil }
-func (fakeServing) Proxies() []hub.ProxyStatus     { return nil }
-func (fakeServing) ProxyConfig(string) (hub.ProxyConfig, bool) {
-	return hub.ProxyConfig{}, false
+func (fakeServing) Proxies() []xdsstatus.Proxy     { return nil }
+func (fakeServing) ProxyConfig(string) (xdsstatus.Config, bool) {
+	return xdsstatus.Config{}, false
 }
 
 func newTestHandler(t *testing.T, m *fakeMembership) (http.Handler, *fakeRegistrar) {

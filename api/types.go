@@ -14,6 +14,7 @@ import (
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/ca"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // List is the envelope of every list response.
@@ -349,7 +350,7 @@ type InboundListener struct {
 const MaxNackError = 1024
 
 // ToProxy converts a proxy status.
-func ToProxy(p hub.ProxyStatus) Proxy {
+func ToProxy(p xdsstatus.Proxy) Proxy {
 	out := Proxy{ID: p.ID, Stream: p.Stream, Cluster: p.Cluster, Namespace: p.Namespace, Address: p.Address,
 		Identity: p.Identity, ConfigSubscriber: p.ConfigSubscriber, IstioVersion: p.IstioVersion,
 		Warning: p.Warning, Unserved: p.Unserved, ConnectedAt: timePtr(p.ConnectedAt), Types: []TypeStatus{}}
@@ -416,14 +417,14 @@ func ShortType(typeURL string) string {
 }
 
 // ProxyConfig is what a proxy currently holds of each type (see
-// hub.ProxyConfig), as Envoy JSON. Secrets are redacted.
+// xdsstatus.Config), as Envoy JSON. Secrets are redacted.
 type ProxyConfig struct {
 	Proxy     Proxy                        `json:"proxy"`
 	Resources map[string][]json.RawMessage `json:"resources"`
 }
 
 // ToProxyConfig renders a proxy's resources.
-func ToProxyConfig(c hub.ProxyConfig) (ProxyConfig, error) {
+func ToProxyConfig(c xdsstatus.Config) (ProxyConfig, error) {
 	out := ProxyConfig{Proxy: ToProxy(c.Proxy), Resources: map[string][]json.RawMessage{}}
 	for typeURL, anys := range c.Resources {
 		list := []json.RawMessage{}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // TestToProxyBoundsNackError: a proxy's NACK text is its own to choose (up
@@ -13,7 +13,7 @@ import (
 // MaxNackError bytes of it, cut on a character boundary.
 func TestToProxyBoundsNackError(t *testing.T) {
 	long := strings.Repeat("é", 64<<10) // 128 KiB of two-byte characters
-	p := ToProxy(hub.ProxyStatus{ID: "p", Types: []hub.TypeStatus{{TypeURL: "x", NackError: long}, {TypeURL: "y", NackError: "short"}}})
+	p := ToProxy(xdsstatus.Proxy{ID: "p", Types: []xdsstatus.Type{{TypeURL: "x", NackError: long}, {TypeURL: "y", NackError: "short"}}})
 	got := p.Types[0].NackError
 	if len(got) > MaxNackError+len("…") || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {
 		t.Errorf("NackError of %d bytes shown as %d bytes (valid UTF-8 %v)", len(long), len(got), utf8.ValidString(got))

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/internal/xdstest"
 	"github.com/hubmesh/hub/mcp"
 )
@@ -45,7 +46,7 @@ func TestMTLSPortServesAnonymousStreamsIstioConfigOnly(t *testing.T) {
 	if len(got) != len(istiodConfigTypes) || got[serviceEntryType] != 1 {
 		t.Fatalf("anonymous config stream got %v; want all %d types, one ServiceEntry", got, len(istiodConfigTypes))
 	}
-	var listed []ProxyStatus
+	var listed []xdsstatus.Proxy
 	for _, p := range s.h.Proxies() {
 		if p.ID == istiodNode().Id {
 			listed = append(listed, p)

@@ -43,6 +43,7 @@ import (
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -218,7 +219,7 @@ func New(opts Options) (*Hub, error) {
 		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
 		rules: opts.Rules, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),
 		scope: scope, maxNames: opts.Limits.MaxResourceNames,
-		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: newPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
+		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: xdsstatus.NewPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
 	})
 	held := newHoldings[heldResource]()
 	proxies := newProxyTracker(trackerInputs{
@@ -324,7 +325,7 @@ func (h *Hub) xdsCollectors() []prometheus.Collector {
 		}
 		return 1
 	})
-	out := append(h.proxies.collectors(), h.watcher.latency.hist, h.watcher.evaluations, h.watcher.policyServers, pending, quiet)
+	out := append(h.proxies.collectors(), h.watcher.latency.Collector(), h.watcher.evaluations, h.watcher.policyServers, pending, quiet)
 	for t := range feed.PushTriggers {
 		out = append(out, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "hub_xds_pushes_total",
@@ -355,21 +356,21 @@ const (
 )
 
 // Proxies lists every connected ADS stream with its per-type ACK/NACK state.
-func (h *Hub) Proxies() []ProxyStatus { return h.proxies.proxies(h.watcher.serverSecurity) }
+func (h *Hub) Proxies() []xdsstatus.Proxy { return h.proxies.proxies(h.watcher.serverSecurity) }
 
 // RefusedStreams are the most recent xDS streams the hub ended because of
 // what their clients sent, newest first.
-func (h *Hub) RefusedStreams() []RefusedStream { return h.proxies.refused.list() }
+func (h *Hub) RefusedStreams() []xdsstatus.Refused { return h.proxies.refused.List() }
 
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
-func (h *Hub) ProxyConfig(id string) (ProxyConfig, bool) {
+func (h *Hub) ProxyConfig(id string) (xdsstatus.Config, bool) {
 	return h.proxies.config(id, h.watcher.serverSecurity)
 }
 
 // PushLatency summarises push latency over the last five minutes: from a
 // member's change reaching the hub to each pushed response being handed to
 // a stream (responses to a stream's own request are not counted).
-func (h *Hub) PushLatency() LatencySummary { return h.watcher.latency.summary() }
+func (h *Hub) PushLatency() xdsstatus.Latency { return h.watcher.latency.Summary() }
 
 // PushesPerSecond returns the xDS responses sent in each of the last 60
 // seconds, oldest first.

@@ -145,36 +145,3 @@ func TestPushLatencyIsMeasuredPerPushedStream(t *testing.T) {
 		t.Errorf("push latency series %v; want only type=Cluster (no stream subscribes to another type)", got)
 	}
 }
-
-// The dashboard's percentiles come from the fixed buckets of the last five
-// minutes.
-func TestPushLatencySummary(t *testing.T) {
-	var l *pushLatency
-	if s := l.summary(); s.Count != 0 {
-		t.Fatalf("nil summary = %+v", s)
-	}
-	l = newPushLatency()
-	if s := l.summary(); s.Count != 0 || s.P50 != 0 || s.P99 != 0 {
-		t.Fatalf("empty summary = %+v", s)
-	}
-	now := time.Now()
-	for range 98 {
-		l.observe(resourcev3.EndpointType, now) // within the first bucket (≤ 1 ms) unless the machine stalls
-	}
-	l.observe(resourcev3.EndpointType, now.Add(-time.Hour)) // beyond the last bucket
-	l.observe(resourcev3.EndpointType, now.Add(-time.Hour)) // beyond the last bucket
-	l.observe("type.googleapis.com/not.Served", now)        // ignored
-	l.observe(resourcev3.EndpointType, time.Time{})         // no change time: ignored
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(l.hist)
-	if got := latencyLabels(t, reg); !slices.Equal(got, []string{"type=ClusterLoadAssignment"}) {
-		t.Errorf("push latency series %v; want only the served type observed", got)
-	}
-	s := l.summary()
-	if s.Count != 100 {
-		t.Fatalf("summary counts %d; want 100", s.Count)
-	}
-	if s.P50 <= 0 || s.P50 > 10*time.Second || s.P99 != 30*time.Second {
-		t.Fatalf("summary = %+v; want a small p50 and p99 at the top bound (30s)", s)
-	}
-}

@@ -18,6 +18,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -130,7 +131,7 @@ func TestPolicyEditReachesOnlyTheServersItSelects(t *testing.T) {
 	if n := updates() - before; n != 1 {
 		t.Errorf("the policy re-evaluated %v servers; want 1", n)
 	}
-	var proxies []ProxyStatus
+	var proxies []xdsstatus.Proxy
 	for _, p := range h.Proxies() {
 		if p.Server != nil {
 			proxies = append(proxies, p)

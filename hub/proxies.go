@@ -27,62 +27,9 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/internal/clip"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
 )
-
-// TypeStatus is the protocol state of one resource type on one stream.
-type TypeStatus struct {
-	TypeURL       string
-	SentVersion   string
-	SentNonce     string
-	SentAt        time.Time
-	Resources     int
-	Sends         int
-	AckedVersion  string
-	AckedNonce    string // the nonce of the response AckedVersion was sent in
-	AckedAt       time.Time
-	NackedVersion string
-	NackError     string
-	NackedAt      time.Time
-	Nacks         int
-}
-
-// ProxyStatus is what the hub knows about one connected xDS stream.
-type ProxyStatus struct {
-	ID        string // node.id
-	Stream    int64
-	Cluster   string // member cluster from node metadata CLUSTER_ID
-	Namespace string // node metadata NAMESPACE
-	Address   string // peer address
-	Identity  string // SPIFFE ID of a verified client certificate, if any
-	// ConfigSubscriber says the stream is an istiod reading Istio config
-	// (node metadata GENERATOR=api, docs/architecture.md §3.7), not a proxy;
-	// IstioVersion is its ISTIO_VERSION metadata (as sent, truncated).
-	ConfigSubscriber bool
-	IstioVersion     string
-	// Proxyless says the stream is a proxyless gRPC client (node metadata
-	// GENERATOR=grpc or a gRPC library's user agent), not an Envoy.
-	Proxyless bool
-	// Warning says why the proxy gets less than it asks for, e.g. a member
-	// claim that its credential does not prove.
-	Warning string
-	// Unserved counts the stream's requests for types the hub does not
-	// serve (e.g. pilot-agent's NDS): ignored, as istiod ignores them.
-	Unserved uint64
-	// Server is, for a proxyless gRPC server (a stream asking for inbound
-	// listeners), what the policies make of them.
-	Server      *ServerSecurity
-	ConnectedAt time.Time
-	Types       []TypeStatus // by type URL
-}
-
-// ProxyConfig is what a stream holds of each type: the last response's
-// resources, merged with earlier ones where responses carry only what
-// changed (Delta; SotW EDS, RDS and SDS by name).
-type ProxyConfig struct {
-	Proxy     ProxyStatus
-	Resources map[string][]*anypb.Any // by type URL; shared, do not modify
-}
 
 // proxyTracker follows every ADS stream as its loop (adsServer) reports
 // it: who is connected, what was sent, what was ACKed or NACKed. Its
@@ -92,9 +39,9 @@ type ProxyConfig struct {
 // holdings' lock for an instant, to freeze what they read of a holding).
 type proxyTracker struct {
 	trackerInputs
-	mu        sync.Mutex         // guards streams
-	streams   map[*conn]struct{} // the open streams
-	perSecond perSecond          // responses sent
+	mu        sync.Mutex          // guards streams
+	streams   map[*conn]struct{}  // the open streams
+	perSecond xdsstatus.PerSecond // responses sent
 
 	connected   prometheus.Gauge
 	sentByLabel sync.Map // type label → sentCounters
@@ -102,7 +49,7 @@ type proxyTracker struct {
 	bytes       *prometheus.CounterVec
 	nacks       *prometheus.CounterVec
 	unserved    prometheus.Counter
-	refused     *refusals
+	refused     *xdsstatus.Refusals
 }
 
 // streamState is what the tracker checks and shows of a stream: its
@@ -115,7 +62,7 @@ type streamState struct {
 	token   string          // a bearer token still to be reviewed (mTLS streams without a certificate)
 	ctx     context.Context // the stream's, for that review
 	node    *corev3.Node
-	status  ProxyStatus           // but Types: those are types'
+	status  xdsstatus.Proxy       // but Types: those are types'
 	types   map[string]*typeState // by type URL
 	nonces  map[string]sent       // per stream (nonces are unique per stream)
 	// asked are the type URLs the stream asked for (see check).
@@ -136,8 +83,8 @@ type sent struct{ typeURL, version string }
 // it too) and what the stream holds of the type.
 type typeState struct {
 	typeURL string
-	status  atomic.Pointer[TypeStatus]    // nil until a response is sent
-	held    atomic.Pointer[heldResources] // its byName may change in place until frozen (holdings.freeze)
+	status  atomic.Pointer[xdsstatus.Type] // nil until a response is sent
+	held    atomic.Pointer[heldResources]  // its byName may change in place until frozen (holdings.freeze)
 }
 
 // shownStream is what a stream shows to readers other than its loop: the
@@ -151,7 +98,7 @@ type shownStream struct {
 
 // streamFacts is who a stream is and what it asked for, as published.
 type streamFacts struct {
-	status ProxyStatus // but Types
+	status xdsstatus.Proxy // but Types
 	ident  authn.Identity
 	asked  []string // the type URLs the stream asked for, in no order
 }
@@ -179,11 +126,11 @@ func (c *conn) typeState(typeURL string) *typeState {
 
 // current returns a copy of the type's status, for the loop to change
 // and publish (status.Store).
-func (t *typeState) current() TypeStatus {
+func (t *typeState) current() xdsstatus.Type {
 	if v := t.status.Load(); v != nil {
 		return *v
 	}
-	return TypeStatus{TypeURL: t.typeURL}
+	return xdsstatus.Type{TypeURL: t.typeURL}
 }
 
 // shownTypes returns what the stream published of its types.
@@ -196,10 +143,10 @@ func (s *shownStream) shownTypes() []*typeState {
 
 // status returns the stream's status as published, its types in the
 // order they are shown.
-func (s *shownStream) status() ProxyStatus {
+func (s *shownStream) status() xdsstatus.Proxy {
 	types := s.shownTypes()
 	out := s.facts.Load().status
-	out.Types = make([]TypeStatus, 0, len(types))
+	out.Types = make([]xdsstatus.Type, 0, len(types))
 	for _, t := range types {
 		if ts := t.status.Load(); ts != nil {
 			out.Types = append(out.Types, *ts)
@@ -249,7 +196,7 @@ func newProxyTracker(in trackerInputs) *proxyTracker {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_nacks_total", Help: "xDS responses rejected by clients, by type (\"other\" for a type the hub does not serve).",
 		}, []string{"type"}),
-		refused: newRefusals(),
+		refused: xdsstatus.NewRefusals(),
 		unserved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "hub_xds_unserved_requests_total", Help: "xDS requests for types the hub does not serve (e.g. pilot-agent's NDS, PCDS and health), ignored as istiod ignores them; the stream stays.",
 		}),
@@ -257,7 +204,7 @@ func newProxyTracker(in trackerInputs) *proxyTracker {
 }
 
 func (p *proxyTracker) collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks, p.unserved, p.refused.count}
+	return []prometheus.Collector{p.connected, p.responses, p.bytes, p.nacks, p.unserved, p.refused.Collector()}
 }
 
 // onRefused records that c's stream ends refused with err because of what
@@ -271,7 +218,7 @@ func (p *proxyTracker) onRefused(c *conn, err error) {
 		return // the hub's own state (a full hub, a drain), not what the client sent
 	}
 	st := c.state.status // on the stream's loop
-	p.refused.record(st, c.node, err)
+	p.refused.Record(st, c.node, err)
 	s := status.Convert(err)
 	id := st.ID
 	if id == "" {
@@ -310,7 +257,7 @@ func (p *proxyTracker) onUnserved(c *conn, node *corev3.Node, typeURL string) er
 func (p *proxyTracker) onStreamOpen(ctx context.Context, c *conn, typ string) error {
 	st := &c.state
 	*st = streamState{
-		status: ProxyStatus{Stream: c.id, ConnectedAt: time.Now()}, ctx: ctx,
+		status: xdsstatus.Proxy{Stream: c.id, ConnectedAt: time.Now()}, ctx: ctx,
 		types: map[string]*typeState{}, nonces: map[string]sent{},
 	}
 	secure := false
@@ -586,7 +533,7 @@ func (p *proxyTracker) response(c *conn, typeURL, version, nonce string, resourc
 	m := p.sentMetrics(typeURL)
 	m.responses.Inc()
 	m.bytes.Add(float64(size))
-	p.perSecond.count(now)
+	p.perSecond.Count(now)
 	st := &c.state
 	t := c.typeState(typeURL)
 	ts := t.current()
@@ -619,9 +566,9 @@ func (p *proxyTracker) sentMetrics(typeURL string) sentCounters {
 
 // proxies lists every open stream, by proxy ID then stream, with what
 // server (nil: not shown) says the policies make of its inbound listeners.
-func (p *proxyTracker) proxies(server func(*streamRecord) *ServerSecurity) []ProxyStatus {
+func (p *proxyTracker) proxies(server func(*streamRecord) *xdsstatus.ServerSecurity) []xdsstatus.Proxy {
 	conns := p.open()
-	out := make([]ProxyStatus, 0, len(conns))
+	out := make([]xdsstatus.Proxy, 0, len(conns))
 	for _, c := range conns {
 		out = append(out, c.shown.status())
 	}
@@ -640,7 +587,7 @@ func (p *proxyTracker) proxies(server func(*streamRecord) *ServerSecurity) []Pro
 }
 
 // config returns the newest stream of a proxy and what it last received.
-func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecurity) (ProxyConfig, bool) {
+func (p *proxyTracker) config(id string, server func(*streamRecord) *xdsstatus.ServerSecurity) (xdsstatus.Config, bool) {
 	var found *conn
 	for _, c := range p.open() {
 		if c.shown.facts.Load().status.ID == id && (found == nil || c.id > found.id) {
@@ -648,7 +595,7 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecur
 		}
 	}
 	if found == nil {
-		return ProxyConfig{}, false
+		return xdsstatus.Config{}, false
 	}
 	types := found.shown.shownTypes()
 	res := make(map[string][]*anypb.Any, len(types))
@@ -664,7 +611,7 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecur
 			res[t.typeURL] = held.anys()
 		}
 	}
-	pc := ProxyConfig{Proxy: found.shown.status(), Resources: res}
+	pc := xdsstatus.Config{Proxy: found.shown.status(), Resources: res}
 	if server != nil {
 		pc.Proxy.Server = server(&found.rec)
 	}
@@ -673,43 +620,13 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *ServerSecur
 
 // pushesPerSecond returns the responses sent in each of the last 60
 // seconds, oldest first.
-func (p *proxyTracker) pushesPerSecond() []int { return p.perSecond.last60(time.Now()) }
+func (p *proxyTracker) pushesPerSecond() []int { return p.perSecond.Last60(time.Now()) }
 
 // open returns the open streams (in no order).
 func (p *proxyTracker) open() []*conn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.Collect(maps.Keys(p.streams))
-}
-
-// perSecond counts events per second over the last minute, without a
-// lock: a slot is reset by the first event of its new second, and an event
-// counted by another stream in the instant of that reset may be lost (a
-// figure for a picture, not an account).
-type perSecond [60]struct {
-	at atomic.Int64 // the unix second the slot counts
-	n  atomic.Uint32
-}
-
-func (r *perSecond) count(now time.Time) {
-	sec := now.Unix()
-	slot := &r[sec%60]
-	if at := slot.at.Load(); at != sec && slot.at.CompareAndSwap(at, sec) {
-		slot.n.Store(0)
-	}
-	slot.n.Add(1)
-}
-
-// last60 returns the counts of the 60 seconds up to now, oldest first.
-func (r *perSecond) last60(now time.Time) []int {
-	out := make([]int, 60)
-	for i := range out {
-		sec := now.Unix() - 59 + int64(i)
-		if slot := &r[sec%60]; slot.at.Load() == sec {
-			out[i] = int(slot.n.Load())
-		}
-	}
-	return out
 }
 
 // ResourceName reads field 1 of an encoded xDS resource without decoding

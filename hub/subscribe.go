@@ -15,6 +15,7 @@ import (
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // subscriber is one stream's subscription to one type as pushes see it:
@@ -489,14 +490,14 @@ func (w *watcher) serverOf(rec *streamRecord, node *corev3.Node, ident authn.Ide
 
 // serverSecurity is what the policies make of rec's stream's inbound
 // listeners; nil when it asks for none.
-func (w *watcher) serverSecurity(rec *streamRecord) *ServerSecurity {
+func (w *watcher) serverSecurity(rec *streamRecord) *xdsstatus.ServerSecurity {
 	w.mu.Lock()
 	names, wl := inboundNames(rec.subs[resourcev3.ListenerType]), rec.server
 	w.mu.Unlock()
 	if len(names) == 0 || w.gen == nil {
 		return nil
 	}
-	out := &ServerSecurity{}
+	out := &xdsstatus.ServerSecurity{}
 	if wl != nil {
 		out.Workload = *wl
 	}
@@ -510,7 +511,7 @@ func (w *watcher) serverSecurity(rec *streamRecord) *ServerSecurity {
 			continue
 		}
 		port := uint32(ap.Port())
-		out.Listeners = append(out.Listeners, InboundListener{Name: name, Port: port, Mode: sel.ServerMode(port), PolicyMode: sel.PolicyMode(port)})
+		out.Listeners = append(out.Listeners, xdsstatus.InboundListener{Name: name, Port: port, Mode: sel.ServerMode(port), PolicyMode: sel.PolicyMode(port)})
 	}
 	return out
 }

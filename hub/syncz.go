@@ -27,6 +27,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/internal/clip"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // TypeSyncz is istiod's debug type for the sync state of its proxies
@@ -267,7 +268,7 @@ func (z *syncz) scope(c *conn) (synczScope, error) {
 
 // syncStatus is a type's sync state as istiod's statusgen works it out
 // (see TypeSyncz).
-func syncStatus(ts TypeStatus) statusv3.ConfigStatus {
+func syncStatus(ts xdsstatus.Type) statusv3.ConfigStatus {
 	switch {
 	case ts.Nacks > 0 && ts.NackedAt.After(ts.AckedAt):
 		return statusv3.ConfigStatus_ERROR
@@ -283,7 +284,7 @@ func syncStatus(ts TypeStatus) statusv3.ConfigStatus {
 type syncRow struct {
 	id, cluster, namespace, istioVersion string
 	stream                               int64
-	types                                []TypeStatus // by type URL
+	types                                []xdsstatus.Type // by type URL
 }
 
 // syncRows lists the proxy streams a caller may see (every one when all,
@@ -303,7 +304,7 @@ func (p *proxyTracker) syncRows(all bool, namespace string) []syncRow {
 		}
 	}
 	for i := range rows {
-		slices.SortFunc(rows[i].types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })
+		slices.SortFunc(rows[i].types, func(a, b xdsstatus.Type) int { return strings.Compare(a.TypeURL, b.TypeURL) })
 	}
 	slices.SortFunc(rows, func(a, b syncRow) int {
 		if c := strings.Compare(a.id, b.id); c != 0 {
@@ -428,7 +429,7 @@ func syncRowOf(shown *shownStream, stream int64, all bool, namespace, local stri
 	}
 	for _, typeURL := range f.asked {
 		if !sent[typeURL] && !isDebugType(typeURL) {
-			r.types = append(r.types, TypeStatus{TypeURL: typeURL})
+			r.types = append(r.types, xdsstatus.Type{TypeURL: typeURL})
 		}
 	}
 	return r, true

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -196,15 +197,15 @@ func TestSyncStatus(t *testing.T) {
 	now := time.Now()
 	for _, c := range []struct {
 		name string
-		ts   TypeStatus
+		ts   xdsstatus.Type
 		want statusv3.ConfigStatus
 	}{
-		{"nothing sent", TypeStatus{}, statusv3.ConfigStatus_NOT_SENT},
-		{"sent, not answered", TypeStatus{SentNonce: "2"}, statusv3.ConfigStatus_STALE},
-		{"an older one ACKed", TypeStatus{SentNonce: "4", AckedNonce: "2", AckedAt: now}, statusv3.ConfigStatus_STALE},
-		{"the last one ACKed", TypeStatus{SentNonce: "4", AckedNonce: "4", AckedAt: now}, statusv3.ConfigStatus_SYNCED},
-		{"NACKed", TypeStatus{SentNonce: "4", AckedNonce: "2", AckedAt: now, Nacks: 1, NackedAt: now.Add(time.Second)}, statusv3.ConfigStatus_ERROR},
-		{"ACKed after a NACK", TypeStatus{SentNonce: "6", AckedNonce: "6", AckedAt: now.Add(time.Second), Nacks: 1, NackedAt: now}, statusv3.ConfigStatus_SYNCED},
+		{"nothing sent", xdsstatus.Type{}, statusv3.ConfigStatus_NOT_SENT},
+		{"sent, not answered", xdsstatus.Type{SentNonce: "2"}, statusv3.ConfigStatus_STALE},
+		{"an older one ACKed", xdsstatus.Type{SentNonce: "4", AckedNonce: "2", AckedAt: now}, statusv3.ConfigStatus_STALE},
+		{"the last one ACKed", xdsstatus.Type{SentNonce: "4", AckedNonce: "4", AckedAt: now}, statusv3.ConfigStatus_SYNCED},
+		{"NACKed", xdsstatus.Type{SentNonce: "4", AckedNonce: "2", AckedAt: now, Nacks: 1, NackedAt: now.Add(time.Second)}, statusv3.ConfigStatus_ERROR},
+		{"ACKed after a NACK", xdsstatus.Type{SentNonce: "6", AckedNonce: "6", AckedAt: now.Add(time.Second), Nacks: 1, NackedAt: now}, statusv3.ConfigStatus_SYNCED},
 	} {
 		if got := syncStatus(c.ts); got != c.want {
 			t.Errorf("%s: %s; want %s", c.name, got, c.want)

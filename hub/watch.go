@@ -23,6 +23,7 @@ import (
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/xdsgen"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
 )
 
@@ -125,7 +126,7 @@ type watcherInputs struct {
 	// workers bounds how many watches a push evaluates at once (at least 1).
 	workers int
 	// latency measures pushed responses (may be nil: not measured).
-	latency *pushLatency
+	latency *xdsstatus.PushLatency
 	// fleet counts the responses handed to streams (may be nil).
 	fleet *deliveries
 	// paceLimit bounds how long a push of churn paces its waves (see pace;
@@ -652,6 +653,6 @@ func (w *watcher) pushTo(j job) {
 	if open {
 		resp.send(wt)
 		w.fleet.Hand()
-		w.latency.observe(wt.typeURL, j.since)
+		w.latency.Observe(latencyLabel(wt.typeURL), j.since)
 	}
 }

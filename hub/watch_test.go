@@ -11,6 +11,7 @@ import (
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/hubmesh/hub/clusters"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -62,7 +63,7 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 		ErrorDetail: &statuspb.Status{Code: 3, Message: "endpoint rejected by test"},
 	})
 	expectSilence(t, stream, "after a NACK")
-	waitProxy(t, h, func(ts TypeStatus) error {
+	waitProxy(t, h, func(ts xdsstatus.Type) error {
 		if ts.NackError != "endpoint rejected by test" || ts.NackedVersion != first.VersionInfo || ts.Sends != 1 || ts.Nacks != 1 {
 			return fmt.Errorf("EDS status after NACK = %+v", ts)
 		}
@@ -84,7 +85,7 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 	// ACK it: nothing more until the next change.
 	stream.Send(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{name}, ResponseNonce: second.Nonce, VersionInfo: second.VersionInfo})
 	expectSilence(t, stream, "after an ACK")
-	waitProxy(t, h, func(ts TypeStatus) error {
+	waitProxy(t, h, func(ts xdsstatus.Type) error {
 		if ts.AckedVersion != second.VersionInfo || ts.SentVersion != second.VersionInfo || ts.Sends != 2 {
 			return fmt.Errorf("EDS status after ACK = %+v", ts)
 		}
@@ -97,7 +98,7 @@ func TestNACKedVersionIsNotResent(t *testing.T) {
 }
 
 // waitProxy polls the hub's view of the single connected proxy's EDS state.
-func waitProxy(t *testing.T, h *testHub, check func(TypeStatus) error) {
+func waitProxy(t *testing.T, h *testHub, check func(xdsstatus.Type) error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -69,6 +69,16 @@ func typeLabel(typeURL string) string { return xdsTypeOf(typeURL).label }
 // shortType is a type URL's last path element (xdsType.short).
 func shortType(typeURL string) string { return xdsTypeOf(typeURL).short }
 
+// latencyLabel names a type URL in the push latency's series: its short
+// name for a type the hub serves ("MCP" for every Istio config type), ""
+// (not measured) for any other.
+func latencyLabel(typeURL string) string {
+	if t := xdsTypeOf(typeURL); t.served {
+		return t.short
+	}
+	return ""
+}
+
 // isDebugType reports whether the stream's loop answers typeURL itself.
 func isDebugType(typeURL string) bool { return typeURL == TypeSyncz }
 

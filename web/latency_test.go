@@ -7,23 +7,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // latencyModels reports a settable push latency summary.
 type latencyModels struct {
 	fakeModels
 	mu sync.Mutex
-	s  hub.LatencySummary
+	s  xdsstatus.Latency
 }
 
-func (m *latencyModels) PushLatency() hub.LatencySummary {
+func (m *latencyModels) PushLatency() xdsstatus.Latency {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.s
 }
 
-func (m *latencyModels) set(s hub.LatencySummary) {
+func (m *latencyModels) set(s xdsstatus.Latency) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.s = s
@@ -42,7 +42,7 @@ func TestOverviewShowsPushLatency(t *testing.T) {
 		t.Fatalf("overview without pushes: %d, no empty push latency card in:\n%s", code, body)
 	}
 
-	models.set(hub.LatencySummary{Window: 5 * time.Minute, Count: 12, P50: 1500 * time.Microsecond, P99: 42 * time.Millisecond})
+	models.set(xdsstatus.Latency{Window: 5 * time.Minute, Count: 12, P50: 1500 * time.Microsecond, P99: 42 * time.Millisecond})
 	code, body = s.get(t, "/", cookie)
 	if want := "1.50 ms / 42 ms"; code != http.StatusOK || !strings.Contains(body, want) || !strings.Contains(body, "p50 / p99 (last 5 min) of 12 pushed responses") {
 		t.Fatalf("overview: %d, no %q with its count in:\n%s", code, want, body)
@@ -52,7 +52,7 @@ func TestOverviewShowsPushLatency(t *testing.T) {
 	if ev := st.next(t, 30*time.Second); ev.name != "update" || !strings.Contains(ev.data, "1.50 ms / 42 ms") {
 		t.Fatalf("first live update %+v; want the push latency", ev)
 	}
-	models.set(hub.LatencySummary{Window: 5 * time.Minute, Count: 13, P50: 250 * time.Millisecond, P99: 2500 * time.Millisecond})
+	models.set(xdsstatus.Latency{Window: 5 * time.Minute, Count: 13, P50: 250 * time.Millisecond, P99: 2500 * time.Millisecond})
 	for {
 		ev := st.next(t, 30*time.Second)
 		if ev.name != "update" {

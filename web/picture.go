@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -107,7 +107,7 @@ func (g clientGroup) Proxies() int { return g.GRPC + g.Envoy }
 // Total counts every client of the member.
 func (g clientGroup) Total() int { return g.GRPC + g.Envoy + g.Istiod }
 
-func (g *clientGroup) add(p hub.ProxyStatus) {
+func (g *clientGroup) add(p xdsstatus.Proxy) {
 	kind := kindOf(p)
 	switch kind {
 	case kindGRPC:
@@ -122,7 +122,7 @@ func (g *clientGroup) add(p hub.ProxyStatus) {
 	}
 }
 
-func kindOf(p hub.ProxyStatus) string {
+func kindOf(p xdsstatus.Proxy) string {
 	switch {
 	case p.ConfigSubscriber:
 		return kindIstiod
@@ -509,7 +509,7 @@ type picture struct {
 // layoutPicture lays out the federation: members (the home cluster has an
 // empty Secret) with the identities the hub's CA certifies in each
 // (certified, by member), connected xDS clients and trust domains.
-func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust.Status, certified map[string]int) picture {
+func layoutPicture(sts []clusters.Status, proxies []xdsstatus.Proxy, tds []trust.Status, certified map[string]int) picture {
 	members := make([]picMember, 0, len(sts))
 	index := map[string]int{}
 	for _, st := range sts {
@@ -546,7 +546,7 @@ func layoutPicture(sts []clusters.Status, proxies []hub.ProxyStatus, tds []trust
 		p.Certified = p.Certified || m.Certified > 0
 	}
 	p.layoutNetworks(members)
-	sorted := append([]hub.ProxyStatus(nil), proxies...)
+	sorted := append([]xdsstatus.Proxy(nil), proxies...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].ID < sorted[j].ID })
 	for _, px := range sorted {
 		if px.ConfigSubscriber {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -16,7 +16,7 @@ type pictureModels struct {
 	fakeModels
 	mu      sync.Mutex
 	members []clusters.Status
-	proxies []hub.ProxyStatus
+	proxies []xdsstatus.Proxy
 	tds     []trust.Status
 }
 
@@ -26,10 +26,10 @@ func (m *pictureModels) Clusters() []clusters.Status {
 	return append([]clusters.Status(nil), m.members...)
 }
 
-func (m *pictureModels) Proxies() []hub.ProxyStatus {
+func (m *pictureModels) Proxies() []xdsstatus.Proxy {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]hub.ProxyStatus(nil), m.proxies...)
+	return append([]xdsstatus.Proxy(nil), m.proxies...)
 }
 
 func (m *pictureModels) TrustDomains() []trust.Status {
@@ -89,18 +89,18 @@ func federation(n int) *pictureModels {
 		}
 		m.members = append(m.members, st)
 		for j := range 1 + i%3 {
-			m.proxies = append(m.proxies, hub.ProxyStatus{ID: fmt.Sprintf("client-%d~%s", j, id), Cluster: id, Proxyless: true})
+			m.proxies = append(m.proxies, xdsstatus.Proxy{ID: fmt.Sprintf("client-%d~%s", j, id), Cluster: id, Proxyless: true})
 		}
 		if i%3 == 0 {
-			m.proxies = append(m.proxies, hub.ProxyStatus{ID: "sidecar~10.0.0.1~envoy." + id, Cluster: id})
+			m.proxies = append(m.proxies, xdsstatus.Proxy{ID: "sidecar~10.0.0.1~envoy." + id, Cluster: id})
 		}
 		if i%4 == 1 {
-			m.proxies = append(m.proxies, hub.ProxyStatus{ID: "istiod-" + id, Cluster: id, ConfigSubscriber: true, IstioVersion: "1.31.1"})
+			m.proxies = append(m.proxies, xdsstatus.Proxy{ID: "istiod-" + id, Cluster: id, ConfigSubscriber: true, IstioVersion: "1.31.1"})
 		}
 	}
 	m.proxies = append(m.proxies,
-		hub.ProxyStatus{ID: "istiod-unclaimed", ConfigSubscriber: true},
-		hub.ProxyStatus{ID: "client~of-nobody", Cluster: "not-registered", Proxyless: true})
+		xdsstatus.Proxy{ID: "istiod-unclaimed", ConfigSubscriber: true},
+		xdsstatus.Proxy{ID: "client~of-nobody", Cluster: "not-registered", Proxyless: true})
 	m.tds = []trust.Status{
 		{Spec: trust.PeerSpec{TrustDomain: "cluster.local"}, Local: true, State: trust.StateReady},
 		{Spec: trust.PeerSpec{TrustDomain: "partner.example.org"}, State: trust.StateReady},

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/html"
 
 	"github.com/hubmesh/hub/clusters"
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -320,7 +320,7 @@ func TestPictureEscapesNames(t *testing.T) {
 	m.members = append(m.members, clusters.Status{ID: "primary", State: clusters.StateReady, Message: `</desc><img src=x onerror=alert(5)>`})
 	for i, id := range evil {
 		m.members = append(m.members, clusters.Status{ID: id, Secret: "ns/s", State: clusters.StateReady})
-		m.proxies = append(m.proxies, hub.ProxyStatus{ID: "proxy" + evil[(i+1)%len(evil)], Cluster: id, Proxyless: true})
+		m.proxies = append(m.proxies, xdsstatus.Proxy{ID: "proxy" + evil[(i+1)%len(evil)], Cluster: id, Proxyless: true})
 	}
 	m.tds = []trust.Status{{Spec: trust.PeerSpec{TrustDomain: `td"><script>alert(6)</script>`}, State: trust.StateReady}}
 	for i := range m.members {
@@ -372,14 +372,14 @@ func TestPictureGroupsClients(t *testing.T) {
 	m := &pictureModels{}
 	m.members = []clusters.Status{{ID: "primary", State: clusters.StateReady}, {ID: "west", Secret: "ns/w", State: clusters.StateReady}}
 	for i := range 9 {
-		m.proxies = append(m.proxies, hub.ProxyStatus{ID: "g" + strconv.Itoa(i), Cluster: "west", Proxyless: true})
+		m.proxies = append(m.proxies, xdsstatus.Proxy{ID: "g" + strconv.Itoa(i), Cluster: "west", Proxyless: true})
 	}
 	m.proxies = append(m.proxies,
-		hub.ProxyStatus{ID: "e1", Cluster: "west"},
-		hub.ProxyStatus{ID: "i1", Cluster: "west", ConfigSubscriber: true},
-		hub.ProxyStatus{ID: "p1", Cluster: "primary", Proxyless: true},
-		hub.ProxyStatus{ID: "x1", Cluster: "gone", Proxyless: true},
-		hub.ProxyStatus{ID: "i2", ConfigSubscriber: true})
+		xdsstatus.Proxy{ID: "e1", Cluster: "west"},
+		xdsstatus.Proxy{ID: "i1", Cluster: "west", ConfigSubscriber: true},
+		xdsstatus.Proxy{ID: "p1", Cluster: "primary", Proxyless: true},
+		xdsstatus.Proxy{ID: "x1", Cluster: "gone", Proxyless: true},
+		xdsstatus.Proxy{ID: "i2", ConfigSubscriber: true})
 	p := layoutPicture(m.Clusters(), m.Proxies(), nil, nil)
 	if p.Proxies != 12 || p.Istiods != 2 {
 		t.Errorf("%d proxies, %d istiods; want 12, 2", p.Proxies, p.Istiods)

@@ -31,7 +31,7 @@ import (
 	"github.com/hubmesh/hub/api"
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/distribute"
-	"github.com/hubmesh/hub/hub"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/trust"
 )
 
@@ -49,7 +49,7 @@ type Pushes interface {
 // PushLatency is the optional source of the overview's push latency
 // percentiles (*hub.Hub implements it).
 type PushLatency interface {
-	PushLatency() hub.LatencySummary
+	PushLatency() xdsstatus.Latency
 }
 
 // latencyView is push latency as the overview shows it.
@@ -58,7 +58,7 @@ type latencyView struct {
 	P50, P99 string // over the last five minutes
 }
 
-func toLatencyView(s hub.LatencySummary) latencyView {
+func toLatencyView(s xdsstatus.Latency) latencyView {
 	return latencyView{Count: s.Count, P50: formatLatency(s.P50), P99: formatLatency(s.P99)}
 }
 

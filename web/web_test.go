@@ -16,6 +16,7 @@ import (
 	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub"
 	"github.com/hubmesh/hub/hub/authz"
+	"github.com/hubmesh/hub/hub/xdsstatus"
 )
 
 // Pure-logic fakes for handler and session tests (live_test.go runs them on a
@@ -59,12 +60,12 @@ type fakeModels struct{}
 func (fakeModels) Clusters() []clusters.Status {
 	return []clusters.Status{{ID: "primary", State: clusters.StateReady}}
 }
-func (fakeModels) Cluster(string) (clusters.Status, bool)     { return clusters.Status{}, false }
-func (fakeModels) History(string) []clusters.Transition       { return nil }
-func (fakeModels) Ready() (bool, string)                      { return true, "" }
-func (fakeModels) Services() []hub.ServiceSummary             { return nil }
-func (fakeModels) Proxies() []hub.ProxyStatus                 { return nil }
-func (fakeModels) ProxyConfig(string) (hub.ProxyConfig, bool) { return hub.ProxyConfig{}, false }
+func (fakeModels) Cluster(string) (clusters.Status, bool)      { return clusters.Status{}, false }
+func (fakeModels) History(string) []clusters.Transition        { return nil }
+func (fakeModels) Ready() (bool, string)                       { return true, "" }
+func (fakeModels) Services() []hub.ServiceSummary              { return nil }
+func (fakeModels) Proxies() []xdsstatus.Proxy                  { return nil }
+func (fakeModels) ProxyConfig(string) (xdsstatus.Config, bool) { return xdsstatus.Config{}, false }
 func (fakeModels) Register(context.Context, string, []byte) (string, bool, error) {
 	return "", false, nil
 }
@@ -220,12 +221,12 @@ func TestDistributionPageShowsNotes(t *testing.T) {
 // serverModels has one proxyless gRPC server connected.
 type serverModels struct{ fakeModels }
 
-func (serverModels) ProxyConfig(id string) (hub.ProxyConfig, bool) {
-	return hub.ProxyConfig{Proxy: hub.ProxyStatus{ID: id, Proxyless: true, Server: &hub.ServerSecurity{
+func (serverModels) ProxyConfig(id string) (xdsstatus.Config, bool) {
+	return xdsstatus.Config{Proxy: xdsstatus.Proxy{ID: id, Proxyless: true, Server: &xdsstatus.ServerSecurity{
 		Workload:            authz.Workload{Namespace: "app", ServiceAccount: "echo", Member: "west", Verified: true, Claimed: "other"},
 		PeerAuthentications: []string{"app/strict"},
 		Policies:            authz.Applied{Allow: []string{"app/only-alice"}, Custom: []string{"app/ext"}},
-		Listeners:           []hub.InboundListener{{Name: "xds.istio.io/grpc/lds/inbound/0.0.0.0:8080", Port: 8080, Mode: authz.Strict, PolicyMode: authz.Strict}},
+		Listeners:           []xdsstatus.InboundListener{{Name: "xds.istio.io/grpc/lds/inbound/0.0.0.0:8080", Port: 8080, Mode: authz.Strict, PolicyMode: authz.Strict}},
 	}}}, true
 }
 

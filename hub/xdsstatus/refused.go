@@ -1,4 +1,4 @@
-package hub
+package xdsstatus
 
 import (
 	"sync"
@@ -11,11 +11,11 @@ import (
 	"github.com/hubmesh/hub/hub/internal/clip"
 )
 
-// RefusedStream is an xDS stream the hub ended because of what its client
+// Refused is an xDS stream the hub ended because of what its client
 // sent (a node over the limits, a credential it does not accept, a type an
 // anonymous stream may not read, ...): what an operator needs to tell the
 // client's owner, with the gRPC status the client saw.
-type RefusedStream struct {
+type Refused struct {
 	At       time.Time
 	ID       string // the node ID as sent, clipped
 	Address  string // peer address
@@ -27,31 +27,32 @@ type RefusedStream struct {
 // maxRefusedKept bounds the refusals the hub remembers (the most recent).
 const maxRefusedKept = 64
 
-// refusals remembers the most recent refused streams and counts them by
-// status code (a bounded label: gRPC's codes).
-type refusals struct {
+// Refusals remembers the most recent refused streams and counts them by
+// status code (a bounded label: gRPC's codes). Safe for concurrent use.
+type Refusals struct {
 	mu    sync.Mutex
-	ring  []RefusedStream
+	ring  []Refused
 	next  int
 	count *prometheus.CounterVec
 }
 
-func newRefusals() *refusals {
-	return &refusals{count: prometheus.NewCounterVec(prometheus.CounterOpts{
+// NewRefusals makes an empty record.
+func NewRefusals() *Refusals {
+	return &Refusals{count: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "hub_xds_refused_streams_total",
 		Help: "xDS streams the hub ended because of what their client sent, by gRPC status code (the most recent are listed at /api/v1/proxies/refused).",
 	}, []string{"code"})}
 }
 
-// record notes that a stream was refused with err; node is what its
+// Record notes that a stream was refused with err; node is what its
 // client sent last (nil: none yet).
-func (r *refusals) record(st ProxyStatus, node *corev3.Node, err error) {
+func (r *Refusals) Record(st Proxy, node *corev3.Node, err error) {
 	s := status.Convert(err)
 	id := st.ID
 	if id == "" {
 		id = node.GetId()
 	}
-	rs := RefusedStream{At: time.Now(), ID: clip.String(id, 256), Address: st.Address, Identity: st.Identity,
+	rs := Refused{At: time.Now(), ID: clip.String(id, 256), Address: st.Address, Identity: st.Identity,
 		Code: s.Code().String(), Message: clip.String(s.Message(), 512)}
 	r.count.WithLabelValues(rs.Code).Inc()
 	r.mu.Lock()
@@ -64,13 +65,16 @@ func (r *refusals) record(st ProxyStatus, node *corev3.Node, err error) {
 	r.next = (r.next + 1) % maxRefusedKept
 }
 
-// list returns the remembered refusals, newest first.
-func (r *refusals) list() []RefusedStream {
+// List returns the remembered refusals, newest first.
+func (r *Refusals) List() []Refused {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]RefusedStream, 0, len(r.ring))
+	out := make([]Refused, 0, len(r.ring))
 	for i := range r.ring {
 		out = append(out, r.ring[(r.next+len(r.ring)-1-i)%len(r.ring)])
 	}
 	return out
 }
+
+// Collector is the refusals' counter, by code.
+func (r *Refusals) Collector() prometheus.Collector { return r.count }

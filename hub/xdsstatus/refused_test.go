@@ -1,4 +1,4 @@
-package hub
+package xdsstatus
 
 import (
 	"fmt"
@@ -14,12 +14,12 @@ import (
 // refusals, newest first, bounded, with the node ID and message clipped,
 // and counts them by gRPC code.
 func TestRefusalsKeepTheMostRecentClipped(t *testing.T) {
-	r := newRefusals()
+	r := NewRefusals()
 	for i := range maxRefusedKept + 10 {
-		r.record(ProxyStatus{Address: "10.0.0.1:1"}, &corev3.Node{Id: fmt.Sprintf("n%d", i)}, status.Error(codes.InvalidArgument, "bad"))
+		r.Record(Proxy{Address: "10.0.0.1:1"}, &corev3.Node{Id: fmt.Sprintf("n%d", i)}, status.Error(codes.InvalidArgument, "bad"))
 	}
-	r.record(ProxyStatus{}, &corev3.Node{Id: strings.Repeat("x", 4096)}, status.Error(codes.Unauthenticated, strings.Repeat("m", 4096)))
-	got := r.list()
+	r.Record(Proxy{}, &corev3.Node{Id: strings.Repeat("x", 4096)}, status.Error(codes.Unauthenticated, strings.Repeat("m", 4096)))
+	got := r.List()
 	if len(got) != maxRefusedKept {
 		t.Fatalf("kept %d; want %d", len(got), maxRefusedKept)
 	}

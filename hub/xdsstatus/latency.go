@@ -1,4 +1,4 @@
-package hub
+package xdsstatus
 
 import (
 	"sort"
@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/hubmesh/hub/mcp"
 )
 
 // latencyBuckets are the upper bounds, in seconds, of push latency: from
@@ -20,28 +18,29 @@ const (
 	latencyWindow = latencySlot * latencySlots
 )
 
-// pushLatency measures how long a change took to reach the streams: from
+// PushLatency measures how long a change took to reach the streams: from
 // the index receiving it (the informer event as delivered to the Sink) to
 // a pushed response being handed to a stream. Responses to a stream's own
 // request are not measured. It exports a Prometheus histogram and keeps
 // the same buckets for the last five minutes, per 10 s slot, for the
 // dashboard's percentiles.
-type pushLatency struct {
+type PushLatency struct {
 	hist     *prometheus.HistogramVec
 	mu       sync.Mutex
-	byType   map[string]prometheus.Observer // served type URL → its series, made at its first push
+	byLabel  map[string]prometheus.Observer // type label → its series, made at its first push
 	slotAt   [latencySlots]int64            // which 10 s period a slot counts (unix time / 10 s)
 	slotHits [latencySlots][]uint32
 }
 
-func newPushLatency() *pushLatency {
-	l := &pushLatency{
+// NewPushLatency makes an empty measure.
+func NewPushLatency() *PushLatency {
+	l := &PushLatency{
 		hist: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "hub_xds_push_latency_seconds",
 			Help:    "Time from a member's change reaching the hub's index to a pushed xDS response being handed to a stream, by type; responses to a stream's own request are not counted.",
 			Buckets: latencyBuckets,
 		}, []string{"type"}),
-		byType: map[string]prometheus.Observer{},
+		byLabel: map[string]prometheus.Observer{},
 	}
 	for i := range l.slotHits {
 		l.slotHits[i] = make([]uint32, len(latencyBuckets)+1) // the last one: above 30 s
@@ -49,10 +48,12 @@ func newPushLatency() *pushLatency {
 	return l
 }
 
-// observe records one pushed response of typeURL for a change first seen
-// at since. A nil receiver or a zero since records nothing.
-func (l *pushLatency) observe(typeURL string, since time.Time) {
-	if l == nil || since.IsZero() {
+// Observe records one pushed response of the type label names (its
+// short name; "" for a type the hub does not serve: nothing is recorded,
+// so that a client cannot invent series) for a change first seen at
+// since. A nil receiver or a zero since records nothing.
+func (l *PushLatency) Observe(label string, since time.Time) {
+	if l == nil || label == "" || since.IsZero() {
 		return
 	}
 	now := time.Now()
@@ -65,18 +66,10 @@ func (l *pushLatency) observe(typeURL string, since time.Time) {
 	period := now.UnixNano() / int64(latencySlot)
 	i := period % latencySlots
 	l.mu.Lock()
-	key := typeURL
-	if mcp.IsConfigType(typeURL) {
-		key = configLabel // one series for every Istio config type
-	}
-	o := l.byType[key]
+	o := l.byLabel[label]
 	if o == nil {
-		if !xdsTypeOf(typeURL).served {
-			l.mu.Unlock()
-			return // never pushed; and no series for a type a client invents
-		}
-		o = l.hist.WithLabelValues(shortType(typeURL))
-		l.byType[key] = o
+		o = l.hist.WithLabelValues(label)
+		l.byLabel[label] = o
 	}
 	if l.slotAt[i] != period {
 		l.slotAt[i] = period
@@ -87,8 +80,11 @@ func (l *pushLatency) observe(typeURL string, since time.Time) {
 	o.Observe(secs)
 }
 
-// LatencySummary is push latency over a recent window.
-type LatencySummary struct {
+// Collector is the latency histogram.
+func (l *PushLatency) Collector() prometheus.Collector { return l.hist }
+
+// Latency is push latency over a recent window.
+type Latency struct {
 	// Window is how far back it looks.
 	Window time.Duration
 	// Count is how many pushed responses were measured in it.
@@ -98,9 +94,9 @@ type LatencySummary struct {
 	P50, P99 time.Duration
 }
 
-// summary merges the slots of the last five minutes.
-func (l *pushLatency) summary() LatencySummary {
-	out := LatencySummary{Window: latencyWindow}
+// Summary merges the slots of the last five minutes.
+func (l *PushLatency) Summary() Latency {
+	out := Latency{Window: latencyWindow}
 	if l == nil {
 		return out
 	}
