@@ -39,7 +39,7 @@ import (
 // semantics, legacy wildcard included, through go-control-plane's
 // stream.Subscription for Delta and sotwSubscription for SotW) without
 // its per-request work: a SotW ACK that repeats its type's last names (the
-// same interned slice, see requestStream) is neither re-checked nor turned
+// same interned slice, see wire.RequestStream) is neither re-checked nor turned
 // into a new map of names, and there is no select over a channel per
 // watch.
 type adsServer struct {
@@ -429,7 +429,7 @@ func forgetUnread(n *corev3.Node) {
 var readNodeMetadata = []string{"CLUSTER_ID", "NAMESPACE", "GENERATOR", "ISTIO_VERSION", "NETWORK", "SERVICE_ACCOUNT"}
 
 // sameSlice reports whether a and b are the same slice (not only equal):
-// an interned resource_names list (requestStream) repeated by an ACK, or
+// an interned resource_names list (wire.RequestStream) repeated by an ACK, or
 // what a stream holds published again unchanged.
 func sameSlice[T any](a, b []T) bool {
 	return len(a) == len(b) && (len(a) == 0 || unsafe.SliceData(a) == unsafe.SliceData(b))
@@ -904,7 +904,7 @@ func (a *adsServer) serveDelta(st deltaStream, defaultType string) error {
 func (c *deltaConn) handle(req *discoveryv3.DeltaDiscoveryRequest, defaultType string) error {
 	// Stamped first: the tracker checks every request as its stream's.
 	if req.Node != nil {
-		c.node = req.Node // requestStream hands every request the stream's first node
+		c.node = req.Node // wire.RequestStream hands every request the stream's first node
 	} else {
 		req.Node = c.node
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hubmesh/hub/hub/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,7 +16,7 @@ import (
 // behind the Service) while the rest are still served, instead of the whole
 // fleet reconnecting in the same second.
 type streamSet struct {
-	names *internedNames // the streams' SotW resource_names (requestStream)
+	names *wire.Names // the streams' SotW resource_names (wire.RequestStream)
 
 	mu      sync.Mutex
 	next    uint64
@@ -23,11 +24,11 @@ type streamSet struct {
 }
 
 func newStreamSet() *streamSet {
-	return &streamSet{names: newInternedNames(), cancels: map[uint64]context.CancelFunc{}}
+	return &streamSet{names: wire.NewNames(), cancels: map[uint64]context.CancelFunc{}}
 }
 
 // interceptor gives every stream a context the set can cancel, and its
-// own request decoding (requestStream). A stream
+// own request decoding (wire.RequestStream). A stream
 // closed by a drain ends with Unavailable, which every xDS client retries.
 func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel := context.WithCancel(ss.Context())
@@ -42,7 +43,7 @@ func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamSer
 		delete(s.cancels, id)
 		s.mu.Unlock()
 	}()
-	err := handler(srv, &drainableStream{ServerStream: &requestStream{ServerStream: ss, names: s.names}, ctx: ctx})
+	err := handler(srv, &drainableStream{ServerStream: wire.NewRequestStream(ss, s.names), ctx: ctx})
 	if ctx.Err() != nil && ss.Context().Err() == nil {
 		return status.Error(codes.Unavailable, "hub replica is shutting down; reconnect")
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
+	"github.com/hubmesh/hub/hub/wire"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
@@ -165,9 +166,9 @@ type Hub struct {
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
 	syncz   *syncz
-	ca      *ca.Server   // nil: no CA API
-	codec   *sharedCodec // the ADS servers' gRPC codec
-	fleet   *deliveries  // what the streams take in: paces the pushes
+	ca      *ca.Server  // nil: no CA API
+	codec   *wire.Codec // the ADS servers' gRPC codec
+	fleet   *deliveries // what the streams take in: paces the pushes
 	// held are what the streams hold, names what the Delta streams
 	// subscribe to (sotwSubscription, deltaSubscription): shared between
 	// them.
@@ -240,7 +241,7 @@ func New(opts Options) (*Hub, error) {
 		proxies: proxies,
 		syncz:   newSyncz(proxies, opts.Roots, scope, opts.RootNamespace, opts.Instance, opts.Limits),
 		ca:      caServer,
-		codec:   newSharedCodec(),
+		codec:   wire.NewCodec(),
 		fleet:   fleet,
 		held:    held,
 		names:   newHoldings[struct{}](),

@@ -341,7 +341,7 @@ func (p *proxyTracker) onStreamClosed(c *conn) {
 
 // onStreamRequest checks and records a SotW request. repeated says its
 // names are the very list of its type's last request on the stream (an
-// ACK's interned names, see requestStream): checked and recorded then.
+// ACK's interned names, see wire.RequestStream): checked and recorded then.
 func (p *proxyTracker) onStreamRequest(c *conn, req *discoveryv3.DiscoveryRequest, repeated bool) error {
 	if err := p.check(c, req.GetNode(), req.GetTypeUrl()); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
+	"github.com/hubmesh/hub/hub/wire"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/mcp"
 )
@@ -31,7 +32,7 @@ import (
 type responder struct {
 	gen      *xdsgen.Generator
 	config   *mcp.Generator
-	lists    *responseLists
+	lists    *wire.Lists
 	roots    authn.RootSource
 	sds      *sds.Generator
 	workload *workloadCerts
@@ -133,18 +134,18 @@ func (rs *responder) respondChanged(wt *watch, dirty map[string]struct{}, full b
 		return nil, nil
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
-	list := rs.lists.list(changed)
+	list := rs.lists.SotW(changed)
 	return &sotwResponse{
 		PassthroughResponse: &cachev3.PassthroughResponse{
 			Request: wt.req,
 			DiscoveryResponse: &discoveryv3.DiscoveryResponse{
-				VersionInfo: list.version,
-				Resources:   list.anys,
+				VersionInfo: list.Version,
+				Resources:   list.Anys,
 				TypeUrl:     wt.typeURL,
 			},
 		},
 		incremental: true,
-		changed:     list.res,
+		changed:     list.Res,
 		typeSent:    wt.sent,
 	}, nil
 }
@@ -245,7 +246,7 @@ func (rs *responder) respondDelta(wt *watch, id authn.Identity) (*deltaResponse,
 		return nil, nil
 	}
 	sort.Strings(removed)
-	list := rs.lists.delta(changed) // in res's order: by name (SDS: as subscribed)
+	list := rs.lists.Delta(changed) // in res's order: by name (SDS: as subscribed)
 	return newDeltaResponse(wt, xdsgen.ResponseVersion(res), list, removed), nil
 }
 
@@ -299,24 +300,24 @@ func (rs *responder) respondDeltaChanged(wt *watch, dirty map[string]struct{}, f
 	}
 	sort.Slice(changed, func(i, j int) bool { return changed[i].Name < changed[j].Name })
 	sort.Strings(removed)
-	list := rs.lists.delta(changed)
-	return newDeltaResponse(wt, list.version, list, removed), nil
+	list := rs.lists.Delta(changed)
+	return newDeltaResponse(wt, list.Version, list, removed), nil
 }
 
 // newDeltaResponse answers wt's Delta request with list's resources and
 // the removed names, at version.
-func newDeltaResponse(wt *watch, version string, list deltaList, removed []string) *deltaResponse {
+func newDeltaResponse(wt *watch, version string, list wire.DeltaList, removed []string) *deltaResponse {
 	return &deltaResponse{
 		DeltaPassthroughResponse: &cachev3.DeltaPassthroughResponse{
 			DeltaRequest: wt.deltaReq,
 			DeltaDiscoveryResponse: &discoveryv3.DeltaDiscoveryResponse{
 				SystemVersionInfo: version,
-				Resources:         list.out,
+				Resources:         list.Out,
 				RemovedResources:  removed,
 				TypeUrl:           wt.typeURL,
 			},
 		},
-		changed: list.res,
+		changed: list.Res,
 		removed: removed,
 	}
 }

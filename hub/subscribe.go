@@ -49,7 +49,7 @@ type subscriber struct {
 	// is secret, and a collision could only affect the stream that sent it.
 	requested digest
 	// asked is that list itself (SotW; shared, read only): an ACK of the
-	// same interned list (requestStream) is the same subscription.
+	// same interned list (wire.RequestStream) is the same subscription.
 	asked []string
 	// SDS: the Secrets (of the identity's member) and whether roots the
 	// names ask for; a change of one of them re-evaluates the subscriber.
@@ -354,7 +354,7 @@ func (w *watcher) streamIdentity(rec *streamRecord) authn.Identity {
 // subscriberFor returns the subscriber a new SotW watch belongs to: the
 // stream's persistent one when it still asks for the same names, else a
 // new one (full evaluation). An ACK that repeats the interned list of
-// names its subscriber was built from (requestStream) is recognised
+// names its subscriber was built from (wire.RequestStream) is recognised
 // without looking at the names.
 func (w *watcher) subscriberFor(rec *streamRecord, wt *watch, sub subscription) *subscriber {
 	if wt.wildcard {

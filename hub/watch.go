@@ -22,6 +22,7 @@ import (
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
 	"github.com/hubmesh/hub/hub/sds"
+	"github.com/hubmesh/hub/hub/wire"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
@@ -147,7 +148,7 @@ func newWatcher(in watcherInputs) *watcher {
 	}
 	return &watcher{
 		watcherInputs: in,
-		responder: &responder{gen: in.gen, config: in.config, lists: newResponseLists(), roots: in.roots, sds: in.sds,
+		responder: &responder{gen: in.gen, config: in.config, lists: wire.NewLists(), roots: in.roots, sds: in.sds,
 			workload: in.workload, scope: in.scope, log: in.log},
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hub_xds_push_evaluations_total",

@@ -1,4 +1,4 @@
-package hub
+package wire
 
 import (
 	"fmt"
@@ -19,10 +19,10 @@ import (
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
-// sharedCodec is the ADS server's gRPC codec: gRPC's proto codec, except
+// Codec is the ADS server's gRPC codec: gRPC's proto codec, except
 // that a SotW or Delta response whose resources are a large list shared by
 // many streams (a wildcard set: every cluster for Envoy's CDS, every
-// ServiceEntry for istiods; see respondWildcard; or a list of responseLists)
+// ServiceEntry for istiods; see respondWildcard; or a list of Lists)
 // is encoded as its own
 // small fields followed by that list's encoding, made once per list and
 // reused for every stream. Protobuf lets a message's fields come in any
@@ -37,7 +37,7 @@ import (
 // stream (the first EDS response of an Envoy, its 1,000 assignments) is
 // marshalled as gRPC would, not kept (16 of them held ~22 MB at 2,000
 // streams).
-type sharedCodec struct {
+type Codec struct {
 	proto  encoding.CodecV2
 	shared *lru.Cache[sharedKey, sharedList] // safe for concurrent use
 	// seen are the lists marshalled once, not cached yet (the keys only:
@@ -57,24 +57,25 @@ type sharedKey struct {
 }
 
 type sharedList struct {
-	keep    any    // the list ([]*anypb.Any or []*discoveryv3.Resource): holds its backing array (see sharedCodec)
+	keep    any    // the list ([]*anypb.Any or []*discoveryv3.Resource): holds its backing array (see Codec)
 	encoded []byte // field 2 (resources) of the response, every element
 }
 
-func newSharedCodec() *sharedCodec {
+// NewCodec makes the codec, with empty caches.
+func NewCodec() *Codec {
 	shared, _ := lru.New[sharedKey, sharedList](16) // only a size ≤ 0 fails
 	seen, _ := lru.New[sharedKey, struct{}](256)
-	return &sharedCodec{proto: encoding.GetCodecV2(grpcproto.Name), shared: shared, seen: seen}
+	return &Codec{proto: encoding.GetCodecV2(grpcproto.Name), shared: shared, seen: seen}
 }
 
-var _ encoding.CodecV2 = (*sharedCodec)(nil)
+var _ encoding.CodecV2 = (*Codec)(nil)
 
 // Name is the proto codec's: clients see no difference.
-func (c *sharedCodec) Name() string { return grpcproto.Name }
+func (c *Codec) Name() string { return grpcproto.Name }
 
 // Unmarshal is the proto codec's, except that a rawRequest gets the
-// message's bytes as they are (see requestStream).
-func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
+// message's bytes as they are (see RequestStream).
+func (c *Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*rawRequest); ok {
 		r.b = rawBuffers.Get().(*[]byte)
 		for _, buf := range data {
@@ -85,8 +86,8 @@ func (c *sharedCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	return c.proto.Unmarshal(data, v)
 }
 
-// Marshal encodes v; see sharedCodec.
-func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
+// Marshal encodes v; see Codec.
+func (c *Codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch resp := v.(type) {
 	case *discoveryv3.DiscoveryResponse:
 		if len(resp.GetResources()) >= minSharedResources {
@@ -102,7 +103,7 @@ func (c *sharedCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 // marshalShared encodes resp, a SotW or Delta response whose resources
 // (field 2 of both) are res, with res's shared encoding when it has one.
-func marshalShared[T proto.Message](c *sharedCodec, resp proto.Message, res []T) (mem.BufferSlice, error) {
+func marshalShared[T proto.Message](c *Codec, resp proto.Message, res []T) (mem.BufferSlice, error) {
 	list, ok, err := encodedList(c, res)
 	if err != nil {
 		return nil, err
@@ -139,7 +140,7 @@ const resourcesField = 2
 // encodedList returns the encoding of a shared resource list as field 2 of
 // a response, from the cache or made now; ok is false, and nothing
 // encoded, the first time the list is seen.
-func encodedList[T proto.Message](c *sharedCodec, res []T) (b []byte, ok bool, err error) {
+func encodedList[T proto.Message](c *Codec, res []T) (b []byte, ok bool, err error) {
 	key := sharedKey{array: unsafe.Pointer(unsafe.SliceData(res)), n: len(res)}
 	if l, ok := c.shared.Get(key); ok {
 		return l.encoded, true, nil
@@ -164,53 +165,55 @@ func encodedList[T proto.Message](c *sharedCodec, res []T) (b []byte, ok bool, e
 	return b, true, nil
 }
 
-// responseLists shares the resource list of responses that carry the
+// Lists shares the resource list of responses that carry the
 // same resources: streams that subscribe to the same names and hold the
 // same versions (an Envoy fleet's first EDS response, 1,000 assignments;
 // every stream's catch-up after a burst) get one list, whose encoding the
-// codec then makes once for all of them (sharedCodec), instead of a list,
+// codec then makes once for all of them (Codec), instead of a list,
 // a version hash and a megabyte of encoding per stream. SotW and Delta
 // lists are kept apart (their elements differ). A list is known by a hash
 // of its resources' addresses (a secret seed) and checked element by
 // element on a hit; the caches keep the resources, so their addresses are
 // not reused while cached. Safe for concurrent use.
-type responseLists struct {
+type Lists struct {
 	seed   maphash.Seed
-	sotw   *lru.Cache[uint64, responseList]
-	deltas *lru.Cache[uint64, deltaList]
+	sotw   *lru.Cache[uint64, SotWList]
+	deltas *lru.Cache[uint64, DeltaList]
 }
 
-// responseList is a shared SotW list: the resources (sorted by name),
-// their Anys in that order, and the response version they make.
-type responseList struct {
-	res     []*xdsgen.Resource
-	anys    []*anypb.Any
-	version string
+// SotWList is a shared SotW list: the resources (sorted by name),
+// their Anys in that order, and the response version they make. Read
+// only.
+type SotWList struct {
+	Res     []*xdsgen.Resource
+	Anys    []*anypb.Any
+	Version string
 }
 
-// deltaList is a shared Delta list: the resources (sorted by name), as
-// Delta's resources in that order, and the version they make.
-type deltaList struct {
-	res     []*xdsgen.Resource
-	out     []*discoveryv3.Resource
-	version string
+// DeltaList is a shared Delta list: the resources (sorted by name), as
+// Delta's resources in that order, and the version they make. Read only.
+type DeltaList struct {
+	Res     []*xdsgen.Resource
+	Out     []*discoveryv3.Resource
+	Version string
 }
 
 // minSharedList is the smallest list shared: smaller ones cost little to
 // build and are not encoded for sharing either (minSharedResources).
 const minSharedList = minSharedResources
 
-// sharedLists is how many lists of each kind responseLists keeps.
+// sharedLists is how many lists of each kind Lists keeps.
 const sharedLists = 32
 
-func newResponseLists() *responseLists {
-	sotw, _ := lru.New[uint64, responseList](sharedLists) // only a size ≤ 0 fails
-	deltas, _ := lru.New[uint64, deltaList](sharedLists)
-	return &responseLists{seed: maphash.MakeSeed(), sotw: sotw, deltas: deltas}
+// NewLists makes empty lists.
+func NewLists() *Lists {
+	sotw, _ := lru.New[uint64, SotWList](sharedLists) // only a size ≤ 0 fails
+	deltas, _ := lru.New[uint64, DeltaList](sharedLists)
+	return &Lists{seed: maphash.MakeSeed(), sotw: sotw, deltas: deltas}
 }
 
 // key hashes the addresses of res, not what they point to.
-func (l *responseLists) key(res []*xdsgen.Resource) uint64 {
+func (l *Lists) key(res []*xdsgen.Resource) uint64 {
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	for _, r := range res {
@@ -219,27 +222,27 @@ func (l *responseLists) key(res []*xdsgen.Resource) uint64 {
 	return h.Sum64()
 }
 
-// list returns the shared SotW list for res (sorted by name; not changed
+// SotW returns the shared SotW list for res (sorted by name; not changed
 // after the call), making it when no recent response carried the same
 // resources.
-func (l *responseLists) list(res []*xdsgen.Resource) responseList {
+func (l *Lists) SotW(res []*xdsgen.Resource) SotWList {
 	if l == nil {
-		return makeResponseList(res)
+		return makeSotWList(res)
 	}
-	return lookup(l, l.sotw, res, makeResponseList, func(e responseList) []*xdsgen.Resource { return e.res })
+	return lookup(l, l.sotw, res, makeSotWList, func(e SotWList) []*xdsgen.Resource { return e.Res })
 }
 
-// delta is list for Delta responses.
-func (l *responseLists) delta(res []*xdsgen.Resource) deltaList {
+// Delta is SotW for Delta responses.
+func (l *Lists) Delta(res []*xdsgen.Resource) DeltaList {
 	if l == nil {
 		return makeDeltaList(res)
 	}
-	return lookup(l, l.deltas, res, makeDeltaList, func(e deltaList) []*xdsgen.Resource { return e.res })
+	return lookup(l, l.deltas, res, makeDeltaList, func(e DeltaList) []*xdsgen.Resource { return e.Res })
 }
 
 // lookup returns cache's list for res, or one made by build (and cached
 // when it is large enough to share); resOf reads a list's resources.
-func lookup[L any](l *responseLists, cache *lru.Cache[uint64, L], res []*xdsgen.Resource, build func([]*xdsgen.Resource) L, resOf func(L) []*xdsgen.Resource) L {
+func lookup[L any](l *Lists, cache *lru.Cache[uint64, L], res []*xdsgen.Resource, build func([]*xdsgen.Resource) L, resOf func(L) []*xdsgen.Resource) L {
 	if len(res) < minSharedList {
 		return build(res)
 	}
@@ -252,18 +255,18 @@ func lookup[L any](l *responseLists, cache *lru.Cache[uint64, L], res []*xdsgen.
 	return e
 }
 
-func makeResponseList(res []*xdsgen.Resource) responseList {
+func makeSotWList(res []*xdsgen.Resource) SotWList {
 	anys := make([]*anypb.Any, len(res))
 	for i, r := range res {
 		anys[i] = r.Any
 	}
-	return responseList{res: res, anys: anys, version: xdsgen.ResponseVersion(res)}
+	return SotWList{Res: res, Anys: anys, Version: xdsgen.ResponseVersion(res)}
 }
 
-func makeDeltaList(res []*xdsgen.Resource) deltaList {
+func makeDeltaList(res []*xdsgen.Resource) DeltaList {
 	out := make([]*discoveryv3.Resource, len(res))
 	for i, r := range res {
 		out[i] = &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Any}
 	}
-	return deltaList{res: res, out: out, version: xdsgen.ResponseVersion(res)}
+	return DeltaList{Res: res, Out: out, Version: xdsgen.ResponseVersion(res)}
 }

@@ -1,4 +1,4 @@
-package hub
+package wire
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 func TestDeltaRequestReusesTheStreamsNode(t *testing.T) {
 	meta, _ := structpb.NewStruct(map[string]any{"CLUSTER_ID": "west", "NAMESPACE": "demo"})
 	node := &corev3.Node{Id: "sidecar~10.0.0.1~a.demo~demo.svc.cluster.local", Metadata: meta}
-	var s requestStream
+	var s RequestStream
 	// No node yet: a request without one leaves the stream without one.
 	none := &discoveryv3.DeltaDiscoveryRequest{}
 	if err := s.decodeDelta(mustMarshal(t, &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType}), none); err != nil || none.Node != nil || s.node != nil {
@@ -81,7 +81,7 @@ func FuzzDeltaRequestDecode(f *testing.F) {
 	f.Add([]byte{0x0a, 0x05, 0x0a})                     // truncated node
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xff})               // a node whose content is malformed
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var s requestStream
+		var s RequestStream
 		if err := s.decodeDelta(prime, &discoveryv3.DeltaDiscoveryRequest{}); err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +121,7 @@ func sotwNames(n int, prefix string) []string {
 // decoded and interned in turn.
 func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	names := sotwNames(100, "shared")
-	table := newInternedNames()
+	table := NewNames()
 	first := &discoveryv3.DiscoveryRequest{}
 	if err := table.decode(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names}), first); err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 // (or fails where it fails), also when its names were interned before.
 func FuzzSotWRequestDecode(f *testing.F) {
 	names := sotwNames(60, "fuzz")
-	table := newInternedNames()
+	table := NewNames()
 	primed := mustMarshal(f, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
 	f.Add(mustMarshal(f, &discoveryv3.DiscoveryRequest{VersionInfo: "1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "1"}))
 	f.Add(append(append([]byte{}, primed...), primed...)) // the run twice, apart
@@ -202,7 +202,7 @@ func BenchmarkSotWACKDecode(b *testing.B) {
 		names[i] = fmt.Sprintf("outbound|7070||svc-%05d.bench-ns.svc.cluster.local", i)
 	}
 	ack := mustMarshal(b, &discoveryv3.DiscoveryRequest{VersionInfo: "v1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "17"})
-	table := newInternedNames()
+	table := NewNames()
 	if err := table.decode(ack, &discoveryv3.DiscoveryRequest{}); err != nil {
 		b.Fatal(err)
 	}

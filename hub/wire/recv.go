@@ -1,4 +1,10 @@
-package hub
+// Package wire is the ADS server's bytes: requests decoded from their
+// encoding, with the stream's first node and interned resource names
+// (RequestStream, Names), and responses whose large resource lists are
+// shared by the streams that get the same (Lists) and encoded once for
+// all of them (Codec). What the bytes say is the hub's business; how few
+// times they are made and read is this package's.
+package wire
 
 import (
 	"bytes"
@@ -13,7 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// requestStream decodes a stream's xDS requests itself, from their bytes
+// RequestStream decodes a stream's xDS requests itself, from their bytes
 // (../shared/reference/push-floor.md §2):
 //   - a request is copied into a reused buffer of the hub's, not gRPC's
 //     pool, which zeroes a 1 MiB buffer for every message over 32 KiB
@@ -24,21 +30,27 @@ import (
 //     forwards it (re-encoded: its map entries need not come in the same
 //     order, so the bytes are not compared). The xDS protocol says a node
 //     sent more than once on a stream is identical; the request gets the
-//     stream's first node, the same pointer, so the tracker does not
-//     check and identify it again, and a stream cannot switch nodes;
+//     stream's first node, the same pointer, so the hub does not check
+//     and identify it again, and a stream cannot switch nodes;
 //   - the resource_names of a SotW request are looked up by their bytes
-//     (names, the server's internedNames) instead of decoded: Envoy's SotW ACK repeats every
-//     name it subscribes to (1,000 clusters: 48 KB, ~100 µs and ~1,000
+//     (Names, the server's) instead of decoded: Envoy's SotW ACK repeats
+//     every name it subscribes to (1,000 clusters: 48 KB, ~100 µs and ~1,000
 //     allocations to decode), and streams of one kind subscribe to the
 //     same names.
-type requestStream struct {
+type RequestStream struct {
 	grpc.ServerStream
-	names *internedNames // shared by the server's streams
-	node  *corev3.Node   // the stream's first Delta node
+	names *Names       // shared by the server's streams
+	node  *corev3.Node // the stream's first Delta node
+}
+
+// NewRequestStream decodes the requests of ss, looking SotW names up in
+// names (the server's).
+func NewRequestStream(ss grpc.ServerStream, names *Names) *RequestStream {
+	return &RequestStream{ServerStream: ss, names: names}
 }
 
 // rawRequest is a request's encoding, which the codec copies as it is
-// (sharedCodec.Unmarshal) into a buffer taken from rawBuffers when the
+// (Codec.Unmarshal) into a buffer taken from rawBuffers when the
 // message has arrived: a stream waiting for its next request holds none.
 type rawRequest struct{ b *[]byte }
 
@@ -49,7 +61,7 @@ var rawBuffers = sync.Pool{New: func() any { return new([]byte) }}
 const maxPooledRequest = 1 << 20
 
 // RecvMsg implements grpc.ServerStream.
-func (s *requestStream) RecvMsg(m any) error {
+func (s *RequestStream) RecvMsg(m any) error {
 	switch m.(type) {
 	case *discoveryv3.DiscoveryRequest, *discoveryv3.DeltaDiscoveryRequest:
 	default:
@@ -88,19 +100,20 @@ const (
 	maxInternedRun = 128 << 10
 )
 
-// internedNames are recent resource_names runs of SotW requests, by a
+// Names are recent resource_names runs of SotW requests, by a
 // hash of their bytes (a secret seed), with the names they decode to. The
 // names are shared by every request that carries the same bytes and are
 // never changed (the hub only reads them). Bounded:
 // each entry holds its run's bytes and names. Safe for concurrent use.
-type internedNames struct {
+type Names struct {
 	seed  maphash.Seed
 	cache *lru.Cache[uint64, namesRun]
 }
 
-func newInternedNames() *internedNames {
+// NewNames makes an empty cache of names.
+func NewNames() *Names {
 	c, _ := lru.New[uint64, namesRun](64) // only a size ≤ 0 fails
-	return &internedNames{seed: maphash.MakeSeed(), cache: c}
+	return &Names{seed: maphash.MakeSeed(), cache: c}
 }
 
 // namesRun is an interned resource_names run.
@@ -111,7 +124,7 @@ type namesRun struct {
 
 // decode decodes the SotW request b into m, taking its resource_names
 // from the table when the same run was decoded before.
-func (t *internedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
+func (t *Names) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	start, end, ok := fieldRun(b, sotwNamesField)
 	if !ok || end-start < minInternedRun || end-start > maxInternedRun {
 		return proto.Unmarshal(b, m)
@@ -188,7 +201,7 @@ const deltaNodeField = 1
 
 // decodeDelta decodes b into m; once the stream has a node, m gets that
 // node instead of decoding the one b carries.
-func (s *requestStream) decodeDelta(b []byte, m *discoveryv3.DeltaDiscoveryRequest) error {
+func (s *RequestStream) decodeDelta(b []byte, m *discoveryv3.DeltaDiscoveryRequest) error {
 	if s.node == nil {
 		if err := proto.Unmarshal(b, m); err != nil {
 			return err

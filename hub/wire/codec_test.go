@@ -1,4 +1,4 @@
-package hub
+package wire
 
 import (
 	"fmt"
@@ -27,7 +27,7 @@ func sharedResources(t *testing.T, n int, tag string) []*anypb.Any {
 	return out
 }
 
-func roundTrip(t *testing.T, c *sharedCodec, resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
+func roundTrip(t *testing.T, c *Codec, resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryResponse {
 	t.Helper()
 	data, err := c.Marshal(resp)
 	if err != nil {
@@ -45,7 +45,7 @@ func roundTrip(t *testing.T, c *sharedCodec, resp *discoveryv3.DiscoveryResponse
 // list that shares its first elements with a cached one, and small ones;
 // a list carried once (built for one stream) is not kept.
 func TestSharedCodec(t *testing.T) {
-	c := newSharedCodec()
+	c := NewCodec()
 	set := sharedResources(t, 100, "a")
 	for i, nonce := range []string{"1", "7"} {
 		resp := &discoveryv3.DiscoveryResponse{VersionInfo: "v1", Resources: set, TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: nonce}
@@ -101,26 +101,26 @@ func testResources(t *testing.T, n int, tag string) []*xdsgen.Resource {
 // encodes it once); a list differing in one resource, or a small one, is
 // a list of its own, and every list matches what it was made from.
 func TestResponseListsShareEqualLists(t *testing.T) {
-	l := newResponseLists()
+	l := NewLists()
 	res := testResources(t, 100, "a")
-	first := l.list(append([]*xdsgen.Resource(nil), res...))
-	second := l.list(append([]*xdsgen.Resource(nil), res...))
-	if unsafe.SliceData(first.anys) != unsafe.SliceData(second.anys) || first.version != second.version {
+	first := l.SotW(append([]*xdsgen.Resource(nil), res...))
+	second := l.SotW(append([]*xdsgen.Resource(nil), res...))
+	if unsafe.SliceData(first.Anys) != unsafe.SliceData(second.Anys) || first.Version != second.Version {
 		t.Fatal("two responses with the same resources got lists of their own")
 	}
 	other := append([]*xdsgen.Resource(nil), res...)
 	other[60] = testResources(t, 1, "b")[0]
-	third := l.list(other)
-	if unsafe.SliceData(third.anys) == unsafe.SliceData(first.anys) || third.version == first.version || third.anys[60] != other[60].Any {
+	third := l.SotW(other)
+	if unsafe.SliceData(third.Anys) == unsafe.SliceData(first.Anys) || third.Version == first.Version || third.Anys[60] != other[60].Any {
 		t.Fatal("a list differing in one resource was taken for the shared one")
 	}
 	for i, r := range res {
-		if first.anys[i] != r.Any || first.res[i] != r {
+		if first.Anys[i] != r.Any || first.Res[i] != r {
 			t.Fatalf("resource %d of the shared list is not the one given", i)
 		}
 	}
 	small := testResources(t, 3, "s")
-	if a, b := l.list(small), l.list(small); unsafe.SliceData(a.anys) == unsafe.SliceData(b.anys) {
+	if a, b := l.SotW(small), l.SotW(small); unsafe.SliceData(a.Anys) == unsafe.SliceData(b.Anys) {
 		t.Error("a small list was shared")
 	}
 }
@@ -129,25 +129,25 @@ func TestResponseListsShareEqualLists(t *testing.T) {
 // get one list of Delta resources and one version, which the codec encodes
 // once; the bytes decode to the response given.
 func TestDeltaResponsesShareLists(t *testing.T) {
-	l := newResponseLists()
+	l := NewLists()
 	res := testResources(t, 100, "a")
-	first := l.delta(append([]*xdsgen.Resource(nil), res...))
-	second := l.delta(append([]*xdsgen.Resource(nil), res...))
-	if unsafe.SliceData(first.out) != unsafe.SliceData(second.out) || first.version != second.version {
+	first := l.Delta(append([]*xdsgen.Resource(nil), res...))
+	second := l.Delta(append([]*xdsgen.Resource(nil), res...))
+	if unsafe.SliceData(first.Out) != unsafe.SliceData(second.Out) || first.Version != second.Version {
 		t.Fatal("two Delta responses with the same resources got lists of their own")
 	}
 	for i, r := range res {
-		if d := first.out[i]; d.Name != r.Name || d.Version != r.Version || d.Resource != r.Any {
+		if d := first.Out[i]; d.Name != r.Name || d.Version != r.Version || d.Resource != r.Any {
 			t.Fatalf("resource %d of the shared list is %v; want %s %s", i, d, r.Name, r.Version)
 		}
 	}
-	if sotw := l.list(append([]*xdsgen.Resource(nil), res...)); sotw.version != first.version {
-		t.Errorf("SotW version %s, Delta %s for the same resources", sotw.version, first.version)
+	if sotw := l.SotW(append([]*xdsgen.Resource(nil), res...)); sotw.Version != first.Version {
+		t.Errorf("SotW version %s, Delta %s for the same resources", sotw.Version, first.Version)
 	}
 
-	c := newSharedCodec()
+	c := NewCodec()
 	for i, nonce := range []string{"1", "2", "3"} {
-		resp := &discoveryv3.DeltaDiscoveryResponse{SystemVersionInfo: first.version, Resources: first.out, RemovedResources: []string{"gone"}, TypeUrl: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", Nonce: nonce}
+		resp := &discoveryv3.DeltaDiscoveryResponse{SystemVersionInfo: first.Version, Resources: first.Out, RemovedResources: []string{"gone"}, TypeUrl: "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", Nonce: nonce}
 		data, err := c.Marshal(resp)
 		if err != nil {
 			t.Fatal(err)
