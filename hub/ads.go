@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/hubmesh/hub/hub/authz"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
@@ -51,10 +52,10 @@ type adsServer struct {
 
 	tracker *proxyTracker
 	watcher *watcher
-	held    *resourceHoldings // what the streams hold, shared
-	names   *nameHoldings     // what the Delta streams subscribe to, shared
-	fleet   *deliveries       // may be nil
-	syncz   *syncz            // answers TypeSyncz
+	held    *resourceHoldings  // what the streams hold, shared
+	names   *nameHoldings      // what the Delta streams subscribe to, shared
+	fleet   *pacing.Deliveries // may be nil
+	syncz   *syncz             // answers TypeSyncz
 	admit   func(context.Context) error
 	// done ends every stream (nil error): the listener's drain is over.
 	done <-chan struct{}

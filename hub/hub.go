@@ -41,6 +41,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/ca"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/wire"
 	"github.com/hubmesh/hub/hub/xdsgen"
@@ -166,9 +167,9 @@ type Hub struct {
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
 	syncz   *syncz
-	ca      *ca.Server  // nil: no CA API
-	codec   *wire.Codec // the ADS servers' gRPC codec
-	fleet   *deliveries // what the streams take in: paces the pushes
+	ca      *ca.Server         // nil: no CA API
+	codec   *wire.Codec        // the ADS servers' gRPC codec
+	fleet   *pacing.Deliveries // what the streams take in: paces the pushes
 	// held are what the streams hold, names what the Delta streams
 	// subscribe to (sotwSubscription, deltaSubscription): shared between
 	// them.
@@ -215,7 +216,7 @@ func New(opts Options) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
-	fleet := &deliveries{}
+	fleet := &pacing.Deliveries{}
 	watcher := newWatcher(watcherInputs{
 		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
 		rules: opts.Rules, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -19,7 +20,7 @@ import (
 // response, once, and what a closing stream leaves unanswered; a stale or
 // unknown nonce is no answer.
 func TestTrackerCountsAnswers(t *testing.T) {
-	fleet := &deliveries{}
+	fleet := &pacing.Deliveries{}
 	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}, held: newHoldings[heldResource]()})
 	p.fleet = fleet
 	conns := map[int64]*conn{}

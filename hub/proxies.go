@@ -26,6 +26,7 @@ import (
 
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/internal/clip"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/hub/xdsgen"
 	"github.com/hubmesh/hub/hub/xdsstatus"
 	"github.com/hubmesh/hub/mcp"
@@ -174,7 +175,7 @@ type trackerInputs struct {
 	// our own CA; nil honours no binding.
 	roots authn.RootSource
 	// fleet counts the responses clients answered (may be nil).
-	fleet *deliveries
+	fleet *pacing.Deliveries
 	// held is where the stream loops' holdings of resources come from
 	// (required): the API freezes one before it reads it (config).
 	held *resourceHoldings

@@ -12,6 +12,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hubmesh/hub/hub/pacing"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -21,7 +22,7 @@ import (
 // is the proof), and sees every change once the loop made it.
 func TestStatusIsPublishedToReaders(t *testing.T) {
 	held := newHoldings[heldResource]()
-	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}, fleet: &deliveries{}, held: held})
+	p := newProxyTracker(trackerInputs{log: slog.New(slog.DiscardHandler), limits: Limits{MaxStreams: 10}, fleet: &pacing.Deliveries{}, held: held})
 	c := newConn(1)
 	if err := p.onStreamOpen(context.Background(), c, ""); err != nil {
 		t.Fatal(err)

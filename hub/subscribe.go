@@ -247,7 +247,7 @@ type streamRecord struct {
 	// handed is, per type, the last SotW response handed to the stream
 	// (guarded by watcher.mu): one the stream's loop dropped for a newer request,
 	// or never sent before the stream closed, is counted as answered for
-	// the pacing (deliveries), since no client will answer it.
+	// the pacing (pacing.Deliveries), since no client will answer it.
 	handed map[string]*sotwResponse
 }
 
@@ -283,7 +283,7 @@ func (rec *streamRecord) unsentLocked(typeURL string) int {
 // requested records a new SotW request of typeURL on rec's stream and
 // returns the stream's flag for the type's first response. The type's last
 // response was sent before the stream's loop took the request, or dropped for it:
-// then nobody answers it, and it counts as answered (deliveries).
+// then nobody answers it, and it counts as answered (pacing.Deliveries).
 func (w *watcher) requested(rec *streamRecord, typeURL string) *atomic.Bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()

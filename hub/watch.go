@@ -21,6 +21,7 @@ import (
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/hub/sds"
 	"github.com/hubmesh/hub/hub/wire"
 	"github.com/hubmesh/hub/hub/xdsgen"
@@ -129,8 +130,8 @@ type watcherInputs struct {
 	// latency measures pushed responses (may be nil: not measured).
 	latency *xdsstatus.PushLatency
 	// fleet counts the responses handed to streams (may be nil).
-	fleet *deliveries
-	// paceLimit bounds how long a push of churn paces its waves (see pace;
+	fleet *pacing.Deliveries
+	// paceLimit bounds how long a push of churn paces its waves (see pacing.Pace;
 	// zero: DefaultDebounceMax).
 	paceLimit time.Duration
 }
@@ -357,7 +358,7 @@ type job struct {
 // w.workers watches are evaluated at once; sends never block (see
 // reply.send).
 //
-// A push of churn (b.Churn) reaches its streams in waves (pace), so
+// A push of churn (b.Churn) reaches its streams in waves (pacing.Pace), so
 // that the fleet, the hub and what shares their machines are not saturated
 // while the changes keep coming; push returns when the last wave is handed
 // out, with the time it left the fleet idle between waves, or early when
@@ -367,15 +368,15 @@ type job struct {
 // it handed none, or nobody counts them): the change feed paces the next
 // push by it (feed.Changes.Run).
 func (w *watcher) push(ctx context.Context, b *feed.Batch) (delivered <-chan struct{}, idled time.Duration) {
-	m := w.fleet.mark()
+	m := w.fleet.Mark()
 	servers := w.applyInputs(b)
 	streams := w.affected(b, servers)
 	if b.Churn {
-		idled = pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
+		idled = pacing.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
 	} else {
 		w.pushWave(streams, b.Since)
 	}
-	return w.fleet.await(m), idled
+	return w.fleet.Await(m), idled
 }
 
 // applyInputs applies what b changed of the generators' inputs before the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hubmesh/hub/clusters"
 	"github.com/hubmesh/hub/hub/feed"
+	"github.com/hubmesh/hub/hub/pacing"
 	"github.com/hubmesh/hub/internal/xdstest"
 )
 
@@ -23,7 +24,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	h, addr, _ := serveHub(t, Options{Changes: feed.NewChanges(10*time.Millisecond, time.Minute)})
 	services := []*clusters.Service{namedService("a", "10.0.0.1")}
 	h.index.ReplaceCluster("west", services)
-	const streams = 2*minWave + 6 // waves of minWave, minWave and 6
+	const streams = 2*pacing.MinWave + 6 // waves of pacing.MinWave, pacing.MinWave and 6
 	cs := make([]*xdstest.SotW, streams)
 	for i := range cs {
 		c := xdstest.DialSotW(t, addr)
@@ -57,7 +58,7 @@ func TestChurnPushReachesStreamsInWaves(t *testing.T) {
 	}
 
 	got := map[int]bool{}
-	for range minWave {
+	for range pacing.MinWave {
 		i, r := nextOfAny(t, cs, all)
 		if got[i] || len(r.Resources) != 3 {
 			t.Fatalf("stream %d: a second response, or %d clusters; want one response with 3", i, len(r.Resources))

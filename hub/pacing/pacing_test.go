@@ -1,4 +1,4 @@
-package hub
+package pacing
 
 import (
 	"context"
@@ -7,12 +7,12 @@ import (
 	"time"
 )
 
-// pace hands out waves of at least minWave items, at most paceWaves of
+// pace hands out waves of at least MinWave items, at most paceWaves of
 // them, and the next only once the fleet answered the last (all but
 // unanswered of it).
 func TestPaceWaitsForEachWave(t *testing.T) {
-	d := &deliveries{}
-	items := make([]int, 3*minWave+4)
+	d := &Deliveries{}
+	items := make([]int, 3*MinWave+4)
 	for i := range items {
 		items[i] = i
 	}
@@ -20,7 +20,7 @@ func TestPaceWaitsForEachWave(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pace(context.Background(), d, items, time.Minute, func(wave []int) {
+		Pace(context.Background(), d, items, time.Minute, func(wave []int) {
 			for range wave {
 				d.Hand()
 			}
@@ -44,7 +44,7 @@ func TestPaceWaitsForEachWave(t *testing.T) {
 		}
 		d.Answer(len(wave))
 	}
-	if want := []int{minWave, minWave, minWave, 4}; !reflect.DeepEqual(sizes, want) {
+	if want := []int{MinWave, MinWave, MinWave, 4}; !reflect.DeepEqual(sizes, want) {
 		t.Fatalf("waves of %v; want %v", sizes, want)
 	}
 }
@@ -68,10 +68,10 @@ func chanUntil[T any](ch <-chan T, done <-chan struct{}) func(func(T) bool) {
 // pace stops between waves when its context ends, also while it waits for
 // a wave's answers.
 func TestPaceStopsWithItsContext(t *testing.T) {
-	d := &deliveries{}
+	d := &Deliveries{}
 	ctx, cancel := context.WithCancel(context.Background())
 	var pushed int
-	pace(ctx, d, make([]int, 4*minWave), time.Hour, func(wave []int) {
+	Pace(ctx, d, make([]int, 4*MinWave), time.Hour, func(wave []int) {
 		pushed++
 		for range wave {
 			d.Hand()
@@ -86,15 +86,15 @@ func TestPaceStopsWithItsContext(t *testing.T) {
 // A fleet that never answers holds a paced push back at most its limit:
 // then the rest goes at once.
 func TestPaceHandsOutTheRestAtItsLimit(t *testing.T) {
-	d := &deliveries{}
+	d := &Deliveries{}
 	var sizes []int
-	pace(context.Background(), d, make([]int, 4*minWave), 50*time.Millisecond, func(wave []int) {
+	Pace(context.Background(), d, make([]int, 4*MinWave), 50*time.Millisecond, func(wave []int) {
 		sizes = append(sizes, len(wave))
 		for range wave {
 			d.Hand()
 		}
 	})
-	if want := []int{minWave, 3 * minWave}; !reflect.DeepEqual(sizes, want) {
+	if want := []int{MinWave, 3 * MinWave}; !reflect.DeepEqual(sizes, want) {
 		t.Fatalf("waves of %v; want %v", sizes, want)
 	}
 }
@@ -102,26 +102,26 @@ func TestPaceHandsOutTheRestAtItsLimit(t *testing.T) {
 // A push that hands nothing out is delivered when it returns; so is one
 // to a small fleet, or one already answered.
 func TestDeliveriesSmallOrAnswered(t *testing.T) {
-	fleet := &deliveries{}
-	m := fleet.mark()
-	if ch := fleet.await(m); ch != nil {
+	fleet := &Deliveries{}
+	m := fleet.Mark()
+	if ch := fleet.Await(m); ch != nil {
 		t.Fatal("await with nothing handed returned a channel; want nil")
 	}
 	for range 16 {
 		fleet.Hand()
 	}
 	select {
-	case <-fleet.await(m):
+	case <-fleet.Await(m):
 	default:
 		t.Fatal("a push of 16 responses, none answered, is waited for; want a small fleet never paced")
 	}
-	m = fleet.mark()
+	m = fleet.Mark()
 	for range 1000 {
 		fleet.Hand()
 	}
 	fleet.Answer(900) // answered before the push returned
 	select {
-	case <-fleet.await(m):
+	case <-fleet.Await(m):
 	default:
 		t.Fatal("await of a push already answered did not return at once")
 	}
@@ -130,12 +130,12 @@ func TestDeliveriesSmallOrAnswered(t *testing.T) {
 // A push counts as delivered once all but a tenth (at least 16) of what it
 // handed out is answered: 80 of 100 is not enough, 84 is.
 func TestDeliveriesAllButAFew(t *testing.T) {
-	fleet := &deliveries{}
-	m := fleet.mark()
+	fleet := &Deliveries{}
+	m := fleet.Mark()
 	for range 100 {
 		fleet.Hand()
 	}
-	delivered := fleet.await(m)
+	delivered := fleet.Await(m)
 	fleet.Answer(80)
 	select {
 	case <-delivered:
@@ -150,11 +150,11 @@ func TestDeliveriesAllButAFew(t *testing.T) {
 	}
 	// A second push counts only the answers after its own mark: the 84
 	// above, and 16 late answers to the first push, are none of them.
-	m = fleet.mark()
+	m = fleet.Mark()
 	for range 100 {
 		fleet.Hand()
 	}
-	delivered = fleet.await(m)
+	delivered = fleet.Await(m)
 	fleet.Answer(80)
 	select {
 	case <-delivered:

@@ -1,4 +1,8 @@
-package hub
+// Package pacing paces the hub's pushes by what the streams take in: it
+// counts the responses handed to streams and those their clients answered
+// (Deliveries), tells a push when its clients answered most of it (Await),
+// and hands a push to a large fleet in waves (Pace).
+package pacing
 
 import (
 	"context"
@@ -6,10 +10,10 @@ import (
 	"time"
 )
 
-// deliveries counts what the fleet of streams takes in: the responses the
+// Deliveries counts what the fleet of streams takes in: the responses the
 // watcher hands to streams and the ones clients answer (ACK or NACK). A
 // push tells the change feed when its clients answered most of what it
-// handed them (watcher.push, await): the time that took is what the push
+// handed them (the hub's watcher.push, Await): the time that took is what the push
 // cost, the CPU of the hub, of the network and of the clients together,
 // and the changes made meanwhile wait for it and then for a quiet period
 // that long (see feed.Changes.Run).
@@ -23,15 +27,15 @@ import (
 // that answer late, on more than a tenth of the responses of every push,
 // hold every push back up to `max`: that bound is all pacing guarantees
 // against them.
-type deliveries struct {
+type Deliveries struct {
 	handed   atomic.Int64
 	answered atomic.Int64
-	waiter   atomic.Pointer[deliveryWaiter]
+	waiter   atomic.Pointer[answerWait]
 }
 
-// deliveryWaiter is a wait for answered to reach target: a push's (the
+// answerWait is a wait for answered to reach target: a push's (the
 // change feed's) or a wave's (pace).
-type deliveryWaiter struct {
+type answerWait struct {
 	target int64
 	done   chan struct{}
 }
@@ -41,18 +45,18 @@ type deliveryWaiter struct {
 // back, and a small fleet (tests, a few proxies) is never paced.
 func unanswered(handed int64) int64 { return max(handed/10, 16) }
 
-// mark is where the counters stand before a push.
-type mark struct{ handed, answered int64 }
+// Mark is where the counters stand before a push.
+type Mark struct{ handed, answered int64 }
 
-func (d *deliveries) mark() mark {
+func (d *Deliveries) Mark() Mark {
 	if d == nil {
-		return mark{}
+		return Mark{}
 	}
-	return mark{handed: d.handed.Load(), answered: d.answered.Load()}
+	return Mark{handed: d.handed.Load(), answered: d.answered.Load()}
 }
 
 // Hand counts a response handed to a stream.
-func (d *deliveries) Hand() {
+func (d *Deliveries) Hand() {
 	if d != nil {
 		d.handed.Add(1)
 	}
@@ -60,7 +64,7 @@ func (d *deliveries) Hand() {
 
 // Answer counts n responses answered by their clients (or lost with their
 // stream) and wakes the waiter once its target is reached.
-func (d *deliveries) Answer(n int) {
+func (d *Deliveries) Answer(n int) {
 	if d == nil || n <= 0 {
 		return
 	}
@@ -70,11 +74,11 @@ func (d *deliveries) Answer(n int) {
 	}
 }
 
-// await returns a channel closed once clients answered all but
+// Await returns a channel closed once clients answered all but
 // unanswered(n) of the n responses handed since m (answers since m count,
 // whichever response they answer), or nil when nothing was handed (or d
 // is nil: nobody counts). It replaces any earlier wait.
-func (d *deliveries) await(m mark) <-chan struct{} {
+func (d *Deliveries) Await(m Mark) <-chan struct{} {
 	if d == nil {
 		return nil
 	}
@@ -83,7 +87,7 @@ func (d *deliveries) await(m mark) <-chan struct{} {
 		d.waiter.Store(nil)
 		return nil
 	}
-	w := &deliveryWaiter{target: m.answered + n - unanswered(n), done: make(chan struct{})}
+	w := &answerWait{target: m.answered + n - unanswered(n), done: make(chan struct{})}
 	d.waiter.Store(w)
 	if d.answered.Load() >= w.target && d.waiter.CompareAndSwap(w, nil) {
 		close(w.done)
@@ -91,23 +95,23 @@ func (d *deliveries) await(m mark) <-chan struct{} {
 	return w.done
 }
 
-// stopWaiting drops the current wait, if any.
-func (d *deliveries) stopWaiting() { d.waiter.Store(nil) }
+// StopWaiting drops the current wait, if any.
+func (d *Deliveries) StopWaiting() { d.waiter.Store(nil) }
 
-// A paced push (pace) reaches its streams in at most paceWaves waves of at
-// least minWave streams each.
+// A paced push (Pace) reaches its streams in at most paceWaves waves of at
+// least MinWave streams each.
 const (
 	paceWaves = 8
-	minWave   = 32
+	MinWave   = 32
 )
 
 // idlePerBusy is how long a paced push leaves the fleet idle after a wave,
 // for each unit of time the wave took.
 const idlePerBusy = 2
 
-// pace hands a push of churn to its streams in waves: push(wave) answers
+// Pace hands a push of churn to its streams in waves: push(wave) answers
 // a wave's streams; once the fleet answered all but a few of the responses
-// it was handed (await), pace leaves it idle for idlePerBusy times as long
+// it was handed (Await), Pace leaves it idle for idlePerBusy times as long
 // as the wave took before the next one. So while changes keep coming the
 // fleet is busy about a third of the time, and the API servers and
 // workloads on the machines it shares keep the rest (istiod gets there by
@@ -115,15 +119,15 @@ const idlePerBusy = 2
 // slowly). A stream reached by a later wave gets what the hub generates
 // then. Waiting and idling end at limit from the push's start: what is
 // left then goes at once, so that the change feed, blocked meanwhile, is
-// held back at most limit. A fleet of fewer than 2*minWave streams, or no
+// held back at most limit. A fleet of fewer than 2*MinWave streams, or no
 // d, gets the push in one go. pace returns when the last stream is handed
 // its response, or when ctx is done, with the time it left the fleet idle.
-func pace[S any](ctx context.Context, d *deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
-	if d == nil || len(streams) < 2*minWave {
+func Pace[S any](ctx context.Context, d *Deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
+	if d == nil || len(streams) < 2*MinWave {
 		push(streams)
 		return 0
 	}
-	size := max(minWave, (len(streams)+paceWaves-1)/paceWaves)
+	size := max(MinWave, (len(streams)+paceWaves-1)/paceWaves)
 	deadline := time.Now().Add(limit)
 	timer := time.NewTimer(limit)
 	defer timer.Stop()
@@ -150,14 +154,14 @@ func pace[S any](ctx context.Context, d *deliveries, streams []S, limit time.Dur
 		n := min(size, len(streams))
 		wave := streams[:n]
 		streams = streams[n:]
-		start, m := time.Now(), d.mark()
+		start, m := time.Now(), d.Mark()
 		push(wave)
 		if len(streams) == 0 {
 			break
 		}
-		answered := d.await(m)
+		answered := d.Await(m)
 		ok := answered == nil || wait(answered, time.Until(deadline))
-		d.stopWaiting()
+		d.StopWaiting()
 		if !ok {
 			break
 		}
@@ -172,4 +176,4 @@ func pace[S any](ctx context.Context, d *deliveries, streams []S, limit time.Dur
 }
 
 // Answered is how many responses clients answered so far.
-func (d *deliveries) Answered() int64 { return d.answered.Load() }
+func (d *Deliveries) Answered() int64 { return d.answered.Load() }
