@@ -5,6 +5,9 @@ import (
 	"maps"
 	"slices"
 	"sync"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // holding is what a stream holds of one type, by name: the resources it
@@ -162,3 +165,125 @@ func (h *holdings[V]) release(x *holding[V]) {
 		h.mu.Unlock()
 	}
 }
+
+// heldResources is what a stream holds of one type: the resources by
+// name (a holding, which only the stream's loop may change, in place while
+// the stream alone holds it and nobody froze it: see holdings.apply) or the
+// resources of a whole-state response, with the version of the set it
+// was, if a wildcard's.
+type heldResources struct {
+	holding *holding[heldResource] // nil: none by name
+	whole   []*xdsgen.Resource
+	set     string
+	// sent are the resources of the whole-state response, as sent (Istio
+	// config's are not xdsgen.Resources: whole is empty for them).
+	sent []*anypb.Any
+}
+
+// heldResource is what a stream holds of one resource: its version and,
+// when the hub sent it, the resource (nil when the stream only said it
+// holds it: Delta's initial_resource_versions; or when it is to be sent
+// again whatever its version: version ""). Streams that hold the same
+// versions of the same resources share one holding.
+type heldResource struct {
+	version string
+	any     *anypb.Any
+}
+
+// changeOf is what a response that sent res and removed removed does to
+// what a stream holds.
+func changeOf(res []*xdsgen.Resource, removed []string) change[heldResource] {
+	c := change[heldResource]{names: make([]string, len(res)), vals: make([]heldResource, len(res)), removed: removed}
+	for i, r := range res {
+		c.names[i], c.vals[i] = r.Name, heldResource{r.Version, r.Any}
+	}
+	return c
+}
+
+// same reports whether h and o are the same record: the same holding and
+// the very same whole-state slices.
+func (h heldResources) same(o heldResources) bool {
+	return h.holding == o.holding && h.set == o.set &&
+		(h.whole == nil) == (o.whole == nil) && sameSlice(h.whole, o.whole) &&
+		(h.sent == nil) == (o.sent == nil) && sameSlice(h.sent, o.sent)
+}
+
+// byName returns the resources held by name (nil: none).
+func (h heldResources) byName() map[string]heldResource {
+	if h.holding == nil {
+		return nil
+	}
+	return h.holding.res
+}
+
+// version returns the version the stream holds of name.
+func (h heldResources) version(name string) (string, bool) {
+	if r, ok := h.byName()[name]; ok {
+		return r.version, true
+	}
+	for _, r := range h.whole {
+		if r.Name == name {
+			return r.Version, true
+		}
+	}
+	return "", false
+}
+
+// changed reports whether r is not what the stream holds of its name (a
+// resource held by name: whole states are compared whole, see sameAs).
+func (h heldResources) changed(r *xdsgen.Resource) bool {
+	held, ok := h.byName()[r.Name]
+	return !ok || held.version != r.Version
+}
+
+// sameAs reports whether the stream holds exactly res, a whole state
+// (nothing held is the same as none).
+func (h heldResources) sameAs(res []*xdsgen.Resource) bool {
+	if len(h.byName()) > 0 {
+		if len(res) != len(h.byName()) {
+			return false
+		}
+		for _, r := range res {
+			if h.changed(r) {
+				return false
+			}
+		}
+		return true
+	}
+	if len(res) != len(h.whole) {
+		return false
+	}
+	for i, r := range res {
+		if h.whole[i].Name != r.Name || h.whole[i].Version != r.Version {
+			byName := make(map[string]string, len(h.whole))
+			for _, w := range h.whole {
+				byName[w.Name] = w.Version
+			}
+			for _, r := range res {
+				if v, ok := byName[r.Name]; !ok || v != r.Version {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	return true
+}
+
+// anys are the resources the stream holds, in order of name for a holding
+// (those it only said it holds, with no resource, left out).
+func (h heldResources) anys() []*anypb.Any {
+	if h.sent != nil {
+		return h.sent
+	}
+	out := make([]*anypb.Any, 0, len(h.byName()))
+	for _, name := range slices.Sorted(maps.Keys(h.byName())) {
+		if a := h.byName()[name].any; a != nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// count is how many resources the stream holds.
+func (h heldResources) count() int { return max(len(h.byName()), len(h.whole), len(h.sent)) }

@@ -320,7 +320,7 @@ func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (rep
 	return r, err
 }
 
-// cancel ends a parked watch: the stream's loop (hub/ads.go) changes the
+// cancel ends a parked watch: the stream's loop (sotw.go, delta.go) changes the
 // subscription state next, so it waits until no push is evaluating the
 // watch.
 func (w *watcher) cancel(wt *watch) {
