@@ -18,13 +18,12 @@ import (
 type streamSet struct {
 	names *wire.Names // the streams' SotW resource_names (wire.RequestStream)
 
-	mu      sync.Mutex
-	next    uint64
-	cancels map[uint64]context.CancelFunc
+	mu   sync.Mutex
+	open map[*drainableStream]struct{}
 }
 
 func newStreamSet() *streamSet {
-	return &streamSet{names: wire.NewNames(), cancels: map[uint64]context.CancelFunc{}}
+	return &streamSet{names: wire.NewNames(), open: map[*drainableStream]struct{}{}}
 }
 
 // interceptor gives every stream a context the set can cancel, and its
@@ -33,17 +32,16 @@ func newStreamSet() *streamSet {
 func (s *streamSet) interceptor(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel := context.WithCancel(ss.Context())
 	defer cancel()
+	ds := &drainableStream{ServerStream: wire.NewRequestStream(ss, s.names), ctx: ctx, cancel: cancel}
 	s.mu.Lock()
-	id := s.next
-	s.next++
-	s.cancels[id] = cancel
+	s.open[ds] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		delete(s.cancels, id)
+		delete(s.open, ds)
 		s.mu.Unlock()
 	}()
-	err := handler(srv, &drainableStream{ServerStream: wire.NewRequestStream(ss, s.names), ctx: ctx})
+	err := handler(srv, ds)
 	if ctx.Err() != nil && ss.Context().Err() == nil {
 		return status.Error(codes.Unavailable, "hub replica is shutting down; reconnect")
 	}
@@ -65,10 +63,10 @@ func (s *streamSet) drain(ctx context.Context, spread time.Duration) int {
 // closeSpread cancels the streams open now, one every spread/n.
 func (s *streamSet) closeSpread(ctx context.Context, spread time.Duration) int {
 	s.mu.Lock()
-	cancels := make([]context.CancelFunc, 0, len(s.cancels))
-	for id, c := range s.cancels {
-		cancels = append(cancels, c)
-		delete(s.cancels, id) // cancelled once; the interceptor's delete is then a no-op
+	cancels := make([]context.CancelFunc, 0, len(s.open))
+	for ds := range s.open {
+		cancels = append(cancels, ds.cancel)
+		delete(s.open, ds) // cancelled once; the interceptor's delete is then a no-op
 	}
 	s.mu.Unlock()
 	if len(cancels) == 0 {
@@ -96,7 +94,8 @@ func (s *streamSet) closeSpread(ctx context.Context, spread time.Duration) int {
 // set cancels it; the stream loops (adsServer) end with it.
 type drainableStream struct {
 	grpc.ServerStream
-	ctx context.Context
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func (d *drainableStream) Context() context.Context { return d.ctx }

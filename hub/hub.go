@@ -175,7 +175,8 @@ type Hub struct {
 	// them.
 	held  *resourceHoldings
 	names *nameHoldings
-	// streamIDs numbers the ADS streams of every listener: a stream's key.
+	// streamIDs numbers the ADS streams of every listener, for display (a
+	// stream is known by its *conn).
 	streamIDs atomic.Int64
 }
 
