@@ -465,8 +465,8 @@ func TestDeltaAnswerQueuedBeforeARequestIsHeldFirst(t *testing.T) {
 	first := st.sent[0]
 	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce}) // parked
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "a"}, namedService("a", "10.0.0.2"))
-	h.watcher.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, Since: time.Now()}) // answers it: queued
-	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})                         // before the loop took it
+	h.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"a.demo.svc.cluster.local": {}}, Since: time.Now()}) // answers it: queued
+	handle(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: first.Nonce})                 // before the loop took it
 	if len(st.sent) != 2 || len(st.sent[1].Resources) != 1 || st.sent[1].Resources[0].Name != edsA {
 		t.Fatalf("sent %d responses; want the pushed one (a) sent before the request's watch was made", len(st.sent))
 	}

@@ -163,6 +163,7 @@ type Hub struct {
 	index   *feed.Index
 	gen     *xdsgen.Generator
 	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
+	inputs  *generatorInputs
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
@@ -183,8 +184,9 @@ type Hub struct {
 // New creates a Hub. Run must be running for changes to reach proxies.
 // The parts are built in dependency order, each complete when it is made:
 // the change feed and the index (unless given), the xDS and Istio config
-// generators, the access reviews, the identity scope and the token
-// reviewer, the CA, the watcher that reads them all, the stream tracker
+// generators and what applies their inputs, the access reviews, the
+// identity scope and the token reviewer, the CA, the watcher that reads
+// them all, the stream tracker
 // (the registry of open streams and their status), and the sync status of
 // both.
 func New(opts Options) (*Hub, error) {
@@ -217,10 +219,10 @@ func New(opts Options) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
+	config := mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain})
 	fleet := &pacing.Deliveries{}
 	watcher := newWatcher(watcherInputs{
-		gen: gen, config: mcp.New(index, mcp.Options{FederatedDomain: opts.FederatedDomain, Policy: opts.Policy, TrustDomain: trustDomain}),
-		rules: opts.Rules, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),
+		gen: gen, config: config, roots: opts.Roots, workload: workload, sds: newSDS(opts, scope, reviews),
 		scope: scope, maxNames: opts.Limits.MaxResourceNames,
 		log: opts.Log, workers: runtime.GOMAXPROCS(0), latency: xdsstatus.NewPushLatency(), fleet: fleet, paceLimit: changes.Limit(),
 	})
@@ -237,7 +239,8 @@ func New(opts Options) (*Hub, error) {
 		changes: changes,
 		index:   index,
 		gen:     gen,
-		config:  watcher.config,
+		config:  config,
+		inputs:  &generatorInputs{gen: gen, config: config, rules: opts.Rules, log: opts.Log},
 		watcher: watcher,
 		reviews: reviews,
 		proxies: proxies,
@@ -476,7 +479,13 @@ func (h *Hub) Run(ctx context.Context) {
 			renewWorkloadCerts(ctx, wc, h.changes.RootsChanged)
 		}()
 	}
-	h.changes.Run(ctx, h.watcher.push)
+	h.changes.Run(ctx, h.push)
+}
+
+// push applies what b changed of the generators' inputs, then has the
+// watcher send it to the streams it concerns (see watcher.push).
+func (h *Hub) push(ctx context.Context, b *feed.Batch) (delivered <-chan struct{}, idled time.Duration) {
+	return h.watcher.push(ctx, b, h.inputs.apply(b))
 }
 
 // renewWorkloadCerts re-evaluates the SDS subscribers of roots and

@@ -166,7 +166,7 @@ func TestDroppedIncrementalResponseIsNotLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.index.UpdateService("west", clusters.ServiceKey{Namespace: "demo", Name: "b"}, namedService("b", "10.0.1.2"))
-	h.watcher.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
+	h.push(context.Background(), &feed.Batch{Hosts: map[string]struct{}{"b.demo.svc.cluster.local": {}}, Since: time.Now()})
 	next() // handed over, then dropped: a newer request arrives first
 	cancel()
 	if _, err := h.watcher.CreateWatch(ackReq, &sub, c); err != nil {

@@ -2,7 +2,6 @@ package hub
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -17,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/hubmesh/hub/distribute"
 	"github.com/hubmesh/hub/hub/authn"
 	"github.com/hubmesh/hub/hub/authz"
 	"github.com/hubmesh/hub/hub/feed"
@@ -112,7 +110,6 @@ func (wt *watch) incremental() bool {
 type watcherInputs struct {
 	gen    *xdsgen.Generator
 	config *mcp.Generator   // Istio config for member istiods
-	rules  RuleSource       // DestinationRules for gen (may be nil: none)
 	roots  authn.RootSource // may be nil: no SDS
 	// sds builds the SDS resources a stream may have but its workload
 	// certificate, which workload issues ("default", nil: not served).
@@ -161,14 +158,6 @@ func newWatcher(in watcherInputs) *watcher {
 			Help: "Proxyless gRPC servers whose inbound listeners a change of AuthorizationPolicies or PeerAuthentications re-evaluated (only those the changed policies select, or every one when the mesh-wide mode changed).",
 		}),
 	}
-}
-
-// RuleSource has the Istio objects of a kind the hub's own xDS reads
-// (distribute.Source.Rules), and is told what the hub's xDS does with them
-// that its clients cannot do as Istio means it (distribute.Source.SetNotes).
-type RuleSource interface {
-	Rules(kind string) ([]distribute.Object, bool)
-	SetNotes(kind string, notes []distribute.Note)
 }
 
 // viewOf is the view a stream's client gets (xdsgen.ViewOf): its member is
@@ -343,11 +332,11 @@ type job struct {
 	since time.Time // when the push's oldest change reached the hub
 }
 
-// push sends what changed. It first applies to the generator what b
-// changed of the inputs it reads (DestinationRules, security policies),
-// then invalidates the changed services' resources (xDS and Istio config:
-// they are rebuilt when a watch is evaluated, not here), and evaluates the
-// parked watches that what changed in b can affect:
+// push sends what changed, once the generators' inputs were applied
+// (generatorInputs.apply: DestinationRules, security policies, the changed
+// hostnames' resources forgotten), which changed security (nil: nothing).
+// It evaluates the parked watches that what changed in b can affect: the
+// proxyless servers whose inbound listeners security changed;
 // the subscribers of the changed hostnames (each only for its names of
 // them where responses carry only what changed) and the wildcard ones; the
 // SDS subscribers asking for a changed Secret, for a Secret of a member
@@ -367,10 +356,9 @@ type job struct {
 // streams answered all but a few of the responses it handed them (nil:
 // it handed none, or nobody counts them): the change feed paces the next
 // push by it (feed.Changes.Run).
-func (w *watcher) push(ctx context.Context, b *feed.Batch) (delivered <-chan struct{}, idled time.Duration) {
+func (w *watcher) push(ctx context.Context, b *feed.Batch, security *xdsgen.SecurityChange) (delivered <-chan struct{}, idled time.Duration) {
 	m := w.fleet.Mark()
-	servers := w.applyInputs(b)
-	streams := w.affected(b, servers)
+	streams := w.affected(b, w.serversAffected(security))
 	if b.Churn {
 		idled = pacing.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })
 	} else {
@@ -379,93 +367,15 @@ func (w *watcher) push(ctx context.Context, b *feed.Batch) (delivered <-chan str
 	return w.fleet.Await(m), idled
 }
 
-// applyInputs applies what b changed of the generators' inputs before the
-// push evaluates anything: the DestinationRules (the hostnames whose
-// resources they change join b.Hosts) and the security policies (the
-// proxyless servers they concern are returned), then forgets the resources
-// of b's hostnames.
-func (w *watcher) applyInputs(b *feed.Batch) (servers []*subscriber) {
-	if _, ok := b.Kinds[xdsgen.DestinationRuleKind]; ok && w.rules != nil && w.gen != nil {
-		if objs, ready := w.rules.Rules(xdsgen.DestinationRuleKind); ready {
-			for _, host := range w.applyDestinationRules(objs) {
-				if b.Hosts == nil {
-					b.Hosts = map[string]struct{}{}
-				}
-				b.Hosts[host] = struct{}{}
-			}
-		}
-	}
-	servers = w.applySecurity(b)
-	if w.gen != nil { // nil only in tests of the indexes
-		w.gen.Invalidate(b.Hosts)
-	}
-	if w.config != nil {
-		w.config.Invalidate(b.Hosts)
-	}
-	return servers
-}
-
-// applyDestinationRules hands the generator the DestinationRules, tells
-// the distribution what it could not apply, and returns the hostnames
-// whose resources changed.
-func (w *watcher) applyDestinationRules(objs []distribute.Object) []string {
-	changed, refused := w.gen.SetDestinationRules(objs)
-	notes := make([]distribute.Note, 0, len(refused))
-	for _, r := range refused {
-		w.log.Warn("DestinationRule's load balancing not applied by the hub's xDS", "rule", r.Rule, "reason", r.Reason)
-		notes = append(notes, distribute.Note{Object: r.Rule, Message: "load balancing not applied: " + r.Reason})
-	}
-	for _, r := range xdsgen.ClientTLSNotes(objs) {
-		notes = append(notes, distribute.Note{Object: r.Rule, Message: r.Reason})
-	}
-	w.rules.SetNotes(xdsgen.DestinationRuleKind, notes)
-	return changed
-}
-
-// applySecurity reads the distributed AuthorizationPolicies and
-// PeerAuthentications into the Generator when b changed either kind (and
-// both are ready), and returns the servers whose inbound listeners that
-// changes, to be re-evaluated. A change of the mesh-wide mode changes
-// every proxyless client's Clusters: every hostname joins b.
-func (w *watcher) applySecurity(b *feed.Batch) (affected []*subscriber) {
-	_, a := b.Kinds[authz.AuthorizationPolicyKind]
-	_, p := b.Kinds[authz.PeerAuthenticationKind]
-	if (!a && !p) || w.rules == nil || w.gen == nil {
+// serversAffected returns the proxyless servers (LDS subscribers of
+// inbound listeners) whose inbound listeners change (nil: nothing
+// changed), to be evaluated again. What a change does is worked out once
+// per kind of workload (namespace and labels), outside the lock every
+// watch needs.
+func (w *watcher) serversAffected(change *xdsgen.SecurityChange) (affected []*subscriber) {
+	if change == nil {
 		return nil
 	}
-	authzObjs, ready := w.rules.Rules(authz.AuthorizationPolicyKind)
-	if !ready {
-		return nil
-	}
-	peerObjs, ready := w.rules.Rules(authz.PeerAuthenticationKind)
-	if !ready {
-		return nil
-	}
-	change := w.gen.SetSecurity(authzObjs, peerObjs)
-	notes := map[string][]distribute.Note{authz.AuthorizationPolicyKind: nil, authz.PeerAuthenticationKind: nil}
-	for _, p := range change.Problems {
-		msg := p.Message
-		if p.Rule >= 0 {
-			msg = fmt.Sprintf("rule %d: %s", p.Rule, msg)
-		}
-		notes[p.Kind] = append(notes[p.Kind], distribute.Note{Object: p.Policy, Message: msg})
-	}
-	if len(change.Problems) > 0 {
-		w.log.Warn("policies proxyless gRPC servers cannot enforce as Istio means them (see /api/v1/distribution)", "notes", len(change.Problems))
-	}
-	for kind, n := range notes {
-		w.rules.SetNotes(kind, n)
-	}
-	if change.MeshMode {
-		if b.Hosts == nil {
-			b.Hosts = map[string]struct{}{}
-		}
-		for _, host := range w.gen.Hostnames() {
-			b.Hosts[host] = struct{}{}
-		}
-	}
-	// The servers, then what the change does to each kind of workload
-	// (namespace and labels), outside the lock every watch needs.
 	type server struct {
 		s  *subscriber
 		wl *authz.Workload

@@ -102,6 +102,15 @@ func (b *Batch) Empty() bool {
 	return len(b.Hosts) == 0 && len(b.Secrets) == 0 && len(b.Members) == 0 && !b.Roots && len(b.Reviews) == 0 && len(b.Kinds) == 0
 }
 
+// AddHost adds a hostname whose resources changed: one a change of the
+// generators' inputs (a DestinationRule, the mesh-wide mTLS mode) reached.
+func (b *Batch) AddHost(host string) {
+	if b.Hosts == nil {
+		b.Hosts = map[string]struct{}{}
+	}
+	b.Hosts[host] = struct{}{}
+}
+
 // merge adds o's changes to b.
 func (b *Batch) merge(o *Batch) {
 	b.Hosts = union(b.Hosts, o.Hosts)
