@@ -50,7 +50,7 @@ type Registrar interface {
 type Serving interface {
 	Services() []hub.ServiceSummary
 	Proxies() []xdsstatus.Proxy
-	ProxyConfig(id string) (xdsstatus.Config, bool)
+	ProxyConfig(id string) (xdsstatus.ProxyConfig, bool)
 }
 
 // Refusals are the xDS streams the hub recently ended because of what

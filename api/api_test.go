@@ -57,8 +57,8 @@ type fakeServing struct{}
 
 func (fakeServing) Services() []hub.ServiceSummary { return nil }
 func (fakeServing) Proxies() []xdsstatus.Proxy     { return nil }
-func (fakeServing) ProxyConfig(string) (xdsstatus.Config, bool) {
-	return xdsstatus.Config{}, false
+func (fakeServing) ProxyConfig(string) (xdsstatus.ProxyConfig, bool) {
+	return xdsstatus.ProxyConfig{}, false
 }
 
 func newTestHandler(t *testing.T, m *fakeMembership) (http.Handler, *fakeRegistrar) {

@@ -417,14 +417,14 @@ func ShortType(typeURL string) string {
 }
 
 // ProxyConfig is what a proxy currently holds of each type (see
-// xdsstatus.Config), as Envoy JSON. Secrets are redacted.
+// xdsstatus.ProxyConfig), as Envoy JSON. Secrets are redacted.
 type ProxyConfig struct {
 	Proxy     Proxy                        `json:"proxy"`
 	Resources map[string][]json.RawMessage `json:"resources"`
 }
 
 // ToProxyConfig renders a proxy's resources.
-func ToProxyConfig(c xdsstatus.Config) (ProxyConfig, error) {
+func ToProxyConfig(c xdsstatus.ProxyConfig) (ProxyConfig, error) {
 	out := ProxyConfig{Proxy: ToProxy(c.Proxy), Resources: map[string][]json.RawMessage{}}
 	for typeURL, anys := range c.Resources {
 		list := []json.RawMessage{}

@@ -5,10 +5,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hubmesh/hub/hub/wire"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/hubmesh/hub/hub/wire"
 )
 
 // streamSet tracks the open gRPC streams of one listener so that a shutdown
@@ -16,14 +17,14 @@ import (
 // behind the Service) while the rest are still served, instead of the whole
 // fleet reconnecting in the same second.
 type streamSet struct {
-	names *wire.Names // the streams' SotW resource_names (wire.RequestStream)
+	names *wire.InternedNames // the streams' SotW resource_names (wire.RequestStream)
 
 	mu   sync.Mutex
 	open map[*drainableStream]struct{}
 }
 
 func newStreamSet() *streamSet {
-	return &streamSet{names: wire.NewNames(), open: map[*drainableStream]struct{}{}}
+	return &streamSet{names: wire.NewInternedNames(), open: map[*drainableStream]struct{}{}}
 }
 
 // interceptor gives every stream a context the set can cancel, and its

@@ -6,8 +6,9 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/hubmesh/hub/hub/xdsgen"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/hub/xdsgen"
 )
 
 // holding is what a stream holds of one type, by name: the resources it

@@ -162,8 +162,8 @@ type Hub struct {
 	changes *feed.Changes
 	index   *feed.Index
 	gen     *xdsgen.Generator
-	config  *mcp.Generator // Istio config for member istiods (MCP-over-XDS)
-	inputs  *generatorInputs
+	config  *mcp.Generator   // Istio config for member istiods (MCP-over-XDS)
+	inputs  *generatorInputs // applies a batch's policy inputs before the watcher routes it
 	watcher *watcher
 	reviews *accessReviews // may be nil
 	proxies *proxyTracker
@@ -176,8 +176,8 @@ type Hub struct {
 	// them.
 	held  *resourceHoldings
 	names *nameHoldings
-	// streamIDs numbers the ADS streams of every listener, for display (a
-	// stream is known by its *conn).
+	// streamIDs numbers the ADS streams of every listener, for display and
+	// to tell a proxy's newest stream (a stream is known by its *conn).
 	streamIDs atomic.Int64
 }
 
@@ -369,7 +369,7 @@ func (h *Hub) Proxies() []xdsstatus.Proxy { return h.proxies.proxies(h.watcher.s
 func (h *Hub) RefusedStreams() []xdsstatus.Refused { return h.proxies.refused.List() }
 
 // ProxyConfig returns what a proxy (its newest stream) currently holds.
-func (h *Hub) ProxyConfig(id string) (xdsstatus.Config, bool) {
+func (h *Hub) ProxyConfig(id string) (xdsstatus.ProxyConfig, bool) {
 	return h.proxies.config(id, h.watcher.serverSecurity)
 }
 
@@ -485,7 +485,8 @@ func (h *Hub) Run(ctx context.Context) {
 // push applies what b changed of the generators' inputs, then has the
 // watcher send it to the streams it concerns (see watcher.push).
 func (h *Hub) push(ctx context.Context, b *feed.Batch) (delivered <-chan struct{}, idled time.Duration) {
-	return h.watcher.push(ctx, b, h.inputs.apply(b))
+	m := h.fleet.Mark() // before the inputs: what the streams answer meanwhile counts for this push
+	return h.watcher.push(ctx, b, m, h.inputs.apply(b))
 }
 
 // renewWorkloadCerts re-evaluates the SDS subscribers of roots and

@@ -27,7 +27,7 @@ type RuleSource interface {
 // rebuilt when a watch is evaluated, not here). Only the change feed's
 // goroutine calls it.
 type generatorInputs struct {
-	gen    *xdsgen.Generator // nil only in tests of the indexes
+	gen    *xdsgen.Generator // nil: no xDS inputs to apply
 	config *mcp.Generator    // Istio config for member istiods (may be nil)
 	rules  RuleSource        // may be nil: none
 	log    *slog.Logger

@@ -588,7 +588,7 @@ func (p *proxyTracker) proxies(server func(*streamRecord) *xdsstatus.ServerSecur
 }
 
 // config returns the newest stream of a proxy and what it last received.
-func (p *proxyTracker) config(id string, server func(*streamRecord) *xdsstatus.ServerSecurity) (xdsstatus.Config, bool) {
+func (p *proxyTracker) config(id string, server func(*streamRecord) *xdsstatus.ServerSecurity) (xdsstatus.ProxyConfig, bool) {
 	var found *conn
 	for _, c := range p.open() {
 		if c.shown.facts.Load().status.ID == id && (found == nil || c.id > found.id) {
@@ -596,7 +596,7 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *xdsstatus.S
 		}
 	}
 	if found == nil {
-		return xdsstatus.Config{}, false
+		return xdsstatus.ProxyConfig{}, false
 	}
 	types := found.shown.shownTypes()
 	res := make(map[string][]*anypb.Any, len(types))
@@ -612,7 +612,7 @@ func (p *proxyTracker) config(id string, server func(*streamRecord) *xdsstatus.S
 			res[t.typeURL] = held.anys()
 		}
 	}
-	pc := xdsstatus.Config{Proxy: found.shown.status(), Resources: res}
+	pc := xdsstatus.ProxyConfig{Proxy: found.shown.status(), Resources: res}
 	if server != nil {
 		pc.Proxy.Server = server(&found.rec)
 	}

@@ -12,8 +12,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/hubmesh/hub/hub/pacing"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/hubmesh/hub/hub/pacing"
 )
 
 // TestStatusIsPublishedToReaders: the API reads a stream's status and

@@ -340,7 +340,7 @@ func TestChangesReachOnlyTheirSubscribers(t *testing.T) {
 		w := newWatcher(watcherInputs{workers: 1, log: slog.New(slog.DiscardHandler)})
 		w.index.add(c.sub)
 		c.sub.dirty, c.sub.full = nil, false
-		w.push(context.Background(), c.changed, nil)
+		w.push(context.Background(), c.changed, w.fleet.Mark(), nil)
 		if got := len(c.sub.dirty) > 0 || c.sub.full; got != c.want {
 			t.Errorf("%s: reached %v (%v); want %v", c.name, got, c.sub.dirty, c.want)
 		}

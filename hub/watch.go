@@ -309,7 +309,7 @@ func (w *watcher) evaluate(wt *watch, dirty map[string]struct{}, full bool) (rep
 	return r, err
 }
 
-// cancel ends a parked watch: the stream's loop (sotw.go, delta.go) changes the
+// cancel ends a parked watch: the stream's loop (its handle, in sotw.go or delta.go) changes the
 // subscription state next, so it waits until no push is evaluating the
 // watch.
 func (w *watcher) cancel(wt *watch) {
@@ -334,7 +334,8 @@ type job struct {
 
 // push sends what changed, once the generators' inputs were applied
 // (generatorInputs.apply: DestinationRules, security policies, the changed
-// hostnames' resources forgotten), which changed security (nil: nothing).
+// hostnames' resources forgotten), which changed security (nil: nothing);
+// m is where the fleet's counters stood before (pacing.Deliveries.Mark).
 // It evaluates the parked watches that what changed in b can affect: the
 // proxyless servers whose inbound listeners security changed;
 // the subscribers of the changed hostnames (each only for its names of
@@ -356,8 +357,7 @@ type job struct {
 // streams answered all but a few of the responses it handed them (nil:
 // it handed none, or nobody counts them): the change feed paces the next
 // push by it (feed.Changes.Run).
-func (w *watcher) push(ctx context.Context, b *feed.Batch, security *xdsgen.SecurityChange) (delivered <-chan struct{}, idled time.Duration) {
-	m := w.fleet.Mark()
+func (w *watcher) push(ctx context.Context, b *feed.Batch, m pacing.Mark, security *xdsgen.SecurityChange) (delivered <-chan struct{}, idled time.Duration) {
 	streams := w.affected(b, w.serversAffected(security))
 	if b.Churn {
 		idled = pacing.Pace(ctx, w.fleet, streams, w.paceLimit, func(wave [][]*subscriber) { w.pushWave(wave, b.Since) })

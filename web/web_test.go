@@ -60,12 +60,14 @@ type fakeModels struct{}
 func (fakeModels) Clusters() []clusters.Status {
 	return []clusters.Status{{ID: "primary", State: clusters.StateReady}}
 }
-func (fakeModels) Cluster(string) (clusters.Status, bool)      { return clusters.Status{}, false }
-func (fakeModels) History(string) []clusters.Transition        { return nil }
-func (fakeModels) Ready() (bool, string)                       { return true, "" }
-func (fakeModels) Services() []hub.ServiceSummary              { return nil }
-func (fakeModels) Proxies() []xdsstatus.Proxy                  { return nil }
-func (fakeModels) ProxyConfig(string) (xdsstatus.Config, bool) { return xdsstatus.Config{}, false }
+func (fakeModels) Cluster(string) (clusters.Status, bool) { return clusters.Status{}, false }
+func (fakeModels) History(string) []clusters.Transition   { return nil }
+func (fakeModels) Ready() (bool, string)                  { return true, "" }
+func (fakeModels) Services() []hub.ServiceSummary         { return nil }
+func (fakeModels) Proxies() []xdsstatus.Proxy             { return nil }
+func (fakeModels) ProxyConfig(string) (xdsstatus.ProxyConfig, bool) {
+	return xdsstatus.ProxyConfig{}, false
+}
 func (fakeModels) Register(context.Context, string, []byte) (string, bool, error) {
 	return "", false, nil
 }
@@ -221,8 +223,8 @@ func TestDistributionPageShowsNotes(t *testing.T) {
 // serverModels has one proxyless gRPC server connected.
 type serverModels struct{ fakeModels }
 
-func (serverModels) ProxyConfig(id string) (xdsstatus.Config, bool) {
-	return xdsstatus.Config{Proxy: xdsstatus.Proxy{ID: id, Proxyless: true, Server: &xdsstatus.ServerSecurity{
+func (serverModels) ProxyConfig(id string) (xdsstatus.ProxyConfig, bool) {
+	return xdsstatus.ProxyConfig{Proxy: xdsstatus.Proxy{ID: id, Proxyless: true, Server: &xdsstatus.ServerSecurity{
 		Workload:            authz.Workload{Namespace: "app", ServiceAccount: "echo", Member: "west", Verified: true, Claimed: "other"},
 		PeerAuthentications: []string{"app/strict"},
 		Policies:            authz.Applied{Allow: []string{"app/only-alice"}, Custom: []string{"app/ext"}},

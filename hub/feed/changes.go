@@ -28,7 +28,7 @@ import (
 // for a quiet period as long as its delivery took, but never longer than
 // `max` (docs/architecture.md §4); under sustained churn pushes back off to one per
 // `max`, and each reaches the streams in waves that leave the fleet idle
-// most of the time (see Run, and the hub's pace). Each batch carries the time its
+// most of the time (see Run, and pacing.Pace). Each batch carries the time its
 // oldest change was reported, from which push latency is measured.
 // Reporting never blocks, also when nothing consumes.
 type Changes struct {
@@ -83,7 +83,7 @@ type Batch struct {
 	latest  time.Time              // when the newest of these was reported
 	reports int                    // how many reports these are
 	// Churn says these changes piled up (see Changes.Run): their push
-	// reaches its streams in waves (the hub's pace).
+	// reaches its streams in waves (pacing.Pace).
 	Churn bool
 }
 
@@ -239,7 +239,7 @@ func (c *Changes) take() Batch {
 // leading edge: congestion collapse), while a writer that waits for each
 // write to arrive is never mistaken for churn.
 //
-// A push of churn may reach its streams in waves (the hub's pace): the
+// A push of churn may reach its streams in waves (pacing.Pace): the
 // fleet is busy about a third of the time while it is handed out, for at
 // most `max` beyond what its delivery costs. Changes made meanwhile are
 // taken when it is handed out.
@@ -302,7 +302,7 @@ func (c *Changes) Run(ctx context.Context, push func(context.Context, *Batch) (d
 }
 
 // Limit is the longest a change waits for its push (--debounce-max); a
-// push of churn hands out its waves within it too (the hub's pace).
+// push of churn hands out its waves within it too (pacing.Pace).
 func (c *Changes) Limit() time.Duration { return c.max }
 
 // Quiet returns the quiet period batches currently wait for: the time the

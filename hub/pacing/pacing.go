@@ -45,9 +45,10 @@ type answerWait struct {
 // back, and a small fleet (tests, a few proxies) is never paced.
 func unanswered(handed int64) int64 { return max(handed/10, 16) }
 
-// Mark is where the counters stand before a push.
+// Mark is where the counters stand before a push: Await counts from it.
 type Mark struct{ handed, answered int64 }
 
+// Mark returns where the counters stand now (the zero Mark for a nil d).
 func (d *Deliveries) Mark() Mark {
 	if d == nil {
 		return Mark{}
@@ -95,8 +96,8 @@ func (d *Deliveries) Await(m Mark) <-chan struct{} {
 	return w.done
 }
 
-// StopWaiting drops the current wait, if any.
-func (d *Deliveries) StopWaiting() { d.waiter.Store(nil) }
+// stopWaiting drops the current wait, if any.
+func (d *Deliveries) stopWaiting() { d.waiter.Store(nil) }
 
 // A paced push (Pace) reaches its streams in at most paceWaves waves of at
 // least MinWave streams each.
@@ -120,7 +121,7 @@ const idlePerBusy = 2
 // then. Waiting and idling end at limit from the push's start: what is
 // left then goes at once, so that the change feed, blocked meanwhile, is
 // held back at most limit. A fleet of fewer than 2*MinWave streams, or no
-// d, gets the push in one go. pace returns when the last stream is handed
+// d, gets the push in one go. Pace returns when the last stream is handed
 // its response, or when ctx is done, with the time it left the fleet idle.
 func Pace[S any](ctx context.Context, d *Deliveries, streams []S, limit time.Duration, push func([]S)) (idled time.Duration) {
 	if d == nil || len(streams) < 2*MinWave {
@@ -161,7 +162,7 @@ func Pace[S any](ctx context.Context, d *Deliveries, streams []S, limit time.Dur
 		}
 		answered := d.Await(m)
 		ok := answered == nil || wait(answered, time.Until(deadline))
-		d.StopWaiting()
+		d.stopWaiting()
 		if !ok {
 			break
 		}

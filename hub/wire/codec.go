@@ -22,7 +22,7 @@ import (
 // Codec is the ADS server's gRPC codec: gRPC's proto codec, except
 // that a SotW or Delta response whose resources are a large list shared by
 // many streams (a wildcard set: every cluster for Envoy's CDS, every
-// ServiceEntry for istiods; see respondWildcard; or a list of Lists)
+// ServiceEntry for istiods, as the hub's responder builds them; or a list of Lists)
 // is encoded as its own
 // small fields followed by that list's encoding, made once per list and
 // reused for every stream. Protobuf lets a message's fields come in any

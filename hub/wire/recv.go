@@ -1,6 +1,6 @@
 // Package wire is the ADS server's bytes: requests decoded from their
 // encoding, with the stream's first node and interned resource names
-// (RequestStream, Names), and responses whose large resource lists are
+// (RequestStream, InternedNames), and responses whose large resource lists are
 // shared by the streams that get the same (Lists) and encoded once for
 // all of them (Codec). What the bytes say is the hub's business; how few
 // times they are made and read is this package's.
@@ -33,19 +33,19 @@ import (
 //     stream's first node, the same pointer, so the hub does not check
 //     and identify it again, and a stream cannot switch nodes;
 //   - the resource_names of a SotW request are looked up by their bytes
-//     (Names, the server's) instead of decoded: Envoy's SotW ACK repeats
+//     (InternedNames, the server's) instead of decoded: Envoy's SotW ACK repeats
 //     every name it subscribes to (1,000 clusters: 48 KB, ~100 µs and ~1,000
 //     allocations to decode), and streams of one kind subscribe to the
 //     same names.
 type RequestStream struct {
 	grpc.ServerStream
-	names *Names       // shared by the server's streams
-	node  *corev3.Node // the stream's first Delta node
+	names *InternedNames // shared by the server's streams
+	node  *corev3.Node   // the stream's first Delta node
 }
 
 // NewRequestStream decodes the requests of ss, looking SotW names up in
 // names (the server's).
-func NewRequestStream(ss grpc.ServerStream, names *Names) *RequestStream {
+func NewRequestStream(ss grpc.ServerStream, names *InternedNames) *RequestStream {
 	return &RequestStream{ServerStream: ss, names: names}
 }
 
@@ -100,20 +100,20 @@ const (
 	maxInternedRun = 128 << 10
 )
 
-// Names are recent resource_names runs of SotW requests, by a
+// InternedNames are recent resource_names runs of SotW requests, by a
 // hash of their bytes (a secret seed), with the names they decode to. The
 // names are shared by every request that carries the same bytes and are
 // never changed (the hub only reads them). Bounded:
 // each entry holds its run's bytes and names. Safe for concurrent use.
-type Names struct {
+type InternedNames struct {
 	seed  maphash.Seed
 	cache *lru.Cache[uint64, namesRun]
 }
 
-// NewNames makes an empty cache of names.
-func NewNames() *Names {
+// NewInternedNames makes an empty cache of names.
+func NewInternedNames() *InternedNames {
 	c, _ := lru.New[uint64, namesRun](64) // only a size ≤ 0 fails
-	return &Names{seed: maphash.MakeSeed(), cache: c}
+	return &InternedNames{seed: maphash.MakeSeed(), cache: c}
 }
 
 // namesRun is an interned resource_names run.
@@ -124,7 +124,7 @@ type namesRun struct {
 
 // decode decodes the SotW request b into m, taking its resource_names
 // from the table when the same run was decoded before.
-func (t *Names) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
+func (t *InternedNames) decode(b []byte, m *discoveryv3.DiscoveryRequest) error {
 	start, end, ok := fieldRun(b, sotwNamesField)
 	if !ok || end-start < minInternedRun || end-start > maxInternedRun {
 		return proto.Unmarshal(b, m)

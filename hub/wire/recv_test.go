@@ -121,7 +121,7 @@ func sotwNames(n int, prefix string) []string {
 // decoded and interned in turn.
 func TestSotWRequestSharesRepeatedNames(t *testing.T) {
 	names := sotwNames(100, "shared")
-	table := NewNames()
+	table := NewInternedNames()
 	first := &discoveryv3.DiscoveryRequest{}
 	if err := table.decode(mustMarshal(t, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names}), first); err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func mustMarshal(t testing.TB, m proto.Message) []byte {
 // (or fails where it fails), also when its names were interned before.
 func FuzzSotWRequestDecode(f *testing.F) {
 	names := sotwNames(60, "fuzz")
-	table := NewNames()
+	table := NewInternedNames()
 	primed := mustMarshal(f, &discoveryv3.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names})
 	f.Add(mustMarshal(f, &discoveryv3.DiscoveryRequest{VersionInfo: "1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "1"}))
 	f.Add(append(append([]byte{}, primed...), primed...)) // the run twice, apart
@@ -202,7 +202,7 @@ func BenchmarkSotWACKDecode(b *testing.B) {
 		names[i] = fmt.Sprintf("outbound|7070||svc-%05d.bench-ns.svc.cluster.local", i)
 	}
 	ack := mustMarshal(b, &discoveryv3.DiscoveryRequest{VersionInfo: "v1", TypeUrl: resourcev3.EndpointType, ResourceNames: names, ResponseNonce: "17"})
-	table := NewNames()
+	table := NewInternedNames()
 	if err := table.decode(ack, &discoveryv3.DiscoveryRequest{}); err != nil {
 		b.Fatal(err)
 	}

@@ -48,9 +48,10 @@ func NewPushLatency() *PushLatency {
 	return l
 }
 
-// Observe records one pushed response of the type label names (its
-// short name; "" for a type the hub does not serve: nothing is recorded,
-// so that a client cannot invent series) for a change first seen at
+// Observe records one pushed response of the type label names: a label
+// of a bounded set, never a client's words (the hub's are the short names
+// of the types it serves; "" for any other type records nothing, so that a
+// client cannot invent series) for a change first seen at
 // since. A nil receiver or a zero since records nothing.
 func (l *PushLatency) Observe(label string, since time.Time) {
 	if l == nil || label == "" || since.IsZero() {

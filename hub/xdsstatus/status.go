@@ -60,10 +60,10 @@ type Proxy struct {
 	Types       []Type // by type URL
 }
 
-// Config is what a stream holds of each type: the last response's
+// ProxyConfig is what a stream holds of each type: the last response's
 // resources, merged with earlier ones where responses carry only what
 // changed (Delta; SotW EDS, RDS and SDS by name).
-type Config struct {
+type ProxyConfig struct {
 	Proxy     Proxy
 	Resources map[string][]*anypb.Any // by type URL; shared, do not modify
 }
