@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
@@ -30,6 +32,7 @@ const agentHubName = "hub.hub-system.svc"
 // certificate that names agentHubName, for pilot-agent tests.
 type agentHub struct {
 	*hubProcess
+	ns      string // the hub's namespace in the home cluster
 	td      spiffeid.TrustDomain
 	rootPEM []byte
 	roots   *x509.CertPool
@@ -47,7 +50,7 @@ func startAgentHub(t *testing.T, e *localcluster.Env, td spiffeid.TrustDomain, e
 	}
 	args := append([]string{"--namespace", ns, "--trust-domain", td.Name(), "--xds-tls-addr", "127.0.0.1:0",
 		"--tls-dns-names", agentHubName}, extraArgs...)
-	h := &agentHub{hubProcess: startHub(t, home, args...), td: td, roots: x509.NewCertPool()}
+	h := &agentHub{hubProcess: startHub(t, home, args...), ns: ns, td: td, roots: x509.NewCertPool()}
 	eventually(t, 30*time.Second, func() error {
 		if cl := h.clusters(t); cl["west"].State != "Ready" || cl["east"].State != "Ready" {
 			return fmt.Errorf("members: %+v", cl)
@@ -250,6 +253,87 @@ func TestPilotAgentWorkloadCertificate(t *testing.T) {
 	// time; a second one closes the first.
 	if a.logContains("registered overlapping stream") {
 		t.Errorf("the agent saw overlapping xDS streams from one grpc-go client (istio#53532)")
+	}
+}
+
+// TestPilotAgentTrustsEveryRootOfOurs: once the operator plugs in a new CA
+// (cacerts), the hub keeps trusting its earlier root until it expires, and
+// a real pilot-agent that gets its certificate then serves both roots as
+// its workload's trust bundle (root-cert.pem, what a proxyless workload
+// reads; Envoy's ROOTCA is the same element of the CA's answer): the
+// workload still accepts peers whose certificates chain to the earlier
+// root. Its own certificate chains to the new one.
+func TestPilotAgentTrustsEveryRootOfOurs(t *testing.T) {
+	e := localcluster.Require(t, env)
+	home, west := e.Cluster("primary"), e.Cluster("west")
+	dataPlaneIP(t)
+	pilotAgentBin(t)
+	app := "roots-" + rand.String(5)
+	h := startAgentHub(t, e, spiffeid.RequireTrustDomainFromString("roots.test"))
+	earlier := h.bundle(t, h.td).X509Authorities()
+	if len(earlier) != 1 {
+		t.Fatalf("a new hub trusts %d roots; want its own one", len(earlier))
+	}
+
+	plugged, err := trust.NewSelfSignedCA(h.td, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(plugged.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: plugged.Cert.Raw})
+	if _, err := client(t, home).CoreV1().Secrets(h.ns).Create(testContext(t), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: trust.PluggedCASecret},
+		Data: map[string][]byte{"ca-cert.pem": rootPEM, "ca-key.pem": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+			"root-cert.pem": rootPEM, "cert-chain.pem": rootPEM},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{trust.CertSHA256(earlier[0]): true, trust.CertSHA256(plugged.Cert): true}
+	eventually(t, 45*time.Second, func() error {
+		got := map[string]bool{}
+		for _, c := range h.bundle(t, h.td).X509Authorities() {
+			got[trust.CertSHA256(c)] = true
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("the hub's roots %v; want the plugged root and the earlier one", got)
+		}
+		return nil
+	})
+	// The agent verifies the hub's serving certificate with both roots:
+	// which one it chains to is not this test's subject.
+	h.rootPEM = append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: earlier[0].Raw}), rootPEM...)
+
+	a := h.agent(t, west, app, "client")
+	rootFile, err := os.ReadFile(filepath.Join(a.CertDir, "root-cert.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for rest := rootFile; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[trust.CertSHA256(c)] = true
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("the agent's root-cert.pem holds %v; want the plugged root and the earlier one %v", got, want)
+	}
+	leaf, err := x509.ParseCertificate(a.certChain(t)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(plugged.Cert)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("the agent's certificate does not chain to the plugged root: %v", err)
 	}
 }
 

@@ -12,6 +12,7 @@
 package ca
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -288,13 +289,43 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityv1alpha1.Is
 		return nil, s.fail(ctx, id, claimed, refuse(codes.Internal, caReasonSigning, "signing the certificate of %s failed: %v", id.SpiffeID, err))
 	}
 	resp := &securityv1alpha1.IstioCertificateResponse{CertChain: make([]string, len(chain))}
-	for i, c := range chain {
+	for i, c := range chain[:len(chain)-1] {
 		resp.CertChain[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
 	}
+	resp.CertChain[len(chain)-1] = s.rootBundle(chain[len(chain)-1])
 	s.stats.issued(id.Cluster, id.Namespace, id.SpiffeID.String(), chain[0].NotAfter, time.Since(start))
 	s.log.Debug("workload certificate issued", "cluster", id.Cluster, "identity", id.SpiffeID.String(), "byToken", id.FromToken,
 		"notAfter", chain[0].NotAfter.UTC().Format(time.RFC3339), "peer", peerAddr(ctx))
 	return resp, nil
+}
+
+// rootBundle is the last element of a response: the root that anchors the
+// chain, then every other root of our trust domain the hub still trusts
+// (an earlier one, until it expires), as one PEM string, as istiod answers
+// ("the root cert is the last element": it appends its root bundle
+// unsplit). istio-agent serves that element whole as its workload's trust
+// bundle (Envoy's ROOTCA, a proxyless workload's root-cert.pem), so a
+// workload whose certificate is renewed after a root change still trusts
+// the peers whose certificates chain to the earlier root.
+func (s *Server) rootBundle(anchor *x509.Certificate) string {
+	out := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: anchor.Raw})
+	if s.roots == nil {
+		return string(out)
+	}
+	all, ok := s.roots.RootsPEM(s.roots.LocalTrustDomain())
+	if !ok {
+		return string(out)
+	}
+	for rest := all; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type == "CERTIFICATE" && !bytes.Equal(b.Bytes, anchor.Raw) {
+			out = append(out, pem.EncodeToMemory(b)...)
+		}
+	}
+	return string(out)
 }
 
 // inScope refuses an identity its member may not assert.
